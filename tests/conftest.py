@@ -1,0 +1,37 @@
+"""Test-session setup shared by every test folder.
+
+Triton kernels run under the CPU interpreter unless a real GPU run is asked for: the switch is
+read when `@triton.jit` decorates, so it is set here, before any kernel module is imported.
+    TRITON_INTERPRET=0 pytest -m gpu     real GPU run
+    pytest                               CPU (interpreter), GPU tests skipped
+"""
+
+import os
+
+if "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "0" if os.environ.get("VTOKEN_TEST_GPU") == "1" else "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+HAS_GPU = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU and not INTERPRET:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU" if not HAS_GPU else "TRITON_INTERPRET=1")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def device():
+    """Device for kernel inputs: CPU tensors under the interpreter, CUDA otherwise."""
+    return torch.device("cpu") if INTERPRET else torch.device("cuda")
+
+
+def pytest_report_header(config):
+    return f"torch {torch.__version__}, TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}, cuda={HAS_GPU}"
