@@ -1,0 +1,180 @@
+"""Eviction settings: one frozen dataclass, validated once, carried to every process as JSON.
+
+The server builds it from its flags (``--kv-evict POLICY --kv-budget N --kv-sink --kv-window
+--kv-evict-interval --kv-reclaim --kv-evict-config JSON``) and hands it to the scheduler processes
+through the environment (:data:`ENV_VAR`), so field names follow the flags and ``to_dict`` /
+``from_dict`` round-trip through JSON exactly.
+
+Row arithmetic the fields describe (one request, row coordinates, `budget` live tokens kept)::
+
+    row before eviction                          row after eviction (budget tokens)
+    |sink|.......... evictable ..........|window|   ->   |sink|... kept ...|window|
+    0    sink                  len-window     len       0                     budget
+    eviction runs when len >= budget + interval and keeps exactly `budget` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Mapping
+
+ENV_VAR = "SGL_VTOKEN_CONFIG"
+RECLAIM_MODES = ("vtoken", "naive")
+AGGREGATIONS = ("sum", "max")
+SHARING_MODES = ("never", "consensus")
+TRIGGERS = ("always", "fragmentation")
+DISABLED = "none"
+
+
+@dataclass(frozen=True)
+class EvictConfig:
+    """Token eviction and reclamation settings for every request of one server.
+
+    Attributes:
+        policy: registry name of the eviction policy, or ``"none"`` (eviction disabled).
+        budget: live tokens a request keeps after each eviction (row length cap); required
+            unless the policy is ``"none"``. Must be at least ``sink_tokens + window + page_size``.
+        sink: attention-sink tokens (positions ``< sink``) that are always kept. At page size
+            > 1 it is rounded up to whole pages (:attr:`sink_tokens`) so sink pages never hold holes.
+        window: the most recent tokens of the row that are always kept.
+        interval: hysteresis; evict when the row reaches ``budget + interval`` (1 = every step).
+        reclaim: ``"vtoken"`` (compact survivors, free pages) or ``"naive"`` (same victims; a page
+            is freed only when all its tokens are dead).
+        page_size: KV pool page size in tokens (SGLang ``--page-size``).
+        seed: seed of seeded policies (``random``) and of the simulator.
+        aggregation: how per-layer, per-head statistics become one score per token: sum or max.
+        params: policy hyperparameters (``--kv-evict-config`` JSON), passed to the policy class.
+        sharing: ``"never"`` evict shared / tree-owned tokens, or only by ``"consensus"`` of holders.
+        trigger: ``"always"`` reclaim at every eviction, or only under ``"fragmentation"``.
+        frag_threshold: fragmentation F above which reclamation may run (paper default 0.25).
+        free_watermark: fraction of free pages at or below which reclamation may run.
+    """
+
+    policy: str = DISABLED
+    budget: int | None = None
+    sink: int = 4
+    window: int = 0
+    interval: int = 1
+    reclaim: str = "vtoken"
+    page_size: int = 1
+    seed: int = 0
+    aggregation: str = "sum"
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    sharing: str = "never"
+    trigger: str = "always"
+    frag_threshold: float = 0.25
+    free_watermark: float = 0.1
+
+    def __post_init__(self) -> None:
+        from sgl_vtoken.policies import POLICIES  # lazy: policies import nothing from here
+
+        names = [DISABLED, *sorted(POLICIES)]
+        if self.policy not in names:
+            raise ValueError(f"EvictConfig.policy must be one of {names} (got {self.policy!r})")
+        _check_choice("reclaim", self.reclaim, RECLAIM_MODES)
+        _check_choice("aggregation", self.aggregation, AGGREGATIONS)
+        _check_choice("sharing", self.sharing, SHARING_MODES)
+        _check_choice("trigger", self.trigger, TRIGGERS)
+        _check_int("page_size", self.page_size, 1)
+        _check_int("sink", self.sink, 0)
+        _check_int("window", self.window, 0)
+        _check_int("interval", self.interval, 1)
+        _check_int("seed", self.seed, 0, 2**32 - 1)
+        for name in ("frag_threshold", "free_watermark"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"EvictConfig.{name} must be a number in [0, 1] (got {value!r})")
+        if not isinstance(self.params, Mapping):
+            raise ValueError(f"EvictConfig.params must be a JSON object (got {self.params!r})")
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        if not self.enabled:
+            return
+        floor = self.sink_tokens + self.window + self.page_size
+        if self.budget is None:
+            raise ValueError(f"EvictConfig.budget is required when policy={self.policy!r}")
+        _check_int("budget", self.budget, floor,
+                   why=f"sink_tokens + window + page_size = {self.sink_tokens} + {self.window} "
+                       f"+ {self.page_size}")
+        from sgl_vtoken.policies import make_policy
+
+        try:
+            make_policy(self.policy, **self.policy_kwargs())
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"EvictConfig.params {dict(self.params)} do not fit policy "
+                             f"{self.policy!r}: {exc}") from None
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy != DISABLED
+
+    @property
+    def sink_tokens(self) -> int:
+        """Sinks rounded up to whole pages: a partially evicted sink page could never be freed."""
+        return math.ceil(self.sink / self.page_size) * self.page_size
+
+    def should_evict(self, row_len: int) -> bool:
+        """True when a row of `row_len` live tokens must be evicted down to `budget`."""
+        return self.enabled and row_len >= self.budget + self.interval
+
+    def num_to_evict(self, row_len: int) -> int:
+        return row_len - self.budget if self.should_evict(row_len) else 0
+
+    def policy_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``make_policy(self.policy, **kwargs)``."""
+        kwargs = {"sink": self.sink_tokens, "window": self.window,
+                  "aggregation": self.aggregation, **self.params}
+        from sgl_vtoken.policies import POLICIES
+
+        if "seed" in {f.name for f in fields(POLICIES[self.policy])}:
+            kwargs.setdefault("seed", self.seed)
+        return kwargs
+
+    # --- serialization -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["params"] = dict(self.params)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EvictConfig":
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise ValueError(f"EvictConfig has no field(s) {unknown}; allowed: {allowed}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EvictConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"EvictConfig JSON is malformed: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"EvictConfig JSON must be an object (got {type(data).__name__})")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_env(cls, var: str = ENV_VAR) -> "EvictConfig":
+        """The config exported by the launcher, or the disabled default when `var` is unset."""
+        text = os.environ.get(var)
+        return cls() if text is None else cls.from_json(text)
+
+
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"EvictConfig.{name} must be one of {list(allowed)} (got {value!r})")
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None = None, why: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"EvictConfig.{name} must be an integer (got {value!r})")
+    bound = f">= {lo}" + (f" ({why})" if why else "") if hi is None else f"in [{lo}, {hi}]"
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"EvictConfig.{name} must be {bound} (got {value})")

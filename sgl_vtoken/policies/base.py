@@ -1,0 +1,111 @@
+"""The policy interface: score a request's tokens, keep the `budget` best, protect sinks and window.
+
+A policy only answers *which* tokens survive; it never sees slots or pages (the planner does).
+Subclasses implement :meth:`EvictionPolicy.score` (higher = keep) and nothing else::
+
+    row (n live tokens, positions ascending)
+    | sinks: pos < sink | ........ scored, top (budget - protected) kept ........ | window |
+    keep(view, budget) -> ascending row indices, exactly min(n, budget) of them
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from sgl_vtoken.types import TokenView
+
+AGGREGATIONS = ("sum", "max")
+
+
+def aggregate(stats: torch.Tensor, how: str) -> torch.Tensor:
+    """Reduce per-layer / per-head statistics ``[n, ...]`` to one float64 score per token ``[n]``.
+
+    One slot holds every layer and head of a token, so a keep/evict decision must be per token:
+    ``sum`` ranks by total (equivalently mean) importance, ``max`` keeps a token any head needs.
+    """
+    flat = stats.reshape(stats.shape[0], -1).to(torch.float64)
+    if how == "sum":
+        return flat.sum(dim=1)
+    if how == "max":
+        return flat.amax(dim=1) if flat.shape[1] else flat.sum(dim=1)
+    raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)} (got {how!r})")
+
+
+def top_budget(scores: torch.Tensor, budget: int) -> torch.Tensor:
+    """Ascending indices of the `budget` highest scores; ties keep the later (more recent) row."""
+    n = scores.shape[0]
+    flipped = torch.nan_to_num(scores.to(torch.float64), nan=-math.inf).flip(0)
+    order = torch.sort(flipped, descending=True, stable=True).indices[:budget]
+    return (n - 1 - order).sort().values
+
+
+@dataclass
+class EvictionPolicy:
+    """Base class. Fields are hyperparameters; `sink`, `window`, `aggregation` are shared by all.
+
+    Attributes:
+        sink: tokens with position < sink are always kept (attention sinks).
+        window: the last `window` rows (most recent tokens) are always kept.
+        aggregation: ``"sum"`` or ``"max"`` over layers and heads (attention and key policies).
+    """
+
+    sink: int = 4
+    window: int = 0
+    aggregation: str = "sum"
+
+    name: ClassVar[str] = ""
+    needs: ClassVar[tuple[str, ...]] = ()  # TokenView fields the policy reads: "keys", "attn"
+    accumulator: ClassVar[type | None] = None  # stats class feeding TokenView.attn
+
+    def __post_init__(self) -> None:
+        for f in ("sink", "window"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{type(self).__name__}.{f} must be an integer >= 0 (got {v!r})")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"{type(self).__name__}.aggregation must be one of "
+                             f"{list(AGGREGATIONS)} (got {self.aggregation!r})")
+
+    def score(self, view: TokenView) -> torch.Tensor:
+        """``[n]`` float scores, higher = keep. Protected tokens are handled by the caller."""
+        raise NotImplementedError
+
+    def protected(self, view: TokenView) -> torch.Tensor:
+        """``[n] bool``: tokens kept regardless of score (sinks and the recent window)."""
+        mask = view.positions < self.sink
+        if self.window:
+            mask[-self.window:] = True
+        return mask
+
+    def must_keep(self, view: TokenView) -> torch.Tensor:
+        return self.protected(view)
+
+    def keep(self, view: TokenView, budget: int) -> torch.Tensor:
+        """Ascending ``[min(n, budget)] int64`` row indices of the tokens to keep.
+
+        Raises:
+            ValueError: if the tokens that must be kept outnumber `budget`, or a needed statistic
+                is missing from `view`.
+        """
+        for need in self.needs:
+            if getattr(view, need) is None:
+                raise ValueError(f"policy {self.name!r} needs TokenView.{need} "
+                                 f"(got None); the server must collect it for this policy")
+        n = view.n
+        if n <= budget:
+            return torch.arange(n, device=view.positions.device)
+        must = self.must_keep(view)
+        num_must = int(must.sum())
+        if num_must > budget:
+            raise ValueError(f"budget {budget} is smaller than the {num_must} tokens policy "
+                             f"{self.name!r} must keep (sinks, window, shared)")
+        scores = self.score(view).to(torch.float64).masked_fill(must, math.inf)
+        return top_budget(scores, budget)
+
+    def new_accumulator(self, **kwargs):
+        """A fresh per-request statistics accumulator, or None if the policy needs none."""
+        return None if self.accumulator is None else self.accumulator(**kwargs)

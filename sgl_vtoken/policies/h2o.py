@@ -1,0 +1,30 @@
+"""H2O: heavy hitters by accumulated attention, plus the recent window.
+
+Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language
+Models", NeurIPS 2023, arXiv:2306.14048. Kept: the window (set `window`, e.g. half the budget as in
+the paper) and the tokens with the largest attention received from all queries so far.
+``TokenView.attn`` comes from :class:`sgl_vtoken.stats.AttentionSum`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from sgl_vtoken.policies.base import EvictionPolicy, aggregate
+from sgl_vtoken.stats import AttentionSum
+from sgl_vtoken.types import TokenView
+
+
+@dataclass
+class H2O(EvictionPolicy):
+    """Score = aggregate(accumulated attention) over layers and heads."""
+
+    name: ClassVar[str] = "h2o"
+    needs: ClassVar[tuple[str, ...]] = ("attn",)
+    accumulator: ClassVar[type] = AttentionSum
+
+    def score(self, view: TokenView) -> torch.Tensor:
+        return aggregate(view.attn, self.aggregation)

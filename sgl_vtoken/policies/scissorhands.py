@@ -1,0 +1,41 @@
+"""Scissorhands: drop the tokens that were unimportant most often over a history window.
+
+Liu et al., "Scissorhands: Exploiting the Persistence of Importance Hypothesis for LLM KV Cache
+Compression at Test Time", NeurIPS 2023, arXiv:2305.17118. A token is low-importance at a step
+when its attention is below ``threshold / num_attended``; the statistic is minus the count of
+such steps among the last `history` queries, so the tokens most persistently unimportant go
+first. The recent window is protected as in the paper.
+``TokenView.attn`` comes from :class:`sgl_vtoken.stats.LowImportanceCount`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from sgl_vtoken.policies.base import EvictionPolicy, aggregate
+from sgl_vtoken.stats import LowImportanceCount
+from sgl_vtoken.types import TokenView
+
+
+@dataclass
+class Scissorhands(EvictionPolicy):
+    """Score = aggregate(-low-importance count); `history` and `threshold` set the counter."""
+
+    history: int = 32
+    threshold: float = 1.0
+    name: ClassVar[str] = "scissorhands"
+    needs: ClassVar[tuple[str, ...]] = ("attn",)
+    accumulator: ClassVar[type] = LowImportanceCount
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        LowImportanceCount(self.history, self.threshold)  # validates both, naming the field
+
+    def score(self, view: TokenView) -> torch.Tensor:
+        return aggregate(view.attn, self.aggregation)
+
+    def new_accumulator(self, **kwargs):
+        return LowImportanceCount(history=self.history, threshold=self.threshold, **kwargs)

@@ -1,0 +1,58 @@
+"""TokenView: what a policy sees of one request's row, built cheaply by the caller every step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenView:
+    """One request's live tokens in row order; every tensor's first dimension is `n`.
+
+    Only shapes are checked on construction (no device sync); :meth:`check` also checks values.
+
+    Attributes:
+        positions: ``[n] int64`` logical (original RoPE) positions, strictly ascending.
+        keys: ``[n, L, H, D]`` cached keys (post-RoPE), or None if the policy does not read keys.
+        attn: ``[n, L, H]`` float attention statistic produced by the policy's accumulator
+            (higher = more important), or None.
+        shared: ``[n] bool`` True for tokens the request does not own (tree-owned prefix, or read
+            by another request); None means all private.
+        agreed: ``[n] bool`` True for shared tokens every holder has agreed to drop (used by the
+            sharing-aware wrapper in ``consensus`` mode); None means no agreement.
+        rid: stable integer identity of the request (see :func:`sgl_vtoken.rng.stable_id`).
+        step: the request's eviction counter; seeded policies hash (seed, rid, step, position).
+    """
+
+    positions: torch.Tensor
+    keys: torch.Tensor | None = None
+    attn: torch.Tensor | None = None
+    shared: torch.Tensor | None = None
+    agreed: torch.Tensor | None = None
+    rid: int = 0
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        if self.positions.dim() != 1:
+            raise ValueError(f"TokenView.positions must be 1-D [n] (got {tuple(self.positions.shape)})")
+        n = self.positions.shape[0]
+        for name, dims in (("keys", 4), ("attn", 3), ("shared", 1), ("agreed", 1)):
+            t = getattr(self, name)
+            if t is not None and (t.dim() != dims or t.shape[0] != n):
+                raise ValueError(f"TokenView.{name} must have {dims} dims and first dim n={n} "
+                                 f"(got {tuple(t.shape)})")
+
+    @property
+    def n(self) -> int:
+        return self.positions.shape[0]
+
+    def check(self) -> None:
+        """Value checks (syncs on GPU): ascending positions, bool masks."""
+        if self.n > 1 and not bool((self.positions[1:] > self.positions[:-1]).all()):
+            raise ValueError("TokenView.positions must be strictly ascending")
+        for name in ("shared", "agreed"):
+            t = getattr(self, name)
+            if t is not None and t.dtype != torch.bool:
+                raise ValueError(f"TokenView.{name} must be bool (got {t.dtype})")

@@ -1,0 +1,97 @@
+"""EvictConfig: validation names the field and range; JSON round-trip is exact."""
+
+import json
+
+import pytest
+
+from sgl_vtoken.config import ENV_VAR, EvictConfig
+
+
+def test_disabled_default_needs_no_budget():
+    cfg = EvictConfig()
+    assert not cfg.enabled and cfg.budget is None
+    assert not cfg.should_evict(10**9)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(policy="h2o", budget=64, sink=4, window=16, interval=8, page_size=16, seed=7,
+         aggregation="max", params={}, reclaim="naive", sharing="consensus"),
+    dict(policy="scissorhands", budget=100, params={"history": 16, "threshold": 0.5}),
+    dict(policy="none"),
+])
+def test_json_round_trip(kwargs):
+    cfg = EvictConfig(**kwargs)
+    text = cfg.to_json()
+    assert json.loads(text)["policy"] == kwargs["policy"]
+    back = EvictConfig.from_json(text)
+    assert back == cfg and back.to_dict() == cfg.to_dict()
+
+
+def test_from_env(monkeypatch):
+    cfg = EvictConfig(policy="random", budget=32, seed=3)
+    monkeypatch.setenv(ENV_VAR, cfg.to_json())
+    assert EvictConfig.from_env() == cfg
+    monkeypatch.delenv(ENV_VAR)
+    assert EvictConfig.from_env() == EvictConfig()
+
+
+def test_budget_floor_counts_sink_pages_window_and_one_page():
+    # sink 4 rounds up to one page of 16; floor = 16 + 8 + 16 = 40
+    assert EvictConfig(policy="streamingllm", budget=40, window=8, page_size=16).sink_tokens == 16
+    with pytest.raises(ValueError, match=r"budget must be >= 40 .*16 \+ 8 \+ 16.*got 39"):
+        EvictConfig(policy="streamingllm", budget=39, window=8, page_size=16)
+
+
+def test_budget_required_when_enabled():
+    with pytest.raises(ValueError, match="EvictConfig.budget is required"):
+        EvictConfig(policy="h2o")
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("policy", "lru", r"EvictConfig.policy must be one of \['none', 'h2o', 'knorm', 'random', "
+                      r"'scissorhands', 'streamingllm', 'tova'\]"),
+    ("reclaim", "eager", r"EvictConfig.reclaim must be one of \['vtoken', 'naive'\]"),
+    ("aggregation", "mean", r"EvictConfig.aggregation must be one of \['sum', 'max'\]"),
+    ("sharing", "always", r"EvictConfig.sharing must be one of"),
+    ("trigger", "never", r"EvictConfig.trigger must be one of"),
+    ("interval", 0, r"EvictConfig.interval must be >= 1"),
+    ("page_size", 0, r"EvictConfig.page_size must be >= 1"),
+    ("sink", -1, r"EvictConfig.sink must be >= 0"),
+    ("window", 1.5, r"EvictConfig.window must be an integer"),
+    ("seed", 2**32, r"EvictConfig.seed must be in \[0, 4294967295\]"),
+    ("frag_threshold", 1.5, r"EvictConfig.frag_threshold must be a number in \[0, 1\]"),
+    ("params", {"history": 99}, r"EvictConfig.params .* history must be an integer in \[1, 62\]"),
+    ("params", {"nope": 1}, r"EvictConfig.params .*unexpected keyword argument 'nope'"),
+])
+def test_errors_name_field_and_allowed_values(field, value, match):
+    kwargs = dict(policy="scissorhands", budget=64)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=match):
+        EvictConfig(**kwargs)
+
+
+def test_from_dict_rejects_unknown_keys_listing_fields():
+    with pytest.raises(ValueError, match=r"no field\(s\) \['kv_budget'\]; allowed: \['policy'"):
+        EvictConfig.from_dict({"kv_budget": 3})
+    with pytest.raises(ValueError, match="malformed"):
+        EvictConfig.from_json("{policy:")
+
+
+def test_interval_hysteresis():
+    cfg = EvictConfig(policy="streamingllm", budget=10, interval=3)
+    assert [cfg.num_to_evict(n) for n in (10, 12, 13, 20)] == [0, 0, 3, 10]
+    every_step = EvictConfig(policy="streamingllm", budget=10, interval=1)
+    assert [every_step.num_to_evict(n) for n in (10, 11)] == [0, 1]
+
+
+def test_policy_kwargs_pass_seed_only_to_seeded_policies():
+    assert EvictConfig(policy="random", budget=9, seed=5).policy_kwargs()["seed"] == 5
+    assert "seed" not in EvictConfig(policy="h2o", budget=9, seed=5).policy_kwargs()
+
+
+def test_config_is_frozen_and_params_immutable():
+    cfg = EvictConfig(policy="scissorhands", budget=64, params={"history": 8})
+    with pytest.raises(Exception):
+        cfg.budget = 3
+    with pytest.raises(TypeError):
+        cfg.params["history"] = 9
