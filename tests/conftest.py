@@ -35,3 +35,11 @@ def device():
 
 def pytest_report_header(config):
     return f"torch {torch.__version__}, TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}, cuda={HAS_GPU}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Path of the embedded tiny model, built once per test session."""
+    from sgl_vtoken.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))

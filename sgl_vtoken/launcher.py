@@ -1,0 +1,109 @@
+"""Start and stop an SGLang server in a child process (tests, demo, benchmarks).
+
+The server binds 127.0.0.1 on a free port, its output goes to a log file, readiness is a
+`GET /health` that answers 200 (503 until warm-up is done), and `stop()` ends the whole process
+group, so no scheduler or detokenizer outlives it. No sglang import here: the child runs
+`python -m sglang.launch_server`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+# Variables of the parent that must not leak into a server: the launcher publishes its own
+# settings, and servers never run Triton under the interpreter.
+_SCRUBBED_ENV = ("SGL_VTOKEN_CONFIG", "TRITON_INTERPRET")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_server_args(model_path: str | Path, max_total_tokens: int = 4096, page_size: int = 1) -> list[str]:
+    """The flags every CPU server needs: torch-native attention and a capped KV pool."""
+    return [
+        "--model-path", str(model_path), "--device", "cpu", "--attention-backend", "torch_native",
+        "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size),
+    ]
+
+
+class ServerProcess:
+    """One SGLang HTTP server. Use as a context manager, or call `start()` and `stop()`."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, startup_timeout: float = 240.0,
+                 log_path: str | Path | None = None):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.args = [sys.executable, "-m", "sglang.launch_server", *args,
+                     "--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+        self.env.update(env or {})
+        self.startup_timeout = startup_timeout
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+
+    def start(self) -> "ServerProcess":
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        while time.monotonic() - t0 < self.startup_timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            if self.healthy():
+                self.startup_seconds = time.monotonic() - t0
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=timeout) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Terminate the server's process group; kill it if it does not exit in `timeout` s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # Children that left the group (none expected) would be orphans: reap the group for sure.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

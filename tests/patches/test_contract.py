@@ -1,0 +1,26 @@
+"""The plugin's hook targets exist, with the signatures it expects, in the pinned SGLang."""
+
+from importlib.metadata import entry_points
+
+from sgl_vtoken.patches import contract
+from sgl_vtoken.patches.plugin import HOOKS
+
+
+def test_installed_sglang_matches_the_contract():
+    assert contract.check_contract() == []
+
+
+def test_every_hook_has_an_expected_signature():
+    assert {t for t, _, _ in HOOKS} == set(contract.EXPECTED_PARAMS)
+
+
+def test_contract_reports_a_renamed_parameter(monkeypatch):
+    target = "sglang.srt.managers.scheduler.Scheduler.__init__"
+    monkeypatch.setitem(contract.EXPECTED_PARAMS, target, ("self", "args", "port_args"))
+    problems = contract.check_contract()
+    assert len(problems) == 1 and target in problems[0]
+
+
+def test_entry_point_is_registered():
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "sgl_vtoken"]
+    assert len(eps) == 1 and eps[0].value == "sgl_vtoken.patches:register"
