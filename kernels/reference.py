@@ -1,0 +1,182 @@
+"""Pure-torch oracles, one per kernel: the CPU implementation and the tests' ground truth.
+
+They take already-validated arguments (the public functions in `sgl_vtoken.kernels` validate) and
+favour plain indexing over speed. Copies go through integer views, so fp8 and NaN payloads survive
+bit for bit; RoPE and softmax maths run in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """The same memory viewed as integers of the element's width (bytes preserved exactly)."""
+    return t.view(_INT_OF_SIZE[t.element_size()])
+
+
+# --------------------------------------------------------------------------------------------
+# repack
+# --------------------------------------------------------------------------------------------
+def rope_cos_sin_ref(
+    delta: torch.Tensor,  # [n] int, rotation in positions (new_pos - old_pos)
+    cos_sin_cache: torch.Tensor,  # [max_pos, rot_dim] cos | sin halves, as SGLang's RotaryEmbedding
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of `delta` (each [n, rot_dim // 2] fp32), using sin(-x) = -sin(x)."""
+    half = cos_sin_cache.shape[1] // 2
+    rows = cos_sin_cache[delta.abs().long()].float()
+    cos, sin = rows[:, :half], rows[:, half:]
+    return cos, torch.where((delta < 0)[:, None], -sin, sin)
+
+
+def rope_rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+    """Rotate the first 2*cos.shape[-1] dims of x [n, H, D] (fp32); the rest pass through."""
+    rot = 2 * cos.shape[-1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:  # rotate-half: pairs (i, i + rot/2)
+        x1, x2 = x[..., : rot // 2], x[..., rot // 2 : rot]
+        y = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    else:  # GPT-J interleaved: pairs (2i, 2i + 1)
+        x1, x2 = x[..., 0:rot:2], x[..., 1:rot:2]
+        y = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    return torch.cat((y, x[..., rot:]), dim=-1)
+
+
+def repack_kv_ref_(
+    k_buffers: list[torch.Tensor],  # L x [num_slots, H, D]
+    v_buffers: list[torch.Tensor],  # L x [num_slots, Hv, Dv]
+    src: torch.Tensor,  # [n] int32/int64
+    dst: torch.Tensor,  # [n] int32/int64
+    rope=None,  # RopeShift or None
+) -> None:
+    """buf[dst] = buf[src] for every K and V layer, gathering all sources before scattering.
+
+    With `rope`, moved K rows are re-rotated by `rope.delta` in fp32 and cast back; V is copied.
+    """
+    if src.numel() == 0:
+        return
+    s, d = src.long(), dst.long()
+    if rope is not None:
+        cos, sin = rope_cos_sin_ref(rope.delta, rope.cos_sin_cache)
+    for k in k_buffers:
+        if rope is None:
+            raw(k)[d] = raw(k)[s]
+        else:
+            k[d] = rope_rotate_ref(k[s].float(), cos, sin, rope.neox).to(k.dtype)
+    for v in v_buffers:
+        raw(v)[d] = raw(v)[s]
+
+
+# --------------------------------------------------------------------------------------------
+# page indices
+# --------------------------------------------------------------------------------------------
+def page_indices_ref(
+    req_to_token: torch.Tensor,  # [max_reqs, max_ctx] int32 slot ids
+    req_pool_indices: torch.Tensor,  # [bs] int
+    seq_lens: torch.Tensor,  # [bs] int
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashInfer's paged-KV CSR triple for page-dense rows.
+
+    Returns kv_indptr [bs+1] int32, kv_indices [total_pages] int32 (page id = first slot of the page
+    // page_size) and kv_last_page_len [bs] int32 (0 for an empty row, else 1..page_size).
+    """
+    dev = req_to_token.device
+    lens = seq_lens.long()
+    num_pages = (lens + page_size - 1) // page_size
+    kv_indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=dev)
+    kv_indptr[1:] = torch.cumsum(num_pages, 0).to(torch.int32)
+    pages = [
+        req_to_token[int(r), 0 : int(n) : page_size] // page_size for r, n in zip(req_pool_indices.tolist(), lens.tolist())
+    ]
+    kv_indices = torch.cat(pages).to(torch.int32) if pages else torch.empty(0, dtype=torch.int32, device=dev)
+    last = torch.where(lens > 0, lens - (num_pages - 1) * page_size, torch.zeros_like(lens)).to(torch.int32)
+    return kv_indptr, kv_indices, last
+
+
+def check_page_dense(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+) -> None:
+    """Every page of every row starts at a page boundary and holds consecutive slots (syncs)."""
+    for b, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+        row = req_to_token[int(r), : int(n)].long()
+        pos = torch.arange(int(n), device=row.device)
+        first = row[pos - pos % page_size]
+        bad = (row != first + pos % page_size) | (first % page_size != 0)
+        if bool(bad.any()):
+            p = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"row {int(r)} (batch entry {b}) is not page-dense at position {p}: slot {int(row[p])}, "
+                f"page starts at slot {int(first[p])}, page_size {page_size}"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# attention scores
+# --------------------------------------------------------------------------------------------
+LN2 = math.log(2.0)
+
+
+def attn_lse_ref(
+    q: torch.Tensor,  # [bs, Hq, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    kv_indptr: torch.Tensor,  # [bs+1]
+    kv_indices: torch.Tensor,  # [>= kv_indptr[-1]] token slots
+    sm_scale: float,
+) -> torch.Tensor:
+    """Natural-log log-sum-exp of the decode logits, [bs, Hq] fp32 (-inf for an empty row)."""
+    bs, hq, _ = q.shape
+    group = hq // k_buffer.shape[1]
+    out = torch.full((bs, hq), -math.inf, dtype=torch.float32, device=q.device)
+    for b in range(bs):
+        lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        if hi > lo:
+            out[b] = torch.logsumexp(_logits(q[b], k_buffer, kv_indices[lo:hi], group, sm_scale), dim=-1)
+    return out
+
+
+def _logits(qb, k_buffer, slots, group, sm_scale):  # -> [Hq, n] fp32
+    k = k_buffer[slots.long()].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
+    return (qb.float()[None] * k).sum(-1).t() * sm_scale
+
+
+def attn_scores_ref_(
+    q: torch.Tensor,  # [bs, Hq, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    kv_indptr: torch.Tensor,  # [bs+1]
+    kv_indices: torch.Tensor,  # [>= kv_indptr[-1]]
+    score: torch.Tensor,  # [num_slots] or [num_slots, Hkv] fp32, updated in place
+    sm_scale: float,
+    lse: torch.Tensor | None = None,  # [bs, Hq]
+    lse_base: str = "ln",
+    decay: float = 1.0,
+) -> None:
+    """score[s] = decay * score[s] + sum of softmax probabilities that the batch gives slot s.
+
+    Probabilities are summed over the query heads of each KV head's group (score [num_slots, Hkv])
+    or over all heads (score [num_slots]); a slot read by several rows gets every row's share.
+    """
+    bs, hq, _ = q.shape
+    hkv = k_buffer.shape[1]
+    group = hq // hkv
+    if lse is None:
+        lse_ln = attn_lse_ref(q, k_buffer, kv_indptr, kv_indices, sm_scale)
+    else:
+        lse_ln = lse.float() * (LN2 if lse_base == "log2" else 1.0)
+    for b in range(bs):
+        lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        if hi <= lo:
+            continue
+        slots = kv_indices[lo:hi].long()
+        p = torch.exp(_logits(q[b], k_buffer, slots, group, sm_scale) - lse_ln[b][:, None])  # [Hq, n]
+        p = p.view(hkv, group, -1).sum(1).t()  # [n, Hkv]
+        if score.ndim == 1:
+            p = p.sum(1)
+        if decay == 1.0:
+            score.index_add_(0, slots, p)
+        else:
+            score[slots] = decay * score[slots] + p
