@@ -5,11 +5,13 @@ tensors (`impl=` overrides). Importing this package needs only torch; Triton is 
 first Triton call (set TRITON_INTERPRET=1 before that to run Triton on CPU tensors).
 """
 
-from .api import RopeShift, repack_kv_
-from .reference import repack_kv_ref_
+from .api import RopeShift, page_indices, repack_kv_
+from .reference import page_indices_ref, repack_kv_ref_
 
 __all__ = [
     "RopeShift",
+    "page_indices",
+    "page_indices_ref",
     "repack_kv_",
     "repack_kv_ref_",
 ]
