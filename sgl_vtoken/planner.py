@@ -1,0 +1,153 @@
+"""Repack planner: turn a policy's keep-set into KV moves, a row rewrite and page frees.
+
+Pure function of small tensors (one request); the server applies the plan with one KV move
+(``kv[dst] = kv[src]`` for all layers) and one allocator free; :func:`sgl_vtoken.reference.
+apply_plan_ref` applies it to a fake pool. Row layout (row coordinates, DESIGN rules 2 and 6)::
+
+    row      | tree-owned [0, cpl): never moved or freed | private [cpl, len): the request's |
+    pages    held private pages in allocation order: P0 P1 P2 P3 (P3 = tail, maybe partial)
+
+vtoken, page size > 1 (dense rows). Kept private tokens are packed in row order onto the held
+pages; with ``shift_dead_pages`` pages holding no kept token leave the list first (a page-aligned
+row shift, no KV move). The k-th kept token goes to offset k of the remaining list::
+
+    before   P0 [a . b .] P1 [. . . .] P2 [c d e f] P3 [g h]        "." evicted
+    shift    P0 [a . b .] P2 [c d e f] P3 [g h]                     P1 freed, no move
+    compact  P0 [a b c d] P2 [e f g h]                              moves b,c,d,e,f,g,h: dst <= src
+    result   row[cpl:cpl+8] = P0 P2 slots, len = cpl + 8, freed P1, P3 (the tail)
+
+Without the shift (rule 6 exactly) the slot entries of row positions ``[cpl, cpl+n)`` do not
+change, only the length shrinks, and the freed pages are exactly the tail pages. At page size
+1 every dead token is its own dead page: slots are freed, no KV moves at all.
+
+naive: same victims, no moves; the row keeps only the live slots (holes stay inside pages) and a
+page is freed only when none of its tokens is live. The row is then not dense: the next token
+goes after the request's last allocated slot, or to a fresh page if that page was freed.
+
+Moves are listed in row order with ``dst <= src`` in row order: a move may overwrite the source
+of an *earlier* move, never of a later one, so applying them in order, in chunks, or all at once
+gather-then-scatter is correct; a later chunk's sources never lie under an earlier chunk's dsts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_vtoken.pages import row_pages
+
+RECLAIM_MODES = ("vtoken", "naive")
+
+
+@dataclass(frozen=True)
+class RepackPlan:
+    """What the server does after an eviction (all tensors int64, on the row's device).
+
+    Attributes:
+        src, dst: ``[m]`` KV moves ``kv[dst] = kv[src]`` for every layer, K and V (row order).
+        row_start: first row position whose slot entry changes (``new_len`` if none).
+        row_slots: ``[new_len - row_start]`` slot entries for row positions ``[row_start, new_len)``.
+        old_len, new_len: row length before and after.
+        freed_pages: ``[p]`` page ids to free (at page size 1, page id == slot).
+        page_size: the pool's page size.
+        dense: the row stays page-dense (always for vtoken; naive rows keep holes at ps > 1).
+    """
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    row_start: int
+    row_slots: torch.Tensor
+    old_len: int
+    new_len: int
+    freed_pages: torch.Tensor
+    page_size: int
+    dense: bool
+
+    @property
+    def num_moved(self) -> int:
+        return int(self.src.numel())
+
+    @property
+    def num_freed_pages(self) -> int:
+        return int(self.freed_pages.numel())
+
+    @property
+    def freed_slots(self) -> torch.Tensor:
+        """``[p * page_size]`` every slot of the freed pages."""
+        ps = self.page_size
+        offs = torch.arange(ps, device=self.freed_pages.device)
+        return (self.freed_pages.unsqueeze(1) * ps + offs).reshape(-1)
+
+    @property
+    def num_evicted(self) -> int:
+        return self.old_len - self.new_len
+
+
+def plan_eviction(row: torch.Tensor, keep: torch.Tensor, *, cpl: int = 0, page_size: int = 1,
+                  reclaim: str = "vtoken", shift_dead_pages: bool = True) -> RepackPlan:
+    """Plan the reclamation of one request's row after its policy chose `keep`.
+
+    Args:
+        row: ``[L] int64`` slot of each live row position (``req_to_token[row_idx, :L]``).
+        keep: ascending, unique row indices to keep; must include every row ``< cpl``.
+        cpl: tree-owned prefix length (``cache_protected_len``); page-aligned when ps > 1.
+        page_size: pool page size.
+        reclaim: ``"vtoken"`` (compact and free) or ``"naive"`` (free fully dead pages only).
+        shift_dead_pages: vtoken only; drop pages without kept tokens by a row shift before
+            compacting (fewer moves). False gives DESIGN rule 6 exactly (row entries unchanged).
+
+    Raises:
+        ValueError: bad `keep`, a dropped tree-owned row, a misaligned `cpl`, unknown `reclaim`.
+    """
+    if reclaim not in RECLAIM_MODES:
+        raise ValueError(f"reclaim must be one of {list(RECLAIM_MODES)} (got {reclaim!r})")
+    row, keep = row.to(torch.int64), keep.to(torch.int64)
+    L, ps = row.numel(), page_size
+    _check_keep(keep, L, cpl, ps)
+    priv = keep[keep >= cpl]                                    # [n] kept private row positions
+    n = priv.numel()
+    pages = row_pages(row[cpl:], ps)                            # [P] held private pages, in order
+    sorted_pages, perm = pages.sort()
+    slot_page = perm[torch.searchsorted(sorted_pages, row[priv] // ps)]  # [n] index into pages
+    live = torch.zeros(pages.numel(), dtype=torch.bool, device=row.device)
+    live[slot_page] = True
+    empty = row.new_zeros(0)
+    if reclaim == "naive":
+        keep_page = live
+        new_private, src, dst = row[priv], empty, empty
+    else:
+        order = live.nonzero().flatten() if shift_dead_pages else torch.arange(
+            pages.numel(), device=row.device)                   # page list after the shift
+        shifted = torch.full_like(live, -1, dtype=torch.int64)
+        shifted[order] = torch.arange(order.numel(), device=row.device)
+        k = torch.arange(n, device=row.device)
+        o = shifted[slot_page] * ps + row[priv] % ps            # [n] offset in the page list
+        new_private = pages[order[k // ps]] * ps + k % ps       # slot of offset k
+        moved = o != k
+        src, dst = row[priv][moved], new_private[moved]
+        keep_page = torch.zeros_like(live)
+        keep_page[order[: -(-n // ps)]] = True
+    old_private = row[cpl:cpl + n]
+    diff = (new_private != old_private).nonzero()
+    first = int(diff[0]) if diff.numel() else n
+    return RepackPlan(src=src, dst=dst, row_start=cpl + first, row_slots=new_private[first:],
+                      old_len=L, new_len=cpl + n, freed_pages=pages[~keep_page], page_size=ps,
+                      dense=reclaim == "vtoken" or ps == 1)
+
+
+def _check_keep(keep: torch.Tensor, L: int, cpl: int, ps: int) -> None:
+    if not 0 <= cpl <= L:
+        raise ValueError(f"cpl must be in [0, {L}] (got {cpl})")
+    if ps > 1 and cpl % ps:
+        raise ValueError(f"cpl must be a multiple of page_size={ps} (got {cpl})")
+    if keep.dim() != 1:
+        raise ValueError(f"keep must be 1-D (got shape {tuple(keep.shape)})")
+    if keep.numel():
+        if int(keep[0]) < 0 or int(keep[-1]) >= L:
+            raise ValueError(f"keep indices must be in [0, {L})")
+        if keep.numel() > 1 and not bool((keep[1:] > keep[:-1]).all()):
+            raise ValueError("keep indices must be strictly ascending")
+    if int((keep < cpl).sum()) != cpl:
+        raise ValueError(f"keep must include every tree-owned row [0, {cpl}): a request may not "
+                         f"free or move slots it does not own")
