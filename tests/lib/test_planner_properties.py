@@ -31,7 +31,7 @@ def _trace(draw, page_size):
 @st.composite
 def traces(draw):
     page_size = draw(st.sampled_from([1, 2, 4, 8]))
-    reclaim = draw(st.sampled_from(["vtoken", "naive"]))
+    reclaim = draw(st.sampled_from(["vtoken", "naive", "mixed"]))
     shift = draw(st.booleans())
     return (page_size, reclaim, shift, *_trace(draw, page_size))
 
@@ -67,6 +67,7 @@ def test_plans_conserve_tokens_and_pages(trace):
     w = World(page_size, cpl, seed)
     q = torch.randn(4, D, generator=w.g)
     for count, frac in steps:
+        mode = reclaim if reclaim != "mixed" else ("vtoken" if frac > 0.5 else "naive")
         w.append(count)
         held_before = w.row.held_pages().numel()
         used_before = w.alloc.num_used
@@ -74,7 +75,7 @@ def test_plans_conserve_tokens_and_pages(trace):
         private = torch.arange(cpl, n)
         mask = torch.rand(private.numel(), generator=w.g) < frac
         keep = torch.cat([torch.arange(cpl), private[mask]])
-        plan = w.row.plan(keep, reclaim=reclaim, shift_dead_pages=shift)
+        plan = w.row.plan(keep, reclaim=mode, shift_dead_pages=shift)
         pages_before = w.row.held_pages()
         held_after_expected = set(pages_before.tolist()) - set(plan.freed_pages.tolist())
         w.row.apply(plan, keep, buffers=(w.k, w.v))
@@ -94,7 +95,7 @@ def test_plans_conserve_tokens_and_pages(trace):
         # I4: never more pages; vtoken is ideal and dense
         held_after = w.row.held_pages().numel()
         assert held_after <= held_before
-        if reclaim == "vtoken":
+        if mode == "vtoken":
             assert held_after == num_pages(w.row.num_private, page_size)
             assert is_dense_row(w.row)
             dst_off, src_off = _offsets(plan.dst, pages_before, page_size), _offsets(
