@@ -5,11 +5,14 @@ tensors (`impl=` overrides). Importing this package needs only torch; Triton is 
 first Triton call (set TRITON_INTERPRET=1 before that to run Triton on CPU tensors).
 """
 
-from .api import RopeShift, page_indices, repack_kv_
-from .reference import page_indices_ref, repack_kv_ref_
+from .api import RopeShift, attn_scores_, page_indices, repack_kv_
+from .reference import attn_lse_ref, attn_scores_ref_, page_indices_ref, repack_kv_ref_
 
 __all__ = [
     "RopeShift",
+    "attn_lse_ref",
+    "attn_scores_",
+    "attn_scores_ref_",
     "page_indices",
     "page_indices_ref",
     "repack_kv_",

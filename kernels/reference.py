@@ -155,7 +155,8 @@ def attn_scores_ref_(
     lse_base: str = "ln",
     decay: float = 1.0,
 ) -> None:
-    """score[s] = decay * score[s] + sum of softmax probabilities that the batch gives slot s.
+    """score[s] = decay * score[s] + sum of softmax probabilities that the batch gives slot s
+    (decay 0 overwrites; decay != 1 assumes each slot is read by one row only).
 
     Probabilities are summed over the query heads of each KV head's group (score [num_slots, Hkv])
     or over all heads (score [num_slots]); a slot read by several rows gets every row's share.
@@ -178,5 +179,7 @@ def attn_scores_ref_(
             p = p.sum(1)
         if decay == 1.0:
             score.index_add_(0, slots, p)
+        elif decay == 0.0:  # overwrite: stale inf/nan scores must not leak through 0 * x
+            score[slots] = p
         else:
             score[slots] = decay * score[slots] + p
