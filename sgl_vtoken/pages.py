@@ -92,6 +92,10 @@ class PageAllocator:
         return len(self._used)
 
     @property
+    def used_pages(self) -> frozenset[int]:
+        return frozenset(self._used)
+
+    @property
     def num_slots(self) -> int:
         """Size of a KV buffer for this pool, padding page included."""
         return (self.num_pages + 1) * self.page_size

@@ -80,8 +80,7 @@ class RequestRow:
             assert bool((self.positions[1:] > self.positions[:-1]).all()), "positions not ascending"
         held = self.held_pages()
         assert num_pages(self.num_private, self.page_size) <= held.numel(), "too few pages held"
-        used = set(self.allocator._used)
-        assert set(held.tolist()) <= used, "row holds a page the allocator thinks is free"
+        assert set(held.tolist()) <= self.allocator.used_pages, "row holds a page the allocator thinks is free"
 
 
 def is_dense_row(row: RequestRow) -> bool:

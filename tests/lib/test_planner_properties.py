@@ -87,7 +87,7 @@ def test_plans_conserve_tokens_and_pages(trace):
             assert torch.equal(w.v[slot].view(torch.int32), w.truth_v[pos].view(torch.int32))
         # I2 + disjointness: row slots unique, none in a free page, freed pages no longer held
         pages_of_row = set((w.row.slots[cpl:] // page_size).tolist())
-        assert pages_of_row <= set(w.alloc._used)
+        assert pages_of_row <= w.alloc.used_pages
         assert not pages_of_row & set(plan.freed_pages.tolist())
         assert set(w.row.held_pages().tolist()) == held_after_expected
         assert held_after_expected == pages_of_row           # every fully dead page was freed
