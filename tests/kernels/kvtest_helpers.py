@@ -16,8 +16,13 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 def random_bytes(shape, dtype, g: torch.Generator, device) -> torch.Tensor:
     """Arbitrary bit patterns (NaN payloads, infs, denormals included): copies must keep them."""
     nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    b = torch.randint(0, 256, (nbytes,), generator=g, dtype=torch.uint8)
-    return b.view(dtype).view(shape).to(device)
+    device = torch.device(device)
+    if device.type == "cpu":
+        b = torch.randint(0, 256, (nbytes,), generator=g, dtype=torch.uint8)
+    else:  # multi-GB GPU pools: draw on the device, seeded from g (still deterministic)
+        gd = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=g)))
+        b = torch.randint(0, 256, (nbytes,), generator=gd, dtype=torch.uint8, device=device)
+    return b.view(dtype).view(shape)
 
 
 def random_layers(num_layers, num_slots, heads, dim, dtype, g, device) -> list[torch.Tensor]:

@@ -40,7 +40,7 @@ def test_matches_reference(device, page_size, bs, idx_dtype):
         assert torch.equal(a.cpu(), b), name
 
 
-def test_hand_made_example():
+def test_hand_made_example(device):
     """page_size 4; rows: 6 tokens on pages 3,7; 4 tokens on page 2; 0 tokens; 1 token on page 9."""
     table = torch.full((4, 8), -1, dtype=torch.int32)
     table[2, :6] = torch.tensor([12, 13, 14, 15, 28, 29])  # pages 3 (slots 12-15), 7 (28, 29)
@@ -49,7 +49,7 @@ def test_hand_made_example():
     rpi = torch.tensor([2, 0, 1, 3])
     sl = torch.tensor([6, 4, 0, 1])
     for impl in ("triton", "torch"):
-        indptr, ids, last = page_indices(table, rpi, sl, 4, impl=impl)
+        indptr, ids, last = page_indices(*_to(device, table, rpi, sl), 4, impl=impl)
         assert indptr.tolist() == [0, 2, 3, 3, 4]  # ceil(6/4)=2, ceil(4/4)=1, 0, ceil(1/4)=1
         assert ids.tolist() == [3, 7, 2, 9]
         assert last.tolist() == [2, 4, 0, 1]  # 6 = (2-1)*4 + 2; 4 = 0*4 + 4; empty; 1
