@@ -46,6 +46,7 @@ def repack_kv_(
     check: bool = False,
     block_moves: int | None = None,
     num_warps: int | None = None,
+    col_block: int | None = None,
 ) -> None:
     """Move KV rows between slots in every layer, in place: buf[dst[i]] = buf[src[i]].
 
@@ -61,7 +62,8 @@ def repack_kv_(
             bfloat16 or float32 buffer).
         impl: "triton", "torch", or None (Triton on CUDA, torch otherwise).
         check: validate slot ranges and the in-place precondition first (syncs; debug mode).
-        block_moves, num_warps: Triton tuning knobs (moves per chunk, warps per program).
+        block_moves, num_warps, col_block: Triton tuning knobs (moves per chunk, warps per
+            program, head_dim columns per program; a power of 2, ignored with rope).
 
     Precondition (in-place safety): every destination is written once, and no move reads a slot
     written by an EARLIER move: src[i] not in {dst[j] : j < i}. Then the result equals gathering
@@ -95,7 +97,7 @@ def repack_kv_(
     )
     from .repack import launch_repack
 
-    launch_repack(keys, values, src, dst, rope, block_moves=block_moves, num_warps=num_warps)
+    launch_repack(keys, values, src, dst, rope, block_moves=block_moves, num_warps=num_warps, col_block=col_block)
 
 
 def _check_rope(rope: RopeShift, k0: torch.Tensor, num_moves: int, check: bool) -> None:

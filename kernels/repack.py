@@ -1,10 +1,11 @@
 """Triton KV repacker: move K and V rows of every layer between slots in one launch.
 
-Work is split by *columns*, not by moves: program (h, layer) owns head h of layer `layer` (K and
-V) and walks the whole move list in order, `BLOCK_M` moves at a time, loading every source row of
-a chunk before storing any destination row, with a CTA barrier between the phases:
+Work is split by *columns*, not by moves: program (h, part, layer) owns columns
+[part * BLOCK_D, (part + 1) * BLOCK_D) of head h of layer `layer` (K and V) and walks the whole
+move list in order, `BLOCK_M` moves at a time, loading every source row of a chunk before storing
+any destination row, with a CTA barrier between the phases:
 
-    chunk c:   load K/V[src[cM : cM+M], h]  ->  barrier  ->  store K/V[dst[cM : cM+M], h]  ->  barrier
+    chunk c:   load K/V[src[cM : cM+M], h, cols]  ->  barrier  ->  store K/V[dst[cM : cM+M], h, cols]  ->  barrier
 
 No other program touches those bytes, so the result equals "gather all sources, then scatter"
 whenever no move reads a slot that an earlier move writes (src[i] not in dst[:i]): reads inside a
@@ -52,16 +53,18 @@ def _repack_kernel(
     V_DTYPE: tl.constexpr,
     HAS_V: tl.constexpr,
     D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # columns per program; a power of 2 covering D when ROPE
+    PARTS: tl.constexpr,  # programs per head: cdiv(D, BLOCK_D)
     BLOCK_M: tl.constexpr,
     ROPE: tl.constexpr,
     ROT_DIM: tl.constexpr,
     NEOX: tl.constexpr,
 ):
-    h = tl.program_id(0).to(tl.int64)
+    h = (tl.program_id(0) // PARTS).to(tl.int64)
+    part = tl.program_id(0) % PARTS
     layer = tl.program_id(1)
     k_base = tl.multiple_of(tl.load(k_table + layer).to(tl.pointer_type(K_DTYPE)), 16)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = part * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     k_col = k_base + h * stride_kh + offs_d  # [BLOCK_D] pointers of head h, slot 0
     if HAS_V:
@@ -131,6 +134,7 @@ def launch_repack(
     *,
     block_moves: int | None = None,
     num_warps: int | None = None,
+    col_block: int | None = None,
 ) -> None:
     """Launch the repack kernel on validated arguments (see `sgl_vtoken.kernels.repack_kv_`).
 
@@ -148,6 +152,8 @@ def launch_repack(
             "the repack kernel reads per-layer addresses from a table, which the Triton interpreter cannot "
             "map to device memory: run it compiled (TRITON_INTERPRET unset) or pass CPU tensors"
         )
+    if col_block is not None and (col_block < 1 or col_block & (col_block - 1)):
+        raise ValueError(f"col_block must be a power of 2, got {col_block}")
     n = src.numel()
     if n == 0:
         return
@@ -158,21 +164,42 @@ def launch_repack(
     if not same_layout:
         groups.append((v_buffers, None, None))
     for keys, values, rp in groups:
-        _launch_group(keys, values, src, dst, rp, n, block_moves, num_warps, interpreted)
+        _launch_group(keys, values, src, dst, rp, n, block_moves, num_warps, col_block, interpreted)
 
 
-def _launch_group(keys, values, src, dst, rope, n, block_moves, num_warps, interpreted):
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _default_col_block(block_d: int, elem: int, programs_per_part: int, device, interpreted: bool) -> int:
+    """Split heads into column parts until there are >= 4 programs per SM, keeping >= 128-byte rows."""
+    if interpreted:
+        return block_d
+    col, target = block_d, 4 * _num_sms(device)
+    while programs_per_part * (block_d // col) < target and (col // 2) * elem >= 128:
+        col //= 2
+    return col
+
+
+def _launch_group(keys, values, src, dst, rope, n, block_moves, num_warps, col_block, interpreted):
     k0 = keys[0]
     device = k0.device
     num_layers = len(keys)
     _, heads, head_dim = k0.shape
     elem = k0.element_size()
     block_d = triton.next_power_of_2(head_dim)
+    if rope is not None:
+        col_block = block_d  # a rotation pairs columns across the whole rotary span of a head
+    elif col_block is None:
+        col_block = _default_col_block(block_d, elem, heads * num_layers, device, interpreted)
+    col_block = min(col_block, block_d)
+    parts = triton.cdiv(head_dim, col_block)
     if block_moves is None:
         if interpreted:
             block_moves = 16  # interpreter cost grows with ops, not with bytes: few fat chunks
         else:
-            rows = _CHUNK_BYTES // (block_d * elem)
+            rows = _CHUNK_BYTES // (col_block * elem)
             if rope is not None:
                 rows //= 4  # fp32 temporaries: keep the chunk in registers
             block_moves = max(8, min(256, triton.next_power_of_2(max(rows, 1))))
@@ -182,12 +209,13 @@ def _launch_group(keys, values, src, dst, rope, n, block_moves, num_warps, inter
     v_table = k_table if values is None else _address_table(device, tuple(t.data_ptr() for t in values))
     v0 = k0 if values is None else values[0]
     if rope is not None:
-        delta, cos_sin, stride_cs, rot_dim = rope.delta.contiguous(), rope.cos_sin_cache, rope.cos_sin_cache.stride(0), rope.cos_sin_cache.shape[1]
+        delta, cos_sin = rope.delta.contiguous(), rope.cos_sin_cache
+        stride_cs, rot_dim = cos_sin.stride(0), cos_sin.shape[1]
         k_dtype = _FLOAT_TL[k0.dtype]
     else:
         delta, cos_sin, stride_cs, rot_dim = src, k_table, 0, 2
         k_dtype = _COPY_TL[elem]
-    _repack_kernel[(heads, num_layers)](
+    _repack_kernel[(heads * parts, num_layers)](
         k_table,
         v_table,
         src,
@@ -204,7 +232,8 @@ def _launch_group(keys, values, src, dst, rope, n, block_moves, num_warps, inter
         V_DTYPE=_COPY_TL[v0.element_size()],
         HAS_V=values is not None,
         D=head_dim,
-        BLOCK_D=block_d,
+        BLOCK_D=col_block,
+        PARTS=parts,
         BLOCK_M=block_moves,
         ROPE=rope is not None,
         ROT_DIM=rot_dim,

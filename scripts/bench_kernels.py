@@ -89,9 +89,9 @@ def main(argv=None) -> int:
     for t in keys + values:  # arbitrary bytes; copies do not care
         t.view(torch.uint8).random_(0, 256)
 
-    configs = [(None, None)]
+    configs = [(None, None, None)]  # (block_moves, num_warps, col_block); None = launcher default
     if args.sweep and not args.cpu_smoke:
-        configs += [(bm, nw) for bm in (32, 64, 128, 256) for nw in (4, 8)]
+        configs += [(bm, nw, cb) for bm in (32, 64, 128, 256) for nw in (4, 8) for cb in (128, 64)]
     for tokens in args.tokens:
         moved = tokens * bytes_per_token
         copy_src = torch.empty(moved, dtype=torch.uint8, device=device)
@@ -105,15 +105,15 @@ def main(argv=None) -> int:
             src, dst = src.to(device), dst.to(device)
             n = src.numel()
             rw = 2 * n * bytes_per_token
-            impls = [("torch", None, None)] + [("triton", bm, nw) for bm, nw in configs]
-            for impl, bm, nw in impls:  # torch: the per-layer gather-then-scatter baseline
-                fn = lambda: repack_kv_(keys, values, src, dst, impl=impl, block_moves=bm, num_warps=nw)  # noqa: E731
+            impls = [("torch", None, None, None)] + [("triton", *c) for c in configs]
+            for impl, bm, nw, cb in impls:  # torch: the per-layer gather-then-scatter baseline
+                fn = lambda: repack_kv_(keys, values, src, dst, impl=impl, block_moves=bm, num_warps=nw, col_block=cb)  # noqa: E731
                 t = timer(fn)
                 gbps = rw / t / 1e9
                 emit(
                     kernel="repack_kv", impl=impl, pattern=pattern, tokens=n, layers=args.layers,
                     kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, block_moves=bm,
-                    num_warps=nw, bytes_rw=rw, time_us=t * 1e6, gbps=gbps, copy_gbps=copy_gbps,
+                    num_warps=nw, col_block=cb, bytes_rw=rw, time_us=t * 1e6, gbps=gbps, copy_gbps=copy_gbps,
                     frac_of_copy=gbps / copy_gbps, us_per_1k_tokens=t * 1e6 * 1000 / max(n, 1),
                     floor_us_per_1k_tokens=(2 * 1000 * bytes_per_token) / (copy_gbps * 1e9) * 1e6,
                 )  # fmt: skip

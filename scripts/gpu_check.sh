@@ -77,7 +77,7 @@ except FileNotFoundError:
 print("repack_kv (triton) vs device-to-device copy:")
 for r in rows:
     if r["kernel"] == "repack_kv" and r["impl"] == "triton":
-        print(f"  {r['pattern']:<10} {r['tokens']:>6} tokens  bm={r['block_moves']} nw={r['num_warps']}  "
+        print(f"  {r['pattern']:<10} {r['tokens']:>6} tokens  bm={r['block_moves']} nw={r['num_warps']} cb={r['col_block']}  "
               f"{r['gbps']:7.0f} GB/s = {100 * r['frac_of_copy']:5.1f}% of copy ({r['copy_gbps']:.0f} GB/s), "
               f"{r['us_per_1k_tokens']:7.1f} us/1k tokens (floor {r['floor_us_per_1k_tokens']:.1f})")
 EOF

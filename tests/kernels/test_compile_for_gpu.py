@@ -44,11 +44,12 @@ SCRIPT = textwrap.dedent(
     ALIGNED = ("k_table", "v_table", "src_ptr", "dst_ptr", "stride_ks", "stride_kh", "stride_vs", "stride_vh", "cos_sin_ptr", "stride_cs")
     OPTS = dict(num_warps=4, num_stages=1, enable_fp_fusion=False)
     out = {}
-    out["repack_bf16"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.int16, V_DTYPE=tl.int16, HAS_V=True, D=128, BLOCK_D=128, BLOCK_M=64, ROPE=False, ROT_DIM=2, NEOX=True), ALIGNED, **OPTS)
-    out["repack_fp8"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.uint8, V_DTYPE=tl.uint8, HAS_V=True, D=128, BLOCK_D=128, BLOCK_M=128, ROPE=False, ROT_DIM=2, NEOX=True), ALIGNED, **OPTS)
-    out["repack_odd"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.int32, V_DTYPE=tl.int32, HAS_V=False, D=80, BLOCK_D=128, BLOCK_M=32, ROPE=False, ROT_DIM=2, NEOX=True), (), **OPTS)
-    out["repack_rope_neox"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.bfloat16, V_DTYPE=tl.int16, HAS_V=True, D=128, BLOCK_D=128, BLOCK_M=16, ROPE=True, ROT_DIM=128, NEOX=True), ALIGNED, **OPTS)
-    out["repack_rope_gptj"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.float32, V_DTYPE=tl.int32, HAS_V=True, D=80, BLOCK_D=128, BLOCK_M=16, ROPE=True, ROT_DIM=32, NEOX=False), ALIGNED, **OPTS)
+    out["repack_bf16"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.int16, V_DTYPE=tl.int16, HAS_V=True, D=128, BLOCK_D=128, PARTS=1, BLOCK_M=64, ROPE=False, ROT_DIM=2, NEOX=True), ALIGNED, **OPTS)
+    out["repack_bf16_split"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.int16, V_DTYPE=tl.int16, HAS_V=True, D=128, BLOCK_D=64, PARTS=2, BLOCK_M=128, ROPE=False, ROT_DIM=2, NEOX=True), ALIGNED, **OPTS)
+    out["repack_fp8"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.uint8, V_DTYPE=tl.uint8, HAS_V=True, D=128, BLOCK_D=128, PARTS=1, BLOCK_M=128, ROPE=False, ROT_DIM=2, NEOX=True), ALIGNED, **OPTS)
+    out["repack_odd"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.int32, V_DTYPE=tl.int32, HAS_V=False, D=80, BLOCK_D=32, PARTS=3, BLOCK_M=32, ROPE=False, ROT_DIM=2, NEOX=True), (), **OPTS)
+    out["repack_rope_neox"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.bfloat16, V_DTYPE=tl.int16, HAS_V=True, D=128, BLOCK_D=128, PARTS=1, BLOCK_M=16, ROPE=True, ROT_DIM=128, NEOX=True), ALIGNED, **OPTS)
+    out["repack_rope_gptj"] = compile_(_repack_kernel, REPACK, dict(K_DTYPE=tl.float32, V_DTYPE=tl.int32, HAS_V=True, D=80, BLOCK_D=128, PARTS=1, BLOCK_M=16, ROPE=True, ROT_DIM=32, NEOX=False), ALIGNED, **OPTS)
     out["page_indptr"] = compile_(_page_indptr_kernel, dict(seq_lens_ptr="*i64", bs="i32", kv_indptr_ptr="*i32", last_page_len_ptr="*i32"), dict(PAGE=16, BLOCK_B=1024))
     out["page_ids"] = compile_(_page_ids_kernel, dict(req_to_token_ptr="*i32", stride_row="i32", stride_col="i32", req_pool_indices_ptr="*i64", seq_lens_ptr="*i64", kv_indptr_ptr="*i32", kv_indices_ptr="*i32"), dict(PAGE=16, BLOCK_P=128, SPLITS=4))
     ATT = dict(q_ptr="*bf16", stride_qb="i32", stride_qh="i32", k_ptr="*bf16", stride_ks="i64", stride_kh="i32", kv_indptr_ptr="*i32", kv_indices_ptr="*i32")
@@ -78,12 +79,12 @@ def ptx_stats():
 
 
 def test_all_kernels_compile_for_sm90_without_spills(ptx_stats):
-    assert len(ptx_stats) == 14
+    assert len(ptx_stats) == 15
     for name, stats in ptx_stats.items():
         assert stats[r"ld\.local"] == 0, f"{name} spills registers to local memory"
 
 
-@pytest.mark.parametrize("name", ["repack_bf16", "repack_fp8"])
+@pytest.mark.parametrize("name", ["repack_bf16", "repack_bf16_split", "repack_fp8"])
 def test_repack_copies_with_128_bit_accesses_and_chunk_barriers(ptx_stats, name):
     stats = ptx_stats[name]
     assert stats[r"ld\.global\.v4"] > 0 and stats[r"st\.global\.v4"] > 0, stats

@@ -91,6 +91,25 @@ def test_in_place_compaction_of_page_dense_rows(device, page_size, block_moves):
     assert_same_bytes(values, v_exp, "v")
 
 
+@pytest.mark.parametrize("col_block", [8, 32, 128])
+def test_column_split_matches_reference(device, col_block):
+    """Heads split into column parts (the last one partial: head_dim 80), with in-place chains."""
+    g = torch.Generator().manual_seed(col_block)
+    keys = random_layers(2, 40, 3, 80, torch.bfloat16, g, device)
+    values = random_layers(2, 40, 3, 80, torch.bfloat16, g, device)
+    src = torch.tensor([3, 5, 6, 7, 9, 10, 30], device=device)
+    dst = torch.tensor([2, 3, 4, 5, 6, 7, 8], device=device)
+    k_exp, v_exp = _run_both(keys, values, src, dst, check=True, block_moves=2, col_block=col_block)
+    assert_same_bytes(keys, k_exp, "k")
+    assert_same_bytes(values, v_exp, "v")
+
+
+def test_col_block_must_be_a_power_of_two(device):
+    k, v = _bufs(device), _bufs(device)
+    with pytest.raises(ValueError, match="col_block must be a power of 2, got 24"):
+        repack_kv_(k, v, torch.tensor([1], device=device), torch.tensor([2], device=device), impl="triton", col_block=24)
+
+
 def test_compaction_reference_keeps_kept_tokens_in_row_order(device):
     """Oracle check on the reference itself: after compaction row[start + k] holds the k-th kept token."""
     g = torch.Generator().manual_seed(5)
