@@ -1,6 +1,7 @@
-"""The contract between sgl-vtoken and the pinned SGLang: version and hooked signatures.
+"""The contract between sgl-vtoken and the pinned SGLang: version, hooked signatures, and the
+SGLang symbols the hooks call or subclass.
 
-A version bump that renames, moves or re-signs a hooked symbol must fail loudly here (and in
+A version bump that renames, moves or re-signs one of them must fail loudly here (and in
 `tests/patches/test_contract.py`), not silently run stock SGLang.
 """
 
@@ -12,40 +13,53 @@ from .plugin import HOOKS
 
 SGLANG_VERSION = "0.5.23"
 
-# Parameter names each hooked target must have, in order (self/cls included).
+# Leading parameter names of every hooked target and every SGLang function our hooks call or
+# override (self/cls included).
 EXPECTED_PARAMS = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": ("parser",),
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("cls", "args"),
     "sglang.srt.managers.scheduler.Scheduler.__init__": ("self", "server_args", "port_args"),
+    "sglang.srt.managers.scheduler.Scheduler.update_running_batch": ("self", "batch"),
+    "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class": ("self",),
+    "sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens": ("self", "req"),
+    "sglang.srt.managers.scheduler.Scheduler._reqs_finishing_inflight": ("self", "batch"),
+    "sglang.srt.managers.schedule_batch.Req.__init__": ("self", "rid"),
+    "sglang.srt.managers.schedule_batch.Req.reset_for_retract": ("self",),
+    "sglang.srt.mem_cache.common.release_kv_cache": ("req", "tree_cache", "checkpoint"),
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("cls", "batch", "model_runner"),
+    "sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens": ("kv", "page_size"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("self", "req"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("self", "req"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": ("self", "req"),
+    "sglang.srt.managers.scheduler.Scheduler.get_internal_state": ("self", "recv_req"),
+    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+    ".is_request_level_customized_info_key": ("self", "key"),
+    "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": ("self", "page_ids"),
 }
-# Module globals we set (module path, attribute).
+# Module globals and attributes we read or set (module path, attribute).
 EXPECTED_GLOBALS = (("sglang.srt.layers.rotary_embedding.base", "_is_cpu"),)
 
 
-def _resolve_unwrapped(target: str):
+def _raw(target: str):
     owner_path, attr = target.rsplit(".", 1)
     owner = pkgutil.resolve_name(owner_path)
-    raw = owner.__dict__.get(attr, getattr(owner, attr)) if isinstance(owner, type) else getattr(owner, attr)
-    if isinstance(raw, (classmethod, staticmethod)):
-        raw = raw.__func__
-    return inspect.unwrap(raw)
+    raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+    return raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
 
 
 def check_contract() -> list[str]:
-    """Every mismatch between the installed SGLang and what the plugin hooks, as messages."""
+    """Every mismatch between the installed SGLang and what the plugin relies on, as messages."""
     problems = []
     installed = version("sglang")
     if installed != SGLANG_VERSION:
         problems.append(f"sgl-vtoken needs sglang=={SGLANG_VERSION}, found {installed}")
-    for target, _hook, _type in HOOKS:
-        expected = EXPECTED_PARAMS.get(target)
-        if expected is None:
-            problems.append(f"{target}: hooked but has no expected signature in contract.py")
-            continue
+    for target in {t for t, _, _ in HOOKS} - set(EXPECTED_PARAMS):
+        problems.append(f"{target}: hooked but has no expected signature in contract.py")
+    for target, expected in EXPECTED_PARAMS.items():
         try:
-            fn = _resolve_unwrapped(target)
-        except (ImportError, AttributeError) as e:
-            problems.append(f"{target}: not found ({e})")
+            fn = inspect.unwrap(_raw(target))
+        except (ImportError, AttributeError, KeyError) as e:
+            problems.append(f"{target}: not found ({e!r})")
             continue
         params = tuple(inspect.signature(fn).parameters)
         if params[: len(expected)] != expected:
@@ -54,3 +68,8 @@ def check_contract() -> list[str]:
         if not hasattr(pkgutil.resolve_name(module), name):
             problems.append(f"{module}.{name}: module global not found")
     return problems
+
+
+def check_hooks_applied() -> list[str]:
+    """Targets whose hook is not in place in this process (SGLang logs and swallows failures)."""
+    return [t for t, _, _ in HOOKS if not hasattr(_raw(t), "__wrapped__")]

@@ -2,13 +2,30 @@
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import cpu, server_args
+from . import admission, cpu, held, observe, runtime, server_args
+
+A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
+SCHED = "sglang.srt.managers.scheduler.Scheduler"
+REQ = "sglang.srt.managers.schedule_batch.Req"
 
 # (target, hook, type): the whole splice, in one table. `contract.py` checks each target exists.
 HOOKS = (
-    ("sglang.srt.server_args.ServerArgs.add_cli_args", server_args.add_cli_args, HookType.AFTER),
-    ("sglang.srt.server_args.ServerArgs.from_cli_args", server_args.from_cli_args, HookType.AFTER),
-    ("sglang.srt.managers.scheduler.Scheduler.__init__", cpu.before_scheduler_init, HookType.BEFORE),
+    ("sglang.srt.server_args.ServerArgs.add_cli_args", server_args.add_cli_args, A),
+    ("sglang.srt.server_args.ServerArgs.from_cli_args", server_args.from_cli_args, A),
+    (f"{SCHED}.__init__", cpu.before_scheduler_init, B),
+    (f"{SCHED}.__init__", runtime.after_scheduler_init, A),
+    (f"{SCHED}.update_running_batch", runtime.around_update_running_batch, R),
+    (f"{SCHED}.get_prefill_adder_class", admission.around_get_prefill_adder_class, R),
+    (f"{SCHED}.init_req_max_new_tokens", admission.around_init_req_max_new_tokens, R),
+    (f"{REQ}.__init__", runtime.after_req_init, A),
+    (f"{REQ}.reset_for_retract", runtime.after_reset_for_retract, A),
+    ("sglang.srt.mem_cache.common.release_kv_cache", runtime.before_release_kv_cache, B),
+    ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", runtime.after_forward_batch_init, A),
+    ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens",
+     held.around_kv_private_tokens, R),
+    (f"{SCHED}.get_internal_state", observe.after_get_internal_state, A),
+    ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+     ".is_request_level_customized_info_key", observe.around_is_request_level_key, R),
 )
 
 _registered = False

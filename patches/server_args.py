@@ -3,53 +3,120 @@
 The flags are added to SGLang's own parser (AFTER `ServerArgs.add_cli_args`), so they show in
 `--help` and argparse rejects bad choices before any model loads. `ServerArgs.from_cli_args`
 keeps declared fields only, so the values are read from the parsed namespace (AFTER
-`from_cli_args`) and published as JSON in the environment variable `SGL_VTOKEN_CONFIG`:
-scheduler and detokenizer processes are spawned by the launcher and inherit it. The same JSON
-also rides on the server args as `_vtoken_config` (underscore attributes survive pickling).
-Python `Engine(...)` users set `SGL_VTOKEN_CONFIG` themselves.
+`from_cli_args`), validated into an `EvictConfig` together with the SGLang settings they depend
+on, and published as JSON in the environment variable `SGL_VTOKEN_CONFIG`: scheduler and
+detokenizer processes are spawned by the launcher and inherit it. The same dict also rides on the
+server args as `_vtoken_config` (underscore attributes survive pickling). Python `Engine(...)`
+users set `SGL_VTOKEN_CONFIG` themselves. Any invalid value or combination exits the launcher
+with status 2 and a message that names the flag.
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
+import sys
 
-ENV_VAR = "SGL_VTOKEN_CONFIG"
+from sgl_vtoken.config import ENV_VAR, RECLAIM_MODES, EvictConfig
 
-# Policies the server can run today; the library knows more than the server serves.
-KV_EVICT_CHOICES = ("none",)
+# Policies the server can run: the library knows more than the server serves so far.
+KV_EVICT_CHOICES = ("none", "streamingllm", "random", "knorm")
+
+# EvictConfig field -> the flag that sets it (error messages name the flag).
+FIELD_FLAGS = {
+    "policy": "--kv-evict", "budget": "--kv-budget", "sink": "--kv-sink", "window": "--kv-window",
+    "interval": "--kv-evict-interval", "reclaim": "--kv-reclaim", "params": "--kv-evict-config",
+    "page_size": "--page-size", "seed": "--kv-evict-config", "aggregation": "--kv-evict-config",
+}
+
+# (server-args attribute, predicate of an unsupported value, flag, why) checked with eviction on.
+UNSUPPORTED = (
+    ("enable_mixed_chunk", bool, "--enable-mixed-chunk", "mixed batches bypass the eviction hook"),
+    ("speculative_algorithm", lambda v: v is not None, "--speculative-algorithm",
+     "speculative decoding is not supported with eviction"),
+    ("attn_dp_size", lambda v: (v or 1) > 1, "--attn-dp-size", "DP attention is not supported"),
+    ("enable_dp_attention", bool, "--enable-dp-attention", "DP attention is not supported"),
+    ("pp_size", lambda v: (v or 1) > 1, "--pp-size", "pipeline parallelism is not supported"),
+    ("dcp_size", lambda v: (v or 1) > 1, "--dcp-size", "decode context parallelism is not supported"),
+    ("disaggregation_mode", lambda v: v not in (None, "null"), "--disaggregation-mode",
+     "PD disaggregation is not supported"),
+    ("enable_hierarchical_cache", bool, "--enable-hierarchical-cache", "HiCache is not supported"),
+    ("enable_lmcache", bool, "--enable-lmcache", "LMCache is not supported"),
+    ("enable_two_batch_overlap", bool, "--enable-two-batch-overlap", "two-batch overlap is not supported"),
+    ("enable_streaming_session", bool, "--enable-streaming-session", "streaming sessions are not supported"),
+    ("enable_hisparse", bool, "--enable-hisparse", "HiSparse is not supported"),
+)
 
 
 def add_cli_args(result, parser: argparse.ArgumentParser):
     """AFTER `ServerArgs.add_cli_args(parser)` (a staticmethod)."""
-    group = parser.add_argument_group("sgl-vtoken (token-level KV eviction)")
-    group.add_argument(
-        "--kv-evict", type=str, default="none", choices=KV_EVICT_CHOICES,
-        help="Token eviction policy applied to every request's KV cache ('none' = stock SGLang).",
-    )
+    g = parser.add_argument_group("sgl-vtoken (token-level KV eviction)")
+    g.add_argument("--kv-evict", type=str, default="none", choices=KV_EVICT_CHOICES,
+                   help="Token eviction policy applied to every request's KV ('none' = stock SGLang).")
+    g.add_argument("--kv-budget", type=int, default=None,
+                   help="Live KV tokens a request keeps after each eviction (required with --kv-evict).")
+    g.add_argument("--kv-sink", type=int, default=4,
+                   help="Attention-sink tokens always kept (rounded up to whole pages). Default 4.")
+    g.add_argument("--kv-window", type=int, default=0, help="Most recent tokens always kept. Default 0.")
+    g.add_argument("--kv-evict-interval", type=int, default=1,
+                   help="Evict when a row reaches budget + interval tokens (1 = every step). Default 1.")
+    g.add_argument("--kv-reclaim", type=str, default="vtoken", choices=RECLAIM_MODES,
+                   help="'vtoken': compact survivors and free pages; 'naive': free a page only when "
+                        "all its tokens are dead (the Naive-Evict baseline). Default vtoken.")
+    g.add_argument("--kv-evict-config", type=str, default=None,
+                   help="JSON object of policy parameters, e.g. '{\"seed\": 1}' or "
+                        "'{\"aggregation\": \"max\"}'.")
 
 
-def settings_from_namespace(args: argparse.Namespace) -> dict:
-    """The plugin's settings as a JSON-ready dict, from a parsed SGLang namespace."""
-    return {"policy": getattr(args, "kv_evict", "none")}
+def _fail(message: str):
+    sys.stderr.write(f"sglang serve: error: {message}\n")
+    raise SystemExit(2)
+
+
+def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
+    """The validated `EvictConfig` of a parsed SGLang namespace; exits naming the flag if invalid."""
+    policy = getattr(args, "kv_evict", "none")
+    params: dict = {}
+    if args.kv_evict_config:
+        try:
+            params = json.loads(args.kv_evict_config)
+        except json.JSONDecodeError as e:
+            _fail(f"argument --kv-evict-config: not valid JSON ({e})")
+        if not isinstance(params, dict):
+            _fail("argument --kv-evict-config: must be a JSON object")
+    top = {k: params.pop(k) for k in ("seed", "aggregation") if k in params}
+    if policy == "none":
+        if params or top:
+            _fail("argument --kv-evict-config: needs --kv-evict other than 'none'")
+        return EvictConfig()
+    for attr, bad, flag, why in UNSUPPORTED:
+        if hasattr(args, attr) and bad(getattr(args, attr)):
+            _fail(f"argument {flag}: cannot be combined with --kv-evict {policy}: {why}")
+    if args.kv_budget is None:
+        _fail(f"argument --kv-budget: required with --kv-evict {policy}")
+    try:
+        return EvictConfig(policy=policy, budget=args.kv_budget, sink=args.kv_sink,
+                           window=args.kv_window, interval=args.kv_evict_interval,
+                           reclaim=args.kv_reclaim, page_size=getattr(args, "page_size", None) or 1,
+                           params=params, **top)
+    except ValueError as e:
+        m = re.search(r"EvictConfig\.(\w+)", str(e))
+        flag = FIELD_FLAGS.get(m.group(1), "--kv-evict") if m else "--kv-evict"
+        _fail(f"argument {flag}: {e}")
 
 
 def from_cli_args(result, cls, args: argparse.Namespace):
-    """AFTER `ServerArgs.from_cli_args(args)` (a classmethod): publish the settings."""
-    settings = settings_from_namespace(args)
-    os.environ[ENV_VAR] = json.dumps(settings, sort_keys=True)
-    result._vtoken_config = settings
+    """AFTER `ServerArgs.from_cli_args(args)` (a classmethod): validate and publish the settings."""
+    cfg = config_from_namespace(args)
+    if cfg.enabled:
+        from .contract import check_hooks_applied
+
+        missing = check_hooks_applied()
+        if missing:
+            _fail(f"--kv-evict {cfg.policy}: sgl-vtoken hooks are not in place ({'; '.join(missing)}); "
+                  "refusing to serve stock SGLang under an eviction flag")
+    os.environ[ENV_VAR] = cfg.to_json()
+    result._vtoken_config = cfg.to_dict()
     return result
-
-
-def current_settings() -> dict:
-    """The settings of this process, as published by the launcher (defaults if none)."""
-    raw = os.environ.get(ENV_VAR)
-    if not raw:
-        return {"policy": "none"}
-    try:
-        settings = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{ENV_VAR} is not valid JSON: {e}") from None
-    if settings.get("policy") not in KV_EVICT_CHOICES:
-        raise ValueError(f"{ENV_VAR}: policy must be one of {list(KV_EVICT_CHOICES)}, got {settings.get('policy')!r}")
-    return settings

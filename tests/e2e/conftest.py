@@ -18,22 +18,47 @@ class Client:
         assert r.status_code == 200, f"{path} -> {r.status_code}: {r.text[:500]}"
         return r.json()
 
+    def get(self, path: str, timeout: float = 30.0) -> dict:
+        r = requests.get(self.base_url + path, timeout=timeout)
+        assert r.status_code == 200, f"{path} -> {r.status_code}: {r.text[:500]}"
+        return r.json()
+
+    def vtoken_state(self) -> dict:
+        return self.get("/get_server_info")["internal_states"][0]["vtoken"]
+
     def generate_ids(self, input_ids: list[int], max_new_tokens: int, **sampling) -> dict:
         params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True, **sampling}
         return self.post("/generate", {"input_ids": input_ids, "sampling_params": params})
 
 
+# SGLang's own memory checkers, on in every eviction test server.
+MEMORY_CHECKS = {
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+    "SGLANG_DEBUG_MEMORY_POOL": "1",
+    "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
+}
+MAX_ALIVE = 2  # each CPU server takes ~3 GB: keep the most recently used ones only
+
+
 @pytest.fixture(scope="session")
 def server_factory(tiny_model):
-    """`server_factory(page_size=16, extra=(...))` -> Client; one server per distinct configuration."""
+    """`server_factory(page_size=16, extra=(...), env={...})` -> Client.
+
+    One server per distinct configuration, started on first use; the least recently used one is
+    stopped when more than `MAX_ALIVE` would run. All are stopped at the end of the session.
+    """
     started: dict[tuple, ServerProcess] = {}
 
-    def get(page_size: int = 1, extra: tuple[str, ...] = ()) -> Client:
-        key = (page_size, tuple(extra))
-        if key not in started:
+    def get(page_size: int = 1, extra: tuple[str, ...] = (), env: dict | None = None) -> Client:
+        key = (page_size, tuple(extra), tuple(sorted((env or {}).items())))
+        if key in started:
+            started[key] = started.pop(key)  # most recently used last
+        else:
+            while len(started) >= MAX_ALIVE:
+                started.pop(next(iter(started))).stop()
             args = cpu_server_args(tiny_model, max_total_tokens=4096, page_size=page_size)
             args += ["--dtype", "float32", "--enable-cache-report", *extra]
-            started[key] = ServerProcess(args).start()
+            started[key] = ServerProcess(args, env=env).start()
         return Client(started[key])
 
     yield get

@@ -1,13 +1,16 @@
-"""`--kv-evict` through SGLang's own parser, and how the settings reach the scheduler."""
+"""The `--kv-*` flags through SGLang's own parser, start-up validation, and how the settings
+reach the scheduler processes."""
 
 import json
+import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sgl_vtoken.patches import server_args
+from sgl_vtoken.config import ENV_VAR, EvictConfig
 
 
 @pytest.fixture
@@ -17,7 +20,7 @@ def parse(monkeypatch):
     from sglang.srt.server_args import prepare_server_args
 
     load_plugins()
-    monkeypatch.delenv(server_args.ENV_VAR, raising=False)
+    monkeypatch.delenv(ENV_VAR, raising=False)
 
     def run(*flags):
         return prepare_server_args(["--model-path", "/nonexistent", *flags])
@@ -26,40 +29,58 @@ def parse(monkeypatch):
 
 
 def test_default_is_none_and_published(parse):
-    import os
-
     args = parse()
-    assert args._vtoken_config == {"policy": "none"}
-    assert json.loads(os.environ[server_args.ENV_VAR]) == {"policy": "none"}
-    assert server_args.current_settings() == {"policy": "none"}
+    assert args._vtoken_config == EvictConfig().to_dict()
+    assert EvictConfig.from_env() == EvictConfig()
 
 
-def test_explicit_none(parse):
-    assert parse("--kv-evict", "none")._vtoken_config["policy"] == "none"
+def test_flags_build_the_config(parse):
+    args = parse("--kv-evict", "random", "--kv-budget", "96", "--kv-sink", "8", "--kv-window", "4",
+                 "--kv-evict-interval", "16", "--kv-reclaim", "naive", "--page-size", "16",
+                 "--kv-evict-config", '{"seed": 7}')
+    expected = EvictConfig(policy="random", budget=96, sink=8, window=4, interval=16, reclaim="naive",
+                           page_size=16, seed=7)
+    assert EvictConfig.from_env() == expected
+    assert EvictConfig.from_dict(pickle.loads(pickle.dumps(args))._vtoken_config) == expected
 
 
-def test_unknown_policy_is_rejected_with_the_choices(parse, capsys):
+@pytest.mark.parametrize("flags,needle", [
+    (["--kv-evict", "bogus"], "argument --kv-evict: invalid choice: 'bogus'"),
+    (["--kv-evict", "streamingllm"], "argument --kv-budget: required with --kv-evict streamingllm"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "4"], "argument --kv-budget:"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "20", "--page-size", "16"], "argument --kv-budget:"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-window", "-1"], "argument --kv-window:"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-interval", "0"],
+     "argument --kv-evict-interval:"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-reclaim", "lazy"], "argument --kv-reclaim: invalid choice"),
+    (["--kv-evict", "random", "--kv-budget", "64", "--kv-evict-config", "{oops"], "argument --kv-evict-config: not valid JSON"),
+    (["--kv-evict", "random", "--kv-budget", "64", "--kv-evict-config", '{"temperature": 1}'], "argument --kv-evict-config:"),
+    (["--kv-evict-config", '{"seed": 1}'], "argument --kv-evict-config: needs --kv-evict"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--enable-mixed-chunk"], "argument --enable-mixed-chunk:"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--speculative-algorithm", "EAGLE"],
+     "argument --speculative-algorithm:"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--pp-size", "2"], "argument --pp-size:"),
+])
+def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
     with pytest.raises(SystemExit) as e:
-        parse("--kv-evict", "bogus")
-    assert e.value.code != 0
-    err = capsys.readouterr().err
-    assert "--kv-evict" in err and "invalid choice: 'bogus'" in err and "'none'" in err
+        parse(*flags)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
 
 
-def test_settings_survive_pickling(parse):
-    import pickle
+def test_hooks_are_verified_before_serving(parse, monkeypatch, capsys):
+    from sgl_vtoken.patches import contract
 
-    args = pickle.loads(pickle.dumps(parse()))
-    assert args._vtoken_config == {"policy": "none"}
+    monkeypatch.setattr(contract, "check_hooks_applied", lambda: ["Scheduler.update_running_batch"])
+    with pytest.raises(SystemExit):
+        parse("--kv-evict", "streamingllm", "--kv-budget", "64")
+    assert "hooks are not in place (Scheduler.update_running_batch)" in capsys.readouterr().err
 
 
 def test_malformed_environment_is_an_error(monkeypatch):
-    monkeypatch.setenv(server_args.ENV_VAR, "{not json")
-    with pytest.raises(ValueError, match=server_args.ENV_VAR):
-        server_args.current_settings()
-    monkeypatch.setenv(server_args.ENV_VAR, '{"policy": "h2o-bogus"}')
-    with pytest.raises(ValueError, match="policy must be one of"):
-        server_args.current_settings()
+    monkeypatch.setenv(ENV_VAR, "{not json")
+    with pytest.raises(ValueError, match="malformed"):
+        EvictConfig.from_env()
 
 
 SGLANG_SERVE = [str(Path(sys.executable).parent / "sglang"), "serve"]
@@ -68,8 +89,10 @@ SGLANG_SERVE = [str(Path(sys.executable).parent / "sglang"), "serve"]
 @pytest.mark.parametrize("entry", [[sys.executable, "-m", "sglang.launch_server"], SGLANG_SERVE])
 def test_launcher_fails_fast_on_bogus_policy(tiny_model, entry):
     """Both entry points exit non-zero before loading a model, naming the flag and choices."""
-    proc = subprocess.run([*entry, "--model-path", str(tiny_model), "--device", "cpu",
-                           "--kv-evict", "bogus"], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    proc = subprocess.run([*entry, "--model-path", str(tiny_model), "--device", "cpu", "--kv-evict", "bogus"],
+                          capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode != 0
-    assert "argument --kv-evict: invalid choice: 'bogus' (choose from 'none')" in proc.stderr
+    assert ("argument --kv-evict: invalid choice: 'bogus' (choose from 'none', 'streamingllm', "
+            "'random', 'knorm')") in proc.stderr
     assert "Load weight" not in proc.stdout + proc.stderr

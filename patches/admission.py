@@ -1,0 +1,94 @@
+"""Budget-aware admission (DESIGN rule 5): an evicting request never holds more than
+`budget + interval + page_size` tokens of KV, so it reserves at most that, not
+`prompt + max_new_tokens`, and `max_new_tokens` is no longer clipped by pool memory.
+
+    reserved for a running request      min(stock estimate, cap - row_len)
+    reserved for a new request          prompt + min(max_new, cap - prompt)
+    cap = budget + interval + page_size
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+
+def _cap(st) -> int:
+    return st.cfg.budget + st.cfg.interval + st.cfg.page_size
+
+
+@contextmanager
+def _clipped(reqs):
+    """Temporarily clip the remaining `max_new_tokens` of evicting requests to what their KV can grow."""
+    saved = []
+    for req in reqs:
+        st = getattr(req, "vtoken", None)
+        if st is None or req.sampling_params.max_new_tokens is None:
+            continue
+        done = len(req.output_ids)
+        row = req.kv.kv_committed_len if req.kv.holds_kv else len(req.origin_input_ids) + done
+        room = max(0, _cap(st) - row)
+        clipped = done + min(req.sampling_params.max_new_tokens - done, room)
+        if clipped < req.sampling_params.max_new_tokens:
+            saved.append((req, req.sampling_params.max_new_tokens))
+            req.sampling_params.max_new_tokens = clipped
+    try:
+        yield
+    finally:
+        for req, value in saved:
+            req.sampling_params.max_new_tokens = value
+
+
+_ADDER_CLASSES: dict[type, type] = {}
+
+
+def adder_class(base: type) -> type:
+    """A subclass of SGLang's `PrefillAdder` (whatever class the scheduler uses) with budget-aware
+    reservations."""
+    if base in _ADDER_CLASSES:
+        return _ADDER_CLASSES[base]
+
+    class VTokenPrefillAdder(base):
+        def _get_running_request_total_token_offset(self, req):
+            stock = super()._get_running_request_total_token_offset(req)
+            st = getattr(req, "vtoken", None)
+            if st is None:
+                return stock
+            return min(stock, max(0, _cap(st) - req.kv.kv_committed_len))
+
+        def _peers(self, req):
+            running = self.running_batch.reqs if self.running_batch is not None else []
+            return [req, *running, *self.can_run_list]
+
+        def add_one_req(self, req, *args, **kwargs):
+            with _clipped(self._peers(req)):
+                return super().add_one_req(req, *args, **kwargs)
+
+        def add_chunked_req(self, req, *args, **kwargs):
+            with _clipped([req]):
+                return super().add_chunked_req(req, *args, **kwargs)
+
+    VTokenPrefillAdder.__qualname__ = f"VToken{base.__qualname__}"
+    _ADDER_CLASSES[base] = VTokenPrefillAdder
+    return VTokenPrefillAdder
+
+
+def around_get_prefill_adder_class(original, scheduler):
+    """AROUND `Scheduler.get_prefill_adder_class`."""
+    return adder_class(original(scheduler))
+
+
+def around_init_req_max_new_tokens(original, scheduler, req):
+    """AROUND `Scheduler.init_req_max_new_tokens`: keep the context-length clip, drop the memory
+    clip for evicting requests (their KV stays bounded by the budget)."""
+    requested = req.sampling_params.max_new_tokens
+    original(scheduler, req)
+    st = getattr(req, "vtoken", None)
+    if st is None or req.finished():
+        return
+    input_len = len(req.origin_input_ids)
+    value = (1 << 30) if requested is None else requested
+    limit = scheduler.max_new_tokens_limit
+    if limit is not None and limit > 0:
+        value = min(value, limit)
+    value = max(0, min(value, scheduler.model_config.context_len - input_len - 1))
+    req.sampling_params.max_new_tokens = value

@@ -1,0 +1,32 @@
+"""Server-wide vToken counters, one set per scheduler process (reported in /get_server_info)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class VTokenCounters:
+    """Cumulative since start-up, except the `live_*` and `retained_*` gauges (last step)."""
+
+    evictions: int = 0
+    evicted_tokens: int = 0
+    pages_freed: int = 0
+    tokens_moved: int = 0
+    bytes_moved: int = 0
+    bytes_per_token: int = 0          # K and V of every layer of one token
+    live_tokens: int = 0              # live KV tokens of running evicting requests
+    retained_pages: int = 0           # pages those requests hold
+    fragmentation: float = 0.0        # 1 - live / (retained pages * page size)
+    peak_running_requests: int = 0    # largest decode batch seen
+    peak_retained_pages: int = 0      # most pages evicting requests held at once
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def counters_of(scheduler) -> VTokenCounters:
+    c = getattr(scheduler, "_vtoken_counters", None)
+    if c is None:
+        c = scheduler._vtoken_counters = VTokenCounters()
+    return c

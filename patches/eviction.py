@@ -1,0 +1,149 @@
+"""Token eviction in the scheduler: evict, reclaim, fix lengths, before the decode memory check.
+
+Runs AROUND `Scheduler.update_running_batch`, so `check_decode_mem` already sees the reclaimed
+memory, and before `prepare_for_decode` appends the slot of the incoming token. Every SGLang
+length stays in row coordinates (DESIGN rule 1): after an eviction of `d` tokens the row holds
+`budget` live slots and the request's position offset grows by `d`::
+
+    row before (L = budget + interval)            row after (budget), offset += d
+    | tree-owned [0, cpl) | private ........ |    | tree-owned | kept private |
+    0                     cpl                L    0            cpl           budget
+    logical position of row index j: kept_pos[j] for j < m (at the last eviction), j + offset after
+
+Tree-owned slots are never freed or moved (rule 2); the policy sees them as shared and keeps
+them. Page size 1: the row is compacted and dead slots freed. Page size > 1: kept private tokens
+move down onto the request's own pages (`dst <= src`, one all-layer KV move) and whole pages
+are freed (rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
+held by the request (see `held.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.planner import plan_eviction
+from sgl_vtoken.policies import policy_from_config
+from sgl_vtoken.policies.base import EvictionPolicy
+from sgl_vtoken.rng import stable_id
+from sgl_vtoken.types import TokenView
+from sgl_vtoken.kernels import repack_kv_
+
+from . import held
+from .counters import counters_of
+
+
+@dataclass
+class ReqEvictState:
+    """Per-request eviction state, stored on the SGLang `Req` as `req.vtoken`."""
+
+    cfg: EvictConfig
+    policy: EvictionPolicy
+    rid: int                                   # stable 32-bit identity (seeded policies)
+    kept_pos: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    offset: int = 0                            # tokens evicted so far: logical - row position
+    steps: int = 0                             # evictions so far (seeded policies hash it)
+    pages_freed: int = 0
+    naive_pages: list[int] = field(default_factory=list)  # pages held back in naive mode
+    report: dict = field(default_factory=dict)  # meta_info["kv_evict"][0], updated in place
+
+    def positions(self, row_len: int) -> torch.Tensor:
+        """``[row_len] int64`` logical position of every live row entry."""
+        m = self.kept_pos.numel()
+        return torch.cat([self.kept_pos[:row_len], torch.arange(m, row_len) + self.offset])
+
+    def reset(self) -> None:
+        """Forget every eviction (retraction: the request is re-prefilled from its ids)."""
+        self.kept_pos = self.kept_pos[:0]
+        self.offset = self.steps = 0
+
+
+def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
+    st = ReqEvictState(cfg=cfg, policy=policy_from_config(cfg), rid=stable_id(rid))
+    st.report.update(policy=cfg.policy, budget=cfg.budget, evicted_tokens=0, live_tokens=None,
+                     pages_freed=0, evictions=0)
+    return st
+
+
+def evict_batch(scheduler, batch, skip: set) -> None:
+    """Evict every request of `batch` whose row reached its trigger; update the batch lengths."""
+    seq_lens_cpu = batch.seq_lens_cpu
+    new_lens = None
+    for i, req in enumerate(batch.reqs):
+        st: ReqEvictState | None = getattr(req, "vtoken", None)
+        if st is None or req in skip:
+            continue
+        row_len = int(seq_lens_cpu[i])
+        if not st.cfg.should_evict(row_len):
+            continue
+        evicted = evict_request(scheduler, req, st, row_len)
+        if evicted:
+            new_lens = seq_lens_cpu.clone() if new_lens is None else new_lens
+            new_lens[i] = row_len - evicted
+    if new_lens is None:
+        return
+    delta = seq_lens_cpu - new_lens
+    # New tensors: the in-flight forward (overlap scheduler) keeps reading the old ones.
+    batch.seq_lens_cpu = new_lens
+    batch.seq_lens = batch.seq_lens - delta.to(batch.seq_lens.device, batch.seq_lens.dtype)
+    batch.orig_seq_lens = batch.orig_seq_lens - delta.to(batch.orig_seq_lens.device, batch.orig_seq_lens.dtype)
+    batch.seq_lens_sum = None
+
+
+def _gather_keys(pool, slots: torch.Tensor) -> torch.Tensor:
+    """``[n, layers, H, D]`` cached keys of `slots` (for key-based policies)."""
+    return torch.stack([pool.get_key_buffer(layer)[slots] for layer in range(pool.layer_num)], dim=1)
+
+
+def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
+    """Evict one request down to its budget; returns the number of tokens evicted."""
+    cfg, kv = st.cfg, req.kv
+    assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
+        f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    allocator = scheduler.token_to_kv_pool_allocator
+    pool = allocator.get_kvcache()
+    row_dev = req_to_token[kv.req_pool_idx, :row_len].to(torch.int64)
+    row = row_dev.cpu()
+    positions = st.positions(row_len)
+    cpl = kv.cache_protected_len
+    keys = _gather_keys(pool, row_dev).cpu() if "keys" in st.policy.needs else None
+    view = TokenView(positions=positions, keys=keys, shared=torch.arange(row_len) < cpl,
+                     rid=st.rid, step=st.steps)
+    keep = st.policy.keep(view, cfg.budget)
+    plan = plan_eviction(row, keep, cpl=cpl, page_size=cfg.page_size,
+                         shift_dead_pages=True)
+    device = row_dev.device
+    if plan.num_moved:
+        repack_kv_(pool.k_buffer, pool.v_buffer, plan.src.to(device), plan.dst.to(device))
+    if plan.row_slots.numel():
+        req_to_token[kv.req_pool_idx, plan.row_start:plan.new_len] = plan.row_slots.to(
+            device, req_to_token.dtype)
+    kept_pos = positions[keep]
+    freed = plan.freed_pages
+    if cfg.reclaim == "naive" and cfg.page_size > 1:
+        freed = held.hold_naive_pages(st, kept_pos, int(positions[-1]) + 1, plan.new_len, kv, freed)
+    if freed.numel():
+        if cfg.page_size == 1:
+            allocator.free(freed.to(device))
+        else:
+            allocator.free_page_ids(freed.to(device))
+
+    evicted = plan.num_evicted
+    st.kept_pos = kept_pos
+    st.offset += evicted
+    st.steps += 1
+    st.pages_freed += int(freed.numel())
+    st.report.update(evicted_tokens=st.offset, live_tokens=plan.new_len, pages_freed=st.pages_freed,
+                     evictions=st.steps)
+    kv.kv_committed_len -= evicted
+    kv.kv_allocated_len -= evicted
+    c = counters_of(scheduler)
+    c.evicted_tokens += evicted
+    c.evictions += 1
+    c.pages_freed += int(freed.numel())
+    c.tokens_moved += plan.num_moved
+    c.bytes_moved += plan.num_moved * c.bytes_per_token
+    return evicted

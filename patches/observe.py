@@ -1,0 +1,58 @@
+"""What a user sees of eviction: per request in `meta_info["kv_evict"]`, server-wide in
+`/get_server_info` (`internal_states[i]["vtoken"]`).
+
+Per request (a one-element list, SGLang's request-level customized-info format, sent with the
+final output, or with the first chunk of a stream): policy, evicted tokens, live tokens after the
+last eviction, pages freed. Server-wide: the settings and `VTokenCounters`.
+"""
+
+from __future__ import annotations
+
+from sgl_vtoken.pages import num_pages
+
+from . import held
+from .counters import counters_of
+
+META_KEY = "kv_evict"
+
+
+
+def update_gauges(scheduler, batch) -> None:
+    """Live tokens, retained pages and fragmentation over the running evicting requests."""
+    c = counters_of(scheduler)
+    live = pages = running = 0
+    for req in batch.reqs:
+        st = getattr(req, "vtoken", None)
+        if st is None or not req.kv.holds_kv:
+            continue
+        running += 1
+        live += req.kv.kv_committed_len
+        pages += num_pages(req.kv.kv_committed_len, st.cfg.page_size) + len(st.naive_pages)
+    ps = max(1, getattr(scheduler, "page_size", 1))
+    c.live_tokens, c.retained_pages = live, pages
+    c.fragmentation = 1.0 - live / (pages * ps) if pages else 0.0
+    c.peak_running_requests = max(c.peak_running_requests, batch.batch_size())
+    c.peak_retained_pages = max(c.peak_retained_pages, pages)
+
+
+def after_get_internal_state(result, scheduler, *args, **kwargs):
+    """AFTER `Scheduler.get_internal_state`: add the settings and counters under "vtoken"."""
+    from .runtime import server_config
+
+    state = getattr(result, "internal_state", None)
+    if isinstance(state, dict):
+        allocator = scheduler.token_to_kv_pool_allocator
+        state["vtoken"] = {
+            "config": server_config().to_dict(), **counters_of(scheduler).as_dict(),
+            "naive_held_requests": len(held.HELD_PAGES),
+            # free == total after load: available + evictable (radix cache) == total
+            "pool_total_tokens": int(scheduler.max_total_num_tokens),
+            "pool_available_tokens": int(allocator.available_size()),
+            "pool_evictable_tokens": int(scheduler.tree_cache.evictable_size()),
+        }
+    return result
+
+
+def around_is_request_level_key(original, streamer, key: str) -> bool:
+    """AROUND `SchedulerOutputStreamer.is_request_level_customized_info_key`."""
+    return key == META_KEY or original(streamer, key)

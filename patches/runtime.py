@@ -1,0 +1,85 @@
+"""Scheduler-process hooks: per-request state, logical positions, eviction before the memory check.
+
+Every hook is a no-op unless the launcher published an enabled `EvictConfig`
+(`SGL_VTOKEN_CONFIG`): with `--kv-evict none` the server behaves exactly as stock SGLang.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from sgl_vtoken.config import EvictConfig
+
+from . import held, observe
+from .counters import counters_of
+from .eviction import evict_batch, new_state
+
+
+@functools.cache
+def server_config() -> EvictConfig:
+    """This process's eviction settings, as published by the launcher."""
+    return EvictConfig.from_env()
+
+
+def after_req_init(result, req, rid, *args, **kwargs):
+    """AFTER `Req.__init__`: attach eviction state; an evicting request is never inserted into
+    the radix tree as if its compacted row were contiguous (DESIGN rule 3)."""
+    cfg = server_config()
+    if cfg.enabled:
+        req.vtoken = new_state(cfg, rid)
+        req.skip_radix_cache_insert = True
+        req.customized_info = {observe.META_KEY: [req.vtoken.report]}
+
+
+def after_reset_for_retract(result, req):
+    """AFTER `Req.reset_for_retract`: the request is re-prefilled from its ids, full attention."""
+    st = getattr(req, "vtoken", None)
+    if st is not None:
+        st.reset()
+
+
+def before_release_kv_cache(req, tree_cache, *args, **kwargs):
+    """BEFORE `mem_cache.common.release_kv_cache`: return pages held back in naive mode."""
+    held.release_held(req, tree_cache.token_to_kv_pool_allocator)
+
+
+def after_forward_batch_init(result, cls, batch, *args, **kwargs):
+    """AFTER `ForwardBatch.init_new`: add each request's position offset (DESIGN rule 1).
+
+    Offsets are read when the batch is built, right after this step's eviction, so they match
+    the row under the overlap scheduler too.
+    """
+    reqs = getattr(batch, "reqs", None)
+    if not reqs or result.positions is None or not server_config().enabled:
+        return result
+    offsets = [st.offset if (st := getattr(r, "vtoken", None)) is not None else 0 for r in reqs]
+    if not any(offsets):
+        return result
+    off = torch.tensor(offsets, dtype=result.positions.dtype)
+    if result.forward_mode.is_decode():
+        assert result.positions.numel() == len(reqs), (result.positions.shape, len(reqs))
+    else:
+        off = torch.repeat_interleave(off, torch.tensor(result.extend_seq_lens_cpu))
+    result.positions = result.positions + off.to(result.positions.device, non_blocking=True)
+    return result
+
+
+def after_scheduler_init(result, scheduler, *args, **kwargs):
+    """AFTER `Scheduler.__init__`: size the counters (bytes of K and V per token, all layers)."""
+    if not server_config().enabled:
+        return
+    pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
+    per_token = sum(b[0].numel() * b.element_size() for b in (*pool.k_buffer, *pool.v_buffer))
+    counters_of(scheduler).bytes_per_token = per_token
+
+
+def around_update_running_batch(original, scheduler, batch):
+    """AROUND `Scheduler.update_running_batch`: evict before `check_decode_mem` and
+    `prepare_for_decode`, skipping requests whose last token is already in flight."""
+    if server_config().enabled and batch is not None and not batch.is_empty():
+        skip = set(scheduler._reqs_finishing_inflight(batch))
+        evict_batch(scheduler, batch, skip)
+        observe.update_gauges(scheduler, batch)
+    return original(scheduler, batch)

@@ -1,0 +1,62 @@
+"""Hugging Face oracle for eviction: greedy decoding where each query attends to exactly the keys
+the server keeps, with every token at its original position.
+
+The sequence is run in full at every step with a per-query 4-D attention mask, so each token's
+hidden states (and therefore its cached K/V) are computed with the keys that were live when that
+token was decoded: prompt tokens causally (the prompt is prefilled whole), decode token `t` with
+the row kept at step `t` plus itself. Victims are chosen by the library policy from the same
+inputs the server gives it (positions, post-RoPE keys, rid, eviction step), so the oracle replays
+the server's decisions without reading them from the server.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.policies import policy_from_config
+from sgl_vtoken.rng import stable_id
+from sgl_vtoken.types import TokenView
+
+
+def _mask(allowed: list[list[int]], n: int, dtype=torch.float32) -> torch.Tensor:
+    m = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype)
+    for i, keys in enumerate(allowed):
+        m[i, keys] = 0.0
+    return m[None, None]
+
+
+@torch.no_grad()
+def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
+                  rid: str = "") -> tuple[list[int], list[int]]:
+    """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions).
+
+    Mirrors the server's convention: before decoding the token at position t the row (positions
+    < t) is evicted down to `cfg.budget` when it holds `budget + interval` or more, then the query
+    at t attends to the row plus itself.
+    """
+    policy = policy_from_config(cfg) if cfg.enabled else None
+    ids = list(prompt)
+    allowed = [list(range(i + 1)) for i in range(len(prompt))]
+    row = list(range(len(prompt)))
+    out, steps = [], 0
+    for _ in range(max_new_tokens):
+        res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True)
+        nxt = int(res.logits[0, -1].argmax())
+        out.append(nxt)
+        t = len(ids)
+        ids.append(nxt)
+        if policy is not None and cfg.should_evict(len(row)):
+            keys = None
+            if "keys" in policy.needs:
+                cache = res.past_key_values
+                # [layers, Hkv, T, D] -> rows of the live tokens: [n, layers, Hkv, D]
+                k = torch.stack([cache.layers[i].keys[0] for i in range(len(cache.layers))])
+                keys = k[:, :, row].permute(2, 0, 1, 3)
+            view = TokenView(positions=torch.tensor(row), keys=keys, rid=stable_id(rid), step=steps)
+            keep = policy.keep(view, cfg.budget)
+            row = [row[i] for i in keep.tolist()]
+            steps += 1
+        row.append(t)
+        allowed.append(list(row))
+    return out, row
