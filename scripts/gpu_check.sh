@@ -35,6 +35,7 @@ if ! "$PY" -c "import sgl_vtoken.kernels" 2>/dev/null; then
     for f in "$ROOT"/sgl_vtoken/*; do ln -s "$f" "$SHIM/sgl_vtoken/"; done
     [ -e "$SHIM/sgl_vtoken/__init__.py" ] || : > "$SHIM/sgl_vtoken/__init__.py"
     ln -s "$ROOT/kernels" "$SHIM/sgl_vtoken/kernels"
+    ln -s "$ROOT/patches" "$SHIM/sgl_vtoken/patches"  # patches/attention.py imports SGLang lazily
     export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
     PYTEST_CWD="$SHIM"  # `python -m pytest` puts the cwd first: keep the repo's sgl_vtoken/ off it
     (cd "$SHIM" && "$PY" -c "import sgl_vtoken.kernels") || { echo "gpu_check: cannot import sgl_vtoken.kernels" >&2; exit 2; }
