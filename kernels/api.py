@@ -178,6 +178,8 @@ def page_indices(
         kv_indices = torch.empty(num_pages, dtype=torch.int32, device=device)
     if impl == "torch":
         indptr, ids, last = ref.page_indices_ref(req_to_token, req_pool_indices, seq_lens, page_size)
+        if ids.numel() > kv_indices.numel():
+            raise ValueError(f"kv_indices_out holds {kv_indices.numel()} entries but the batch has {ids.numel()} pages")
         kv_indices[: ids.numel()] = ids
     else:
         from .page_index import launch_page_indices

@@ -91,6 +91,12 @@ def test_preallocated_output_buffer(device):
     assert sliced.numel() == 6 and torch.equal(sliced.cpu(), expected)
 
 
+def test_too_small_output_buffer_is_refused_without_a_sync():
+    table = torch.arange(32, dtype=torch.int32).view(4, 8)
+    with pytest.raises(ValueError, match="kv_indices_out holds 1 entries but the batch has 2 pages"):
+        page_indices(table, torch.tensor([0, 1]), torch.tensor([4, 3]), 4, kv_indices_out=torch.zeros(1, dtype=torch.int32))
+
+
 def test_empty_batch(device):
     table = torch.zeros(2, 8, dtype=torch.int32, device=device)
     e = torch.empty(0, dtype=torch.int64, device=device)
