@@ -92,3 +92,14 @@ def around_init_req_max_new_tokens(original, scheduler, req):
         value = min(value, limit)
     value = max(0, min(value, scheduler.model_config.context_len - input_len - 1))
     req.sampling_params.max_new_tokens = value
+
+
+def around_compute_max_prefix_len(original, req, input_len: int) -> int:
+    """AROUND `Req._compute_max_prefix_len`: an evicting request reuses at most
+    `budget - window` tokens of a shared prefix (tree-owned tokens are pinned and count against
+    its budget; the sinks lie inside the prefix, the window after it)."""
+    limit = original(req, input_len)
+    st = getattr(req, "vtoken", None)
+    if st is None:
+        return limit
+    return min(limit, st.cfg.budget - st.cfg.window)

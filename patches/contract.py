@@ -34,6 +34,8 @@ EXPECTED_PARAMS = {
     "sglang.srt.managers.scheduler.Scheduler.get_internal_state": ("self", "recv_req"),
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("self", "key"),
+    "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len": ("self", "input_len"),
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object": ("self", "obj"),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": ("self", "page_ids"),
 }
 # Module globals and attributes we read or set (module path, attribute).

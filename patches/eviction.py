@@ -19,6 +19,7 @@ held by the request (see `held.py`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -67,13 +68,18 @@ def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
     return st
 
 
-def evict_batch(scheduler, batch, skip: set) -> None:
-    """Evict every request of `batch` whose row reached its trigger; update the batch lengths."""
+def evict_batch(scheduler, batch, skip: set) -> bool:
+    """Evict every request of `batch` whose row reached its trigger; update the batch lengths.
+    Returns whether the batch holds any evicting request."""
     seq_lens_cpu = batch.seq_lens_cpu
     new_lens = None
+    any_evicting = False
     for i, req in enumerate(batch.reqs):
         st: ReqEvictState | None = getattr(req, "vtoken", None)
-        if st is None or req in skip:
+        if st is None:
+            continue
+        any_evicting = True
+        if req in skip:
             continue
         row_len = int(seq_lens_cpu[i])
         if not st.cfg.should_evict(row_len):
@@ -83,13 +89,14 @@ def evict_batch(scheduler, batch, skip: set) -> None:
             new_lens = seq_lens_cpu.clone() if new_lens is None else new_lens
             new_lens[i] = row_len - evicted
     if new_lens is None:
-        return
+        return any_evicting
     delta = seq_lens_cpu - new_lens
     # New tensors: the in-flight forward (overlap scheduler) keeps reading the old ones.
     batch.seq_lens_cpu = new_lens
     batch.seq_lens = batch.seq_lens - delta.to(batch.seq_lens.device, batch.seq_lens.dtype)
     batch.orig_seq_lens = batch.orig_seq_lens - delta.to(batch.orig_seq_lens.device, batch.orig_seq_lens.dtype)
     batch.seq_lens_sum = None
+    return True
 
 
 def _gather_keys(pool, slots: torch.Tensor) -> torch.Tensor:
@@ -117,7 +124,11 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
                          shift_dead_pages=True)
     device = row_dev.device
     if plan.num_moved:
-        repack_kv_(pool.k_buffer, pool.v_buffer, plan.src.to(device), plan.dst.to(device))
+        # GPU (DESIGN rule 7): move on the stream that runs forwards, after the in-flight forward
+        # that may still write the last token's KV; row rewrites stay on the schedule stream.
+        stream = getattr(scheduler, "forward_stream_ctx", None) if device.type == "cuda" else None
+        with stream or nullcontext():
+            repack_kv_(pool.k_buffer, pool.v_buffer, plan.src.to(device), plan.dst.to(device))
     if plan.row_slots.numel():
         req_to_token[kv.req_pool_idx, plan.row_start:plan.new_len] = plan.row_slots.to(
             device, req_to_token.dtype)

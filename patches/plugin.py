@@ -2,7 +2,7 @@
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import admission, cpu, held, observe, runtime, server_args
+from . import admission, attention, cpu, held, observe, request_options, runtime, server_args
 
 A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
@@ -19,6 +19,9 @@ HOOKS = (
     (f"{SCHED}.init_req_max_new_tokens", admission.around_init_req_max_new_tokens, R),
     (f"{REQ}.__init__", runtime.after_req_init, A),
     (f"{REQ}.reset_for_retract", runtime.after_reset_for_retract, A),
+    (f"{REQ}._compute_max_prefix_len", admission.around_compute_max_prefix_len, R),
+    ("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
+     request_options.before_create_tokenized_object, B),
     ("sglang.srt.mem_cache.common.release_kv_cache", runtime.before_release_kv_cache, B),
     ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", runtime.after_forward_batch_init, A),
     ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens",
@@ -39,3 +42,4 @@ def register() -> None:
     _registered = True
     for target, hook, hook_type in HOOKS:
         HookRegistry.register(target, hook, hook_type)
+    attention.register_attention_backend()

@@ -1,7 +1,7 @@
 """Scheduler-process hooks: per-request state, logical positions, eviction before the memory check.
 
-Every hook is a no-op unless the launcher published an enabled `EvictConfig`
-(`SGL_VTOKEN_CONFIG`): with `--kv-evict none` the server behaves exactly as stock SGLang.
+Every hook acts only on requests that carry eviction state (the server's `--kv-evict`, or a
+request's own `kv_evict`): other requests behave exactly as in stock SGLang.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import torch
 
 from sgl_vtoken.config import EvictConfig
 
-from . import held, observe
+from . import held, metrics, observe
 from .counters import counters_of
 from .eviction import evict_batch, new_state
+from .request_options import request_config
 
 
 @functools.cache
@@ -24,9 +25,10 @@ def server_config() -> EvictConfig:
 
 
 def after_req_init(result, req, rid, *args, **kwargs):
-    """AFTER `Req.__init__`: attach eviction state; an evicting request is never inserted into
-    the radix tree as if its compacted row were contiguous (DESIGN rule 3)."""
-    cfg = server_config()
+    """AFTER `Req.__init__`: attach eviction state (server settings, or the request's own
+    `kv_evict`); an evicting request is never inserted into the radix tree as if its compacted
+    row were contiguous (DESIGN rule 3)."""
+    cfg = request_config(server_config(), req.sampling_params)
     if cfg.enabled:
         req.vtoken = new_state(cfg, rid)
         req.skip_radix_cache_insert = True
@@ -52,7 +54,7 @@ def after_forward_batch_init(result, cls, batch, *args, **kwargs):
     the row under the overlap scheduler too.
     """
     reqs = getattr(batch, "reqs", None)
-    if not reqs or result.positions is None or not server_config().enabled:
+    if not reqs or result.positions is None:
         return result
     offsets = [st.offset if (st := getattr(r, "vtoken", None)) is not None else 0 for r in reqs]
     if not any(offsets):
@@ -68,18 +70,20 @@ def after_forward_batch_init(result, cls, batch, *args, **kwargs):
 
 def after_scheduler_init(result, scheduler, *args, **kwargs):
     """AFTER `Scheduler.__init__`: size the counters (bytes of K and V per token, all layers)."""
-    if not server_config().enabled:
-        return
     pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
     per_token = sum(b[0].numel() * b.element_size() for b in (*pool.k_buffer, *pool.v_buffer))
     counters_of(scheduler).bytes_per_token = per_token
+    scheduler._vtoken_prometheus = metrics.maybe_create(scheduler)
 
 
 def around_update_running_batch(original, scheduler, batch):
     """AROUND `Scheduler.update_running_batch`: evict before `check_decode_mem` and
     `prepare_for_decode`, skipping requests whose last token is already in flight."""
-    if server_config().enabled and batch is not None and not batch.is_empty():
+    if batch is not None and not batch.is_empty():
         skip = set(scheduler._reqs_finishing_inflight(batch))
-        evict_batch(scheduler, batch, skip)
-        observe.update_gauges(scheduler, batch)
+        if evict_batch(scheduler, batch, skip):
+            observe.update_gauges(scheduler, batch)
+            prometheus = getattr(scheduler, "_vtoken_prometheus", None)
+            if prometheus is not None:
+                prometheus.publish(counters_of(scheduler))
     return original(scheduler, batch)

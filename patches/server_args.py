@@ -21,6 +21,9 @@ import sys
 
 from sgl_vtoken.config import ENV_VAR, RECLAIM_MODES, EvictConfig
 
+# Set by the launcher: why this server cannot evict per request ("" when it can).
+REFUSE_ENV_VAR = "SGL_VTOKEN_REFUSE"
+
 # Policies the server can run: the library knows more than the server serves so far.
 KV_EVICT_CHOICES = ("none", "streamingllm", "random", "knorm")
 
@@ -70,6 +73,14 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
                         "'{\"aggregation\": \"max\"}'.")
 
 
+def unsupported_reason(args) -> tuple[str, str] | None:
+    """(flag, why) of the first SGLang setting eviction cannot run with, or None."""
+    for attr, bad, flag, why in UNSUPPORTED:
+        if hasattr(args, attr) and bad(getattr(args, attr)):
+            return flag, why
+    return None
+
+
 def _fail(message: str):
     sys.stderr.write(f"sglang serve: error: {message}\n")
     raise SystemExit(2)
@@ -87,19 +98,20 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         if not isinstance(params, dict):
             _fail("argument --kv-evict-config: must be a JSON object")
     top = {k: params.pop(k) for k in ("seed", "aggregation") if k in params}
+    page_size = getattr(args, "page_size", None) or 1
     if policy == "none":
         if params or top:
             _fail("argument --kv-evict-config: needs --kv-evict other than 'none'")
-        return EvictConfig()
-    for attr, bad, flag, why in UNSUPPORTED:
-        if hasattr(args, attr) and bad(getattr(args, attr)):
-            _fail(f"argument {flag}: cannot be combined with --kv-evict {policy}: {why}")
+        return EvictConfig(page_size=page_size)
+    problem = unsupported_reason(args)
+    if problem:
+        _fail(f"argument {problem[0]}: cannot be combined with --kv-evict {policy}: {problem[1]}")
     if args.kv_budget is None:
         _fail(f"argument --kv-budget: required with --kv-evict {policy}")
     try:
         return EvictConfig(policy=policy, budget=args.kv_budget, sink=args.kv_sink,
                            window=args.kv_window, interval=args.kv_evict_interval,
-                           reclaim=args.kv_reclaim, page_size=getattr(args, "page_size", None) or 1,
+                           reclaim=args.kv_reclaim, page_size=page_size,
                            params=params, **top)
     except ValueError as e:
         m = re.search(r"EvictConfig\.(\w+)", str(e))
@@ -109,14 +121,18 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
 
 def from_cli_args(result, cls, args: argparse.Namespace):
     """AFTER `ServerArgs.from_cli_args(args)` (a classmethod): validate and publish the settings."""
-    cfg = config_from_namespace(args)
-    if cfg.enabled:
-        from .contract import check_hooks_applied
+    from .contract import check_hooks_applied
 
-        missing = check_hooks_applied()
-        if missing:
-            _fail(f"--kv-evict {cfg.policy}: sgl-vtoken hooks are not in place ({'; '.join(missing)}); "
-                  "refusing to serve stock SGLang under an eviction flag")
+    cfg = config_from_namespace(args)
+    missing = check_hooks_applied()
+    if missing and cfg.enabled:
+        _fail(f"--kv-evict {cfg.policy}: sgl-vtoken hooks are not in place ({'; '.join(missing)}); "
+              "refusing to serve stock SGLang under an eviction flag")
+    # Why per-request `kv_evict` must be refused on this server, if it must ("" if not).
+    problem = unsupported_reason(args)
+    refuse = (f"hooks not in place: {'; '.join(missing)}" if missing else
+              f"the server runs with {problem[0]} ({problem[1]})" if problem else "")
+    os.environ[REFUSE_ENV_VAR] = refuse
     os.environ[ENV_VAR] = cfg.to_json()
     result._vtoken_config = cfg.to_dict()
     return result

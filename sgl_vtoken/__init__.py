@@ -1,0 +1,16 @@
+"""sgl-vtoken: token-level KV-cache virtualization for SGLang.
+
+The library (this package, no sglang import): eviction settings, policies, the repack planner and
+page accounting. The SGLang plugin lives in `sgl_vtoken.patches`, the kernels in
+`sgl_vtoken.kernels`.
+"""
+
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.planner import RepackPlan, plan_eviction
+from sgl_vtoken.policies import POLICIES, EvictionPolicy, make_policy, policy_from_config
+from sgl_vtoken.types import TokenView
+
+__version__ = "0.1.0"
+
+__all__ = ["EvictConfig", "EvictionPolicy", "POLICIES", "RepackPlan", "TokenView", "make_policy",
+           "plan_eviction", "policy_from_config"]

@@ -31,7 +31,7 @@ class Client:
         return self.post("/generate", {"input_ids": input_ids, "sampling_params": params})
 
 
-# SGLang's own memory checkers, on in every eviction test server.
+# SGLang's own memory checkers, on in every test server unless a test asks otherwise.
 MEMORY_CHECKS = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_DEBUG_MEMORY_POOL": "1",
@@ -50,7 +50,8 @@ def server_factory(tiny_model):
     started: dict[tuple, ServerProcess] = {}
 
     def get(page_size: int = 1, extra: tuple[str, ...] = (), env: dict | None = None) -> Client:
-        key = (page_size, tuple(extra), tuple(sorted((env or {}).items())))
+        env = MEMORY_CHECKS if env is None else env
+        key = (page_size, tuple(extra), tuple(sorted(env.items())))
         if key in started:
             started[key] = started.pop(key)  # most recently used last
         else:

@@ -28,12 +28,13 @@ def _mask(allowed: list[list[int]], n: int, dtype=torch.float32) -> torch.Tensor
 
 @torch.no_grad()
 def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
-                  rid: str = "") -> tuple[list[int], list[int]]:
+                  rid: str = "", tree_owned: int = 0) -> tuple[list[int], list[int]]:
     """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions).
 
     Mirrors the server's convention: before decoding the token at position t the row (positions
     < t) is evicted down to `cfg.budget` when it holds `budget + interval` or more, then the query
-    at t attends to the row plus itself.
+    at t attends to the row plus itself. The first `tree_owned` tokens came from the radix cache
+    (another request's prompt): the policy must keep them.
     """
     policy = policy_from_config(cfg) if cfg.enabled else None
     ids = list(prompt)
@@ -53,7 +54,8 @@ def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfi
                 # [layers, Hkv, T, D] -> rows of the live tokens: [n, layers, Hkv, D]
                 k = torch.stack([cache.layers[i].keys[0] for i in range(len(cache.layers))])
                 keys = k[:, :, row].permute(2, 0, 1, 3)
-            view = TokenView(positions=torch.tensor(row), keys=keys, rid=stable_id(rid), step=steps)
+            pos = torch.tensor(row)
+            view = TokenView(positions=pos, keys=keys, shared=pos < tree_owned, rid=stable_id(rid), step=steps)
             keep = policy.keep(view, cfg.budget)
             row = [row[i] for i in keep.tolist()]
             steps += 1

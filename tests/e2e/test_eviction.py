@@ -16,6 +16,7 @@ from conftest import MEMORY_CHECKS
 pytestmark = pytest.mark.server
 
 RETRACT_LINE = "KV cache pool is full. Retract requests."
+CAPACITY_FLAGS = ("--kv-evict-interval", "16", "--enable-metrics")
 
 
 def evict_server(server_factory, page_size, policy, budget, *flags):
@@ -48,16 +49,23 @@ def wait_pool_free(client, timeout=30.0) -> dict:
         time.sleep(0.5)
 
 
+def generate(client, prompt, n, rid, kv_evict=None):
+    params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+    if kv_evict is not None:
+        params["custom_params"] = {"kv_evict": kv_evict}
+    return client.post("/generate", {"rid": rid, "input_ids": prompt, "sampling_params": params})
+
+
 @pytest.mark.parametrize("policy", ["streamingllm", "random", "knorm"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_greedy_equals_masked_reference(server_factory, hf_eager, policy, page_size):
     """fp32, interval 1, prompt longer than the budget, 200 tokens: token for token equal to HF
     attending exactly to the kept keys at their original positions; and not equal to full
-    attention (the eviction changed the output)."""
-    client = evict_server(server_factory, page_size, policy, 64)
-    prompt, n, rid = random_ids(100, seed=7), 200, f"exact-{policy}-{page_size}"
-    out = client.post("/generate", {"rid": rid, "input_ids": prompt, "sampling_params": {
-        "temperature": 0, "max_new_tokens": n, "ignore_eos": True}})
+    attention (the eviction changed the output). Eviction is asked per request (`kv_evict`)."""
+    client = server_factory(page_size=page_size)
+    seed = 100 + 10 * ["streamingllm", "random", "knorm"].index(policy) + page_size
+    prompt, n, rid = random_ids(100, seed=seed), 200, f"exact-{policy}-{page_size}"
+    out = generate(client, prompt, n, rid, {"policy": policy, "budget": 64})
     cfg = EvictConfig(policy=policy, budget=64, sink=4, page_size=page_size)
     expected, _ = masked_greedy(hf_eager, prompt, n, cfg, rid=rid)
     assert out["output_ids"] == expected
@@ -66,6 +74,55 @@ def test_greedy_equals_masked_reference(server_factory, hf_eager, policy, page_s
     report = out["meta_info"]["kv_evict"][0]
     assert report["policy"] == policy and report["live_tokens"] == 64
     assert report["evicted_tokens"] >= len(prompt) + n - 2 - 64
+    # The same prompt without eviction on the same server is stock SGLang: full attention.
+    assert generate(client, prompt, n, rid + "-stock")["output_ids"] == full
+    assert "kv_evict" not in generate(client, prompt, 4, rid + "-stock2")["meta_info"]
+
+
+def test_shared_prefix_is_pinned_and_capped(server_factory, hf_eager):
+    """An evicting request matching another request's cached prompt keeps the tree-owned prefix
+    (capped at budget - window tokens) and evicts only its own tokens, exactly."""
+    client = server_factory(page_size=1)
+    shared = random_ids(100, seed=42)
+    generate(client, shared + [7, 8, 9], 4, "owner")            # inserted into the radix cache
+    prompt = shared + [11, 12, 13, 14]
+    kv = {"policy": "streamingllm", "budget": 64, "window": 16}
+    out = generate(client, prompt, 80, "pinned", kv)
+    assert out["meta_info"]["cached_tokens"] == 48               # budget - window
+    cfg = EvictConfig(policy="streamingllm", budget=64, window=16)
+    expected, _ = masked_greedy(hf_eager, prompt, 80, cfg, rid="pinned", tree_owned=48)
+    assert out["output_ids"] == expected
+
+
+def test_invalid_request_settings_are_rejected_naming_the_field(server_factory):
+    client = server_factory(page_size=1)
+    cases = [({"policy": "bogus"}, "kv_evict.policy must be one of"),
+             ({"policy": "streamingllm", "budget": 2}, "kv_evict.budget must be >="),
+             ({"policy": "streamingllm"}, "kv_evict.budget is required"),
+             ({"policy": "random", "budget": 64, "temperature": 1}, "kv_evict.temperature: unknown field"),
+             ("streamingllm", "kv_evict must be a JSON object")]
+    for kv, needle in cases:
+        r = requests.post(client.base_url + "/generate", timeout=60, json={"input_ids": [1, 2, 3], "sampling_params": {
+            "max_new_tokens": 2, "custom_params": {"kv_evict": kv}}})
+        assert r.status_code == 400 and needle in r.text, (kv, r.status_code, r.text)
+    r = requests.post(client.base_url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "custom_params": {"kv_evict": {"policy": "knorm", "budget": 1}}})
+    assert r.status_code == 400 and "kv_evict.budget" in r.text
+
+
+def test_openai_extra_body_carries_kv_evict(server_factory):
+    import openai
+
+    client = server_factory(page_size=1)
+    oai = openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
+    messages = [{"role": "user", "content": "Tell me everything about paged attention. " * 12}]
+    kv = {"policy": "streamingllm", "budget": 32}
+    evicted = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0,
+                                          extra_body={"custom_params": {"kv_evict": kv}})
+    stock = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0)
+    assert evicted.usage.completion_tokens > 0
+    assert evicted.choices[0].message.content != stock.choices[0].message.content
 
 
 def run_concurrent(client, num, max_new_tokens, abort_after=None, abort_every=2):
@@ -93,7 +150,7 @@ def run_concurrent(client, num, max_new_tokens, abort_after=None, abort_every=2)
 def test_sixteen_long_requests_run_at_once_without_leaks(server_factory):
     """16 x 1024 tokens, pool 4096, page 16, budget 128: stock SGLang admits 3 at a time; here all
     16 run together, none is retracted, the checkers stay quiet, and the pool is whole after."""
-    client = evict_server(server_factory, 16, "streamingllm", 128, "--kv-evict-interval", "16")
+    client = evict_server(server_factory, 16, "streamingllm", 128, *CAPACITY_FLAGS)
     outs = run_concurrent(client, 16, 1024)
     assert all(len(o["output_ids"]) == 1024 for o in outs)
     st = wait_pool_free(client)
@@ -102,11 +159,24 @@ def test_sixteen_long_requests_run_at_once_without_leaks(server_factory):
     assert st["peak_retained_pages"] <= 16 * ((128 + 16 + 16) // 16)
     log = client.server.log_text()
     assert RETRACT_LINE not in log and "Traceback" not in log
+    metrics = requests.get(client.base_url + "/metrics", timeout=30).text
+    exported = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                if line.startswith("sglang:vtoken_")}
+    assert exported["sglang:vtoken_evicted_tokens"] == st["evicted_tokens"] > 0
+    assert exported["sglang:vtoken_peak_running_requests"] == 16
     # Aborts in the middle of eviction free everything too.
     run_concurrent(client, 16, 1024, abort_after=2.0)
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text() and client.server.healthy()
+
+
+def test_request_can_opt_out_on_an_evicting_server(server_factory, hf_eager):
+    client = evict_server(server_factory, 16, "streamingllm", 128, *CAPACITY_FLAGS)
+    prompt = random_ids(150, seed=5)
+    out = generate(client, prompt, 60, "opt-out", {"policy": "none"})
+    full, _ = masked_greedy(hf_eager, prompt, 60, EvictConfig())
+    assert out["output_ids"] == full and "kv_evict" not in out["meta_info"]
 
 
 def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
@@ -126,3 +196,18 @@ def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     assert results["naive"][1] > results["vtoken"][1]
     assert results["vtoken"][1] == -(-(96 + 1) // 16)  # ideal: ceil(live / page) at the peak step
     assert results["naive"][2]["pages_freed"] < results["vtoken"][2]["pages_freed"]
+
+
+def test_forced_retractions_do_not_leak(server_factory):
+    """SGLang's forced retraction mode: evicting requests (naive, holding pages back) are
+    retracted and re-prefilled again and again; all finish and every page comes back."""
+    env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "25"}
+    extra = ("--kv-evict", "random", "--kv-budget", "64", "--kv-reclaim", "naive")
+    client = server_factory(page_size=16, extra=extra, env=env)
+    outs = run_concurrent(client, 6, 200)
+    assert all(len(o["output_ids"]) == 200 for o in outs)
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert st["naive_held_requests"] == 0
+    log = client.server.log_text()
+    assert "Testing retraction" in log and "Traceback" not in log

@@ -1,0 +1,53 @@
+"""Prometheus gauges of the vToken counters on `/metrics` (with SGLang's `--enable-metrics`).
+
+Created in the scheduler process after SGLang has set `PROMETHEUS_MULTIPROC_DIR` (Scheduler
+`__init__`), with `multiprocess_mode="mostrecent"` like SGLang's own gauges, so the HTTP
+process's `/metrics` exports them. Names: `sglang:vtoken_<counter>` for every field of
+`VTokenCounters` (cumulative counts since start-up, and the last step's gauges).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .counters import VTokenCounters
+
+HELP = {
+    "evictions": "Evictions performed (one per request per eviction step).",
+    "evicted_tokens": "Tokens evicted from requests' KV caches.",
+    "pages_freed": "KV pages (slots at page size 1) returned to the pool by eviction.",
+    "tokens_moved": "Tokens whose K/V was moved by in-place compaction.",
+    "bytes_moved": "Bytes of K/V moved by in-place compaction.",
+    "bytes_per_token": "Bytes of K and V of one token, all layers.",
+    "live_tokens": "Live KV tokens of running evicting requests.",
+    "retained_pages": "KV pages held by running evicting requests.",
+    "fragmentation": "1 - live tokens / (retained pages * page size) of running evicting requests.",
+    "peak_running_requests": "Largest decode batch seen.",
+    "peak_retained_pages": "Most KV pages held by evicting requests at once.",
+}
+
+
+class PrometheusExport:
+    """One `sglang:vtoken_*` gauge per counter, labelled like SGLang's (tp_rank, ...)."""
+
+    def __init__(self, labels: dict):
+        from prometheus_client import Gauge  # after PROMETHEUS_MULTIPROC_DIR is set
+
+        self.labels = {k: str(v) for k, v in labels.items()}
+        self.gauges = {
+            f.name: Gauge(name=f"sglang:vtoken_{f.name}", documentation=HELP[f.name],
+                          labelnames=list(self.labels), multiprocess_mode="mostrecent")
+            for f in fields(VTokenCounters)
+        }
+
+    def publish(self, counters: VTokenCounters) -> None:
+        for name, gauge in self.gauges.items():
+            (gauge.labels(**self.labels) if self.labels else gauge).set(getattr(counters, name))
+
+
+def maybe_create(scheduler) -> PrometheusExport | None:
+    reporter = getattr(scheduler, "metrics_reporter", None)
+    if reporter is None or not getattr(reporter, "enable_metrics", False):
+        return None
+    collector = getattr(reporter, "metrics_collector", None)
+    return PrometheusExport(getattr(collector, "labels", None) or {})

@@ -1,0 +1,70 @@
+"""Per-request eviction settings: a `kv_evict` object overriding the server's policy, budget,
+sinks or window for one request (`{"policy": "none"}` opts out).
+
+It travels in SGLang's own per-request `custom_params` (SGLang rejects unknown sampling keys):
+    /generate            "sampling_params": {"custom_params": {"kv_evict": {...}}}
+    /v1/chat/completions, /v1/completions
+                         extra body {"custom_params": {"kv_evict": {...}}}
+The tokenizer process validates it (invalid values: HTTP 400 naming the field); the scheduler
+resolves it in `Req.__init__`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from sgl_vtoken.config import EvictConfig
+
+from .server_args import REFUSE_ENV_VAR
+
+KEY = "kv_evict"
+FIELDS = ("policy", "budget", "sink", "window")
+
+
+def resolve(server: EvictConfig, obj, choices: tuple[str, ...]) -> EvictConfig:
+    """The settings of one request: the server's, overridden by `obj`. Raises ValueError naming
+    the field (`kv_evict.<field>`) and the allowed values."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{KEY} must be a JSON object with fields {list(FIELDS)} (got {obj!r})")
+    unknown = sorted(set(obj) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"{KEY}.{unknown[0]}: unknown field; allowed fields: {list(FIELDS)}")
+    policy = obj.get("policy", server.policy)
+    if policy not in choices:
+        raise ValueError(f"{KEY}.policy must be one of {list(choices)} (got {policy!r})")
+    if policy == "none":
+        return EvictConfig(page_size=server.page_size)
+    refuse = os.environ.get(REFUSE_ENV_VAR, "")
+    if refuse:
+        raise ValueError(f"{KEY}.policy: eviction is not available on this server: {refuse}")
+    merged = {**server.to_dict(), **obj, "policy": policy}
+    if policy != server.policy:
+        merged["params"] = {}
+    if merged["budget"] is None:
+        raise ValueError(f"{KEY}.budget is required: the server runs without --kv-budget")
+    try:
+        return EvictConfig.from_dict(merged)
+    except ValueError as e:
+        raise ValueError(re.sub(r"EvictConfig\.(\w+)", rf"{KEY}.\1", str(e))) from None
+
+
+def before_create_tokenized_object(manager, obj, *args, **kwargs):
+    """BEFORE `TokenizerManager._create_tokenized_object`: reject an invalid `kv_evict` (HTTP 400)."""
+    from .runtime import server_config
+    from .server_args import KV_EVICT_CHOICES
+
+    sp = getattr(obj, "sampling_params", None)
+    custom = sp.get("custom_params") if isinstance(sp, dict) else None
+    if isinstance(custom, dict) and KEY in custom:
+        resolve(server_config(), custom[KEY], KV_EVICT_CHOICES)
+    return None
+
+
+def request_config(server: EvictConfig, sampling_params) -> EvictConfig:
+    """The settings of a scheduler-side request (already validated by the tokenizer process)."""
+    from .server_args import KV_EVICT_CHOICES
+
+    custom = getattr(sampling_params, "custom_params", None) or {}
+    value = custom.get(KEY) if isinstance(custom, dict) else None
+    return server if value is None else resolve(server, value, KV_EVICT_CHOICES)
