@@ -36,6 +36,7 @@ EXPECTED_PARAMS = {
     ".is_request_level_customized_info_key": ("self", "key"),
     "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len": ("self", "input_len"),
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object": ("self", "obj"),
+    "sglang.srt.layers.radix_attention.RadixAttention.forward": ("self", "q", "k", "v", "forward_batch"),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": ("self", "page_ids"),
 }
 # Module globals and attributes we read or set (module path, attribute).

@@ -34,6 +34,7 @@ from sgl_vtoken.kernels import repack_kv_
 
 from . import held
 from .counters import counters_of
+from .scores import fold_staged
 
 
 @dataclass
@@ -49,6 +50,9 @@ class ReqEvictState:
     pages_freed: int = 0
     naive_pages: list[int] = field(default_factory=list)  # pages held back in naive mode
     report: dict = field(default_factory=dict)  # meta_info["kv_evict"][0], updated in place
+    accumulator: object = None                 # attention statistics (H2O, TOVA, Scissorhands)
+    staged: torch.Tensor | None = None         # [q, n, layers, kv_heads] of the last forward
+    staged_lengths: torch.Tensor | None = None
 
     def positions(self, row_len: int) -> torch.Tensor:
         """``[row_len] int64`` logical position of every live row entry."""
@@ -59,10 +63,13 @@ class ReqEvictState:
         """Forget every eviction (retraction: the request is re-prefilled from its ids)."""
         self.kept_pos = self.kept_pos[:0]
         self.offset = self.steps = 0
+        self.accumulator = self.policy.new_accumulator()
+        self.staged = self.staged_lengths = None
 
 
 def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
-    st = ReqEvictState(cfg=cfg, policy=policy_from_config(cfg), rid=stable_id(rid))
+    policy = policy_from_config(cfg)
+    st = ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), accumulator=policy.new_accumulator())
     st.report.update(policy=cfg.policy, budget=cfg.budget, evicted_tokens=0, live_tokens=None,
                      pages_freed=0, evictions=0)
     return st
@@ -79,6 +86,8 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
         if st is None:
             continue
         any_evicting = True
+        if st.accumulator is not None:
+            fold_staged(st, getattr(scheduler, "tp_group", None))
         if req in skip:
             continue
         row_len = int(seq_lens_cpu[i])
@@ -117,9 +126,14 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     positions = st.positions(row_len)
     cpl = kv.cache_protected_len
     keys = _gather_keys(pool, row_dev).cpu() if "keys" in st.policy.needs else None
-    view = TokenView(positions=positions, keys=keys, shared=torch.arange(row_len) < cpl,
+    attn = st.accumulator.stats if st.accumulator is not None else None
+    if attn is not None and attn.shape[0] != row_len:
+        raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
+    view = TokenView(positions=positions, keys=keys, attn=attn, shared=torch.arange(row_len) < cpl,
                      rid=st.rid, step=st.steps)
     keep = st.policy.keep(view, cfg.budget)
+    if st.accumulator is not None:
+        st.accumulator.select(keep)
     plan = plan_eviction(row, keep, cpl=cpl, page_size=cfg.page_size,
                          shift_dead_pages=True)
     device = row_dev.device

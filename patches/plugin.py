@@ -2,7 +2,7 @@
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import admission, attention, cpu, held, observe, request_options, runtime, server_args
+from . import admission, attention, cpu, held, observe, request_options, runtime, scores, server_args
 
 A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
@@ -24,6 +24,7 @@ HOOKS = (
      request_options.before_create_tokenized_object, B),
     ("sglang.srt.mem_cache.common.release_kv_cache", runtime.before_release_kv_cache, B),
     ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", runtime.after_forward_batch_init, A),
+    ("sglang.srt.layers.radix_attention.RadixAttention.forward", scores.around_radix_attention_forward, R),
     ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens",
      held.around_kv_private_tokens, R),
     (f"{SCHED}.get_internal_state", observe.after_get_internal_state, A),

@@ -16,7 +16,7 @@ import re
 
 from sgl_vtoken.config import EvictConfig
 
-from .server_args import REFUSE_ENV_VAR
+from .server_args import ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, REFUSE_ENV_VAR
 
 KEY = "kv_evict"
 FIELDS = ("policy", "budget", "sink", "window")
@@ -38,6 +38,9 @@ def resolve(server: EvictConfig, obj, choices: tuple[str, ...]) -> EvictConfig:
     refuse = os.environ.get(REFUSE_ENV_VAR, "")
     if refuse:
         raise ValueError(f"{KEY}.policy: eviction is not available on this server: {refuse}")
+    refuse = os.environ.get(ATTN_REFUSE_ENV_VAR, "") if policy in ATTENTION_POLICIES else ""
+    if refuse:
+        raise ValueError(f"{KEY}.policy: {policy} is not available on this server: {refuse}")
     merged = {**server.to_dict(), **obj, "policy": policy}
     if policy != server.policy:
         merged["params"] = {}

@@ -12,7 +12,7 @@ import torch
 
 from sgl_vtoken.config import EvictConfig
 
-from . import held, metrics, observe
+from . import held, metrics, observe, scores
 from .counters import counters_of
 from .eviction import evict_batch, new_state
 from .request_options import request_config
@@ -47,7 +47,7 @@ def before_release_kv_cache(req, tree_cache, *args, **kwargs):
     held.release_held(req, tree_cache.token_to_kv_pool_allocator)
 
 
-def after_forward_batch_init(result, cls, batch, *args, **kwargs):
+def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     """AFTER `ForwardBatch.init_new`: add each request's position offset (DESIGN rule 1).
 
     Offsets are read when the batch is built, right after this step's eviction, so they match
@@ -55,7 +55,13 @@ def after_forward_batch_init(result, cls, batch, *args, **kwargs):
     """
     reqs = getattr(batch, "reqs", None)
     if not reqs or result.positions is None:
+        scores.clear()
         return result
+    scored = scores.scored_requests(batch)
+    if scored:
+        scores.prepare(result, scored, model_runner)
+    else:
+        scores.clear()
     offsets = [st.offset if (st := getattr(r, "vtoken", None)) is not None else 0 for r in reqs]
     if not any(offsets):
         return result

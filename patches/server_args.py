@@ -23,15 +23,21 @@ from sgl_vtoken.config import ENV_VAR, RECLAIM_MODES, EvictConfig
 
 # Set by the launcher: why this server cannot evict per request ("" when it can).
 REFUSE_ENV_VAR = "SGL_VTOKEN_REFUSE"
+ATTN_REFUSE_ENV_VAR = "SGL_VTOKEN_REFUSE_ATTENTION"
 
 # Policies the server can run: the library knows more than the server serves so far.
-KV_EVICT_CHOICES = ("none", "streamingllm", "random", "knorm")
+KV_EVICT_CHOICES = ("none", "streamingllm", "random", "knorm", "h2o", "tova", "scissorhands")
+# Policies that read attention probabilities (collected eagerly next to each attention layer).
+ATTENTION_POLICIES = ("h2o", "tova", "scissorhands")
+# Settings that are the server's, not the policy's, inside --kv-evict-config.
+SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers")
 
 # EvictConfig field -> the flag that sets it (error messages name the flag).
 FIELD_FLAGS = {
     "policy": "--kv-evict", "budget": "--kv-budget", "sink": "--kv-sink", "window": "--kv-window",
     "interval": "--kv-evict-interval", "reclaim": "--kv-reclaim", "params": "--kv-evict-config",
     "page_size": "--page-size", "seed": "--kv-evict-config", "aggregation": "--kv-evict-config",
+    "obs_window": "--kv-evict-config", "score_layers": "--kv-evict-config",
 }
 
 # (server-args attribute, predicate of an unsupported value, flag, why) checked with eviction on.
@@ -69,8 +75,9 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
                    help="'vtoken': compact survivors and free pages; 'naive': free a page only when "
                         "all its tokens are dead (the Naive-Evict baseline). Default vtoken.")
     g.add_argument("--kv-evict-config", type=str, default=None,
-                   help="JSON object of policy parameters, e.g. '{\"seed\": 1}' or "
-                        "'{\"aggregation\": \"max\"}'.")
+                   help="JSON object of policy parameters, e.g. '{\"seed\": 1}', "
+                        "'{\"aggregation\": \"max\"}', '{\"history\": 16}' (scissorhands), "
+                        "'{\"obs_window\": 32, \"score_layers\": [0, 1]}' (attention policies).")
 
 
 def unsupported_reason(args) -> tuple[str, str] | None:
@@ -79,6 +86,22 @@ def unsupported_reason(args) -> tuple[str, str] | None:
         if hasattr(args, attr) and bad(getattr(args, attr)):
             return flag, why
     return None
+
+
+def attention_unsupported_reason(args) -> str:
+    """Why attention-score policies cannot run on this server ("" if they can): their statistics
+    are collected eagerly next to each attention layer, outside any CUDA graph."""
+    if getattr(args, "device", None) in (None, "cpu") and not _has_cuda():
+        return ""
+    graphs_off = getattr(args, "disable_cuda_graph", False) or \
+        getattr(args, "cuda_graph_backend_decode", None) == "disabled"
+    return "" if graphs_off else "needs decode CUDA graphs off (--cuda-graph-backend-decode disabled)"
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _fail(message: str):
@@ -97,7 +120,7 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
             _fail(f"argument --kv-evict-config: not valid JSON ({e})")
         if not isinstance(params, dict):
             _fail("argument --kv-evict-config: must be a JSON object")
-    top = {k: params.pop(k) for k in ("seed", "aggregation") if k in params}
+    top = {k: params.pop(k) for k in SERVER_PARAMS if k in params}
     page_size = getattr(args, "page_size", None) or 1
     if policy == "none":
         if params or top:
@@ -106,6 +129,8 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
     problem = unsupported_reason(args)
     if problem:
         _fail(f"argument {problem[0]}: cannot be combined with --kv-evict {policy}: {problem[1]}")
+    if policy in ATTENTION_POLICIES and attention_unsupported_reason(args):
+        _fail(f"argument --kv-evict: {policy} {attention_unsupported_reason(args)}")
     if args.kv_budget is None:
         _fail(f"argument --kv-budget: required with --kv-evict {policy}")
     try:
@@ -133,6 +158,7 @@ def from_cli_args(result, cls, args: argparse.Namespace):
     refuse = (f"hooks not in place: {'; '.join(missing)}" if missing else
               f"the server runs with {problem[0]} ({problem[1]})" if problem else "")
     os.environ[REFUSE_ENV_VAR] = refuse
+    os.environ[ATTN_REFUSE_ENV_VAR] = attention_unsupported_reason(args)
     os.environ[ENV_VAR] = cfg.to_json()
     result._vtoken_config = cfg.to_dict()
     return result

@@ -52,6 +52,9 @@ class EvictConfig:
         trigger: ``"always"`` reclaim at every eviction, or only under ``"fragmentation"``.
         frag_threshold: fragmentation F above which reclamation may run (paper default 0.25).
         free_watermark: fraction of free pages at or below which reclamation may run.
+        obs_window: attention policies: prompt queries whose attention seeds the statistics at
+            prefill (the last `obs_window`, SnapKV-style).
+        score_layers: attention policies: layer ids whose attention is scored (None: all).
     """
 
     policy: str = DISABLED
@@ -68,6 +71,8 @@ class EvictConfig:
     trigger: str = "always"
     frag_threshold: float = 0.25
     free_watermark: float = 0.1
+    obs_window: int = 16
+    score_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         from sgl_vtoken.policies import POLICIES  # lazy: policies import nothing from here
@@ -84,6 +89,13 @@ class EvictConfig:
         _check_int("window", self.window, 0)
         _check_int("interval", self.interval, 1)
         _check_int("seed", self.seed, 0, 2**32 - 1)
+        _check_int("obs_window", self.obs_window, 1)
+        if self.score_layers is not None:
+            if not isinstance(self.score_layers, (list, tuple)) or not self.score_layers or any(
+                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.score_layers):
+                raise ValueError(f"EvictConfig.score_layers must be a non-empty list of layer ids >= 0 "
+                                 f"or None (got {self.score_layers!r})")
+            object.__setattr__(self, "score_layers", tuple(sorted(set(self.score_layers))))
         for name in ("frag_threshold", "free_watermark"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
@@ -137,6 +149,8 @@ class EvictConfig:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["params"] = dict(self.params)
+        if self.score_layers is not None:
+            out["score_layers"] = list(self.score_layers)
         return out
 
     @classmethod

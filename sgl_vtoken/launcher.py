@@ -21,7 +21,7 @@ from pathlib import Path
 
 # Variables of the parent that must not leak into a server: the launcher publishes its own
 # settings, and servers never run Triton under the interpreter.
-_SCRUBBED_ENV = ("SGL_VTOKEN_CONFIG", "SGL_VTOKEN_REFUSE", "TRITON_INTERPRET")
+_SCRUBBED_ENV = ("SGL_VTOKEN_CONFIG", "SGL_VTOKEN_REFUSE", "SGL_VTOKEN_REFUSE_ATTENTION", "TRITON_INTERPRET")
 
 
 def free_port() -> int:
@@ -31,10 +31,11 @@ def free_port() -> int:
 
 
 def cpu_server_args(model_path: str | Path, max_total_tokens: int = 4096, page_size: int = 1) -> list[str]:
-    """The flags every CPU server needs: torch-native attention and a capped KV pool."""
+    """The flags every CPU server needs: torch-native attention, a capped KV pool, and an idle
+    scheduler that sleeps (a busy-polling idle server takes a core from the others)."""
     return [
         "--model-path", str(model_path), "--device", "cpu", "--attention-backend", "torch_native",
-        "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size),
+        "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size), "--sleep-on-idle",
     ]
 
 

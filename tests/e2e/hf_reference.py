@@ -37,12 +37,19 @@ def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfi
     (another request's prompt): the policy must keep them.
     """
     policy = policy_from_config(cfg) if cfg.enabled else None
+    acc = policy.new_accumulator() if policy is not None else None
     ids = list(prompt)
     allowed = [list(range(i + 1)) for i in range(len(prompt))]
     row = list(range(len(prompt)))
     out, steps = [], 0
-    for _ in range(max_new_tokens):
-        res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True)
+    for k in range(max_new_tokens):
+        res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
+                    output_attentions=acc is not None)
+        if acc is not None:
+            # Queries scored by this forward: the prompt's observation window, then the new token.
+            queries = row[-min(cfg.obs_window, len(row)):] if k == 0 else [len(ids) - 1]
+            block, lengths = _group_probs(res.attentions, queries, row, model.config, cfg)
+            acc.update(block, lengths)
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
         t = len(ids)
@@ -55,10 +62,31 @@ def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfi
                 k = torch.stack([cache.layers[i].keys[0] for i in range(len(cache.layers))])
                 keys = k[:, :, row].permute(2, 0, 1, 3)
             pos = torch.tensor(row)
-            view = TokenView(positions=pos, keys=keys, shared=pos < tree_owned, rid=stable_id(rid), step=steps)
+            attn = acc.stats if acc is not None else None
+            view = TokenView(positions=pos, keys=keys, attn=attn, shared=pos < tree_owned,
+                             rid=stable_id(rid), step=steps)
             keep = policy.keep(view, cfg.budget)
+            if acc is not None:
+                acc.select(keep)
             row = [row[i] for i in keep.tolist()]
             steps += 1
         row.append(t)
         allowed.append(list(row))
     return out, row
+
+
+def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig):
+    """``[q, n, layers, kv_heads]`` probabilities of `queries` over the `row` positions, summed
+    over the query heads of each KV head (HF's GQA maps query head h to KV head h // group), and
+    ``[q]`` keys attended per query (row entries up to the query)."""
+    hkv = config.num_key_value_heads
+    group = config.num_attention_heads // hkv
+    per_layer = []
+    for layer, a in enumerate(attentions):                      # a: [1, hq, T, T]
+        p = a[0][:, queries][:, :, row].float()                   # [hq, q, n]
+        p = p.view(hkv, group, len(queries), len(row)).sum(1)     # [hkv, q, n]
+        if cfg.score_layers is not None and layer not in cfg.score_layers:
+            p = torch.zeros_like(p)
+        per_layer.append(p.permute(1, 2, 0))                      # [q, n, hkv]
+    lengths = torch.tensor([sum(1 for r in row if r <= q) for q in queries])
+    return torch.stack(per_layer, dim=2), lengths

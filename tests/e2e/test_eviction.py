@@ -56,17 +56,23 @@ def generate(client, prompt, n, rid, kv_evict=None):
     return client.post("/generate", {"rid": rid, "input_ids": prompt, "sampling_params": params})
 
 
-@pytest.mark.parametrize("policy", ["streamingllm", "random", "knorm"])
+POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
+WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters plus a recent window
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_greedy_equals_masked_reference(server_factory, hf_eager, policy, page_size):
     """fp32, interval 1, prompt longer than the budget, 200 tokens: token for token equal to HF
-    attending exactly to the kept keys at their original positions; and not equal to full
-    attention (the eviction changed the output). Eviction is asked per request (`kv_evict`)."""
+    attending exactly to the kept keys at their original positions (attention policies: scores
+    from HF's own eager attention probabilities); and not equal to full attention (the eviction
+    changed the output). Eviction is asked per request (`kv_evict`)."""
     client = server_factory(page_size=page_size)
-    seed = 100 + 10 * ["streamingllm", "random", "knorm"].index(policy) + page_size
+    seed = 100 + 10 * POLICIES.index(policy) + page_size
     prompt, n, rid = random_ids(100, seed=seed), 200, f"exact-{policy}-{page_size}"
-    out = generate(client, prompt, n, rid, {"policy": policy, "budget": 64})
-    cfg = EvictConfig(policy=policy, budget=64, sink=4, page_size=page_size)
+    window = WINDOW.get(policy, 0)
+    out = generate(client, prompt, n, rid, {"policy": policy, "budget": 64, "window": window})
+    cfg = EvictConfig(policy=policy, budget=64, sink=4, window=window, page_size=page_size)
     expected, _ = masked_greedy(hf_eager, prompt, n, cfg, rid=rid)
     assert out["output_ids"] == expected
     full, _ = masked_greedy(hf_eager, prompt, n, EvictConfig())
@@ -180,22 +186,27 @@ def test_request_can_opt_out_on_an_evicting_server(server_factory, hf_eager):
 
 
 def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
-    """Scattered victims (random, page 16): Naive-Evict frees a page only when all its tokens are
-    dead, so it retains more pages than vToken's compaction for the same victims and outputs."""
+    """Scattered victims (random, then H2O, page 16): Naive-Evict frees a page only when all its
+    tokens are dead, so it retains more pages than vToken's compaction for the same victims and
+    outputs (server counters and per-request reports)."""
     prompt = random_ids(200, seed=11)
     results = {}
     for reclaim in ("vtoken", "naive"):
         client = evict_server(server_factory, 16, "random", 96, "--kv-reclaim", reclaim)
-        out = client.post("/generate", {"rid": "naive-vs-vtoken", "input_ids": prompt, "sampling_params": {
-            "temperature": 0, "max_new_tokens": 120, "ignore_eos": True}})
+        out = generate(client, prompt, 120, "naive-vs-vtoken")
         st = wait_pool_free(client)
-        assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
-        assert st["naive_held_requests"] == 0
-        results[reclaim] = (out["output_ids"], st["peak_retained_pages"], out["meta_info"]["kv_evict"][0])
-    assert results["vtoken"][0] == results["naive"][0]
-    assert results["naive"][1] > results["vtoken"][1]
-    assert results["vtoken"][1] == -(-(96 + 1) // 16)  # ideal: ceil(live / page) at the peak step
-    assert results["naive"][2]["pages_freed"] < results["vtoken"][2]["pages_freed"]
+        h2o = generate(client, prompt, 120, "naive-vs-vtoken-h2o", {"policy": "h2o", "window": 16})
+        end = wait_pool_free(client)
+        assert end["pool_available_tokens"] + end["pool_evictable_tokens"] == end["pool_total_tokens"]
+        assert end["naive_held_requests"] == 0
+        results[reclaim] = (out["output_ids"], st["peak_retained_pages"], out["meta_info"]["kv_evict"][0],
+                            h2o["output_ids"], h2o["meta_info"]["kv_evict"][0])
+    vt, nv = results["vtoken"], results["naive"]
+    assert vt[0] == nv[0] and vt[3] == nv[3]
+    assert nv[1] > vt[1]
+    assert vt[1] == -(-(96 + 1) // 16)  # ideal: ceil(live / page) at the peak step
+    assert nv[2]["pages_freed"] < vt[2]["pages_freed"]
+    assert nv[4]["pages_freed"] < vt[4]["pages_freed"]
 
 
 def test_forced_retractions_do_not_leak(server_factory):

@@ -68,6 +68,25 @@ def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
     assert needle in capsys.readouterr().err
 
 
+def test_attention_policy_settings(parse):
+    parse("--kv-evict", "scissorhands", "--kv-budget", "64", "--kv-window", "16",
+          "--kv-evict-config", '{"history": 8, "obs_window": 4, "score_layers": [1]}')
+    cfg = EvictConfig.from_env()
+    assert (cfg.policy, cfg.params["history"], cfg.obs_window, cfg.score_layers) == ("scissorhands", 8, 4, (1,))
+
+
+@pytest.mark.parametrize("config,needle", [
+    ('{"history": 99}', "history must be an integer in [1, 62]"),
+    ('{"obs_window": 0}', "obs_window must be"),
+    ('{"score_layers": []}', "score_layers must be"),
+])
+def test_attention_policy_settings_are_validated(parse, capsys, config, needle):
+    with pytest.raises(SystemExit):
+        parse("--kv-evict", "scissorhands", "--kv-budget", "64", "--kv-evict-config", config)
+    err = capsys.readouterr().err
+    assert "argument --kv-evict-config:" in err and needle in err
+
+
 def test_hooks_are_verified_before_serving(parse, monkeypatch, capsys):
     from sgl_vtoken.patches import contract
 
@@ -94,5 +113,5 @@ def test_launcher_fails_fast_on_bogus_policy(tiny_model, entry):
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode != 0
     assert ("argument --kv-evict: invalid choice: 'bogus' (choose from 'none', 'streamingllm', "
-            "'random', 'knorm')") in proc.stderr
+            "'random', 'knorm', 'h2o', 'tova', 'scissorhands')") in proc.stderr
     assert "Load weight" not in proc.stdout + proc.stderr

@@ -1,0 +1,121 @@
+"""Attention statistics for H2O, TOVA and Scissorhands, which fused attention never exposes.
+
+AROUND every `RadixAttention.forward`: after the layer's attention ran (and wrote this step's K
+into the cache), the probabilities of each scored request's queries over its row are recomputed
+from the same post-RoPE q and cached keys, summed over the query heads of each KV group, and
+staged per request as ``[q, n, layers, kv_heads]``:
+
+    decode   the one new query over the row it attended to (kept tokens + itself)
+    prefill  the last `obs_window` prompt queries, causally (SnapKV-style observation window)
+
+The eviction hook folds the staged block into the request's accumulator (`sgl_vtoken.stats`)
+before choosing victims, so a choice at step t uses every query up to t - 1, as in H2O. The
+statistics are row-indexed: they follow the row through `select(keep)` (they move with the KV)
+and vanish with the evicted tokens. With tensor parallelism each rank scores its own KV heads;
+the eviction hook gathers all heads over the TP group first, so every rank sees the same scores
+and evicts the same tokens.
+
+CPU/torch path; on CUDA it runs eagerly, so decode CUDA graphs must be off (checked at start-up).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_vtoken.kernels import attn_scores_
+
+
+def scored_requests(batch) -> list:
+    """(batch index, state) of the requests of `batch` whose policy reads attention."""
+    return [(i, st) for i, r in enumerate(batch.reqs)
+            if (st := getattr(r, "vtoken", None)) is not None and "attn" in st.policy.needs]
+
+
+# The scored requests of the forward about to run, set when its ForwardBatch is built. The model
+# may run on a copy of that ForwardBatch, so the plan is kept here, not on the object; a
+# scheduler process builds and runs one forward at a time.
+_current: tuple | None = None
+
+
+def prepare(forward_batch, scored: list, model_runner) -> None:
+    """Allocate each scored request's staging block for this forward (row lengths known now)."""
+    global _current
+    pool = model_runner.token_to_kv_pool
+    num_layers = pool.layer_num
+    decode = forward_batch.forward_mode.is_decode()
+    seq_lens = forward_batch.seq_lens_cpu.tolist()
+    plan = []
+    for i, st in scored:
+        n = seq_lens[i]
+        q = 1 if decode else min(st.cfg.obs_window, forward_batch.extend_seq_lens_cpu[i])
+        st.staged = torch.zeros(q, n, num_layers, pool.head_num)
+        st.staged_lengths = torch.arange(n - q + 1, n + 1)
+        plan.append((i, st))
+    _current = (plan, pool, model_runner.req_to_token_pool.req_to_token)
+
+
+def clear() -> None:
+    """No scored request in the forward about to run."""
+    global _current
+    _current = None
+
+
+def around_radix_attention_forward(original, layer, q, k, v, forward_batch, *args, **kwargs):
+    """AROUND `RadixAttention.forward`: run attention, then stage the probabilities."""
+    out = original(layer, q, k, v, forward_batch, *args, **kwargs)
+    if _current is not None:
+        collect(layer, q, forward_batch, *_current)
+    return out
+
+
+@torch.no_grad()
+def collect(layer, q: torch.Tensor, forward_batch, scored: list, pool, req_to_token) -> None:
+    """Stage this layer's probabilities for every scored request."""
+    hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
+    q = q.view(-1, hq, layer.qk_head_dim)
+    k_buffer = pool.get_key_buffer(layer.layer_id)
+    rows = forward_batch.req_pool_indices.tolist()
+    if forward_batch.forward_mode.is_decode():
+        starts = list(range(len(rows)))
+        ext = [1] * len(rows)
+    else:
+        ext = forward_batch.extend_seq_lens_cpu
+        starts = [sum(ext[:i]) for i in range(len(ext))]
+    for i, st in scored:
+        if st.cfg.score_layers is not None and layer.layer_id not in st.cfg.score_layers:
+            continue
+        nq, n = st.staged.shape[0], st.staged.shape[1]
+        slots = req_to_token[rows[i], :n].to(torch.int64)
+        first = starts[i] + ext[i] - nq
+        probs = _probs(q[first:first + nq], k_buffer, slots, st.staged_lengths, layer.scaling, hq, hkv)
+        st.staged[:, :, layer.layer_id, :] = probs.to(st.staged.dtype).cpu()
+
+
+def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:
+    """``[nq, n, hkv]`` probabilities of `nq` queries over the keys at `slots`; query j sees the
+    first ``lengths[j]`` keys (causal), group-summed over the query heads of each KV head."""
+    nq, n = q.shape[0], slots.numel()
+    if nq == 1:  # decode: the score kernel (Triton on CUDA, torch on CPU), per KV head
+        score = torch.zeros(k_buffer.shape[0], hkv, dtype=torch.float32, device=k_buffer.device)
+        indptr = torch.tensor([0, n], dtype=torch.int32, device=k_buffer.device)
+        attn_scores_(q, k_buffer, indptr, slots.to(torch.int32), score, scale, decay=0.0)
+        return score[slots].unsqueeze(0)
+    keys = k_buffer[slots].float()                                          # [n, hkv, d]
+    g = hq // hkv
+    logits = torch.einsum("qhd,nhd->qhn", q.float().view(nq, hkv, g, -1).flatten(1, 2),
+                          keys.repeat_interleave(g, dim=1)) * scale       # [nq, hq, n]
+    causal = torch.arange(n, device=q.device)[None, :] >= lengths.to(q.device)[:, None]
+    logits = logits.masked_fill(causal[:, None, :], float("-inf"))
+    p = torch.softmax(logits, dim=-1).view(nq, hkv, g, n).sum(dim=2)       # [nq, hkv, n]
+    return p.transpose(1, 2)
+
+
+def fold_staged(st, tp_group=None) -> None:
+    """Fold a request's staged probabilities into its accumulator (eviction hook, step start)."""
+    staged = getattr(st, "staged", None)
+    if staged is None:
+        return
+    if tp_group is not None and tp_group.world_size > 1:
+        staged = tp_group.all_gather(staged, dim=-1)  # every rank: all KV heads
+    st.accumulator.update(staged, st.staged_lengths)
+    st.staged = None
