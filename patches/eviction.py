@@ -34,7 +34,7 @@ from sgl_vtoken.kernels import repack_kv_
 
 from . import held
 from .counters import counters_of
-from .scores import fold_staged
+from .scores import fold_staged, tp_gather
 
 
 @dataclass
@@ -125,7 +125,9 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     row = row_dev.cpu()
     positions = st.positions(row_len)
     cpl = kv.cache_protected_len
-    keys = _gather_keys(pool, row_dev).cpu() if "keys" in st.policy.needs else None
+    keys = None
+    if "keys" in st.policy.needs:  # every TP rank scores all KV heads: identical victims
+        keys = tp_gather(_gather_keys(pool, row_dev).cpu(), getattr(scheduler, "tp_group", None), dim=2)
     attn = st.accumulator.stats if st.accumulator is not None else None
     if attn is not None and attn.shape[0] != row_len:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
@@ -134,8 +136,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     keep = st.policy.keep(view, cfg.budget)
     if st.accumulator is not None:
         st.accumulator.select(keep)
-    plan = plan_eviction(row, keep, cpl=cpl, page_size=cfg.page_size,
-                         shift_dead_pages=True)
+    plan = plan_eviction(row, keep, cpl=cpl, page_size=cfg.page_size)
     device = row_dev.device
     if plan.num_moved:
         # GPU (DESIGN rule 7): move on the stream that runs forwards, after the in-flight forward

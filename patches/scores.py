@@ -115,7 +115,13 @@ def fold_staged(st, tp_group=None) -> None:
     staged = getattr(st, "staged", None)
     if staged is None:
         return
-    if tp_group is not None and tp_group.world_size > 1:
-        staged = tp_group.all_gather(staged, dim=-1)  # every rank: all KV heads
+    staged = tp_gather(staged, tp_group, dim=-1)  # every rank: all KV heads
     st.accumulator.update(staged, st.staged_lengths)
     st.staged = None
+
+
+def tp_gather(t: torch.Tensor, tp_group, dim: int) -> torch.Tensor:
+    """`t` (per-rank KV heads on `dim`) with every TP rank's heads, on every rank (CPU in/out)."""
+    if tp_group is None or tp_group.world_size == 1:
+        return t
+    return tp_group.all_gather(t.to(tp_group.device), dim=dim).cpu()

@@ -20,15 +20,18 @@ import re
 import sys
 
 from sgl_vtoken.config import ENV_VAR, RECLAIM_MODES, EvictConfig
+from sgl_vtoken.policies import POLICIES
 
 # Set by the launcher: why this server cannot evict per request ("" when it can).
 REFUSE_ENV_VAR = "SGL_VTOKEN_REFUSE"
 ATTN_REFUSE_ENV_VAR = "SGL_VTOKEN_REFUSE_ATTENTION"
 
-# Policies the server can run: the library knows more than the server serves so far.
-KV_EVICT_CHOICES = ("none", "streamingllm", "random", "knorm", "h2o", "tova", "scissorhands")
-# Policies that read attention probabilities (collected eagerly next to each attention layer).
-ATTENTION_POLICIES = ("h2o", "tova", "scissorhands")
+# Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys, and
+# attention probabilities recomputed next to each attention layer (`scores.py`).
+SERVED_NEEDS = {"keys", "attn"}
+# Every registered policy whose statistics the server collects, in registry order.
+KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs) <= SERVED_NEEDS))
+ATTENTION_POLICIES = tuple(n for n, cls in POLICIES.items() if "attn" in cls.needs)
 # Settings that are the server's, not the policy's, inside --kv-evict-config.
 SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers")
 

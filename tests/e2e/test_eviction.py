@@ -136,7 +136,7 @@ def run_concurrent(client, num, max_new_tokens, abort_after=None, abort_every=2)
     outs = [None] * num
 
     def one(i):
-        r = requests.post(client.base_url + "/generate", timeout=600, json={
+        r = requests.post(client.base_url + "/generate", timeout=1800, json={
             "rid": f"load-{i}", "input_ids": random_ids(48, seed=i),
             "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}})
         outs[i] = r.json()

@@ -1,0 +1,90 @@
+"""Cost of each eviction policy per decode step, side by side in one server, as JSON lines.
+
+One CPU server (`--kv-evict none`; each request picks its policy through `custom_params.kv_evict`)
+runs, for every policy in turn, `--batch` concurrent greedy requests of `--new-tokens` tokens
+with the same budget, window and interval, and reports the wall time per decode step (the batch
+advances one token per step) and the difference to `streamingllm`, whose eviction needs no
+statistics. The attention policies add the recomputation of attention probabilities next to
+every layer; `knorm` gathers the cached keys. Example:
+
+    python scripts/bench_policy_overhead.py --runs 3
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken.tiny_model import ensure_tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+POLICIES = ("none", "streamingllm", "random", "knorm", "h2o", "tova", "scissorhands")
+
+
+def run_batch(base_url: str, policy: str, args, run: int) -> float:
+    """Seconds to decode `args.new_tokens` tokens for `args.batch` concurrent requests."""
+    kv = None if policy == "none" else {"policy": policy, "budget": args.budget, "window": args.window}
+    errors = []
+
+    def one(i):
+        params = {"temperature": 0, "max_new_tokens": args.new_tokens, "ignore_eos": True}
+        if kv:
+            params["custom_params"] = {"kv_evict": kv}
+        r = requests.post(base_url + "/generate", timeout=600, json={
+            "rid": f"{policy}-{run}-{i}", "input_ids": [10 + (i * 37 + j) % 1900 for j in range(args.prompt)],
+            "sampling_params": params})
+        if r.status_code != 200 or len(r.json()["output_ids"]) != args.new_tokens:
+            errors.append(r.text[:200])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(args.batch)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{policy}: {errors[0]}")
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", default=None)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--budget", type=int, default=128)
+    parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=3, help="median of this many runs per policy")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    args = parser.parse_args()
+
+    model = args.model_path or ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+    server_args = cpu_server_args(model, 4096, args.page_size) + ["--dtype", "float32"]
+    policies = args.policies.split(",")
+    with ServerProcess(server_args) as server:
+        run_batch(server.base_url, "none", args, -1)  # warm-up
+        per_step = {}
+        for policy in policies:
+            times = [run_batch(server.base_url, policy, args, r) for r in range(args.runs)]
+            per_step[policy] = statistics.median(times) / args.new_tokens * 1e3
+            print(f"{policy}: {per_step[policy]:.2f} ms/step", file=sys.stderr, flush=True)
+    base = per_step.get("streamingllm")
+    for policy in policies:
+        print(json.dumps({
+            "metric": "decode_step_ms", "policy": policy, "ms_per_step": round(per_step[policy], 3),
+            "vs_streamingllm_ms": None if base is None else round(per_step[policy] - base, 3),
+            "tokens_per_s": round(args.batch * 1e3 / per_step[policy], 1), "batch": args.batch,
+            "budget": args.budget, "window": args.window, "interval": 1, "page_size": args.page_size,
+            "runs": args.runs}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
