@@ -210,10 +210,11 @@ def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
 
 
 def test_forced_retractions_do_not_leak(server_factory):
-    """SGLang's forced retraction mode: evicting requests (naive, holding pages back) are
-    retracted and re-prefilled again and again; all finish and every page comes back."""
+    """SGLang's forced retraction mode: evicting requests (H2O with its attention statistics,
+    naive reclaim holding pages back) are retracted and re-prefilled again and again, under
+    concurrent load; all finish and every page comes back."""
     env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "25"}
-    extra = ("--kv-evict", "random", "--kv-budget", "64", "--kv-reclaim", "naive")
+    extra = ("--kv-evict", "h2o", "--kv-budget", "64", "--kv-window", "16", "--kv-reclaim", "naive")
     client = server_factory(page_size=16, extra=extra, env=env)
     outs = run_concurrent(client, 6, 200)
     assert all(len(o["output_ids"]) == 200 for o in outs)
