@@ -41,7 +41,10 @@ background thread:
 - `/metrics` (with `--enable-metrics`): deltas of `sglang:num_requests_total`,
   `prompt_tokens_total`, `generation_tokens_total`, `cached_tokens_total`,
   `num_retracted_requests_total` (retractions; SGLang creates that counter at the first
-  retraction, so it counts 0 while its gauge `num_retracted_reqs` is exported);
+  retraction, so it counts 0 while its gauge `num_retracted_reqs` is exported),
+  `scheduler_process_cpu_seconds_total` -> `scheduler_cpu_s` and `output_tokens_per_cpu_s`
+  (CPU time of the scheduler process, recorded about once a second: a throughput figure that
+  other jobs on a shared machine disturb much less than wall time);
 - `--server-log PATH` (the server's log file, e.g. the one `ServerProcess` writes): the part
   written during the run gives `peak_running_log`, the largest `Decode batch, #running-req: N`
   (every decode step with `--decode-log-interval 1`), and the retraction lines; retractions come
@@ -78,7 +81,8 @@ DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+)")
 RETRACT_LINE = "KV cache pool is full. Retract requests."
 RETRACTED_RE = re.compile(r"#retracted_reqs: (\d+)")
 METRIC_COUNTERS = ("num_requests_total", "prompt_tokens_total", "generation_tokens_total",
-                   "cached_tokens_total", "num_retracted_requests_total", "num_aborted_requests_total")
+                   "cached_tokens_total", "num_retracted_requests_total", "num_aborted_requests_total",
+                   "scheduler_process_cpu_seconds_total")
 VTOKEN_CUMULATIVE = ("evictions", "evicted_tokens", "pages_freed", "tokens_moved", "bytes_moved")
 
 WORDS = (
@@ -159,6 +163,9 @@ class TokenFitter:
         except (requests.RequestException, ValueError):
             return False
 
+    def tokenize(self, text: str) -> list[int]:
+        return self._post("/v1/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+
     def fit(self, texts: list[str], targets: list[int], keep: list[str]) -> list[str]:
         """Each text cut to its target token count, never shorter than its prefix `keep[i]`
         (texts must be long enough: about one word per token)."""
@@ -200,6 +207,7 @@ def build_workload(args, fitter: TokenFitter) -> tuple[str, list[Session]]:
             targets.append(n)
     fitted = fitter.fit(texts, targets, [system_head] + [""] * (len(texts) - 1))
     system, pos, out = fitted[0], 1, []
+    args.system_tokens_actual = len(fitter.tokenize(system)) if fitter.exact else None
     for i, start, _, tools in sessions:
         out.append(Session(i, start, fitted[pos], fitted[pos + 1: pos + 1 + len(tools)]))
         pos += 1 + len(tools)
@@ -434,7 +442,8 @@ def run_benchmark(args, out=None, progress: bool = True) -> dict:
     emit({"kind": "config", "base_url": args.base_url, "model": args.model, "sessions": args.sessions,
           "turns": args.turns, "rate": None if math.isinf(args.rate) else args.rate,
           "max_concurrency": args.max_concurrency, "seed": args.seed,
-          "system_tokens": args.system_tokens, "user_tokens": args.user_tokens,
+          "system_tokens": args.system_tokens, "system_tokens_actual": args.system_tokens_actual,
+          "user_tokens": args.user_tokens,
           "tool_tokens": args.tool_tokens, "tool_min": args.tool_min, "tool_max": args.tool_max,
           "reply_tokens": args.reply_tokens, "think_time": args.think_time, "tool_role": args.tool_role,
           "kv_evict": args.kv_evict_json, "exact_token_lengths": fitter.exact,
@@ -492,6 +501,7 @@ def run_benchmark(args, out=None, progress: bool = True) -> dict:
     overall = summarize(recs)
     ok_end = max((r["t_end"] for r in recs if r["error"] is None), default=duration)
     summary = {"kind": "summary", "label": args.label, **overall, "duration_s": round(duration, 3),
+               "system_prompt_tokens": args.system_tokens_actual,
                "output_tokens_per_s": round(overall["completion_tokens"] / ok_end, 2) if ok_end > 0 else None,
                "requests_per_s": round(overall["completed"] / ok_end, 3) if ok_end > 0 else None}
 
@@ -507,7 +517,7 @@ def run_benchmark(args, out=None, progress: bool = True) -> dict:
             sum(s["kv_used_tokens"] / page / s["running"] for s in busy) / len(busy), 2)
     else:
         summary["kv_pages_per_running_req"] = None
-    summary["peak_kv_used_tokens"] = max((s.get("kv_used_tokens") or 0 for s in samples), default=None)
+    summary["peak_kv_used_tokens"] = max((s.get("kv_used_tokens") or 0 for s in busy), default=None)
 
     # Server log written during the run.
     if log_path and log_path.exists():
@@ -521,6 +531,9 @@ def run_benchmark(args, out=None, progress: bool = True) -> dict:
 
     # Prometheus counters.
     summary["metrics_delta"] = delta(m1, m0, METRIC_COUNTERS)
+    cpu = (summary["metrics_delta"] or {}).get("scheduler_process_cpu_seconds_total")
+    summary["scheduler_cpu_s"] = round(cpu, 2) if cpu else None
+    summary["output_tokens_per_cpu_s"] = round(overall["completion_tokens"] / cpu, 1) if cpu else None
     if m1 is not None and m1.get("retractions_exported"):
         summary["retractions"] = int(summary["metrics_delta"]["num_retracted_requests_total"])
         summary["retractions_source"] = "metrics"
