@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test bench clean
 
 install: $(STAMP)
 
@@ -20,6 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model): rewrites the bench
+# section of docs/RESULTS.md and docs/img/bench_*.png (about 5 to 15 minutes on two cores).
+bench: $(STAMP)
+	$(PY) scripts/bench_matrix.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis
