@@ -81,6 +81,7 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     seq_lens_cpu = batch.seq_lens_cpu
     new_lens = None
     any_evicting = False
+    freed_before = counters_of(scheduler).pages_freed
     for i, req in enumerate(batch.reqs):
         st: ReqEvictState | None = getattr(req, "vtoken", None)
         if st is None:
@@ -97,6 +98,10 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
         if evicted:
             new_lens = seq_lens_cpu.clone() if new_lens is None else new_lens
             new_lens[i] = row_len - evicted
+    if counters_of(scheduler).pages_freed > freed_before:
+        # SGLang stops admitting after a failed admission until the batch shrinks; memory
+        # freed by eviction must reopen admission the same way.
+        batch.batch_is_full = False
     if new_lens is None:
         return any_evicting
     delta = seq_lens_cpu - new_lens
