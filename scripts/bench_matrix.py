@@ -74,6 +74,7 @@ class Cell:
     policy: str | None
     budget: int | None
     page: int
+    pool: int
     runs: dict = field(default_factory=dict)   # name -> bench_agent summary (+ turns)
     skipped: list = field(default_factory=list)  # ladder rates not run (deadline)
     ladder_done: bool = False
@@ -87,11 +88,11 @@ class Cell:
 def build_cells(args) -> list[Cell]:
     cells = []
     for page in args.page_sizes:
-        cells.append(Cell("none", None, None, page))
+        cells.append(Cell("none", None, None, page, args.pool))
         for policy in args.policies:
             for budget in args.budgets:
                 for mode in ("naive", "vtoken"):
-                    cells.append(Cell(mode, policy, budget, page))
+                    cells.append(Cell(mode, policy, budget, page, args.pool))
     return cells
 
 
@@ -231,6 +232,8 @@ def cell_row(cell: Cell) -> dict:
         "retained_pages_per_req": vt.get("retained_pages_per_req"),
         "kv_pages_per_running_req": s["kv_pages_per_running_req"],
         "peak_kv_used_tokens": s["peak_kv_used_tokens"],
+        "pool_capacity": (cell.pool / cell.page / s["kv_pages_per_running_req"]
+                          if s["kv_pages_per_running_req"] else None),
         "out_tok_s": s["output_tokens_per_s"],
         "scheduler_cpu_s": s.get("scheduler_cpu_s"), "out_tok_per_cpu_s": s.get("output_tokens_per_cpu_s"),
         "ttft_p50": s["ttft_ms"]["p50"], "ttft_p95": s["ttft_ms"]["p95"],
@@ -267,6 +270,7 @@ ROWS = [
     ("mean running requests", "mean_running", 2),
     ("retained pages per request (plugin gauge)", "retained_pages_per_req", 2),
     ("KV pages in use per running request (pool)", "kv_pages_per_running_req", 2),
+    ("requests the pool holds at that footprint (pool pages / KV pages per request)", "pool_capacity", 1),
     ("peak KV tokens in use", "peak_kv_used_tokens", 0),
     ("output tokens/s", "out_tok_s", 1),
     ("scheduler CPU seconds", "scheduler_cpu_s", 1),
@@ -471,8 +475,9 @@ def plot(args, cells: list[Cell]) -> list[str]:
     else:
         fig, axes = plt.subplots(1, len(args.sla_factors) + 1, figsize=((len(args.sla_factors) + 1) * width, 3.6))
         for ax, f in zip(axes, args.sla_factors):
-            bars(ax, f"Max session rate with p95 TTFT <= {f:g} x unloaded", "sessions/s",
-                 lambda c, f=f: sla_rate(c, f))
+            bars(ax, f"Max session rate with p95 TTFT <= {f:g} x unloaded (0: < {min(args.rates):g})",
+                 "sessions/s", lambda c, f=f: sla_rate(c, f))
+            ax.set_ylim(0, 1.15 * max(args.rates))
         bars(axes[-1], "Output tokens per scheduler CPU second (burst run)", "tokens / CPU s",
              lambda c: cell_row(c)["out_tok_per_cpu_s"])
     save(fig, "bench_sla_throughput.png")
