@@ -34,10 +34,13 @@ background thread:
 - `/server_info` (`/get_server_info` on older servers) -> `internal_states[0]["vtoken"]`
   (sgl-vtoken servers): deltas of the counters evictions, evicted_tokens, pages_freed,
   tokens_moved, bytes_moved; peak_running_requests and peak_retained_pages as the server reports
-  them (since its start); the gauge retained_pages sampled -> `retained_pages_per_req` = mean of
-  retained_pages / running requests over the samples whose running count did not change around
-  the gauge read (two /v1/loads calls bracket it). Reported only when the run evicts (server
-  policy or `--kv-evict-json` other than none), else `vtoken` is null;
+  them (since its start); the gauges retained_pages and live_tokens (the last decode step's
+  running evicting requests) sampled -> `retained_pages_per_req` = mean over the samples of
+  retained_pages / (live_tokens // budget): a request past its first eviction keeps between
+  budget and budget + interval live tokens, so live_tokens // budget counts the requests of the
+  same step (exact when prompts exceed budget + interval and interval < budget; the running count
+  of /v1/loads is a separate snapshot and can be a step off). Reported only when the run evicts
+  (server policy or `--kv-evict-json` other than none), else `vtoken` is null;
 - `/metrics` (with `--enable-metrics`): deltas of `sglang:num_requests_total`,
   `prompt_tokens_total`, `generation_tokens_total`, `cached_tokens_total`,
   `num_retracted_requests_total` (retractions; SGLang creates that counter at the first
@@ -281,11 +284,6 @@ class Sampler(threading.Thread):
                 st = vtoken_state(self.base_url)
                 if st is not None:
                     s.update(retained_pages=st.get("retained_pages"), live_tokens=st.get("live_tokens"))
-                    # The gauges and the running count come from two calls: keep the pair only
-                    # when the running count did not change around the gauge read.
-                    ld2 = loads(self.base_url)
-                    s["stable"] = ld is not None and ld2 is not None and \
-                        ld2.get("num_running_reqs") == s.get("running")
             self.samples.append(s)
             self._halt.wait(self.interval)
 
@@ -546,8 +544,13 @@ def run_benchmark(args, out=None, progress: bool = True) -> dict:
 
     # vToken counters (sgl-vtoken servers with eviction on).
     if evicting and st1 is not None:
-        retained = [s["retained_pages"] / s["running"] for s in busy
-                    if s.get("retained_pages") is not None and s.get("stable")]
+        # The gauges describe the last decode step's evicting requests; /v1/loads is a separate
+        # (and possibly older) snapshot, so the request count comes from the gauges themselves:
+        # a request past its first eviction holds budget <= live < budget + interval <= 2 * budget
+        # tokens, so live_tokens // budget counts them.
+        budget = (args.kv_evict_json or {}).get("budget") or ((st0 or {}).get("config") or {}).get("budget")
+        retained = [s["retained_pages"] / (s["live_tokens"] // budget) for s in busy
+                    if budget and s.get("retained_pages") and (s.get("live_tokens") or 0) >= budget]
         summary["vtoken"] = {
             "delta": delta(st1, st0, VTOKEN_CUMULATIVE),
             "peak_running_requests": st1.get("peak_running_requests"),

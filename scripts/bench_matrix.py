@@ -402,8 +402,10 @@ def render(args, cells: list[Cell], meta: dict, plots: list[str]) -> str:
         "*KV pages in use per running request* = pool tokens in use (`/v1/loads`: total - available - "
         "radix-evictable, so a shared prefix counts once and a prompt being prefilled counts whole) / page "
         "size / running requests, every mode; *retained pages per request* = the plugin's `retained_pages` "
-        "gauge (pages of the running evicting requests' rows after the step's eviction, naive held-back "
-        "pages included; `/server_info`) / running requests, the paper's metric, evicting modes only. "
+        "gauge (pages of the last decode step's evicting requests after its eviction, naive held-back "
+        "pages included; `/server_info`) / that step's request count (its `live_tokens` // budget: each "
+        "request past its first eviction keeps between budget and budget + interval tokens), the paper's "
+        "metric, evicting modes only. "
         "Throughput under SLA: the highest ladder rate whose p95 TTFT (and every lower rate's) stays within "
         "the factor x the cell's own unloaded p95 TTFT; 1.05 is the vToken paper's factor, the looser one "
         "absorbs the noise of a shared CPU. Retractions: delta of `sglang:num_retracted_requests_total`. "
@@ -545,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline-min", type=float, default=11.0,
                    help="skip the remaining ladder rates once this many minutes have passed")
     p.add_argument("--baseline-sessions", type=int, default=2)
-    p.add_argument("--sample-interval", type=float, default=0.25)
+    p.add_argument("--sample-interval", type=float, default=0.15)
     p.add_argument("--quick", action="store_true", help="2 sessions x 2 turns, burst run only (smoke)")
     p.add_argument("--results-md", type=Path, default=REPO / "docs" / "RESULTS.md")
     p.add_argument("--img-dir", type=Path, default=REPO / "docs" / "img")

@@ -14,7 +14,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 BUDGET, INTERVAL = 64, 16
 FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-evict-interval", str(INTERVAL),
          "--enable-metrics", "--decode-log-interval", "1")
-SESSIONS, TURNS, REPLY = 4, 3, 24
+SESSIONS, TURNS, REPLY = 4, 3, 48
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
     run_script("bench_agent.py", "--base-url", client.base_url, "--sessions", str(SESSIONS),
                "--turns", str(TURNS), "--reply-tokens", str(REPLY), "--system-tokens", "96",
                "--user-tokens", "20", "--tool-tokens", "120", "--tool-max", "240", "--rate", "8",
-               "--seed", "3", "--server-log", str(client.server.log_path), "--sample-interval", "0.2",
+               "--seed", "3", "--server-log", str(client.server.log_path), "--sample-interval", "0.05",
                "--out", str(out), "--no-progress")
     after = client.vtoken_state()
     recs = [json.loads(line) for line in out.read_text().splitlines()]
