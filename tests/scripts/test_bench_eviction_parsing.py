@@ -70,3 +70,9 @@ def test_shim_sets_the_cpu_flag_in_a_fresh_interpreter(bench, tmp_path):
 def test_help_runs_without_sglang_imports():
     out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--part" in out.stdout and "--quick" in out.stdout
+
+
+def test_baseline_whitelist_leaves_out_only_sgl_vtoken(bench):
+    assert bench.baseline_plugin_whitelist("none") == "__none__"
+    names = bench.baseline_plugin_whitelist("others").split(",")
+    assert bench.PLUGIN_ENTRY_POINT not in names and all(names)

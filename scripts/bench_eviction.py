@@ -1,0 +1,525 @@
+#!/usr/bin/env python
+"""Server eviction on CPU with the tiny model: capacity under a small KV pool, and what the plugin costs when off.
+
+Prints one JSON line per configuration or measurement to stdout; progress goes to stderr.
+
+    python scripts/bench_eviction.py                      # both parts (several minutes on 2 cores)
+    python scripts/bench_eviction.py --part capacity      # or: --part overhead
+    python scripts/bench_eviction.py --quick              # smoke run: fewer tokens and runs
+
+capacity: 16 concurrent requests x 1024 generated tokens (48-token seeded random prompts, greedy,
+`ignore_eos`) under `--max-total-tokens 4096 --page-size 16`, in one run: stock SGLang
+(`--kv-evict none`) and `--kv-evict streamingllm --kv-budget 128` at each `--intervals` value.
+Peak running requests come from the server log ("Decode batch, #running-req: N", logged every
+decode step here) and, with eviction on, also from the plugin's counter in `/get_server_info`;
+retractions are the log lines "KV cache pool is full. Retract requests.".
+
+overhead: single-stream decode tokens/s (median of `--runs` requests after a warm-up) of
+`--kv-evict none` with the plugin installed vs SGLang without the plugin. The baseline server
+runs with `SGLANG_PLUGINS` listing every other installed general plugin (SGLang's whitelist; so
+only sgl-vtoken differs; `--baseline-plugins none` gives `__none__`, no plugin at all) plus a
+`sitecustomize.py`, written to a temporary directory on `PYTHONPATH`, that applies only the one
+CPU fix the plugin also makes (`rotary_embedding.base._is_cpu = True`, see patches/cpu.py):
+without it SGLang cannot load a model on CPU at all. The shim prints one line per process it
+patched; the JSON reports that count and whether the plugin left its trace in each log.
+
+Every server runs with OMP_NUM_THREADS=1 (`--server-threads`): on a shared 2-core machine two
+OpenMP threads spin-wait on each other whenever one is descheduled, which made identical runs
+differ 20x in tokens/s. The tiny model gains nothing from a second intra-op thread.
+
+The servers import the plugin from wherever `sgl_vtoken` resolves (the first JSON line, "meta",
+says where): with the editable install that is the working tree at server start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+RETRACT_LINE = "KV cache pool is full. Retract requests."
+# sglang/srt/managers/scheduler_components/metrics_reporter.py: "Decode batch[ [iter]], #running-req: N, ..."
+DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+)")
+RETRACTED_RE = re.compile(r"#retracted_reqs: (\d+)")
+SHIM_MARK = "[bench_eviction shim]"
+# The plugin's launcher publishes SGL_VTOKEN_CONFIG; SGLang warns about SGL_-prefixed variables
+# in every process, so its presence in a log shows the plugin ran there.
+PLUGIN_TRACE = "SGL_VTOKEN_CONFIG"
+PLUGIN_ENTRY_POINT = "sgl_vtoken"  # name in the sglang.srt.plugins entry-point group
+
+# Written into a temporary directory put on PYTHONPATH of the baseline server only. Every Python
+# process of the server (launcher, scheduler, detokenizer) runs it at start-up.
+SHIM_SOURCE = '''\
+"""Written by scripts/bench_eviction.py: SGLang on CPU *without* the sgl-vtoken plugin.
+
+Applies only the CPU fix of sgl-vtoken's patches/cpu.py: right after
+sglang.srt.layers.rotary_embedding.base executes, set its `_is_cpu = True` so RoPE takes the
+native torch path instead of importing vllm. Nothing else.
+"""
+import importlib.abc
+import os
+import sys
+
+_TARGET = "sglang.srt.layers.rotary_embedding.base"
+
+
+class _RopeCpuFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        original = spec.loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            module._is_cpu = True
+            sys.stderr.write(f"%s {_TARGET}._is_cpu = True (pid {os.getpid()})\\n" )
+            sys.stderr.flush()
+
+        spec.loader.exec_module = exec_module  # a fresh loader instance per find_spec
+        return spec
+
+
+sys.meta_path.insert(0, _RopeCpuFinder())
+''' % SHIM_MARK
+
+
+# ---------------------------------------------------------------------------------------------
+# Log parsing (pure functions; tests/scripts/test_bench_eviction_parsing.py checks them)
+
+
+def peak_running_from_log(text: str) -> int | None:
+    """Largest N over "Decode batch, #running-req: N" lines; None if there is no such line."""
+    values = [int(m.group(1)) for m in DECODE_RE.finditer(text)]
+    return max(values) if values else None
+
+
+def count_retractions(text: str) -> int:
+    """Lines that contain "KV cache pool is full. Retract requests." (one per retraction event)."""
+    return sum(RETRACT_LINE in line for line in text.splitlines())
+
+
+def retracted_requests(text: str) -> int:
+    """Sum of `#retracted_reqs: N` over the retraction lines (requests retracted, with repeats)."""
+    total = 0
+    for line in text.splitlines():
+        if RETRACT_LINE in line:
+            m = RETRACTED_RE.search(line)
+            total += int(m.group(1)) if m else 0
+    return total
+
+
+def error_lines(text: str, limit: int = 10) -> list[str]:
+    """Lines that look like failures (tracebacks, ERROR records, exceptions), at most `limit`."""
+    keys = ("Traceback", " ERROR ", "Error:", "Exception")
+    hits = [line.strip() for line in text.splitlines() if any(k in line for k in keys)]
+    return hits[:limit]
+
+
+def shim_applications(text: str) -> int:
+    """Processes in which the baseline shim set `_is_cpu` (one stderr line each)."""
+    return sum(line.startswith(SHIM_MARK) or f" {SHIM_MARK} " in line for line in text.splitlines())
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"[bench_eviction {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def random_ids(n: int, seed: int) -> list[int]:
+    """Same prompts as tests/e2e/test_eviction.py::random_ids."""
+    rng = random.Random(seed)
+    return [rng.randrange(10, 2000) for _ in range(n)]
+
+
+def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout: float, rid: str | None = None) -> dict:
+    import requests
+
+    payload = {"input_ids": input_ids, "sampling_params": {
+        "temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    if rid:
+        payload["rid"] = rid
+    r = requests.post(base_url + "/generate", json=payload, timeout=timeout)
+    r.raise_for_status()
+    return r.json()
+
+
+def vtoken_state(base_url: str) -> dict | None:
+    import requests
+
+    r = requests.get(base_url + "/get_server_info", timeout=30)
+    r.raise_for_status()
+    states = r.json().get("internal_states") or [{}]
+    return states[0].get("vtoken")
+
+
+def wait_pool_free(base_url: str, timeout: float = 30.0) -> dict | None:
+    """Poll until every KV slot is free or reclaimable again; return the last vtoken state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = vtoken_state(base_url)
+        if st is None or st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]:
+            return st
+        if time.monotonic() > deadline:
+            return st
+        time.sleep(0.5)
+
+
+def run_load(base_url: str, num: int, prompt_len: int, max_new_tokens: int, timeout: float) -> dict:
+    """`num` concurrent /generate requests, one thread each; wall clock of the whole load."""
+    results: list[dict | None] = [None] * num
+    errors: list[str] = []
+
+    def one(i: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            out = generate(base_url, random_ids(prompt_len, seed=i), max_new_tokens, timeout, rid=f"bench-{i}")
+            results[i] = {"tokens": out["meta_info"]["completion_tokens"], "latency": time.perf_counter() - t0}
+        except Exception as e:  # noqa: BLE001 - reported in the JSON line
+            errors.append(f"request {i}: {type(e).__name__}: {e}"[:300])
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(num)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(1.0, timeout + 30 - (time.perf_counter() - t0)))
+    wall = time.perf_counter() - t0
+    done = [r for r in results if r is not None]
+    out_tokens = sum(r["tokens"] for r in done)
+    lat = sorted(r["latency"] for r in done)
+    return {
+        "completed": len(done), "full_length": sum(r["tokens"] == max_new_tokens for r in done),
+        "output_tokens": out_tokens, "wall_s": round(wall, 2),
+        "output_tokens_per_s": round(out_tokens / wall, 1) if wall > 0 else None,
+        "latency_median_s": round(statistics.median(lat), 2) if lat else None,
+        "latency_max_s": round(lat[-1], 2) if lat else None,
+        "request_errors": errors[:5], "num_request_errors": len(errors),
+    }
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of the live processes in process group `pgid` (a server's
+    launcher, scheduler, detokenizer). Less exposed to other load than wall time, as long as no
+    thread spin-waits (see `--server-threads`)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp session ... utime(11) stime(12)
+        if int(rest[2]) == pgid:
+            total += int(rest[11]) + int(rest[12])
+    return total / tick
+
+
+def wait_for_quiet(max_load: float | None, timeout: float) -> None:
+    """Wait (at most `timeout` s) until the 1-minute load average is below `max_load`."""
+    if not max_load:
+        return
+    start = time.monotonic()
+    waited_log = -1
+    while (la := loadavg()) is not None and la >= max_load and time.monotonic() - start < timeout:
+        if (elapsed := int(time.monotonic() - start)) // 120 != waited_log:  # one line every 2 min
+            waited_log = elapsed // 120
+            log(f"load average {la} >= {max_load}: waiting (up to {timeout:.0f} s)")
+        time.sleep(10)
+
+
+def thread_env(args) -> dict[str, str]:
+    """Server environment for `--server-threads`: torch's intra-op threads (OpenMP)."""
+    return {"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}
+
+
+def loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def baseline_plugin_whitelist(mode: str) -> str:
+    """`SGLANG_PLUGINS` for the baseline: every other installed general plugin ("others", so the
+    A/B differs by sgl-vtoken alone), or none at all ("none": `__none__` matches no plugin)."""
+    import importlib.metadata
+
+    if mode == "none":
+        return "__none__"
+    names = sorted({ep.name for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
+                   - {PLUGIN_ENTRY_POINT})
+    return ",".join(names) or "__none__"
+
+
+def provenance() -> dict:
+    """Which code the servers run: the plugin is imported from wherever `sgl_vtoken` resolves
+    (an editable install serves the working tree as it is at server start)."""
+    import importlib.metadata
+
+    import sgl_vtoken
+
+    src = Path(sgl_vtoken.__file__).resolve().parent
+
+    def git(*a: str) -> str:
+        out = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=30)
+        return out.stdout.strip()
+
+    info = {"part": "meta", "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "sglang": importlib.metadata.version("sglang"),
+            "repo_commit": git("rev-parse", "--short", "HEAD"), "sgl_vtoken_source": str(src)}
+    if src.parent == REPO:
+        dirty = git("status", "--porcelain", "--", "sgl_vtoken", "patches", "kernels")
+        info["plugin_code"] = "working tree, " + ("with uncommitted changes" if dirty else "clean")
+    else:
+        marker = src.parent / "COMMIT"  # written by whoever made the snapshot, if anyone
+        info["plugin_code"] = "outside the repository" + (
+            f", snapshot of {marker.read_text().strip()}" if marker.exists() else "")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 1: capacity
+
+
+def capacity(args, model: Path, log_dir: Path) -> None:
+    from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+
+    base = cpu_server_args(model, args.max_total_tokens, args.page_size) + [
+        "--dtype", "float32", "--decode-log-interval", str(args.decode_log_interval)]
+    configs = [("stock", ["--kv-evict", "none"])]
+    for interval in args.intervals:
+        configs.append((f"streamingllm-b{args.budget}-i{interval}", [
+            "--kv-evict", "streamingllm", "--kv-budget", str(args.budget), "--kv-evict-interval", str(interval)]))
+
+    for name, extra in configs:
+        log_path = log_dir / f"capacity-{name}.log"
+        wait_for_quiet(args.wait_load, args.wait_load_timeout)
+        log(f"capacity {name}: starting server (log {log_path})")
+        with ServerProcess(base + extra, env=thread_env(args), log_path=log_path,
+                           startup_timeout=args.startup_timeout) as server:
+            generate(server.base_url, random_ids(args.prompt_len, seed=10_000), 16, args.request_timeout)  # warm-up
+            load_avg_before = loadavg()
+            log(f"capacity {name}: {args.requests} requests x {args.new_tokens} tokens")
+            cpu0 = group_cpu_seconds(server.proc.pid)
+            load = run_load(server.base_url, args.requests, args.prompt_len, args.new_tokens, args.request_timeout)
+            cpu = group_cpu_seconds(server.proc.pid) - cpu0
+            evicting = extra[1] != "none"
+            state = wait_pool_free(server.base_url) if evicting else None
+            time.sleep(0.5)  # let the scheduler's last log records reach the file
+            text = server.log_text()
+            startup = server.startup_seconds
+        peak_log = peak_running_from_log(text)
+        record = {
+            "part": "capacity", "config": name, "flags": extra,
+            "requests": args.requests, "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens,
+            "max_total_tokens": args.max_total_tokens, "page_size": args.page_size,
+            "decode_log_interval": args.decode_log_interval,
+            **load,
+            "server_cpu_s": round(cpu, 2),
+            "output_tokens_per_cpu_s": round(load["output_tokens"] / cpu, 1) if cpu > 0 else None,
+            "peak_running_requests_log": peak_log,
+            "retractions": count_retractions(text), "retracted_requests": retracted_requests(text),
+            "startup_s": round(startup, 1) if startup else None,
+            "loadavg_1m_before": load_avg_before, "log": str(log_path), "log_errors": error_lines(text),
+        }
+        if state is not None:
+            counter = state["peak_running_requests"]
+            record.update({
+                "peak_running_requests_counter": counter,
+                "peak_running_agree": counter == peak_log if args.decode_log_interval == 1 else None,
+                "pool_whole_after": state["pool_available_tokens"] + state["pool_evictable_tokens"]
+                == state["pool_total_tokens"],
+                "vtoken": {k: v for k, v in state.items() if k != "config"},
+            })
+        emit(record)
+        log(f"capacity {name}: peak running {peak_log}, {record['retractions']} retractions, "
+            f"{record['output_tokens_per_s']} tok/s, {record['wall_s']} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 2: overhead of the plugin with eviction off
+
+
+def single_stream(server, args) -> tuple[list[float], int, float]:
+    """Tokens/s of each timed request, total timed tokens, server CPU seconds over them."""
+    prompt = random_ids(args.prompt_len, seed=20_000)
+    speeds, tokens, cpu = [], 0, 0.0
+    for run in range(args.runs + 1):  # the first request warms up and is not counted
+        c0, t0 = group_cpu_seconds(server.proc.pid), time.perf_counter()
+        out = generate(server.base_url, prompt, args.overhead_tokens, args.request_timeout)
+        dt, dc = time.perf_counter() - t0, group_cpu_seconds(server.proc.pid) - c0
+        if run:
+            n = out["meta_info"]["completion_tokens"]
+            speeds.append(n / dt)
+            tokens += n
+            cpu += dc
+    return speeds, tokens, cpu
+
+
+def overhead(args, model: Path, log_dir: Path) -> None:
+    from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+
+    base = cpu_server_args(model, args.max_total_tokens, args.page_size) + ["--dtype", "float32"]
+    whitelist = baseline_plugin_whitelist(args.baseline_plugins)
+    baseline_name = (f"sglang without sgl-vtoken (SGLANG_PLUGINS={whitelist}) "
+                     "+ sitecustomize shim setting rotary_embedding.base._is_cpu")
+    with tempfile.TemporaryDirectory(prefix="bench-eviction-shim-") as shim_dir:
+        (Path(shim_dir) / "sitecustomize.py").write_text(SHIM_SOURCE)
+        pythonpath = os.pathsep.join(p for p in (shim_dir, os.environ.get("PYTHONPATH", "")) if p)
+        servers = {
+            "baseline": (base, {**thread_env(args), "SGLANG_PLUGINS": whitelist, "PYTHONPATH": pythonpath}),
+            "plugin": (base + ["--kv-evict", "none"], thread_env(args)),
+        }
+        speeds: dict[str, list[float]] = {"baseline": [], "plugin": []}
+        cpu_per_tok: dict[str, list[float]] = {"baseline": [0.0, 0], "plugin": [0.0, 0]}
+        for rnd in range(args.rounds):
+            order = ("baseline", "plugin") if rnd % 2 == 0 else ("plugin", "baseline")  # ABBA over rounds
+            for which in order:
+                flags, env = servers[which]
+                log_path = log_dir / f"overhead-{which}-r{rnd}.log"
+                wait_for_quiet(args.wait_load, args.wait_load_timeout)
+                log(f"overhead {which} (round {rnd + 1}/{args.rounds}): starting server (log {log_path})")
+                with ServerProcess(flags, env=env, log_path=log_path, startup_timeout=args.startup_timeout) as server:
+                    la = loadavg()
+                    runs, tokens, cpu = single_stream(server, args)
+                    time.sleep(0.5)
+                    text = server.log_text()
+                speeds[which] += runs
+                cpu_per_tok[which][0] += cpu
+                cpu_per_tok[which][1] += tokens
+                record = {
+                    "part": "overhead", "server": which, "round": rnd,
+                    "what": baseline_name if which == "baseline" else "sgl-vtoken plugin installed, --kv-evict none",
+                    "median_tokens_per_s": round(statistics.median(runs), 1),
+                    "best_tokens_per_s": round(max(runs), 1),
+                    "runs": [round(s, 1) for s in runs], "new_tokens": args.overhead_tokens,
+                    "server_cpu_ms_per_token": round(1000 * cpu / tokens, 3) if tokens else None,
+                    "prompt_tokens": args.prompt_len, "page_size": args.page_size,
+                    "loadavg_1m_before": la, "log": str(log_path), "log_errors": error_lines(text),
+                    "plugin_trace_in_log": PLUGIN_TRACE in text,
+                }
+                if which == "baseline":
+                    record["shim_applied_in_processes"] = shim_applications(text)
+                    if record["plugin_trace_in_log"]:
+                        log("WARNING: the baseline server's log shows the plugin ran")
+                    if record["shim_applied_in_processes"] == 0:
+                        log("WARNING: the baseline shim left no trace in the server log")
+                emit(record)
+                log(f"overhead {which}: median {record['median_tokens_per_s']} tok/s {record['runs']}")
+
+    b, p = statistics.median(speeds["baseline"]), statistics.median(speeds["plugin"])
+    rel = (p - b) / b
+    spread = {k: round((max(v) - min(v)) / statistics.median(v), 3) for k, v in speeds.items()}
+    cpu_b, cpu_p = (1000 * c / n if n else float("nan") for c, n in (cpu_per_tok["baseline"], cpu_per_tok["plugin"]))
+    emit({
+        "part": "overhead", "summary": True, "baseline": baseline_name,
+        "baseline_median_tokens_per_s": round(b, 1), "plugin_median_tokens_per_s": round(p, 1),
+        "relative_diff": round(rel, 4), "plugin_slower_pct": round(-100 * rel, 2),
+        "within_1pct": abs(rel) <= 0.01,
+        "baseline_best_tokens_per_s": round(max(speeds["baseline"]), 1),
+        "plugin_best_tokens_per_s": round(max(speeds["plugin"]), 1),
+        "baseline_cpu_ms_per_token": round(cpu_b, 3), "plugin_cpu_ms_per_token": round(cpu_p, 3),
+        "cpu_per_token_relative_diff": round((cpu_p - cpu_b) / cpu_b, 4),
+        "runs_per_server": args.runs * args.rounds, "rounds": args.rounds,
+        "relative_spread": spread, "new_tokens": args.overhead_tokens,
+    })
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--part", choices=("capacity", "overhead", "all"), default="all")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: capacity 512 tokens and interval 16 only; overhead 64 tokens x 2 runs, 1 round")
+    p.add_argument("--model-path", default=None, help="default: the tiny model, built into .cache/tiny-llama")
+    p.add_argument("--max-total-tokens", type=int, default=4096)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=48)
+    p.add_argument("--requests", type=int, default=16, help="capacity: concurrent requests")
+    p.add_argument("--new-tokens", type=int, default=1024, help="capacity: generated tokens per request")
+    p.add_argument("--budget", type=int, default=128, help="capacity: --kv-budget")
+    p.add_argument("--intervals", default="16,1", help="capacity: --kv-evict-interval values, comma-separated")
+    p.add_argument("--decode-log-interval", type=int, default=1,
+                   help="capacity: SGLang's --decode-log-interval (1 = every step, exact peak from the log)")
+    p.add_argument("--runs", type=int, default=5, help="overhead: timed requests per server")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="overhead: server pairs, order alternating (baseline, plugin, plugin, baseline, ...)")
+    p.add_argument("--baseline-plugins", choices=("others", "none"), default="others",
+                   help="overhead baseline: load every other installed SGLang general plugin (only "
+                        "sgl-vtoken differs) or none (SGLANG_PLUGINS=__none__)")
+    p.add_argument("--overhead-tokens", type=int, default=256, help="overhead: generated tokens per request")
+    p.add_argument("--server-threads", type=int, default=1,
+                   help="OMP_NUM_THREADS for every server (0: unset, torch uses every core). 1 because on a "
+                        "shared machine OpenMP threads spin-wait on descheduled peers: with 2 threads under "
+                        "load, server CPU per token rose ~10x and tok/s varied 20x between identical runs")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--startup-timeout", type=float, default=240.0)
+    p.add_argument("--wait-load", type=float, default=None,
+                   help="before each server start, wait until the 1-minute load average is below this")
+    p.add_argument("--wait-load-timeout", type=float, default=600.0, help="longest wait for --wait-load, s")
+    p.add_argument("--log-dir", default=None, help="where server logs go (default: a new temporary directory)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.new_tokens = min(args.new_tokens, 512)
+        args.intervals = "16"
+        args.runs = min(args.runs, 2)
+        args.rounds = 1
+        args.overhead_tokens = min(args.overhead_tokens, 64)
+    args.intervals = [int(x) for x in str(args.intervals).split(",") if x.strip()]
+    if args.requests < 1 or args.requests > 256 or args.runs < 1 or args.rounds < 1:
+        p.error("--requests must be 1..256, --runs and --rounds >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from sgl_vtoken.tiny_model import ensure_tiny_model
+
+    model = Path(args.model_path) if args.model_path else ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="bench-eviction-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log(f"model {model}; server logs in {log_dir}")
+    meta = provenance()
+    emit({**meta, "loadavg_1m": loadavg(), "args": {k: v for k, v in vars(args).items()}})
+    log(f"plugin code: {meta['sgl_vtoken_source']} ({meta['plugin_code']})")
+    if args.part in ("capacity", "all"):
+        capacity(args, model, log_dir)
+    if args.part in ("overhead", "all"):
+        overhead(args, model, log_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
