@@ -4,10 +4,10 @@ The flags are added to SGLang's own parser (AFTER `ServerArgs.add_cli_args`), so
 `--help` and argparse rejects bad choices before any model loads. `ServerArgs.from_cli_args`
 keeps declared fields only, so the values are read from the parsed namespace (AFTER
 `from_cli_args`), validated into an `EvictConfig` together with the SGLang settings they depend
-on, and published as JSON in the environment variable `SGL_VTOKEN_CONFIG`: scheduler and
+on, and published as JSON in the environment variable `VTOKEN_CONFIG`: scheduler and
 detokenizer processes are spawned by the launcher and inherit it. The same dict also rides on the
 server args as `_vtoken_config` (underscore attributes survive pickling). Python `Engine(...)`
-users set `SGL_VTOKEN_CONFIG` themselves. Any invalid value or combination exits the launcher
+users set `VTOKEN_CONFIG` themselves. Any invalid value or combination exits the launcher
 with status 2 and a message that names the flag.
 """
 
@@ -23,8 +23,8 @@ from sgl_vtoken.config import ENV_VAR, RECLAIM_MODES, EvictConfig
 from sgl_vtoken.policies import POLICIES
 
 # Set by the launcher: why this server cannot evict per request ("" when it can).
-REFUSE_ENV_VAR = "SGL_VTOKEN_REFUSE"
-ATTN_REFUSE_ENV_VAR = "SGL_VTOKEN_REFUSE_ATTENTION"
+REFUSE_ENV_VAR = "VTOKEN_REFUSE"
+ATTN_REFUSE_ENV_VAR = "VTOKEN_REFUSE_ATTENTION"
 
 # Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys, and
 # attention probabilities recomputed next to each attention layer (`scores.py`).

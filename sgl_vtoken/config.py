@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Mapping
 
-ENV_VAR = "SGL_VTOKEN_CONFIG"
+ENV_VAR = "VTOKEN_CONFIG"
 RECLAIM_MODES = ("vtoken", "naive")
 AGGREGATIONS = ("sum", "max")
 SHARING_MODES = ("never", "consensus")
