@@ -15,6 +15,7 @@ class VTokenCounters:
     tokens_moved: int = 0
     bytes_moved: int = 0
     bytes_per_token: int = 0          # K and V of every layer of one token
+    running_evicting_requests: int = 0  # running requests under eviction (last step)
     live_tokens: int = 0              # live KV tokens of running evicting requests
     retained_pages: int = 0           # pages those requests hold
     fragmentation: float = 0.0        # 1 - live / (retained pages * page size)

@@ -19,6 +19,7 @@ HELP = {
     "tokens_moved": "Tokens whose K/V was moved by in-place compaction.",
     "bytes_moved": "Bytes of K/V moved by in-place compaction.",
     "bytes_per_token": "Bytes of K and V of one token, all layers.",
+    "running_evicting_requests": "Running requests under eviction.",
     "live_tokens": "Live KV tokens of running evicting requests.",
     "retained_pages": "KV pages held by running evicting requests.",
     "fragmentation": "1 - live tokens / (retained pages * page size) of running evicting requests.",

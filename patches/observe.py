@@ -29,7 +29,7 @@ def update_gauges(scheduler, batch) -> None:
         live += req.kv.kv_committed_len
         pages += num_pages(req.kv.kv_committed_len, st.cfg.page_size) + len(st.naive_pages)
     ps = max(1, getattr(scheduler, "page_size", 1))
-    c.live_tokens, c.retained_pages = live, pages
+    c.running_evicting_requests, c.live_tokens, c.retained_pages = running, live, pages
     c.fragmentation = 1.0 - live / (pages * ps) if pages else 0.0
     c.peak_running_requests = max(c.peak_running_requests, batch.batch_size())
     c.peak_retained_pages = max(c.peak_retained_pages, pages)

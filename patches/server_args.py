@@ -128,7 +128,14 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
     if policy == "none":
         if params or top:
             _fail("argument --kv-evict-config: needs --kv-evict other than 'none'")
-        return EvictConfig(page_size=page_size)
+        # No eviction by default; the other flags are the defaults of per-request `kv_evict`.
+        try:
+            return EvictConfig(budget=args.kv_budget, sink=args.kv_sink, window=args.kv_window,
+                               interval=args.kv_evict_interval, reclaim=args.kv_reclaim,
+                               page_size=page_size)
+        except ValueError as e:
+            m = re.search(r"EvictConfig\.(\w+)", str(e))
+            _fail(f"argument {FIELD_FLAGS.get(m.group(1), '--kv-evict') if m else '--kv-evict'}: {e}")
     problem = unsupported_reason(args)
     if problem:
         _fail(f"argument {problem[0]}: cannot be combined with --kv-evict {policy}: {problem[1]}")

@@ -68,6 +68,19 @@ def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
     assert needle in capsys.readouterr().err
 
 
+def test_flags_are_per_request_defaults_without_a_policy(parse):
+    """On a `--kv-evict none` server the other flags are what per-request `kv_evict` starts from."""
+    from sgl_vtoken.patches.request_options import resolve
+    from sgl_vtoken.patches.server_args import KV_EVICT_CHOICES
+
+    parse("--kv-budget", "96", "--kv-evict-interval", "16", "--kv-reclaim", "naive", "--page-size", "16")
+    server = EvictConfig.from_env()
+    assert not server.enabled
+    cfg = resolve(server, {"policy": "random"}, KV_EVICT_CHOICES)
+    assert (cfg.budget, cfg.interval, cfg.reclaim, cfg.page_size) == (96, 16, "naive", 16)
+    assert resolve(server, {"policy": "random", "budget": 64}, KV_EVICT_CHOICES).budget == 64
+
+
 def test_attention_policy_settings(parse):
     parse("--kv-evict", "scissorhands", "--kv-budget", "64", "--kv-window", "16",
           "--kv-evict-config", '{"history": 8, "obs_window": 4, "score_layers": [1]}')
