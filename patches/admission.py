@@ -100,6 +100,6 @@ def around_compute_max_prefix_len(original, req, input_len: int) -> int:
     its budget; the sinks lie inside the prefix, the window after it)."""
     limit = original(req, input_len)
     st = getattr(req, "vtoken", None)
-    if st is None:
+    if st is None or st.holed:  # holed radix cache: tree-owned tokens may leave the row
         return limit
     return min(limit, st.cfg.budget - st.cfg.window)

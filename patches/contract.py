@@ -38,6 +38,20 @@ EXPECTED_PARAMS = {
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object": ("self", "obj"),
     "sglang.srt.layers.radix_attention.RadixAttention.forward": ("self", "q", "k", "v", "forward_batch"),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": ("self", "page_ids"),
+    # radix.py: the RadixCache methods HoledRadixCache overrides or calls, and the registry
+    "sglang.srt.mem_cache.registry.register_radix_cache_backend": ("name", "factory"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache.match_prefix": ("self", "params"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache.checkpoint": ("self", "req"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache.evict": ("self", "params"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache.inc_lock_ref": ("self", "node"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache.dec_lock_ref": ("self", "node", "params"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache._insert_helper": ("self", "node", "key", "value", "priority", "inserted_len"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache._split_node": ("self", "key", "child", "split_len"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache._delete_leaf": ("self", "node"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache._match_prefix_helper": ("self", "node", "key"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache.all_values_flatten": ("self",),
+    "sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.prefix_device_indices": ("self", "req"),
+    "sglang.srt.managers.schedule_batch.Req.refresh_fill_ids": ("self",),
 }
 # Module globals and attributes we read or set (module path, attribute).
 EXPECTED_GLOBALS = (("sglang.srt.layers.rotary_embedding.base", "_is_cpu"),)

@@ -10,8 +10,9 @@ length stays in row coordinates (DESIGN rule 1): after an eviction of `d` tokens
     0                     cpl                L    0            cpl           budget
     logical position of row index j: kept_pos[j] for j < m (at the last eviction), j + offset after
 
-Tree-owned slots are never freed or moved (rule 2); the policy sees them as shared and keeps
-them. Page size 1: the row is compacted and dead slots freed. Page size > 1: kept private tokens
+Tree-owned slots are never freed or moved (rule 2). With compacted-history reuse (`radix.py`,
+page size 1) the policy may drop them from the row, which then stops using them; otherwise it
+sees them as shared and keeps them. Page size 1: the row is compacted and dead slots freed. Page size > 1: kept private tokens
 move down onto the request's own pages (`dst <= src`, one all-layer KV move) and whole pages
 are freed (rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
 held by the request (see `held.py`).
@@ -25,14 +26,16 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.planner import plan_eviction
+from array import array
+
+from sgl_vtoken.planner import drop_tree_rows, plan_eviction
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
 from sgl_vtoken.kernels import repack_kv_
 
-from . import held
+from . import held, radix
 from .counters import counters_of
 from .scores import fold_staged, tp_gather
 
@@ -53,6 +56,15 @@ class ReqEvictState:
     accumulator: object = None                 # attention statistics (H2O, TOVA, Scissorhands)
     staged: torch.Tensor | None = None         # [q, n, layers, kv_heads] of the last forward
     staged_lengths: torch.Tensor | None = None
+    holed: bool = False                        # stores and reuses compacted histories (radix.py)
+    logical_prompt: array | None = None        # the prompt's ids while the request holds a view's
+    hit: tuple | None = None                   # (node, slots) of the stored view it continues
+    attach: int = 0                            # logical prefix whose KV is hole-free, full attention
+
+    def logical_ids(self, req) -> array:
+        """The request's logical token ids (prompt + output), whatever its row holds."""
+        prompt = req.origin_input_ids if self.logical_prompt is None else self.logical_prompt
+        return array("q", prompt) + array("q", req.output_ids)
 
     def positions(self, row_len: int) -> torch.Tensor:
         """``[row_len] int64`` logical position of every live row entry."""
@@ -69,7 +81,8 @@ class ReqEvictState:
 
 def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
     policy = policy_from_config(cfg)
-    st = ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), accumulator=policy.new_accumulator())
+    st = ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), accumulator=policy.new_accumulator(),
+                       holed=radix.history_enabled(cfg))
     st.report.update(policy=cfg.policy, budget=cfg.budget, evicted_tokens=0, live_tokens=None,
                      pages_freed=0, evictions=0)
     return st
@@ -121,6 +134,10 @@ def _gather_keys(pool, slots: torch.Tensor) -> torch.Tensor:
 def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     """Evict one request down to its budget; returns the number of tokens evicted."""
     cfg, kv = st.cfg, req.kv
+    if st.holed and st.steps == 0 and st.hit is None:
+        # The prompt's KV is full attention: share it before the first eviction (under the overlap
+        # scheduler the prefill checkpoint may not have landed yet; it is a no-op after this).
+        scheduler.tree_cache.checkpoint(req, up_to=req.extend_end)
     assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
         f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
     req_to_token = scheduler.req_to_token_pool.req_to_token
@@ -136,12 +153,16 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     attn = st.accumulator.stats if st.accumulator is not None else None
     if attn is not None and attn.shape[0] != row_len:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
-    view = TokenView(positions=positions, keys=keys, attn=attn, shared=torch.arange(row_len) < cpl,
-                     rid=st.rid, step=st.steps)
+    shared = None if st.holed else torch.arange(row_len) < cpl
+    view = TokenView(positions=positions, keys=keys, attn=attn, shared=shared, rid=st.rid, step=st.steps)
     keep = st.policy.keep(view, cfg.budget)
     if st.accumulator is not None:
         st.accumulator.select(keep)
-    plan = plan_eviction(row, keep, cpl=cpl, page_size=cfg.page_size)
+    dropped, row_keep = 0, keep
+    if st.holed and cpl:
+        row, row_keep, new_cpl = drop_tree_rows(row, keep, cpl)
+        dropped, cpl = cpl - new_cpl, new_cpl
+    plan = plan_eviction(row, row_keep, cpl=cpl, page_size=cfg.page_size)
     device = row_dev.device
     if plan.num_moved:
         # GPU (DESIGN rule 7): move on the stream that runs forwards, after the in-flight forward
@@ -149,7 +170,11 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
         stream = getattr(scheduler, "forward_stream_ctx", None) if device.type == "cuda" else None
         with stream or nullcontext():
             repack_kv_(pool.k_buffer, pool.v_buffer, plan.src.to(device), plan.dst.to(device))
-    if plan.row_slots.numel():
+    if dropped:  # the whole view moves down: rewrite the row from 0
+        new_row = torch.cat([row[:plan.row_start], plan.row_slots])
+        req_to_token[kv.req_pool_idx, :plan.new_len] = new_row.to(device, req_to_token.dtype)
+        kv.cache_protected_len = cpl
+    elif plan.row_slots.numel():
         req_to_token[kv.req_pool_idx, plan.row_start:plan.new_len] = plan.row_slots.to(
             device, req_to_token.dtype)
     kept_pos = positions[keep]
@@ -162,13 +187,13 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
         else:
             allocator.free_page_ids(freed.to(device))
 
-    evicted = plan.num_evicted
+    evicted = plan.num_evicted + dropped
     st.kept_pos = kept_pos
     st.offset += evicted
     st.steps += 1
     st.pages_freed += int(freed.numel())
-    st.report.update(evicted_tokens=st.offset, live_tokens=plan.new_len, pages_freed=st.pages_freed,
-                     evictions=st.steps)
+    st.report.update(evicted_tokens=st.report["evicted_tokens"] + evicted, live_tokens=plan.new_len,
+                     pages_freed=st.pages_freed, evictions=st.steps)
     kv.kv_committed_len -= evicted
     kv.kv_allocated_len -= evicted
     c = counters_of(scheduler)

@@ -2,7 +2,7 @@
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import admission, attention, cpu, held, observe, request_options, runtime, scores, server_args
+from . import admission, attention, cpu, held, observe, radix, request_options, runtime, scores, server_args
 
 A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
@@ -44,3 +44,6 @@ def register() -> None:
     for target, hook, hook_type in HOOKS:
         HookRegistry.register(target, hook, hook_type)
     attention.register_attention_backend()
+    from sglang.srt.mem_cache.registry import register_radix_cache_backend
+
+    register_radix_cache_backend(radix.NAME, radix.factory)

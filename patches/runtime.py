@@ -31,7 +31,8 @@ def after_req_init(result, req, rid, *args, **kwargs):
     cfg = request_config(server_config(), req.sampling_params)
     if cfg.enabled:
         req.vtoken = new_state(cfg, rid)
-        req.skip_radix_cache_insert = True
+        # The holed radix cache (radix.py) inserts compacted rows correctly; others must not.
+        req.skip_radix_cache_insert = not req.vtoken.holed
         req.customized_info = {observe.META_KEY: [req.vtoken.report]}
 
 
@@ -39,6 +40,9 @@ def after_reset_for_retract(result, req):
     """AFTER `Req.reset_for_retract`: the request is re-prefilled from its ids, full attention."""
     st = getattr(req, "vtoken", None)
     if st is not None:
+        if st.logical_prompt is not None:  # it held a stored view: back to its logical ids
+            req.origin_input_ids, st.logical_prompt, st.hit = st.logical_prompt, None, None
+            req.refresh_fill_ids()
         st.reset()
 
 

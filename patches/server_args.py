@@ -33,7 +33,7 @@ SERVED_NEEDS = {"keys", "attn"}
 KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs) <= SERVED_NEEDS))
 ATTENTION_POLICIES = tuple(n for n, cls in POLICIES.items() if "attn" in cls.needs)
 # Settings that are the server's, not the policy's, inside --kv-evict-config.
-SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers")
+SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers", "reuse_history")
 
 # EvictConfig field -> the flag that sets it (error messages name the flag).
 FIELD_FLAGS = {
@@ -41,6 +41,7 @@ FIELD_FLAGS = {
     "interval": "--kv-evict-interval", "reclaim": "--kv-reclaim", "params": "--kv-evict-config",
     "page_size": "--page-size", "seed": "--kv-evict-config", "aggregation": "--kv-evict-config",
     "obs_window": "--kv-evict-config", "score_layers": "--kv-evict-config",
+    "reuse_history": "--kv-evict-config",
 }
 
 # (server-args attribute, predicate of an unsupported value, flag, why) checked with eviction on.
@@ -80,7 +81,8 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
     g.add_argument("--kv-evict-config", type=str, default=None,
                    help="JSON object of policy parameters, e.g. '{\"seed\": 1}', "
                         "'{\"aggregation\": \"max\"}', '{\"history\": 16}' (scissorhands), "
-                        "'{\"obs_window\": 32, \"score_layers\": [0, 1]}' (attention policies).")
+                        "'{\"obs_window\": 32, \"score_layers\": [0, 1]}' (attention policies), "
+                        "'{\"reuse_history\": false}' (no compacted-history reuse across turns).")
 
 
 def unsupported_reason(args) -> tuple[str, str] | None:
@@ -154,11 +156,29 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         _fail(f"argument {flag}: {e}")
 
 
+def select_radix_backend(server_args, cfg: EvictConfig) -> None:
+    """The holed radix cache (`radix.py`) serves compacted-history reuse: chosen automatically
+    with eviction at page size 1, refused explicitly where it cannot run."""
+    from .radix import NAME
+
+    page_size = getattr(server_args, "page_size", None) or 1
+    backend = getattr(server_args, "radix_cache_backend", None)
+    if backend == NAME:
+        if page_size != 1:
+            _fail(f"argument --radix-cache-backend: {NAME} needs --page-size 1 (got {page_size})")
+        if getattr(server_args, "disable_radix_cache", False):
+            _fail(f"argument --radix-cache-backend: {NAME} cannot run with --disable-radix-cache")
+    elif backend is None and cfg.enabled and page_size == 1 and \
+            not getattr(server_args, "disable_radix_cache", False):
+        server_args.radix_cache_backend = NAME
+
+
 def from_cli_args(result, cls, args: argparse.Namespace):
     """AFTER `ServerArgs.from_cli_args(args)` (a classmethod): validate and publish the settings."""
     from .contract import check_hooks_applied
 
     cfg = config_from_namespace(args)
+    select_radix_backend(result, cfg)
     missing = check_hooks_applied()
     if missing and cfg.enabled:
         _fail(f"--kv-evict {cfg.policy}: sgl-vtoken hooks are not in place ({'; '.join(missing)}); "

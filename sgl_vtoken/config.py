@@ -55,6 +55,8 @@ class EvictConfig:
         obs_window: attention policies: prompt queries whose attention seeds the statistics at
             prefill (the last `obs_window`, SnapKV-style).
         score_layers: attention policies: layer ids whose attention is scored (None: all).
+        reuse_history: a finished request leaves its compacted history in the radix cache, and a
+            next turn that extends it continues from it instead of re-prefilling (page size 1).
     """
 
     policy: str = DISABLED
@@ -73,6 +75,7 @@ class EvictConfig:
     free_watermark: float = 0.1
     obs_window: int = 16
     score_layers: tuple[int, ...] | None = None
+    reuse_history: bool = True
 
     def __post_init__(self) -> None:
         from sgl_vtoken.policies import POLICIES  # lazy: policies import nothing from here
@@ -100,6 +103,8 @@ class EvictConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"EvictConfig.{name} must be a number in [0, 1] (got {value!r})")
+        if not isinstance(self.reuse_history, bool):
+            raise ValueError(f"EvictConfig.reuse_history must be true or false (got {self.reuse_history!r})")
         if not isinstance(self.params, Mapping):
             raise ValueError(f"EvictConfig.params must be a JSON object (got {self.params!r})")
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
@@ -144,6 +149,13 @@ class EvictConfig:
         if "seed" in {f.name for f in fields(POLICIES[self.policy])}:
             kwargs.setdefault("seed", self.seed)
         return kwargs
+
+    def history_namespace(self) -> str:
+        """Radix-cache namespace of compacted histories: every setting that changes their KV."""
+        params = json.dumps(dict(self.params), sort_keys=True)
+        return (f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
+                f":i{self.interval}:p{self.page_size}:seed{self.seed}:{self.aggregation}"
+                f":o{self.obs_window}:l{self.score_layers}:{params}")
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -151,3 +151,23 @@ def _check_keep(keep: torch.Tensor, L: int, cpl: int, ps: int) -> None:
     if int((keep < cpl).sum()) != cpl:
         raise ValueError(f"keep must include every tree-owned row [0, {cpl}): a request may not "
                          f"free or move slots it does not own")
+
+
+def drop_tree_rows(row: torch.Tensor, keep: torch.Tensor, cpl: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Drop tree-owned victims from a row's view before planning (page size 1 only).
+
+    Tree-owned slots are never freed by the request (the radix tree owns them): a tree-owned
+    victim only leaves the row. The kept tree-owned slots stay a prefix of the row::
+
+        row   | t0 t1 t2 t3 | p0 p1 p2 |    keep = {t0, t2, p0, p2}, cpl = 4
+        view  | t0 t2 | p0 p1 p2 |         cpl' = 2, keep' = {0, 1, 2, 4}
+
+    Returns ``(row', keep', cpl')`` for :func:`plan_eviction`, whose plan then covers the
+    private part; the caller writes ``row'[:cpl']`` into the row when ``cpl' < cpl``.
+    """
+    tree_keep = keep[keep < cpl]
+    new_cpl = int(tree_keep.numel())
+    view = torch.cat([row[tree_keep], row[cpl:]])
+    priv = keep[keep >= cpl] - cpl + new_cpl
+    return view, torch.cat([torch.arange(new_cpl, device=keep.device, dtype=keep.dtype), priv]), new_cpl

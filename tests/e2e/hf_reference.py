@@ -36,18 +36,36 @@ def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfi
     at t attends to the row plus itself. The first `tree_owned` tokens came from the radix cache
     (another request's prompt): the policy must keep them.
     """
+    out, row, _ = masked_turn(model, prompt, max_new_tokens, cfg, rid, tree_owned)
+    return out, row
+
+
+@torch.no_grad()
+def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig, rid: str = "",
+                tree_owned: int = 0, history: tuple | None = None):
+    """:func:`masked_greedy` for one turn of a conversation; returns (tokens, row, history).
+
+    `history` is the previous turn's return value: the per-token masks of every token with KV,
+    and the view the server stored when that turn finished (the kept row after its last forward).
+    `prompt` extends that history; its tokens past the history attend to the view plus themselves
+    (causally), as when the server continues from the stored view.
+    """
     policy = policy_from_config(cfg) if cfg.enabled else None
     acc = policy.new_accumulator() if policy is not None else None
     ids = list(prompt)
-    allowed = [list(range(i + 1)) for i in range(len(prompt))]
-    row = list(range(len(prompt)))
+    start = 0 if history is None else len(history[0])
+    view = [] if history is None else list(history[1])
+    allowed = [] if history is None else [list(a) for a in history[0]]
+    allowed += [view + list(range(start, i + 1)) for i in range(start, len(prompt))]
+    row = view + list(range(start, len(prompt)))
     out, steps = [], 0
     for k in range(max_new_tokens):
         res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
                     output_attentions=acc is not None)
         if acc is not None:
             # Queries scored by this forward: the prompt's observation window, then the new token.
-            queries = row[-min(cfg.obs_window, len(row)):] if k == 0 else [len(ids) - 1]
+            window = min(cfg.obs_window, len(prompt) - start)
+            queries = list(range(len(prompt) - window, len(prompt))) if k == 0 else [len(ids) - 1]
             block, lengths = _group_probs(res.attentions, queries, row, model.config, cfg)
             acc.update(block, lengths)
         nxt = int(res.logits[0, -1].argmax())
@@ -72,7 +90,7 @@ def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfi
             steps += 1
         row.append(t)
         allowed.append(list(row))
-    return out, row
+    return out, row, (allowed[:-1], allowed[-2])
 
 
 def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig):

@@ -95,3 +95,15 @@ def test_config_is_frozen_and_params_immutable():
         cfg.budget = 3
     with pytest.raises(TypeError):
         cfg.params["history"] = 9
+
+
+def test_history_namespace_names_every_setting_that_changes_the_kv():
+    base = EvictConfig(policy="streamingllm", budget=64)
+    others = [EvictConfig(policy="random", budget=64), EvictConfig(policy="streamingllm", budget=65),
+              EvictConfig(policy="streamingllm", budget=64, sink=8),
+              EvictConfig(policy="streamingllm", budget=64, window=4),
+              EvictConfig(policy="streamingllm", budget=64, interval=2)]
+    assert len({base.history_namespace(), *(c.history_namespace() for c in others)}) == 6
+    assert base.history_namespace() == EvictConfig(policy="streamingllm", budget=64).history_namespace()
+    with pytest.raises(ValueError, match="reuse_history must be true or false"):
+        EvictConfig(policy="streamingllm", budget=64, reuse_history="yes")

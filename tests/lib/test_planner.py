@@ -81,3 +81,18 @@ def test_keep_everything_is_a_no_op():
     p = plan_eviction(ROW, torch.arange(14), page_size=4)
     assert p.num_moved == 0 and p.num_freed_pages == 0 and p.row_slots.numel() == 0
     assert p.new_len == 14
+
+
+def test_tree_owned_victims_leave_the_view_only():
+    """drop_tree_rows: kept tree-owned slots stay a row prefix; tree victims are neither freed
+    nor moved; the private plan frees exactly the private victims."""
+    from sgl_vtoken.planner import drop_tree_rows
+
+    row = torch.tensor([10, 11, 12, 13, 20, 21, 22])
+    keep = torch.tensor([0, 2, 4, 6])                          # cpl = 4: t0 t2 kept, t1 t3 dropped
+    view, keep2, cpl2 = drop_tree_rows(row, keep, cpl=4)
+    assert view.tolist() == [10, 12, 20, 21, 22] and keep2.tolist() == [0, 1, 2, 4] and cpl2 == 2
+    plan = plan_eviction(view, keep2, cpl=cpl2, page_size=1)
+    assert plan.freed_pages.tolist() == [21] and plan.num_moved == 0
+    new_row = torch.cat([view[:plan.row_start], plan.row_slots])
+    assert new_row.tolist() == [10, 12, 20, 22]

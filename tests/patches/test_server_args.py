@@ -128,3 +128,29 @@ def test_launcher_fails_fast_on_bogus_policy(tiny_model, entry):
     assert ("argument --kv-evict: invalid choice: 'bogus' (choose from 'none', 'streamingllm', "
             "'random', 'knorm', 'h2o', 'tova', 'scissorhands')") in proc.stderr
     assert "Load weight" not in proc.stdout + proc.stderr
+
+
+def test_holed_radix_cache_is_chosen_with_eviction_at_page_size_one(parse):
+    assert parse("--kv-evict", "streamingllm", "--kv-budget", "64").radix_cache_backend == "vtoken"
+    assert parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--page-size", "16"
+                 ).radix_cache_backend is None
+    assert parse().radix_cache_backend is None  # no server policy: stock cache unless asked
+    assert parse("--radix-cache-backend", "vtoken").radix_cache_backend == "vtoken"
+    args = parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-config",
+                 '{"reuse_history": false}')
+    assert EvictConfig.from_dict(args._vtoken_config).reuse_history is False
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--radix-cache-backend", "vtoken", "--page-size", "16"],
+     "argument --radix-cache-backend: vtoken needs --page-size 1"),
+    (["--radix-cache-backend", "vtoken", "--disable-radix-cache"],
+     "argument --radix-cache-backend: vtoken cannot run with --disable-radix-cache"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-config", '{"reuse_history": 1}'],
+     "argument --kv-evict-config: EvictConfig.reuse_history must be true or false"),
+])
+def test_holed_radix_cache_refusals_name_the_flag(parse, capsys, flags, needle):
+    with pytest.raises(SystemExit) as e:
+        parse(*flags)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err

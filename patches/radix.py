@@ -1,0 +1,275 @@
+"""Radix cache with holes: an evicting request leaves its compacted history in the tree when it
+finishes, and a next turn that extends that history continues from it (page size 1).
+
+Registered as `--radix-cache-backend vtoken` (chosen automatically with `--kv-evict` at page
+size 1). It is SGLang's Python `RadixCache` plus:
+
+    key     the full logical token ids (evicted tokens' ids stay: kept tokens' KV depends on them)
+    value   one slot per logical position, -1 where the token was evicted (a hole)
+    space   hole-free prefix (shared by everyone) -> holed suffix under the namespace
+            `extra_key|EvictConfig.history_namespace()` (other settings never see it)
+    view    the node where a history ends records the finishing row: (positions, slots)
+
+    turn 1  | system prompt (hole-free) | user . . reply . . |      "." evicted, -1 in the value
+    turn 2  matches the turn-1 view: row = view slots, prefill = the new tokens only,
+            RoPE offset = logical length - view length; evicting drops old tokens from the view
+
+Sizes count live slots, so SGLang's pool checkers hold. A finished history "punches" the live
+slots of its older holed ancestors that nobody else can reach (one child, locked only by it).
+Only requests under eviction at page size 1 with `reuse_history` take the holed paths; every
+other request is served exactly as by `RadixCache`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from array import array
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefResult, EvictResult,
+                                                     IncLockRefResult, MatchPrefixParams,
+                                                     MatchResult)
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+NAME = "vtoken"
+_active = False  # this process serves from a HoledRadixCache
+
+
+def history_enabled(cfg) -> bool:
+    """Whether a request under `cfg` stores and reuses compacted histories in this process."""
+    return _active and cfg.enabled and cfg.page_size == 1 and cfg.reuse_history
+
+
+def factory(ctx):
+    """`register_radix_cache_backend` factory."""
+    global _active
+    for bad, why in ((ctx.disable_radix_cache, "--disable-radix-cache"),
+                     (ctx.is_hybrid_swa or ctx.is_hybrid_ssm, "hybrid SWA / Mamba models"),
+                     (ctx.enable_hierarchical_cache, "--enable-hierarchical-cache")):
+        if bad:
+            raise ValueError(f"--radix-cache-backend {NAME} cannot run with {why}")
+    if ctx.params.page_size != 1:
+        raise ValueError(f"--radix-cache-backend {NAME} needs --page-size 1 "
+                         f"(got {ctx.params.page_size})")
+    _active = True
+    return HoledRadixCache(ctx.params)
+
+
+def _live(node) -> int:
+    live = getattr(node, "vt_live", None)
+    return len(node.key) if live is None else live
+
+
+def _namespace(req, st) -> str:
+    return f"{req.extra_key or ''}|{st.cfg.history_namespace()}"
+
+
+class HoledRadixCache(RadixCache):
+    """`RadixCache` whose holed nodes (attribute `vt_live`) count only live slots."""
+
+    # --- sizes count live slots -----------------------------------------------------------------
+    def inc_lock_ref(self, node) -> IncLockRefResult:
+        delta = 0
+        while node != self.root_node:
+            if node.lock_ref == 0:
+                n = _live(node)
+                self.evictable_size_ -= n
+                self.protected_size_ += n
+                delta -= n
+            node.lock_ref += 1
+            self._update_leaf_status(node)
+            node = node.parent
+        return IncLockRefResult(delta=delta)
+
+    def dec_lock_ref(self, node, params=None) -> DecLockRefResult:
+        delta = 0
+        while node != self.root_node:
+            if node.lock_ref == 1:
+                n = _live(node)
+                self.evictable_size_ += n
+                self.protected_size_ -= n
+                delta += n
+            node.lock_ref -= 1
+            self._update_leaf_status(node)
+            node = node.parent
+        return DecLockRefResult(delta=delta)
+
+    def _insert_helper(self, node, key, value, priority=0, inserted_len=0):
+        prefix_len, last = super()._insert_helper(node, key, value, priority, inserted_len)
+        if prefix_len < len(key) and self._holed_insert:  # `last` is the new node
+            last.vt_live = int((last.value >= 0).sum())
+            self.evictable_size_ -= len(last.key) - last.vt_live
+        return prefix_len, last
+
+    def _split_node(self, key, child, split_len):
+        new_node = super()._split_node(key, child, split_len)
+        if getattr(child, "vt_live", None) is not None:
+            new_node.vt_live = int((new_node.value >= 0).sum())
+            child.vt_live = int((child.value >= 0).sum())
+        return new_node
+
+    def _delete_leaf(self, node):
+        super()._delete_leaf(node)
+        self.evictable_size_ += len(node.key) - _live(node)
+
+    def evict(self, params) -> EvictResult:
+        start = time.perf_counter()
+        heap = [(self.eviction_strategy.get_priority(n), n) for n in self.evictable_leaves]
+        heapq.heapify(heap)
+        evicted = 0
+        while evicted < params.num_tokens and heap:
+            _, x = heapq.heappop(heap)
+            live = x.value[x.value >= 0]
+            self.token_to_kv_pool_allocator.free(live)
+            evicted += int(live.numel())
+            self._delete_leaf(x)
+            if len(x.parent.children) == 0 and x.parent.lock_ref == 0:
+                heapq.heappush(heap, (self.eviction_strategy.get_priority(x.parent), x.parent))
+            self.kv_events.record_remove(x)
+        self.update_eviction_metrics(evicted, start)
+        return EvictResult(num_tokens_evicted=evicted)
+
+    def total_size(self):
+        return int(self.all_values_flatten().numel())
+
+    def all_values_flatten(self):
+        values = super().all_values_flatten()
+        return values[values >= 0]
+
+    # --- matching -------------------------------------------------------------------------------
+    _holed_insert = False
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        req = params.req
+        st = getattr(req, "vtoken", None) if req is not None else None
+        if st is None or not st.holed:
+            return super().match_prefix(params)
+        logical = _restore(req, st)
+        limit = req._compute_max_prefix_len(len(logical))
+        result = super().match_prefix(MatchPrefixParams(
+            key=RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)))
+        st.attach = len(logical)
+        if req.output_ids or (req.return_logprob and req.logprob_start_len >= 0):
+            return result  # retracted (re-prefilled whole) or asks for input logprobs
+        found = self._find_view(result.last_device_node, logical, limit, _namespace(req, st))
+        if found is None or found[1] <= result.device_prefix_len:
+            return result
+        node, depth = found
+        positions, slots = node.vt_view
+        _adopt(req, st, logical, positions, depth)
+        st.hit, st.attach = (node, slots), node.vt_attach
+        return MatchResult(device_prefix_len=len(positions), last_device_node=node,
+                           last_host_node=node, best_match_node=node)
+
+    def prefix_device_indices(self, req) -> torch.Tensor:
+        hit = getattr(getattr(req, "vtoken", None), "hit", None)
+        if hit is not None and req.last_node is hit[0]:
+            return hit[1]
+        return super().prefix_device_indices(req)
+
+    def _find_view(self, last, logical: array, limit: int, ns: str):
+        """(node, logical depth) of the deepest stored view that `logical[:limit]` extends."""
+        chain = []
+        while last is not None:
+            chain.append(last)
+            last = last.parent
+        best, depth = None, 0
+        for node in reversed(chain):
+            depth += len(node.key) if node is not self.root_node else 0
+            if depth >= limit:
+                break
+            key = RadixKey(logical[depth:limit], ns)
+            now = time.monotonic()
+            d = depth
+            while len(key):
+                child = node.children.get(key.child_key(self.page_size))
+                if child is None or child.key.match(key) < len(child.key):
+                    break
+                child.last_access_time = now
+                d, key, node = d + len(child.key), key[len(child.key):], child
+                if getattr(node, "vt_view", None) is not None and (best is None or d > best[1]):
+                    best = (node, d)
+        return best
+
+    # --- inserting ------------------------------------------------------------------------------
+    def checkpoint(self, req, *, up_to: int):
+        st = getattr(req, "vtoken", None)
+        if st is None or not st.holed:
+            return super().checkpoint(req, up_to=up_to)
+        if st.steps == 0 and st.hit is None:
+            return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
+        if req.finished():
+            self._insert_history(req, st, up_to)
+
+    def _insert_history(self, req, st, row_len: int) -> None:
+        """Insert the finished row `[0, row_len)` with holes; the tree then owns all of it."""
+        logical = st.logical_ids(req)
+        slots = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
+        positions = st.positions(row_len).to(slots.device)
+        total = row_len + st.offset
+        head_key = RadixKey(logical[:min(st.attach, total)], req.extra_key, cache_salt=req.cache_salt)
+        values, attach_node = (self._match_prefix_helper(self.root_node, head_key) if len(head_key)
+                               else ([], self.root_node))
+        attach = sum(len(v) for v in values)
+        if attach >= total:
+            return
+        path = torch.cat(values) if values else slots[:0]
+        head = positions < attach
+        ok = bool((path[positions[head]] == slots[head]).all())
+        key = RadixKey(logical[attach:total], _namespace(req, st), cache_salt=req.cache_salt)
+        old, _ = self._match_prefix_helper(attach_node, key)
+        known = torch.cat(old) if old else slots[:0]
+        mid = ~head & (positions < attach + known.numel())
+        ok = ok and bool((known[positions[mid] - attach] == slots[mid]).all())
+        if not ok:
+            return  # another row's KV or holes at these positions: keep the row private
+        value = torch.full((total - attach,), -1, dtype=torch.int64, device=slots.device)
+        value[positions[~head] - attach] = slots[~head]
+        self._holed_insert = True
+        try:
+            _, node = self._insert_helper(attach_node, key, value, req.priority or 0)
+        finally:
+            self._holed_insert = False
+        node.vt_view, node.vt_attach = (positions.clone(), slots.clone()), attach
+        self.unlock(req.lock)
+        req.lock = self.lock(node)
+        req.last_node = node
+        req.kv.cache_protected_len = row_len
+        self._punch(node)
+
+    def _punch(self, node) -> None:
+        """Free the live slots of `node`'s holed ancestors that its view does not use and that no
+        other row or view can reach (a chain locked only by `node`'s holder)."""
+        keep = node.vt_view[1]
+        a = node.parent
+        while getattr(a, "vt_live", None) is not None and a.lock_ref == 1 and len(a.children) == 1:
+            a.vt_view = None
+            dead = (a.value >= 0) & ~torch.isin(a.value, keep)
+            n = int(dead.sum())
+            if n:
+                self.token_to_kv_pool_allocator.free(a.value[dead])
+                a.value[dead] = -1
+                a.vt_live -= n
+                self.protected_size_ -= n
+            a = a.parent
+
+
+def _restore(req, st) -> array:
+    """Undo a previous round's match: logical ids back in the request; returns them."""
+    if st.logical_prompt is not None:
+        req.origin_input_ids = st.logical_prompt
+        st.logical_prompt, st.hit = None, None
+        st.kept_pos, st.offset = st.kept_pos[:0], 0
+    req.refresh_fill_ids()
+    return req.full_untruncated_fill_ids
+
+
+def _adopt(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+    """Continue from a stored view: the request's ids become the view's ids + the new ids (row
+    coordinates), its positions those of the view, then `depth` onwards."""
+    st.logical_prompt = req.origin_input_ids
+    req.origin_input_ids = array("q", (logical[p] for p in positions.tolist())) + logical[depth:]
+    req.refresh_fill_ids()
+    st.kept_pos, st.offset = positions.clone(), depth - len(positions)
+    st.report.update(history_tokens=depth, history_view_tokens=len(positions))

@@ -1,0 +1,105 @@
+"""Multi-turn sessions continue from their compacted history (`--radix-cache-backend vtoken`, page
+size 1): each turn prefills only its new tokens, the output equals a Hugging Face reference that
+runs the whole conversation with the same masking, other requests never see a holed history,
+and the pool stays whole under SGLang's checkers."""
+
+import random
+import threading
+
+import pytest
+
+from conftest import MEMORY_CHECKS
+from hf_reference import masked_greedy, masked_turn
+from sgl_vtoken.config import EvictConfig
+from test_eviction import generate, hf_eager, random_ids, wait_pool_free  # noqa: F401
+
+pytestmark = pytest.mark.server
+
+BUDGET, SINK = 48, 4
+FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-sink", str(SINK))
+
+
+@pytest.fixture(scope="module")
+def client(server_factory):
+    return server_factory(page_size=1, extra=FLAGS, env=MEMORY_CHECKS)
+
+
+def run_session(client, first, messages, n, policy, rid):
+    """Turns of one conversation: each prompt is the previous prompt + reply + a new message."""
+    prompt, turns = list(first), []
+    for k, message in enumerate([[]] + messages):
+        if k:
+            prompt = prompt + turns[-1]["output_ids"] + message
+        out = generate(client, prompt, n, f"{rid}-{k}", {"policy": policy, "budget": BUDGET})
+        turns.append({"prompt": prompt, **out})
+    return turns
+
+
+@pytest.mark.parametrize("policy", ["streamingllm", "random"])
+def test_six_turns_continue_from_compacted_history_exactly(client, hf_eager, policy):
+    """fp32, interval 1: every turn matches the previous turn's stored view (cached_tokens = its
+    live tokens), prefills only the new tokens, and generates exactly what HF generates when it
+    runs the whole conversation with the same masks; re-prefilling the history would differ."""
+    rng = random.Random(7)
+    first = random_ids(30, seed=70)
+    messages = [[rng.randrange(10, 2000) for _ in range(rng.randrange(5, 12))] for _ in range(5)]
+    n = 24
+    turns = run_session(client, first, messages, n, policy, f"hist-{policy}")
+    cfg = EvictConfig(policy=policy, budget=BUDGET, sink=SINK)
+    history = None
+    for k, turn in enumerate(turns):
+        expected, _, new_history = masked_turn(hf_eager, turn["prompt"], n, cfg,
+                                               rid=f"hist-{policy}-{k}", history=history)
+        assert turn["output_ids"] == expected, f"turn {k}"
+        meta, report = turn["meta_info"], turn["meta_info"]["kv_evict"][0]
+        if k:
+            view, known = len(history[1]), len(history[0])
+            assert report["history_tokens"] == known and report["history_view_tokens"] == view
+            assert meta["cached_tokens"] == view
+            assert meta["prompt_tokens"] - meta["cached_tokens"] == len(turn["prompt"]) - known
+        history = new_history
+    last = turns[-1]
+    full, _ = masked_greedy(hf_eager, last["prompt"], n, cfg, rid=f"hist-{policy}-5")
+    assert full != last["output_ids"]  # a re-prefill of the whole history is another semantics
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+
+
+def test_requests_without_eviction_never_see_holed_histories(client, hf_eager):
+    """On the same server, an opted-out request whose prompt extends a stored compacted history
+    is computed with full attention (bit-identical to HF), and repeats hit the prefix cache."""
+    turns = run_session(client, random_ids(30, seed=80), [[5, 6, 7, 8]], 24, "streamingllm", "plain")
+    assert turns[1]["meta_info"]["cached_tokens"] > 0  # the evicting session reused its history
+    prompt = turns[1]["prompt"]
+    full, _ = masked_greedy(hf_eager, prompt, 16, EvictConfig())
+    for attempt in range(2):
+        out = generate(client, prompt, 16, f"plain-optout-{attempt}", {"policy": "none"})
+        assert out["output_ids"] == full and "kv_evict" not in out["meta_info"]
+    assert out["meta_info"]["cached_tokens"] == len(prompt) - 1  # normal prefix hit on the repeat
+
+
+def test_concurrent_sessions_share_the_system_prompt_without_leaks(client):
+    """8 sessions x 4 turns at once, sharing a 200-token system prompt: every later turn reuses
+    its history, the pool is whole afterwards, and SGLang's checkers stay quiet."""
+    system = random_ids(200, seed=90)
+    generate(client, system + [1, 2], 24, "warm-system", {"policy": "streamingllm", "budget": BUDGET})
+    results = [None] * 8
+
+    def one(i):
+        rng = random.Random(i)
+        msgs = [[rng.randrange(10, 2000) for _ in range(8)] for _ in range(3)]
+        results[i] = run_session(client, system + [3 + i], msgs, 20, "streamingllm", f"conc-{i}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    for turns in results:
+        assert turns[0]["meta_info"]["cached_tokens"] >= 200  # the shared system prompt
+        assert all(t["meta_info"]["cached_tokens"] == t["meta_info"]["kv_evict"][0]["history_view_tokens"]
+                   for t in turns[1:])
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    log = client.server.log_text()
+    assert "Traceback" not in log and "leak" not in log.lower()
