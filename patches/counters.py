@@ -21,6 +21,9 @@ class VTokenCounters:
     fragmentation: float = 0.0        # 1 - live / (retained pages * page size)
     peak_running_requests: int = 0    # largest decode batch seen
     peak_retained_pages: int = 0      # most pages evicting requests held at once
+    peak_pool_held_tokens: int = 0    # most pool slots held at once (rows, locked radix nodes)
+    history_hits: int = 0             # finished requests that continued from a stored history
+    history_tokens_reused: int = 0    # logical tokens those requests did not prefill again
 
     def as_dict(self) -> dict:
         return asdict(self)

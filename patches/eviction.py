@@ -56,7 +56,7 @@ class ReqEvictState:
     accumulator: object = None                 # attention statistics (H2O, TOVA, Scissorhands)
     staged: torch.Tensor | None = None         # [q, n, layers, kv_heads] of the last forward
     staged_lengths: torch.Tensor | None = None
-    holed: bool = False                        # stores and reuses compacted histories (radix.py)
+    holed: bool = False                        # served by the holed radix cache (radix.tree_mode)
     logical_prompt: array | None = None        # the prompt's ids while the request holds a view's
     hit: tuple | None = None                   # (node, slots) of the stored view it continues
     attach: int = 0                            # logical prefix whose KV is hole-free, full attention
@@ -82,7 +82,7 @@ class ReqEvictState:
 def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
     policy = policy_from_config(cfg)
     st = ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), accumulator=policy.new_accumulator(),
-                       holed=radix.history_enabled(cfg))
+                       holed=radix.tree_mode(cfg))
     st.report.update(policy=cfg.policy, budget=cfg.budget, evicted_tokens=0, live_tokens=None,
                      pages_freed=0, evictions=0)
     return st
@@ -160,8 +160,14 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
         st.accumulator.select(keep)
     dropped, row_keep = 0, keep
     if st.holed and cpl:
+        tree_rows = row[:cpl]
         row, row_keep, new_cpl = drop_tree_rows(row, keep, cpl)
         dropped, cpl = cpl - new_cpl, new_cpl
+        if dropped and st.hit is not None:  # slots of its own stored history nobody else reaches
+            gone = tree_rows[~torch.isin(tree_rows, row[:cpl])].to(row_dev.device)
+            c_freed = scheduler.tree_cache.release_dropped(req, gone)
+            counters_of(scheduler).pages_freed += c_freed
+            st.pages_freed += c_freed
     plan = plan_eviction(row, row_keep, cpl=cpl, page_size=cfg.page_size)
     device = row_dev.device
     if plan.num_moved:

@@ -25,6 +25,9 @@ HELP = {
     "fragmentation": "1 - live tokens / (retained pages * page size) of running evicting requests.",
     "peak_running_requests": "Largest decode batch seen.",
     "peak_retained_pages": "Most KV pages held by evicting requests at once.",
+    "peak_pool_held_tokens": "Most KV pool slots held at once: request rows and locked radix-cache nodes (not reclaimable).",
+    "history_hits": "Finished requests that continued from a stored compacted history.",
+    "history_tokens_reused": "Logical history tokens those requests did not prefill again.",
 }
 
 

@@ -14,10 +14,11 @@ size 1). It is SGLang's Python `RadixCache` plus:
     turn 2  matches the turn-1 view: row = view slots, prefill = the new tokens only,
             RoPE offset = logical length - view length; evicting drops old tokens from the view
 
-Sizes count live slots, so SGLang's pool checkers hold. A finished history "punches" the live
-slots of its older holed ancestors that nobody else can reach (one child, locked only by it).
-Only requests under eviction at page size 1 with `reuse_history` take the holed paths; every
-other request is served exactly as by `RadixCache`.
+Sizes count live slots, so SGLang's pool checkers hold. Slots nobody else can reach are freed
+as soon as possible: those a running turn drops from the view it continued (`release_dropped`),
+and, when a history is stored, the older ancestors' slots its view no longer uses (`_punch`).
+Only requests under eviction at page size 1 take the holed paths (`reuse_history: false` keeps
+prompt sharing and stores no history); every other request is served exactly as by `RadixCache`.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ NAME = "vtoken"
 _active = False  # this process serves from a HoledRadixCache
 
 
-def history_enabled(cfg) -> bool:
-    """Whether a request under `cfg` stores and reuses compacted histories in this process."""
-    return _active and cfg.enabled and cfg.page_size == 1 and cfg.reuse_history
+def tree_mode(cfg) -> bool:
+    """Whether a request under `cfg` is served by the holed paths in this process: its prompt is
+    shared, tree-owned tokens may leave its row, and (`reuse_history`) its history is stored."""
+    return _active and cfg.enabled and cfg.page_size == 1
 
 
 def factory(ctx):
@@ -150,7 +152,7 @@ class HoledRadixCache(RadixCache):
         result = super().match_prefix(MatchPrefixParams(
             key=RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)))
         st.attach = len(logical)
-        if req.output_ids or (req.return_logprob and req.logprob_start_len >= 0):
+        if not st.cfg.reuse_history or req.output_ids or (req.return_logprob and req.logprob_start_len >= 0):
             return result  # retracted (re-prefilled whole) or asks for input logprobs
         found = self._find_view(result.last_device_node, logical, limit, _namespace(req, st))
         if found is None or found[1] <= result.device_prefix_len:
@@ -199,8 +201,12 @@ class HoledRadixCache(RadixCache):
             return super().checkpoint(req, up_to=up_to)
         if st.steps == 0 and st.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
-        if req.finished():
+        if req.finished() and st.cfg.reuse_history:
             self._insert_history(req, st, up_to)
+            counters = getattr(self, "vt_counters", None)
+            if st.hit is not None and counters is not None:
+                counters.history_hits += 1
+                counters.history_tokens_reused += st.report["history_tokens"]
 
     def _insert_history(self, req, st, row_len: int) -> None:
         """Insert the finished row `[0, row_len)` with holes; the tree then owns all of it."""
@@ -238,6 +244,30 @@ class HoledRadixCache(RadixCache):
         req.kv.cache_protected_len = row_len
         self._punch(node)
 
+    def release_dropped(self, req, dropped: torch.Tensor) -> int:
+        """Free the slots `req`'s eviction dropped from its row that lie in holed nodes only its
+        row can reach (its stored view, not continued by anyone, and that view's chain, locked
+        only by it); their views become unusable. Returns the number of slots freed."""
+        node, freed = req.last_node, 0
+        if getattr(node, "vt_live", None) is None or node.lock_ref != 1 or node.children:
+            return 0
+        while getattr(node, "vt_live", None) is not None and node.lock_ref == 1 and len(node.children) <= 1:
+            node.vt_view = None
+            freed += self._free_where(node, torch.isin(node.value, dropped))
+            node = node.parent
+        return freed
+
+    def _free_where(self, node, mask: torch.Tensor) -> int:
+        """Free the live slots of a locked holed node under `mask` (they become holes)."""
+        mask = mask & (node.value >= 0)
+        n = int(mask.sum())
+        if n:
+            self.token_to_kv_pool_allocator.free(node.value[mask])
+            node.value[mask] = -1
+            node.vt_live -= n
+            self.protected_size_ -= n
+        return n
+
     def _punch(self, node) -> None:
         """Free the live slots of `node`'s holed ancestors that its view does not use and that no
         other row or view can reach (a chain locked only by `node`'s holder)."""
@@ -245,13 +275,7 @@ class HoledRadixCache(RadixCache):
         a = node.parent
         while getattr(a, "vt_live", None) is not None and a.lock_ref == 1 and len(a.children) == 1:
             a.vt_view = None
-            dead = (a.value >= 0) & ~torch.isin(a.value, keep)
-            n = int(dead.sum())
-            if n:
-                self.token_to_kv_pool_allocator.free(a.value[dead])
-                a.value[dead] = -1
-                a.vt_live -= n
-                self.protected_size_ -= n
+            self._free_where(a, ~torch.isin(a.value, keep))
             a = a.parent
 
 

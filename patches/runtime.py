@@ -83,6 +83,7 @@ def after_scheduler_init(result, scheduler, *args, **kwargs):
     pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
     per_token = sum(b[0].numel() * b.element_size() for b in (*pool.k_buffer, *pool.v_buffer))
     counters_of(scheduler).bytes_per_token = per_token
+    scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits (radix.py)
     scheduler._vtoken_prometheus = metrics.maybe_create(scheduler)
 
 

@@ -171,3 +171,45 @@ def drop_tree_rows(row: torch.Tensor, keep: torch.Tensor, cpl: int
     view = torch.cat([row[tree_keep], row[cpl:]])
     priv = keep[keep >= cpl] - cpl + new_cpl
     return view, torch.cat([torch.arange(new_cpl, device=keep.device, dtype=keep.dtype), priv]), new_cpl
+
+
+@dataclass(frozen=True)
+class TreeSplit:
+    """How a page-dense row (page size > 1) stops using tree-owned tokens it evicted.
+
+    Attributes:
+        whole: ``[w * page_size]`` row indices of tree pages the row keeps referencing: fully
+            kept pages before the first partially kept one. They stay the row's prefix.
+        copy: ``[c]`` row indices of the other kept tree-owned tokens, in row order: they are
+            copied (copy-on-write) to the head of the request's private pages.
+        dropped: tree-owned row entries that leave the view (never freed by the request).
+    """
+
+    whole: torch.Tensor
+    copy: torch.Tensor
+    dropped: int
+
+
+def split_tree_pages(keep: torch.Tensor, cpl: int, page_size: int) -> TreeSplit:
+    """Split the kept tree-owned rows ``keep[keep < cpl]`` into whole pages and copies.
+
+    A shared page is never written, and a page-dense row cannot reference part of a page::
+
+        tree pages  T0 [a b c d]  T1 [. . . .]  T2 [. f g .]  T3 [h i j k] | private ...
+        keep        a b c d        (none)        f g           h i j k
+        whole       T0                           first partial page: T2, so T3 is copied too
+        copy        f g h i j k  -> the head of the private pages, then the kept private tokens
+        dropped     T1's 4 + T2's 2 = 6 entries leave the view
+    """
+    ps = page_size
+    if cpl % ps:
+        raise ValueError(f"cpl must be a multiple of page_size={ps} (got {cpl})")
+    tree_keep = keep[keep < cpl]
+    counts = torch.bincount(tree_keep // ps, minlength=cpl // ps)
+    partial = ((counts > 0) & (counts < ps)).nonzero().flatten()
+    first_partial = int(partial[0]) if partial.numel() else cpl // ps
+    full = ((counts == ps).nonzero().flatten())
+    full = full[full < first_partial]
+    whole = (full[:, None] * ps + torch.arange(ps, device=keep.device)).flatten()
+    copy = tree_keep[tree_keep >= first_partial * ps]
+    return TreeSplit(whole=whole, copy=copy, dropped=cpl - whole.numel() - copy.numel())

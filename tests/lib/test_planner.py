@@ -96,3 +96,20 @@ def test_tree_owned_victims_leave_the_view_only():
     assert plan.freed_pages.tolist() == [21] and plan.num_moved == 0
     new_row = torch.cat([view[:plan.row_start], plan.row_slots])
     assert new_row.tolist() == [10, 12, 20, 22]
+
+
+def test_split_tree_pages_keeps_whole_pages_and_copies_the_rest():
+    """The docstring's example: T0 kept whole, T1 dropped, T2 partial, so T2's and T3's kept
+    tokens are copied; nothing of a shared page is referenced partially."""
+    from sgl_vtoken.planner import split_tree_pages
+
+    keep = torch.tensor([0, 1, 2, 3, 9, 10, 12, 13, 14, 15, 16, 18])   # page 4; 16+ private
+    split = split_tree_pages(keep, cpl=16, page_size=4)
+    assert split.whole.tolist() == [0, 1, 2, 3]
+    assert split.copy.tolist() == [9, 10, 12, 13, 14, 15]
+    assert split.dropped == 6
+    everything = split_tree_pages(torch.arange(20), cpl=16, page_size=4)
+    assert everything.whole.tolist() == list(range(16)) and everything.copy.numel() == 0
+    assert everything.dropped == 0
+    with pytest.raises(ValueError, match="multiple of page_size"):
+        split_tree_pages(keep, cpl=6, page_size=4)

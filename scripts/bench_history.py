@@ -1,0 +1,201 @@
+#!/usr/bin/env python
+"""Multi-turn sessions with and without compacted-history reuse, side by side in one run (CPU, tiny model).
+
+Three servers, one after the other, all `--kv-evict streamingllm --kv-budget B --page-size 1`:
+"reuse" (`--radix-cache-backend vtoken`, chosen automatically) continues every turn from the
+stored compacted history and prefills only the new tokens; "prompt-cache" (`reuse_history:
+false`) caches full-attention prompts only, so a turn prefills the previous reply and its message
+over the whole uncompacted previous prompt; "re-prefill" (`--disable-radix-cache`) prefills the
+whole history every turn. Every session shares one system prompt (cached by a warm-up request)
+and runs `--turns` turns, all sessions' turn k at once; turn k's prompt is turn k-1's prompt + its
+reply + a new user message (token ids through `/generate`, streamed: TTFT = first chunk).
+
+Prints JSON lines: one per (mode, turn) with TTFT p50/mean and mean prefilled / cached / history
+tokens, one summary per mode with the server counters (peak pool slots held against the bound
+`system + sessions x (budget + 2)`, history hits). `--plot` writes a PNG of TTFT per turn;
+`--results-md` rewrites the `history` section of docs/RESULTS.md.
+
+    python scripts/bench_history.py                       # 16 sessions x 8 turns, system 2048, budget 512
+    python scripts/bench_history.py --quick               # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sgl_vtoken.launcher import ServerProcess, cpu_server_args  # noqa: E402
+from sgl_vtoken.tiny_model import ensure_tiny_model  # noqa: E402
+
+# mode -> extra server flags: continue from the stored compacted history; cache full-attention
+# prompts only (each turn prefills what its cached prompt lacks); no radix cache at all.
+MODES = {"reuse": ["--kv-evict-config", '{"reuse_history": true}'],
+         "prompt-cache": ["--kv-evict-config", '{"reuse_history": false}'],
+         "re-prefill": ["--disable-radix-cache"]}
+
+
+def stream_generate(base_url: str, ids: list[int], n: int, rid: str) -> dict:
+    """One streamed greedy request: output ids, TTFT and the final meta_info."""
+    t0 = time.perf_counter()
+    ttft, last = None, None
+    body = {"rid": rid, "input_ids": ids, "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
+    with requests.post(base_url + "/generate", json=body, stream=True, timeout=1800) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            ttft = ttft if ttft is not None else time.perf_counter() - t0
+            last = json.loads(line[5:])
+    return {"ttft": ttft, "output_ids": last["output_ids"], "meta": last["meta_info"]}
+
+
+def run_mode(args, model: str, flags: list[str]) -> tuple[list[dict], dict]:
+    """All sessions' turn k at once, then turn k + 1 (an agent fleet in lock step)."""
+    flags = ["--dtype", "float32", "--kv-evict", "streamingllm", "--kv-budget", str(args.budget),
+             "--enable-cache-report", *flags]
+    cmd = cpu_server_args(model, max_total_tokens=args.pool, page_size=1) + flags
+    rng = random.Random(args.seed)
+    system = [rng.randrange(10, 2000) for _ in range(args.system_tokens)]
+    rngs = [random.Random(args.seed * 1000 + i) for i in range(args.sessions)]
+    prompts = [system + [r.randrange(10, 2000) for _ in range(args.user_tokens)] for r in rngs]
+    records: list[dict] = []
+    with ServerProcess(cmd, env={"OMP_NUM_THREADS": "1"}) as server:
+        info = lambda: requests.get(server.base_url + "/get_server_info", timeout=30).json()["internal_states"][0]["vtoken"]
+        stream_generate(server.base_url, system + [1], 4, "warm")  # the system prompt is cached
+        state = {}
+        for turn in range(args.turns):
+            def one(i: int) -> None:
+                out = stream_generate(server.base_url, prompts[i], args.reply_tokens, f"s{i}-t{turn}")
+                meta = out["meta"]
+                records.append({"session": i, "turn": turn, "ttft": out["ttft"],
+                                "logical_prompt": len(prompts[i]), "cached": meta["cached_tokens"],
+                                "prefilled": meta["prompt_tokens"] - meta["cached_tokens"],
+                                "history": meta.get("kv_evict", [{}])[0].get("history_tokens", 0)})
+                prompts[i] = prompts[i] + out["output_ids"] + [rngs[i].randrange(10, 2000)
+                                                               for _ in range(args.user_tokens)]
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(args.sessions)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if turn == 0:
+                state["peak_pool_held_turn1"] = info()["peak_pool_held_tokens"]
+        state.update(info())
+    return records, state
+
+
+def summarize(mode: str, records: list[dict], turns: int) -> list[dict]:
+    rows = []
+    for turn in range(turns):
+        rs = [r for r in records if r["turn"] == turn]
+        ttft = [r["ttft"] * 1000 for r in rs]
+        rows.append({"mode": mode, "turn": turn + 1, "ttft_p50_ms": round(statistics.median(ttft), 1),
+                     "ttft_mean_ms": round(statistics.fmean(ttft), 1),
+                     "logical_prompt_mean": round(statistics.fmean(r["logical_prompt"] for r in rs), 1),
+                     "prefilled_mean": round(statistics.fmean(r["prefilled"] for r in rs), 1),
+                     "cached_mean": round(statistics.fmean(r["cached"] for r in rs), 1),
+                     "history_mean": round(statistics.fmean(r["history"] for r in rs), 1)})
+    return rows
+
+
+def markdown(args, rows: dict, states: dict) -> str:
+    bound = args.system_tokens + args.sessions * (args.budget + 2)
+    later = bound + args.sessions * (args.user_tokens + 1)
+    lines = [f"{args.sessions} sessions x {args.turns} turns sharing a {args.system_tokens}-token system prompt, "
+             f"{args.user_tokens}-token user messages, {args.reply_tokens}-token replies, streamingllm "
+             f"budget {args.budget}, page size 1, pool {args.pool} (`python scripts/bench_history.py`).",
+             "", "TTFT p50 in ms, and prefilled tokens per request (mean):", "",
+             "| turn | logical prompt | " + " | ".join(f"{m} TTFT" for m in rows) + " | "
+             + " | ".join(f"{m} prefilled" for m in rows) + " |", "|---" * (2 + 2 * len(rows)) + "|"]
+    for k in range(len(rows["reuse"])):
+        rs = [rows[m][k] for m in rows]
+        lines.append(f"| {k + 1} | {rs[0]['logical_prompt_mean']:.0f} | "
+                     + " | ".join(f"{r['ttft_p50_ms']:.0f}" for r in rs) + " | "
+                     + " | ".join(f"{r['prefilled_mean']:.0f}" for r in rs) + " |")
+    lines += ["", f"Pool slots held at eviction steps (peak; held = in rows or in locked radix nodes, not reclaimable). Bound after turn 1: system + sessions x "
+              f"(budget + 2) = {bound}; over all turns each row also holds its new message "
+              f"before the first eviction of the turn: + sessions x (user + 1) = {later}.", "",
+              "| mode | peak, turn 1 | peak, all turns | history hits | history tokens not prefilled |",
+              "|---|---|---|---|---|"]
+    for mode, st in states.items():
+        lines.append(f"| {mode} | {st['peak_pool_held_turn1']} | {st['peak_pool_held_tokens']} | "
+                     f"{st['history_hits']} | {st['history_tokens_reused']} |")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, text: str) -> None:
+    begin, end = "<!-- history:begin -->", "<!-- history:end -->"
+    doc = path.read_text()
+    if begin not in doc:
+        raise SystemExit(f"{path}: no '{begin}' marker")
+    head, rest = doc.split(begin, 1)
+    path.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
+
+
+def plot(rows: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for mode, rs in rows.items():
+        ax.plot([r["turn"] for r in rs], [r["ttft_p50_ms"] for r in rs], marker="o", label=mode)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("TTFT p50 (ms)")
+    ax.set_title("Multi-turn sessions: compacted-history reuse")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--system-tokens", type=int, default=2048)
+    p.add_argument("--user-tokens", type=int, default=32)
+    p.add_argument("--reply-tokens", type=int, default=32)
+    p.add_argument("--budget", type=int, default=512)
+    p.add_argument("--pool", type=int, default=65536, help="--max-total-tokens of both servers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="4 sessions x 3 turns, system 256, budget 64")
+    p.add_argument("--plot", type=Path, default=None, help="PNG of TTFT per turn")
+    p.add_argument("--results-md", type=Path, default=None, help="rewrite its history section")
+    args = p.parse_args()
+    if args.quick:
+        args.sessions, args.turns, args.system_tokens, args.budget = 4, 3, 256, 64
+    model = args.model or str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
+    rows, states = {}, {}
+    for mode, flags in MODES.items():
+        print(f"[bench_history] {mode}: {args.sessions} sessions x {args.turns} turns", file=sys.stderr)
+        records, state = run_mode(args, model, flags)
+        rows[mode] = summarize(mode, records, args.turns)
+        states[mode] = {k: state[k] for k in ("peak_pool_held_turn1", "peak_pool_held_tokens", "history_hits",
+                                              "history_tokens_reused", "evicted_tokens", "pool_total_tokens")}
+        for row in rows[mode]:
+            print(json.dumps(row), flush=True)
+        print(json.dumps({"mode": mode, "summary": True, **states[mode],
+                          "bound_turn1": args.system_tokens + args.sessions * (args.budget + 2)}), flush=True)
+    if args.plot:
+        plot(rows, args.plot)
+    if args.results_md:
+        write_section(args.results_md, markdown(args, rows, states))
+
+
+if __name__ == "__main__":
+    main()
