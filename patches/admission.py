@@ -53,7 +53,9 @@ def adder_class(base: type) -> type:
             st = getattr(req, "vtoken", None)
             if st is None:
                 return stock
-            return min(stock, max(0, _cap(st) - req.kv.kv_committed_len))
+            # Under the holed radix cache tree-owned tokens leave the row; its own part grows to the cap.
+            own = req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
+            return min(stock, max(0, _cap(st) - own))
 
         def _peers(self, req):
             running = self.running_batch.reqs if self.running_batch is not None else []

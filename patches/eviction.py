@@ -28,7 +28,7 @@ import torch
 from sgl_vtoken.config import EvictConfig
 from array import array
 
-from sgl_vtoken.planner import drop_tree_rows, plan_eviction
+from sgl_vtoken.planner import drop_tree_rows, plan_eviction, split_tree_pages
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.rng import stable_id
@@ -156,30 +156,27 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     shared = None if st.holed else torch.arange(row_len) < cpl
     view = TokenView(positions=positions, keys=keys, attn=attn, shared=shared, rid=st.rid, step=st.steps)
     keep = st.policy.keep(view, cfg.budget)
+    row_keep, new_cpl, copy_src, copy_dst = keep, cpl, row[:0], row[:0]
+    if st.holed and cpl:
+        left = _leave_tree(scheduler, req, st, row, keep, cpl)
+        if left is None:
+            return 0  # no free page to copy kept shared tokens into: retry at the next step
+        row, row_keep, new_cpl, copy_src, copy_dst = left
     if st.accumulator is not None:
         st.accumulator.select(keep)
-    dropped, row_keep = 0, keep
-    if st.holed and cpl:
-        tree_rows = row[:cpl]
-        row, row_keep, new_cpl = drop_tree_rows(row, keep, cpl)
-        dropped, cpl = cpl - new_cpl, new_cpl
-        if dropped and st.hit is not None:  # slots of its own stored history nobody else reaches
-            gone = tree_rows[~torch.isin(tree_rows, row[:cpl])].to(row_dev.device)
-            c_freed = scheduler.tree_cache.release_dropped(req, gone)
-            counters_of(scheduler).pages_freed += c_freed
-            st.pages_freed += c_freed
-    plan = plan_eviction(row, row_keep, cpl=cpl, page_size=cfg.page_size)
+    plan = plan_eviction(row, row_keep, cpl=new_cpl, page_size=cfg.page_size)
     device = row_dev.device
-    if plan.num_moved:
+    src, dst = torch.cat([copy_src, plan.src]), torch.cat([copy_dst, plan.dst])
+    if src.numel():
         # GPU (DESIGN rule 7): move on the stream that runs forwards, after the in-flight forward
         # that may still write the last token's KV; row rewrites stay on the schedule stream.
         stream = getattr(scheduler, "forward_stream_ctx", None) if device.type == "cuda" else None
         with stream or nullcontext():
-            repack_kv_(pool.k_buffer, pool.v_buffer, plan.src.to(device), plan.dst.to(device))
-    if dropped:  # the whole view moves down: rewrite the row from 0
+            repack_kv_(pool.k_buffer, pool.v_buffer, src.to(device), dst.to(device))
+    if new_cpl != cpl or copy_src.numel():  # the view changed below cpl: rewrite the row from 0
         new_row = torch.cat([row[:plan.row_start], plan.row_slots])
         req_to_token[kv.req_pool_idx, :plan.new_len] = new_row.to(device, req_to_token.dtype)
-        kv.cache_protected_len = cpl
+        kv.cache_protected_len = new_cpl
     elif plan.row_slots.numel():
         req_to_token[kv.req_pool_idx, plan.row_start:plan.new_len] = plan.row_slots.to(
             device, req_to_token.dtype)
@@ -193,7 +190,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
         else:
             allocator.free_page_ids(freed.to(device))
 
-    evicted = plan.num_evicted + dropped
+    evicted = row_len - plan.new_len
     st.kept_pos = kept_pos
     st.offset += evicted
     st.steps += 1
@@ -206,6 +203,47 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     c.evicted_tokens += evicted
     c.evictions += 1
     c.pages_freed += int(freed.numel())
-    c.tokens_moved += plan.num_moved
-    c.bytes_moved += plan.num_moved * c.bytes_per_token
+    c.tokens_moved += int(src.numel())
+    c.bytes_moved += int(src.numel()) * c.bytes_per_token
     return evicted
+
+
+def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torch.Tensor, cpl: int):
+    """Let tree-owned victims leave the row's view (they are never freed by the request).
+
+    Returns ``(row', keep', cpl', copy_src, copy_dst)`` for the planner, or None when the
+    pages to copy kept shared tokens into cannot be allocated. Page size 1: kept tree slots stay
+    a row prefix (`drop_tree_rows`); slots of the request's own stored history that nobody else
+    reaches are freed. Page size > 1: `split_tree_pages`; the copies go to new private pages put
+    before the request's own, so the planner packs the kept private tokens right after them.
+    """
+    ps = st.cfg.page_size
+    if ps == 1:
+        tree_rows = row[:cpl]
+        row, keep, new_cpl = drop_tree_rows(row, keep, cpl)
+        if new_cpl < cpl and st.hit is not None:
+            gone = tree_rows[~torch.isin(tree_rows, row[:new_cpl])]
+            freed = scheduler.tree_cache.release_dropped(req, gone.to(st.hit[1].device))
+            counters_of(scheduler).pages_freed += freed
+            st.pages_freed += freed
+        return row, keep, new_cpl, row[:0], row[:0]
+    split = split_tree_pages(keep, cpl, ps)
+    c, w = split.copy.numel(), split.whole.numel()
+    new = -(-c // ps) * ps
+    slots = _alloc(scheduler, new) if new else row[:0]
+    if slots is None:
+        return None
+    slots = slots.to(torch.int64).cpu()
+    view = torch.cat([row[split.whole], slots, row[cpl:]])
+    priv = keep[keep >= cpl] - cpl + w + new
+    return view, torch.cat([torch.arange(w + c), priv]), w, row[split.copy], slots[:c]
+
+
+def _alloc(scheduler, n: int) -> torch.Tensor | None:
+    """`n` slots (whole pages) from the pool, evicting unlocked radix-cache nodes if needed."""
+    allocator = scheduler.token_to_kv_pool_allocator
+    if allocator.available_size() < n:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        scheduler.tree_cache.evict(EvictParams(num_tokens=n))
+    return allocator.alloc(n) if allocator.available_size() >= n else None

@@ -33,6 +33,12 @@ def update_gauges(scheduler, batch) -> None:
     c.fragmentation = 1.0 - live / (pages * ps) if pages else 0.0
     c.peak_running_requests = max(c.peak_running_requests, batch.batch_size())
     c.peak_retained_pages = max(c.peak_retained_pages, pages)
+    sample_held(scheduler)
+
+
+def sample_held(scheduler) -> None:
+    """Track the peak of pool slots held: in rows or locked radix nodes (not reclaimable)."""
+    c = counters_of(scheduler)
     held_now = (scheduler.max_total_num_tokens - scheduler.token_to_kv_pool_allocator.available_size()
                 - scheduler.tree_cache.evictable_size())
     c.peak_pool_held_tokens = max(c.peak_pool_held_tokens, int(held_now))

@@ -1,8 +1,9 @@
-"""Radix cache with holes: an evicting request leaves its compacted history in the tree when it
-finishes, and a next turn that extends that history continues from it (page size 1).
+"""Radix cache with holes: evicting requests share their prompts, drop shared tokens from their
+own view, and leave their compacted history in the tree when they finish, so that a next turn
+extending that history continues from it (history: page size 1).
 
-Registered as `--radix-cache-backend vtoken` (chosen automatically with `--kv-evict` at page
-size 1). It is SGLang's Python `RadixCache` plus:
+Registered as `--radix-cache-backend vtoken` (chosen automatically with `--kv-evict`). It is
+SGLang's Python `RadixCache` plus:
 
     key     the full logical token ids (evicted tokens' ids stay: kept tokens' KV depends on them)
     value   one slot per logical position, -1 where the token was evicted (a hole)
@@ -38,9 +39,10 @@ _active = False  # this process serves from a HoledRadixCache
 
 
 def tree_mode(cfg) -> bool:
-    """Whether a request under `cfg` is served by the holed paths in this process: its prompt is
-    shared, tree-owned tokens may leave its row, and (`reuse_history`) its history is stored."""
-    return _active and cfg.enabled and cfg.page_size == 1
+    """Whether a request under `cfg` is served by this cache's paths: its prompt is shared,
+    tree-owned tokens may leave its row, and (page size 1, `reuse_history`) its history is
+    stored. Naive-Evict at page size > 1 keeps tree-owned tokens pinned instead."""
+    return _active and cfg.enabled and (cfg.page_size == 1 or cfg.reclaim == "vtoken")
 
 
 def factory(ctx):
@@ -51,9 +53,6 @@ def factory(ctx):
                      (ctx.enable_hierarchical_cache, "--enable-hierarchical-cache")):
         if bad:
             raise ValueError(f"--radix-cache-backend {NAME} cannot run with {why}")
-    if ctx.params.page_size != 1:
-        raise ValueError(f"--radix-cache-backend {NAME} needs --page-size 1 "
-                         f"(got {ctx.params.page_size})")
     _active = True
     return HoledRadixCache(ctx.params)
 
@@ -122,9 +121,13 @@ class HoledRadixCache(RadixCache):
         evicted = 0
         while evicted < params.num_tokens and heap:
             _, x = heapq.heappop(heap)
-            live = x.value[x.value >= 0]
-            self.token_to_kv_pool_allocator.free(live)
-            evicted += int(live.numel())
+            if getattr(x, "vt_live", None) is None:  # hole-free: page-exact segment, as stock
+                self.token_to_kv_pool_allocator.free_segment(x.value, start_pos=0)
+                evicted += len(x.value)
+            else:
+                live = x.value[x.value >= 0]
+                self.token_to_kv_pool_allocator.free(live)
+                evicted += int(live.numel())
             self._delete_leaf(x)
             if len(x.parent.children) == 0 and x.parent.lock_ref == 0:
                 heapq.heappush(heap, (self.eviction_strategy.get_priority(x.parent), x.parent))
@@ -152,7 +155,8 @@ class HoledRadixCache(RadixCache):
         result = super().match_prefix(MatchPrefixParams(
             key=RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)))
         st.attach = len(logical)
-        if not st.cfg.reuse_history or req.output_ids or (req.return_logprob and req.logprob_start_len >= 0):
+        if (not st.cfg.reuse_history or self.page_size > 1 or req.output_ids
+                or (req.return_logprob and req.logprob_start_len >= 0)):
             return result  # retracted (re-prefilled whole) or asks for input logprobs
         found = self._find_view(result.last_device_node, logical, limit, _namespace(req, st))
         if found is None or found[1] <= result.device_prefix_len:
@@ -201,7 +205,7 @@ class HoledRadixCache(RadixCache):
             return super().checkpoint(req, up_to=up_to)
         if st.steps == 0 and st.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
-        if req.finished() and st.cfg.reuse_history:
+        if req.finished() and st.cfg.reuse_history and self.page_size == 1:
             self._insert_history(req, st, up_to)
             counters = getattr(self, "vt_counters", None)
             if st.hit is not None and counters is not None:

@@ -127,6 +127,8 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
             _fail("argument --kv-evict-config: must be a JSON object")
     top = {k: params.pop(k) for k in SERVER_PARAMS if k in params}
     page_size = getattr(args, "page_size", None) or 1
+    if top.get("reuse_history") is True and page_size > 1:
+        _fail(f"argument --kv-evict-config: reuse_history needs --page-size 1 (got {page_size})")
     if policy == "none":
         if params or top:
             _fail("argument --kv-evict-config: needs --kv-evict other than 'none'")
@@ -157,19 +159,15 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
 
 
 def select_radix_backend(server_args, cfg: EvictConfig) -> None:
-    """The holed radix cache (`radix.py`) serves compacted-history reuse: chosen automatically
-    with eviction at page size 1, refused explicitly where it cannot run."""
+    """The holed radix cache (`radix.py`) serves prompt sharing under eviction and history
+    reuse: chosen automatically with a server policy, refused explicitly where it cannot run."""
     from .radix import NAME
 
-    page_size = getattr(server_args, "page_size", None) or 1
     backend = getattr(server_args, "radix_cache_backend", None)
     if backend == NAME:
-        if page_size != 1:
-            _fail(f"argument --radix-cache-backend: {NAME} needs --page-size 1 (got {page_size})")
         if getattr(server_args, "disable_radix_cache", False):
             _fail(f"argument --radix-cache-backend: {NAME} cannot run with --disable-radix-cache")
-    elif backend is None and cfg.enabled and page_size == 1 and \
-            not getattr(server_args, "disable_radix_cache", False):
+    elif backend is None and cfg.enabled and not getattr(server_args, "disable_radix_cache", False):
         server_args.radix_cache_backend = NAME
 
 

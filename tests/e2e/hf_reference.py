@@ -28,21 +28,22 @@ def _mask(allowed: list[list[int]], n: int, dtype=torch.float32) -> torch.Tensor
 
 @torch.no_grad()
 def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
-                  rid: str = "", tree_owned: int = 0) -> tuple[list[int], list[int]]:
+                  rid: str = "", tree_owned: int = 0, cached: int = 0) -> tuple[list[int], list[int]]:
     """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions).
 
     Mirrors the server's convention: before decoding the token at position t the row (positions
     < t) is evicted down to `cfg.budget` when it holds `budget + interval` or more, then the query
     at t attends to the row plus itself. The first `tree_owned` tokens came from the radix cache
-    (another request's prompt): the policy must keep them.
+    (another request's prompt): the policy must keep them. The first `cached` came from the
+    prefix cache: their queries are not recomputed, so they seed no attention statistics.
     """
-    out, row, _ = masked_turn(model, prompt, max_new_tokens, cfg, rid, tree_owned)
+    out, row, _ = masked_turn(model, prompt, max_new_tokens, cfg, rid, tree_owned, cached=cached)
     return out, row
 
 
 @torch.no_grad()
 def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig, rid: str = "",
-                tree_owned: int = 0, history: tuple | None = None):
+                tree_owned: int = 0, history: tuple | None = None, cached: int = 0):
     """:func:`masked_greedy` for one turn of a conversation; returns (tokens, row, history).
 
     `history` is the previous turn's return value: the per-token masks of every token with KV,
@@ -64,7 +65,7 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
                     output_attentions=acc is not None)
         if acc is not None:
             # Queries scored by this forward: the prompt's observation window, then the new token.
-            window = min(cfg.obs_window, len(prompt) - start)
+            window = min(cfg.obs_window, len(prompt) - max(start, cached))
             queries = list(range(len(prompt) - window, len(prompt))) if k == 0 else [len(ids) - 1]
             block, lengths = _group_probs(res.attentions, queries, row, model.config, cfg)
             acc.update(block, lengths)

@@ -130,9 +130,11 @@ def test_launcher_fails_fast_on_bogus_policy(tiny_model, entry):
     assert "Load weight" not in proc.stdout + proc.stderr
 
 
-def test_holed_radix_cache_is_chosen_with_eviction_at_page_size_one(parse):
+def test_holed_radix_cache_is_chosen_with_a_server_policy(parse):
     assert parse("--kv-evict", "streamingllm", "--kv-budget", "64").radix_cache_backend == "vtoken"
     assert parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--page-size", "16"
+                 ).radix_cache_backend == "vtoken"
+    assert parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--disable-radix-cache"
                  ).radix_cache_backend is None
     assert parse().radix_cache_backend is None  # no server policy: stock cache unless asked
     assert parse("--radix-cache-backend", "vtoken").radix_cache_backend == "vtoken"
@@ -142,8 +144,8 @@ def test_holed_radix_cache_is_chosen_with_eviction_at_page_size_one(parse):
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--radix-cache-backend", "vtoken", "--page-size", "16"],
-     "argument --radix-cache-backend: vtoken needs --page-size 1"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--page-size", "16", "--kv-evict-config",
+      '{"reuse_history": true}'], "argument --kv-evict-config: reuse_history needs --page-size 1"),
     (["--radix-cache-backend", "vtoken", "--disable-radix-cache"],
      "argument --radix-cache-backend: vtoken cannot run with --disable-radix-cache"),
     (["--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-config", '{"reuse_history": 1}'],

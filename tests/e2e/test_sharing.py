@@ -1,0 +1,69 @@
+"""Shared prompts under eviction at page size 16 (`--radix-cache-backend vtoken`): a request
+matches the whole cached prompt, keeps what its policy keeps (whole shared pages by reference,
+the rest copied into its own pages, shared pages never written) and drops the rest from its
+view; the prompt is held once however many requests use it."""
+
+import threading
+
+import pytest
+
+from conftest import MEMORY_CHECKS
+from hf_reference import masked_greedy
+from sgl_vtoken.config import EvictConfig
+from test_eviction import generate, hf_eager, random_ids, wait_pool_free  # noqa: F401
+
+pytestmark = pytest.mark.server
+
+SESSIONS, SYSTEM, BUDGET, PAGE = 16, 2048, 512, 16
+FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-evict-interval", str(PAGE))
+
+
+@pytest.fixture(scope="module")
+def client(server_factory):
+    return server_factory(page_size=PAGE, extra=FLAGS, env=MEMORY_CHECKS, pool=16384)
+
+
+@pytest.mark.parametrize("policy", ["streamingllm", "random", "h2o"])
+def test_shared_prefix_leaves_the_view_exactly(client, hf_eager, policy):
+    """A request whose 96-token prefix (6 pages) is cached by another request generates exactly
+    what HF generates with the same masks (the server's interval 16): shared tokens are evicted
+    like its own, kept ones of partially kept pages are copied. As with any prefix hit, H2O's
+    prefill statistics come from the prefilled queries only."""
+    shared = random_ids(96, seed=120)
+    generate(client, shared + [7, 8, 9], 4, f"owner-{policy}", {"policy": "none"})
+    prompt = shared + [11, 12, 13, 14, 15]
+    window = 16 if policy == "h2o" else 0
+    kv = {"policy": policy, "budget": 64, "window": window}
+    out = generate(client, prompt, 120, f"sharer-{policy}", kv)
+    assert out["meta_info"]["cached_tokens"] == 96
+    cfg = EvictConfig(policy=policy, budget=64, sink=4, window=window, page_size=PAGE, interval=PAGE)
+    expected, _ = masked_greedy(hf_eager, prompt, 120, cfg, rid=f"sharer-{policy}", cached=96)
+    assert out["output_ids"] == expected
+
+
+def test_sixteen_sessions_hold_the_shared_prompt_once(client):
+    """16 sessions sharing a 2048-token system prompt, budget 512, page 16: every session matches
+    the whole prompt, the pool never holds more than the prompt once plus 16 x (budget/page + 2)
+    pages (server counter), and it is whole afterwards."""
+    system = random_ids(SYSTEM, seed=130)
+    generate(client, system + [1, 2], 40, "system-warm")
+    outs = [None] * SESSIONS
+
+    def one(i):
+        outs[i] = generate(client, system + [100 + i] * 20, 200, f"session-{i}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(SESSIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(900)
+    assert all(o["meta_info"]["cached_tokens"] == SYSTEM for o in outs)
+    assert all(len(o["output_ids"]) == 200 for o in outs)
+    st = client.vtoken_state()
+    bound_pages = SYSTEM // PAGE + SESSIONS * (BUDGET // PAGE + 2)
+    assert st["peak_pool_held_tokens"] <= bound_pages * PAGE
+    assert st["peak_pool_held_tokens"] < SESSIONS * BUDGET + SYSTEM * 2  # not 16 copies
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    log = client.server.log_text()
+    assert "Traceback" not in log and "leak" not in log.lower()
