@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Multi-turn sessions with and without compacted-history reuse, side by side in one run (CPU, tiny model).
 
-Three servers, one after the other, all `--kv-evict streamingllm --kv-budget B --page-size 1`:
+History part: three servers, one after the other, all `--kv-evict streamingllm --kv-budget B --page-size 1`:
 "reuse" (`--radix-cache-backend vtoken`, chosen automatically) continues every turn from the
 stored compacted history and prefills only the new tokens; "prompt-cache" (`reuse_history:
 false`) caches full-attention prompts only, so a turn prefills the previous reply and its message
@@ -13,9 +13,14 @@ reply + a new user message (token ids through `/generate`, streamed: TTFT = firs
 Prints JSON lines: one per (mode, turn) with TTFT p50/mean and mean prefilled / cached / history
 tokens, one summary per mode with the server counters (peak pool slots held against the bound
 `system + sessions x (budget + 2)`, history hits). `--plot` writes a PNG of TTFT per turn;
-`--results-md` rewrites the `history` section of docs/RESULTS.md.
+`--results-md` rewrites the `history` and `sharing` sections of docs/RESULTS.md.
+
+The sharing part (`--part sharing`): the same sessions' first turn at page size 16, all at once,
+with the holed radix cache vs no radix cache: peak pool slots held, against the bound
+`prompt once + sessions x (budget/page + 2) pages`, retractions, TTFT and throughput.
 
     python scripts/bench_history.py                       # 16 sessions x 8 turns, system 2048, budget 512
+    python scripts/bench_history.py --part sharing        # page 16 only
     python scripts/bench_history.py --quick               # smoke run
 """
 
@@ -97,6 +102,38 @@ def run_mode(args, model: str, flags: list[str]) -> tuple[list[dict], dict]:
     return records, state
 
 
+def run_sharing(args, model: str, flags: list[str]) -> dict:
+    """`--sessions` requests at once, each the shared system prompt + its own message, page 16."""
+    cmd = cpu_server_args(model, max_total_tokens=args.sharing_pool, page_size=16) + [
+        "--dtype", "float32", "--kv-evict", "streamingllm", "--kv-budget", str(args.budget),
+        "--kv-evict-interval", "16", "--enable-cache-report", "--decode-log-interval", "1", *flags]
+    rng = random.Random(args.seed)
+    system = [rng.randrange(10, 2000) for _ in range(args.system_tokens)]
+    with ServerProcess(cmd, env={"OMP_NUM_THREADS": "1"}) as server:
+        stream_generate(server.base_url, system + [1], 4, "warm")
+        outs = [None] * args.sessions
+        t0 = time.perf_counter()
+
+        def one(i: int) -> None:
+            outs[i] = stream_generate(server.base_url, system + [100 + i] * args.user_tokens,
+                                      args.sharing_tokens, f"share-{i}")
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(args.sessions)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        st = requests.get(server.base_url + "/get_server_info", timeout=30).json()["internal_states"][0]["vtoken"]
+        log = server.log_text()
+    retracted = log.count("KV cache pool is full. Retract requests.")
+    return {"peak_pool_held_tokens": st["peak_pool_held_tokens"], "peak_running": st["peak_running_requests"],
+            "cached_mean": statistics.fmean(o["meta"]["cached_tokens"] for o in outs),
+            "ttft_p50_ms": round(1000 * statistics.median(o["ttft"] for o in outs), 1),
+            "tokens_copied": st["tokens_moved"], "retractions": retracted, "wall_s": round(wall, 1),
+            "output_tok_s": round(args.sessions * args.sharing_tokens / wall, 1)}
+
+
 def summarize(mode: str, records: list[dict], turns: int) -> list[dict]:
     rows = []
     for turn in range(turns):
@@ -136,8 +173,23 @@ def markdown(args, rows: dict, states: dict) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    begin, end = "<!-- history:begin -->", "<!-- history:end -->"
+def sharing_markdown(args, results: dict) -> str:
+    pages = args.system_tokens // 16 + args.sessions * (args.budget // 16 + 2)
+    lines = [f"{args.sessions} requests at once, each a shared {args.system_tokens}-token system prompt + "
+             f"{args.user_tokens} own tokens, {args.sharing_tokens} generated tokens, streamingllm budget "
+             f"{args.budget}, interval 16, page size 16, pool {args.sharing_pool} "
+             f"(`python scripts/bench_history.py --part sharing`). Bound: prompt once + sessions x "
+             f"(budget/page + 2) pages = {pages * 16} slots.", "",
+             "| radix cache | cached tokens per request | peak pool slots held | peak running | "
+             "retractions | TTFT p50 (ms) | output tok/s | shared tokens copied |", "|---" * 8 + "|"]
+    for mode, r in results.items():
+        lines.append(f"| {mode} | {r['cached_mean']:.0f} | {r['peak_pool_held_tokens']} | {r['peak_running']} | "
+                     f"{r['retractions']} | {r['ttft_p50_ms']:.0f} | {r['output_tok_s']:.0f} | {r['tokens_copied']} |")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, text: str, name: str = "history") -> None:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     doc = path.read_text()
     if begin not in doc:
         raise SystemExit(f"{path}: no '{begin}' marker")
@@ -174,12 +226,25 @@ def main() -> None:
     p.add_argument("--pool", type=int, default=65536, help="--max-total-tokens of both servers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="4 sessions x 3 turns, system 256, budget 64")
+    p.add_argument("--part", choices=("history", "sharing", "all"), default="all")
+    p.add_argument("--sharing-tokens", type=int, default=200, help="sharing part: tokens generated per request")
+    p.add_argument("--sharing-pool", type=int, default=16384, help="sharing part: --max-total-tokens")
     p.add_argument("--plot", type=Path, default=None, help="PNG of TTFT per turn")
     p.add_argument("--results-md", type=Path, default=None, help="rewrite its history section")
     args = p.parse_args()
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.budget = 4, 3, 256, 64
     model = args.model or str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
+    if args.part in ("sharing", "all"):
+        results = {}
+        for mode, flags in (("vtoken (shared)", []), ("none (--disable-radix-cache)", ["--disable-radix-cache"])):
+            print(f"[bench_history] sharing: {mode}", file=sys.stderr)
+            results[mode] = run_sharing(args, model, flags)
+            print(json.dumps({"part": "sharing", "mode": mode, **results[mode]}), flush=True)
+        if args.results_md:
+            write_section(args.results_md, sharing_markdown(args, results), "sharing")
+    if args.part == "sharing":
+        return
     rows, states = {}, {}
     for mode, flags in MODES.items():
         print(f"[bench_history] {mode}: {args.sessions} sessions x {args.turns} turns", file=sys.stderr)

@@ -1,0 +1,158 @@
+"""The holed radix cache on a tiny fake pool (no server): exact slot accounting, stored views,
+namespaces, hole punching and eviction of holed nodes."""
+
+from array import array
+
+import pytest
+import torch
+
+from sgl_vtoken.config import EvictConfig
+
+
+class Allocator:
+    """A page-size-1 pool of `size` slots (1-based, like SGLang's) that rejects double frees."""
+
+    page_size, device = 1, "cpu"
+
+    def __init__(self, size: int):
+        self.size, self.free_slots = size, list(range(1, size + 1))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, n: int) -> torch.Tensor:
+        out, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        return torch.tensor(out, dtype=torch.int64)
+
+    def free(self, slots: torch.Tensor) -> None:
+        for s in slots.tolist():
+            assert s not in self.free_slots, f"double free of slot {s}"
+            self.free_slots.append(s)
+
+    def free_segment(self, slots: torch.Tensor, start_pos: int = 0) -> None:
+        self.free(slots)
+
+
+class ReqToToken:
+    def __init__(self):
+        self.req_to_token = torch.zeros(4, 256, dtype=torch.int32)
+
+
+class KV:
+    def __init__(self, idx: int):
+        self.req_pool_idx, self.cache_protected_len, self.cache_inserted_len = idx, 0, 0
+
+
+class Req:
+    """The attributes of SGLang's `Req` the cache reads and writes."""
+
+    def __init__(self, ids, st=None, idx=0):
+        self.origin_input_ids, self.output_ids = array("q", ids), array("q")
+        self.full_untruncated_fill_ids = array("q")
+        self.vtoken, self.kv, self.extra_key, self.cache_salt, self.priority = st, KV(idx), None, None, 0
+        self.return_logprob, self.logprob_start_len, self.lock, self.last_node = False, -1, None, None
+        self.done = False
+
+    def refresh_fill_ids(self):
+        self.full_untruncated_fill_ids = self.origin_input_ids + self.output_ids
+
+    def _compute_max_prefix_len(self, n):
+        return n - 1
+
+    def finished(self):
+        return self.done
+
+
+@pytest.fixture
+def cache():
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from sgl_vtoken.patches import radix
+
+    alloc = Allocator(64)
+    return radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
+                                                 token_to_kv_pool_allocator=alloc, page_size=1))
+
+
+def evicting_state(rid):
+    from sgl_vtoken.patches.eviction import new_state
+
+    st = new_state(EvictConfig(policy="streamingllm", budget=8, sink=2), rid)
+    st.holed = True
+    return st
+
+
+def finish_turn(cache, req, ids_with_kv, kept_pos):
+    """Pretend `req` ran and evicted: its row holds `kept_pos` (fresh slots); store it."""
+    st = req.vtoken
+    alloc = cache.token_to_kv_pool_allocator
+    slots = alloc.alloc(len(kept_pos))
+    cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(kept_pos)] = slots.to(torch.int32)
+    req.output_ids = array("q", ids_with_kv[len(req.origin_input_ids):] + [999])  # last: no KV
+    st.kept_pos, st.offset, st.steps = torch.tensor(kept_pos), len(ids_with_kv) - len(kept_pos), 1
+    req.lock = cache.lock(req.last_node or cache.root_node)
+    req.done = True
+    cache.checkpoint(req, up_to=len(kept_pos))
+    cache.unlock(req.lock)
+    return slots
+
+
+def test_history_is_stored_with_holes_and_continued(cache):
+    alloc = cache.token_to_kv_pool_allocator
+    ids = list(range(100, 112))                                     # 12 logical tokens with KV
+    first = Req(ids[:6], evicting_state("a"))
+    slots = finish_turn(cache, first, ids, kept_pos=[0, 1, 8, 9, 10, 11])
+    assert cache.evictable_size() == 6 and cache.protected_size() == 0  # live slots only
+    assert sorted(cache.all_values_flatten().tolist()) == sorted(slots.tolist())
+    assert alloc.available_size() + cache.evictable_size() == alloc.size
+
+    nxt = Req(ids + [999, 7, 8], evicting_state("b"))               # history + last token + message
+    result = match(cache, nxt)
+    assert result.device_prefix_len == 6
+    st = nxt.vtoken
+    assert st.kept_pos.tolist() == [0, 1, 8, 9, 10, 11] and st.offset == 12 - 6
+    assert list(nxt.origin_input_ids) == [100, 101, 108, 109, 110, 111, 999, 7, 8]
+    assert cache.prefix_device_indices(nxt).tolist() == slots.tolist()
+    assert st.report["history_tokens"] == 12
+
+    plain = Req(ids + [999, 7, 8])                                  # no eviction: never a holed hit
+    assert match(cache, plain).device_prefix_len == 0
+
+
+def test_next_history_punches_the_old_one_and_eviction_frees_only_live_slots(cache):
+    alloc = cache.token_to_kv_pool_allocator
+    ids = list(range(100, 112))
+    finish_turn(cache, Req(ids[:6], evicting_state("a")), ids, kept_pos=[0, 1, 8, 9, 10, 11])
+    turn2 = Req(ids + [999, 7, 8], evicting_state("b"))
+    match(cache, turn2)
+    view = cache.prefix_device_indices(turn2)
+    ids2 = ids + [999, 7, 8, 9, 10]                                 # 17 logical tokens with KV
+    # Turn 2's row: sinks from the old view, then its own tokens 13..16 (fresh slots).
+    row = torch.cat([view[:2], alloc.alloc(4)])
+    cache.req_to_token_pool.req_to_token[0, :6] = row.to(torch.int32)
+    turn2.kv.cache_protected_len = 2
+    st = turn2.vtoken
+    turn2.origin_input_ids, st.logical_prompt = st.logical_prompt, None
+    turn2.output_ids = array("q", [9, 10, 999])
+    st.kept_pos, st.offset, st.steps = torch.tensor([0, 1, 13, 14, 15, 16]), 11, 1
+    turn2.lock, turn2.done = cache.lock(turn2.last_node), True
+    cache.checkpoint(turn2, up_to=6)
+    cache.unlock(turn2.lock)
+    # The old view's 4 slots at positions 8..11 are not used by the new view: punched (freed).
+    assert cache.evictable_size() == 6 and cache.total_size() == 6
+    assert alloc.available_size() + cache.evictable_size() == alloc.size
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    assert cache.evict(EvictParams(num_tokens=64)).num_tokens_evicted == 6
+    assert alloc.available_size() == alloc.size and cache.evictable_size() == 0
+
+
+def match(cache, req):
+    """What SGLang's `match_kv_cache` does around `match_prefix`."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    req.refresh_fill_ids()
+    result = cache.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids, None), req=req))
+    req.last_node = result.last_device_node
+    return result
