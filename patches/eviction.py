@@ -217,15 +217,17 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
     reaches are freed. Page size > 1: `split_tree_pages`; the copies go to new private pages put
     before the request's own, so the planner packs the kept private tokens right after them.
     """
-    ps = st.cfg.page_size
+    ps, tree = st.cfg.page_size, scheduler.tree_cache
     if ps == 1:
         tree_rows = row[:cpl]
         row, keep, new_cpl = drop_tree_rows(row, keep, cpl)
         if new_cpl < cpl and st.hit is not None:
             gone = tree_rows[~torch.isin(tree_rows, row[:new_cpl])]
-            freed = scheduler.tree_cache.release_dropped(req, gone.to(st.hit[1].device))
+            freed = tree.release_dropped(req, gone.to(st.hit[1].device))
             counters_of(scheduler).pages_freed += freed
             st.pages_freed += freed
+        elif new_cpl < cpl:
+            tree.relock_shallower(req, row[:new_cpl])
         return row, keep, new_cpl, row[:0], row[:0]
     split = split_tree_pages(keep, cpl, ps)
     c, w = split.copy.numel(), split.whole.numel()
@@ -234,6 +236,8 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
     if slots is None:
         return None
     slots = slots.to(torch.int64).cpu()
+    if split.whole.numel() < cpl:
+        tree.relock_shallower(req, row[split.whole])  # the copies no longer need the tree
     view = torch.cat([row[split.whole], slots, row[cpl:]])
     priv = keep[keep >= cpl] - cpl + w + new
     return view, torch.cat([torch.arange(w + c), priv]), w, row[split.copy], slots[:c]

@@ -261,6 +261,28 @@ class HoledRadixCache(RadixCache):
             node = node.parent
         return freed
 
+    def relock_shallower(self, req, kept: torch.Tensor) -> None:
+        """Move `req`'s lock on a hole-free path up to the shallowest node that still holds every
+        tree slot its row keeps (`kept`), splitting at a page boundary: the deeper part of the
+        prompt then belongs to whoever else holds it, or becomes evictable."""
+        node = req.last_node
+        if node is None or node is self.root_node or getattr(node, "vt_live", None) is not None:
+            return
+        path = self.path_device_indices(node)
+        hits = torch.isin(path, kept.to(path.device)).nonzero().flatten()
+        need = -(-(int(hits[-1]) + 1 if hits.numel() else 0) // self.page_size) * self.page_size
+        depth = len(path)
+        if need >= depth:
+            return
+        while node is not self.root_node and depth - len(node.key) >= need:
+            depth -= len(node.key)
+            node = node.parent
+        if depth > need:  # `need` falls inside `node`: split it there
+            node = self._split_node(node.key, node, need - (depth - len(node.key)))
+        lock = self.lock(node)
+        self.unlock(req.lock)
+        req.lock, req.last_node = lock, node
+
     def _free_where(self, node, mask: torch.Tensor) -> int:
         """Free the live slots of a locked holed node under `mask` (they become holes)."""
         mask = mask & (node.value >= 0)

@@ -156,3 +156,23 @@ def match(cache, req):
     result = cache.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids, None), req=req))
     req.last_node = result.last_device_node
     return result
+
+
+def test_a_row_that_dropped_a_shared_prompt_unlocks_its_unused_part(cache):
+    """relock_shallower: the lock moves up to the node holding the kept slots (split there); the
+    rest of the prompt becomes evictable; nothing is freed while a lock covers it."""
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    alloc = cache.token_to_kv_pool_allocator
+    slots = alloc.alloc(10)
+    cache.insert(InsertParams(key=RadixKey(array("q", range(200, 210)), None), value=slots))
+    req = Req(list(range(200, 212)))
+    req.last_node = match(cache, req).last_device_node
+    req.lock = cache.lock(req.last_node)
+    assert cache.protected_size() == 10 and cache.evictable_size() == 0
+    cache.relock_shallower(req, slots[[0, 1, 3]])              # the row keeps prompt tokens 0, 1, 3
+    assert cache.protected_size() == 4 and cache.evictable_size() == 6
+    assert cache.path_device_indices(req.last_node).tolist() == slots[:4].tolist()
+    cache.unlock(req.lock)
+    assert cache.evictable_size() == 10 and alloc.available_size() + 10 == alloc.size
