@@ -386,10 +386,12 @@ def render(args, cells: list[Cell], meta: dict, plots: list[str]) -> str:
         "contiguous range, so Naive-Evict frees whole pages too and the two stay close (as in the "
         "simulator). Concurrency and latency depend on more than memory here: (1) a prompt is prefilled "
         "whole before its first eviction, so admitting a request still needs room for its whole prompt, "
-        "and the pool's capacity at the evicted footprint is reached only as prompts shrink; (2) evicting "
-        "requests never insert their compacted rows into the radix tree, so every turn of an evicting "
-        "session re-prefills the whole history, while No-Evict reuses the previous turn's KV (cached "
-        "prompt tokens, TTFT per turn); (3) with this many sessions the burst's peak is capped by the "
+        "and the pool's capacity at the evicted footprint is reached only as prompts shrink; (2) at page "
+        "size > 1 compacted histories are not stored, so every turn of an evicting session prefills what "
+        "its cached prompt lacks: vToken requests share full-attention prompts through the holed radix "
+        "cache (the system prompt and the previous turn's prompt), Naive-Evict requests insert nothing "
+        "and re-prefill the whole history, while No-Evict reuses the previous turn's KV (cached prompt "
+        "tokens, TTFT per turn; multi-turn history reuse at page size 1 has its own section); (3) with this many sessions the burst's peak is capped by the "
         "session count in every mode, hence the capacity row. "
         "Wall-clock figures (TTFT, TPOT, tokens/s, the rate ladder) move with the load other jobs put on "
         "the two cores: compare modes within one run, and prefer output tokens per scheduler CPU second "
@@ -410,8 +412,8 @@ def render(args, cells: list[Cell], meta: dict, plots: list[str]) -> str:
         "the factor x the cell's own unloaded p95 TTFT; 1.05 is the vToken paper's factor, the looser one "
         "absorbs the noise of a shared CPU. Retractions: delta of `sglang:num_retracted_requests_total`. "
         "Evicted tokens, pages freed, tokens moved: deltas of the plugin's counters. The No-Evict cells "
-        "send `kv_evict: {\"policy\": \"none\"}` (stock SGLang code paths, radix prefix reuse included: "
-        "evicting requests never insert their compacted rows, hence their 0 cached tokens and longer "
+        "send `kv_evict: {\"policy\": \"none\"}` (stock SGLang code paths, radix prefix reuse included; "
+        "Naive-Evict requests never insert their compacted rows, hence their 0 cached tokens and longer "
         f"prefills). Raw JSON lines of every run: `{meta['raw_dir']}/`.")
     return "\n".join(L)
 
