@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from sgl_vtoken.kvp import load_scorer
+from sgl_vtoken.kvp import ModelIdentity, load_scorer
 from sgl_vtoken.policies.base import EvictionPolicy, aggregate
 from sgl_vtoken.types import TokenView
 
@@ -37,6 +37,10 @@ class KVP(EvictionPolicy):
     @property
     def scorer(self):
         return load_scorer(self.checkpoint)
+
+    def check_model(self, hf_config: dict) -> None:
+        """ValueError naming every field where the served model differs from the checkpoint's."""
+        self.scorer.identity.check(ModelIdentity.from_hf_config(hf_config))
 
     def score(self, view: TokenView) -> torch.Tensor:
         with torch.no_grad():
