@@ -46,8 +46,9 @@ from sgl_vtoken.types import TokenView  # noqa: E402
 POLICIES = ("kvp", "streamingllm", "h2o", "tova", "knorm", "random", "oracle")
 
 
-def replay(policy_name: str, budget: int, keys, values, probs, future, prompt: int, args) -> list[list[int]]:
-    """Rows kept before each step t (positions < t) for t = prompt .. T-1, policy at interval 1."""
+def replay(policy_name: str, budget: int, keys, values, probs, future, prompt: int, args):
+    """Rows kept before each step t (positions < t) for t = prompt .. T-1, policy at interval 1,
+    and the mean seconds per `policy.keep` call."""
     T = keys.shape[0]
     params = {"checkpoint": args.checkpoint} if policy_name == "kvp" else {}
     name = "streamingllm" if policy_name == "oracle" else policy_name
@@ -65,7 +66,7 @@ def replay(policy_name: str, budget: int, keys, values, probs, future, prompt: i
     row = list(range(prompt))
     if acc is not None:
         observe(list(range(max(0, prompt - args.obs_window), prompt)), row)
-    rows = []
+    rows, keep_s = [], []
     for t in range(prompt, T):
         if len(row) >= budget + 1:
             pos = torch.tensor(row)
@@ -76,7 +77,9 @@ def replay(policy_name: str, budget: int, keys, values, probs, future, prompt: i
             else:
                 view = TokenView(positions=pos, keys=keys[pos], values=values[pos],
                                  attn=acc.stats if acc is not None else None, rid=0, step=t)
+                t0 = time.perf_counter()
                 keep = policy.keep(view, budget)
+                keep_s.append(time.perf_counter() - t0)
             if acc is not None:
                 acc.select(keep)
             row = [row[i] for i in keep.tolist()]
@@ -84,7 +87,7 @@ def replay(policy_name: str, budget: int, keys, values, probs, future, prompt: i
         row.append(t)
         if acc is not None:
             observe([t], row)
-    return rows
+    return rows, (sum(keep_s) / len(keep_s) if keep_s else 0.0)
 
 
 def retained(rows, future, prompt) -> float:
@@ -113,25 +116,32 @@ def masked_nll(model, ids, rows, prompt) -> tuple[float, int]:
 
 
 def plot(summary: list[dict], path: str) -> None:
+    """Retained mass vs budget (left) and its difference to streamingllm (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(10, 4))
+    base = {r["budget"]: r["retained_mass"] for r in summary if r["policy"] == "streamingllm"}
     for pol in POLICIES:
         pts = sorted((r["budget"], r["retained_mass"]) for r in summary if r["policy"] == pol)
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=pol, linestyle="--" if pol == "oracle" else "-")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("budget (live KV tokens)")
-    ax.set_ylabel("retained future attention mass")
-    ax.set_title("Held-out stdlib code, trained tiny Llama")
-    ax.grid(alpha=0.3)
+        if not pts:
+            continue
+        style = dict(marker="o", label=pol, linestyle="--" if pol == "oracle" else "-")
+        ax.plot(*zip(*pts), **style)
+        if base:
+            dx.plot([b for b, _ in pts], [m - base[b] for b, m in pts], **style)
+    for a, label in ((ax, "retained future attention mass"), (dx, "retained mass - streamingllm's")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("budget (live KV tokens)")
+        a.set_ylabel(label)
+        a.grid(alpha=0.3)
     ax.legend()
+    fig.suptitle("Held-out text, trained tiny Llama, eviction at every step")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
 
 
 def main(argv=None) -> None:
@@ -171,23 +181,26 @@ def main(argv=None) -> None:
         for pol in args.policies:
             for b in sorted(set(args.budgets) | set(args.ppl_budgets)):
                 args.window = {"h2o": int(b * args.h2o_window)}
-                rows = replay(pol, b, keys, values, probs, future, args.prompt, args)
-                rec = {"seq": s, "policy": pol, "budget": b, "retained_mass": retained(rows, future, args.prompt)}
+                rows, keep_s = replay(pol, b, keys, values, probs, future, args.prompt, args)
+                rec = {"seq": s, "policy": pol, "budget": b, "retained_mass": retained(rows, future, args.prompt),
+                       "keep_ms": round(1e3 * keep_s, 3)}
                 if b in args.ppl_budgets:
                     rec["nll"], rec["tokens"] = masked_nll(model, ids, rows, args.prompt)
                 lines.append(rec)
-                a = acc.setdefault((pol, b), {"mass": [], "nll": 0.0, "tokens": 0})
+                a = acc.setdefault((pol, b), {"mass": [], "nll": 0.0, "tokens": 0, "ms": []})
                 a["mass"].append(rec["retained_mass"])
+                a["ms"].append(rec["keep_ms"])
                 a["nll"] += rec.get("nll", 0.0)
                 a["tokens"] += rec.get("tokens", 0)
         print(json.dumps({"event": "seq", "seq": s, "elapsed_s": round(time.perf_counter() - t0, 1)}),
               file=sys.stderr, flush=True)
     summary = [{"event": "summary", "policy": pol, "budget": b,
                 "retained_mass": round(sum(a["mass"]) / len(a["mass"]), 4),
-                "ppl": round(math.exp(a["nll"] / a["tokens"]), 3) if a["tokens"] else None}
+                "ppl": round(math.exp(a["nll"] / a["tokens"]), 3) if a["tokens"] else None,
+                "keep_ms": round(sum(a["ms"]) / len(a["ms"]), 3)}
                for (pol, b), a in acc.items()]
     summary.append({"event": "summary", "policy": "full", "budget": None, "retained_mass": 1.0,
-                    "ppl": round(math.exp(full_nll / count), 3)})
+                    "ppl": round(math.exp(full_nll / count), 3), "keep_ms": 0.0})
     out = open(args.out, "w") if args.out else None
     for rec in lines + summary:
         if out:
@@ -196,15 +209,16 @@ def main(argv=None) -> None:
         print(json.dumps(rec), flush=True)
     budgets = sorted(set(args.budgets))
     print("\n| policy | " + " | ".join(f"mass @{b}" for b in budgets) + " | "
-          + " | ".join(f"ppl @{b}" for b in args.ppl_budgets) + " |")
-    print("|---" * (1 + len(budgets) + len(args.ppl_budgets)) + "|")
+          + " | ".join(f"ppl @{b}" for b in args.ppl_budgets) + f" | ms per keep @{budgets[-1]} |")
+    print("|---" * (2 + len(budgets) + len(args.ppl_budgets)) + "|")
     by = {(r["policy"], r["budget"]): r for r in summary}
     for pol in args.policies:
         cells = [f"{by[(pol, b)]['retained_mass']:.3f}" for b in budgets]
         cells += [f"{by[(pol, b)]['ppl']:.2f}" for b in args.ppl_budgets]
+        cells.append(f"{by[(pol, budgets[-1])]['keep_ms']:.2f}")
         print(f"| {pol} | " + " | ".join(cells) + " |")
     print(f"| full attention | {' | '.join('1.000' for _ in budgets)} | "
-          + " | ".join(f"{by[('full', None)]['ppl']:.2f}" for _ in args.ppl_budgets) + " |")
+          + " | ".join(f"{by[('full', None)]['ppl']:.2f}" for _ in args.ppl_budgets) + " | - |")
     if args.plot:
         plot([r for r in summary if r["budget"] in budgets], args.plot)
     print(json.dumps({"event": "done", "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)

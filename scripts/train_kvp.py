@@ -38,7 +38,7 @@ def main(argv=None) -> None:
     p.add_argument("--heldout", default=None, help="held-out traces, for the reported reward")
     p.add_argument("--out", required=True, help="checkpoint path (.safetensors)")
     p.add_argument("--hidden", type=int, default=32)
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--samples", type=int, default=8, help="rankings sampled per problem (K)")
     p.add_argument("--lr", type=float, default=3e-3)
