@@ -10,8 +10,9 @@ evicted summed over every budget, normalized between the oracle and the reverse 
 `sgl_vtoken/kvp_train.py`). Seeded and CPU-deterministic: same traces and arguments, same
 checkpoint bytes (the sha256 is printed). The checkpoint records the traced model's identity;
 the server refuses it for another model. Prints JSON lines: progress every `--log-every` steps,
-then the noise-free normalized reward (0 = oracle ranking, -1 = reverse) on the training and
-held-out traces, before and after training.
+then the noise-free normalized reward (0 = oracle ranking, -1 = reverse, about -0.5 = random)
+on the training and held-out traces, before and after training, and that of two per-head
+heuristic rankings (recency, smallest key norm) on the held-out traces.
 """
 
 from __future__ import annotations
@@ -77,8 +78,11 @@ def main(argv=None) -> None:
     extra = {"traces": tr.meta, "horizon": tr.horizon, "steps": args.steps, "seed": args.seed,
              "sink": args.sink, "objective": "plackett-luce-reinforce-loo"}
     path = save_checkpoint(scorer, args.out, extra=extra)
+    baselines = {h: evaluate(scorer, held or tr, args.sink, rank_by=h) for h in ("recency", "knorm")}
     print(json.dumps({"event": "done", "out": str(path), "identity": vars(tr.identity),
-                      "reward_before": before, "reward_after": after, "steps": args.steps,
+                      "reward_before": before, "reward_after": after,
+                      "heuristics_reward": {"traces": "heldout" if held else "train", **baselines},
+                      "steps": args.steps,
                       "seed": args.seed, "train_s": round(time.perf_counter() - t0, 1),
                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}), flush=True)
 

@@ -96,12 +96,20 @@ def fit_feature_stats(scorer: KVPScorer, tr: Traces, sink: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(scorer: KVPScorer, tr: Traces, sink: int) -> float:
-    """Mean normalized reward of the scorer's own (noise-free) ranking over every problem."""
+def evaluate(scorer: KVPScorer, tr: Traces, sink: int, rank_by: str = "scorer") -> float:
+    """Mean normalized reward of a noise-free ranking over every problem of `tr`: the scorer's,
+    or a heuristic's per head (``"recency"``: newest first; ``"knorm"``: smallest key norm first)."""
     rewards = []
     for c in range(len(tr.cuts)):
         x, m = _problem(scorer, tr, torch.arange(tr.keys.shape[0]), c, sink)
-        s = scorer.forward_features(x).transpose(-1, -2)
+        if rank_by == "scorer":
+            s = scorer.forward_features(x).transpose(-1, -2)
+        elif rank_by == "recency":
+            s = torch.arange(m.shape[-1], dtype=torch.float32).expand_as(m)
+        elif rank_by == "knorm":
+            s = -x[..., :scorer.identity.head_dim].norm(dim=-1).transpose(-1, -2)
+        else:
+            raise ValueError(f"rank_by must be 'scorer', 'recency' or 'knorm' (got {rank_by!r})")
         rewards.append(normalized_reward(torch.gather(m, -1, s.argsort(-1, descending=True)), m))
     return float(torch.cat([r.flatten() for r in rewards]).mean())
 

@@ -146,3 +146,13 @@ def test_traces_round_trip(tmp_path):
     assert back.identity == IDT and torch.equal(back.keys, tr.keys) and torch.equal(back.targets, tr.targets)
     with pytest.raises(ValueError, match="KVP traces is for another model"):
         train(KVPScorer(ModelIdentity("llama", 3, 2, 8)), tr, steps=1)
+
+
+def test_heuristic_rankings_are_scored_like_the_scorer():
+    """On the synthetic traces the mass follows key[..., 0], not recency: recency ranks like chance."""
+    tr = synthetic_traces()
+    sc = KVPScorer(IDT)
+    assert -0.7 < evaluate(sc, tr, 4, rank_by="recency") < -0.3
+    assert -1.0 <= evaluate(sc, tr, 4, rank_by="knorm") <= 0.0
+    with pytest.raises(ValueError, match="rank_by must be"):
+        evaluate(sc, tr, 4, rank_by="lru")
