@@ -73,6 +73,7 @@ class KVPScorer(torch.nn.Module):
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
             raise ValueError(f"KVPScorer.hidden must be an integer >= 1 (got {hidden!r})")
         self.identity, self.hidden = identity, hidden
+        self.extra: dict = {}  # training provenance, from the checkpoint
         g_num, f_num = identity.num_layers * identity.num_kv_heads, 2 * identity.head_dim + 2
         gen = torch.Generator().manual_seed(seed)
         self.w1 = torch.nn.Parameter(torch.randn(g_num, f_num, hidden, generator=gen) / f_num ** 0.5)
@@ -128,12 +129,12 @@ def save_checkpoint(scorer: KVPScorer, path: str | Path, extra: dict | None = No
     return path
 
 
-def load_checkpoint(path: str | Path) -> KVPScorer:
-    """The scorer stored at `path`, in eval mode.
+def load_checkpoint(path: str | Path, expect: ModelIdentity | None = None) -> KVPScorer:
+    """The scorer stored at `path`, in eval mode; if `expect` is given, its identity must match.
 
     Raises:
         ValueError: missing, unreadable or malformed file (the message names ``checkpoint`` and
-            the path).
+            the path), or a checkpoint for another model than `expect` (naming the fields).
     """
     from safetensors import safe_open
 
@@ -166,6 +167,8 @@ def load_checkpoint(path: str | Path) -> KVPScorer:
     except RuntimeError as e:
         raise ValueError(f"{where}: tensors do not match the metadata ({e})") from None
     scorer.extra = meta.get("extra", {})
+    if expect is not None:
+        identity.check(expect)
     return scorer.eval().requires_grad_(False)
 
 

@@ -58,6 +58,14 @@ def test_identity_mismatch_names_the_fields():
     IDT.check(IDT)
 
 
+def test_loading_for_an_expected_model_checks_the_identity(tmp_path):
+    path = save_checkpoint(KVPScorer(IDT, hidden=4), tmp_path / "a.safetensors")
+    assert load_checkpoint(path, expect=IDT).identity == IDT
+    other = ModelIdentity("qwen2", num_layers=2, num_kv_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match=r"model_type: checkpoint 'llama', model 'qwen2'"):
+        load_checkpoint(path, expect=other)
+
+
 @pytest.mark.parametrize("content,needle", [
     (None, "no such file"),
     (b"not a safetensors file", "not a readable safetensors file"),
