@@ -8,8 +8,7 @@ reads only what the KV cache holds, so it needs no attention pass at serving tim
     standardized with the training set's mean / std, then  s = w2 . relu(W1 x + b1) + b2
 
 Higher score = more future attention expected (keep). Both position features are relative to
-the newest token, so a scorer trained on short traces applies to longer rows and to rows with
-holes. The checkpoint is a safetensors file whose metadata carries the model identity
+the newest token, so they mean the same on a compacted row with holes as on a full one. The checkpoint is a safetensors file whose metadata carries the model identity
 (model type, layers, KV heads, head dim) and the feature spec; loading for another model raises
 ``ValueError`` naming every mismatched field. Same weights, same bytes.
 """
