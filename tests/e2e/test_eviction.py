@@ -117,16 +117,17 @@ def kvp_checkpoint(hf_eager, tmp_path_factory):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_kvp_greedy_equals_masked_reference(server_factory, hf_eager, kvp_checkpoint, page_size):
     """`--kv-evict kvp` from a checkpoint, fp32, interval 1: token for token equal to HF applying the
-    same scorer to its own K/V and masking the same victims; and not equal to full attention."""
+    same scorer to its own K/V and masking the same victims; not equal to full attention (the same
+    server with `{"policy": "none"}`); and the kept row is not the recency row."""
     config = json.dumps({"checkpoint": kvp_checkpoint})
     client = evict_server(server_factory, page_size, "kvp", 64, "--kv-evict-config", config)
-    prompt, n, rid = random_ids(100, seed=300 + page_size), 160, f"exact-kvp-{page_size}"
+    prompt, n, rid = random_ids(100, seed=300 + page_size), 120, f"exact-kvp-{page_size}"
     out = generate(client, prompt, n, rid)
     cfg = EvictConfig(policy="kvp", budget=64, sink=4, page_size=page_size,
                       params={"checkpoint": kvp_checkpoint})
     expected, row = masked_greedy(hf_eager, prompt, n, cfg, rid=rid)
     assert out["output_ids"] == expected
-    assert expected != masked_greedy(hf_eager, prompt, n, EvictConfig())[0]
+    assert expected != generate(client, prompt, n, rid + "-full", {"policy": "none"})["output_ids"]
     assert row[:-1] != list(range(4)) + list(range(len(prompt) + n - 61, len(prompt) + n - 1))  # not recency
     report = out["meta_info"]["kv_evict"][0]
     assert report["policy"] == "kvp" and report["live_tokens"] == 64
