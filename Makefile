@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench kvp clean
 
 install: $(STAMP)
 
@@ -25,6 +25,19 @@ test: $(STAMP)
 # section of docs/RESULTS.md and docs/img/bench_*.png (about 5 to 15 minutes on two cores).
 bench: $(STAMP)
 	$(PY) scripts/bench_matrix.py
+
+# Learned eviction on CPU: train the tiny LM, collect K/V traces, train the KVP scorers, compare
+# them with the heuristics; rewrites docs/img/kvp_*.png, prints the tables of docs/RESULTS.md.
+KVP_DIR := .cache/kvp
+kvp: $(STAMP)
+	$(PY) scripts/train_tiny_lm.py --out .cache/tiny-lm
+	$(PY) scripts/collect_traces.py --model .cache/tiny-lm --out $(KVP_DIR)/traces-train.pt
+	$(PY) scripts/collect_traces.py --model .cache/tiny-lm --split heldout --num-seqs 16 \
+		--out $(KVP_DIR)/traces-heldout.pt
+	$(PY) scripts/train_kvp.py --traces $(KVP_DIR)/traces-train.pt \
+		--heldout $(KVP_DIR)/traces-heldout.pt --out $(KVP_DIR)/kvp.safetensors
+	$(PY) scripts/eval_kvp.py --model .cache/tiny-lm --checkpoint $(KVP_DIR)/kvp.safetensors \
+		--out $(KVP_DIR)/eval.jsonl --plot docs/img/kvp_retained_mass.png
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis

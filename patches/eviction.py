@@ -131,6 +131,11 @@ def _gather_keys(pool, slots: torch.Tensor) -> torch.Tensor:
     return torch.stack([pool.get_key_buffer(layer)[slots] for layer in range(pool.layer_num)], dim=1)
 
 
+def _gather_values(pool, slots: torch.Tensor) -> torch.Tensor:
+    """``[n, layers, H, D]`` cached values of `slots` (for value-based policies: KVP)."""
+    return torch.stack([pool.get_value_buffer(layer)[slots] for layer in range(pool.layer_num)], dim=1)
+
+
 def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     """Evict one request down to its budget; returns the number of tokens evicted."""
     cfg, kv = st.cfg, req.kv
@@ -150,11 +155,15 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     keys = None
     if "keys" in st.policy.needs:  # every TP rank scores all KV heads: identical victims
         keys = tp_gather(_gather_keys(pool, row_dev).cpu(), getattr(scheduler, "tp_group", None), dim=2)
+    values = None
+    if "values" in st.policy.needs:
+        values = tp_gather(_gather_values(pool, row_dev).cpu(), getattr(scheduler, "tp_group", None), dim=2)
     attn = st.accumulator.stats if st.accumulator is not None else None
     if attn is not None and attn.shape[0] != row_len:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
     shared = None if st.holed else torch.arange(row_len) < cpl
-    view = TokenView(positions=positions, keys=keys, attn=attn, shared=shared, rid=st.rid, step=st.steps)
+    view = TokenView(positions=positions, keys=keys, attn=attn, shared=shared, rid=st.rid, step=st.steps,
+                     values=values)
     keep = st.policy.keep(view, cfg.budget)
     row_keep, new_cpl, copy_src, copy_dst = keep, cpl, row[:0], row[:0]
     if st.holed and cpl:

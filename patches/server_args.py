@@ -26,9 +26,9 @@ from sgl_vtoken.policies import POLICIES
 REFUSE_ENV_VAR = "VTOKEN_REFUSE"
 ATTN_REFUSE_ENV_VAR = "VTOKEN_REFUSE_ATTENTION"
 
-# Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys, and
-# attention probabilities recomputed next to each attention layer (`scores.py`).
-SERVED_NEEDS = {"keys", "attn"}
+# Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys and values,
+# and attention probabilities recomputed next to each attention layer (`scores.py`).
+SERVED_NEEDS = {"keys", "values", "attn"}
 # Every registered policy whose statistics the server collects, in registry order.
 KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs) <= SERVED_NEEDS))
 ATTENTION_POLICIES = tuple(n for n, cls in POLICIES.items() if "attn" in cls.needs)
@@ -148,14 +148,38 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
     if args.kv_budget is None:
         _fail(f"argument --kv-budget: required with --kv-evict {policy}")
     try:
-        return EvictConfig(policy=policy, budget=args.kv_budget, sink=args.kv_sink,
-                           window=args.kv_window, interval=args.kv_evict_interval,
-                           reclaim=args.kv_reclaim, page_size=page_size,
-                           params=params, **top)
+        cfg = EvictConfig(policy=policy, budget=args.kv_budget, sink=args.kv_sink,
+                          window=args.kv_window, interval=args.kv_evict_interval,
+                          reclaim=args.kv_reclaim, page_size=page_size,
+                          params=params, **top)
     except ValueError as e:
         m = re.search(r"EvictConfig\.(\w+)", str(e))
         flag = FIELD_FLAGS.get(m.group(1), "--kv-evict") if m else "--kv-evict"
         _fail(f"argument {flag}: {e}")
+    check_policy_fits_model(cfg, args)
+    return cfg
+
+
+def check_policy_fits_model(cfg: EvictConfig, args) -> None:
+    """Exit if the policy is tied to a model (KVP's trained scorers) and the served one differs."""
+    from sgl_vtoken.policies import make_policy
+
+    check = getattr(make_policy(cfg.policy, **cfg.policy_kwargs()), "check_model", None)
+    if check is None:
+        return
+    try:
+        from transformers import AutoConfig
+
+        hf = AutoConfig.from_pretrained(args.model_path, trust_remote_code=getattr(args, "trust_remote_code", False),
+                                        revision=getattr(args, "revision", None))
+        model_config = {**hf.get_text_config().to_dict(), "model_type": hf.model_type}
+    except Exception as e:  # any reason the config cannot be read: refuse rather than guess
+        _fail(f"argument --kv-evict-config: cannot read the config of --model-path {args.model_path!r} "
+              f"to check the {cfg.policy} checkpoint against it ({type(e).__name__}: {e})")
+    try:
+        check(model_config)
+    except ValueError as e:
+        _fail(f"argument --kv-evict-config: {e}")
 
 
 def select_radix_backend(server_args, cfg: EvictConfig) -> None:

@@ -16,6 +16,7 @@ class TokenView:
     Attributes:
         positions: ``[n] int64`` logical (original RoPE) positions, strictly ascending.
         keys: ``[n, L, H, D]`` cached keys (post-RoPE), or None if the policy does not read keys.
+        values: ``[n, L, H, D]`` cached values, or None if the policy does not read values.
         attn: ``[n, L, H]`` float attention statistic produced by the policy's accumulator
             (higher = more important), or None.
         shared: ``[n] bool`` True for tokens the request does not own (tree-owned prefix, or read
@@ -33,12 +34,13 @@ class TokenView:
     agreed: torch.Tensor | None = None
     rid: int = 0
     step: int = 0
+    values: torch.Tensor | None = None  # last: existing positional constructions stay valid
 
     def __post_init__(self) -> None:
         if self.positions.dim() != 1:
             raise ValueError(f"TokenView.positions must be 1-D [n] (got {tuple(self.positions.shape)})")
         n = self.positions.shape[0]
-        for name, dims in (("keys", 4), ("attn", 3), ("shared", 1), ("agreed", 1)):
+        for name, dims in (("keys", 4), ("values", 4), ("attn", 3), ("shared", 1), ("agreed", 1)):
             t = getattr(self, name)
             if t is not None and (t.dim() != dims or t.shape[0] != n):
                 raise ValueError(f"TokenView.{name} must have {dims} dims and first dim n={n} "

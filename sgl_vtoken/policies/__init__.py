@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from sgl_vtoken.policies.base import EvictionPolicy, aggregate, top_budget
 from sgl_vtoken.policies.h2o import H2O
 from sgl_vtoken.policies.knorm import KNorm
+from sgl_vtoken.policies.kvp import KVP
 from sgl_vtoken.policies.random_policy import RandomPolicy
 from sgl_vtoken.policies.scissorhands import Scissorhands
 from sgl_vtoken.policies.sharing_aware import SharingAware
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from sgl_vtoken.config import EvictConfig
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (StreamingLLM, RandomPolicy, KNorm, H2O, TOVA, Scissorhands)
+    cls.name: cls for cls in (StreamingLLM, RandomPolicy, KNorm, H2O, TOVA, Scissorhands, KVP)
 }
 
 
@@ -45,6 +46,6 @@ def policy_from_config(cfg: "EvictConfig") -> EvictionPolicy:
     return SharingAware(make_policy(cfg.policy, **cfg.policy_kwargs()), mode=cfg.sharing)
 
 
-__all__ = ["POLICIES", "EvictionPolicy", "H2O", "KNorm", "RandomPolicy", "Scissorhands",
+__all__ = ["POLICIES", "EvictionPolicy", "H2O", "KNorm", "KVP", "RandomPolicy", "Scissorhands",
            "SharingAware", "StreamingLLM", "TOVA", "aggregate", "make_policy",
            "policy_from_config", "top_budget"]

@@ -5,8 +5,8 @@ The sequence is run in full at every step with a per-query 4-D attention mask, s
 hidden states (and therefore its cached K/V) are computed with the keys that were live when that
 token was decoded: prompt tokens causally (the prompt is prefilled whole), decode token `t` with
 the row kept at step `t` plus itself. Victims are chosen by the library policy from the same
-inputs the server gives it (positions, post-RoPE keys, rid, eviction step), so the oracle replays
-the server's decisions without reading them from the server.
+inputs the server gives it (positions, post-RoPE keys, values, rid, eviction step), so the
+oracle replays the server's decisions without reading them from the server.
 """
 
 from __future__ import annotations
@@ -74,16 +74,19 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
         t = len(ids)
         ids.append(nxt)
         if policy is not None and cfg.should_evict(len(row)):
-            keys = None
+            keys = values = None
+            cache = res.past_key_values
             if "keys" in policy.needs:
-                cache = res.past_key_values
                 # [layers, Hkv, T, D] -> rows of the live tokens: [n, layers, Hkv, D]
                 k = torch.stack([cache.layers[i].keys[0] for i in range(len(cache.layers))])
                 keys = k[:, :, row].permute(2, 0, 1, 3)
+            if "values" in policy.needs:
+                v = torch.stack([cache.layers[i].values[0] for i in range(len(cache.layers))])
+                values = v[:, :, row].permute(2, 0, 1, 3)
             pos = torch.tensor(row)
             attn = acc.stats if acc is not None else None
             view = TokenView(positions=pos, keys=keys, attn=attn, shared=pos < tree_owned,
-                             rid=stable_id(rid), step=steps)
+                             rid=stable_id(rid), step=steps, values=values)
             keep = policy.keep(view, cfg.budget)
             if acc is not None:
                 acc.select(keep)

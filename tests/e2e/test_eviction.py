@@ -1,9 +1,12 @@
 """Eviction in the server, on CPU: exact against a masked Hugging Face reference, bounded memory
 under SGLang's own checkers, more concurrent requests, and the Naive-Evict baseline."""
 
+import importlib.util
+import json
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -83,6 +86,51 @@ def test_greedy_equals_masked_reference(server_factory, hf_eager, policy, page_s
     # The same prompt without eviction on the same server is stock SGLang: full attention.
     assert generate(client, prompt, n, rid + "-stock")["output_ids"] == full
     assert "kv_evict" not in generate(client, prompt, 4, rid + "-stock2")["meta_info"]
+
+
+@pytest.fixture(scope="module")
+def kvp_checkpoint(hf_eager, tmp_path_factory):
+    """A KVP scorer trained in seconds on traces of the random-weight tiny model (exactness does
+    not need a good scorer, only the same one on both sides)."""
+    from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
+    from sgl_vtoken.kvp_train import Traces, train
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "collect_traces.py"
+    spec = importlib.util.spec_from_file_location("collect_traces", script)
+    ct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ct)
+    idt = ModelIdentity.from_hf_config(hf_eager.config.to_dict())
+    cuts = torch.tensor([48, 64, 80])
+    keys, values, targets = [], [], []
+    for seed in range(4):
+        k, v, probs = ct.hf_trace(hf_eager, torch.tensor(random_ids(128, seed=900 + seed)))
+        keys.append(k)
+        values.append(v)
+        targets.append(torch.stack([ct.future_mass(probs, int(c), 32) for c in cuts]))
+    tr = Traces(idt, torch.stack(keys).half(), torch.stack(values).half(), torch.arange(128), cuts,
+                torch.stack(targets), horizon=32, meta={})
+    scorer = KVPScorer(idt, hidden=16, seed=0)
+    train(scorer, tr, steps=30, seed=0, batch=4)
+    return str(save_checkpoint(scorer, tmp_path_factory.mktemp("kvp") / "kvp.safetensors"))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_kvp_greedy_equals_masked_reference(server_factory, hf_eager, kvp_checkpoint, page_size):
+    """`--kv-evict kvp` from a checkpoint, fp32, interval 1: token for token equal to HF applying the
+    same scorer to its own K/V and masking the same victims; not equal to full attention (the same
+    server with `{"policy": "none"}`); and the kept row is not the recency row."""
+    config = json.dumps({"checkpoint": kvp_checkpoint})
+    client = evict_server(server_factory, page_size, "kvp", 64, "--kv-evict-config", config)
+    prompt, n, rid = random_ids(100, seed=300 + page_size), 120, f"exact-kvp-{page_size}"
+    out = generate(client, prompt, n, rid)
+    cfg = EvictConfig(policy="kvp", budget=64, sink=4, page_size=page_size,
+                      params={"checkpoint": kvp_checkpoint})
+    expected, row = masked_greedy(hf_eager, prompt, n, cfg, rid=rid)
+    assert out["output_ids"] == expected
+    assert expected != generate(client, prompt, n, rid + "-full", {"policy": "none"})["output_ids"]
+    assert row[:-1] != list(range(4)) + list(range(len(prompt) + n - 61, len(prompt) + n - 1))  # not recency
+    report = out["meta_info"]["kv_evict"][0]
+    assert report["policy"] == "kvp" and report["live_tokens"] == 64
 
 
 def test_shared_prefix_is_pinned_and_capped(server_factory, hf_eager):

@@ -48,7 +48,7 @@ def test_budget_required_when_enabled():
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("policy", "lru", r"EvictConfig.policy must be one of \['none', 'h2o', 'knorm', 'random', "
+    ("policy", "lru", r"EvictConfig.policy must be one of \['none', 'h2o', 'knorm', 'kvp', 'random', "
                       r"'scissorhands', 'streamingllm', 'tova'\]"),
     ("reclaim", "eager", r"EvictConfig.reclaim must be one of \['vtoken', 'naive'\]"),
     ("aggregation", "mean", r"EvictConfig.aggregation must be one of \['sum', 'max'\]"),

@@ -1,12 +1,20 @@
 """Invariants every policy must hold, bare and inside SharingAware (kvpress-style matrix)."""
 
 import itertools
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
+from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken.policies import POLICIES, SharingAware, make_policy
 from sgl_vtoken.types import TokenView
+
+L, H, D = 2, 3, 4
+# An untrained scorer for the views below: the invariants do not depend on its quality.
+KVP_CKPT = str(save_checkpoint(KVPScorer(ModelIdentity("llama", L, H, D), hidden=8, seed=0),
+                               Path(tempfile.mkdtemp(prefix="kvp-matrix-")) / "kvp.safetensors"))
 
 # The policy matrix: every registered policy with an easy and a hard set of hyperparameters.
 # Adding a policy = one line here (docs/adding-a-policy.md); test_registry_covered fails otherwise.
@@ -17,9 +25,8 @@ MATRIX = {
     "h2o": [dict(window=2), dict(aggregation="max", sink=1, window=6)],
     "tova": [dict(), dict(aggregation="max", window=1)],
     "scissorhands": [dict(window=2), dict(history=5, threshold=0.5, aggregation="max")],
+    "kvp": [dict(checkpoint=KVP_CKPT), dict(checkpoint=KVP_CKPT, aggregation="max", sink=1, window=3)],
 }
-
-L, H, D = 2, 3, 4
 CASES = [(name, kw) for name, kws in MATRIX.items() for kw in kws]
 
 
@@ -29,7 +36,8 @@ def make_view(n: int, seed: int, gap: int = 1, shared_prefix: int = 0, rid: int 
     shared = torch.zeros(n, dtype=torch.bool)
     shared[:shared_prefix] = True
     return TokenView(positions=positions, keys=torch.randn(n, L, H, D, generator=g),
-                     attn=torch.rand(n, L, H, generator=g), shared=shared, rid=rid, step=step)
+                     attn=torch.rand(n, L, H, generator=g), shared=shared, rid=rid, step=step,
+                     values=torch.randn(n, L, H, D, generator=g))
 
 
 def test_registry_covered():
@@ -87,11 +95,11 @@ def test_unknown_policy_lists_names():
         make_policy("lru")
 
 
-@pytest.mark.parametrize("name", ["knorm", "h2o", "tova", "scissorhands"])
+@pytest.mark.parametrize("name", ["knorm", "h2o", "tova", "scissorhands", "kvp"])
 def test_missing_statistic_is_a_clear_error(name):
     view = TokenView(positions=torch.arange(10))
     with pytest.raises(ValueError, match=f"policy '{name}' needs TokenView"):
-        make_policy(name).keep(view, 5)
+        make_policy(name, **MATRIX[name][0]).keep(view, 5)
 
 
 def test_seeded_policies_depend_on_seed_request_and_step():

@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""KVP against the heuristics on held-out text: retained future attention mass and perplexity.
+
+    python scripts/eval_kvp.py --model .cache/tiny-lm --checkpoint .cache/kvp/kvp.safetensors \\
+        --out .cache/kvp/eval.jsonl --plot docs/img/kvp_retained_mass.png
+
+For each of `--num-seqs` held-out windows of `--seq-len` tokens (split and seed as in
+`collect_traces.py --split heldout`, with `--seed`), the model runs once with full attention
+(eager, fp32). Then every policy is replayed step by step as the server runs it at interval 1:
+a `--prompt` token prefill (attention policies see its last `obs_window` queries), then before
+each new token t the row (positions < t) is cut to `budget` by the library policy, from the
+traced keys / values and, for h2o / tova, from the full-attention probabilities of the past
+queries restricted to the kept row and renormalized per KV head. Reported per policy and budget:
+
+* retained future attention mass: at each step t <= seq_len - horizon, the share of the
+  attention that queries [t, t + horizon) pay to tokens < t (full attention, summed over layers
+  and KV heads) that falls on the tokens the row kept, averaged over steps and sequences;
+* perplexity: one teacher-forced forward where query t attends exactly to the row kept at step
+  t plus itself (the Hugging Face masking of the server's exactness oracle), over every token.
+
+`oracle` keeps, at each step, the row's tokens with the most future mass (it knows the future;
+an upper bound for greedy eviction). Decisions use full-attention K/V; the perplexity forward
+then recomputes hidden states under the mask. Prints JSON lines and a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS.parent))
+sys.path.insert(0, str(SCRIPTS))
+
+from collect_traces import hf_trace, load_model, text_windows  # noqa: E402
+from sgl_vtoken.config import EvictConfig  # noqa: E402
+from sgl_vtoken.policies import policy_from_config  # noqa: E402
+from sgl_vtoken.types import TokenView  # noqa: E402
+
+POLICIES = ("kvp", "streamingllm", "h2o", "tova", "knorm", "random", "oracle")
+
+
+def replay(policy_name: str, budget: int, keys, values, probs, future, prompt: int, args):
+    """Rows kept before each step t (positions < t) for t = prompt .. T-1, policy at interval 1,
+    and the mean seconds per `policy.keep` call."""
+    T = keys.shape[0]
+    params = {"checkpoint": args.checkpoint} if policy_name == "kvp" else {}
+    name = "streamingllm" if policy_name == "oracle" else policy_name
+    cfg = EvictConfig(policy=name, budget=budget, sink=args.sink, window=args.window.get(policy_name, 0),
+                      params=params, obs_window=args.obs_window)
+    policy = policy_from_config(cfg)
+    acc = policy.new_accumulator()
+    group = probs.new_tensor(float(args.group))
+
+    def observe(queries, row):
+        p = probs[:, :, queries][:, :, :, row]                                  # [L, H, q, n]
+        p = p / p.sum(-1, keepdim=True).clamp_min(1e-12) * group
+        acc.update(p.permute(2, 3, 0, 1).contiguous(), torch.tensor([len(row)] * len(queries)))
+
+    row = list(range(prompt))
+    if acc is not None:
+        observe(list(range(max(0, prompt - args.obs_window), prompt)), row)
+    rows, keep_s = [], []
+    for t in range(prompt, T):
+        if len(row) >= budget + 1:
+            pos = torch.tensor(row)
+            if policy_name == "oracle":
+                score = future[t][pos].sum((1, 2)) if t in future else pos.double()
+                keep = torch.cat([torch.arange(min(args.sink, len(row))),
+                                  args.sink + score[args.sink:].topk(budget - args.sink).indices]).sort().values
+            else:
+                view = TokenView(positions=pos, keys=keys[pos], values=values[pos],
+                                 attn=acc.stats if acc is not None else None, rid=0, step=t)
+                t0 = time.perf_counter()
+                keep = policy.keep(view, budget)
+                keep_s.append(time.perf_counter() - t0)
+            if acc is not None:
+                acc.select(keep)
+            row = [row[i] for i in keep.tolist()]
+        rows.append(list(row))
+        row.append(t)
+        if acc is not None:
+            observe([t], row)
+    return rows, (sum(keep_s) / len(keep_s) if keep_s else 0.0)
+
+
+def retained(rows, future, prompt) -> float:
+    """Mean share of future mass kept, over the steps that have a full horizon."""
+    shares = []
+    for t, m in future.items():
+        if t < prompt:
+            continue
+        total = float(m[:t].sum())
+        if total > 0:
+            shares.append(float(m[rows[t - prompt]].sum()) / total)
+    return sum(shares) / len(shares)
+
+
+@torch.no_grad()
+def masked_nll(model, ids, rows, prompt) -> tuple[float, int]:
+    """Summed NLL of tokens 1..T-1 with query t attending to rows[t - prompt] + [t] (t >= prompt)."""
+    T = ids.numel()
+    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)
+    for t in range(prompt, T):
+        mask[t, :t] = torch.finfo(torch.float32).min
+        mask[t, rows[t - prompt]] = 0.0
+    logits = model(ids[None], attention_mask=mask[None, None]).logits[0, :-1]
+    nll = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum")
+    return float(nll), T - 1
+
+
+def plot(summary: list[dict], path: str) -> None:
+    """Retained mass vs budget (left) and its difference to streamingllm (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(10, 4))
+    base = {r["budget"]: r["retained_mass"] for r in summary if r["policy"] == "streamingllm"}
+    for pol in POLICIES:
+        pts = sorted((r["budget"], r["retained_mass"]) for r in summary if r["policy"] == pol)
+        if not pts:
+            continue
+        style = dict(marker="o", label=pol, linestyle="--" if pol == "oracle" else "-")
+        ax.plot(*zip(*pts), **style)
+        if base:
+            dx.plot([b for b, _ in pts], [m - base[b] for b, m in pts], **style)
+    for a, label in ((ax, "retained future attention mass"), (dx, "retained mass - streamingllm's")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("budget (live KV tokens)")
+        a.set_ylabel(label)
+        a.grid(alpha=0.3)
+    ax.legend()
+    fig.suptitle("Held-out text, trained tiny Llama, eviction at every step")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    p.add_argument("--budgets", nargs="+", type=int, default=[32, 64, 128, 256])
+    p.add_argument("--ppl-budgets", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--num-seqs", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--prompt", type=int, default=16)
+    p.add_argument("--horizon", type=int, default=128)
+    p.add_argument("--sink", type=int, default=4)
+    p.add_argument("--h2o-window", type=float, default=0.5, help="h2o recent window, fraction of the budget")
+    p.add_argument("--obs-window", type=int, default=16)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None, help="JSON lines file (default: stdout only)")
+    p.add_argument("--plot", default=None, help="PNG of retained mass vs budget")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model = load_model(args.model)
+    args.group = model.config.num_attention_heads // model.config.num_key_value_heads
+    seqs = text_windows(args.model, None, "heldout", args.num_seqs, args.seq_len, args.seed)
+    lines, acc = [], {}
+    full_nll, count = 0.0, 0
+    for s, ids in enumerate(seqs):
+        keys, values, probs = hf_trace(model, ids)                              # probs [L, H, T, T]
+        csum = torch.cat([torch.zeros_like(probs[:, :, :1]), probs.cumsum(2)], dim=2)
+        T = ids.numel()
+        future = {t: (csum[:, :, t + args.horizon] - csum[:, :, t]).permute(2, 0, 1)
+                  for t in range(args.prompt, T - args.horizon + 1)}           # [T, L, H]
+        nll, n = masked_nll(model, ids, [list(range(t)) for t in range(args.prompt, T)], args.prompt)
+        full_nll, count = full_nll + nll, count + n
+        for pol in args.policies:
+            for b in sorted(set(args.budgets) | set(args.ppl_budgets)):
+                args.window = {"h2o": int(b * args.h2o_window)}
+                rows, keep_s = replay(pol, b, keys, values, probs, future, args.prompt, args)
+                rec = {"seq": s, "policy": pol, "budget": b, "retained_mass": retained(rows, future, args.prompt),
+                       "keep_ms": round(1e3 * keep_s, 3)}
+                if b in args.ppl_budgets:
+                    rec["nll"], rec["tokens"] = masked_nll(model, ids, rows, args.prompt)
+                lines.append(rec)
+                a = acc.setdefault((pol, b), {"mass": [], "nll": 0.0, "tokens": 0, "ms": []})
+                a["mass"].append(rec["retained_mass"])
+                a["ms"].append(rec["keep_ms"])
+                a["nll"] += rec.get("nll", 0.0)
+                a["tokens"] += rec.get("tokens", 0)
+        print(json.dumps({"event": "seq", "seq": s, "elapsed_s": round(time.perf_counter() - t0, 1)}),
+              file=sys.stderr, flush=True)
+    summary = [{"event": "summary", "policy": pol, "budget": b,
+                "retained_mass": round(sum(a["mass"]) / len(a["mass"]), 4),
+                "ppl": round(math.exp(a["nll"] / a["tokens"]), 3) if a["tokens"] else None,
+                "keep_ms": round(sum(a["ms"]) / len(a["ms"]), 3)}
+               for (pol, b), a in acc.items()]
+    summary.append({"event": "summary", "policy": "full", "budget": None, "retained_mass": 1.0,
+                    "ppl": round(math.exp(full_nll / count), 3), "keep_ms": 0.0})
+    out = open(args.out, "w") if args.out else None
+    for rec in lines + summary:
+        if out:
+            out.write(json.dumps(rec) + "\n")
+    for rec in summary:
+        print(json.dumps(rec), flush=True)
+    budgets = sorted(set(args.budgets))
+    print("\n| policy | " + " | ".join(f"mass @{b}" for b in budgets) + " | "
+          + " | ".join(f"ppl @{b}" for b in args.ppl_budgets) + f" | ms per keep @{budgets[-1]} |")
+    print("|---" * (2 + len(budgets) + len(args.ppl_budgets)) + "|")
+    by = {(r["policy"], r["budget"]): r for r in summary}
+    for pol in args.policies:
+        cells = [f"{by[(pol, b)]['retained_mass']:.3f}" for b in budgets]
+        cells += [f"{by[(pol, b)]['ppl']:.2f}" for b in args.ppl_budgets]
+        cells.append(f"{by[(pol, budgets[-1])]['keep_ms']:.2f}")
+        print(f"| {pol} | " + " | ".join(cells) + " |")
+    print(f"| full attention | {' | '.join('1.000' for _ in budgets)} | "
+          + " | ".join(f"{by[('full', None)]['ppl']:.2f}" for _ in args.ppl_budgets) + " | - |")
+    if args.plot:
+        plot([r for r in summary if r["budget"] in budgets], args.plot)
+    print(json.dumps({"event": "done", "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
