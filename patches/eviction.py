@@ -37,6 +37,7 @@ from sgl_vtoken.kernels import repack_kv_
 
 from . import held, radix
 from .counters import counters_of
+from .observe import sample_held
 from .scores import fold_staged, tp_gather
 
 
@@ -91,15 +92,15 @@ def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
 def evict_batch(scheduler, batch, skip: set) -> bool:
     """Evict every request of `batch` whose row reached its trigger; update the batch lengths.
     Returns whether the batch holds any evicting request."""
+    evicting = [(i, req, st) for i, req in enumerate(batch.reqs)
+                if (st := getattr(req, "vtoken", None)) is not None]
+    if not evicting:
+        return False
+    sample_held(scheduler)  # rows as prefilled, before this step's eviction
     seq_lens_cpu = batch.seq_lens_cpu
     new_lens = None
-    any_evicting = False
     freed_before = counters_of(scheduler).pages_freed
-    for i, req in enumerate(batch.reqs):
-        st: ReqEvictState | None = getattr(req, "vtoken", None)
-        if st is None:
-            continue
-        any_evicting = True
+    for i, req, st in evicting:
         if st.accumulator is not None:
             fold_staged(st, getattr(scheduler, "tp_group", None))
         if req in skip:
@@ -116,7 +117,7 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
         # freed by eviction must reopen admission the same way.
         batch.batch_is_full = False
     if new_lens is None:
-        return any_evicting
+        return True
     delta = seq_lens_cpu - new_lens
     # New tensors: the in-flight forward (overlap scheduler) keeps reading the old ones.
     batch.seq_lens_cpu = new_lens

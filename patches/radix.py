@@ -62,6 +62,12 @@ def _live(node) -> int:
     return len(node.key) if live is None else live
 
 
+def _count_live(node) -> int:
+    """Mark `node` holed and (re)count its live slots."""
+    node.vt_live = int((node.value >= 0).sum())
+    return node.vt_live
+
+
 def _namespace(req, st) -> str:
     return f"{req.extra_key or ''}|{st.cfg.history_namespace()}"
 
@@ -96,18 +102,11 @@ class HoledRadixCache(RadixCache):
             node = node.parent
         return DecLockRefResult(delta=delta)
 
-    def _insert_helper(self, node, key, value, priority=0, inserted_len=0):
-        prefix_len, last = super()._insert_helper(node, key, value, priority, inserted_len)
-        if prefix_len < len(key) and self._holed_insert:  # `last` is the new node
-            last.vt_live = int((last.value >= 0).sum())
-            self.evictable_size_ -= len(last.key) - last.vt_live
-        return prefix_len, last
-
     def _split_node(self, key, child, split_len):
         new_node = super()._split_node(key, child, split_len)
         if getattr(child, "vt_live", None) is not None:
-            new_node.vt_live = int((new_node.value >= 0).sum())
-            child.vt_live = int((child.value >= 0).sum())
+            _count_live(new_node)
+            _count_live(child)
         return new_node
 
     def _delete_leaf(self, node):
@@ -143,8 +142,6 @@ class HoledRadixCache(RadixCache):
         return values[values >= 0]
 
     # --- matching -------------------------------------------------------------------------------
-    _holed_insert = False
-
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         req = params.req
         st = getattr(req, "vtoken", None) if req is not None else None
@@ -236,11 +233,9 @@ class HoledRadixCache(RadixCache):
             return  # another row's KV or holes at these positions: keep the row private
         value = torch.full((total - attach,), -1, dtype=torch.int64, device=slots.device)
         value[positions[~head] - attach] = slots[~head]
-        self._holed_insert = True
-        try:
-            _, node = self._insert_helper(attach_node, key, value, req.priority or 0)
-        finally:
-            self._holed_insert = False
+        matched, node = self._insert_helper(attach_node, key, value, req.priority or 0)
+        if matched < len(key):  # a new holed node: the stock insert counted all of its key
+            self.evictable_size_ -= len(node.key) - _count_live(node)
         node.vt_view, node.vt_attach = (positions.clone(), slots.clone()), attach
         self.unlock(req.lock)
         req.lock = self.lock(node)

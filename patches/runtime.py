@@ -92,7 +92,6 @@ def around_update_running_batch(original, scheduler, batch):
     `prepare_for_decode`, skipping requests whose last token is already in flight."""
     if batch is not None and not batch.is_empty():
         skip = set(scheduler._reqs_finishing_inflight(batch))
-        observe.sample_held(scheduler)  # rows as prefilled, before this step's eviction
         if evict_batch(scheduler, batch, skip):
             observe.update_gauges(scheduler, batch)
             prometheus = getattr(scheduler, "_vtoken_prometheus", None)
