@@ -154,7 +154,6 @@ def headline(args, gs) -> str:
 
 def render(args, cells: list[Cell], meta: dict, plots: list[str]) -> str:
     gs = groups(cells)
-    modes_in = [m for m in MODES if any(c.mode == m for c in cells)]
     L = [f"Regenerate with `make bench` (`python scripts/bench_matrix.py`; this run: `{meta['command']}`, "
          f"{meta['date']}, {meta['elapsed_min']:.1f} min on {meta['machine']}; load average "
          f"{meta['load_start']} at the start and {meta['load_end']} at the end: other jobs share these "
