@@ -61,8 +61,7 @@ def test_sixteen_sessions_hold_the_shared_prompt_once(client):
     assert all(len(o["output_ids"]) == 200 for o in outs)
     st = client.vtoken_state()
     bound_pages = SYSTEM // PAGE + SESSIONS * (BUDGET // PAGE + 2)
-    assert st["peak_pool_held_tokens"] <= bound_pages * PAGE
-    assert st["peak_pool_held_tokens"] < SESSIONS * BUDGET + SYSTEM * 2  # not 16 copies
+    assert st["peak_pool_held_tokens"] <= bound_pages * PAGE  # 16 copies would be 16 x 2048
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     log = client.server.log_text()
