@@ -1,12 +1,15 @@
 """The synthetic agent workload of `bench_agent.py`: sessions of turns over a shared system
 prompt and tool schema, with tool outputs and replies of seeded lognormal lengths, sized in
-tokens by the served model's own tokenizer (`TokenFitter`)."""
+tokens by the served model's own tokenizer (`TokenFitter`); and the client that plays a session
+against the server, one streaming chat completion per turn (`run_session`, `stream_chat`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
+import threading
+import time
 from dataclasses import dataclass, field
 
 import requests
@@ -140,4 +143,90 @@ def build_workload(args, fitter: TokenFitter) -> tuple[str, list[Session]]:
     return system, out
 
 
-# ----------------------------------------------------------------------------- server probes
+# ----------------------------------------------------------------------------- session client
+
+
+def stream_chat(http: requests.Session, args, messages: list[dict]) -> dict:
+    """One streaming chat completion; returns the timings, usage and reply text."""
+    payload = {"model": args.model, "messages": messages, "max_tokens": args.reply_tokens,
+               "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}}
+    if args.ignore_eos:
+        payload["ignore_eos"] = True
+    if args.kv_evict_json is not None:
+        payload["custom_params"] = {"kv_evict": args.kv_evict_json}
+    rec = {"ttft": None, "e2e": None, "prompt_tokens": None, "completion_tokens": 0, "cached_tokens": None,
+           "error": None}
+    parts: list[str] = []
+    t0 = time.monotonic()
+    rec["t_start"] = t0
+    try:
+        with http.post(args.base_url + "/v1/chat/completions", json=payload, stream=True,
+                       timeout=(10, args.request_timeout)) as r:
+            if r.status_code != 200:
+                rec["error"] = f"HTTP {r.status_code}: {r.text[:300]}"
+                return rec
+            # chunk_size=None: yield each chunk as it arrives (a fixed size would wait to fill it).
+            for line in r.iter_lines(chunk_size=None):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    rec["error"] = str(obj["error"])[:300]
+                    break
+                for choice in obj.get("choices") or []:
+                    if rec["ttft"] is None:
+                        rec["ttft"] = time.monotonic() - t0
+                    delta = choice.get("delta") or {}
+                    parts.append(delta.get("content") or "")
+                usage = obj.get("usage")
+                if usage:
+                    rec["prompt_tokens"] = usage.get("prompt_tokens")
+                    rec["completion_tokens"] = usage.get("completion_tokens") or 0
+                    details = usage.get("prompt_tokens_details") or {}
+                    rec["cached_tokens"] = details.get("cached_tokens")
+    except (requests.RequestException, ValueError) as e:
+        rec["error"] = f"{type(e).__name__}: {e}"[:300]
+    rec["e2e"] = time.monotonic() - t0
+    n = rec["completion_tokens"]
+    rec["tpot"] = (rec["e2e"] - rec["ttft"]) / (n - 1) if rec["ttft"] is not None and n > 1 else None
+    rec["text"] = "".join(parts)
+    return rec
+
+
+def run_session(sess: Session, system: str, args, t0: float, on_done, slots: threading.Semaphore | None) -> list[dict]:
+    """Wait for the session's start, then play its turns (holding one of `slots`, if given)."""
+    delay = t0 + sess.start - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    if slots is None:
+        return _session_turns(sess, system, args, t0, on_done)
+    with slots:
+        return _session_turns(sess, system, args, t0, on_done)
+
+
+def _session_turns(sess: Session, system: str, args, t0: float, on_done) -> list[dict]:
+    """Every turn of one session, each request record passed to `on_done`; stops at an error."""
+    http = requests.Session()
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": sess.user}]
+    out = []
+    for turn in range(1, args.turns + 1):
+        if turn > 1:
+            if args.think_time > 0:
+                time.sleep(args.think_time)
+            content = sess.tools[turn - 2]
+            if args.tool_role == "user":
+                content = "Tool output:\n" + content
+            messages.append({"role": args.tool_role, "content": content})
+        rec = stream_chat(http, args, messages)
+        text = rec.pop("text")
+        rec.update(kind="request", session=sess.index, turn=turn,
+                   t_start=round(rec["t_start"] - t0, 4), t_end=round(time.monotonic() - t0, 4))
+        out.append(rec)
+        on_done(rec)
+        if rec["error"] is not None:
+            break  # the session cannot continue without the reply
+        messages.append({"role": "assistant", "content": text})
+    return out

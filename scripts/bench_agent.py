@@ -69,104 +69,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
-
-DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+)")
-RETRACT_LINE = "KV cache pool is full. Retract requests."
-RETRACTED_RE = re.compile(r"#retracted_reqs: (\d+)")
-METRIC_COUNTERS = ("num_requests_total", "prompt_tokens_total", "generation_tokens_total",
-                   "cached_tokens_total", "num_retracted_requests_total", "num_aborted_requests_total",
-                   "scheduler_process_cpu_seconds_total")
 VTOKEN_CUMULATIVE = ("evictions", "evicted_tokens", "pages_freed", "tokens_moved", "bytes_moved")
 
-from agent_workload import Session, TokenFitter, build_workload  # noqa: E402
-
-
-def get_json(base_url: str, path: str, timeout: float = 10.0):
-    try:
-        r = requests.get(base_url + path, timeout=timeout)
-        return r.json() if r.status_code == 200 else None
-    except (requests.RequestException, ValueError):
-        return None
-
-
-def vtoken_state(base_url: str, info: dict | None = None) -> dict | None:
-    info = get_json(base_url, "/server_info") or get_json(base_url, "/get_server_info") if info is None else info
-    try:
-        return info["internal_states"][0]["vtoken"]
-    except (TypeError, KeyError, IndexError):
-        return None
-
-
-def loads(base_url: str) -> dict | None:
-    data = get_json(base_url, "/v1/loads")
-    try:
-        return data["loads"][0]
-    except (TypeError, KeyError, IndexError):
-        return None
-
-
-def scrape_metrics(base_url: str) -> dict | None:
-    """Sums of the counters in METRIC_COUNTERS over all label sets; None without /metrics."""
-    try:
-        r = requests.get(base_url + "/metrics", timeout=10)
-    except requests.RequestException:
-        return None
-    if r.status_code != 200 or "sglang:" not in r.text:
-        return None
-    out = {name: 0.0 for name in METRIC_COUNTERS}
-    for line in r.text.splitlines():
-        if not line.startswith("sglang:"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0][len("sglang:"):]
-        if name in out:
-            out[name] += float(line.rsplit(" ", 1)[1])
-    # The retraction counter is created at the first retraction; its gauge exists from the start.
-    out["retractions_exported"] = "sglang:num_retracted_reqs" in r.text
-    return out
-
-
-class Sampler(threading.Thread):
-    """Polls /v1/loads and the vToken gauges every `interval` seconds until stopped."""
-
-    def __init__(self, base_url: str, interval: float, t0: float, with_vtoken: bool):
-        super().__init__(daemon=True)
-        self.base_url, self.interval, self.t0, self.with_vtoken = base_url, interval, t0, with_vtoken
-        self.samples: list[dict] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            s = {"t": round(time.monotonic() - self.t0, 3)}
-            ld = loads(self.base_url)
-            if ld is not None:
-                s.update(running=ld.get("num_running_reqs"), waiting=ld.get("num_waiting_reqs"),
-                         kv_used_tokens=ld.get("num_used_tokens"))
-            if self.with_vtoken:
-                st = vtoken_state(self.base_url)
-                if st is not None:
-                    s.update(retained_pages=st.get("retained_pages"), live_tokens=st.get("live_tokens"))
-            self.samples.append(s)
-            self._halt.wait(self.interval)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=30)
-
-
-def parse_log(text: str) -> dict:
-    running = [int(m.group(1)) for m in DECODE_RE.finditer(text)]
-    retract_lines = [ln for ln in text.splitlines() if RETRACT_LINE in ln]
-    retracted = sum(int(m.group(1)) for ln in retract_lines if (m := RETRACTED_RE.search(ln)))
-    return {"peak_running_requests": max(running, default=0), "decode_steps": len(running),
-            "retraction_events": len(retract_lines), "retracted_requests": retracted}
+from agent_workload import TokenFitter, build_workload, run_session  # noqa: E402
+from server_probe import (METRIC_COUNTERS, Sampler, get_json, parse_log, scrape_metrics,  # noqa: E402
+                          server_info, vtoken_state)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -185,90 +98,6 @@ def percentiles(values: list[float], scale: float = 1.0, digits: int = 1) -> dic
 
     return {**{f"p{int(p * 100)}": round(q(p) * scale, digits) for p in (0.5, 0.95, 0.99)},
             "mean": round(sum(vals) / len(vals) * scale, digits)}
-
-
-def stream_chat(http: requests.Session, args, messages: list[dict]) -> dict:
-    """One streaming chat completion; returns the timings, usage and reply text."""
-    payload = {"model": args.model, "messages": messages, "max_tokens": args.reply_tokens,
-               "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}}
-    if args.ignore_eos:
-        payload["ignore_eos"] = True
-    if args.kv_evict_json is not None:
-        payload["custom_params"] = {"kv_evict": args.kv_evict_json}
-    rec = {"ttft": None, "e2e": None, "prompt_tokens": None, "completion_tokens": 0, "cached_tokens": None,
-           "error": None}
-    parts: list[str] = []
-    t0 = time.monotonic()
-    rec["t_start"] = t0
-    try:
-        with http.post(args.base_url + "/v1/chat/completions", json=payload, stream=True,
-                       timeout=(10, args.request_timeout)) as r:
-            if r.status_code != 200:
-                rec["error"] = f"HTTP {r.status_code}: {r.text[:300]}"
-                return rec
-            # chunk_size=None: yield each chunk as it arrives (a fixed size would wait to fill it).
-            for line in r.iter_lines(chunk_size=None):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                obj = json.loads(data)
-                if "error" in obj:
-                    rec["error"] = str(obj["error"])[:300]
-                    break
-                for choice in obj.get("choices") or []:
-                    if rec["ttft"] is None:
-                        rec["ttft"] = time.monotonic() - t0
-                    delta = choice.get("delta") or {}
-                    parts.append(delta.get("content") or "")
-                usage = obj.get("usage")
-                if usage:
-                    rec["prompt_tokens"] = usage.get("prompt_tokens")
-                    rec["completion_tokens"] = usage.get("completion_tokens") or 0
-                    details = usage.get("prompt_tokens_details") or {}
-                    rec["cached_tokens"] = details.get("cached_tokens")
-    except (requests.RequestException, ValueError) as e:
-        rec["error"] = f"{type(e).__name__}: {e}"[:300]
-    rec["e2e"] = time.monotonic() - t0
-    n = rec["completion_tokens"]
-    rec["tpot"] = (rec["e2e"] - rec["ttft"]) / (n - 1) if rec["ttft"] is not None and n > 1 else None
-    rec["text"] = "".join(parts)
-    return rec
-
-
-def run_session(sess: Session, system: str, args, t0: float, on_done, slots: threading.Semaphore | None) -> list[dict]:
-    delay = t0 + sess.start - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-    if slots is None:
-        return _session_turns(sess, system, args, t0, on_done)
-    with slots:
-        return _session_turns(sess, system, args, t0, on_done)
-
-
-def _session_turns(sess: Session, system: str, args, t0: float, on_done) -> list[dict]:
-    http = requests.Session()
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": sess.user}]
-    out = []
-    for turn in range(1, args.turns + 1):
-        if turn > 1:
-            if args.think_time > 0:
-                time.sleep(args.think_time)
-            content = sess.tools[turn - 2]
-            if args.tool_role == "user":
-                content = "Tool output:\n" + content
-            messages.append({"role": args.tool_role, "content": content})
-        rec = stream_chat(http, args, messages)
-        text = rec.pop("text")
-        rec.update(kind="request", session=sess.index, turn=turn,
-                   t_start=round(rec["t_start"] - t0, 4), t_end=round(time.monotonic() - t0, 4))
-        out.append(rec)
-        on_done(rec)
-        if rec["error"] is not None:
-            break  # the session cannot continue without the reply
-        messages.append({"role": "assistant", "content": text})
-    return out
 
 
 def summarize(recs: list[dict]) -> dict:
@@ -301,7 +130,7 @@ def run_benchmark(args, out=None, progress: bool = True) -> dict:
 
     fitter = TokenFitter(args.base_url, args.model)
     system, sessions = build_workload(args, fitter)
-    info0 = get_json(args.base_url, "/server_info") or get_json(args.base_url, "/get_server_info") or {}
+    info0 = server_info(args.base_url) or {}
     st0 = vtoken_state(args.base_url, info0)
     server_policy = ((st0 or {}).get("config") or {}).get("policy", "none")
     policy = (args.kv_evict_json or {}).get("policy", server_policy)

@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -49,93 +48,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-RETRACT_LINE = "KV cache pool is full. Retract requests."
-# sglang/srt/managers/scheduler_components/metrics_reporter.py: "Decode batch[ [iter]], #running-req: N, ..."
-DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+)")
-RETRACTED_RE = re.compile(r"#retracted_reqs: (\d+)")
-SHIM_MARK = "[bench_eviction shim]"
-PLUGIN_ENTRY_POINT = "sgl_vtoken"  # name in the sglang.srt.plugins entry-point group
-
-# Written into a temporary directory put on PYTHONPATH of the baseline server only. Every Python
-# process of the server (launcher, scheduler, detokenizer) runs it at start-up.
-SHIM_SOURCE = '''\
-"""Written by scripts/bench_eviction.py: SGLang on CPU *without* the sgl-vtoken plugin.
-
-Applies only the CPU fix of sgl-vtoken's patches/cpu.py: right after
-sglang.srt.layers.rotary_embedding.base executes, set its `_is_cpu = True` so RoPE takes the
-native torch path instead of importing vllm. Nothing else.
-"""
-import importlib.abc
-import os
-import sys
-
-_TARGET = "sglang.srt.layers.rotary_embedding.base"
-
-
-class _RopeCpuFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != _TARGET:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        original = spec.loader.exec_module
-
-        def exec_module(module):
-            original(module)
-            module._is_cpu = True
-            sys.stderr.write(f"%s {_TARGET}._is_cpu = True (pid {os.getpid()})\\n" )
-            sys.stderr.flush()
-
-        spec.loader.exec_module = exec_module  # a fresh loader instance per find_spec
-        return spec
-
-
-sys.meta_path.insert(0, _RopeCpuFinder())
-''' % SHIM_MARK
-
-
-# ---------------------------------------------------------------------------------------------
-# Log parsing (pure functions; tests/scripts/test_bench_eviction_parsing.py checks them)
-
-
-def peak_running_from_log(text: str) -> int | None:
-    """Largest N over "Decode batch, #running-req: N" lines; None if there is no such line."""
-    values = [int(m.group(1)) for m in DECODE_RE.finditer(text)]
-    return max(values) if values else None
-
-
-def count_retractions(text: str) -> int:
-    """Lines that contain "KV cache pool is full. Retract requests." (one per retraction event)."""
-    return sum(RETRACT_LINE in line for line in text.splitlines())
-
-
-def retracted_requests(text: str) -> int:
-    """Sum of `#retracted_reqs: N` over the retraction lines (requests retracted, with repeats)."""
-    total = 0
-    for line in text.splitlines():
-        if RETRACT_LINE in line:
-            m = RETRACTED_RE.search(line)
-            total += int(m.group(1)) if m else 0
-    return total
-
-
-def error_lines(text: str, limit: int = 10) -> list[str]:
-    """Lines that look like failures (tracebacks, ERROR records, exceptions), at most `limit`."""
-    keys = ("Traceback", " ERROR ", "Error:", "Exception")
-    hits = [line.strip() for line in text.splitlines() if any(k in line for k in keys)]
-    return hits[:limit]
-
-
-def shim_applications(text: str) -> int:
-    """Processes in which the baseline shim set `_is_cpu` (one stderr line each)."""
-    return sum(line.startswith(SHIM_MARK) or f" {SHIM_MARK} " in line for line in text.splitlines())
-
+from baseline_server import (SHIM_SOURCE, baseline_plugin_whitelist, group_cpu_seconds,  # noqa: E402
+                             plugin_in_server, shim_applications, thread_env)
+from server_probe import (count_retractions, error_lines, peak_running_from_log,  # noqa: E402
+                          retracted_requests, wait_pool_free)
 
 # ---------------------------------------------------------------------------------------------
 
@@ -164,27 +80,6 @@ def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout: 
     r = requests.post(base_url + "/generate", json=payload, timeout=timeout)
     r.raise_for_status()
     return r.json()
-
-
-def vtoken_state(base_url: str) -> dict | None:
-    import requests
-
-    r = requests.get(base_url + "/get_server_info", timeout=30)
-    r.raise_for_status()
-    states = r.json().get("internal_states") or [{}]
-    return states[0].get("vtoken")
-
-
-def wait_pool_free(base_url: str, timeout: float = 30.0) -> dict | None:
-    """Poll until every KV slot is free or reclaimable again; return the last vtoken state."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = vtoken_state(base_url)
-        if st is None or st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]:
-            return st
-        if time.monotonic() > deadline:
-            return st
-        time.sleep(0.5)
 
 
 def run_load(base_url: str, num: int, prompt_len: int, max_new_tokens: int, timeout: float) -> dict:
@@ -220,26 +115,6 @@ def run_load(base_url: str, num: int, prompt_len: int, max_new_tokens: int, time
     }
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of the live processes in process group `pgid` (a server's
-    launcher, scheduler, detokenizer). Less exposed to other load than wall time, as long as no
-    thread spin-waits (see `--server-threads`)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp session ... utime(11) stime(12)
-        if int(rest[2]) == pgid:
-            total += int(rest[11]) + int(rest[12])
-    return total / tick
-
-
 def wait_for_quiet(max_load: float | None, timeout: float) -> None:
     """Wait (at most `timeout` s) until the 1-minute load average is below `max_load`."""
     if not max_load:
@@ -253,36 +128,11 @@ def wait_for_quiet(max_load: float | None, timeout: float) -> None:
         time.sleep(10)
 
 
-def thread_env(args) -> dict[str, str]:
-    """Server environment for `--server-threads`: torch's intra-op threads (OpenMP)."""
-    return {"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}
-
-
-def plugin_in_server(server) -> bool:
-    """Whether the server's scheduler runs the plugin (it adds "vtoken" to /get_server_info)."""
-    import requests
-
-    info = requests.get(server.base_url + "/get_server_info", timeout=30).json()
-    return any("vtoken" in state for state in info.get("internal_states", []))
-
-
 def loadavg() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
-
-
-def baseline_plugin_whitelist(mode: str) -> str:
-    """`SGLANG_PLUGINS` for the baseline: every other installed general plugin ("others", so the
-    A/B differs by sgl-vtoken alone), or none at all ("none": `__none__` matches no plugin)."""
-    import importlib.metadata
-
-    if mode == "none":
-        return "__none__"
-    names = sorted({ep.name for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
-                   - {PLUGIN_ENTRY_POINT})
-    return ",".join(names) or "__none__"
 
 
 def provenance() -> dict:
