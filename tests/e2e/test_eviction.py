@@ -12,7 +12,7 @@ import pytest
 import requests
 import torch
 
-from hf_reference import masked_greedy
+from sgl_vtoken.hf_reference import masked_greedy
 from sgl_vtoken.config import EvictConfig
 from conftest import MEMORY_CHECKS
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from conftest import MEMORY_CHECKS
-from hf_reference import masked_greedy, masked_turn
+from sgl_vtoken.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.config import EvictConfig
 from test_eviction import generate, hf_eager, random_ids, wait_pool_free  # noqa: F401
 

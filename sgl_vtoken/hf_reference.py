@@ -7,6 +7,10 @@ token was decoded: prompt tokens causally (the prompt is prefilled whole), decod
 the row kept at step `t` plus itself. Victims are chosen by the library policy from the same
 inputs the server gives it (positions, post-RoPE keys, values, rid, eviction step), so the
 oracle replays the server's decisions without reading them from the server.
+
+The model is a `transformers` causal LM loaded in fp32 with `attn_implementation="eager"` (the
+attention policies read its attention probabilities). Each step recomputes the whole sequence:
+exact by construction, O(steps x length) forwards, meant for tests and short cross-checks.
 """
 
 from __future__ import annotations
