@@ -41,8 +41,8 @@ _active = False  # this process serves from a HoledRadixCache
 def tree_mode(cfg) -> bool:
     """Whether a request under `cfg` is served by this cache's paths: its prompt is shared,
     tree-owned tokens may leave its row, and (page size 1, `reuse_history`) its history is
-    stored. Naive-Evict at page size > 1 keeps tree-owned tokens pinned instead."""
-    return _active and cfg.enabled and (cfg.page_size == 1 or cfg.reclaim == "vtoken")
+    stored. Naive-Evict takes them too (same caching, same victims; only its footprint differs)."""
+    return _active and cfg.enabled
 
 
 def factory(ctx):
@@ -256,17 +256,17 @@ class HoledRadixCache(RadixCache):
             node = node.parent
         return freed
 
-    def relock_shallower(self, req, kept: torch.Tensor) -> None:
-        """Move `req`'s lock on a hole-free path up to the shallowest node that still holds every
-        tree slot its row keeps (`kept`), splitting at a page boundary: the deeper part of the
+    def relock_shallower(self, req, need: int) -> None:
+        """Move `req`'s lock on a hole-free path up to the shallowest node that still covers the
+        first `need` tokens of the path, splitting at a page boundary: the deeper part of the
         prompt then belongs to whoever else holds it, or becomes evictable."""
         node = req.last_node
         if node is None or node is self.root_node or getattr(node, "vt_live", None) is not None:
             return
-        path = self.path_device_indices(node)
-        hits = torch.isin(path, kept.to(path.device)).nonzero().flatten()
-        need = -(-(int(hits[-1]) + 1 if hits.numel() else 0) // self.page_size) * self.page_size
-        depth = len(path)
+        need = -(-need // self.page_size) * self.page_size
+        depth, a = 0, node
+        while a is not self.root_node:
+            depth, a = depth + len(a.key), a.parent
         if need >= depth:
             return
         while node is not self.root_node and depth - len(node.key) >= need:

@@ -236,13 +236,17 @@ def test_request_can_opt_out_on_an_evicting_server(server_factory, hf_eager):
 def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     """Scattered victims (random, then H2O, page 16): Naive-Evict frees a page only when all its
     tokens are dead, so it retains more pages than vToken's compaction for the same victims and
-    outputs (server counters and per-request reports)."""
+    outputs (server counters and per-request reports). Both cache the prompt the same way.
+    H2O keeps most of its tokens in the (tree-owned) prompt, whose pages neither mode frees
+    itself: the emulated Naive-Evict may then free as many private pages as vToken."""
     prompt = random_ids(200, seed=11)
     results = {}
     for reclaim in ("vtoken", "naive"):
         client = evict_server(server_factory, 16, "random", 96, "--kv-reclaim", reclaim)
         out = generate(client, prompt, 120, "naive-vs-vtoken")
         st = wait_pool_free(client)
+        again = generate(client, prompt, 4, "naive-vs-vtoken-again", {"policy": "none"})
+        assert again["meta_info"]["cached_tokens"] == len(prompt) // 16 * 16  # the prompt was cached
         # Another prompt: a prefix hit on the first one would seed H2O's statistics differently.
         h2o = generate(client, random_ids(200, seed=12), 120, "naive-vs-vtoken-h2o",
                        {"policy": "h2o", "window": 16})
@@ -256,7 +260,7 @@ def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     assert nv[1] > vt[1]
     assert vt[1] == -(-(96 + 1) // 16)  # ideal: ceil(live / page) at the peak step
     assert nv[2]["pages_freed"] < vt[2]["pages_freed"]
-    assert nv[4]["pages_freed"] < vt[4]["pages_freed"]
+    assert nv[4]["pages_freed"] <= vt[4]["pages_freed"]
 
 
 def test_forced_retractions_do_not_leak(server_factory):
