@@ -37,6 +37,7 @@ from sgl_vtoken.kernels import repack_kv_
 
 from . import held, radix
 from .counters import counters_of
+from .model_support import kv_bytes_per_token
 from .observe import sample_held
 from .scores import fold_staged, tp_gather
 
@@ -99,6 +100,9 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
                 if (st := getattr(req, "vtoken", None)) is not None]
     if not evicting:
         return False
+    c = counters_of(scheduler)
+    if not c.bytes_per_token:  # first eviction on a server without a policy: read the pool now
+        c.bytes_per_token = kv_bytes_per_token(scheduler.token_to_kv_pool_allocator.get_kvcache())
     sample_held(scheduler)  # rows as prefilled, before this step's eviction
     seq_lens_cpu = batch.seq_lens_cpu
     new_lens = None

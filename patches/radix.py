@@ -75,6 +75,8 @@ def _namespace(req, st) -> str:
 class HoledRadixCache(RadixCache):
     """`RadixCache` whose holed nodes (attribute `vt_live`) count only live slots."""
 
+    vt_counters = None  # the scheduler's VTokenCounters (history hits), set at scheduler start
+
     # --- sizes count live slots -----------------------------------------------------------------
     def inc_lock_ref(self, node) -> IncLockRefResult:
         delta = 0
@@ -204,7 +206,7 @@ class HoledRadixCache(RadixCache):
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.reuse_history and self.page_size == 1:
             self._insert_history(req, st, up_to)
-            counters = getattr(self, "vt_counters", None)
+            counters = self.vt_counters
             if st.hit is not None and counters is not None:
                 counters.history_hits += 1
                 counters.history_tokens_reused += st.report["history_tokens"]

@@ -154,11 +154,19 @@ def test_invalid_request_settings_are_rejected_naming_the_field(server_factory):
              ({"policy": "streamingllm", "budget": 2}, "kv_evict.budget must be >="),
              ({"policy": "streamingllm"}, "kv_evict.budget is required"),
              ({"policy": "random", "budget": 64, "temperature": 1}, "kv_evict.temperature: unknown field"),
+             ({"policy": "random", "budget": 64.5}, "kv_evict.budget must be an integer"),
+             ({"policy": "random", "budget": True}, "kv_evict.budget must be an integer"),
+             ({"policy": "random", "budget": None}, "kv_evict.budget is required"),
+             ({"policy": "random", "budget": 64, "sink": -1}, "kv_evict.sink must be >= 0"),
+             ({"policy": "random", "budget": 40000}, "kv_evict.budget: must be <= the model's context length"),
+             ({"policy": "random", "budget": 5000},  # fits the context, not the 4096-token pool
+              "kv_evict.budget 5000: an evicting request holds up to budget + interval + page_size = 5002"),
              ("streamingllm", "kv_evict must be a JSON object")]
     for kv, needle in cases:
         r = requests.post(client.base_url + "/generate", timeout=60, json={"input_ids": [1, 2, 3], "sampling_params": {
             "max_new_tokens": 2, "custom_params": {"kv_evict": kv}}})
         assert r.status_code == 400 and needle in r.text, (kv, r.status_code, r.text)
+    assert generate(client, [1, 2, 3], 2, "still-serving")["output_ids"]  # the server still serves
     r = requests.post(client.base_url + "/v1/chat/completions", timeout=60, json={
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
         "custom_params": {"kv_evict": {"policy": "knorm", "budget": 1}}})
