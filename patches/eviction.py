@@ -56,8 +56,7 @@ class ReqEvictState:
     naive_pages: list[int] = field(default_factory=list)  # pages held back in naive mode
     report: dict = field(default_factory=dict)  # meta_info["kv_evict"][0], updated in place
     accumulator: object = None                 # attention statistics (H2O, TOVA, Scissorhands)
-    staged: torch.Tensor | None = None         # [q, n, layers, kv_heads] of the last forward
-    staged_lengths: torch.Tensor | None = None
+    staged: list = field(default_factory=list)  # ([q, n, layers, kv_heads], [q] lengths) per forward
     holed: bool = False                        # served by the holed radix cache (radix.tree_mode)
     logical_prompt: array | None = None        # the prompt's ids while the request holds a view's
     hit: tuple | None = None                   # (node, slots) of the stored view it continues
@@ -65,6 +64,13 @@ class ReqEvictState:
     tree_len: int = 0                          # positions below were tree-owned at the first eviction
     tree_lock: int = 0                         # Naive-Evict: tree tokens its lock still covers
     naive_excess: int = 0                      # Naive-Evict: pages held beyond its true footprint
+    stash: object = None                       # retraction.RetractStash while retracted (page size 1)
+    resume_node: object = None                 # the radix node its stash was written back to
+    real_outputs: object = None                # a resumed request's outputs while its prefill is set up
+    undo: tuple | None = None                  # this step's state before its fold and eviction
+    resume_prefill: bool = False               # its prefill is a resume's (the row ends there)
+    retractions: int = 0
+    blocked: bool = False                      # retracted, and its view does not fit the pool yet
 
     def logical_ids(self, req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
@@ -77,11 +83,15 @@ class ReqEvictState:
         return torch.cat([self.kept_pos[:row_len], torch.arange(m, row_len) + self.offset])
 
     def reset(self) -> None:
-        """Forget every eviction (retraction: the request is re-prefilled from its ids)."""
+        """Retraction: the row is gone. With a stash the request resumes from it (the policy state
+        stays); without one it is re-prefilled from its ids and every eviction is forgotten."""
         self.kept_pos = self.kept_pos[:0]
-        self.offset = self.steps = 0
-        self.accumulator = self.policy.new_accumulator()
-        self.staged = self.staged_lengths = None
+        self.offset = 0
+        self.tree_len = self.tree_lock = self.naive_excess = 0
+        self.staged.clear()
+        if self.stash is None:
+            self.steps = 0
+            self.accumulator = self.policy.new_accumulator()
 
 
 def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
@@ -108,6 +118,10 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     new_lens = None
     freed_before = counters_of(scheduler).pages_freed
     for i, req, st in evicting:
+        st.stash, st.resume_prefill = None, False  # decoding again: a resumed view is its row now
+        # A retraction later in this step resumes from the state before this step (retraction.py):
+        # references only, the statistics are replaced, never written in place.
+        st.undo = (st.accumulator.state if st.accumulator is not None else None, None)
         if st.accumulator is not None:
             fold_staged(st, getattr(scheduler, "tp_group", None))
         if req in skip:
@@ -160,6 +174,8 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     row_dev = req_to_token[kv.req_pool_idx, :row_len].to(torch.int64)
     row = row_dev.cpu()
     positions = st.positions(row_len)
+    if st.holed and cfg.page_size == 1:
+        st.undo = (st.undo[0], (row, positions, st.steps, st.kept_pos, st.offset, dict(st.report), st.pages_freed))
     cpl = kv.cache_protected_len
     keys = None
     if "keys" in st.policy.needs:  # every TP rank scores all KV heads: identical victims

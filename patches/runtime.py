@@ -38,12 +38,14 @@ def after_req_init(result, req, rid, *args, **kwargs):
 
 
 def after_reset_for_retract(result, req):
-    """AFTER `Req.reset_for_retract`: the request is re-prefilled from its ids, full attention."""
+    """AFTER `Req.reset_for_retract`: back to the logical ids; the request resumes from its stash
+    (`retraction.py`) or is re-prefilled from its ids with full attention."""
     st = getattr(req, "vtoken", None)
     if st is not None:
         if st.logical_prompt is not None:  # it held a stored view: back to its logical ids
             req.origin_input_ids, st.logical_prompt, st.hit = st.logical_prompt, None, None
             req.refresh_fill_ids()
+        st.hit = None
         st.reset()
 
 
