@@ -25,7 +25,7 @@ COPY_DTYPES = (
 )
 
 
-def _names(dtypes) -> str:
+def names(dtypes) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
@@ -46,7 +46,7 @@ def check_tensor(t, name: str) -> torch.Tensor:
 
 def check_dtype(t: torch.Tensor, name: str, allowed) -> None:
     if t.dtype not in allowed:
-        raise ValueError(f"{name} has dtype {t.dtype}; allowed: {_names(allowed)}")
+        raise ValueError(f"{name} has dtype {t.dtype}; allowed: {names(allowed)}")
 
 
 def check_ndim(t: torch.Tensor, name: str, ndim: int, shape_doc: str) -> None:
@@ -66,6 +66,22 @@ def check_index_vector(t, name: str, device: torch.device, ref_name: str, numel:
     check_device(t, name, device, ref_name)
     if numel is not None and t.numel() != numel:
         raise ValueError(f"{name} has {t.numel()} entries, expected {numel}")
+
+
+def index_pair_ok(src, dst, device: torch.device) -> bool:
+    """Fast path of the move-list checks (attributes only, no sync): both are fine 1-D index
+    vectors of one length on `device`. When False, the detailed checks name the problem."""
+    return (
+        isinstance(src, torch.Tensor)
+        and isinstance(dst, torch.Tensor)
+        and src.ndim == 1
+        and dst.ndim == 1
+        and src.dtype in INDEX_DTYPES
+        and dst.dtype in INDEX_DTYPES
+        and src.device == device
+        and dst.device == device
+        and src.shape == dst.shape
+    )
 
 
 def check_inner_contiguous(t: torch.Tensor, name: str) -> None:

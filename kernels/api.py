@@ -7,6 +7,7 @@ first use, so this module needs only torch) or the pure-torch reference from `re
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ import torch
 
 from . import _checks as C
 from . import reference as ref
+from .buffer_set import KVBufferSet, buffer_set, require_disjoint
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,17 @@ def repack_kv_(
         rope: optional `RopeShift`: moved K rows are re-rotated in fp32 (K must be a float16,
             bfloat16 or float32 buffer).
         impl: "triton", "torch", or None (Triton on CUDA, torch otherwise).
-        check: validate slot ranges and the in-place precondition first (syncs; debug mode).
+        check: validate the buffers from scratch (refreshing the cache), slot ranges and the
+            in-place precondition first (syncs; debug mode and tests).
         block_moves, num_warps, col_block: Triton tuning knobs (moves per chunk, warps per
-            program, head_dim columns per program; a power of 2, ignored with rope).
+            program, head_dim columns per program; a power of 2, ignored with rope); None takes
+            the defaults of `repack.default_launch`.
+
+    The buffers are validated once per buffer set and cached by identity (the same list or
+    tensor objects with the same data pointers, see `buffer_set.py`), so a call costs a few
+    microseconds of Python plus Triton's launch, and never synchronizes with the device unless
+    `check=True`. The first Triton call on a buffer set builds its address tables (a
+    host-to-device copy): make it, e.g. with empty move lists, before CUDA-graph capture.
 
     Precondition (in-place safety): every destination is written once, and no move reads a slot
     written by an EARLIER move: src[i] not in {dst[j] : j < i}. Then the result equals gathering
@@ -72,47 +82,38 @@ def repack_kv_(
     satisfies it however the kept tokens overlap the destinations. Per-slot side buffers (e.g.
     attention scores) move with `score[dst] = score[src]` (torch gathers first; always safe).
     """
-    keys = C.as_layer_list(k_buffers, "k_buffers")
-    values = C.as_layer_list(v_buffers, "v_buffers")
-    if len(keys) != len(values):
-        raise ValueError(f"k_buffers has {len(keys)} layers but v_buffers has {len(values)}")
-    C.check_layer_group(keys, "k_buffers", C.COPY_DTYPES)
-    C.check_layer_group(values, "v_buffers", C.COPY_DTYPES)
-    device, num_slots = keys[0].device, keys[0].shape[0]
-    C.check_device(values[0], "v_buffers[0]", device, "k_buffers[0]")
-    if values[0].shape[0] != num_slots:
-        raise ValueError(f"v_buffers hold {values[0].shape[0]} slots but k_buffers hold {num_slots}")
-    C.check_index_vector(src, "src", device, "k_buffers[0]")
-    C.check_index_vector(dst, "dst", device, "k_buffers[0]", numel=src.numel())
+    bufs = buffer_set(k_buffers, v_buffers, revalidate=check)
+    device = bufs.device
+    if not C.index_pair_ok(src, dst, device):
+        C.check_index_vector(src, "src", device, "k_buffers[0]")
+        C.check_index_vector(dst, "dst", device, "k_buffers[0]", numel=src.numel())
     if rope is not None:
-        _check_rope(rope, keys[0], src.numel(), check)
+        _check_rope(rope, bufs, src.numel(), check)
     impl = C.resolve_impl(impl, device)
     if check:
-        C.check_moves(src, dst, num_slots)
+        C.check_moves(src, dst, bufs.num_slots)
     if impl == "torch":
+        keys, values = C.as_layer_list(k_buffers, "k_buffers"), C.as_layer_list(v_buffers, "v_buffers")
         ref.repack_kv_ref_(keys, values, src, dst, rope)
         return
-    C.check_disjoint_buffers(
-        [(f"k_buffers[{i}]", t) for i, t in enumerate(keys)] + [(f"v_buffers[{i}]", t) for i, t in enumerate(values)]
-    )
-    from .repack import launch_repack
-
-    launch_repack(keys, values, src, dst, rope, block_moves=block_moves, num_warps=num_warps, col_block=col_block)
+    require_disjoint(bufs, k_buffers, v_buffers)
+    _triton("repack").launch_repack(bufs, src, dst, rope, block_moves=block_moves, num_warps=num_warps, col_block=col_block)
 
 
-def _check_rope(rope: RopeShift, k0: torch.Tensor, num_moves: int, check: bool) -> None:
+def _check_rope(rope: RopeShift, bufs: KVBufferSet, num_moves: int, check: bool) -> None:
     if not isinstance(rope, RopeShift):
         raise TypeError(f"rope must be a RopeShift or None, got {type(rope).__name__}")
-    C.check_dtype(k0, "k_buffers[0] (with rope)", C.FLOAT_DTYPES)
-    C.check_index_vector(rope.delta, "rope.delta", k0.device, "k_buffers[0]", numel=num_moves)
+    if bufs.k_dtype not in C.FLOAT_DTYPES:
+        raise ValueError(f"k_buffers[0] (with rope) has dtype {bufs.k_dtype}; allowed: {C.names(C.FLOAT_DTYPES)}")
+    C.check_index_vector(rope.delta, "rope.delta", bufs.device, "k_buffers[0]", numel=num_moves)
     cs = C.check_tensor(rope.cos_sin_cache, "rope.cos_sin_cache")
     C.check_ndim(cs, "rope.cos_sin_cache", 2, "[max_pos, rot_dim]")
     C.check_dtype(cs, "rope.cos_sin_cache", C.FLOAT_DTYPES)
-    C.check_device(cs, "rope.cos_sin_cache", k0.device, "k_buffers[0]")
+    C.check_device(cs, "rope.cos_sin_cache", bufs.device, "k_buffers[0]")
     C.check_inner_contiguous(cs, "rope.cos_sin_cache")
-    rot_dim = cs.shape[1]
-    if rot_dim % 2 or not 2 <= rot_dim <= k0.shape[2]:
-        raise ValueError(f"rope.cos_sin_cache has rot_dim {rot_dim}; it must be even and in [2, head_dim={k0.shape[2]}]")
+    rot_dim, head_dim = cs.shape[1], bufs.k_shape[2]
+    if rot_dim % 2 or not 2 <= rot_dim <= head_dim:
+        raise ValueError(f"rope.cos_sin_cache has rot_dim {rot_dim}; it must be even and in [2, head_dim={head_dim}]")
     if check and num_moves and int(rope.delta.abs().max()) >= cs.shape[0]:
         raise ValueError(f"rope.delta reaches |{int(rope.delta.abs().max())}|, beyond cos_sin_cache's {cs.shape[0]} rows")
 
@@ -206,6 +207,15 @@ def _check_rows(req_to_token, req_pool_indices, seq_lens, page_size) -> None:
     ref.check_page_dense(req_to_token, req_pool_indices, seq_lens, page_size)
 
 
+def _triton(module: str):
+    """A Triton launcher module, imported on first use (importing this package needs only torch)."""
+    mod = _TRITON_MODULES.get(module)
+    if mod is None:
+        mod = _TRITON_MODULES[module] = importlib.import_module(f"{__package__}.{module}")
+    return mod
+
+
+_TRITON_MODULES: dict = {}
 LSE_BASES = ("ln", "log2")
 
 
