@@ -1,4 +1,4 @@
-"""Argument checks shared by the public kernel functions and their Triton launchers.
+"""Argument checks and dispatch helpers shared by the public kernel functions.
 
 Every error is a ValueError (or TypeError for a wrong Python type) that names the argument and
 says what is allowed, so a caller can fix the call without reading the kernel.
@@ -6,6 +6,7 @@ says what is allowed, so a caller can fix the call without reading the kernel.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 import torch
@@ -36,6 +37,18 @@ def resolve_impl(impl: str | None, device: torch.device) -> str:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS} or None (auto), got {impl!r}")
     return impl
+
+
+def triton_module(name: str):
+    """The Triton launcher module `sgl_vtoken.kernels.<name>`, imported on first use (so that
+    importing the package needs only torch; TRITON_INTERPRET is read at that import)."""
+    mod = _TRITON_MODULES.get(name)
+    if mod is None:
+        mod = _TRITON_MODULES[name] = importlib.import_module(f"{__package__}.{name}")
+    return mod
+
+
+_TRITON_MODULES: dict = {}
 
 
 def check_tensor(t, name: str) -> torch.Tensor:

@@ -136,3 +136,34 @@ def test_default_launch_parameters(shape, expected):
 def test_default_launch_with_rope_keeps_whole_heads():
     assert default_launch(128, 2, 1, 4, rope=True, num_sms=132) == (32, 4, 128)
     assert default_launch(96, 4, 8, 2, rope=False, num_sms=None) == (16, 4, 128)  # interpreter
+
+
+@pytest.mark.gpu
+def test_gpu_cached_call_never_syncs_and_replays_in_a_cuda_graph(device):
+    """After a first call (validation, address tables, compilation), repack_kv_ only enqueues
+    work: no host sync, and a captured call replays correctly on new move lists."""
+    g = torch.Generator().manual_seed(6)
+    keys, values = _pool(g, device, layers=4, slots=4096)
+    src = torch.zeros(256, dtype=torch.int64, device=device)
+    dst = torch.zeros(256, dtype=torch.int64, device=device)
+    repack_kv_(keys, values, src[:0], dst[:0])  # warm up: validate, build tables
+    s0, d0 = disjoint_moves(4096, 256, torch.int64, g, device)
+    src.copy_(s0), dst.copy_(d0)
+    repack_kv_(keys, values, src, dst)  # compile
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        repack_kv_(keys, values, src, dst)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        repack_kv_(keys, values, src, dst)
+    s1, d1 = disjoint_moves(4096, 256, torch.int64, g, device)
+    src.copy_(s1), dst.copy_(d1)
+    k_exp, v_exp = [t.clone() for t in keys], [t.clone() for t in values]
+    repack_kv_ref_(k_exp, v_exp, src, dst)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_bytes(keys, k_exp, "k")
+    assert_same_bytes(values, v_exp, "v")
