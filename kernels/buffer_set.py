@@ -27,7 +27,7 @@ from . import _checks as C
 _MAX_ENTRIES = 16
 _DATA_PTR = torch.Tensor.data_ptr
 _IS = operator.is_
-_CALL = operator.call
+_CALL = getattr(operator, "call", lambda f: f())  # operator.call is Python >= 3.11
 
 
 @dataclass(eq=False)
