@@ -38,7 +38,7 @@ elif ! "$PY" -c "import torch, triton, sys; sys.exit(0 if torch.cuda.is_availabl
 else
     export TRITON_INTERPRET=0
 fi
-export VTOKEN_TEST_GPU=1
+
 if ! "$PY" -c "import pytest" 2>/dev/null; then
     echo "gpu_check: pytest is missing; trying pip install pytest" >&2
     "$PY" -m pip install -q pytest || echo "gpu_check: no pytest: the test steps will fail" | tee -a "$SUMMARY" >&2
