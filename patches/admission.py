@@ -1,4 +1,4 @@
-"""Budget-aware admission (DESIGN rule 5): an evicting request never holds more than
+"""Budget-aware admission (splice rule 5, docs/design.md): an evicting request never holds more than
 `budget + interval + page_size` tokens of KV, so it reserves at most that, not
 `prompt + max_new_tokens`, and `max_new_tokens` is no longer clipped by pool memory.
 

@@ -2,7 +2,7 @@
 
 Runs AROUND `Scheduler.update_running_batch`, so `check_decode_mem` already sees the reclaimed
 memory, and before `prepare_for_decode` appends the slot of the incoming token. Every SGLang
-length stays in row coordinates (DESIGN rule 1): after an eviction of `d` tokens the row holds
+length stays in row coordinates (splice rule 1, docs/design.md): after an eviction of `d` tokens the row holds
 `budget` live slots and the request's position offset grows by `d`::
 
     row before (L = budget + interval)            row after (budget), offset += d
@@ -10,11 +10,11 @@ length stays in row coordinates (DESIGN rule 1): after an eviction of `d` tokens
     0                     cpl                L    0            cpl           budget
     logical position of row index j: kept_pos[j] for j < m (at the last eviction), j + offset after
 
-Tree-owned slots are never freed or moved (rule 2). With compacted-history reuse (`radix.py`,
+Tree-owned slots are never freed or moved (splice rule 2). With compacted-history reuse (`radix.py`,
 page size 1) the policy may drop them from the row, which then stops using them; otherwise it
 sees them as shared and keeps them. Page size 1: the row is compacted and dead slots freed. Page size > 1: kept private tokens
 move down onto the request's own pages (`dst <= src`, one all-layer KV move) and whole pages
-are freed (rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
+are freed (splice rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
 held by the request (see `held.py`).
 """
 
@@ -202,7 +202,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     device = row_dev.device
     src, dst = torch.cat([copy_src, plan.src]), torch.cat([copy_dst, plan.dst])
     if src.numel():
-        # GPU (DESIGN rule 7): move on the stream that runs forwards, after the in-flight forward
+        # GPU (splice rule 7, docs/design.md): move on the stream that runs forwards, after the in-flight forward
         # that may still write the last token's KV; row rewrites stay on the schedule stream.
         stream = getattr(scheduler, "forward_stream_ctx", None) if device.type == "cuda" else None
         with stream or nullcontext():
