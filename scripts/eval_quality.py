@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", nargs="+", default=["passkey", "recall", "lm"])
     p.add_argument("--passkey-lengths", type=int, nargs="+", default=[1000, 2000, 4000],
                    help="haystack tokens (prompts are about 100 tokens longer)")
-    p.add_argument("--passkey-depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    p.add_argument("--recall-trials", type=int, default=4)
+    p.add_argument("--passkey-depths", type=float, nargs="+", default=[0.1, 0.35, 0.6, 0.85])
+    p.add_argument("--recall-trials", type=int, default=3)
     p.add_argument("--recall-fillers", type=int, default=2, help="turns between the fact and the question")
     p.add_argument("--lm-windows", type=int, default=2)
     p.add_argument("--lm-context", type=int, default=1024)

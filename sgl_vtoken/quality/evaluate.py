@@ -29,8 +29,8 @@ class Plan:
     budgets: tuple[int, ...]
     sweep: Sweep = Sweep()
     passkey_lengths: tuple[int, ...] = (1000, 2000, 4000)
-    passkey_depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
-    recall_trials: int = 4
+    passkey_depths: tuple[float, ...] = (0.1, 0.35, 0.6, 0.85)
+    recall_trials: int = 3
     recall_fillers: int = 2
     lm_windows: int = 2
     lm_context: int = 1024
@@ -42,7 +42,7 @@ class Plan:
     seed: int = 0
     wheel_dir: str | None = None
     tasks: tuple[str, ...] = ("passkey", "recall", "lm")
-    max_new: dict = field(default_factory=lambda: {"passkey": 12, "recall": 40})
+    max_new: dict = field(default_factory=lambda: {"passkey": 12, "recall": 24})
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.tasks) - {"passkey", "recall", "lm"})
@@ -134,7 +134,9 @@ def server_flags(plan: Plan, options: dict, pool: int) -> list[str]:
     sw = plan.sweep
     flags = cpu_server_args(plan.model, pool, sw.page_size) + [
         "--dtype", "float32", "--kv-sink", str(sw.sink), "--kv-evict-interval", str(sw.interval),
-        "--radix-cache-backend", "vtoken", "--chunked-prefill-size", "16384"]
+        # Prompts are prefilled in one chunk as the reference does (SGLang sizes its activation
+        # reserve from the chunk size: fix the memory fraction, the pool is capped anyway).
+        "--radix-cache-backend", "vtoken", "--chunked-prefill-size", "8192", "--mem-fraction-static", "0.8"]
     if options:
         cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items() if k != "policy"}
         flags += ["--kv-evict", options["policy"], "--kv-budget", str(max(plan.budgets)),

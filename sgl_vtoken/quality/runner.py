@@ -102,7 +102,8 @@ class Runner:
                 ids.append(out)
                 for turn, message in enumerate(t.messages, start=1):
                     nxt = Request(self.model, cell.cfg, cell.rid(t.id, turn), history=req.row)
-                    nxt.prompt(next_turn_ids(self.tok, message, out))
+                    # The reply's last token was never fed (it ended the turn): it opens the prompt.
+                    nxt.prompt(out[-1:] + next_turn_ids(self.tok, message, out))
                     req = nxt
                     out = req.generate(max_new_tokens, stop=(self.eos,))
                     replies.append(self.decode(out))

@@ -64,7 +64,7 @@ class ServerCheck:
         ref, got = _strip(ref, self.eos), _strip(got, self.eos)
         self.emit({"kind": "server", "task": task, **cell.key, "trial": t.id, "equal": ref == got,
                    "first_diff": _diff(ref, got), "tokens": len(ref), **meta,
-                   "server_text": self.tok.decode(got, skip_special_tokens=True)[:200],
+                   "server_text": self.tok.decode([x for x in got if x >= 0], skip_special_tokens=True)[-200:],
                    "seconds": round(time.monotonic() - t0, 3)})
         self.progress(1)
 

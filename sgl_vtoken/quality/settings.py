@@ -116,5 +116,8 @@ def _split(text: str) -> list[str]:
 
 
 def _short(v) -> str:
+    if isinstance(v, tuple) and len(v) > 2 and all(isinstance(x, int) for x in v) \
+            and list(v) == list(range(v[0], v[-1] + 1)):
+        return f"{v[0]}-{v[-1]}"  # score_layers written as the range it was given as
     s = v if isinstance(v, str) else json.dumps(list(v) if isinstance(v, tuple) else v, separators=(",", ":"))
     return s if len(s) <= 24 else "…" + s[-20:]
