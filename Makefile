@@ -48,13 +48,14 @@ kvp: $(STAMP)
 # Answer quality under eviction on SmolLM2-135M-Instruct (CPU): every policy at three budgets
 # through the fast masked reference, a subset replayed on live servers; rewrites
 # docs/results/quality_smollm2.{jsonl,md} and docs/img/quality_smollm2.png (about an hour on two
-# quiet cores). KVP_CKPT=path adds a kvp row.
+# quiet cores). KVP_CKPT=path adds a kvp row. One torch thread: on a busy machine two threads
+# spin-wait on each other and a decode step becomes 10-50x slower.
 UPPER := score_layers=15-29
 QUALITY_SETTINGS := streamingllm random random:window=32 knorm knorm:window=32 \
 	h2o:window=32 h2o:window=32,pool=5,$(UPPER) tova tova:pool=5,$(UPPER) \
 	scissorhands:window=32 scissorhands:window=32,pool=5,$(UPPER)
 quality: $(STAMP)
-	$(PY) scripts/eval_quality.py --model smollm2 --settings $(QUALITY_SETTINGS) \
+	$(PY) scripts/eval_quality.py --model smollm2 --threads 1 --settings $(QUALITY_SETTINGS) \
 		$(if $(KVP_CKPT),--kvp-checkpoint $(KVP_CKPT)) --budgets 128 256 512 \
 		--out docs/results/quality_smollm2.jsonl --markdown docs/results/quality_smollm2.md \
 		--plot docs/img/quality_smollm2.png --title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"

