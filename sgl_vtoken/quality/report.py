@@ -20,6 +20,7 @@ from sgl_vtoken.quality.settings import FULL
 
 METRICS = {  # name: (title, higher is better)
     "passkey": ("passkey retrieval, exact match", True),
+    "needle_kept": ("passkey: fraction of the needle's tokens the first eviction keeps", True),
     "recall": ("multi-turn recall, exact match", True),
     "ppl": ("perplexity, held-out essays", False),
     "top1": ("top-1 agreement with the full cache", True),
@@ -75,7 +76,7 @@ def _fmt(row: dict, metric: str) -> str:
         return "-"
     if metric in ("passkey", "recall"):
         return f"{row[metric + '_hits']}/{row[metric + '_trials']}"
-    return f"{v:.2f}" if metric == "ppl" else f"{v:.3f}"
+    return f"{v:.2f}" if metric in ("ppl", "needle_kept") else f"{v:.3f}"
 
 
 def markdown(summaries: list[dict], metrics: tuple[str, ...] = tuple(METRICS)) -> str:
