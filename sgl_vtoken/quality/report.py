@@ -102,31 +102,47 @@ def markdown(summaries: list[dict], metrics: tuple[str, ...] = tuple(METRICS)) -
 
 
 def plot(summaries: list[dict], path, title: str = "") -> None:
-    """Score vs budget, one line per setting, one panel per metric; the full cache dashed."""
+    """Score vs budget, one line per setting (a colour per policy; its first setting solid, the
+    others dashed), one panel per metric, the full cache dashed black; legend below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     metrics = [m for m in METRICS if any(m in s for s in summaries)]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8), squeeze=False)
+    cols = min(3, len(metrics))
+    rows = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 1.2), squeeze=False)
     full = next((s for s in summaries if s["setting"] == FULL), None)
     settings = list(dict.fromkeys(s["setting"] for s in summaries if s["setting"] != FULL))
-    for ax, m in zip(axes[0], metrics):
+    policies = list(dict.fromkeys(s["policy"] for s in summaries if s["setting"] != FULL))
+    colour = {p: plt.get_cmap("tab10")(i % 10) for i, p in enumerate(policies)}
+    seen: set[str] = set()
+    style = {}
+    for name in settings:
+        pol = next(s["policy"] for s in summaries if s["setting"] == name)
+        style[name] = dict(color=colour[pol], linestyle="-" if pol not in seen else "--")
+        seen.add(pol)
+    budgets = sorted({s["budget"] for s in summaries if s["budget"] is not None})
+    for ax, m in zip(axes.flat, metrics):
         for name in settings:
             pts = sorted((s["budget"], s[m]) for s in summaries if s["setting"] == name and m in s)
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=name, **style[name])
         if full is not None and m in full:
-            ax.axhline(full[m], color="black", linestyle="--", label="full cache")
+            ax.axhline(full[m], color="black", linestyle=":", label="full cache")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
         ax.set_xlabel("KV budget (tokens)")
         ax.set_title(METRICS[m][0], fontsize=9)
         if m == "ppl":
             ax.set_yscale("log")
-    axes[0][0].legend(fontsize=6, loc="best")
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=(0, 0.05 + 0.02 * len(labels) / 3, 1, 1))
+    fig.savefig(path, dpi=90)
     plt.close(fig)
