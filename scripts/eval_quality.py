@@ -47,9 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="Hugging Face folder, or `smollm2` (built into .cache/smollm2 "
                    "by sgl_vtoken.models if missing)")
-    p.add_argument("--report", metavar="JSONL", help="only render tables (and --plot) from a run's JSON lines")
-    p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, help="policy[:key=value,...] each")
-    p.add_argument("--kvp-checkpoint", help="add a kvp row with this scorer checkpoint")
+    p.add_argument("--report", metavar="JSONL", nargs="+",
+                   help="only render tables (and --plot) from runs' JSON lines; with --out, also "
+                        "write the runs merged (the first file's full-cache trials, summaries redone)")
+    p.add_argument("--settings", nargs="*", default=DEFAULT_SETTINGS,
+                   help="[label=]policy[:key=value,...] each (none: only --kvp-checkpoint's rows)")
+    p.add_argument("--kvp-checkpoint", help="add kvp rows (window 0 and 32) with this scorer checkpoint")
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512])
     p.add_argument("--sink", type=int, default=16)
     p.add_argument("--interval", type=int, default=16)
@@ -87,12 +90,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def merge_runs(paths: list[str]) -> list[dict]:
+    """Records of several runs, without their summaries; a (task, trial, setting, budget) trial
+    or server record seen in an earlier file is dropped from later ones (the full cache)."""
+    out, seen = [], set()
+    for path in paths:
+        for line in open(path):
+            r = json.loads(line)
+            if r["kind"] == "summary":
+                continue
+            key = (r["kind"], r.get("task"), r.get("trial"), r.get("setting"), r.get("budget"))
+            if r["kind"] in ("trial", "server"):
+                if key in seen:
+                    continue
+                seen.add(key)
+            out.append(r)
+    return out
+
+
 def plan_from_args(args) -> Plan:
     import shlex
 
-    settings = [Setting.parse(s) for s in args.settings]
+    try:
+        settings = [Setting.parse(s) for s in args.settings]
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if args.kvp_checkpoint:
-        settings.append(Setting("kvp", (("checkpoint", args.kvp_checkpoint),), label="kvp"))
+        ckpt = (("checkpoint", args.kvp_checkpoint),)
+        settings.append(Setting("kvp", ckpt, label="kvp"))
+        settings.append(Setting("kvp", (("window", 32),) + ckpt, label="kvp:window=32"))
+    if not settings:
+        raise SystemExit("argument --settings: give at least one setting or --kvp-checkpoint")
     if args.smoke:
         args.budgets = [64]
         args.passkey_lengths, args.passkey_depths = [120], [0.5]
@@ -122,8 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: servers get stopped
     if args.report:
-        records = [json.loads(line) for line in open(args.report)]
-        _, md = write_outputs(records, args.plot, args.title)
+        records = merge_runs(args.report)
+        summaries, md = write_outputs(records, args.plot, args.title)
+        if args.out:
+            with open(args.out, "w") as f:
+                for r in records + summaries:
+                    f.write(json.dumps(r) + "\n")
+        if args.markdown:
+            Path(args.markdown).write_text(md)
         print(md)
         return 0
     plan = plan_from_args(args)

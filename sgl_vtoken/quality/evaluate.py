@@ -122,9 +122,6 @@ def server_groups(plan: Plan) -> list[tuple[dict, list[Cell]]]:
         key = json.dumps([cell.setting.policy, o], sort_keys=True, default=list) if o else "{}"
         opts[key] = {"policy": cell.setting.policy, **o} if o else {}
         groups.setdefault(key, []).append(cell)
-    full = groups.get("{}", [])
-    if not full or full[0].cfg.enabled:  # every group compares with the full cache on its server
-        pass
     return [(opts[k], v) for k, v in groups.items()]
 
 

@@ -43,6 +43,13 @@ class Setting:
     options: tuple[tuple[str, Any], ...] = ()
     label: str = field(default="", compare=False)
 
+    def __post_init__(self) -> None:
+        from sgl_vtoken.policies import POLICIES
+
+        if self.policy != "none" and self.policy not in POLICIES:
+            raise ValueError(f"--settings: unknown policy {self.policy!r}; choose from "
+                             f"{sorted(POLICIES)}")
+
     @classmethod
     def parse(cls, spec: str) -> "Setting":
         """``[label=]policy[:key=value,...]``; values are JSON where they parse as JSON, else
@@ -90,8 +97,8 @@ class Setting:
             raise ValueError(f"setting {self.name!r} at budget {budget}: {e}") from None
 
     def kv_evict(self, cfg: EvictConfig) -> dict:
-        """The per-request ``kv_evict`` object a server needs for `cfg`; ValueError when the
-        setting has options a request cannot carry (the server must be started with them)."""
+        """The per-request ``kv_evict`` object for `cfg` (policy, budget, sinks, window); the
+        other options must be the server's (:meth:`server_options`)."""
         if not cfg.enabled:
             return {"policy": "none"}
         return {k: getattr(cfg, k) for k in SERVER_KEYS}

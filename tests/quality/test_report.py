@@ -3,6 +3,8 @@ pools the tokens of every window, agreement divides by the tokens; tables and pl
 
 import math
 
+import pytest
+
 from sgl_vtoken.quality import report
 from sgl_vtoken.quality.settings import Setting, Sweep
 
@@ -48,6 +50,8 @@ def test_setting_specs_parse_and_validate():
     assert (cfg.window, cfg.score_layers, dict(cfg.params)) == (32, (1, 2), {"pool": 5})
     assert s.kv_evict(cfg) == {"policy": "h2o", "budget": 128, "sink": 16, "window": 32}
     assert s.server_options() == {"score_layers": (1, 2), "pool": 5}
+    with pytest.raises(ValueError, match="unknown policy 'h3o'"):
+        Setting.parse("h3o:window=4")
     try:
         Setting.parse("h2o:pool=4").config(Sweep(), 128)
     except ValueError as e:
