@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         tok = AutoTokenizer.from_pretrained(plan.model)
         model = load_model(plan.model)
         trials = build_tasks(plan, tok)
-        model_path = Path(plan.model).resolve()
+        model_path = Path(plan.model).absolute()  # the path as given, symlinks kept
         shown = str(model_path.relative_to(REPO)) if model_path.is_relative_to(REPO) else plan.model
         emit({"kind": "plan", "model": shown,
               "settings": [{"name": s.name, "policy": s.policy, "options": dict(s.options)}
