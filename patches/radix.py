@@ -148,20 +148,20 @@ class HoledRadixCache(RadixCache):
         req = params.req
         st = getattr(req, "vtoken", None) if req is not None else None
         if st is None or not st.holed:
-            return super().match_prefix(params)
+            return self._observed(super().match_prefix(params), params.key, st)
         logical = _restore(req, st)
         limit = req._compute_max_prefix_len(len(logical))
-        result = super().match_prefix(MatchPrefixParams(
-            key=RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)))
+        key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
+        result = super().match_prefix(MatchPrefixParams(key=key))
         st.attach = len(logical)
         if st.stash is not None:  # retracted after evicting: resume from its row (retraction.py)
             return self._resume(req, st, logical, limit, result)
         if (not st.cfg.reuse_history or self.page_size > 1 or req.output_ids
                 or (req.return_logprob and req.logprob_start_len >= 0)):
-            return result  # retracted (re-prefilled whole) or asks for input logprobs
+            return self._observed(result, key, st)  # retracted (re-prefilled whole) or logprobs
         found = self._find_view(result.last_device_node, logical, limit, _namespace(req, st))
         if found is None or found[1] <= result.device_prefix_len:
-            return result
+            return self._observed(result, key, st)
         node, depth = found
         positions, slots = node.vt_view
         _adopt(req, st, logical, positions, depth)
@@ -204,6 +204,18 @@ class HoledRadixCache(RadixCache):
         self.evictable_size_ -= len(node.key) - _count_live(node)
         node.vt_view, node.vt_attach = (positions, slots), 0
         return node
+    def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:
+        """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
+        when the policy reads attention: their queries seed its statistics, so a request's
+        victims (and output) do not depend on whether its prompt was cached."""
+        if st is None or "attn" not in st.policy.needs:
+            return result
+        cap = max(0, min(len(key), len(key.token_ids) - st.cfg.obs_window))
+        if result.device_prefix_len <= cap:
+            return result
+        return super().match_prefix(MatchPrefixParams(key=RadixKey(
+            key.token_ids, key.extra_key, is_bigram=key.is_bigram, limit=cap,
+            cache_salt=key.cache_salt)))
 
     def prefix_device_indices(self, req) -> torch.Tensor:
         hit = getattr(getattr(req, "vtoken", None), "hit", None)

@@ -35,6 +35,17 @@ def aggregate(stats: torch.Tensor, how: str) -> torch.Tensor:
     raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)} (got {how!r})")
 
 
+def smooth(scores: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Mean of each score with its row neighbours, ``kernel // 2`` on each side (SnapKV's
+    pooling, arXiv:2404.14469): a kept token tends to keep its neighbours, so a span the
+    statistic only partly marks (the digits of a number) survives whole. ``[n]`` in and out."""
+    if kernel <= 1 or scores.numel() == 0:
+        return scores
+    x = scores.to(torch.float64)[None, None]
+    return torch.nn.functional.avg_pool1d(x, kernel, stride=1, padding=kernel // 2,
+                                          count_include_pad=False)[0, 0]
+
+
 def top_budget(scores: torch.Tensor, budget: int) -> torch.Tensor:
     """Ascending indices of the `budget` highest scores; ties keep the later (more recent) row."""
     n = scores.shape[0]
@@ -109,3 +120,21 @@ class EvictionPolicy:
     def new_accumulator(self, **kwargs):
         """A fresh per-request statistics accumulator, or None if the policy needs none."""
         return None if self.accumulator is None else self.accumulator(**kwargs)
+
+
+@dataclass
+class AttentionPolicy(EvictionPolicy):
+    """Shared score of the attention policies (H2O, TOVA, Scissorhands): their accumulated
+    statistic, aggregated over layers and heads, smoothed over `pool` row neighbours (1: off)."""
+
+    pool: int = 1
+    needs: ClassVar[tuple[str, ...]] = ("attn",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 1 \
+                or self.pool % 2 == 0:
+            raise ValueError(f"{type(self).__name__}.pool must be an odd integer >= 1 (got {self.pool!r})")
+
+    def score(self, view: TokenView) -> torch.Tensor:
+        return smooth(aggregate(view.attn, self.aggregation), self.pool)

@@ -11,20 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
-from sgl_vtoken.policies.base import EvictionPolicy, aggregate
+from sgl_vtoken.policies.base import AttentionPolicy
 from sgl_vtoken.stats import AttentionSum
-from sgl_vtoken.types import TokenView
 
 
 @dataclass
-class H2O(EvictionPolicy):
+class H2O(AttentionPolicy):
     """Score = aggregate(accumulated attention) over layers and heads."""
 
     name: ClassVar[str] = "h2o"
-    needs: ClassVar[tuple[str, ...]] = ("attn",)
     accumulator: ClassVar[type] = AttentionSum
-
-    def score(self, view: TokenView) -> torch.Tensor:
-        return aggregate(view.attn, self.aggregation)

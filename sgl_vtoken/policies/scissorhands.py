@@ -13,29 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
-from sgl_vtoken.policies.base import EvictionPolicy, aggregate
+from sgl_vtoken.policies.base import AttentionPolicy
 from sgl_vtoken.stats import LowImportanceCount
-from sgl_vtoken.types import TokenView
 
 
 @dataclass
-class Scissorhands(EvictionPolicy):
+class Scissorhands(AttentionPolicy):
     """Score = aggregate(-low-importance count); `history` and `threshold` set the counter."""
 
     history: int = 32
     threshold: float = 1.0
     name: ClassVar[str] = "scissorhands"
-    needs: ClassVar[tuple[str, ...]] = ("attn",)
     accumulator: ClassVar[type] = LowImportanceCount
 
     def __post_init__(self) -> None:
         super().__post_init__()
         LowImportanceCount(self.history, self.threshold)  # validates both, naming the field
-
-    def score(self, view: TokenView) -> torch.Tensor:
-        return aggregate(view.attn, self.aggregation)
 
     def new_accumulator(self, **kwargs):
         return LowImportanceCount(history=self.history, threshold=self.threshold, **kwargs)

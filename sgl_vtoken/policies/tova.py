@@ -10,20 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
-from sgl_vtoken.policies.base import EvictionPolicy, aggregate
+from sgl_vtoken.policies.base import AttentionPolicy
 from sgl_vtoken.stats import LastAttention
-from sgl_vtoken.types import TokenView
 
 
 @dataclass
-class TOVA(EvictionPolicy):
+class TOVA(AttentionPolicy):
     """Score = aggregate(last query's attention probabilities) over layers and heads."""
 
     name: ClassVar[str] = "tova"
-    needs: ClassVar[tuple[str, ...]] = ("attn",)
     accumulator: ClassVar[type] = LastAttention
-
-    def score(self, view: TokenView) -> torch.Tensor:
-        return aggregate(view.attn, self.aggregation)

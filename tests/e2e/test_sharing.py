@@ -27,18 +27,37 @@ def client(server_factory):
 def test_shared_prefix_leaves_the_view_exactly(client, hf_eager, policy):
     """A request whose 96-token prefix (6 pages) is cached by another request generates exactly
     what HF generates with the same masks (the server's interval 16): shared tokens are evicted
-    like its own, kept ones of partially kept pages are copied. As with any prefix hit, H2O's
-    prefill statistics come from the prefilled queries only."""
+    like its own, kept ones of partially kept pages are copied. H2O reads attention: its match
+    stops `obs_window` (16) tokens short of the prompt's end, rounded down to a page (80 of
+    96), so the queries that seed its statistics are those of a fresh prefill."""
     shared = random_ids(96, seed=120)
     generate(client, shared + [7, 8, 9], 4, f"owner-{policy}", {"policy": "none"})
     prompt = shared + [11, 12, 13, 14, 15]
     window = 16 if policy == "h2o" else 0
     kv = {"policy": policy, "budget": 64, "window": window}
     out = generate(client, prompt, 120, f"sharer-{policy}", kv)
-    assert out["meta_info"]["cached_tokens"] == 96
+    cached = 80 if policy == "h2o" else 96
+    assert out["meta_info"]["cached_tokens"] == cached
     cfg = EvictConfig(policy=policy, budget=64, sink=4, window=window, page_size=PAGE, interval=PAGE)
-    expected, _ = masked_greedy(hf_eager, prompt, 120, cfg, rid=f"sharer-{policy}", cached=96)
+    expected, _ = masked_greedy(hf_eager, prompt, 120, cfg, rid=f"sharer-{policy}", cached=cached)
     assert out["output_ids"] == expected
+    if policy == "h2o":
+        assert expected == masked_greedy(hf_eager, prompt, 120, cfg, rid=f"sharer-{policy}")[0]
+
+
+@pytest.mark.parametrize("policy", ["tova", "scissorhands"])
+def test_attention_policy_output_does_not_depend_on_the_prefix_cache(client, hf_eager, policy):
+    """The same request, first with a cold cache, then after its prompt was cached by a
+    full-attention request: the same output, that of HF with a fresh prefill's statistics."""
+    prompt = random_ids(150, seed=140 + len(policy))
+    kv = {"policy": policy, "budget": 64, "window": 16}
+    cold = generate(client, prompt, 80, f"cold-{policy}", kv)
+    generate(client, prompt + [3], 2, f"warm-{policy}", {"policy": "none"})
+    hot = generate(client, prompt, 80, f"hot-{policy}", kv)
+    assert hot["meta_info"]["cached_tokens"] == (150 - 16) // PAGE * PAGE
+    cfg = EvictConfig(policy=policy, budget=64, sink=4, window=16, page_size=PAGE, interval=PAGE)
+    expected, _ = masked_greedy(hf_eager, prompt, 80, cfg, rid=f"cold-{policy}")
+    assert cold["output_ids"] == hot["output_ids"] == expected
 
 
 def test_sixteen_sessions_hold_the_shared_prompt_once(client):

@@ -65,6 +65,18 @@ def test_h2o_keeps_heavy_hitters_and_window():
     assert keep.tolist() == [1, 3, 6, 7]
 
 
+def test_pool_keeps_the_neighbours_of_a_marked_span():
+    """pool=3 averages each score with its row neighbours: the two tokens beside the 0.9 peak
+    (a number's other digits) outrank two isolated 0.3 tokens."""
+    attn = torch.tensor([0.0, 0.3, 0.0, 0.05, 0.9, 0.05, 0.0, 0.3, 0.0, 0.0]).view(10, 1, 1)
+    view = TokenView(positions=torch.arange(10), attn=attn)
+    assert make_policy("h2o", sink=0).keep(view, 3).tolist() == [1, 4, 7]
+    assert make_policy("h2o", sink=0, pool=3).keep(view, 3).tolist() == [3, 4, 5]
+    for bad in (0, 2, True, 1.0):
+        with pytest.raises(ValueError, match="pool must be an odd integer"):
+            make_policy("tova", pool=bad)
+
+
 def test_tova_and_h2o_rank_by_the_same_statistic_shape():
     attn = torch.tensor([[0.3, 0.0], [0.0, 0.35], [0.2, 0.2], [0.1, 0.1]]).view(4, 1, 2)
     view = TokenView(positions=torch.arange(4), attn=attn)

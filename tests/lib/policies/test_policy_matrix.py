@@ -22,9 +22,9 @@ MATRIX = {
     "streamingllm": [dict(), dict(sink=2, window=3)],
     "random": [dict(seed=0), dict(seed=12345, sink=0, window=5)],
     "knorm": [dict(), dict(aggregation="max", window=2)],
-    "h2o": [dict(window=2), dict(aggregation="max", sink=1, window=6)],
-    "tova": [dict(), dict(aggregation="max", window=1)],
-    "scissorhands": [dict(window=2), dict(history=5, threshold=0.5, aggregation="max")],
+    "h2o": [dict(window=2), dict(aggregation="max", sink=1, window=6, pool=5)],
+    "tova": [dict(), dict(aggregation="max", window=1, pool=3)],
+    "scissorhands": [dict(window=2), dict(history=5, threshold=0.5, aggregation="max", pool=3)],
     "kvp": [dict(checkpoint=KVP_CKPT), dict(checkpoint=KVP_CKPT, aggregation="max", sink=1, window=3)],
 }
 CASES = [(name, kw) for name, kws in MATRIX.items() for kw in kws]
