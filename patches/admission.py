@@ -70,7 +70,7 @@ def adder_class(base: type) -> type:
             with _clipped(self._peers(req)):
                 result = super().add_one_req(req, *args, **kwargs)
             if st is not None and st.real_outputs is not None and req not in self.can_run_list:
-                from .radix import restore_outputs
+                from .retraction import restore_outputs
 
                 restore_outputs(req, st)  # not admitted this round: its real outputs back
             return result

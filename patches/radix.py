@@ -34,6 +34,8 @@ from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefResult, EvictResul
                                                      MatchResult)
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
+from .retraction import adopt_retracted, restore_outputs, write_back
+
 NAME = "vtoken"
 _active = False  # this process serves from a HoledRadixCache
 
@@ -182,15 +184,13 @@ class HoledRadixCache(RadixCache):
         if node is None:
             return result
         positions, slots = node.vt_view
-        _adopt_retracted(req, st, logical, positions, stash.depth)
+        adopt_retracted(req, st, logical, positions, stash.depth)
         st.hit, st.attach = (node, slots), 0
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node)
 
     def _insert_stash(self, stash):
         """A holed leaf under the root holding the stash's row in fresh slots, or None."""
-        from .retraction import write_back
-
         slots = write_back(self, stash)
         if slots is None:
             return None
@@ -362,30 +362,6 @@ def _restore(req, st) -> array:
         st.kept_pos, st.offset = st.kept_pos[:0], 0
     req.refresh_fill_ids()
     return req.full_untruncated_fill_ids
-
-
-def _adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
-    """Resume a retracted request from its view. SGLang prefills `origin + output` past the
-    prefix, but the view may hold fewer entries than the request has outputs (outputs evicted
-    too). Until its prefill is prepared the request is therefore split at the view instead:
-    origin = the view's prompt entries, output = the view's output entries + the ids past
-    `depth` (the last output); `restore_outputs` puts the real outputs back."""
-    outputs = req.output_ids
-    prompt_len = len(logical) - len(outputs)
-    pos = positions.tolist()
-    st.logical_prompt, st.real_outputs = req.origin_input_ids, outputs
-    req.origin_input_ids = array("q", (logical[p] for p in pos if p < prompt_len))
-    req.output_ids = array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:]
-    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
-    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
-
-
-def restore_outputs(req, st) -> None:
-    """Give a resumed request its real outputs back (after its prefill is prepared, or when it
-    was not admitted); its prompt stays in row coordinates."""
-    if st.real_outputs is not None:
-        req.output_ids, st.real_outputs = st.real_outputs, None
-        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
 
 
 def _adopt(req, st, logical: array, positions: torch.Tensor, depth: int, report: bool = True) -> None:

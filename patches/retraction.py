@@ -114,10 +114,32 @@ def write_back(tree_cache, stash: RetractStash) -> torch.Tensor | None:
     return index
 
 
+def adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+    """Resume a retracted request from its view. SGLang prefills `origin + output` past the
+    prefix, but the view may hold fewer entries than the request has outputs (outputs evicted
+    too). Until its prefill is prepared the request is therefore split at the view instead:
+    origin = the view's prompt entries, output = the view's output entries + the ids past
+    `depth` (the last output); `restore_outputs` puts the real outputs back."""
+    outputs = req.output_ids
+    prompt_len = len(logical) - len(outputs)
+    pos = positions.tolist()
+    st.logical_prompt, st.real_outputs = req.origin_input_ids, outputs
+    req.origin_input_ids = array("q", (logical[p] for p in pos if p < prompt_len))
+    req.output_ids = array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:]
+    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
+
+
+def restore_outputs(req, st) -> None:
+    """Give a resumed request its real outputs back (after its prefill is prepared, or when it
+    was not admitted); its prompt stays in row coordinates."""
+    if st.real_outputs is not None:
+        req.output_ids, st.real_outputs = st.real_outputs, None
+        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+
+
 def after_prepare_for_extend(result, batch):
     """AFTER `ScheduleBatch.prepare_for_extend`: resumed requests get their real outputs back."""
-    from .radix import restore_outputs
-
     for req in batch.reqs:
         st = getattr(req, "vtoken", None)
         if st is not None and st.real_outputs is not None:

