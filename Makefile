@@ -24,8 +24,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model): rewrites the bench
-# section of docs/RESULTS.md and docs/img/bench_*.png (about 5 to 15 minutes on two cores).
+# No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model, 3 repeats): rewrites
+# docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and docs/img/bench_*.png
+# (about 15 to 30 minutes on two shared cores).
 bench: $(STAMP)
 	$(PY) scripts/bench_matrix.py
 
