@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test bench kvp clean
+.PHONY: install demo test bench stress kvp clean
 
 install: $(STAMP)
 
@@ -29,6 +29,11 @@ test: $(STAMP)
 # (about 15 to 30 minutes on two shared cores).
 bench: $(STAMP)
 	$(PY) scripts/bench_matrix.py
+
+# Five minutes of mixed traffic against one evicting server with SGLang's memory checkers on;
+# fails unless the server ends healthy and leak-free (docs/RESULTS.md quotes docs/results/stress.jsonl).
+stress: $(STAMP)
+	$(PY) scripts/stress.py --out docs/results/stress.jsonl
 
 # Learned eviction on CPU: train the tiny LM, collect K/V traces, train the KVP scorers, compare
 # them with the heuristics; rewrites docs/img/kvp_*.png, prints the tables of docs/RESULTS.md.
