@@ -87,6 +87,12 @@ def around_init_req_max_new_tokens(original, scheduler, req):
     st = getattr(req, "vtoken", None)
     if st is None or req.finished():
         return
+    peak = _cap(st)
+    if peak > scheduler.max_total_num_tokens:
+        req.set_finish_with_abort(
+            f"kv_evict.budget {st.cfg.budget}: an evicting request holds up to budget + interval + "
+            f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}")
+        return
     input_len = len(req.origin_input_ids)
     value = (1 << 30) if requested is None else requested
     limit = scheduler.max_new_tokens_limit

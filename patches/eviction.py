@@ -37,6 +37,7 @@ from sgl_vtoken.kernels import repack_kv_
 
 from . import held, radix
 from .counters import counters_of
+from .model_support import kv_bytes_per_token
 from .observe import sample_held
 from .scores import fold_staged, tp_gather
 
@@ -61,6 +62,9 @@ class ReqEvictState:
     logical_prompt: array | None = None        # the prompt's ids while the request holds a view's
     hit: tuple | None = None                   # (node, slots) of the stored view it continues
     attach: int = 0                            # logical prefix whose KV is hole-free, full attention
+    tree_len: int = 0                          # positions below were tree-owned at the first eviction
+    tree_lock: int = 0                         # Naive-Evict: tree tokens its lock still covers
+    naive_excess: int = 0                      # Naive-Evict: pages held beyond its true footprint
 
     def logical_ids(self, req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
@@ -96,6 +100,9 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
                 if (st := getattr(req, "vtoken", None)) is not None]
     if not evicting:
         return False
+    c = counters_of(scheduler)
+    if not c.bytes_per_token:  # first eviction on a server without a policy: read the pool now
+        c.bytes_per_token = kv_bytes_per_token(scheduler.token_to_kv_pool_allocator.get_kvcache())
     sample_held(scheduler)  # rows as prefilled, before this step's eviction
     seq_lens_cpu = batch.seq_lens_cpu
     new_lens = None
@@ -144,6 +151,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
         # The prompt's KV is full attention: share it before the first eviction (under the overlap
         # scheduler the prefill checkpoint may not have landed yet; it is a no-op after this).
         scheduler.tree_cache.checkpoint(req, up_to=req.extend_end)
+        st.tree_len = kv.cache_protected_len
     assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
         f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
     req_to_token = scheduler.req_to_token_pool.req_to_token
@@ -168,7 +176,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     keep = st.policy.keep(view, cfg.budget)
     row_keep, new_cpl, copy_src, copy_dst = keep, cpl, row[:0], row[:0]
     if st.holed and cpl:
-        left = _leave_tree(scheduler, req, st, row, keep, cpl)
+        left = _leave_tree(scheduler, req, st, row, keep, cpl, positions)
         if left is None:
             return 0  # no free page to copy kept shared tokens into: retry at the next step
         row, row_keep, new_cpl, copy_src, copy_dst = left
@@ -193,7 +201,10 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     kept_pos = positions[keep]
     freed = plan.freed_pages
     if cfg.reclaim == "naive" and cfg.page_size > 1:
-        freed = held.hold_naive_pages(st, kept_pos, int(positions[-1]) + 1, plan.new_len, kv, freed)
+        own = plan.new_len - new_cpl if st.holed else plan.new_len  # pinned tree tokens are its own
+        freed = held.hold_naive_pages(st, kept_pos, int(positions[-1]) + 1, own, kv, freed)
+        if st.holed:
+            scheduler.tree_cache.relock_shallower(req, st.tree_lock)
     if freed.numel():
         if cfg.page_size == 1:
             allocator.free(freed.to(device))
@@ -218,7 +229,8 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     return evicted
 
 
-def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torch.Tensor, cpl: int):
+def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torch.Tensor, cpl: int,
+                positions: torch.Tensor):
     """Let tree-owned victims leave the row's view (they are never freed by the request).
 
     Returns ``(row', keep', cpl', copy_src, copy_dst)`` for the planner, or None when the
@@ -229,15 +241,15 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
     """
     ps, tree = st.cfg.page_size, scheduler.tree_cache
     if ps == 1:
-        tree_rows = row[:cpl]
+        tree_rows, tree_kept = row[:cpl], positions[keep[keep < cpl]]
         row, keep, new_cpl = drop_tree_rows(row, keep, cpl)
         if new_cpl < cpl and st.hit is not None:
             gone = tree_rows[~torch.isin(tree_rows, row[:new_cpl])]
             freed = tree.release_dropped(req, gone.to(st.hit[1].device))
             counters_of(scheduler).pages_freed += freed
             st.pages_freed += freed
-        elif new_cpl < cpl:
-            tree.relock_shallower(req, row[:new_cpl])
+        elif new_cpl < cpl:  # prompt positions are path indices: keep the path to the last kept one
+            tree.relock_shallower(req, int(tree_kept.max()) + 1 if new_cpl else 0)
         return row, keep, new_cpl, row[:0], row[:0]
     split = split_tree_pages(keep, cpl, ps)
     c, w = split.copy.numel(), split.whole.numel()
@@ -246,8 +258,8 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
     if slots is None:
         return None
     slots = slots.to(torch.int64).cpu()
-    if split.whole.numel() < cpl:
-        tree.relock_shallower(req, row[split.whole])  # the copies no longer need the tree
+    if w < cpl and st.cfg.reclaim == "vtoken":  # the copies no longer need the tree
+        tree.relock_shallower(req, w)  # (Naive-Evict keeps its lock: see held.hold_naive_pages)
     view = torch.cat([row[split.whole], slots, row[cpl:]])
     priv = keep[keep >= cpl] - cpl + w + new
     return view, torch.cat([torch.arange(w + c), priv]), w, row[split.copy], slots[:c]

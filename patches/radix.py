@@ -41,8 +41,8 @@ _active = False  # this process serves from a HoledRadixCache
 def tree_mode(cfg) -> bool:
     """Whether a request under `cfg` is served by this cache's paths: its prompt is shared,
     tree-owned tokens may leave its row, and (page size 1, `reuse_history`) its history is
-    stored. Naive-Evict at page size > 1 keeps tree-owned tokens pinned instead."""
-    return _active and cfg.enabled and (cfg.page_size == 1 or cfg.reclaim == "vtoken")
+    stored. Naive-Evict takes them too (same caching, same victims; only its footprint differs)."""
+    return _active and cfg.enabled
 
 
 def factory(ctx):
@@ -74,6 +74,8 @@ def _namespace(req, st) -> str:
 
 class HoledRadixCache(RadixCache):
     """`RadixCache` whose holed nodes (attribute `vt_live`) count only live slots."""
+
+    vt_counters = None  # the scheduler's VTokenCounters (history hits), set at scheduler start
 
     # --- sizes count live slots -----------------------------------------------------------------
     def inc_lock_ref(self, node) -> IncLockRefResult:
@@ -204,7 +206,7 @@ class HoledRadixCache(RadixCache):
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.reuse_history and self.page_size == 1:
             self._insert_history(req, st, up_to)
-            counters = getattr(self, "vt_counters", None)
+            counters = self.vt_counters
             if st.hit is not None and counters is not None:
                 counters.history_hits += 1
                 counters.history_tokens_reused += st.report["history_tokens"]
@@ -256,17 +258,17 @@ class HoledRadixCache(RadixCache):
             node = node.parent
         return freed
 
-    def relock_shallower(self, req, kept: torch.Tensor) -> None:
-        """Move `req`'s lock on a hole-free path up to the shallowest node that still holds every
-        tree slot its row keeps (`kept`), splitting at a page boundary: the deeper part of the
+    def relock_shallower(self, req, need: int) -> None:
+        """Move `req`'s lock on a hole-free path up to the shallowest node that still covers the
+        first `need` tokens of the path, splitting at a page boundary: the deeper part of the
         prompt then belongs to whoever else holds it, or becomes evictable."""
         node = req.last_node
         if node is None or node is self.root_node or getattr(node, "vt_live", None) is not None:
             return
-        path = self.path_device_indices(node)
-        hits = torch.isin(path, kept.to(path.device)).nonzero().flatten()
-        need = -(-(int(hits[-1]) + 1 if hits.numel() else 0) // self.page_size) * self.page_size
-        depth = len(path)
+        need = -(-need // self.page_size) * self.page_size
+        depth, a = 0, node
+        while a is not self.root_node:
+            depth, a = depth + len(a.key), a.parent
         if need >= depth:
             return
         while node is not self.root_node and depth - len(node.key) >= need:

@@ -12,9 +12,10 @@ import torch
 
 from sgl_vtoken.config import EvictConfig
 
-from . import held, metrics, observe, scores
+from . import held, metrics, observe, radix, scores
 from .counters import counters_of
 from .eviction import evict_batch, new_state
+from .model_support import kv_bytes_per_token, unsupported_pool_reason
 from .request_options import request_config
 
 
@@ -79,11 +80,22 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
 
 
 def after_scheduler_init(result, scheduler, *args, **kwargs):
-    """AFTER `Scheduler.__init__`: size the counters (bytes of K and V per token, all layers)."""
-    pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
-    per_token = sum(b[0].numel() * b.element_size() for b in (*pool.k_buffer, *pool.v_buffer))
-    counters_of(scheduler).bytes_per_token = per_token
-    scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits (radix.py)
+    """AFTER `Scheduler.__init__`. With a server policy: refuse a pool eviction cannot compact or
+    too small for one evicting request, and size the counters. Without one, nothing of the pool
+    is read until a request evicts (any pool type, MLA's included, starts as in stock SGLang)."""
+    cfg = server_config()
+    if cfg.enabled:
+        pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
+        reason = unsupported_pool_reason(pool)
+        peak = cfg.budget + cfg.interval + cfg.page_size
+        if not reason and peak > scheduler.max_total_num_tokens:
+            reason = (f"--kv-budget {cfg.budget}: an evicting request holds up to budget + interval + "
+                      f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}")
+        if reason:
+            raise ValueError(f"--kv-evict {cfg.policy}: {reason}")
+        counters_of(scheduler).bytes_per_token = kv_bytes_per_token(pool)
+    if isinstance(scheduler.tree_cache, radix.HoledRadixCache):
+        scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits
     scheduler._vtoken_prometheus = metrics.maybe_create(scheduler)
 
 

@@ -154,11 +154,19 @@ def test_invalid_request_settings_are_rejected_naming_the_field(server_factory):
              ({"policy": "streamingllm", "budget": 2}, "kv_evict.budget must be >="),
              ({"policy": "streamingllm"}, "kv_evict.budget is required"),
              ({"policy": "random", "budget": 64, "temperature": 1}, "kv_evict.temperature: unknown field"),
+             ({"policy": "random", "budget": 64.5}, "kv_evict.budget must be an integer"),
+             ({"policy": "random", "budget": True}, "kv_evict.budget must be an integer"),
+             ({"policy": "random", "budget": None}, "kv_evict.budget is required"),
+             ({"policy": "random", "budget": 64, "sink": -1}, "kv_evict.sink must be >= 0"),
+             ({"policy": "random", "budget": 40000}, "kv_evict.budget: must be <= the model's context length"),
+             ({"policy": "random", "budget": 5000},  # fits the context, not the 4096-token pool
+              "kv_evict.budget 5000: an evicting request holds up to budget + interval + page_size = 5002"),
              ("streamingllm", "kv_evict must be a JSON object")]
     for kv, needle in cases:
         r = requests.post(client.base_url + "/generate", timeout=60, json={"input_ids": [1, 2, 3], "sampling_params": {
             "max_new_tokens": 2, "custom_params": {"kv_evict": kv}}})
         assert r.status_code == 400 and needle in r.text, (kv, r.status_code, r.text)
+    assert generate(client, [1, 2, 3], 2, "still-serving")["output_ids"]  # the server still serves
     r = requests.post(client.base_url + "/v1/chat/completions", timeout=60, json={
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
         "custom_params": {"kv_evict": {"policy": "knorm", "budget": 1}}})
@@ -236,13 +244,17 @@ def test_request_can_opt_out_on_an_evicting_server(server_factory, hf_eager):
 def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     """Scattered victims (random, then H2O, page 16): Naive-Evict frees a page only when all its
     tokens are dead, so it retains more pages than vToken's compaction for the same victims and
-    outputs (server counters and per-request reports)."""
+    outputs (server counters and per-request reports). Both cache the prompt the same way.
+    H2O keeps most of its tokens in the (tree-owned) prompt, whose pages neither mode frees
+    itself: the emulated Naive-Evict may then free as many private pages as vToken."""
     prompt = random_ids(200, seed=11)
     results = {}
     for reclaim in ("vtoken", "naive"):
         client = evict_server(server_factory, 16, "random", 96, "--kv-reclaim", reclaim)
         out = generate(client, prompt, 120, "naive-vs-vtoken")
         st = wait_pool_free(client)
+        again = generate(client, prompt, 4, "naive-vs-vtoken-again", {"policy": "none"})
+        assert again["meta_info"]["cached_tokens"] == len(prompt) // 16 * 16  # the prompt was cached
         # Another prompt: a prefix hit on the first one would seed H2O's statistics differently.
         h2o = generate(client, random_ids(200, seed=12), 120, "naive-vs-vtoken-h2o",
                        {"policy": "h2o", "window": 16})
@@ -256,7 +268,7 @@ def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     assert nv[1] > vt[1]
     assert vt[1] == -(-(96 + 1) // 16)  # ideal: ceil(live / page) at the peak step
     assert nv[2]["pages_freed"] < vt[2]["pages_freed"]
-    assert nv[4]["pages_freed"] < vt[4]["pages_freed"]
+    assert nv[4]["pages_freed"] <= vt[4]["pages_freed"]
 
 
 def test_forced_retractions_do_not_leak(server_factory):
