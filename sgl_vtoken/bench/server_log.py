@@ -41,10 +41,18 @@ def error_lines(text: str, limit: int = 10) -> list[str]:
     return hits[:limit]
 
 
-def tracebacks(text: str, context: int = 12) -> list[str]:
-    """Every Python traceback in `text`: the "Traceback" line and up to `context` lines after it."""
-    lines = text.splitlines()
-    return ["\n".join(lines[i:i + 1 + context]) for i, line in enumerate(lines) if "Traceback" in line]
+def tracebacks(text: str) -> list[str]:
+    """Every Python traceback in `text`: its "Traceback" line, the indented frames below it and the
+    exception line that ends it."""
+    lines, out = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" not in line:
+            continue
+        j = i + 1
+        while j < len(lines) and lines[j].startswith(" "):
+            j += 1
+        out.append("\n".join(lines[i:j + 1]))
+    return out
 
 
 def parse_log(text: str) -> dict:

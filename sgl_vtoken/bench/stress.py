@@ -7,8 +7,9 @@ plugin's `pool_available_tokens + pool_evictable_tokens == pool_total_tokens`) a
 radix cache is flushed, the whole pool is free; the run evicted and aborted something.
 
 `run_stress(cfg, emit)` passes JSON-ready records to `emit`: a `config` line, a `progress` line
-every `progress_every_s`, one `unexpected` line per request with an unexpected outcome, and the
-`summary` line (returned too). `on_request` gets every request record. The summary's `load_s`
+every `progress_every_s`, one `unexpected` line per request with an unexpected outcome (the
+first `MAX_UNEXPECTED_LINES`), a `server_down` line if the server stopped answering (the loops
+stop then), and the `summary` line (returned too). `on_request` gets every request record. The summary's `load_s`
 runs until the last request loop stopped: loops finish the request in flight at the deadline.
 """
 
@@ -34,6 +35,7 @@ MEMORY_CHECKS = {
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
 }
 EXPECTED = {"invalid": {"rejected"}, "abort": {"aborted", "ok"}, "disconnect": {"aborted", "ok"}}
+MAX_UNEXPECTED_LINES = 50  # the summary counts them all
 COUNTERS = ("evictions", "evicted_tokens", "pages_freed", "tokens_moved", "history_hits", "history_tokens_reused")
 
 
@@ -76,25 +78,32 @@ def tally(records: list[dict]) -> dict:
             "aborted": sum(r["status"] == "aborted" for r in records)}
 
 
-def _workers(cfg: StressConfig, model: str, deadline: float, on_record) -> list[threading.Thread]:
+def _workers(cfg: StressConfig, model: str, deadline: float, on_record, down: threading.Event) -> list[threading.Thread]:
+    """The request loops; each stops at the deadline, or as soon as the server stops answering
+    (`down` set: a connection failure and a failed /health)."""
     kinds, weights = list(KINDS), list(KINDS.values())
 
     def loop(w: int) -> None:
         rng = random.Random(f"{cfg.seed}-worker-{w}")
         n = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not down.is_set():
             kind = rng.choices(kinds, weights)[0]
-            for rec in play(kind, cfg.base_url, rng, cfg.traffic, f"stress{cfg.seed}-w{w}-{n}", model):
+            recs = play(kind, cfg.base_url, rng, cfg.traffic, f"stress{cfg.seed}-w{w}-{n}", model)
+            for rec in recs:
                 on_record(rec)
+            if any((r.get("error") or "").startswith("ConnectionError") for r in recs) and not healthy(cfg.base_url):
+                down.set()
             n += 1
 
     return [threading.Thread(target=loop, args=(w,), daemon=True, name=f"stress-{w}") for w in range(cfg.workers)]
 
 
 def wait_idle(base_url: str, timeout: float) -> bool:
-    """Until /v1/loads shows no running and no waiting request; False on timeout."""
+    """Until /v1/loads shows no running and no waiting request; False on timeout or a dead server."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
+        if not healthy(base_url):
+            return False
         ld = probe.loads(base_url)
         if ld is not None and not ld.get("num_running_reqs") and not ld.get("num_waiting_reqs"):
             return True
@@ -122,21 +131,25 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
           "traffic": asdict(cfg.traffic), "kinds": KINDS, "server_config": st0.get("config"), "model": model})
 
     records: list[dict] = []
+    unexpected = [0]
     lock = threading.Lock()
 
     def on_record(rec: dict) -> None:
         with lock:
             records.append(rec)
+            unexpected[0] += not expected(rec)
+            show = not expected(rec) and unexpected[0] <= MAX_UNEXPECTED_LINES
         if on_request is not None:
             on_request(rec)
-        if not expected(rec):
+        if show:
             emit({"kind": "unexpected", **rec})
 
     t0 = time.monotonic()
     deadline = t0 + cfg.duration_s
     sampler = probe.Sampler(cfg.base_url, cfg.sample_interval, t0, with_vtoken=True)
     sampler.start()
-    threads = _workers(cfg, model, deadline, on_record)
+    down = threading.Event()
+    threads = _workers(cfg, model, deadline, on_record, down)
     for t in threads:
         t.start()
     next_progress = t0 + cfg.progress_every_s
@@ -153,6 +166,8 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
         if time.monotonic() > deadline + cfg.traffic.timeout + 60:
             break  # a request loop hangs past its own timeout: reported as stuck workers
     load_s = time.monotonic() - t0
+    if down.is_set():
+        emit({"kind": "server_down", "t": round(load_s, 1)})
     drained = wait_idle(cfg.base_url, cfg.drain_timeout_s)
     sampler.stop()
     summary = _summary(cfg, records, threads, drained, load_s, st0, m0, sampler.samples, log_path, log_offset)
@@ -197,4 +212,5 @@ def _summary(cfg, records, threads, drained, load_s, st0, m0, samples, log_path,
             "peak_waiting_sampled": max((s.get("waiting") or 0 for s in samples), default=None),
             "peak_running_plugin": (st1 or {}).get("peak_running_requests"),
             "pool_after_drain": _pool(st1), "pool_after_flush": _pool(st2),
-            "tracebacks": tracebacks(log)[:3] if log else []}
+            "tracebacks": [tb.splitlines()[0][:200] + " ... " + tb.splitlines()[-1] for tb in tracebacks(log)[:3]]
+            if log else []}

@@ -43,8 +43,9 @@ def test_error_lines_and_tracebacks():
     text = SAMPLE_LOG + TRACEBACK
     assert server_log.error_lines(text) == ["Traceback (most recent call last):", "ValueError: boom"]
     assert server_log.error_lines(SAMPLE_LOG) == []
-    tbs = server_log.tracebacks(text + "later line\n" + TRACEBACK, context=3)
-    assert len(tbs) == 2 and all(t.startswith("Traceback") and t.endswith("ValueError: boom") for t in tbs)
+    tbs = server_log.tracebacks(text + "[t] Scheduler hit an exception: " + TRACEBACK + "later line\n")
+    assert len(tbs) == 2 and tbs[0] == TRACEBACK.rstrip("\n")
+    assert tbs[1].startswith("[t] Scheduler hit an exception: Traceback") and tbs[1].endswith("ValueError: boom")
     assert server_log.tracebacks(SAMPLE_LOG) == []
 
 
