@@ -1,6 +1,7 @@
 """What makes Naive-Evict vs vToken a comparison of reclamation alone, checked on the runs
 themselves: the same request ids (so the same seeded victims), identical outputs request by
-request, equal evicted-token counts run by run, and whether both cached the same prompt tokens."""
+request, equal evicted-token counts run by run, and whether both cached the same prompt tokens;
+and whether each mode returned the same outputs in every repeat."""
 
 from __future__ import annotations
 
@@ -24,15 +25,22 @@ def _runs(cell: Cell) -> dict:
 def compare_cells(a: Cell, b: Cell) -> dict:
     """Request-by-request and run-by-run comparison of two cells that played the same workload.
 
-    Returns `requests` (pairs where both succeeded), `identical` (equal output hashes),
-    `same_rids` (pairs sent with the same request id), `unpaired` (a request that failed or ran on
-    one side only), `first_difference` (the earliest differing pair: repeat, run, session, turn,
-    rid; None when all are identical), `runs` (runs on both sides), `evicted_equal` (runs whose
-    evicted-token deltas agree), `cached` (cached prompt tokens of each side, summed over runs).
+    Pairs are formed within the runs both cells have (a ladder may stop earlier on one side:
+    `one_sided_runs` counts those runs, which are not compared). Returns `requests` (pairs where
+    both succeeded), `identical` (equal output hashes), `same_rids` (pairs sent with the same
+    request id), `unpaired` (a request of a shared run that failed or is missing on one side),
+    `first_difference` (the earliest differing pair: repeat, run, session, turn, rid; None when
+    all are identical), `runs` (runs on both sides), `evicted_equal` (shared runs whose
+    evicted-token deltas agree), `cached` (cached prompt tokens of each side over the shared runs).
     """
+    ra, rb = _runs(a), _runs(b)
+    both = sorted(set(ra) & set(rb))
+    shared = set(both)
     qa, qb = _requests(a), _requests(b)
     pairs, unpaired = [], 0
     for k in sorted(set(qa) | set(qb), key=lambda k: (k[0], k[1], k[3], k[2])):
+        if (k[0], k[1]) not in shared:
+            continue
         x, y = qa.get(k), qb.get(k)
         if x is None or y is None or x["error"] is not None or y["error"] is not None:
             unpaired += 1
@@ -43,8 +51,6 @@ def compare_cells(a: Cell, b: Cell) -> dict:
     if differ:
         (r, name, session, turn), x = differ[0]
         first = {"repeat": r, "run": name, "session": session, "turn": turn, "rid": x.get("rid")}
-    ra, rb = _runs(a), _runs(b)
-    both = sorted(set(ra) & set(rb))
 
     def evicted(s):
         return ((s.get("vtoken") or {}).get("delta") or {}).get("evicted_tokens")
@@ -53,9 +59,24 @@ def compare_cells(a: Cell, b: Cell) -> dict:
         "requests": len(pairs), "identical": len(pairs) - len(differ),
         "same_rids": sum(x.get("rid") is not None and x.get("rid") == y.get("rid") for _, x, y in pairs),
         "unpaired": unpaired, "first_difference": first, "runs": len(both),
+        "one_sided_runs": len(set(ra) ^ set(rb)),
         "evicted_equal": sum(evicted(ra[k]) is not None and evicted(ra[k]) == evicted(rb[k]) for k in both),
         "cached": [sum(rs[k]["cached_tokens"] or 0 for k in both) for rs in (ra, rb)],
     }
+
+
+def repeat_consistency(cell: Cell) -> list[int]:
+    """[same, compared]: requests (run, session, turn) that succeeded in at least two repeats, and
+    how many of them returned the same output in every repeat (greedy decoding is deterministic,
+    so a difference means timing changed what a request attended to)."""
+    outs: dict[tuple, set] = {}
+    count: dict[tuple, int] = {}
+    for (r, name, session, turn), q in _requests(cell).items():
+        if q["error"] is None:
+            outs.setdefault((name, session, turn), set()).add(q.get("output_hash"))
+            count[(name, session, turn)] = count.get((name, session, turn), 0) + 1
+    keys = [k for k, n in count.items() if n >= 2]
+    return [sum(len(outs[k]) == 1 for k in keys), len(keys)]
 
 
 def fair(check: dict) -> bool:
@@ -71,5 +92,6 @@ def fairness_checks(cells: list[Cell]) -> list[dict]:
     for page, policy, budget, by_mode in groups(cells):
         if "naive" in by_mode and "vtoken" in by_mode:
             out.append({"kind": "check", "page": page, "policy": policy, "budget": budget,
-                        **compare_cells(by_mode["naive"], by_mode["vtoken"])})
+                        **compare_cells(by_mode["naive"], by_mode["vtoken"]),
+                        "repeat_consistency": {m: repeat_consistency(c) for m, c in by_mode.items()}})
     return out

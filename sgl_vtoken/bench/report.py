@@ -63,10 +63,11 @@ def change(new: dict | None, old: dict | None) -> str:
 
 
 def sla_text(sp: dict | None, rates) -> str:
+    """A session rate's spread; 0 (the lowest rate already missed the SLA) reads "<lowest"."""
     if sp is None:
         return "-"
-    txt = fmt_spread(sp, 2).replace(".00", "")
-    return f"< {min(rates):g}" if sp["max"] == 0 else txt
+    mid, lo, hi = (f"{sp[k]:g}" if sp[k] else f"<{min(rates):g}" for k in ("median", "min", "max"))
+    return mid if lo == hi else f"{mid} ({lo} to {hi})"
 
 
 def headline_table(by_mode: dict, settings: dict) -> list[str]:
@@ -151,12 +152,15 @@ def render(meta: dict, cells: list[Cell], checks: list[dict], plots: list[str]) 
 
 def publish(jsonl: Path, results_md: Path, img_dir: Path, repo: Path) -> list[dict]:
     """Render the section and plots from the raw JSON lines alone (a fresh run and `--render-only`
-    take this same path) into `results_md` and `img_dir`; returns the run's fairness checks."""
+    take this same path) into `results_md` and `img_dir`; returns the fairness checks, computed
+    again from the runs' lines (`checks.fairness_checks`)."""
     from sgl_vtoken.bench import raw
+    from sgl_vtoken.bench.checks import fairness_checks
     from sgl_vtoken.bench.plots import plot
     from sgl_vtoken.bench.results_md import write_section
 
-    meta, cells, checks = raw.load(jsonl)
+    meta, cells, _ = raw.load(jsonl)
+    checks = fairness_checks(cells)
     meta["jsonl"] = os.path.relpath(Path(jsonl).resolve(), Path(repo).resolve())
     meta["jsonl_link"] = os.path.relpath(Path(jsonl).resolve(), Path(results_md).resolve().parent)
     plots = plot(meta["settings"], cells, img_dir)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from sgl_vtoken.bench.cells import MODE_NAMES
 from sgl_vtoken.bench.checks import fair
 
 
@@ -49,6 +50,10 @@ def _check_line(c: dict) -> str:
         d = c["first_difference"]
         text += (f"; first differing output: request `{d['rid']}` (repeat {d['repeat']}, run {d['run']}), so "
                  "the later turns of that session were different requests")
+    rc = c.get("repeat_consistency")
+    if rc:
+        text += ("; outputs the same in every repeat for " + ", ".join(
+            f"{same} of {n} {MODE_NAMES[m]}" for m, (same, n) in rc.items()) + " requests")
     if na != vt:
         text += ("; **prompt caching differs**, so in these two columns TTFT, throughput and concurrency "
                  "also carry the cost of the prompt tokens one mode prefills again (retained pages do not)")

@@ -1,7 +1,7 @@
 """The Naive-Evict / vToken fairness checks on hand-made cells."""
 
 from sgl_vtoken.bench.cells import Cell
-from sgl_vtoken.bench.checks import compare_cells, fair
+from sgl_vtoken.bench.checks import compare_cells, fair, repeat_consistency
 
 
 def run(hashes: dict, evicted: int, cached: int = 0, errors=()):
@@ -39,3 +39,17 @@ def test_a_differing_output_is_found_in_turn_order():
 def test_failed_or_missing_requests_are_unpaired_and_unfair():
     ch = compare_cells(cell("naive", run(H, 100, errors={(1, 2)})), cell("vtoken", run({(0, 1): "a"}, 100)))
     assert ch["requests"] == 1 and ch["unpaired"] == 3 and not fair(ch)
+
+
+def test_runs_on_one_side_only_are_not_compared():
+    naive = cell("naive", run(H, 100))
+    vtoken = cell("vtoken", run(H, 100))
+    vtoken.repeat(0)["rate2"] = run(H, 50)  # the naive ladder stopped before rate 2
+    ch = compare_cells(naive, vtoken)
+    assert ch["one_sided_runs"] == 1 and ch["runs"] == 1 and ch["unpaired"] == 0 and fair(ch)
+
+
+def test_repeat_consistency_counts_requests_answered_alike_every_time():
+    other = {**H, (1, 2): "z"}
+    assert repeat_consistency(cell("vtoken", run(H, 1), run(H, 1), run(other, 1))) == [3, 4]
+    assert repeat_consistency(cell("vtoken", run(H, 1))) == [0, 0]  # one repeat: nothing to compare
