@@ -2,7 +2,7 @@
 
 Runs AROUND `Scheduler.update_running_batch`, so `check_decode_mem` already sees the reclaimed
 memory, and before `prepare_for_decode` appends the slot of the incoming token. Every SGLang
-length stays in row coordinates (DESIGN rule 1): after an eviction of `d` tokens the row holds
+length stays in row coordinates (splice rule 1, docs/design.md): after an eviction of `d` tokens the row holds
 `budget` live slots and the request's position offset grows by `d`::
 
     row before (L = budget + interval)            row after (budget), offset += d
@@ -10,11 +10,11 @@ length stays in row coordinates (DESIGN rule 1): after an eviction of `d` tokens
     0                     cpl                L    0            cpl           budget
     logical position of row index j: kept_pos[j] for j < m (at the last eviction), j + offset after
 
-Tree-owned slots are never freed or moved (rule 2). With compacted-history reuse (`radix.py`,
+Tree-owned slots are never freed or moved (splice rule 2). With compacted-history reuse (`radix.py`,
 page size 1) the policy may drop them from the row, which then stops using them; otherwise it
 sees them as shared and keeps them. Page size 1: the row is compacted and dead slots freed. Page size > 1: kept private tokens
 move down onto the request's own pages (`dst <= src`, one all-layer KV move) and whole pages
-are freed (rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
+are freed (splice rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
 held by the request (see `held.py`).
 """
 
@@ -56,8 +56,7 @@ class ReqEvictState:
     naive_pages: list[int] = field(default_factory=list)  # pages held back in naive mode
     report: dict = field(default_factory=dict)  # meta_info["kv_evict"][0], updated in place
     accumulator: object = None                 # attention statistics (H2O, TOVA, Scissorhands)
-    staged: torch.Tensor | None = None         # [q, n, layers, kv_heads] of the last forward
-    staged_lengths: torch.Tensor | None = None
+    staged: list = field(default_factory=list)  # ([q, n, layers, kv_heads], [q] lengths) per forward
     holed: bool = False                        # served by the holed radix cache (radix.tree_mode)
     logical_prompt: array | None = None        # the prompt's ids while the request holds a view's
     hit: tuple | None = None                   # (node, slots) of the stored view it continues
@@ -65,6 +64,13 @@ class ReqEvictState:
     tree_len: int = 0                          # positions below were tree-owned at the first eviction
     tree_lock: int = 0                         # Naive-Evict: tree tokens its lock still covers
     naive_excess: int = 0                      # Naive-Evict: pages held beyond its true footprint
+    stash: object = None                       # retraction.RetractStash while retracted (page size 1)
+    resume_node: object = None                 # the radix node its stash was written back to
+    real_outputs: object = None                # a resumed request's outputs while its prefill is set up
+    undo: tuple | None = None                  # this step's state before its fold and eviction
+    resume_prefill: bool = False               # its prefill is a resume's (the row ends there)
+    retractions: int = 0
+    blocked: bool = False                      # retracted, and its view does not fit the pool yet
 
     def logical_ids(self, req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
@@ -77,11 +83,15 @@ class ReqEvictState:
         return torch.cat([self.kept_pos[:row_len], torch.arange(m, row_len) + self.offset])
 
     def reset(self) -> None:
-        """Forget every eviction (retraction: the request is re-prefilled from its ids)."""
+        """Retraction: the row is gone. With a stash the request resumes from it (the policy state
+        stays); without one it is re-prefilled from its ids and every eviction is forgotten."""
         self.kept_pos = self.kept_pos[:0]
-        self.offset = self.steps = 0
-        self.accumulator = self.policy.new_accumulator()
-        self.staged = self.staged_lengths = None
+        self.offset = 0
+        self.tree_len = self.tree_lock = self.naive_excess = 0
+        self.staged.clear()
+        if self.stash is None:
+            self.steps = 0
+            self.accumulator = self.policy.new_accumulator()
 
 
 def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
@@ -108,6 +118,10 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     new_lens = None
     freed_before = counters_of(scheduler).pages_freed
     for i, req, st in evicting:
+        st.stash, st.resume_prefill = None, False  # decoding again: a resumed view is its row now
+        # A retraction later in this step resumes from the state before this step (retraction.py):
+        # references only, the statistics are replaced, never written in place.
+        st.undo = (st.accumulator.state if st.accumulator is not None else None, None)
         if st.accumulator is not None:
             fold_staged(st, getattr(scheduler, "tp_group", None))
         if req in skip:
@@ -160,6 +174,8 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     row_dev = req_to_token[kv.req_pool_idx, :row_len].to(torch.int64)
     row = row_dev.cpu()
     positions = st.positions(row_len)
+    if st.holed and cfg.page_size == 1:
+        st.undo = (st.undo[0], (row, positions, st.steps, st.kept_pos, st.offset, dict(st.report), st.pages_freed))
     cpl = kv.cache_protected_len
     keys = None
     if "keys" in st.policy.needs:  # every TP rank scores all KV heads: identical victims
@@ -186,7 +202,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     device = row_dev.device
     src, dst = torch.cat([copy_src, plan.src]), torch.cat([copy_dst, plan.dst])
     if src.numel():
-        # GPU (DESIGN rule 7): move on the stream that runs forwards, after the in-flight forward
+        # GPU (splice rule 7, docs/design.md): move on the stream that runs forwards, after the in-flight forward
         # that may still write the last token's KV; row rewrites stay on the schedule stream.
         stream = getattr(scheduler, "forward_stream_ctx", None) if device.type == "cuda" else None
         with stream or nullcontext():

@@ -154,6 +154,8 @@ class HoledRadixCache(RadixCache):
         result = super().match_prefix(MatchPrefixParams(
             key=RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)))
         st.attach = len(logical)
+        if st.stash is not None:  # retracted after evicting: resume from its row (retraction.py)
+            return self._resume(req, st, logical, limit, result)
         if (not st.cfg.reuse_history or self.page_size > 1 or req.output_ids
                 or (req.return_logprob and req.logprob_start_len >= 0)):
             return result  # retracted (re-prefilled whole) or asks for input logprobs
@@ -166,6 +168,42 @@ class HoledRadixCache(RadixCache):
         st.hit, st.attach = (node, slots), node.vt_attach
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node)
+
+    def _resume(self, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
+        """Match a retracted request to its stashed row, written back into the tree if the tree
+        no longer holds it (or `st.blocked` and the plain match when the pool cannot hold it)."""
+        stash, node = st.stash, st.resume_node
+        if stash.depth > limit:
+            raise RuntimeError(f"retracted row covers {stash.depth} tokens, the match is capped at {limit}")
+        if node is None or node.parent is None or getattr(node, "vt_view", None) is None or \
+                node.parent.children.get(node.key.child_key(self.page_size)) is not node:
+            node = st.resume_node = self._insert_stash(stash)
+        st.blocked = node is None
+        if node is None:
+            return result
+        positions, slots = node.vt_view
+        _adopt_retracted(req, st, logical, positions, stash.depth)
+        st.hit, st.attach = (node, slots), 0
+        return MatchResult(device_prefix_len=len(positions), last_device_node=node,
+                           last_host_node=node, best_match_node=node)
+
+    def _insert_stash(self, stash):
+        """A holed leaf under the root holding the stash's row in fresh slots, or None."""
+        from .retraction import write_back
+
+        slots = write_back(self, stash)
+        if slots is None:
+            return None
+        self._vt_serial = getattr(self, "_vt_serial", 0) + 1  # a namespace nothing else uses
+        key = RadixKey(stash.ids, f"{stash.namespace}#{self._vt_serial}")
+        positions = stash.positions.to(slots.device)
+        value = torch.full((stash.depth,), -1, dtype=torch.int64, device=slots.device)
+        value[positions] = slots
+        matched, node = self._insert_helper(self.root_node, key, value, 0)
+        assert matched == 0, "a fresh namespace cannot match"
+        self.evictable_size_ -= len(node.key) - _count_live(node)
+        node.vt_view, node.vt_attach = (positions, slots), 0
+        return node
 
     def prefix_device_indices(self, req) -> torch.Tensor:
         hit = getattr(getattr(req, "vtoken", None), "hit", None)
@@ -205,9 +243,10 @@ class HoledRadixCache(RadixCache):
         if st.steps == 0 and st.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.reuse_history and self.page_size == 1:
-            self._insert_history(req, st, up_to)
+            if st.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private
+                self._insert_history(req, st, up_to)
             counters = self.vt_counters
-            if st.hit is not None and counters is not None:
+            if "history_tokens" in st.report and counters is not None:
                 counters.history_hits += 1
                 counters.history_tokens_reused += st.report["history_tokens"]
 
@@ -304,6 +343,7 @@ class HoledRadixCache(RadixCache):
 
 def _restore(req, st) -> array:
     """Undo a previous round's match: logical ids back in the request; returns them."""
+    restore_outputs(req, st)
     if st.logical_prompt is not None:
         req.origin_input_ids = st.logical_prompt
         st.logical_prompt, st.hit = None, None
@@ -312,11 +352,36 @@ def _restore(req, st) -> array:
     return req.full_untruncated_fill_ids
 
 
-def _adopt(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+def _adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+    """Resume a retracted request from its view. SGLang prefills `origin + output` past the
+    prefix, but the view may hold fewer entries than the request has outputs (outputs evicted
+    too). Until its prefill is prepared the request is therefore split at the view instead:
+    origin = the view's prompt entries, output = the view's output entries + the ids past
+    `depth` (the last output); `restore_outputs` puts the real outputs back."""
+    outputs = req.output_ids
+    prompt_len = len(logical) - len(outputs)
+    pos = positions.tolist()
+    st.logical_prompt, st.real_outputs = req.origin_input_ids, outputs
+    req.origin_input_ids = array("q", (logical[p] for p in pos if p < prompt_len))
+    req.output_ids = array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:]
+    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
+
+
+def restore_outputs(req, st) -> None:
+    """Give a resumed request its real outputs back (after its prefill is prepared, or when it
+    was not admitted); its prompt stays in row coordinates."""
+    if st.real_outputs is not None:
+        req.output_ids, st.real_outputs = st.real_outputs, None
+        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+
+
+def _adopt(req, st, logical: array, positions: torch.Tensor, depth: int, report: bool = True) -> None:
     """Continue from a stored view: the request's ids become the view's ids + the new ids (row
     coordinates), its positions those of the view, then `depth` onwards."""
     st.logical_prompt = req.origin_input_ids
     req.origin_input_ids = array("q", (logical[p] for p in positions.tolist())) + logical[depth:]
     req.refresh_fill_ids()
-    st.kept_pos, st.offset = positions.clone(), depth - len(positions)
-    st.report.update(history_tokens=depth, history_view_tokens=len(positions))
+    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
+    if report:
+        st.report.update(history_tokens=depth, history_view_tokens=len(positions))

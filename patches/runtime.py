@@ -28,7 +28,7 @@ def server_config() -> EvictConfig:
 def after_req_init(result, req, rid, *args, **kwargs):
     """AFTER `Req.__init__`: attach eviction state (server settings, or the request's own
     `kv_evict`); an evicting request is never inserted into the radix tree as if its compacted
-    row were contiguous (DESIGN rule 3)."""
+    row were contiguous (splice rule 3, docs/design.md)."""
     cfg = request_config(server_config(), req.sampling_params)
     if cfg.enabled:
         req.vtoken = new_state(cfg, rid)
@@ -38,12 +38,14 @@ def after_req_init(result, req, rid, *args, **kwargs):
 
 
 def after_reset_for_retract(result, req):
-    """AFTER `Req.reset_for_retract`: the request is re-prefilled from its ids, full attention."""
+    """AFTER `Req.reset_for_retract`: back to the logical ids; the request resumes from its stash
+    (`retraction.py`) or is re-prefilled from its ids with full attention."""
     st = getattr(req, "vtoken", None)
     if st is not None:
         if st.logical_prompt is not None:  # it held a stored view: back to its logical ids
             req.origin_input_ids, st.logical_prompt, st.hit = st.logical_prompt, None, None
             req.refresh_fill_ids()
+        st.hit = None
         st.reset()
 
 
@@ -53,7 +55,7 @@ def before_release_kv_cache(req, tree_cache, *args, **kwargs):
 
 
 def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
-    """AFTER `ForwardBatch.init_new`: add each request's position offset (DESIGN rule 1).
+    """AFTER `ForwardBatch.init_new`: add each request's position offset (splice rule 1, docs/design.md).
 
     Offsets are read when the batch is built, right after this step's eviction, so they match
     the row under the overlap scheduler too.
