@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test bench kvp quality clean
+.PHONY: install demo test bench stress kvp quality clean
 
 install: $(STAMP)
 
@@ -27,10 +27,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model): rewrites the bench
-# section of docs/RESULTS.md and docs/img/bench_*.png (about 5 to 15 minutes on two cores).
+# No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model, 3 repeats): rewrites
+# docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and docs/img/bench_*.png
+# (about 15 to 30 minutes on two shared cores).
 bench: $(STAMP)
 	$(PY) scripts/bench_matrix.py
+
+# Five minutes of mixed traffic against one evicting server with SGLang's memory checkers on;
+# fails unless the server ends healthy and leak-free (docs/RESULTS.md quotes docs/results/stress.jsonl).
+stress: $(STAMP)
+	$(PY) scripts/stress.py --out docs/results/stress.jsonl
 
 # Learned eviction on CPU: train the tiny LM, collect K/V traces, train the KVP scorers, compare
 # them with the heuristics; rewrites docs/img/kvp_*.png, prints the tables of docs/RESULTS.md.

@@ -36,22 +36,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from sgl_vtoken.bench import machine
+from sgl_vtoken.bench.baseline import (SHIM_SOURCE, baseline_plugin_whitelist, group_cpu_seconds,
+                                       plugin_in_server, shim_applications, thread_env)
+from sgl_vtoken.bench.http_client import generate
+from sgl_vtoken.bench.load import random_ids, run_load
+from sgl_vtoken.bench.machine import loadavg
+from sgl_vtoken.bench.probe import wait_pool_free
+from sgl_vtoken.bench.server_log import count_retractions, error_lines, peak_running_from_log, retracted_requests
 
-from baseline_server import (SHIM_SOURCE, baseline_plugin_whitelist, group_cpu_seconds,  # noqa: E402
-                             plugin_in_server, shim_applications, thread_env)
-from server_probe import (count_retractions, error_lines, peak_running_from_log,  # noqa: E402
-                          retracted_requests, wait_pool_free)
+REPO = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------------------------------------
 
@@ -64,101 +64,8 @@ def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
-def random_ids(n: int, seed: int) -> list[int]:
-    """Same prompts as tests/e2e/test_eviction.py::random_ids."""
-    rng = random.Random(seed)
-    return [rng.randrange(10, 2000) for _ in range(n)]
-
-
-def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout: float, rid: str | None = None) -> dict:
-    import requests
-
-    payload = {"input_ids": input_ids, "sampling_params": {
-        "temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
-    if rid:
-        payload["rid"] = rid
-    r = requests.post(base_url + "/generate", json=payload, timeout=timeout)
-    r.raise_for_status()
-    return r.json()
-
-
-def run_load(base_url: str, num: int, prompt_len: int, max_new_tokens: int, timeout: float) -> dict:
-    """`num` concurrent /generate requests, one thread each; wall clock of the whole load."""
-    results: list[dict | None] = [None] * num
-    errors: list[str] = []
-
-    def one(i: int) -> None:
-        t0 = time.perf_counter()
-        try:
-            out = generate(base_url, random_ids(prompt_len, seed=i), max_new_tokens, timeout, rid=f"bench-{i}")
-            results[i] = {"tokens": out["meta_info"]["completion_tokens"], "latency": time.perf_counter() - t0}
-        except Exception as e:  # noqa: BLE001 - reported in the JSON line
-            errors.append(f"request {i}: {type(e).__name__}: {e}"[:300])
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(num)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(1.0, timeout + 30 - (time.perf_counter() - t0)))
-    wall = time.perf_counter() - t0
-    done = [r for r in results if r is not None]
-    out_tokens = sum(r["tokens"] for r in done)
-    lat = sorted(r["latency"] for r in done)
-    return {
-        "completed": len(done), "full_length": sum(r["tokens"] == max_new_tokens for r in done),
-        "output_tokens": out_tokens, "wall_s": round(wall, 2),
-        "output_tokens_per_s": round(out_tokens / wall, 1) if wall > 0 else None,
-        "latency_median_s": round(statistics.median(lat), 2) if lat else None,
-        "latency_max_s": round(lat[-1], 2) if lat else None,
-        "request_errors": errors[:5], "num_request_errors": len(errors),
-    }
-
-
 def wait_for_quiet(max_load: float | None, timeout: float) -> None:
-    """Wait (at most `timeout` s) until the 1-minute load average is below `max_load`."""
-    if not max_load:
-        return
-    start = time.monotonic()
-    waited_log = -1
-    while (la := loadavg()) is not None and la >= max_load and time.monotonic() - start < timeout:
-        if (elapsed := int(time.monotonic() - start)) // 120 != waited_log:  # one line every 2 min
-            waited_log = elapsed // 120
-            log(f"load average {la} >= {max_load}: waiting (up to {timeout:.0f} s)")
-        time.sleep(10)
-
-
-def loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
-
-
-def provenance() -> dict:
-    """Which code the servers run: the plugin is imported from wherever `sgl_vtoken` resolves
-    (an editable install serves the working tree as it is at server start)."""
-    import importlib.metadata
-
-    import sgl_vtoken
-
-    src = Path(sgl_vtoken.__file__).resolve().parent
-
-    def git(*a: str) -> str:
-        out = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=30)
-        return out.stdout.strip()
-
-    info = {"part": "meta", "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "sglang": importlib.metadata.version("sglang"),
-            "repo_commit": git("rev-parse", "--short", "HEAD"), "sgl_vtoken_source": str(src)}
-    if src.parent == REPO:
-        dirty = git("status", "--porcelain", "--", "sgl_vtoken", "patches", "kernels")
-        info["plugin_code"] = "working tree, " + ("with uncommitted changes" if dirty else "clean")
-    else:
-        marker = src.parent / "COMMIT"  # written by whoever made the snapshot, if anyone
-        info["plugin_code"] = "outside the repository" + (
-            f", snapshot of {marker.read_text().strip()}" if marker.exists() else "")
-    return info
+    machine.wait_for_quiet(max_load, timeout, say=log)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,7 +274,7 @@ def main(argv=None) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="bench-eviction-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log(f"model {model}; server logs in {log_dir}")
-    meta = provenance()
+    meta = machine.provenance(REPO)
     emit({**meta, "loadavg_1m": loadavg(), "args": {k: v for k, v in vars(args).items()}})
     log(f"plugin code: {meta['sgl_vtoken_source']} ({meta['plugin_code']})")
     if args.part in ("capacity", "all"):

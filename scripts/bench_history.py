@@ -35,35 +35,20 @@ import threading
 import time
 from pathlib import Path
 
-import requests
+from sgl_vtoken.bench.http_client import stream_generate
+from sgl_vtoken.bench.probe import vtoken_state
+from sgl_vtoken.bench.results_md import write_section
+from sgl_vtoken.bench.server_log import count_retractions
+from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken.tiny_model import ensure_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args  # noqa: E402
-from sgl_vtoken.tiny_model import ensure_tiny_model  # noqa: E402
 
 # mode -> extra server flags: continue from the stored compacted history; cache full-attention
 # prompts only (each turn prefills what its cached prompt lacks); no radix cache at all.
 MODES = {"reuse": ["--kv-evict-config", '{"reuse_history": true}'],
          "prompt-cache": ["--kv-evict-config", '{"reuse_history": false}'],
          "re-prefill": ["--disable-radix-cache"]}
-
-
-def stream_generate(base_url: str, ids: list[int], n: int, rid: str) -> dict:
-    """One streamed greedy request: output ids, TTFT and the final meta_info."""
-    t0 = time.perf_counter()
-    ttft, last = None, None
-    body = {"rid": rid, "input_ids": ids, "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
-    with requests.post(base_url + "/generate", json=body, stream=True, timeout=1800) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            ttft = ttft if ttft is not None else time.perf_counter() - t0
-            last = json.loads(line[5:])
-    return {"ttft": ttft, "output_ids": last["output_ids"], "meta": last["meta_info"]}
 
 
 def run_mode(args, model: str, flags: list[str]) -> tuple[list[dict], dict]:
@@ -77,7 +62,7 @@ def run_mode(args, model: str, flags: list[str]) -> tuple[list[dict], dict]:
     prompts = [system + [r.randrange(10, 2000) for _ in range(args.user_tokens)] for r in rngs]
     records: list[dict] = []
     with ServerProcess(cmd, env={"OMP_NUM_THREADS": "1"}) as server:
-        info = lambda: requests.get(server.base_url + "/get_server_info", timeout=30).json()["internal_states"][0]["vtoken"]
+        info = lambda: vtoken_state(server.base_url, strict=True)  # noqa: E731
         stream_generate(server.base_url, system + [1], 4, "warm")  # the system prompt is cached
         state = {}
         for turn in range(args.turns):
@@ -124,9 +109,9 @@ def run_sharing(args, model: str, flags: list[str]) -> dict:
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        st = requests.get(server.base_url + "/get_server_info", timeout=30).json()["internal_states"][0]["vtoken"]
+        st = vtoken_state(server.base_url, strict=True)
         log = server.log_text()
-    retracted = log.count("KV cache pool is full. Retract requests.")
+    retracted = count_retractions(log)
     return {"peak_pool_held_tokens": st["peak_pool_held_tokens"], "peak_running": st["peak_running_requests"],
             "cached_mean": statistics.fmean(o["meta"]["cached_tokens"] for o in outs),
             "ttft_p50_ms": round(1000 * statistics.median(o["ttft"] for o in outs), 1),
@@ -188,15 +173,6 @@ def sharing_markdown(args, results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str, name: str = "history") -> None:
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    doc = path.read_text()
-    if begin not in doc:
-        raise SystemExit(f"{path}: no '{begin}' marker")
-    head, rest = doc.split(begin, 1)
-    path.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
-
-
 def plot(rows: dict, out: Path) -> None:
     import matplotlib
 
@@ -242,7 +218,7 @@ def main() -> None:
             results[mode] = run_sharing(args, model, flags)
             print(json.dumps({"part": "sharing", "mode": mode, **results[mode]}), flush=True)
         if args.results_md:
-            write_section(args.results_md, sharing_markdown(args, results), "sharing")
+            write_section(args.results_md, "sharing", sharing_markdown(args, results))
     if args.part == "sharing":
         return
     rows, states = {}, {}
@@ -259,7 +235,7 @@ def main() -> None:
     if args.plot:
         plot(rows, args.plot)
     if args.results_md:
-        write_section(args.results_md, markdown(args, rows, states))
+        write_section(args.results_md, "history", markdown(args, rows, states))
 
 
 if __name__ == "__main__":

@@ -1,51 +1,33 @@
 #!/usr/bin/env python
-"""No-Evict vs Naive-Evict vs vToken on the multi-turn agent benchmark, one run, same KV pool.
+"""No-Evict vs Naive-Evict vs vToken on the multi-turn agent benchmark, same KV pool, repeated.
 
     make bench                                       # = python scripts/bench_matrix.py: the CPU page
     python scripts/bench_matrix.py --quick           # smoke: 2 sessions x 2 turns, burst runs only
     python scripts/bench_matrix.py --policies random knorm --budgets 64 256 --page-sizes 1 16
+    python scripts/bench_matrix.py --render-only     # redraw the section from the committed JSON lines
 
-Launches SGLang itself (`ServerProcess`, CPU: `cpu_server_args(model, pool, page)` plus
-`--dtype float32 --enable-metrics --enable-cache-report --decode-log-interval 1`), runs
-`scripts/bench_agent.py` against it for every cell of the matrix
+Launches SGLang itself (CPU, `sgl_vtoken.launcher`), plays `scripts/bench_agent.py`'s workload
+against it for every cell (mode x policy x budget x page size) and repeat
+(`sgl_vtoken.bench.matrix` says how servers, cells, runs and repeats are organised), then writes
 
-    mode (none | naive | vtoken) x policy x budget x page size        (none: once per page size)
+- every run's JSON lines, tagged with cell, repeat and run, plus the fairness checks and the cells'
+  figure spreads, to `--jsonl` (default docs/results/bench_agent.jsonl, committed next to
+  docs/RESULTS.md; a `--quick` run writes into `--raw-dir` instead);
+- from that file alone: the section between `<!-- bench:begin -->` and `<!-- bench:end -->` of
+  `--results-md` (appended at the end when missing; nothing else in the file changes) and the
+  plots `bench_*.png` in `--img-dir` (`sgl_vtoken.bench.report`, `plots`);
+- per-run JSON lines and the server logs in `--raw-dir`.
 
-and writes the tables between `<!-- bench:begin -->` and `<!-- bench:end -->` of
-`--results-md` (appended with a heading at the end of the file when missing; nothing else in
-the file changes), the plots `bench_*.png` in `--img-dir`, and every run's JSON lines, the server
-logs and `matrix.jsonl` (one line per cell) in `--raw-dir`.
-
-Servers. By default two per page size, up at the same time, both with the server-wide flags
-`--kv-evict P0 --kv-budget B0 --kv-evict-interval I --kv-sink S` (the first policy and budget),
-one with `--kv-reclaim vtoken` (No-Evict and vToken cells), one with `--kv-reclaim naive`
-(Naive-Evict cells). Every request carries `custom_params.kv_evict`, sgl-vtoken's per-request
-override: `{"policy": "none"}` for No-Evict (the request opts out: stock SGLang code paths),
-`{"policy": P, "budget": B}` otherwise (the server's interval, sinks and reclaim mode apply).
-Start-ups cost half a minute to two minutes each on two shared cores, hence two, not one per
-cell. `--server-per-cell` runs one server per cell instead, one after the other, with only
-server-wide flags (`--kv-evict none`, or `--kv-evict P --kv-budget B --kv-reclaim R ...`). The
-radix cache is flushed before every run.
-
-Runs per cell (same seed, so the same sessions and texts):
-- burst: all `--sessions` arrive at t = 0: peak and mean concurrency, KV pages per request, TTFT
-  per turn, output tokens/s, retractions, the plugin's counters;
-- unloaded: `--baseline-sessions` sessions one at a time: the cell's unloaded p95 TTFT;
-- rate ladder: Poisson session arrivals at each of `--rates`, rate by rate over all cells; a
-  cell's ladder stops after the first rate whose p95 TTFT exceeds max(`--sla-factors`) x its
-  unloaded p95; rates not started by `--deadline-min` are skipped (and reported as skipped).
-  Throughput under SLA, per factor: the highest rate whose p95 TTFT, and every lower rate's, is
-  within factor x the cell's unloaded p95 TTFT (1.05: the vToken paper's factor).
-
-Metric definitions: `render()`'s "How it is measured" paragraph (`scripts/bench_report.py`, which
-renders the tables and plots) and `scripts/bench_agent.py`.
+Fairness: every mode plays the same workload with the same request ids (so a seeded policy evicts
+the same victims); the run checks that Naive-Evict and vToken returned identical outputs and
+evicted the same number of tokens, and reports it with the cached prompt tokens of each. It exits
+with status 3 (after writing everything) when outputs or evicted tokens differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import signal
@@ -53,118 +35,15 @@ import sys
 import time
 from pathlib import Path
 
-import requests
+from sgl_vtoken.bench.cells import figure_spread
+from sgl_vtoken.bench.checks import fair, fairness_checks
+from sgl_vtoken.bench.machine import loadavg_text
+from sgl_vtoken.bench.matrix import MatrixConfig, MatrixRun
+from sgl_vtoken.bench.raw import RawLog
+from sgl_vtoken.bench.report import ROWS, publish
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_agent  # noqa: E402
-from bench_report import MODE_NAMES, Cell, cell_row, meets, plot, render, sla_rate, write_results  # noqa: E402
-
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args  # noqa: E402
-
-
-def build_cells(args) -> list[Cell]:
-    cells = []
-    for page in args.page_sizes:
-        cells.append(Cell("none", None, None, page, args.pool))
-        for policy in args.policies:
-            for budget in args.budgets:
-                for mode in ("naive", "vtoken"):
-                    cells.append(Cell(mode, policy, budget, page, args.pool))
-    return cells
-
-
-def server_key(cell: Cell, args) -> tuple:
-    if args.server_per_cell:
-        return (cell.page, cell.mode, cell.policy, cell.budget)
-    return (cell.page, "naive" if cell.mode == "naive" else "vtoken")
-
-
-def server_flags(cell: Cell, args) -> list[str]:
-    common = ["--kv-evict-interval", str(args.interval), "--kv-sink", str(args.sink)]
-    if args.server_per_cell:
-        if cell.mode == "none":
-            return ["--kv-evict", "none"]
-        return ["--kv-evict", cell.policy, "--kv-budget", str(cell.budget), "--kv-reclaim", cell.mode, *common]
-    # Shared server: the interval, sinks and reclaim mode apply only under a server-wide policy;
-    # requests override policy and budget (No-Evict requests opt out).
-    reclaim = "naive" if cell.mode == "naive" else "vtoken"
-    return ["--kv-evict", args.policies[0], "--kv-budget", str(args.budgets[0]), "--kv-reclaim", reclaim, *common]
-
-
-def request_kv_evict(cell: Cell, args) -> dict | None:
-    """The per-request `kv_evict` object of a cell (None: the server's own settings)."""
-    if args.server_per_cell:
-        return None
-    return {"policy": "none"} if cell.mode == "none" else {"policy": cell.policy, "budget": cell.budget}
-
-
-def flush_cache(base_url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if requests.post(base_url + "/flush_cache", timeout=10).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("/flush_cache did not succeed (requests still running?)")
-
-
-def agent_args(args, server: ServerProcess, cell: Cell, label: str, extra: list[str]) -> argparse.Namespace:
-    argv = ["--base-url", server.base_url, "--sessions", str(args.sessions), "--turns", str(args.turns),
-            "--seed", str(args.seed), "--system-tokens", str(args.system_tokens),
-            "--user-tokens", str(args.user_tokens), "--tool-tokens", str(args.tool_tokens),
-            "--tool-min", str(args.tool_min), "--tool-max", str(args.tool_max),
-            "--reply-tokens", str(args.reply_tokens), "--sample-interval", str(args.sample_interval),
-            "--server-log", str(server.log_path), "--label", label, *extra]
-    kv_evict = request_kv_evict(cell, args)
-    if kv_evict is not None:
-        argv += ["--kv-evict-json", json.dumps(kv_evict)]
-    return bench_agent.build_parser().parse_args(argv)
-
-
-def run_one(args, server, cell: Cell, name: str, extra: list[str]) -> dict:
-    label = f"ps{cell.page}-{cell.key}-{name}"
-    flush_cache(server.base_url)
-    a = agent_args(args, server, cell, label, extra)
-    with open(args.raw_dir / f"{label}.jsonl", "w") as f:
-        result = bench_agent.run_benchmark(a, f, progress=not args.no_progress)
-    s = result["summary"]
-    ttft = s["ttft_ms"]
-    print(json.dumps({"run": label, "completed": s["completed"], "failed": s["failed"],
-                      "ttft_p95_ms": ttft["p95"], "out_tok_s": s["output_tokens_per_s"],
-                      "peak_running": s["peak_running"], "retractions": s["retractions"],
-                      "duration_s": s["duration_s"]}), flush=True)
-    if s["failed"]:
-        print(f"warning: {label}: {s['failed']} requests failed", file=sys.stderr)
-    return {"summary": s, "turns": result["turns"], "samples": result["samples"]}
-
-
-def run_fixed(args, server, cell: Cell) -> None:
-    """The burst run and the unloaded baseline of one cell."""
-    cell.runs["burst"] = run_one(args, server, cell, "burst", ["--rate", "inf"])
-    if not args.quick:
-        cell.runs["unloaded"] = run_one(args, server, cell, "unloaded", [
-            "--rate", "inf", "--max-concurrency", "1", "--sessions", str(args.baseline_sessions)])
-
-
-def run_ladder_step(args, server, cell: Cell, rate: float) -> None:
-    """One rate of the cell's ladder, unless the cell's ladder stopped or the deadline passed."""
-    if cell.ladder_done:
-        return
-    if time.monotonic() > args.deadline:
-        cell.skipped.append(rate)
-        print(f"# {cell.key}: rate {rate:g} skipped (--deadline-min)", file=sys.stderr, flush=True)
-        return
-    r = run_one(args, server, cell, f"rate{rate:g}", ["--rate", str(rate)])
-    r["rate"] = rate
-    cell.runs[f"rate{rate:g}"] = r
-    if not meets(cell, r, max(args.sla_factors)):
-        cell.ladder_done = True  # higher rates only add load
-
-
-# ----------------------------------------------------------------------------- main
+DEFAULT_JSONL = REPO / "docs" / "results" / "bench_agent.jsonl"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=int, default=16, help="--kv-evict-interval")
     p.add_argument("--sink", type=int, default=4, help="--kv-sink")
     p.add_argument("--server-per-cell", action="store_true", help="one server per cell with server-wide flags")
+    p.add_argument("--repeats", type=int, default=3, help="runs of every cell (the tables show their spread)")
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--system-tokens", type=int, default=256)
@@ -190,11 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="Poisson session rates of the SLA ladder")
     p.add_argument("--sla-factors", type=float, nargs="+", default=[1.05, 2.0],
                    help="SLA: p95 TTFT within factor x the unloaded p95 (1.05: the vToken paper's)")
-    p.add_argument("--deadline-min", type=float, default=11.0,
+    p.add_argument("--deadline-min", type=float, default=40.0,
                    help="skip the remaining ladder rates once this many minutes have passed")
     p.add_argument("--baseline-sessions", type=int, default=2)
     p.add_argument("--sample-interval", type=float, default=0.15)
     p.add_argument("--quick", action="store_true", help="2 sessions x 2 turns, burst run only (smoke)")
+    p.add_argument("--jsonl", type=Path, default=None, help=f"raw JSON lines of the run (default {DEFAULT_JSONL.relative_to(REPO)})")
+    p.add_argument("--render-only", action="store_true", help="no servers: render --results-md and the plots from --jsonl")
     p.add_argument("--results-md", type=Path, default=REPO / "docs" / "RESULTS.md")
     p.add_argument("--img-dir", type=Path, default=REPO / "docs" / "img")
     p.add_argument("--raw-dir", type=Path, default=REPO / ".cache" / "bench")
@@ -202,89 +84,65 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def config_from_args(args, model: str) -> MatrixConfig:
+    names = ("pool", "page_sizes", "policies", "budgets", "interval", "sink", "server_per_cell", "repeats",
+             "sessions", "turns", "system_tokens", "user_tokens", "tool_tokens", "tool_min", "tool_max",
+             "reply_tokens", "seed", "rates", "sla_factors", "deadline_min", "baseline_sessions",
+             "sample_interval", "quick")
+    return MatrixConfig(model=str(model), progress=not args.no_progress, **{k: getattr(args, k) for k in names})
+
+
+def report_checks(checks: list[dict]) -> int:
+    bad = [c for c in checks if not fair(c)]
+    for c in bad:
+        print(f"FAIRNESS CHECK FAILED: {c['policy']} b{c['budget']} ps{c['page']}: {c['identical']}/{c['requests']} "
+              f"outputs identical, {c['unpaired']} unpaired, evicted tokens equal in {c['evicted_equal']}/{c['runs']} "
+              f"runs, first difference {c['first_difference']}", file=sys.stderr)
+    return 3 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     # SIGTERM (e.g. a job runner's timeout) unwinds like Ctrl-C, so every server is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
         args.sessions, args.turns = 2, 2
-    t_start = time.monotonic()
-    args.deadline = t_start + 60 * args.deadline_min
-    load_start = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    jsonl = args.jsonl or (args.raw_dir / "bench_agent.jsonl" if args.quick else DEFAULT_JSONL)
+    if args.render_only:
+        return report_checks(publish(jsonl, args.results_md, args.img_dir, REPO))
     if args.model_path is None:
         from sgl_vtoken.tiny_model import ensure_tiny_model
-        model = ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-        model_name = "tiny-llama (sgl_vtoken.tiny_model, random weights)"
+        model, model_name = ensure_tiny_model(REPO / ".cache" / "tiny-llama"), "tiny-llama (sgl_vtoken.tiny_model, random weights)"
     else:
         model, model_name = args.model_path, args.model_path
+    try:
+        cfg = config_from_args(args, model)
+    except ValueError as e:
+        parser.error(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}")
     args.raw_dir.mkdir(parents=True, exist_ok=True)
-    cells = build_cells(args)
-
-    by_server: dict[tuple, list[Cell]] = {}
+    t_start = time.monotonic()
+    raw = RawLog(jsonl)
+    raw.line({"kind": "matrix", "command": "make bench" if argv is None and len(sys.argv) == 1
+              else "python scripts/bench_matrix.py " + " ".join(sys.argv[1:]),
+              "date": datetime.date.today().isoformat(), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, no GPU",
+              "load_start": loadavg_text(), "model": model_name, "settings": cfg.settings()})
+    run = MatrixRun(cfg, raw, args.raw_dir)
+    cells = run.run()
+    for check in fairness_checks(cells):
+        raw.line(check)
     for c in cells:
-        by_server.setdefault(server_key(c, args), []).append(c)
-    server_descr = []
-
-    def start(key, group) -> ServerProcess:
-        flags = server_flags(group[0], args)
-        server_args = cpu_server_args(model, args.pool, group[0].page) + [
-            "--dtype", "float32", "--enable-metrics", "--enable-cache-report", "--decode-log-interval", "1", *flags]
-        log = args.raw_dir / ("server-" + "-".join(str(k) for k in key) + ".log")
-        print(f"# server {key}: {' '.join(flags)}", file=sys.stderr, flush=True)
-        server = ServerProcess(server_args, log_path=log).start()
-        print(json.dumps({"server": list(key), "startup_s": round(server.startup_seconds, 1)}), flush=True)
-        server_descr.append(f"`{' '.join(flags)}` ({', '.join(MODE_NAMES[c.mode] for c in group)})")
-        return server
-
-    if args.server_per_cell:
-        # One server at a time (a CPU server holds ~2 GB): each cell runs whole on its own server.
-        for key, group in by_server.items():
-            server = start(key, group)
-            try:
-                for cell in group:
-                    run_fixed(args, server, cell)
-                    for rate in sorted(args.rates if not args.quick else []):
-                        run_ladder_step(args, server, cell, rate)
-            finally:
-                server.stop()
-    else:
-        # Both servers of a page size up at once; every cell's burst and baseline first, then the
-        # ladder rate by rate over all cells, so a deadline cuts every cell at the same rate.
-        servers: dict[tuple, ServerProcess] = {}
-        try:
-            for key, group in by_server.items():
-                servers[key] = start(key, group)
-            # build_cells' order: No-Evict, then Naive-Evict and vToken of each policy back to
-            # back, so that the modes compared see similar load from other jobs.
-            order = cells
-            for cell in order:
-                run_fixed(args, servers[server_key(cell, args)], cell)
-            for rate in sorted(args.rates if not args.quick else []):
-                for cell in order:
-                    run_ladder_step(args, servers[server_key(cell, args)], cell, rate)
-        finally:
-            for server in servers.values():
-                server.stop()
-
-    elapsed = (time.monotonic() - t_start) / 60
-    meta = {
-        "command": "make bench" if argv is None and len(sys.argv) == 1 else "python scripts/bench_matrix.py " + " ".join(sys.argv[1:]),
-        "date": datetime.date.today().isoformat(), "elapsed_min": elapsed,
-        "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, no GPU",
-        "load_start": load_start, "load_end": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-        "model": model_name, "servers": "; ".join(server_descr),
-        "raw_dir": os.path.relpath(args.raw_dir, REPO),
-        "system_prompt_tokens": cells[0].runs["burst"]["summary"]["system_prompt_tokens"],
-    }
-    plots = plot(args, cells)
-    write_results(args.results_md, render(args, cells, meta, plots))
-    with open(args.raw_dir / "matrix.jsonl", "w") as f:
-        for c in cells:
-            f.write(json.dumps({"page": c.page, "mode": c.mode, "policy": c.policy, "budget": c.budget,
-                                **cell_row(c), "skipped_rates": c.skipped,
-                                "sla_rates": {f"{f:g}": sla_rate(c, f) for f in args.sla_factors}}) + "\n")
-    print(f"wrote {args.results_md} and {', '.join(plots)} in {elapsed:.1f} min", file=sys.stderr)
-    return 0
+        raw.line({"kind": "cell", "cell": c.name, "mode": c.mode, "policy": c.policy, "budget": c.budget,
+                  "page": c.page, "repeats": len(c.repeats), "skipped_rates": c.skipped,
+                  "burst": {key: figure_spread(c, key) for _, key, _ in ROWS}})
+    raw.line({"kind": "matrix_end", "elapsed_min": (time.monotonic() - t_start) / 60, "load_end": loadavg_text(),
+              "servers": "; ".join(run.servers_described),
+              "system_prompt_tokens": cells[0].repeats[0]["burst"]["summary"]["system_prompt_tokens"]})
+    raw.close()
+    checks = publish(jsonl, args.results_md, args.img_dir, REPO)
+    print(f"wrote {jsonl}, {args.results_md} and the plots in {args.img_dir} "
+          f"in {(time.monotonic() - t_start) / 60:.1f} min", file=sys.stderr)
+    return report_checks(checks)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
     # Every session ran every turn; every reply has its set length; histories grow turn by turn.
     assert len(requests_) == SESSIONS * TURNS and all(r["error"] is None for r in requests_)
     assert all(r["completion_tokens"] == REPLY for r in requests_)
+    # Fixed request ids, the same on any server that plays this workload.
+    assert all(r["rid"] == f"agent-s{r['session']}-t{r['turn']}" for r in requests_)
     assert [t["completed"] for t in turns] == [SESSIONS] * TURNS
     for sess in range(SESSIONS):
         prompts = [r["prompt_tokens"] for r in sorted(requests_, key=lambda r: r["turn"]) if r["session"] == sess]

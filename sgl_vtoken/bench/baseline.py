@@ -1,5 +1,5 @@
-"""The baseline server of `bench_eviction.py`'s overhead part: SGLang on CPU *without* the
-sgl-vtoken plugin, and the process-level measurements both of its servers share.
+"""The baseline of overhead A/B runs (`scripts/bench_eviction.py --part overhead`): SGLang on CPU
+*without* the sgl-vtoken plugin, and the process-level measurements both servers share.
 
 - `baseline_plugin_whitelist`: `SGLANG_PLUGINS` that loads every other installed general plugin
   (or none), so the A/B differs by sgl-vtoken alone;
@@ -20,7 +20,7 @@ SHIM_MARK = "[bench_eviction shim]"
 # Written into a temporary directory put on PYTHONPATH of the baseline server only. Every Python
 # process of the server (launcher, scheduler, detokenizer) runs it at start-up.
 SHIM_SOURCE = '''\
-"""Written by scripts/bench_eviction.py: SGLang on CPU *without* the sgl-vtoken plugin.
+"""Written by sgl_vtoken.bench.baseline: SGLang on CPU *without* the sgl-vtoken plugin.
 
 Applies only the CPU fix of sgl-vtoken's patches/cpu.py: right after
 sglang.srt.layers.rotary_embedding.base executes, set its `_is_cpu = True` so RoPE takes the

@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""Stress one sgl-vtoken server with mixed traffic, then check it for crashes and leaks.
+
+    python scripts/stress.py                          # 5 minutes, tiny model, CPU, page 16
+    python scripts/stress.py --page-size 1 --duration 120
+    python scripts/stress.py --base-url http://127.0.0.1:30000 --server-log server.log
+
+Starts the tiny model on CPU (`--kv-evict P --kv-budget B --kv-evict-interval I`, pool
+`--max-total-tokens POOL`) with SGLang's memory checkers on (SGLANG_ENABLE_STRICT_MEM_CHECK_
+DURING_BUSY, SGLANG_DEBUG_MEMORY_POOL, SGLANG_CHECK_KV_PAGE_INVARIANTS), or uses `--base-url`.
+`--workers` request loops then send, for `--duration` seconds, a seeded mix of /generate (plain
+and streamed) and chat completions (plain and streamed), multi-turn chat sessions, requests
+aborted through /abort_request or by the client disconnecting, and invalid `kv_evict` objects
+(expected HTTP 400); each with a random eviction setting (the server's, `{"policy": "none"}`, or
+a random policy, budget and window in `custom_params.kv_evict`), short or long prompts (some
+sharing a prefix) and short or long replies. After the load drains: no unexpected outcome, the
+server healthy, no traceback in its log, `pool_available + pool_evictable == pool_total`, and
+the whole pool free after /flush_cache (`sgl_vtoken.bench.stress`).
+
+JSON lines to stdout and `--out`: `config`, `progress` every `--progress-every` s, `unexpected`
+(each request with an unexpected outcome), `summary` (requests by kind and outcome, evictions,
+aborts, retractions, peak running, final pool state, the checks). `--requests-out` gets one line
+per request. Exit status 0 when every check passes, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from sgl_vtoken.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
+from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of traffic")
+    p.add_argument("--workers", type=int, default=8, help="concurrent request loops")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base-url", default=None, help="stress this running server instead of starting one")
+    p.add_argument("--server-log", default=None, help="with --base-url: its log file, checked for tracebacks")
+    p.add_argument("--model-path", default=None, help="default: the tiny model in .cache/tiny-llama")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens")
+    p.add_argument("--policy", default="streamingllm", help="the server's --kv-evict")
+    p.add_argument("--budget", type=int, default=128, help="the server's --kv-budget")
+    p.add_argument("--interval", type=int, default=16, help="the server's --kv-evict-interval")
+    p.add_argument("--progress-every", type=float, default=30.0)
+    p.add_argument("--out", type=Path, default=None, help="JSON lines file (besides stdout)")
+    p.add_argument("--requests-out", type=Path, default=None, help="one JSON line per request")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.server_log and not args.base_url:
+        parser.error("--server-log goes with --base-url (a server this script starts logs to its own file)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the server is stopped
+    outs = [sys.stdout] + [open(p, "w") for p in (args.out,) if p]
+    per_request = open(args.requests_out, "w") if args.requests_out else None
+
+    def emit(rec: dict) -> None:
+        for f in outs:
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+
+    def on_request(rec: dict) -> None:
+        if per_request is not None:
+            per_request.write(json.dumps(rec) + "\n")
+
+    server = None
+    try:
+        if args.base_url is None:
+            from sgl_vtoken.tiny_model import ensure_tiny_model
+
+            model = args.model_path or ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+            flags = ["--dtype", "float32", "--enable-metrics", "--kv-evict", args.policy,
+                     "--kv-budget", str(args.budget), "--kv-evict-interval", str(args.interval)]
+            server = ServerProcess(cpu_server_args(model, args.pool, args.page_size) + flags, env=MEMORY_CHECKS).start()
+            emit({"kind": "server", "flags": flags, "page_size": args.page_size, "pool": args.pool,
+                  "env": MEMORY_CHECKS, "startup_s": round(server.startup_seconds, 1)})
+        try:
+            cfg = StressConfig(base_url=args.base_url or server.base_url, duration_s=args.duration,
+                               workers=args.workers, seed=args.seed, progress_every_s=args.progress_every,
+                               server_log=args.server_log or (str(server.log_path) if server else None))
+        except ValueError as e:
+            parser.error(f"--duration/--workers: {e}")
+        summary = run_stress(cfg, emit, on_request)
+    finally:
+        if server is not None:
+            server.stop()
+        for f in outs[1:] + ([per_request] if per_request else []):
+            f.close()
+    failed = [k for k, v in summary["checks"].items() if v is False]
+    print(("stress: every check passed" if summary["ok"] else f"stress: FAILED {', '.join(failed)}")
+          + (f" (server log {server.log_path})" if server else ""), file=sys.stderr)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
