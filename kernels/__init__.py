@@ -5,7 +5,9 @@ tensors (`impl=` overrides). Importing this package needs only torch; Triton is 
 first Triton call (set TRITON_INTERPRET=1 before that to run Triton on CPU tensors).
 """
 
-from .api import RopeShift, attn_scores_, page_indices, repack_kv_
+from .api import RopeShift, page_indices, repack_kv_
+from .buffer_set import clear_buffer_cache
+from .scores_api import attn_scores_
 from .reference import attn_lse_ref, attn_scores_ref_, page_indices_ref, repack_kv_ref_
 
 __all__ = [
@@ -13,6 +15,7 @@ __all__ = [
     "attn_lse_ref",
     "attn_scores_",
     "attn_scores_ref_",
+    "clear_buffer_cache",
     "page_indices",
     "page_indices_ref",
     "repack_kv_",

@@ -1,4 +1,4 @@
-"""Argument checks shared by the public kernel functions and their Triton launchers.
+"""Argument checks and dispatch helpers shared by the public kernel functions.
 
 Every error is a ValueError (or TypeError for a wrong Python type) that names the argument and
 says what is allowed, so a caller can fix the call without reading the kernel.
@@ -6,6 +6,7 @@ says what is allowed, so a caller can fix the call without reading the kernel.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 import torch
@@ -25,7 +26,7 @@ COPY_DTYPES = (
 )
 
 
-def _names(dtypes) -> str:
+def names(dtypes) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
@@ -38,6 +39,18 @@ def resolve_impl(impl: str | None, device: torch.device) -> str:
     return impl
 
 
+def triton_module(name: str):
+    """The Triton launcher module `sgl_vtoken.kernels.<name>`, imported on first use (so that
+    importing the package needs only torch; TRITON_INTERPRET is read at that import)."""
+    mod = _TRITON_MODULES.get(name)
+    if mod is None:
+        mod = _TRITON_MODULES[name] = importlib.import_module(f"{__package__}.{name}")
+    return mod
+
+
+_TRITON_MODULES: dict = {}
+
+
 def check_tensor(t, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -46,7 +59,7 @@ def check_tensor(t, name: str) -> torch.Tensor:
 
 def check_dtype(t: torch.Tensor, name: str, allowed) -> None:
     if t.dtype not in allowed:
-        raise ValueError(f"{name} has dtype {t.dtype}; allowed: {_names(allowed)}")
+        raise ValueError(f"{name} has dtype {t.dtype}; allowed: {names(allowed)}")
 
 
 def check_ndim(t: torch.Tensor, name: str, ndim: int, shape_doc: str) -> None:
@@ -66,6 +79,22 @@ def check_index_vector(t, name: str, device: torch.device, ref_name: str, numel:
     check_device(t, name, device, ref_name)
     if numel is not None and t.numel() != numel:
         raise ValueError(f"{name} has {t.numel()} entries, expected {numel}")
+
+
+def index_pair_ok(src, dst, device: torch.device) -> bool:
+    """Fast path of the move-list checks (attributes only, no sync): both are fine 1-D index
+    vectors of one length on `device`. When False, the detailed checks name the problem."""
+    return (
+        isinstance(src, torch.Tensor)
+        and isinstance(dst, torch.Tensor)
+        and src.ndim == 1
+        and dst.ndim == 1
+        and src.dtype in INDEX_DTYPES
+        and dst.dtype in INDEX_DTYPES
+        and src.device == device
+        and dst.device == device
+        and src.shape == dst.shape
+    )
 
 
 def check_inner_contiguous(t: torch.Tensor, name: str) -> None:

@@ -1,19 +1,20 @@
-"""The public kernel functions: one per operation, Triton on CUDA tensors, torch on CPU tensors.
+"""The public KV-management functions (repack, page indices): Triton on CUDA, torch on CPU.
 
-Each function validates its arguments once, then runs either the Triton launcher (imported on
-first use, so this module needs only torch) or the pure-torch reference from `reference.py`.
+Each function validates its arguments, then runs either the Triton launcher (imported on first
+use, so this module needs only torch) or the pure-torch reference from `reference.py`.
 `impl="triton"|"torch"` forces one; tests force Triton on CPU tensors under TRITON_INTERPRET=1.
+The score function lives in `scores_api.py`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from . import _checks as C
 from . import reference as ref
+from .buffer_set import KVBufferSet, buffer_set, require_disjoint
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,17 @@ def repack_kv_(
         rope: optional `RopeShift`: moved K rows are re-rotated in fp32 (K must be a float16,
             bfloat16 or float32 buffer).
         impl: "triton", "torch", or None (Triton on CUDA, torch otherwise).
-        check: validate slot ranges and the in-place precondition first (syncs; debug mode).
+        check: validate the buffers from scratch (refreshing the cache), slot ranges and the
+            in-place precondition first (syncs; debug mode and tests).
         block_moves, num_warps, col_block: Triton tuning knobs (moves per chunk, warps per
-            program, head_dim columns per program; a power of 2, ignored with rope).
+            program, head_dim columns per program; a power of 2, ignored with rope); None takes
+            the defaults of `repack.default_launch`.
+
+    The buffers are validated once per buffer set and cached by identity (the same list or
+    tensor objects with the same data pointers, see `buffer_set.py`), so a call costs a few
+    microseconds of Python plus Triton's launch, and never synchronizes with the device unless
+    `check=True`. The first Triton call on a buffer set builds its address tables (a
+    host-to-device copy): make it, e.g. with empty move lists, before CUDA-graph capture.
 
     Precondition (in-place safety): every destination is written once, and no move reads a slot
     written by an EARLIER move: src[i] not in {dst[j] : j < i}. Then the result equals gathering
@@ -72,47 +81,40 @@ def repack_kv_(
     satisfies it however the kept tokens overlap the destinations. Per-slot side buffers (e.g.
     attention scores) move with `score[dst] = score[src]` (torch gathers first; always safe).
     """
-    keys = C.as_layer_list(k_buffers, "k_buffers")
-    values = C.as_layer_list(v_buffers, "v_buffers")
-    if len(keys) != len(values):
-        raise ValueError(f"k_buffers has {len(keys)} layers but v_buffers has {len(values)}")
-    C.check_layer_group(keys, "k_buffers", C.COPY_DTYPES)
-    C.check_layer_group(values, "v_buffers", C.COPY_DTYPES)
-    device, num_slots = keys[0].device, keys[0].shape[0]
-    C.check_device(values[0], "v_buffers[0]", device, "k_buffers[0]")
-    if values[0].shape[0] != num_slots:
-        raise ValueError(f"v_buffers hold {values[0].shape[0]} slots but k_buffers hold {num_slots}")
-    C.check_index_vector(src, "src", device, "k_buffers[0]")
-    C.check_index_vector(dst, "dst", device, "k_buffers[0]", numel=src.numel())
+    bufs = buffer_set(k_buffers, v_buffers, revalidate=check)
+    device = bufs.device
+    if not C.index_pair_ok(src, dst, device):
+        C.check_index_vector(src, "src", device, "k_buffers[0]")
+        C.check_index_vector(dst, "dst", device, "k_buffers[0]", numel=src.numel())
     if rope is not None:
-        _check_rope(rope, keys[0], src.numel(), check)
+        _check_rope(rope, bufs, src.numel(), check)
     impl = C.resolve_impl(impl, device)
     if check:
-        C.check_moves(src, dst, num_slots)
+        C.check_moves(src, dst, bufs.num_slots)
     if impl == "torch":
+        keys, values = C.as_layer_list(k_buffers, "k_buffers"), C.as_layer_list(v_buffers, "v_buffers")
         ref.repack_kv_ref_(keys, values, src, dst, rope)
         return
-    C.check_disjoint_buffers(
-        [(f"k_buffers[{i}]", t) for i, t in enumerate(keys)] + [(f"v_buffers[{i}]", t) for i, t in enumerate(values)]
+    require_disjoint(bufs, k_buffers, v_buffers)
+    C.triton_module("repack").launch_repack(
+        bufs, src, dst, rope, block_moves=block_moves, num_warps=num_warps, col_block=col_block
     )
-    from .repack import launch_repack
-
-    launch_repack(keys, values, src, dst, rope, block_moves=block_moves, num_warps=num_warps, col_block=col_block)
 
 
-def _check_rope(rope: RopeShift, k0: torch.Tensor, num_moves: int, check: bool) -> None:
+def _check_rope(rope: RopeShift, bufs: KVBufferSet, num_moves: int, check: bool) -> None:
     if not isinstance(rope, RopeShift):
         raise TypeError(f"rope must be a RopeShift or None, got {type(rope).__name__}")
-    C.check_dtype(k0, "k_buffers[0] (with rope)", C.FLOAT_DTYPES)
-    C.check_index_vector(rope.delta, "rope.delta", k0.device, "k_buffers[0]", numel=num_moves)
+    if bufs.k_dtype not in C.FLOAT_DTYPES:
+        raise ValueError(f"k_buffers[0] (with rope) has dtype {bufs.k_dtype}; allowed: {C.names(C.FLOAT_DTYPES)}")
+    C.check_index_vector(rope.delta, "rope.delta", bufs.device, "k_buffers[0]", numel=num_moves)
     cs = C.check_tensor(rope.cos_sin_cache, "rope.cos_sin_cache")
     C.check_ndim(cs, "rope.cos_sin_cache", 2, "[max_pos, rot_dim]")
     C.check_dtype(cs, "rope.cos_sin_cache", C.FLOAT_DTYPES)
-    C.check_device(cs, "rope.cos_sin_cache", k0.device, "k_buffers[0]")
+    C.check_device(cs, "rope.cos_sin_cache", bufs.device, "k_buffers[0]")
     C.check_inner_contiguous(cs, "rope.cos_sin_cache")
-    rot_dim = cs.shape[1]
-    if rot_dim % 2 or not 2 <= rot_dim <= k0.shape[2]:
-        raise ValueError(f"rope.cos_sin_cache has rot_dim {rot_dim}; it must be even and in [2, head_dim={k0.shape[2]}]")
+    rot_dim, head_dim = cs.shape[1], bufs.k_shape[2]
+    if rot_dim % 2 or not 2 <= rot_dim <= head_dim:
+        raise ValueError(f"rope.cos_sin_cache has rot_dim {rot_dim}; it must be even and in [2, head_dim={head_dim}]")
     if check and num_moves and int(rope.delta.abs().max()) >= cs.shape[0]:
         raise ValueError(f"rope.delta reaches |{int(rope.delta.abs().max())}|, beyond cos_sin_cache's {cs.shape[0]} rows")
 
@@ -182,11 +184,9 @@ def page_indices(
             raise ValueError(f"kv_indices_out holds {kv_indices.numel()} entries but the batch has {ids.numel()} pages")
         kv_indices[: ids.numel()] = ids
     else:
-        from .page_index import launch_page_indices
-
         indptr = torch.empty(bs + 1, dtype=torch.int32, device=device)
         last = torch.empty(bs, dtype=torch.int32, device=device)
-        launch_page_indices(
+        C.triton_module("page_index").launch_page_indices(
             req_to_token, req_pool_indices.contiguous(), seq_lens.contiguous(), page_size, indptr, kv_indices, last
         )
     if kv_indices_out is not None and num_pages is not None:
@@ -204,107 +204,3 @@ def _check_rows(req_to_token, req_pool_indices, seq_lens, page_size) -> None:
         if lo < 0 or hi > max_ctx:
             raise ValueError(f"seq_lens holds lengths in [{lo}, {hi}], outside [0, {max_ctx}]")
     ref.check_page_dense(req_to_token, req_pool_indices, seq_lens, page_size)
-
-
-LSE_BASES = ("ln", "log2")
-
-
-def attn_scores_(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    score: torch.Tensor,
-    sm_scale: float,
-    *,
-    lse: torch.Tensor | None = None,
-    lse_base: str = "ln",
-    decay: float = 1.0,
-    impl: str | None = None,
-    check: bool = False,
-    block_n: int | None = None,
-    num_splits: int | None = None,
-) -> None:
-    """Fold this decode step's attention probabilities into a per-slot score buffer, in place.
-
-    For request b, query head h and slot s = kv_indices[kv_indptr[b] + j]:
-    p = exp(sm_scale * q[b, h] . k_buffer[s, h // (Hq/Hkv)] - lse[b, h]); then
-    score[s] = decay * score[s] + sum of p over the heads (and over rows reading s when decay == 1).
-
-    Args:
-        q: [bs, Hq, D] decode queries (float16/bfloat16/float32; last dim contiguous).
-        k_buffer: [num_slots, Hkv, D] keys of one layer, same dtype family; Hq % Hkv == 0.
-        kv_indptr: [bs+1] int32/int64 CSR offsets into kv_indices (token level, page size 1).
-        kv_indices: [>= kv_indptr[-1]] int32/int64 slots (entries past kv_indptr[-1] are ignored).
-        score: [num_slots] (sum over all heads) or [num_slots, Hkv] (per KV head) float32.
-        sm_scale: the attention's softmax scale (no logit soft-capping).
-        lse: optional [bs, Hq] float32 log-sum-exp from the attention; computed when None.
-        lse_base: "ln" (natural log) or "log2" (FlashInfer's default `return_lse` convention).
-        decay: 1.0 accumulates (H2O); 0.0 overwrites with this step (TOVA); other values give an
-            exponential moving sum. With decay != 1 every slot may appear in at most one row
-            (slots shared through the radix tree: keep decay 1); `check=True` verifies it.
-        impl: "triton", "torch", or None (Triton on CUDA, torch otherwise).
-        block_n, num_splits: Triton tuning knobs (slots per block, programs per request).
-    """
-    for name, t in (("q", q), ("k_buffer", k_buffer), ("score", score)):
-        C.check_tensor(t, name)
-    C.check_ndim(q, "q", 3, "[bs, Hq, D]")
-    C.check_ndim(k_buffer, "k_buffer", 3, "[num_slots, Hkv, D]")
-    C.check_dtype(q, "q", C.FLOAT_DTYPES)
-    C.check_dtype(k_buffer, "k_buffer", C.FLOAT_DTYPES)
-    C.check_inner_contiguous(q, "q")
-    C.check_inner_contiguous(k_buffer, "k_buffer")
-    device = q.device
-    C.check_device(k_buffer, "k_buffer", device, "q")
-    bs, hq, head_dim = q.shape
-    num_slots, hkv, k_dim = k_buffer.shape
-    if k_dim != head_dim:
-        raise ValueError(f"k_buffer has head_dim {k_dim} but q has {head_dim}")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"q has {hq} heads, not a multiple of k_buffer's {hkv} KV heads")
-    C.check_index_vector(kv_indptr, "kv_indptr", device, "q", numel=bs + 1)
-    C.check_index_vector(kv_indices, "kv_indices", device, "q")
-    C.check_dtype(score, "score", (torch.float32,))
-    C.check_device(score, "score", device, "q")
-    if score.shape not in ((num_slots,), (num_slots, hkv)):
-        raise ValueError(
-            f"score must be [num_slots]={num_slots} or [num_slots, Hkv]=[{num_slots}, {hkv}], got {tuple(score.shape)}"
-        )
-    C.check_no_self_overlap(score, "score")
-    if lse is not None:
-        C.check_tensor(lse, "lse")
-        C.check_dtype(lse, "lse", (torch.float32,))
-        C.check_device(lse, "lse", device, "q")
-        if tuple(lse.shape) != (bs, hq):
-            raise ValueError(f"lse must be [bs, Hq]=[{bs}, {hq}], got {tuple(lse.shape)}")
-    if lse_base not in LSE_BASES:
-        raise ValueError(f"lse_base must be one of {LSE_BASES}, got {lse_base!r}")
-    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be a finite float, got {sm_scale!r}")
-    if not isinstance(decay, (int, float)) or not math.isfinite(decay):
-        raise ValueError(f"decay must be a finite float, got {decay!r}")
-    impl = C.resolve_impl(impl, device)
-    if check:
-        _check_score_rows(kv_indptr, kv_indices, num_slots, decay)
-    if impl == "torch":
-        ref.attn_scores_ref_(q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay))
-        return
-    from .attn_scores import launch_attn_scores
-
-    launch_attn_scores(
-        q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse,
-        ref.LN2 if lse_base == "log2" else 1.0, float(decay), block_n=block_n, num_splits=num_splits,
-    )  # fmt: skip
-
-
-def _check_score_rows(kv_indptr, kv_indices, num_slots, decay) -> None:
-    ptr = kv_indptr.long()
-    if bool((ptr[1:] < ptr[:-1]).any()) or int(ptr[0]) < 0 or int(ptr[-1]) > kv_indices.numel():
-        raise ValueError(f"kv_indptr must be non-decreasing within [0, {kv_indices.numel()}], got {ptr.tolist()[:8]}...")
-    slots = kv_indices[int(ptr[0]) : int(ptr[-1])].long()
-    if slots.numel():
-        lo, hi = int(slots.min()), int(slots.max())
-        if lo < 0 or hi >= num_slots:
-            raise ValueError(f"kv_indices holds slots in [{lo}, {hi}], outside [0, {num_slots})")
-        if decay != 1.0 and torch.unique(slots).numel() != slots.numel():
-            raise ValueError("with decay != 1 each slot may be read by one row only, but kv_indices repeats a slot")

@@ -1,30 +1,71 @@
 """Triton per-slot attention scores for a decode step (the signal H2O / TOVA / Scissorhands need).
 
 Attention backends never materialize probabilities. For each request b and kept slot s this
-recomputes them from the decode query and the cached keys:
+recomputes them from the decode query and the cached keys,
 
     p[b, h, s] = exp(sm_scale * q[b, h] . k[s, h // group] - lse[b, h])
 
-with the attention's own log-sum-exp when it returned one (FlashInfer's `return_lse`, base 2 by
-default) or one computed here, and folds them into a per-slot buffer, summed over the query heads
-of each KV head (score [num_slots, Hkv]) or over all heads (score [num_slots]):
+and folds them into a per-slot buffer, summed over the query heads of each KV head (score
+[num_slots, Hkv]) or over all heads (score [num_slots]):
 
     decay == 1:  score[s] += sum_h p          (atomic: slots shared by several rows add up)
     decay != 1:  score[s]  = decay * score[s] + sum_h p     (each slot in at most one row)
 
-Program (b, split) owns slot blocks split, split + num_splits, ... of row b and all heads, so one
-key block is loaded once per KV head and the head sum stays in registers.
+The work is a K read, so the kernel is built to stream K at the device's bandwidth:
+
+- Program (b, split) owns a contiguous range of row b's tokens and ALL its heads. A tile is
+  BLOCK_N tokens x every KV head: rows r = n * HKV_PAD + kv_head of one [BLOCK_R, D] gather, so a
+  token's heads (adjacent in SGLang's [num_slots, H, D] layout) are one contiguous read, and each
+  K row is read once for all the query heads of its group.
+- Logits come from one tensor-core `tl.dot(K_tile, Q^T)` against every query head; a mask keeps
+  the columns of each row's own group (hq // group == kv_head). The waste (HKV_PAD x the useful
+  products) is cheap next to the memory time on tensor cores.
+- Softmax runs in base 2 (`exp2(logit * sm_scale * log2 e - lse2)`), the convention of
+  FlashInfer's `return_lse`: the attention's LSE is the intended source on GPU.
+- Without an LSE, a first pass of the same kernel (PASS 0) writes per-split (max, sum) partials
+  and the score pass merges them per row: two reads of K instead of one (fallback only).
 """
 
 from __future__ import annotations
+
+import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
 
+LOG2E = 1.0 / math.log(2.0)
+_TILE_BYTES = 32768  # bytes of K per tile on a GPU
+_MAX_LOGITS = 8192  # BLOCK_R x HQ_PAD fp32 logits per tile
+
 
 @triton.jit
-def _lse_kernel(
+def _qk_tile(
+    k_ptr, stride_ks, stride_kh, kv_indices_ptr, q_t, n0, hi,
+    HKV: tl.constexpr, HKV_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Logits [BLOCK_R, HQ_PAD] of tokens n0 .. n0 + BLOCK_N (< hi) x all KV heads, the rows'
+    slots [BLOCK_R] int64, KV heads [BLOCK_R] and validity [BLOCK_R]."""
+    r = tl.arange(0, BLOCK_N * HKV_PAD)
+    n = n0 + r // HKV_PAD
+    hk = r % HKV_PAD
+    valid = (n < hi) & (hk < HKV)
+    slot = tl.load(kv_indices_ptr + n, mask=n < hi, other=0).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = k_ptr + (slot * stride_ks + hk * stride_kh)[:, None] + offs_d[None, :]
+    if BLOCK_D == D:
+        k = tl.load(rows, mask=valid[:, None], other=0.0)
+    else:
+        k = tl.load(rows, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+    return tl.dot(k, q_t, input_precision=PRECISION), slot, hk, valid
+
+
+@triton.jit
+def _attn_scores_kernel(
     # Inputs
     q_ptr,  # [bs, HQ, D]
     stride_qb,
@@ -34,103 +75,99 @@ def _lse_kernel(
     stride_kh,
     kv_indptr_ptr,  # [bs + 1]
     kv_indices_ptr,  # [nnz] token slots
-    sm_scale,
-    # Outputs
-    lse_ptr,  # [bs, HQ] fp32, natural log
-    # Constants
-    HQ: tl.constexpr,
-    GROUP: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    b = tl.program_id(0)
-    hq = tl.program_id(1)
-    start = tl.load(kv_indptr_ptr + b).to(tl.int64)
-    end = tl.load(kv_indptr_ptr + b + 1).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hq * stride_qh + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    k_head = k_ptr + (hq // GROUP) * stride_kh + offs_d
-    m = tl.full([], float("-inf"), tl.float32)
-    s = tl.full([], 0.0, tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        slots = tl.load(kv_indices_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
-        k = tl.load(k_head[None, :] + (slots * stride_ks)[:, None], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        logits = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * sm_scale
-        logits = tl.where(mask_n, logits, float("-inf"))
-        m_new = tl.maximum(m, tl.max(logits, axis=0))  # finite: the block has a valid lane
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new), axis=0)
-        m = m_new
-    nonempty = s > 0
-    tl.store(lse_ptr + b * HQ + hq, tl.where(nonempty, m + tl.log(tl.where(nonempty, s, 1.0)), float("-inf")))
-
-
-@triton.jit
-def _attn_scores_kernel(
-    # Inputs
-    q_ptr,  # [bs, HKV * GROUP, D]
-    stride_qb,
-    stride_qh,
-    k_ptr,  # [num_slots, HKV, D]
-    stride_ks,
-    stride_kh,
-    kv_indptr_ptr,  # [bs + 1]
-    kv_indices_ptr,  # [nnz] token slots
-    lse_ptr,  # [bs, HKV * GROUP] float
+    lse_ptr,  # [bs, HQ] float (LSE_GIVEN)
     stride_lb,
     stride_lh,
-    sm_scale,
-    lse_scale,  # multiplies lse into natural-log units (ln 2 for base-2 LSE)
+    qk_scale,  # sm_scale * log2(e)
+    lse_scale,  # multiplies lse into base-2 units
     decay,
     num_splits,
+    # Partials (PASS 0 writes, PASS 1 reads unless LSE_GIVEN)
+    part_ptr,  # [bs, num_splits, 2, HQ_PAD] fp32: running max and sum, base 2
     # In/out
     score_ptr,  # [num_slots] or [num_slots, HKV] fp32
     stride_ss,
     stride_sh,
     # Constants
+    HQ: tl.constexpr,
     HKV: tl.constexpr,
     GROUP: tl.constexpr,
+    HQ_PAD: tl.constexpr,
+    HKV_PAD: tl.constexpr,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PASS: tl.constexpr,  # 0: LSE partials, 1: scores
+    LSE_GIVEN: tl.constexpr,
     PER_HEAD: tl.constexpr,  # score is [num_slots, HKV]
     MODE: tl.constexpr,  # 0: score += p (atomic), 1: score = decay*score + p, 2: score = p
+    UPCAST: tl.constexpr,  # fp32 dot (interpreter, fp32 or mixed inputs)
+    PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
     start = tl.load(kv_indptr_ptr + b).to(tl.int64)
     end = tl.load(kv_indptr_ptr + b + 1).to(tl.int64)
+    per_split = tl.cdiv(tl.cdiv(end - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * per_split
+    hi = tl.minimum(lo + per_split, end)
+
+    hq = tl.arange(0, HQ_PAD)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    q_row = q_ptr + b.to(tl.int64) * stride_qb + offs_d
-    lse_row = lse_ptr + b.to(tl.int64) * stride_lb
-    for n0 in range(start + split * BLOCK_N, end, num_splits * BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        slots = tl.load(kv_indices_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
-        total = tl.zeros([BLOCK_N], tl.float32)
-        for hk in tl.static_range(HKV):
-            k = tl.load(
-                k_ptr + (slots * stride_ks)[:, None] + hk * stride_kh + offs_d[None, :],
-                mask=mask_n[:, None] & mask_d[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            acc = tl.zeros([BLOCK_N], tl.float32)
-            for g in tl.static_range(GROUP):
-                hq = hk * GROUP + g
-                q = tl.load(q_row + hq * stride_qh, mask=mask_d, other=0.0).to(tl.float32)
-                lse = tl.load(lse_row + hq * stride_lh).to(tl.float32) * lse_scale
-                logits = tl.sum(k * q[None, :], axis=1) * sm_scale
-                acc += tl.exp(logits - lse)
+    q_t = tl.load(  # [BLOCK_D, HQ_PAD]: Q^T of row b, zero past HQ and D
+        q_ptr + b.to(tl.int64) * stride_qb + hq[None, :] * stride_qh + offs_d[:, None],
+        mask=(hq[None, :] < HQ) & (offs_d[:, None] < D),
+        other=0.0,
+    )
+    if UPCAST:
+        q_t = q_t.to(tl.float32)
+    r_head = tl.arange(0, BLOCK_N * HKV_PAD) % HKV_PAD
+    own = (hq[None, :] // GROUP) == r_head[:, None]  # [BLOCK_R, HQ_PAD]: the row's group
+    part_row = part_ptr + (b.to(tl.int64) * num_splits) * (2 * HQ_PAD)
+
+    if PASS == 0:
+        m = tl.full([HQ_PAD], float("-inf"), tl.float32)
+        s = tl.zeros([HQ_PAD], tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            logits, slot, hk, valid = _qk_tile(
+                k_ptr, stride_ks, stride_kh, kv_indices_ptr, q_t, n0, hi,
+                HKV, HKV_PAD, D, BLOCK_D, BLOCK_N, UPCAST, PRECISION,
+            )  # fmt: skip
+            x = tl.where(own & valid[:, None], logits * qk_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
+            s = s * tl.exp2(m - m_ref) + tl.sum(tl.exp2(x - m_ref[None, :]), axis=0)
+            m = m_new
+        tl.store(part_row + split * (2 * HQ_PAD) + hq, m)
+        tl.store(part_row + split * (2 * HQ_PAD) + HQ_PAD + hq, s)
+    else:
+        if LSE_GIVEN:
+            lse = tl.load(lse_ptr + b.to(tl.int64) * stride_lb + hq * stride_lh, mask=hq < HQ, other=0.0)
+            lse2 = lse.to(tl.float32) * lse_scale
+        else:  # merge the row's partials: lse2 = M + log2(sum_i s_i * 2^(m_i - M))
+            mx = tl.full([HQ_PAD], float("-inf"), tl.float32)
+            for i in range(0, num_splits):
+                mx = tl.maximum(mx, tl.load(part_row + i * (2 * HQ_PAD) + hq))
+            mx = tl.where(mx == float("-inf"), 0.0, mx)
+            total = tl.zeros([HQ_PAD], tl.float32)
+            for i in range(0, num_splits):
+                mi = tl.load(part_row + i * (2 * HQ_PAD) + hq)
+                total += tl.load(part_row + i * (2 * HQ_PAD) + HQ_PAD + hq) * tl.exp2(mi - mx)
+            lse2 = mx + tl.log2(tl.where(total > 0, total, 1.0))  # 0: padding head or empty row
+        for n0 in range(lo, hi, BLOCK_N):
+            logits, slot, hk, valid = _qk_tile(
+                k_ptr, stride_ks, stride_kh, kv_indices_ptr, q_t, n0, hi,
+                HKV, HKV_PAD, D, BLOCK_D, BLOCK_N, UPCAST, PRECISION,
+            )  # fmt: skip
+            p = tl.where(own & valid[:, None], tl.exp2(logits * qk_scale - lse2[None, :]), 0.0)
+            p_row = tl.sum(p, axis=1)  # [BLOCK_R]: one (token, KV head), summed over its group
             if PER_HEAD:
-                _fold(score_ptr + slots * stride_ss + hk * stride_sh, acc, mask_n, decay, MODE)
+                _fold(score_ptr + slot * stride_ss + hk * stride_sh, p_row, valid, decay, MODE)
             else:
-                total += acc
-        if not PER_HEAD:
-            _fold(score_ptr + slots * stride_ss, total, mask_n, decay, MODE)
+                p_tok = tl.sum(tl.reshape(p_row, [BLOCK_N, HKV_PAD]), axis=1)  # [BLOCK_N]
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                slots = tl.load(kv_indices_ptr + offs_n, mask=offs_n < hi, other=0).to(tl.int64)
+                _fold(score_ptr + slots * stride_ss, p_tok, offs_n < hi, decay, MODE)
 
 
 @triton.jit
@@ -143,6 +180,33 @@ def _fold(ptrs, p, mask, decay, MODE: tl.constexpr):
         tl.store(ptrs, p, mask=mask)
 
 
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_launch(
+    bs: int, hq: int, hkv: int, head_dim: int, elem: int, tokens: int, *, num_sms: int | None, lse_given: bool = True
+) -> tuple[int, int, int]:
+    """(block_n, num_splits, num_warps); num_sms None means the interpreter.
+
+    A tile is block_n tokens x every KV head, about 32 KiB of K (fewer rows when there are
+    many query heads, to bound the fp32 logits). Rows are split so that about 4 programs per SM
+    run (each keeps one or two tiles in flight), each with at least two tiles of the average row
+    (`tokens` = kv_indices entries / bs, an upper bound known without a device sync); at most 256
+    splits (64 when the LSE is computed: every program merges its row's partials).
+    """
+    hkv_pad, hq_pad = triton.next_power_of_2(hkv), max(16, triton.next_power_of_2(hq))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if num_sms is None:  # interpreter: few fat tiles
+        return max(1, 64 // hkv_pad), 2, 4
+    rows = min(_TILE_BYTES // (block_d * elem), _MAX_LOGITS // hq_pad)
+    block_n = triton.next_power_of_2(max(1, rows // hkv_pad))
+    block_n = max(block_n, triton.cdiv(16, hkv_pad))  # tl.dot needs >= 16 rows
+    splits = max(1, min(256 if lse_given else 64, triton.cdiv(4 * num_sms, max(bs, 1)), tokens // (2 * block_n)))
+    return block_n, splits, 4
+
+
 def launch_attn_scores(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -151,13 +215,15 @@ def launch_attn_scores(
     score: torch.Tensor,
     sm_scale: float,
     lse: torch.Tensor | None,
-    lse_scale: float,
+    lse_base: str,
     decay: float,
     *,
     block_n: int | None = None,
     num_splits: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> None:
-    """Launch on validated arguments (see `sgl_vtoken.kernels.attn_scores_`)."""
+    """Launch on validated arguments (see `sgl_vtoken.kernels.attn_scores_`); no host sync."""
     device = q.device
     interpreted = type(_attn_scores_kernel).__name__ == "InterpretedFunction"
     if device.type == "cpu" and not interpreted:
@@ -170,29 +236,31 @@ def launch_attn_scores(
     if bs == 0:
         return
     kv_indptr, kv_indices = kv_indptr.contiguous(), kv_indices.contiguous()
-    block_d = triton.next_power_of_2(head_dim)
-    if block_n is None:
-        block_n = 16 if interpreted else max(16, min(64, 8192 // block_d))
-    if lse is None:
-        lse = torch.empty(bs, hq, dtype=torch.float32, device=device)
-        _lse_kernel[(bs, hq)](
-            q, q.stride(0), q.stride(1), k_buffer, k_buffer.stride(0), k_buffer.stride(1),
-            kv_indptr, kv_indices, sm_scale, lse,
-            HQ=hq, GROUP=hq // hkv, D=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
-        )  # fmt: skip
-        lse_scale = 1.0
-    if num_splits is None:
-        if interpreted:
-            num_splits = 2
-        else:
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            num_splits = max(1, min(64, triton.cdiv(8 * sms, bs)))
-    mode = 0 if decay == 1.0 else (2 if decay == 0.0 else 1)
-    _attn_scores_kernel[(bs, num_splits)](
-        q, q.stride(0), q.stride(1), k_buffer, k_buffer.stride(0), k_buffer.stride(1),
-        kv_indptr, kv_indices, lse, lse.stride(0), lse.stride(1),
-        sm_scale, lse_scale, decay, num_splits,
-        score, score.stride(0), score.stride(1) if score.ndim == 2 else 0,
-        HKV=hkv, GROUP=hq // hkv, D=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
-        PER_HEAD=score.ndim == 2, MODE=mode,
+    bn, splits, nw = default_launch(
+        bs, hq, hkv, head_dim, k_buffer.element_size(), kv_indices.numel() // bs,
+        num_sms=None if interpreted else _num_sms(device), lse_given=lse is not None,
     )  # fmt: skip
+    block_n, num_splits, num_warps = block_n or bn, num_splits or splits, num_warps or nw
+    upcast = interpreted or q.dtype != k_buffer.dtype or k_buffer.dtype == torch.float32
+    hq_pad = max(16, triton.next_power_of_2(hq))
+    hkv_pad = triton.next_power_of_2(hkv)
+    block_n = max(block_n, triton.cdiv(16, hkv_pad))
+    part = score if lse is not None else torch.empty(bs * num_splits * 2 * hq_pad, dtype=torch.float32, device=device)
+    mode = 0 if decay == 1.0 else (2 if decay == 0.0 else 1)
+    meta = dict(
+        HQ=hq, HKV=hkv, GROUP=hq // hkv, HQ_PAD=hq_pad, HKV_PAD=hkv_pad, D=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=block_n, LSE_GIVEN=lse is not None,
+        PER_HEAD=score.ndim == 2, MODE=mode, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
+        num_warps=num_warps,
+    )  # fmt: skip
+    if num_stages is not None:
+        meta["num_stages"] = num_stages
+    lse_t = lse if lse is not None else part
+    args = (
+        q, q.stride(0), q.stride(1), k_buffer, k_buffer.stride(0), k_buffer.stride(1), kv_indptr, kv_indices,
+        lse_t, lse_t.stride(0), lse_t.stride(-1), sm_scale * LOG2E, LOG2E if lse_base == "ln" else 1.0,
+        decay, num_splits, part, score, score.stride(0), score.stride(1) if score.ndim == 2 else 0,
+    )  # fmt: skip
+    if lse is None:
+        _attn_scores_kernel[(bs, num_splits)](*args, PASS=0, **meta)
+    _attn_scores_kernel[(bs, num_splits)](*args, PASS=1, **meta)

@@ -13,9 +13,10 @@ chunk precede its writes, and chunks run in list order. In-place compaction (the
 moves to the k-th slot of the row, dst <= src in row order) satisfies that for any overlap.
 
 Buffers are reached through int64 tables of per-layer base addresses (SGLang keeps one tensor per
-layer), offsets are int64, and copies move raw integers of the element width, so fp8 and NaN
-payloads are preserved. Needs compiled Triton on CUDA tensors, or TRITON_INTERPRET=1 (set before
-this module is imported) on CPU tensors.
+layer), built once per validated buffer set (`buffer_set.py`); offsets are int64, and copies move
+raw integers of the element width, so fp8 and NaN payloads are preserved. By default a program
+copies whole head rows (`default_launch`). Needs compiled Triton on CUDA tensors, or
+TRITON_INTERPRET=1 (set before this module is imported) on CPU tensors.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .buffer_set import KVBufferSet
+
 _COPY_TL = {1: tl.uint8, 2: tl.int16, 4: tl.int32}
 _FLOAT_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-_CHUNK_BYTES = 16384  # bytes of K (and again of V) a program loads per chunk on a GPU
+_CHUNK_BYTES = 32768  # bytes of K (and again of V) a program loads per chunk on a GPU
+_MAX_ROW_BYTES = 512  # widest head row one program copies whole
 
 
 @triton.jit
@@ -114,20 +118,12 @@ def _repack_kernel(
         tl.debug_barrier()  # and written before the next chunk reads
 
 
-@functools.lru_cache(maxsize=64)
-def _address_table(device: torch.device, ptrs: tuple[int, ...]) -> torch.Tensor:
-    # Keyed by the addresses themselves, so a stale entry can only ever hold the same content.
-    # Built once per buffer set (a host-to-device copy: warm it up before CUDA-graph capture).
-    return torch.tensor(ptrs, dtype=torch.int64, device=device)
-
-
 def _is_interpreted(kernel) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
 
 
 def launch_repack(
-    k_buffers: list[torch.Tensor],
-    v_buffers: list[torch.Tensor],
+    bufs: KVBufferSet,
     src: torch.Tensor,
     dst: torch.Tensor,
     rope=None,
@@ -138,33 +134,64 @@ def launch_repack(
 ) -> None:
     """Launch the repack kernel on validated arguments (see `sgl_vtoken.kernels.repack_kv_`).
 
-    K and V go in one launch when their layer layouts match, else in one launch each.
+    K and V go in one launch when their layer layouts match, else in one launch each. Everything
+    but the move lists is prepared once per (buffer set, launch parameters) and kept in
+    `bufs.launch_cache`: the first call builds the address tables (a host-to-device copy: make it
+    before CUDA-graph capture); later calls only launch.
     """
-    device = src.device
     interpreted = _is_interpreted(_repack_kernel)
-    if device.type == "cpu" and not interpreted:
+    if bufs.device.type == "cpu" and not interpreted:
         raise ValueError(
             "impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 before "
             "sgl_vtoken.kernels.repack is first imported, or use impl='torch'"
         )
-    if device.type != "cpu" and interpreted:
+    if bufs.device.type != "cpu" and interpreted:
         raise ValueError(
             "the repack kernel reads per-layer addresses from a table, which the Triton interpreter cannot "
             "map to device memory: run it compiled (TRITON_INTERPRET unset) or pass CPU tensors"
         )
-    if col_block is not None and (col_block < 1 or col_block & (col_block - 1)):
-        raise ValueError(f"col_block must be a power of 2, got {col_block}")
+    rope_key = None if rope is None else (rope.cos_sin_cache.shape[1], bool(rope.neox), rope.cos_sin_cache.dtype)
+    key = (rope_key, block_moves, num_warps, col_block)
+    launches = bufs.launch_cache.get(key)
+    if launches is None:
+        if col_block is not None and (col_block < 1 or col_block & (col_block - 1)):
+            raise ValueError(f"col_block must be a power of 2, got {col_block}")
+        launches = bufs.launch_cache[key] = _prepare(bufs, rope_key, block_moves, num_warps, col_block, interpreted)
     n = src.numel()
     if n == 0:
         return
     src, dst = src.contiguous(), dst.contiguous()
-    k0, v0 = k_buffers[0], v_buffers[0]
-    same_layout = k0.shape[1:] == v0.shape[1:] and k0.dtype == v0.dtype
-    groups = [(k_buffers, v_buffers if same_layout else None, rope)]
-    if not same_layout:
-        groups.append((v_buffers, None, None))
-    for keys, values, rp in groups:
-        _launch_group(keys, values, src, dst, rp, n, block_moves, num_warps, col_block, interpreted)
+    for grid, k_table, v_table, strides, meta in launches:
+        if meta["ROPE"]:
+            delta, cos_sin, stride_cs = rope.delta.contiguous(), rope.cos_sin_cache, rope.cos_sin_cache.stride(0)
+        else:
+            delta, cos_sin, stride_cs = src, k_table, 0  # unused
+        _repack_kernel[grid](k_table, v_table, src, dst, n, *strides, delta, cos_sin, stride_cs, **meta)
+
+
+def default_launch(
+    head_dim: int, elem: int, heads: int, num_layers: int, *, rope: bool, num_sms: int | None
+) -> tuple[int, int, int]:
+    """(block_moves, num_warps, col_block) for one group; num_sms None means the interpreter.
+
+    Whole heads per program (one 256-byte row of a bf16 head_dim-128 head, 128 moves a chunk,
+    4 warps) reached ~90% of copy bandwidth on an H200 where splitting heads to fill SMs reached
+    ~78%. Heads wider than 512 bytes are split into 512-byte parts; heads are split further (rows
+    of at least 128 bytes) only while the grid would not even fill every SM once.
+    """
+    block_d = triton.next_power_of_2(head_dim)
+    if num_sms is None:  # interpreter: its cost grows with the number of ops, not bytes
+        return 16, 4, block_d
+    col = block_d
+    if not rope:  # a rotation pairs columns across the whole rotary span: never split then
+        while col * elem > _MAX_ROW_BYTES:
+            col //= 2
+        while heads * num_layers * triton.cdiv(head_dim, col) < num_sms and (col // 2) * elem >= 128:
+            col //= 2
+    rows = _CHUNK_BYTES // (col * elem)
+    if rope:
+        rows //= 4  # fp32 temporaries: keep the chunk in registers
+    return max(8, min(256, triton.next_power_of_2(max(rows, 1)))), 4, col
 
 
 @functools.lru_cache(maxsize=8)
@@ -172,74 +199,49 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _default_col_block(block_d: int, elem: int, programs_per_part: int, device, interpreted: bool) -> int:
-    """Split heads into column parts until there are >= 4 programs per SM, keeping >= 128-byte rows."""
-    if interpreted:
-        return block_d
-    col, target = block_d, 4 * _num_sms(device)
-    while programs_per_part * (block_d // col) < target and (col // 2) * elem >= 128:
-        col //= 2
-    return col
-
-
-def _launch_group(keys, values, src, dst, rope, n, block_moves, num_warps, col_block, interpreted):
-    k0 = keys[0]
-    device = k0.device
-    num_layers = len(keys)
-    _, heads, head_dim = k0.shape
-    elem = k0.element_size()
-    block_d = triton.next_power_of_2(head_dim)
-    if rope is not None:
-        col_block = block_d  # a rotation pairs columns across the whole rotary span of a head
-    elif col_block is None:
-        col_block = _default_col_block(block_d, elem, heads * num_layers, device, interpreted)
-    col_block = min(col_block, block_d)
-    parts = triton.cdiv(head_dim, col_block)
-    if block_moves is None:
-        if interpreted:
-            block_moves = 16  # interpreter cost grows with ops, not with bytes: few fat chunks
-        else:
-            rows = _CHUNK_BYTES // (col_block * elem)
-            if rope is not None:
-                rows //= 4  # fp32 temporaries: keep the chunk in registers
-            block_moves = max(8, min(256, triton.next_power_of_2(max(rows, 1))))
-    if num_warps is None:
-        num_warps = 4
-    k_table = _address_table(device, tuple(t.data_ptr() for t in keys))
-    v_table = k_table if values is None else _address_table(device, tuple(t.data_ptr() for t in values))
-    v0 = k0 if values is None else values[0]
-    if rope is not None:
-        delta, cos_sin = rope.delta.contiguous(), rope.cos_sin_cache
-        stride_cs, rot_dim = cos_sin.stride(0), cos_sin.shape[1]
-        k_dtype = _FLOAT_TL[k0.dtype]
-    else:
-        delta, cos_sin, stride_cs, rot_dim = src, k_table, 0, 2
-        k_dtype = _COPY_TL[elem]
-    _repack_kernel[(heads * parts, num_layers)](
-        k_table,
-        v_table,
-        src,
-        dst,
-        n,
-        k0.stride(0),
-        k0.stride(1),
-        v0.stride(0),
-        v0.stride(1),
-        delta,
-        cos_sin,
-        stride_cs,
-        K_DTYPE=k_dtype,
-        V_DTYPE=_COPY_TL[v0.element_size()],
-        HAS_V=values is not None,
-        D=head_dim,
-        BLOCK_D=col_block,
-        PARTS=parts,
-        BLOCK_M=block_moves,
-        ROPE=rope is not None,
-        ROT_DIM=rot_dim,
-        NEOX=True if rope is None else rope.neox,
-        num_warps=num_warps,
-        num_stages=1,  # no software pipelining: loads of chunk c+1 must not start before stores of c
-        # no mul+add -> fma contraction: the RoPE maths then rounds exactly like the torch reference
-        enable_fp_fusion=False,
-    )
+def _prepare(bufs: KVBufferSet, rope_key, block_moves, num_warps, col_block, interpreted) -> list:
+    """Per group (K with V, or K then V): grid, address tables, strides and launch constants."""
+    same_layout = bufs.k_shape[1:] == bufs.v_shape[1:] and bufs.k_dtype == bufs.v_dtype
+    groups = [("k", same_layout, rope_key)]
+    if not same_layout:
+        groups.append(("v", False, None))
+    num_sms = None if interpreted else _num_sms(bufs.device)
+    launches = []
+    for which, with_v, rk in groups:
+        ptrs, shape, strides, dtype = (
+            (bufs.k_ptrs, bufs.k_shape, bufs.k_strides, bufs.k_dtype)
+            if which == "k"
+            else (bufs.v_ptrs, bufs.v_shape, bufs.v_strides, bufs.v_dtype)
+        )
+        _, heads, head_dim = shape
+        elem = torch.empty(0, dtype=dtype).element_size()
+        bm, nw, cb = default_launch(head_dim, elem, heads, len(ptrs), rope=rk is not None, num_sms=num_sms)
+        bm, nw = block_moves or bm, num_warps or nw
+        if rk is not None:
+            cb = triton.next_power_of_2(head_dim)
+        elif col_block is not None:
+            cb = min(col_block, triton.next_power_of_2(head_dim))
+        parts = triton.cdiv(head_dim, cb)
+        table = torch.tensor(ptrs, dtype=torch.int64, device=bufs.device)
+        v_table = torch.tensor(bufs.v_ptrs, dtype=torch.int64, device=bufs.device) if with_v else table
+        v_strides = bufs.v_strides if with_v else strides
+        v_elem = torch.empty(0, dtype=bufs.v_dtype).element_size() if with_v else elem
+        meta = dict(
+            K_DTYPE=_FLOAT_TL[dtype] if rk is not None else _COPY_TL[elem],
+            V_DTYPE=_COPY_TL[v_elem],
+            HAS_V=with_v,
+            D=head_dim,
+            BLOCK_D=cb,
+            PARTS=parts,
+            BLOCK_M=bm,
+            ROPE=rk is not None,
+            ROT_DIM=2 if rk is None else rk[0],
+            NEOX=True if rk is None else rk[1],
+            num_warps=nw,
+            num_stages=1,  # no software pipelining: loads of chunk c+1 must not start before stores of c
+            # no mul+add -> fma contraction: the RoPE maths then rounds exactly like the torch reference
+            enable_fp_fusion=False,
+        )
+        grid = (heads * parts, len(ptrs))
+        launches.append((grid, table, v_table, (strides[0], strides[1], v_strides[0], v_strides[1]), meta))
+    return launches

@@ -1,4 +1,4 @@
-"""Budget-aware admission (DESIGN rule 5): an evicting request never holds more than
+"""Budget-aware admission (splice rule 5, docs/design.md): an evicting request never holds more than
 `budget + interval + page_size` tokens of KV, so it reserves at most that, not
 `prompt + max_new_tokens`, and `max_new_tokens` is no longer clipped by pool memory.
 
@@ -62,8 +62,18 @@ def adder_class(base: type) -> type:
             return [req, *running, *self.can_run_list]
 
         def add_one_req(self, req, *args, **kwargs):
+            st = getattr(req, "vtoken", None)
+            if st is not None and st.blocked:  # its stashed row does not fit the pool yet
+                from sglang.srt.managers.schedule_policy import AddReqResult
+
+                return AddReqResult.NO_TOKEN
             with _clipped(self._peers(req)):
-                return super().add_one_req(req, *args, **kwargs)
+                result = super().add_one_req(req, *args, **kwargs)
+            if st is not None and st.real_outputs is not None and req not in self.can_run_list:
+                from .radix import restore_outputs
+
+                restore_outputs(req, st)  # not admitted this round: its real outputs back
+            return result
 
         def add_chunked_req(self, req, *args, **kwargs):
             with _clipped([req]):
@@ -86,6 +96,12 @@ def around_init_req_max_new_tokens(original, scheduler, req):
     original(scheduler, req)
     st = getattr(req, "vtoken", None)
     if st is None or req.finished():
+        return
+    peak = _cap(st)
+    if peak > scheduler.max_total_num_tokens:
+        req.set_finish_with_abort(
+            f"kv_evict.budget {st.cfg.budget}: an evicting request holds up to budget + interval + "
+            f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}")
         return
     input_len = len(req.origin_input_ids)
     value = (1 << 30) if requested is None else requested

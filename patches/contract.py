@@ -25,6 +25,10 @@ EXPECTED_PARAMS = {
     "sglang.srt.managers.scheduler.Scheduler._reqs_finishing_inflight": ("self", "batch"),
     "sglang.srt.managers.schedule_batch.Req.__init__": ("self", "rid"),
     "sglang.srt.managers.schedule_batch.Req.reset_for_retract": ("self",),
+    "sglang.srt.managers.schedule_batch.release_req": ("req", "remaing_req_count", "req_to_token_pool",
+                                                       "token_to_kv_pool_allocator", "tree_cache"),
+    "sglang.srt.managers.schedule_policy.AddReqResult": (),
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend": ("self",),
     "sglang.srt.mem_cache.common.release_kv_cache": ("req", "tree_cache", "checkpoint"),
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("cls", "batch", "model_runner"),
     "sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens": ("kv", "page_size"),
@@ -35,6 +39,11 @@ EXPECTED_PARAMS = {
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("self", "key"),
     "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len": ("self", "input_len"),
+    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept": ("self", "req"),
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": ("self", "obj", "request"),
+    "sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_response_usage": ("responses", "n_choices"),
+    "sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_streaming_usage": (
+        "prompt_tokens", "reasoning_tokens", "completion_tokens", "cached_tokens", "n_choices"),
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object": ("self", "obj"),
     "sglang.srt.layers.radix_attention.RadixAttention.forward": ("self", "q", "k", "v", "forward_batch"),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": ("self", "page_ids"),

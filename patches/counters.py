@@ -19,6 +19,7 @@ class VTokenCounters:
     live_tokens: int = 0              # live KV tokens of running evicting requests
     retained_pages: int = 0           # pages those requests hold
     fragmentation: float = 0.0        # 1 - live / (retained pages * page size)
+    naive_excess_pages: int = 0       # --kv-reclaim naive: pages held beyond Naive-Evict's own
     peak_running_requests: int = 0    # largest decode batch seen
     peak_retained_pages: int = 0      # most pages evicting requests held at once
     peak_pool_held_tokens: int = 0    # most pool slots held at once (rows, locked radix nodes)

@@ -2,7 +2,7 @@
 
 Runs AROUND `Scheduler.update_running_batch`, so `check_decode_mem` already sees the reclaimed
 memory, and before `prepare_for_decode` appends the slot of the incoming token. Every SGLang
-length stays in row coordinates (DESIGN rule 1): after an eviction of `d` tokens the row holds
+length stays in row coordinates (splice rule 1, docs/design.md): after an eviction of `d` tokens the row holds
 `budget` live slots and the request's position offset grows by `d`::
 
     row before (L = budget + interval)            row after (budget), offset += d
@@ -10,11 +10,11 @@ length stays in row coordinates (DESIGN rule 1): after an eviction of `d` tokens
     0                     cpl                L    0            cpl           budget
     logical position of row index j: kept_pos[j] for j < m (at the last eviction), j + offset after
 
-Tree-owned slots are never freed or moved (rule 2). With compacted-history reuse (`radix.py`,
+Tree-owned slots are never freed or moved (splice rule 2). With compacted-history reuse (`radix.py`,
 page size 1) the policy may drop them from the row, which then stops using them; otherwise it
 sees them as shared and keeps them. Page size 1: the row is compacted and dead slots freed. Page size > 1: kept private tokens
 move down onto the request's own pages (`dst <= src`, one all-layer KV move) and whole pages
-are freed (rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
+are freed (splice rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
 held by the request (see `held.py`).
 """
 
@@ -37,6 +37,7 @@ from sgl_vtoken.kernels import repack_kv_
 
 from . import held, radix
 from .counters import counters_of
+from .model_support import kv_bytes_per_token
 from .observe import sample_held
 from .scores import fold_staged, tp_gather
 
@@ -55,12 +56,21 @@ class ReqEvictState:
     naive_pages: list[int] = field(default_factory=list)  # pages held back in naive mode
     report: dict = field(default_factory=dict)  # meta_info["kv_evict"][0], updated in place
     accumulator: object = None                 # attention statistics (H2O, TOVA, Scissorhands)
-    staged: torch.Tensor | None = None         # [q, n, layers, kv_heads] of the last forward
-    staged_lengths: torch.Tensor | None = None
+    staged: list = field(default_factory=list)  # ([q, n, layers, kv_heads], [q] lengths) per forward
     holed: bool = False                        # served by the holed radix cache (radix.tree_mode)
     logical_prompt: array | None = None        # the prompt's ids while the request holds a view's
     hit: tuple | None = None                   # (node, slots) of the stored view it continues
     attach: int = 0                            # logical prefix whose KV is hole-free, full attention
+    tree_len: int = 0                          # positions below were tree-owned at the first eviction
+    tree_lock: int = 0                         # Naive-Evict: tree tokens its lock still covers
+    naive_excess: int = 0                      # Naive-Evict: pages held beyond its true footprint
+    stash: object = None                       # retraction.RetractStash while retracted (page size 1)
+    resume_node: object = None                 # the radix node its stash was written back to
+    real_outputs: object = None                # a resumed request's outputs while its prefill is set up
+    undo: tuple | None = None                  # this step's state before its fold and eviction
+    resume_prefill: bool = False               # its prefill is a resume's (the row ends there)
+    retractions: int = 0
+    blocked: bool = False                      # retracted, and its view does not fit the pool yet
 
     def logical_ids(self, req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
@@ -73,11 +83,15 @@ class ReqEvictState:
         return torch.cat([self.kept_pos[:row_len], torch.arange(m, row_len) + self.offset])
 
     def reset(self) -> None:
-        """Forget every eviction (retraction: the request is re-prefilled from its ids)."""
+        """Retraction: the row is gone. With a stash the request resumes from it (the policy state
+        stays); without one it is re-prefilled from its ids and every eviction is forgotten."""
         self.kept_pos = self.kept_pos[:0]
-        self.offset = self.steps = 0
-        self.accumulator = self.policy.new_accumulator()
-        self.staged = self.staged_lengths = None
+        self.offset = 0
+        self.tree_len = self.tree_lock = self.naive_excess = 0
+        self.staged.clear()
+        if self.stash is None:
+            self.steps = 0
+            self.accumulator = self.policy.new_accumulator()
 
 
 def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
@@ -96,11 +110,18 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
                 if (st := getattr(req, "vtoken", None)) is not None]
     if not evicting:
         return False
+    c = counters_of(scheduler)
+    if not c.bytes_per_token:  # first eviction on a server without a policy: read the pool now
+        c.bytes_per_token = kv_bytes_per_token(scheduler.token_to_kv_pool_allocator.get_kvcache())
     sample_held(scheduler)  # rows as prefilled, before this step's eviction
     seq_lens_cpu = batch.seq_lens_cpu
     new_lens = None
     freed_before = counters_of(scheduler).pages_freed
     for i, req, st in evicting:
+        st.stash, st.resume_prefill = None, False  # decoding again: a resumed view is its row now
+        # A retraction later in this step resumes from the state before this step (retraction.py):
+        # references only, the statistics are replaced, never written in place.
+        st.undo = (st.accumulator.state if st.accumulator is not None else None, None)
         if st.accumulator is not None:
             fold_staged(st, getattr(scheduler, "tp_group", None))
         if req in skip:
@@ -144,6 +165,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
         # The prompt's KV is full attention: share it before the first eviction (under the overlap
         # scheduler the prefill checkpoint may not have landed yet; it is a no-op after this).
         scheduler.tree_cache.checkpoint(req, up_to=req.extend_end)
+        st.tree_len = kv.cache_protected_len
     assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
         f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
     req_to_token = scheduler.req_to_token_pool.req_to_token
@@ -152,6 +174,8 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     row_dev = req_to_token[kv.req_pool_idx, :row_len].to(torch.int64)
     row = row_dev.cpu()
     positions = st.positions(row_len)
+    if st.holed and cfg.page_size == 1:
+        st.undo = (st.undo[0], (row, positions, st.steps, st.kept_pos, st.offset, dict(st.report), st.pages_freed))
     cpl = kv.cache_protected_len
     keys = None
     if "keys" in st.policy.needs:  # every TP rank scores all KV heads: identical victims
@@ -168,7 +192,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     keep = st.policy.keep(view, cfg.budget)
     row_keep, new_cpl, copy_src, copy_dst = keep, cpl, row[:0], row[:0]
     if st.holed and cpl:
-        left = _leave_tree(scheduler, req, st, row, keep, cpl)
+        left = _leave_tree(scheduler, req, st, row, keep, cpl, positions)
         if left is None:
             return 0  # no free page to copy kept shared tokens into: retry at the next step
         row, row_keep, new_cpl, copy_src, copy_dst = left
@@ -178,7 +202,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     device = row_dev.device
     src, dst = torch.cat([copy_src, plan.src]), torch.cat([copy_dst, plan.dst])
     if src.numel():
-        # GPU (DESIGN rule 7): move on the stream that runs forwards, after the in-flight forward
+        # GPU (splice rule 7, docs/design.md): move on the stream that runs forwards, after the in-flight forward
         # that may still write the last token's KV; row rewrites stay on the schedule stream.
         stream = getattr(scheduler, "forward_stream_ctx", None) if device.type == "cuda" else None
         with stream or nullcontext():
@@ -193,7 +217,10 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     kept_pos = positions[keep]
     freed = plan.freed_pages
     if cfg.reclaim == "naive" and cfg.page_size > 1:
-        freed = held.hold_naive_pages(st, kept_pos, int(positions[-1]) + 1, plan.new_len, kv, freed)
+        own = plan.new_len - new_cpl if st.holed else plan.new_len  # pinned tree tokens are its own
+        freed = held.hold_naive_pages(st, kept_pos, int(positions[-1]) + 1, own, kv, freed)
+        if st.holed:
+            scheduler.tree_cache.relock_shallower(req, st.tree_lock)
     if freed.numel():
         if cfg.page_size == 1:
             allocator.free(freed.to(device))
@@ -218,7 +245,8 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     return evicted
 
 
-def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torch.Tensor, cpl: int):
+def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torch.Tensor, cpl: int,
+                positions: torch.Tensor):
     """Let tree-owned victims leave the row's view (they are never freed by the request).
 
     Returns ``(row', keep', cpl', copy_src, copy_dst)`` for the planner, or None when the
@@ -229,15 +257,15 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
     """
     ps, tree = st.cfg.page_size, scheduler.tree_cache
     if ps == 1:
-        tree_rows = row[:cpl]
+        tree_rows, tree_kept = row[:cpl], positions[keep[keep < cpl]]
         row, keep, new_cpl = drop_tree_rows(row, keep, cpl)
         if new_cpl < cpl and st.hit is not None:
             gone = tree_rows[~torch.isin(tree_rows, row[:new_cpl])]
             freed = tree.release_dropped(req, gone.to(st.hit[1].device))
             counters_of(scheduler).pages_freed += freed
             st.pages_freed += freed
-        elif new_cpl < cpl:
-            tree.relock_shallower(req, row[:new_cpl])
+        elif new_cpl < cpl:  # prompt positions are path indices: keep the path to the last kept one
+            tree.relock_shallower(req, int(tree_kept.max()) + 1 if new_cpl else 0)
         return row, keep, new_cpl, row[:0], row[:0]
     split = split_tree_pages(keep, cpl, ps)
     c, w = split.copy.numel(), split.whole.numel()
@@ -246,8 +274,8 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
     if slots is None:
         return None
     slots = slots.to(torch.int64).cpu()
-    if split.whole.numel() < cpl:
-        tree.relock_shallower(req, row[split.whole])  # the copies no longer need the tree
+    if w < cpl and st.cfg.reclaim == "vtoken":  # the copies no longer need the tree
+        tree.relock_shallower(req, w)  # (Naive-Evict keeps its lock: see held.hold_naive_pages)
     view = torch.cat([row[split.whole], slots, row[cpl:]])
     priv = keep[keep >= cpl] - cpl + w + new
     return view, torch.cat([torch.arange(w + c), priv]), w, row[split.copy], slots[:c]

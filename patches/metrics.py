@@ -23,6 +23,7 @@ HELP = {
     "live_tokens": "Live KV tokens of running evicting requests.",
     "retained_pages": "KV pages held by running evicting requests.",
     "fragmentation": "1 - live tokens / (retained pages * page size) of running evicting requests.",
+    "naive_excess_pages": "--kv-reclaim naive: pages held beyond Naive-Evict's own footprint (copies of shared tokens).",
     "peak_running_requests": "Largest decode batch seen.",
     "peak_retained_pages": "Most KV pages held by evicting requests at once.",
     "peak_pool_held_tokens": "Most KV pool slots held at once: request rows and locked radix-cache nodes (not reclaimable).",

@@ -20,16 +20,21 @@ META_KEY = "kv_evict"
 def update_gauges(scheduler, batch) -> None:
     """Live tokens, retained pages and fragmentation over the running evicting requests."""
     c = counters_of(scheduler)
-    live = pages = running = 0
+    live = pages = running = excess = 0
     for req in batch.reqs:
         st = getattr(req, "vtoken", None)
         if st is None or not req.kv.holds_kv:
             continue
         running += 1
+        ps, cpl = st.cfg.page_size, req.kv.cache_protected_len
         live += req.kv.kv_committed_len
-        pages += num_pages(req.kv.kv_committed_len, st.cfg.page_size) + len(st.naive_pages)
+        # its own pages, the tree pages its row (or Naive-Evict's lock) references, held-back pages
+        pages += (num_pages(req.kv.kv_committed_len - cpl, ps) + num_pages(max(cpl, st.tree_lock), ps)
+                  + len(st.naive_pages))
+        excess += st.naive_excess
     ps = max(1, getattr(scheduler, "page_size", 1))
     c.running_evicting_requests, c.live_tokens, c.retained_pages = running, live, pages
+    c.naive_excess_pages = excess
     c.fragmentation = 1.0 - live / (pages * ps) if pages else 0.0
     c.peak_running_requests = max(c.peak_running_requests, batch.batch_size())
     c.peak_retained_pages = max(c.peak_retained_pages, pages)

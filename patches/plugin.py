@@ -2,7 +2,8 @@
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import admission, attention, cpu, held, observe, radix, request_options, runtime, scores, server_args
+from . import (admission, attention, cpu, held, observe, radix, request_options, retraction, runtime, scores,
+               server_args, usage)
 
 A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
@@ -19,6 +20,8 @@ HOOKS = (
     (f"{SCHED}.init_req_max_new_tokens", admission.around_init_req_max_new_tokens, R),
     (f"{REQ}.__init__", runtime.after_req_init, A),
     (f"{REQ}.reset_for_retract", runtime.after_reset_for_retract, A),
+    ("sglang.srt.managers.schedule_batch.release_req", retraction.before_release_req, B),
+    ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", retraction.after_prepare_for_extend, A),
     (f"{REQ}._compute_max_prefix_len", admission.around_compute_max_prefix_len, R),
     ("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
      request_options.before_create_tokenized_object, B),
@@ -30,6 +33,13 @@ HOOKS = (
     (f"{SCHED}.get_internal_state", observe.after_get_internal_state, A),
     ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
      ".is_request_level_customized_info_key", observe.around_is_request_level_key, R),
+    ("sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept",
+     usage.around_accept, R),
+    ("sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request", usage.around_generate_request, R),
+    ("sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_response_usage",
+     usage.around_calculate_response_usage, R),
+    ("sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_streaming_usage",
+     usage.around_calculate_streaming_usage, R),
 )
 
 _registered = False

@@ -41,8 +41,8 @@ _active = False  # this process serves from a HoledRadixCache
 def tree_mode(cfg) -> bool:
     """Whether a request under `cfg` is served by this cache's paths: its prompt is shared,
     tree-owned tokens may leave its row, and (page size 1, `reuse_history`) its history is
-    stored. Naive-Evict at page size > 1 keeps tree-owned tokens pinned instead."""
-    return _active and cfg.enabled and (cfg.page_size == 1 or cfg.reclaim == "vtoken")
+    stored. Naive-Evict takes them too (same caching, same victims; only its footprint differs)."""
+    return _active and cfg.enabled
 
 
 def factory(ctx):
@@ -74,6 +74,8 @@ def _namespace(req, st) -> str:
 
 class HoledRadixCache(RadixCache):
     """`RadixCache` whose holed nodes (attribute `vt_live`) count only live slots."""
+
+    vt_counters = None  # the scheduler's VTokenCounters (history hits), set at scheduler start
 
     # --- sizes count live slots -----------------------------------------------------------------
     def inc_lock_ref(self, node) -> IncLockRefResult:
@@ -152,6 +154,8 @@ class HoledRadixCache(RadixCache):
         result = super().match_prefix(MatchPrefixParams(
             key=RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)))
         st.attach = len(logical)
+        if st.stash is not None:  # retracted after evicting: resume from its row (retraction.py)
+            return self._resume(req, st, logical, limit, result)
         if (not st.cfg.reuse_history or self.page_size > 1 or req.output_ids
                 or (req.return_logprob and req.logprob_start_len >= 0)):
             return result  # retracted (re-prefilled whole) or asks for input logprobs
@@ -164,6 +168,42 @@ class HoledRadixCache(RadixCache):
         st.hit, st.attach = (node, slots), node.vt_attach
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node)
+
+    def _resume(self, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
+        """Match a retracted request to its stashed row, written back into the tree if the tree
+        no longer holds it (or `st.blocked` and the plain match when the pool cannot hold it)."""
+        stash, node = st.stash, st.resume_node
+        if stash.depth > limit:
+            raise RuntimeError(f"retracted row covers {stash.depth} tokens, the match is capped at {limit}")
+        if node is None or node.parent is None or getattr(node, "vt_view", None) is None or \
+                node.parent.children.get(node.key.child_key(self.page_size)) is not node:
+            node = st.resume_node = self._insert_stash(stash)
+        st.blocked = node is None
+        if node is None:
+            return result
+        positions, slots = node.vt_view
+        _adopt_retracted(req, st, logical, positions, stash.depth)
+        st.hit, st.attach = (node, slots), 0
+        return MatchResult(device_prefix_len=len(positions), last_device_node=node,
+                           last_host_node=node, best_match_node=node)
+
+    def _insert_stash(self, stash):
+        """A holed leaf under the root holding the stash's row in fresh slots, or None."""
+        from .retraction import write_back
+
+        slots = write_back(self, stash)
+        if slots is None:
+            return None
+        self._vt_serial = getattr(self, "_vt_serial", 0) + 1  # a namespace nothing else uses
+        key = RadixKey(stash.ids, f"{stash.namespace}#{self._vt_serial}")
+        positions = stash.positions.to(slots.device)
+        value = torch.full((stash.depth,), -1, dtype=torch.int64, device=slots.device)
+        value[positions] = slots
+        matched, node = self._insert_helper(self.root_node, key, value, 0)
+        assert matched == 0, "a fresh namespace cannot match"
+        self.evictable_size_ -= len(node.key) - _count_live(node)
+        node.vt_view, node.vt_attach = (positions, slots), 0
+        return node
 
     def prefix_device_indices(self, req) -> torch.Tensor:
         hit = getattr(getattr(req, "vtoken", None), "hit", None)
@@ -203,9 +243,10 @@ class HoledRadixCache(RadixCache):
         if st.steps == 0 and st.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.reuse_history and self.page_size == 1:
-            self._insert_history(req, st, up_to)
-            counters = getattr(self, "vt_counters", None)
-            if st.hit is not None and counters is not None:
+            if st.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private
+                self._insert_history(req, st, up_to)
+            counters = self.vt_counters
+            if "history_tokens" in st.report and counters is not None:
                 counters.history_hits += 1
                 counters.history_tokens_reused += st.report["history_tokens"]
 
@@ -256,17 +297,17 @@ class HoledRadixCache(RadixCache):
             node = node.parent
         return freed
 
-    def relock_shallower(self, req, kept: torch.Tensor) -> None:
-        """Move `req`'s lock on a hole-free path up to the shallowest node that still holds every
-        tree slot its row keeps (`kept`), splitting at a page boundary: the deeper part of the
+    def relock_shallower(self, req, need: int) -> None:
+        """Move `req`'s lock on a hole-free path up to the shallowest node that still covers the
+        first `need` tokens of the path, splitting at a page boundary: the deeper part of the
         prompt then belongs to whoever else holds it, or becomes evictable."""
         node = req.last_node
         if node is None or node is self.root_node or getattr(node, "vt_live", None) is not None:
             return
-        path = self.path_device_indices(node)
-        hits = torch.isin(path, kept.to(path.device)).nonzero().flatten()
-        need = -(-(int(hits[-1]) + 1 if hits.numel() else 0) // self.page_size) * self.page_size
-        depth = len(path)
+        need = -(-need // self.page_size) * self.page_size
+        depth, a = 0, node
+        while a is not self.root_node:
+            depth, a = depth + len(a.key), a.parent
         if need >= depth:
             return
         while node is not self.root_node and depth - len(node.key) >= need:
@@ -302,6 +343,7 @@ class HoledRadixCache(RadixCache):
 
 def _restore(req, st) -> array:
     """Undo a previous round's match: logical ids back in the request; returns them."""
+    restore_outputs(req, st)
     if st.logical_prompt is not None:
         req.origin_input_ids = st.logical_prompt
         st.logical_prompt, st.hit = None, None
@@ -310,11 +352,36 @@ def _restore(req, st) -> array:
     return req.full_untruncated_fill_ids
 
 
-def _adopt(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+def _adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+    """Resume a retracted request from its view. SGLang prefills `origin + output` past the
+    prefix, but the view may hold fewer entries than the request has outputs (outputs evicted
+    too). Until its prefill is prepared the request is therefore split at the view instead:
+    origin = the view's prompt entries, output = the view's output entries + the ids past
+    `depth` (the last output); `restore_outputs` puts the real outputs back."""
+    outputs = req.output_ids
+    prompt_len = len(logical) - len(outputs)
+    pos = positions.tolist()
+    st.logical_prompt, st.real_outputs = req.origin_input_ids, outputs
+    req.origin_input_ids = array("q", (logical[p] for p in pos if p < prompt_len))
+    req.output_ids = array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:]
+    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
+
+
+def restore_outputs(req, st) -> None:
+    """Give a resumed request its real outputs back (after its prefill is prepared, or when it
+    was not admitted); its prompt stays in row coordinates."""
+    if st.real_outputs is not None:
+        req.output_ids, st.real_outputs = st.real_outputs, None
+        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+
+
+def _adopt(req, st, logical: array, positions: torch.Tensor, depth: int, report: bool = True) -> None:
     """Continue from a stored view: the request's ids become the view's ids + the new ids (row
     coordinates), its positions those of the view, then `depth` onwards."""
     st.logical_prompt = req.origin_input_ids
     req.origin_input_ids = array("q", (logical[p] for p in positions.tolist())) + logical[depth:]
     req.refresh_fill_ids()
-    st.kept_pos, st.offset = positions.clone(), depth - len(positions)
-    st.report.update(history_tokens=depth, history_view_tokens=len(positions))
+    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
+    if report:
+        st.report.update(history_tokens=depth, history_view_tokens=len(positions))

@@ -60,8 +60,28 @@ def before_create_tokenized_object(manager, obj, *args, **kwargs):
     sp = getattr(obj, "sampling_params", None)
     custom = sp.get("custom_params") if isinstance(sp, dict) else None
     if isinstance(custom, dict) and KEY in custom:
-        resolve(server_config(), custom[KEY], KV_EVICT_CHOICES)
+        cfg = resolve(server_config(), custom[KEY], KV_EVICT_CHOICES)
+        if cfg.enabled:
+            check_fits_model(manager, cfg)
     return None
+
+
+def check_fits_model(manager, cfg: EvictConfig) -> None:
+    """Raise ValueError (HTTP 400) if the served model cannot be evicted or `cfg` does not fit it.
+    Read from the tokenizer's `ModelConfig` on the first request that asks for eviction."""
+    from .model_support import unsupported_model_reason
+    from .server_args import settings_problem
+
+    model_config = manager.model_config
+    reason = getattr(manager, "_vtoken_model_reason", None)
+    if reason is None:
+        reason = manager._vtoken_model_reason = unsupported_model_reason(model_config)
+    if reason:
+        raise ValueError(f"{KEY}.policy: eviction is not available for this model: {reason}")
+    problem = settings_problem(cfg, manager.context_len, model_config.num_hidden_layers, None,
+                               budget_name=f"{KEY}.budget")
+    if problem:
+        raise ValueError(problem)
 
 
 def request_config(server: EvictConfig, sampling_params) -> EvictConfig:

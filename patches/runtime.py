@@ -12,9 +12,10 @@ import torch
 
 from sgl_vtoken.config import EvictConfig
 
-from . import held, metrics, observe, scores
+from . import held, metrics, observe, radix, scores
 from .counters import counters_of
 from .eviction import evict_batch, new_state
+from .model_support import kv_bytes_per_token, unsupported_pool_reason
 from .request_options import request_config
 
 
@@ -27,7 +28,7 @@ def server_config() -> EvictConfig:
 def after_req_init(result, req, rid, *args, **kwargs):
     """AFTER `Req.__init__`: attach eviction state (server settings, or the request's own
     `kv_evict`); an evicting request is never inserted into the radix tree as if its compacted
-    row were contiguous (DESIGN rule 3)."""
+    row were contiguous (splice rule 3, docs/design.md)."""
     cfg = request_config(server_config(), req.sampling_params)
     if cfg.enabled:
         req.vtoken = new_state(cfg, rid)
@@ -37,12 +38,14 @@ def after_req_init(result, req, rid, *args, **kwargs):
 
 
 def after_reset_for_retract(result, req):
-    """AFTER `Req.reset_for_retract`: the request is re-prefilled from its ids, full attention."""
+    """AFTER `Req.reset_for_retract`: back to the logical ids; the request resumes from its stash
+    (`retraction.py`) or is re-prefilled from its ids with full attention."""
     st = getattr(req, "vtoken", None)
     if st is not None:
         if st.logical_prompt is not None:  # it held a stored view: back to its logical ids
             req.origin_input_ids, st.logical_prompt, st.hit = st.logical_prompt, None, None
             req.refresh_fill_ids()
+        st.hit = None
         st.reset()
 
 
@@ -52,7 +55,7 @@ def before_release_kv_cache(req, tree_cache, *args, **kwargs):
 
 
 def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
-    """AFTER `ForwardBatch.init_new`: add each request's position offset (DESIGN rule 1).
+    """AFTER `ForwardBatch.init_new`: add each request's position offset (splice rule 1, docs/design.md).
 
     Offsets are read when the batch is built, right after this step's eviction, so they match
     the row under the overlap scheduler too.
@@ -79,11 +82,22 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
 
 
 def after_scheduler_init(result, scheduler, *args, **kwargs):
-    """AFTER `Scheduler.__init__`: size the counters (bytes of K and V per token, all layers)."""
-    pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
-    per_token = sum(b[0].numel() * b.element_size() for b in (*pool.k_buffer, *pool.v_buffer))
-    counters_of(scheduler).bytes_per_token = per_token
-    scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits (radix.py)
+    """AFTER `Scheduler.__init__`. With a server policy: refuse a pool eviction cannot compact or
+    too small for one evicting request, and size the counters. Without one, nothing of the pool
+    is read until a request evicts (any pool type, MLA's included, starts as in stock SGLang)."""
+    cfg = server_config()
+    if cfg.enabled:
+        pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
+        reason = unsupported_pool_reason(pool)
+        peak = cfg.budget + cfg.interval + cfg.page_size
+        if not reason and peak > scheduler.max_total_num_tokens:
+            reason = (f"--kv-budget {cfg.budget}: an evicting request holds up to budget + interval + "
+                      f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}")
+        if reason:
+            raise ValueError(f"--kv-evict {cfg.policy}: {reason}")
+        counters_of(scheduler).bytes_per_token = kv_bytes_per_token(pool)
+    if isinstance(scheduler.tree_cache, radix.HoledRadixCache):
+        scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits
     scheduler._vtoken_prometheus = metrics.maybe_create(scheduler)
 
 

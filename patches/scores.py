@@ -6,7 +6,9 @@ from the same post-RoPE q and cached keys, summed over the query heads of each K
 staged per request as ``[q, n, layers, kv_heads]``:
 
     decode   the one new query over the row it attended to (kept tokens + itself)
-    prefill  the last `obs_window` prompt queries, causally (SnapKV-style observation window)
+    prefill  the last `obs_window` prompt queries, causally (SnapKV-style observation window);
+             with chunked prefill each chunk stages the window's queries that fall in it, over
+             the row as far as the chunk reaches, and all blocks are folded in order
 
 The eviction hook folds the staged block into the request's accumulator (`sgl_vtoken.stats`)
 before choosing victims, so a choice at step t uses every query up to t - 1, as in H2O. The
@@ -26,8 +28,8 @@ from sgl_vtoken.kernels import attn_scores_
 
 
 def scored_requests(batch) -> list:
-    """(batch index, state) of the requests of `batch` whose policy reads attention."""
-    return [(i, st) for i, r in enumerate(batch.reqs)
+    """(batch index, request, state) of the requests of `batch` whose policy reads attention."""
+    return [(i, r, st) for i, r in enumerate(batch.reqs)
             if (st := getattr(r, "vtoken", None)) is not None and "attn" in st.policy.needs]
 
 
@@ -38,19 +40,28 @@ _current: tuple | None = None
 
 
 def prepare(forward_batch, scored: list, model_runner) -> None:
-    """Allocate each scored request's staging block for this forward (row lengths known now)."""
+    """Allocate each scored request's staging block for this forward (row lengths known now).
+
+    Prefill: the observation window is the last `obs_window` queries of the whole prompt; a
+    chunk stages those of its queries that fall in it (always a suffix of the chunk)."""
     global _current
     pool = model_runner.token_to_kv_pool
     num_layers = pool.layer_num
     decode = forward_batch.forward_mode.is_decode()
     seq_lens = forward_batch.seq_lens_cpu.tolist()
     plan = []
-    for i, st in scored:
+    for i, req, st in scored:
         n = seq_lens[i]
-        q = 1 if decode else min(st.cfg.obs_window, forward_batch.extend_seq_lens_cpu[i])
-        st.staged = torch.zeros(q, n, num_layers, pool.head_num)
-        st.staged_lengths = torch.arange(n - q + 1, n + 1)
-        plan.append((i, st))
+        if decode:
+            q = 1
+        else:  # n: the row as far as this chunk reaches; the prompt ends at `total`
+            total = n if st.resume_prefill else n + len(req.full_untruncated_fill_ids) - req.extend_end
+            q = max(0, n - max(total - st.cfg.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
+        if q == 0:
+            continue
+        block = torch.zeros(q, n, num_layers, pool.head_num)
+        st.staged.append((block, torch.arange(n - q + 1, n + 1)))
+        plan.append((i, block, st.cfg.score_layers))
     _current = (plan, pool, model_runner.req_to_token_pool.req_to_token)
 
 
@@ -81,14 +92,15 @@ def collect(layer, q: torch.Tensor, forward_batch, scored: list, pool, req_to_to
     else:
         ext = forward_batch.extend_seq_lens_cpu
         starts = [sum(ext[:i]) for i in range(len(ext))]
-    for i, st in scored:
-        if st.cfg.score_layers is not None and layer.layer_id not in st.cfg.score_layers:
+    for i, block, score_layers in scored:
+        if score_layers is not None and layer.layer_id not in score_layers:
             continue
-        nq, n = st.staged.shape[0], st.staged.shape[1]
+        nq, n = block.shape[0], block.shape[1]
         slots = req_to_token[rows[i], :n].to(torch.int64)
         first = starts[i] + ext[i] - nq
-        probs = _probs(q[first:first + nq], k_buffer, slots, st.staged_lengths, layer.scaling, hq, hkv)
-        st.staged[:, :, layer.layer_id, :] = probs.to(st.staged.dtype).cpu()
+        lengths = torch.arange(n - nq + 1, n + 1)
+        probs = _probs(q[first:first + nq], k_buffer, slots, lengths, layer.scaling, hq, hkv)
+        block[:, :, layer.layer_id, :] = probs.to(block.dtype).cpu()
 
 
 def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:
@@ -111,13 +123,11 @@ def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:
 
 
 def fold_staged(st, tp_group=None) -> None:
-    """Fold a request's staged probabilities into its accumulator (eviction hook, step start)."""
-    staged = getattr(st, "staged", None)
-    if staged is None:
-        return
-    staged = tp_gather(staged, tp_group, dim=-1)  # every rank: all KV heads
-    st.accumulator.update(staged, st.staged_lengths)
-    st.staged = None
+    """Fold a request's staged probabilities into its accumulator, oldest block first (eviction
+    hook, step start)."""
+    for block, lengths in st.staged:
+        st.accumulator.update(tp_gather(block, tp_group, dim=-1), lengths)  # every rank: all KV heads
+    st.staged.clear()
 
 
 def tp_gather(t: torch.Tensor, tp_group, dim: int) -> torch.Tensor:

@@ -160,6 +160,42 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
     return cfg
 
 
+def check_model_supported(cfg: EvictConfig, server_args) -> None:
+    """With a server policy: exit 2 before weights load if the served model cannot be evicted,
+    or the settings do not fit it (budget over the context length or the pool, score_layers
+    outside its layers)."""
+    from .model_support import server_model_config, unsupported_model_reason
+
+    path = getattr(server_args, "model_path", None)
+    try:
+        model_config = server_model_config(server_args)
+    except Exception as e:  # no config, no eviction: refuse rather than guess
+        _fail(f"argument --kv-evict: cannot read the config of --model-path {path!r} to check that "
+              f"{cfg.policy} can serve it ({type(e).__name__}: {e})")
+    reason = unsupported_model_reason(model_config)
+    if reason:
+        _fail(f"argument --kv-evict: {cfg.policy} cannot serve --model-path {path!r}: {reason}")
+    problem = settings_problem(cfg, model_config.context_len, model_config.num_hidden_layers,
+                               getattr(server_args, "max_total_tokens", None))
+    if problem:
+        _fail(problem)
+
+
+def settings_problem(cfg: EvictConfig, context_len: int, num_layers: int, pool_tokens: int | None,
+                     budget_name: str = "argument --kv-budget") -> str:
+    """Why `cfg` cannot run on this model and pool ("" when it can)."""
+    if cfg.budget > context_len:
+        return f"{budget_name}: must be <= the model's context length {context_len} (got {cfg.budget})"
+    peak = cfg.budget + cfg.interval + cfg.page_size
+    if pool_tokens is not None and peak > pool_tokens:
+        return (f"{budget_name}: an evicting request holds up to budget + interval + page_size = {peak} "
+                f"KV tokens, more than the pool's {pool_tokens}")
+    if cfg.score_layers is not None and max(cfg.score_layers) >= num_layers:
+        return (f"argument --kv-evict-config: score_layers {list(cfg.score_layers)} must be layer ids "
+                f"< {num_layers} (the model's layers)")
+    return ""
+
+
 def check_policy_fits_model(cfg: EvictConfig, args) -> None:
     """Exit if the policy is tied to a model (KVP's trained scorers) and the served one differs."""
     from sgl_vtoken.policies import make_policy
@@ -200,6 +236,8 @@ def from_cli_args(result, cls, args: argparse.Namespace):
     from .contract import check_hooks_applied
 
     cfg = config_from_namespace(args)
+    if cfg.enabled:
+        check_model_supported(cfg, result)
     select_radix_backend(result, cfg)
     missing = check_hooks_applied()
     if missing and cfg.enabled:

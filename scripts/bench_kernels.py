@@ -1,18 +1,18 @@
 #!/usr/bin/env python
-"""Benchmark the sgl-vtoken kernels; one JSON line per measurement.
+"""Benchmark the sgl-vtoken kernels against the device's copy bandwidth; one JSON line each.
 
-The repacker is judged against the machine's own device-to-device copy bandwidth: a KV move
-reads and writes 2 x layers x kv_heads x head_dim x dtype bytes per token, so its floor is that
-many bytes over the bandwidth of a plain `torch` copy of the same size (measured here, same
-timer). `frac_of_copy` is the repacker's achieved bandwidth over the copy's.
-
-    python scripts/bench_kernels.py                      # GPU: Llama-3.1-8B-like pool, bf16
-    python scripts/bench_kernels.py --sweep              # also sweep block_moves x num_warps
+    python scripts/bench_kernels.py --out b.jsonl        # GPU: Llama-3.1-8B pool / heads, bf16
+    python scripts/bench_kernels.py --sweep              # + launch-parameter sweeps
     python scripts/bench_kernels.py --cpu-smoke          # CPU, Triton interpreter, tiny shapes
+    python scripts/bench_kernels.py --summarize b.jsonl  # compact tables of a run
 
-Move patterns: `compaction` (the planner's in-place compaction of page-dense rows: about half of
-each row's tokens kept, long dst <= src chains) and `scatter` (random disjoint src/dst slots).
-Needs torch and triton only (no SGLang).
+Parts: `host` (per-call Python cost of repack_kv_ outside Triton's launch), `repack` (per move
+count and pattern: do_bench time as % of a same-size copy, back-to-back API wall time, host
+enqueue time, CUDA-graph device time), `page_indices`, `scores` (attn_scores_ per batch x
+context, with and without the LSE, as % of its K read floor). Timers and floors are defined in
+`sgl_vtoken/kernels/bench.py`. Each measurement is independent: a failure is recorded as an
+`error` line and the run goes on; past `--deadline-s` the rest is recorded as skipped. Needs
+torch and triton only (no SGLang).
 """
 
 from __future__ import annotations
@@ -30,185 +30,152 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--tokens", default="256,1024,4096,16384,65536", help="comma-separated move counts")
+    p.add_argument("--tokens", default="256,1024,4096,16384,65536", help="repack move counts")
     p.add_argument("--patterns", default="compaction,scatter")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--sweep", action="store_true", help="sweep repack block_moves x num_warps")
-    p.add_argument("--skip-scores", action="store_true", help="skip the page-index and score kernels")
+    p.add_argument("--score-shapes", default="8x2048,8x4096,64x2048,64x4096,256x2048,256x4096", help="BSxCTX,...")
+    p.add_argument("--parts", default="host,repack,page_indices,scores", help="run in this order")
+    p.add_argument("--sweep", action="store_true", help="sweep repack and score launch parameters")
+    p.add_argument("--sweep-only", action="store_true", help="only the sweeps (and the copies they need)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
+    p.add_argument("--deadline-s", type=float, default=float("inf"), help="skip what would start later")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="-", help="JSONL path ('-' = stdout)")
+    p.add_argument("--summarize", metavar="JSONL", help="only print the tables of an earlier run")
     args = p.parse_args(argv)
+    args.host_shape = (args.layers, args.kv_heads, args.head_dim)  # host cost: full shapes even on CPU
     if args.cpu_smoke:
-        args.layers, args.kv_heads, args.head_dim = 2, 2, 64
+        args.layers, args.kv_heads, args.q_heads, args.head_dim = 2, 2, 4, 64
         if args.tokens == p.get_default("tokens"):
             args.tokens = "64,256"
+        if args.score_shapes == p.get_default("score_shapes"):
+            args.score_shapes = "2x64,3x96"
     args.tokens = [int(t) for t in args.tokens.split(",")]
     args.patterns = args.patterns.split(",")
+    args.score_shapes = [tuple(int(x) for x in s.split("x")) for s in args.score_shapes.split(",")]
+    args.parts = args.parts.split(",")
+    args.sweep = args.sweep or args.sweep_only
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.summarize:
+        print(summarize([json.loads(line) for line in open(args.summarize) if line.strip()]))
+        return 0
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels (and their @triton.jit) load
     import torch
 
-    from sgl_vtoken.kernels import attn_scores_, page_indices, repack_kv_
+    from sgl_vtoken.kernels import bench, bench_runs
 
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("no CUDA device: run with --cpu-smoke for the interpreter smoke run", file=sys.stderr)
         return 2
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
-    timer = _cpu_timer if args.cpu_smoke else _gpu_timer()
+    timers = bench.Timers(device, budget_ms=5.0 if args.cpu_smoke else 50.0)
     out = sys.stdout if args.out == "-" else open(args.out, "a")
+    deadline = time.monotonic() + args.deadline_s
     common = dict(
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu (Triton interpreter)",
-        mode="cpu-smoke" if args.cpu_smoke else "gpu",
-        torch=torch.__version__,
-        triton=_triton_version(),
-    )
+        mode="cpu-smoke" if args.cpu_smoke else "gpu", torch=torch.__version__, triton=_triton_version(),
+    )  # fmt: skip
+    failures = 0
 
     def emit(**rec):
         out.write(json.dumps({**common, **rec}) + "\n")
         out.flush()
 
-    dtype = getattr(torch, DTYPES[args.dtype])
-    elem = torch.empty(0, dtype=dtype).element_size()
-    row_bytes = args.kv_heads * args.head_dim * elem
-    bytes_per_token = 2 * args.layers * row_bytes  # K and V of every layer
-    g = torch.Generator().manual_seed(args.seed)
-    max_tokens = max(args.tokens)
-    # compaction keeps ~half of each row and moves most kept tokens: ~2.2 slots per move
-    num_slots = _round_up(3 * max_tokens + 64 * args.page_size, args.page_size)
-    shape = (num_slots, args.kv_heads, args.head_dim)
-    keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(args.layers)]
-    values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(args.layers)]
-    for t in keys + values:  # arbitrary bytes; copies do not care
-        t.view(torch.uint8).random_(0, 256)
+    def measure(what: dict, fn):
+        """Run one measurement; record its result, its error, or that the deadline passed."""
+        nonlocal failures
+        if time.monotonic() > deadline:
+            return emit(**what, skipped="deadline")
+        try:
+            emit(**what, **fn())
+        except Exception as e:  # noqa: BLE001 (one failure must not end the run)
+            failures += not what.get("sweep")  # a sweep point may exceed the device's resources
+            emit(**what, error=f"{type(e).__name__}: {e}"[:500])
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
-    configs = [(None, None, None)]  # (block_moves, num_warps, col_block); None = launcher default
-    if args.sweep and not args.cpu_smoke:
-        configs += [(bm, nw, cb) for bm in (32, 64, 128, 256) for nw in (4, 8) for cb in (128, 64)]
-    for tokens in args.tokens:
-        moved = tokens * bytes_per_token
-        copy_src = torch.empty(moved, dtype=torch.uint8, device=device)
-        copy_dst = torch.empty_like(copy_src)
-        t_copy = timer(lambda: copy_dst.copy_(copy_src))
-        copy_gbps = 2 * moved / t_copy / 1e9
-        del copy_src, copy_dst
-        emit(kernel="d2d_copy", impl="torch", tokens=tokens, bytes_rw=2 * moved, time_us=t_copy * 1e6, gbps=copy_gbps)
-        for pattern in args.patterns:
-            src, dst = _moves(pattern, tokens, num_slots, args.page_size, g)
-            src, dst = src.to(device), dst.to(device)
-            n = src.numel()
-            rw = 2 * n * bytes_per_token
-            impls = [("torch", None, None, None)] + [("triton", *c) for c in configs]
-            for impl, bm, nw, cb in impls:  # torch: the per-layer gather-then-scatter baseline
-                fn = lambda: repack_kv_(keys, values, src, dst, impl=impl, block_moves=bm, num_warps=nw, col_block=cb)  # noqa: E731
-                t = timer(fn)
-                gbps = rw / t / 1e9
-                emit(
-                    kernel="repack_kv", impl=impl, pattern=pattern, tokens=n, layers=args.layers,
-                    kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, block_moves=bm,
-                    num_warps=nw, col_block=cb, bytes_rw=rw, time_us=t * 1e6, gbps=gbps, copy_gbps=copy_gbps,
-                    frac_of_copy=gbps / copy_gbps, us_per_1k_tokens=t * 1e6 * 1000 / max(n, 1),
-                    floor_us_per_1k_tokens=(2 * 1000 * bytes_per_token) / (copy_gbps * 1e9) * 1e6,
-                )  # fmt: skip
-    if not args.skip_scores:
-        _bench_metadata_kernels(args, torch, device, dtype, timer, emit, g, page_indices, attn_scores_)
+    dtype = getattr(torch, DTYPES[args.dtype])
+    g = torch.Generator().manual_seed(args.seed)
+    def host_part():
+        layers, heads, dim = args.host_shape
+        measure(dict(kernel="repack_kv", part="host_overhead", layers=layers, kv_heads=heads, head_dim=dim, dtype=args.dtype),
+                lambda: bench.repack_host_overhead(layers, heads, dim, dtype, device))  # fmt: skip
+
+    parts = dict(
+        host=host_part,
+        repack=lambda: bench_runs.repack_part(args, timers, dtype, g, measure),
+        page_indices=lambda: bench_runs.page_index_part(args, timers, g, measure),
+        scores=lambda: bench_runs.score_part(args, timers, dtype, g, measure),
+    )
+    for name in args.parts:
+        if name not in parts:
+            emit(part=name, kernel=None, error=f"unknown part; choose from {sorted(parts)}")
+            failures += 1
+            continue
+        parts[name]()
     if out is not sys.stdout:
         out.close()
-    return 0
+    return 1 if failures else 0
 
 
-def _bench_metadata_kernels(args, torch, device, dtype, timer, emit, g, page_indices, attn_scores_):
-    """Paged-index build and decode score kernel at serving-like batch sizes."""
-    smoke = args.cpu_smoke
-    bs, ctx, page = (4, 64, args.page_size) if smoke else (256, 4096, args.page_size)
-    pages_per_row = ctx // page
-    perm = torch.randperm(bs * pages_per_row + 1, generator=g)[: bs * pages_per_row] + 1
-    table = (perm.view(bs, pages_per_row, 1) * page + torch.arange(page)).view(bs, ctx).to(torch.int32)
-    rpi = torch.arange(bs, dtype=torch.int64)
-    lens = torch.randint(ctx // 2, ctx + 1, (bs,), generator=g)
-    table, rpi, lens = table.to(device), rpi.to(device), lens.to(device)
-    num_pages = int(((lens + page - 1) // page).sum())
-    for impl in ("torch", "triton"):
-        t = timer(lambda: page_indices(table, rpi, lens, page, num_pages=num_pages, impl=impl))
-        emit(kernel="page_indices", impl=impl, bs=bs, page_size=page, pages=num_pages, time_us=t * 1e6)
-
-    hq = 4 * args.kv_heads
-    bs_s, ctx_s = (2, 64) if smoke else (64, 2048)
-    num_slots = bs_s * ctx_s + 1
-    qk_dtype = dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.bfloat16
-    q = torch.randn(bs_s, hq, args.head_dim, generator=g).to(qk_dtype).to(device)
-    k = torch.randn(num_slots, args.kv_heads, args.head_dim, generator=g).to(q.dtype).to(device)
-    indptr = torch.arange(0, bs_s * ctx_s + 1, ctx_s, dtype=torch.int32, device=device)
-    idx = (torch.randperm(num_slots - 1, generator=g) + 1).to(torch.int32).to(device)
-    lse = torch.zeros(bs_s, hq, dtype=torch.float32, device=device)
-    score = torch.zeros(num_slots, dtype=torch.float32, device=device)
-    k_bytes = bs_s * ctx_s * args.kv_heads * args.head_dim * q.element_size()
-    for impl in ("torch", "triton"):
-        if impl == "torch" and not smoke:
-            continue  # per-row Python loop: not a serving path on GPU
-        t = timer(lambda: attn_scores_(q, k, indptr, idx, score, 0.08, lse=lse, impl=impl))
-        emit(kernel="attn_scores", impl=impl, bs=bs_s, ctx=ctx_s, q_heads=hq, kv_heads=args.kv_heads,
-             head_dim=args.head_dim, k_bytes=k_bytes, time_us=t * 1e6, gbps=k_bytes / t / 1e9)  # fmt: skip
-
-
-def _moves(pattern, tokens, num_slots, page, g):
-    import torch
-
-    if pattern == "scatter":
-        perm = torch.randperm(num_slots - page, generator=g) + page
-        return perm[:tokens], perm[tokens : 2 * tokens]
-    if pattern == "compaction":
-        # rows of 32 pages; keep ~half of each row's tokens; k-th kept token -> k-th slot of the row
-        row_len = 32 * page
-        src, dst, made = [], [], 0
-        pages = (torch.randperm(num_slots // page - 1, generator=g) + 1).tolist()
-        while made < tokens and pages:
-            row_pages, pages = pages[:32], pages[32:]
-            row = (torch.tensor(row_pages)[:, None] * page + torch.arange(page)).flatten()
-            keep = torch.rand(row.numel(), generator=g) < 0.5
-            kept = row[keep]
-            moving = kept != row[: kept.numel()]
-            src.append(kept[moving])
-            dst.append(row[: kept.numel()][moving])
-            made += int(moving.sum())
-        src, dst = torch.cat(src)[:tokens], torch.cat(dst)[:tokens]
-        if src.numel() < tokens:
-            raise SystemExit(f"pool too small for {tokens} compaction moves ({row_len}-token rows)")
-        return src, dst
-    raise SystemExit(f"unknown pattern {pattern!r}; choose from compaction, scatter")
+def summarize(rows: list[dict]) -> str:
+    """Compact tables of a run: host overhead, repacker vs copy, scores vs their read floor."""
+    lines, pct = [], lambda x: "   -  " if x is None else f"{100 * x:5.1f}%"  # noqa: E731
+    num = lambda x, w=7: " " * (w - 1) + "-" if x is None else f"{x:{w}.1f}"  # noqa: E731
+    if rows:
+        r0 = rows[0]
+        lines.append(f"{r0.get('device')}  torch {r0.get('torch')}  triton {r0.get('triton')}  ({r0.get('mode')})")
+    for r in rows:
+        if r.get("part") == "host_overhead" and "cached_us" in r:
+            lines.append(f"repack_kv_ host cost outside Triton's launch ({r['buffers']} buffers): "
+                         f"{r['cached_us']:.1f} us per call (validated set cached), {r['first_call_us']:.0f} us first call")  # fmt: skip
+    lines.append("repack_kv (triton, default launch) vs a same-size d2d copy; targets >= 50% at 1024 moves, >= 85% from 16384:")
+    lines.append("  pattern     moves   do_bench us  %copy   API wall us  host us  graph us  %copy(graph)")
+    for r in rows:
+        if r.get("kernel") == "repack_kv" and r.get("impl") == "triton" and not r.get("sweep") and "time_us" in r:
+            lines.append(f"  {r['pattern']:<10} {r['tokens']:>6}  {num(r['time_us'], 11)}  {pct(r['frac_of_copy'])}  "
+                         f"{num(r.get('api_wall_us'), 11)}  {num(r.get('host_us'))}  {num(r.get('graph_us'), 8)}  "
+                         f"{pct(r.get('graph_frac_of_copy'))}")  # fmt: skip
+    torch_rows = [r for r in rows if r.get("kernel") == "repack_kv" and r.get("impl") == "torch" and "time_us" in r]
+    if torch_rows:
+        lines.append("  torch gather/scatter: " + ", ".join(
+            f"{r['pattern'][:4]} {r['tokens']}: {pct(r['frac_of_copy']).strip()}" for r in torch_rows))  # fmt: skip
+    _best(lines, rows, "repack_kv", ("block_moves", "num_warps", "col_block"), "frac_of_copy", ("tokens",))
+    lines.append("attn_scores_ (triton) vs its K read floor (K bytes at large-copy bandwidth); target >= 80%:")
+    lines.append("  bs x ctx     lse    mode         floor us  do_bench us  %floor  API wall us  graph us  %floor(graph)")
+    for r in rows:
+        if r.get("kernel") == "attn_scores" and not r.get("sweep") and "time_us" in r:
+            mode = ("per-head" if r["per_head"] else "summed") + f" d={r['decay']:g}"
+            lines.append(f"  {r['bs']:>3} x {r['ctx']:<5}  {'given' if r['lse_given'] else 'none ':<5}  {mode:<12} "
+                         f"{num(r['floor_us'], 8)}  {num(r['time_us'], 11)}  {pct(r['frac_of_floor'])}  "
+                         f"{num(r.get('api_wall_us'), 11)}  {num(r.get('graph_us'), 8)}  {pct(r.get('graph_frac_of_floor'))}")  # fmt: skip
+    _best(lines, rows, "attn_scores", ("block_n", "num_warps", "num_stages"), "frac_of_floor", ("bs", "ctx"))
+    for r in rows:
+        if r.get("kernel") == "page_indices" and "time_us" in r:
+            lines.append(f"page_indices {r['impl']:<6} bs {r['bs']}, {r['pages']} pages: {r['time_us']:.1f} us")
+    bad = [r for r in rows if "error" in r or "skipped" in r]
+    lines.append(f"{len(rows)} measurements, {sum('error' in r for r in bad)} errors, "
+                 f"{sum('skipped' in r for r in bad)} skipped (deadline)")  # fmt: skip
+    for r in bad[:10]:
+        keys = ("kernel", "impl", "pattern", "tokens", "bs", "ctx", "block_moves", "block_n", "num_warps")
+        lines.append(f"  {r.get('error') or 'skipped'}  [{', '.join(f'{k}={r[k]}' for k in keys if r.get(k) is not None)}]")
+    return "\n".join(lines)
 
 
-def _gpu_timer():
-    import torch
-    from triton.testing import do_bench
-
-    def timer(fn):
-        fn()
-        torch.cuda.synchronize()
-        return do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3  # ms -> s
-
-    return timer
-
-
-def _cpu_timer(fn, reps=3):
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def _round_up(x, m):
-    return (x + m - 1) // m * m
+def _best(lines, rows, kernel, knobs, metric, by) -> None:
+    swept = [r for r in rows if r.get("kernel") == kernel and r.get("sweep") and metric in r]
+    for key in sorted({tuple(r[k] for k in by) for r in swept}):
+        group = sorted((r for r in swept if tuple(r[k] for k in by) == key), key=lambda r: -r[metric])
+        top = ", ".join(f"{tuple(r[k] for k in knobs)} {100 * r[metric]:.1f}%" for r in group[:3])
+        lines.append(f"  sweep {dict(zip(by, key))} best {knobs}: {top}")
 
 
 def _triton_version():

@@ -2,7 +2,7 @@
 
 Pure function of small tensors (one request); the server applies the plan with one KV move
 (``kv[dst] = kv[src]`` for all layers) and one allocator free; :func:`sgl_vtoken.reference.
-apply_plan_ref` applies it to a fake pool. Row layout (row coordinates, DESIGN rules 2 and 6)::
+apply_plan_ref` applies it to a fake pool. Row layout (row coordinates, splice rules 2 and 6, docs/design.md)::
 
     row      | tree-owned [0, cpl): never moved or freed | private [cpl, len): the request's |
     pages    held private pages in allocation order: P0 P1 P2 P3 (P3 = tail, maybe partial)
@@ -16,7 +16,7 @@ row shift, no KV move). The k-th kept token goes to offset k of the remaining li
     compact  P0 [a b c d] P2 [e f g h]                              moves b,c,d,e,f,g,h: dst <= src
     result   row[cpl:cpl+8] = P0 P2 slots, len = cpl + 8, freed P1, P3 (the tail)
 
-Without the shift (rule 6 exactly) the slot entries of row positions ``[cpl, cpl+n)`` do not
+Without the shift (splice rule 6 exactly) the slot entries of row positions ``[cpl, cpl+n)`` do not
 change, only the length shrinks, and the freed pages are exactly the tail pages. At page size
 1 every dead token is its own dead page: slots are freed, no KV moves at all.
 
@@ -95,7 +95,7 @@ def plan_eviction(row: torch.Tensor, keep: torch.Tensor, *, cpl: int = 0, page_s
         page_size: pool page size.
         reclaim: ``"vtoken"`` (compact and free) or ``"naive"`` (free fully dead pages only).
         shift_dead_pages: vtoken only; drop pages without kept tokens by a row shift before
-            compacting (fewer moves). False gives DESIGN rule 6 exactly (row entries unchanged).
+            compacting (fewer moves). False gives splice rule 6 exactly (row entries unchanged).
 
     Raises:
         ValueError: bad `keep`, a dropped tree-owned row, a misaligned `cpl`, unknown `reclaim`.

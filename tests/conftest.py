@@ -1,18 +1,21 @@
 """Test-session setup shared by every test folder.
 
-Triton kernels run under the CPU interpreter unless a real GPU run is asked for: the switch is
-read when `@triton.jit` decorates, so it is set here, before any kernel module is imported.
-    TRITON_INTERPRET=0 pytest -m gpu     real GPU run
-    pytest                               CPU (interpreter), GPU tests skipped
+Triton kernels compile for the GPU wherever CUDA is present, and run under the CPU interpreter
+elsewhere: the switch is read when `@triton.jit` decorates, so it is set here, before any kernel
+module is imported. `gpu`-marked tests run by default on a CUDA machine.
+    pytest                               CUDA present: compiled kernels, gpu tests run
+                                         no CUDA: interpreter, gpu tests skipped
+    TRITON_INTERPRET=1 pytest            force the interpreter (gpu tests skipped)
 """
 
 import os
 
+import torch  # noqa: E402  (importing torch compiles no kernel)
+
 if "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "0" if os.environ.get("VTOKEN_TEST_GPU") == "1" else "1"
+    os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 # The test process only runs small references next to busy servers: one thread avoids OpenMP

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sgl_vtoken.kernels import attn_lse_ref, attn_scores_, attn_scores_ref_
+from sgl_vtoken.kernels.attn_scores import default_launch
 
 TOL = dict(rtol=2e-5, atol=2e-6)  # fp32 maths; summation order and exp differ between impls
 
@@ -126,6 +127,47 @@ def test_lse_is_computed_when_not_given(device):
     torch.testing.assert_close(without, with_lse, **TOL)
 
 
+@pytest.mark.parametrize(
+    "hq,hkv,num_splits,block_n,lse_mode,per_head,decay",
+    [
+        (16, 2, 1, None, None, True, 1.0),  # groups of 8, one split: every tile of a row in one program
+        (8, 1, 3, 16, "log2", False, 0.0),  # MQA, splits of uneven fill
+        (24, 3, 7, 8, None, True, 0.5),  # 24 query heads (padded to 32), 3 KV heads (padded to 4)
+        (4, 4, 5, 4, "ln", False, 1.0),  # no grouping, more splits than tiles in short rows
+        (12, 4, 2, 32, None, False, 0.0),  # one tile covers a whole split
+    ],
+)
+def test_tiles_and_splits_match_reference(device, hq, hkv, num_splits, block_n, lse_mode, per_head, decay):
+    """Rows longer than a tile, split into uneven (and empty) ranges, slots in random order."""
+    g = torch.Generator().manual_seed(hq * 10 + num_splits)
+    lens = [70, 3, 0, 129, 16]
+    q, k, indptr, idx = _batch(lens, hq, hkv, 32, 300, g, device)
+    sm_scale = 0.3
+    lse = _lse(lse_mode, q, k, indptr, idx, sm_scale)
+    score0 = torch.rand((300, hkv) if per_head else (300,), generator=g).to(device)
+    expected, got = score0.clone(), score0.clone()
+    kw = dict(lse=lse, lse_base=lse_mode or "ln", decay=decay)
+    attn_scores_ref_(q, k, indptr, idx, expected, sm_scale, **kw)
+    attn_scores_(q, k, indptr, idx, got, sm_scale, impl="triton", num_splits=num_splits, block_n=block_n, **kw)
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+@pytest.mark.parametrize(
+    "shape,expected",
+    [
+        # Llama-3.1-8B on an H200: 16 tokens x 8 KV heads x 256 B = 32 KiB tiles
+        (dict(bs=64, hq=32, hkv=8, head_dim=128, elem=2, tokens=2048), (16, 9, 4)),
+        (dict(bs=8, hq=32, hkv=8, head_dim=128, elem=2, tokens=2048), (16, 64, 4)),
+        (dict(bs=256, hq=32, hkv=8, head_dim=128, elem=2, tokens=4096), (16, 3, 4)),
+        (dict(bs=1, hq=32, hkv=8, head_dim=128, elem=2, tokens=32768), (16, 256, 4)),
+        (dict(bs=4, hq=9, hkv=3, head_dim=64, elem=2, tokens=100), (64, 1, 4)),  # SmolLM2: short rows
+        (dict(bs=2, hq=128, hkv=1, head_dim=128, elem=2, tokens=4096), (64, 32, 4)),  # MQA: logits bound
+    ],
+)
+def test_default_launch_parameters(shape, expected):
+    assert default_launch(**shape, num_sms=132) == expected
+
+
 def test_offsets_beyond_2_pow_31(device):
     """slot * slot_stride > 2**31 elements in k_buffer (a lazily committed ~4.3 GB reservation)."""
     if device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory < 16 << 30:
@@ -180,15 +222,39 @@ def test_invalid_arguments(change, match):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("per_head", [False, True])
-def test_gpu_realistic_decode_batch(device, per_head):
+@pytest.mark.parametrize(
+    "per_head,lse_given,decay", [(False, True, 1.0), (True, True, 0.0), (True, False, 1.0), (False, False, 0.5)]
+)
+def test_gpu_realistic_decode_batch(device, per_head, lse_given, decay):
+    """Llama-3.1-8B heads (32 query / 8 KV, head_dim 128, bf16: tensor-core logits), 64 rows of
+    random lengths on random slots, default launch parameters."""
     g = torch.Generator().manual_seed(7)
     lens = torch.randint(1, 3000, (64,), generator=g).tolist()
     q, k, indptr, idx = _batch(lens, 32, 8, 128, 200_000, g, device, dtype=torch.bfloat16)
-    lse = attn_lse_ref(q, k, indptr, idx, 1 / math.sqrt(128)) / math.log(2.0)
+    lse = attn_lse_ref(q, k, indptr, idx, 1 / math.sqrt(128)) / math.log(2.0) if lse_given else None
     shape = (200_000, 8) if per_head else (200_000,)
-    expected, got = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
+    score0 = torch.rand(shape, generator=g).to(device)
+    expected, got = score0.clone(), score0.clone()
     for t, impl in ((expected, "torch"), (got, "triton")):
-        attn_scores_(q, k, indptr, idx, t, 1 / math.sqrt(128), lse=lse, lse_base="log2", impl=impl)
+        attn_scores_(q, k, indptr, idx, t, 1 / math.sqrt(128), lse=lse, lse_base="log2", decay=decay, impl=impl)
     torch.cuda.synchronize()
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_default_path_never_syncs(device):
+    """With or without an LSE, a call only enqueues work (the eviction step allows one sync)."""
+    g = torch.Generator().manual_seed(8)
+    q, k, indptr, idx = _batch([300, 17, 1000], 32, 8, 128, 4096, g, device, dtype=torch.bfloat16)
+    lse = torch.zeros(3, 32, device=device)
+    score = torch.zeros(4096, 8, device=device)
+    for lse_arg in (lse, None):  # compile first
+        attn_scores_(q, k, indptr, idx, score, 0.088, lse=lse_arg, lse_base="log2", decay=0.0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for lse_arg in (lse, None):
+            attn_scores_(q, k, indptr, idx, score, 0.088, lse=lse_arg, lse_base="log2", decay=0.0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sgl_vtoken.pages import PageAllocator, num_pages
-from sgl_vtoken.reference import attention_ref, move_kv_ref_, row_attention_ref
+from sgl_vtoken.kernels.reference import repack_kv_ref_
+from sgl_vtoken.reference import attention_ref, row_attention_ref
 from sgl_vtoken.row import RequestRow, is_dense_row
 
 H, D = 2, 4
@@ -135,10 +136,10 @@ def test_moves_in_order_in_chunks_equal_gather_then_scatter(n, chunk, seed):
     plan = row.plan(keep)
     kv = torch.randn(alloc.num_slots, 3, generator=g)
     whole = kv.clone()
-    move_kv_ref_(whole, plan.src, plan.dst)
+    repack_kv_ref_([whole], [], plan.src, plan.dst)
     chunked = kv.clone()
     for i in range(0, plan.num_moved, chunk):
-        move_kv_ref_(chunked, plan.src[i:i + chunk], plan.dst[i:i + chunk])
+        repack_kv_ref_([chunked], [], plan.src[i:i + chunk], plan.dst[i:i + chunk])
     sequential = kv.clone()
     for s, d in zip(plan.src.tolist(), plan.dst.tolist()):
         sequential[d] = sequential[s]

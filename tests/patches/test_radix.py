@@ -159,8 +159,8 @@ def match(cache, req):
 
 
 def test_a_row_that_dropped_a_shared_prompt_unlocks_its_unused_part(cache):
-    """relock_shallower: the lock moves up to the node holding the kept slots (split there); the
-    rest of the prompt becomes evictable; nothing is freed while a lock covers it."""
+    """relock_shallower: the lock moves up to the node covering the tokens the row still needs
+    (split there); the rest of the prompt becomes evictable; nothing is freed while a lock covers it."""
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
@@ -171,7 +171,7 @@ def test_a_row_that_dropped_a_shared_prompt_unlocks_its_unused_part(cache):
     req.last_node = match(cache, req).last_device_node
     req.lock = cache.lock(req.last_node)
     assert cache.protected_size() == 10 and cache.evictable_size() == 0
-    cache.relock_shallower(req, slots[[0, 1, 3]])              # the row keeps prompt tokens 0, 1, 3
+    cache.relock_shallower(req, 4)                             # the row keeps prompt tokens 0, 1, 3
     assert cache.protected_size() == 4 and cache.evictable_size() == 6
     assert cache.path_device_indices(req.last_node).tolist() == slots[:4].tolist()
     cache.unlock(req.lock)

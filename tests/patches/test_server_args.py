@@ -14,8 +14,9 @@ from sgl_vtoken.config import ENV_VAR, EvictConfig
 
 
 @pytest.fixture
-def parse(monkeypatch):
-    """SGLang's `prepare_server_args` with the plugin's hooks applied, as in the launcher."""
+def parse(monkeypatch, tiny_model):
+    """SGLang's `prepare_server_args` with the plugin's hooks applied, as in the launcher (the
+    tiny model unless the flags name another `--model-path`)."""
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
 
@@ -23,7 +24,7 @@ def parse(monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
 
     def run(*flags):
-        return prepare_server_args(["--model-path", "/nonexistent", *flags])
+        return prepare_server_args(["--model-path", str(tiny_model), *flags])
 
     return run
 
@@ -60,6 +61,16 @@ def test_flags_build_the_config(parse):
     (["--kv-evict", "streamingllm", "--kv-budget", "64", "--speculative-algorithm", "EAGLE"],
      "argument --speculative-algorithm:"),
     (["--kv-evict", "streamingllm", "--kv-budget", "64", "--pp-size", "2"], "argument --pp-size:"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "40000"],
+     "argument --kv-budget: must be <= the model's context length 32768 (got 40000)"),
+    (["--kv-evict", "streamingllm", "--kv-budget", str(2**63)], "argument --kv-budget:"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "4000", "--max-total-tokens", "4000"],
+     "argument --kv-budget: an evicting request holds up to budget + interval + page_size = 4002 KV "
+     "tokens, more than the pool's 4000"),
+    (["--kv-evict", "h2o", "--kv-budget", "64", "--kv-evict-config", '{"score_layers": [1, 99]}'],
+     "argument --kv-evict-config: score_layers [1, 99] must be layer ids < 2 (the model's layers)"),
+    (["--model-path", "/nonexistent", "--kv-evict", "streamingllm", "--kv-budget", "64"],
+     "argument --kv-evict: cannot read the config of --model-path '/nonexistent'"),
 ])
 def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
     with pytest.raises(SystemExit) as e:
@@ -172,7 +183,7 @@ def test_kvp_bad_checkpoints_exit_at_start_up_naming_the_cause(parse, capsys, ti
 
 def test_kvp_needs_a_readable_model_config(parse, capsys, kvp_checkpoint):
     with pytest.raises(SystemExit):
-        parse("--kv-evict", "kvp", "--kv-budget", "64", "--kv-evict-config",
+        parse("--model-path", "/nonexistent", "--kv-evict", "kvp", "--kv-budget", "64", "--kv-evict-config",
               json.dumps({"checkpoint": kvp_checkpoint()}))
     assert "cannot read the config of --model-path '/nonexistent'" in capsys.readouterr().err
 

@@ -1,0 +1,126 @@
+"""What the API reports for an evicting request: counts of the prompt as sent, and the eviction
+figures next to the usage.
+
+- `prompt_tokens` counts the logical prompt (what the client sent), `cached_tokens` the logical
+  prompt tokens that were not prefilled. A turn that continues from a stored compacted history
+  holds the history's live tokens in row coordinates (`radix._adopt`); SGLang would otherwise
+  report that shorter row.
+- `meta_info["kv_evict"]` (`/generate`) is request-level: SGLang sends such a value once, with the
+  first chunk of a stream, when nothing has been evicted yet. Streams carry it with their final
+  chunk instead.
+- OpenAI `usage` gains `kv_evict` (the same figures; summed over choices when `n > 1`) when the
+  request evicted. Standard clients ignore unknown usage fields (the `openai` client keeps them in
+  `usage.model_extra`). Streams report it in the usage chunk (`stream_options.include_usage`).
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+
+from .observe import META_KEY
+
+SUMMED = ("evicted_tokens", "live_tokens", "pages_freed", "evictions", "history_tokens",
+          "history_view_tokens")
+# The eviction figures a streamed request has seen so far, by request id (one dict per request:
+# the streaming response runs in its own task, whose context starts without it).
+_STREAMED: ContextVar[dict | None] = ContextVar("vtoken_streamed_kv_evict", default=None)
+
+
+def around_accept(original, acc, *args, req, **kwargs):
+    """AROUND `_GenerationStreamAccumulator.accept`: logical prompt counts; a stream's eviction
+    figures with its final chunk."""
+    st = getattr(req, "vtoken", None)
+    if st is None:
+        return original(acc, *args, req=req, **kwargs)
+    before = len(acc.rids)
+    info, stream = req.customized_info, req.stream
+    if stream and info is not None and not getattr(acc, "rust_server_mode", False):
+        if not req.finished():  # not yet: the figures would be those of the first token
+            req.customized_info = {k: v for k, v in info.items() if k != META_KEY} or None
+        else:  # SGLang sends request-level values of a stream only with its first chunk
+            req.stream = False
+    try:
+        original(acc, *args, req=req, **kwargs)
+    finally:
+        req.customized_info, req.stream = info, stream
+    if len(acc.rids) > before and st.logical_prompt is not None:
+        hidden = len(st.logical_prompt) - len(req.origin_input_ids)  # evicted history tokens
+        acc.prompt_tokens[-1] += hidden
+        acc.cached_tokens[-1] += hidden
+
+
+def around_generate_request(original, manager, *args, **kwargs):
+    """AROUND `TokenizerManager.generate_request` (an async generator): remember the eviction
+    figures each output carries, for the streamed usage chunk."""
+    outputs = original(manager, *args, **kwargs)
+
+    async def relay():
+        try:
+            async for out in outputs:
+                meta = out.get("meta_info") if isinstance(out, dict) else None
+                if meta and meta.get(META_KEY):
+                    seen = _STREAMED.get()
+                    if seen is None:
+                        seen = {}
+                        _STREAMED.set(seen)
+                    seen[meta.get("id")] = meta[META_KEY][0]
+                yield out
+        finally:
+            await outputs.aclose()
+
+    return relay()
+
+
+def summarize(reports: list[dict]) -> dict:
+    """One request's figures, or the sums over several choices (policy and budget of the first)."""
+    out = dict(reports[0])
+    for r in reports[1:]:
+        for key in SUMMED:
+            if key in r:
+                out[key] = out.get(key, 0) + r[key]
+    return out
+
+
+def _with_figures(usage, reports: list[dict]):
+    if reports and usage is not None:
+        if usage.__pydantic_extra__ is None:  # built before extras were allowed
+            object.__setattr__(usage, "__pydantic_extra__", {})
+        usage.kv_evict = summarize(reports)
+    return usage
+
+
+def around_calculate_response_usage(original, responses, *args, **kwargs):
+    """AROUND `UsageProcessor.calculate_response_usage` (non-streamed responses)."""
+    reports = [r["meta_info"][META_KEY][0] for r in responses
+               if isinstance(r, dict) and (r.get("meta_info") or {}).get(META_KEY)]
+    if reports:
+        _allow_usage_extras()
+    return _with_figures(original(responses, *args, **kwargs), reports)
+
+
+def around_calculate_streaming_usage(original, *args, **kwargs):
+    """AROUND `UsageProcessor.calculate_streaming_usage` (the usage chunk of a stream)."""
+    reports = list((_STREAMED.get() or {}).values())
+    if reports:
+        _allow_usage_extras()
+    return _with_figures(original(*args, **kwargs), reports)
+
+
+def _allow_usage_extras() -> None:
+    """Let SGLang's `UsageInfo` carry `kv_evict` into the JSON of every response model that nests
+    it (pydantic builds a nested model's serializer into its parent's schema). Done once, when
+    the first evicting request is reported."""
+    import sys
+
+    import pydantic
+    from sglang.srt.entrypoints.openai.protocol import UsageInfo as usage_cls
+
+    if usage_cls.model_config.get("extra") == "allow":
+        return
+    usage_cls.model_config["extra"] = "allow"
+    usage_cls.model_rebuild(force=True)
+    module = sys.modules[usage_cls.__module__]
+    for parent in vars(module).values():
+        if (isinstance(parent, type) and issubclass(parent, pydantic.BaseModel) and parent is not usage_cls
+                and any(usage_cls.__name__ in str(f.annotation) for f in parent.model_fields.values())):
+            parent.model_rebuild(force=True)
