@@ -3,14 +3,17 @@
 
     python scripts/collect_traces.py --model .cache/tiny-lm --out .cache/kvp/traces-train.pt
     python scripts/collect_traces.py --model .cache/tiny-lm --split heldout --out .cache/kvp/traces-heldout.pt
+    python scripts/collect_traces.py --model .cache/smollm2 --text pydoc --heldout-every 4 \
+        --num-seqs 24 --cut-every 64 --max-mb 400 --out .cache/kvp-smollm2/traces-train.pt
 
 Runs a Hugging Face model (eager attention, full causal attention, fp32) over `--num-seqs`
 seeded windows of `--seq-len` tokens of the text (default: the stdlib's .py files, split as in
-`train_tiny_lm.py`; `--text FILE` for any text) and writes one file in the format documented in
-`sgl_vtoken/kvp_train.py` (`Traces`): keys and values in float16, the future attention mass of
-every token at cut points `--min-cut, --min-cut + --cut-every, ...` up to `seq_len - horizon`,
-summed over the next `--horizon` queries and over the query heads of each KV head. The file's
-size is estimated first and refused above `--max-mb`. Prints one JSON line.
+`train_tiny_lm.py`; `--text pydoc` for Python's documentation prose, `--text FILE` for any
+text) and writes one file in the format documented in `sgl_vtoken/kvp_train.py` (`Traces`):
+keys and values in float16, the future attention mass of every token at cut points
+`--min-cut, --min-cut + --cut-every, ...` up to `seq_len - horizon`, summed over the next
+`--horizon` queries and over the query heads of each KV head. The file's size is estimated
+first and refused above `--max-mb`. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -75,7 +78,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="Hugging Face model folder")
     p.add_argument("--out", required=True)
-    p.add_argument("--text", default=None)
+    p.add_argument("--text", default=None, help="'stdlib' (default), 'pydoc' or a plain-text file; see "
+                   "train_tiny_lm.corpus")
+    p.add_argument("--heldout-every", type=int, default=10, help="every N-th document is held out")
     p.add_argument("--split", choices=("train", "heldout"), default="train")
     p.add_argument("--num-seqs", type=int, default=48)
     p.add_argument("--seq-len", type=int, default=512)
@@ -98,7 +103,8 @@ def main(argv=None) -> None:
         p.error(f"the traces would take {mb:.0f} MB > --max-mb {args.max_mb:.0f}; use fewer "
                 "--num-seqs, a shorter --seq-len or a larger --cut-every")
     t0 = time.perf_counter()
-    seqs = text_windows(args.model, args.text, args.split, args.num_seqs, args.seq_len, args.seed)
+    seqs = text_windows(args.model, args.text, args.split, args.num_seqs, args.seq_len, args.seed,
+                        args.heldout_every)
     keys, values, targets = [], [], []
     for ids in seqs:
         k, v, probs = hf_trace(model, ids)
@@ -108,7 +114,8 @@ def main(argv=None) -> None:
     tr = Traces(identity=identity, keys=torch.stack(keys), values=torch.stack(values),
                 positions=torch.arange(args.seq_len), cuts=cuts, targets=torch.stack(targets),
                 horizon=args.horizon, meta={"model": str(args.model), "split": args.split,
-                                            "text": args.text or "stdlib", "seed": args.seed})
+                                            "text": args.text or "stdlib", "seed": args.seed,
+                                            "heldout_every": args.heldout_every})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     tr.save(args.out)
     print(json.dumps({"event": "traces", "out": args.out, "split": args.split, "num_seqs": args.num_seqs,

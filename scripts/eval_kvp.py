@@ -4,7 +4,7 @@
     python scripts/eval_kvp.py --model .cache/tiny-lm --checkpoint .cache/kvp/kvp.safetensors \\
         --out .cache/kvp/eval.jsonl --plot docs/img/kvp_retained_mass.png
 
-For each of `--num-seqs` held-out windows of `--seq-len` tokens (split and seed as in
+For each of `--num-seqs` held-out windows of `--seq-len` tokens (text, split and seed as in
 `collect_traces.py --split heldout`, with `--seed`), the model runs once with full attention
 (eager, fp32). Then every policy is replayed step by step as the server runs it at interval 1:
 a `--prompt` token prefill (attention policies see its last `obs_window` queries), then before
@@ -115,7 +115,7 @@ def masked_nll(model, ids, rows, prompt) -> tuple[float, int]:
     return float(nll), T - 1
 
 
-def plot(summary: list[dict], path: str) -> None:
+def plot(summary: list[dict], path: str, title: str) -> None:
     """Retained mass vs budget (left) and its difference to streamingllm (right)."""
     import matplotlib
 
@@ -138,7 +138,7 @@ def plot(summary: list[dict], path: str) -> None:
         a.set_ylabel(label)
         a.grid(alpha=0.3)
     ax.legend()
-    fig.suptitle("Held-out text, trained tiny Llama, eviction at every step")
+    fig.suptitle(title)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
@@ -151,6 +151,9 @@ def main(argv=None) -> None:
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     p.add_argument("--budgets", nargs="+", type=int, default=[32, 64, 128, 256])
     p.add_argument("--ppl-budgets", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--text", default=None, help="'stdlib' (default), 'pydoc' or a plain-text file, as for "
+                   "collect_traces.py")
+    p.add_argument("--heldout-every", type=int, default=10, help="as for collect_traces.py")
     p.add_argument("--num-seqs", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--prompt", type=int, default=16)
@@ -167,7 +170,8 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     model = load_model(args.model)
     args.group = model.config.num_attention_heads // model.config.num_key_value_heads
-    seqs = text_windows(args.model, None, "heldout", args.num_seqs, args.seq_len, args.seed)
+    seqs = text_windows(args.model, args.text, "heldout", args.num_seqs, args.seq_len, args.seed,
+                        args.heldout_every)
     lines, acc = [], {}
     full_nll, count = 0.0, 0
     for s, ids in enumerate(seqs):
@@ -220,7 +224,8 @@ def main(argv=None) -> None:
     print(f"| full attention | {' | '.join('1.000' for _ in budgets)} | "
           + " | ".join(f"{by[('full', None)]['ppl']:.2f}" for _ in args.ppl_budgets) + " | - |")
     if args.plot:
-        plot([r for r in summary if r["budget"] in budgets], args.plot)
+        title = f"Held-out text ({args.text or 'stdlib'}), {Path(args.model).name}, eviction at every step"
+        plot([r for r in summary if r["budget"] in budgets], args.plot, title)
     print(json.dumps({"event": "done", "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
 
 

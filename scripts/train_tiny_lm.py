@@ -31,13 +31,21 @@ from sgl_vtoken.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
 
 
 def corpus(text: str | None, heldout_every: int) -> tuple[list[str], list[str]]:
-    """(train documents, held-out documents)."""
-    if text:
+    """(train documents, held-out documents) of `text`: None or ``"stdlib"`` (the standard
+    library's top-level ``.py`` files), ``"pydoc"`` (the language reference and library topics
+    that ship with Python in ``pydoc_data.topics``: English prose with code examples), both split
+    every `heldout_every`-th document, or a plain-text file (last 10% held out)."""
+    if text == "pydoc":
+        from pydoc_data.topics import topics
+
+        docs = [topics[name] for name in sorted(topics)]
+    elif text in (None, "stdlib"):
+        files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+        docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    else:
         body = Path(text).read_text(encoding="utf-8", errors="replace")
         cut = int(len(body) * 0.9)
         return [body[:cut]], [body[cut:]]
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-    docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]
     return ([d for i, d in enumerate(docs) if i % heldout_every],
             [d for i, d in enumerate(docs) if i % heldout_every == 0])
 
@@ -69,7 +77,8 @@ def perplexity(model, ids: torch.Tensor, seq_len: int, max_windows: int) -> floa
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(REPO / ".cache" / "tiny-lm"), help="model folder to write")
-    p.add_argument("--text", default=None, help="plain-text file (default: the stdlib's .py files)")
+    p.add_argument("--text", default=None, help="'stdlib' (the default: the stdlib's .py files), 'pydoc' "
+                   "(Python's documentation topics) or a plain-text file")
     p.add_argument("--heldout-every", type=int, default=10)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--steps", type=int, default=1200)

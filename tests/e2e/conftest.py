@@ -42,27 +42,35 @@ MAX_ALIVE = 2  # each CPU server takes ~3 GB: keep the most recently used ones o
 
 @pytest.fixture(scope="session")
 def server_factory(tiny_model):
-    """`server_factory(page_size=16, extra=(...), env={...}, pool=4096)` -> Client.
+    """`server_factory(page_size=16, extra=(...), env={...}, pool=4096, model=None)` -> Client.
 
-    One server per distinct configuration, started on first use; the least recently used one is
-    stopped when more than `MAX_ALIVE` would run. All are stopped at the end of the session.
+    One server per distinct configuration (model: the tiny model unless a path is given), started
+    on first use; the least recently used one is stopped when more than `MAX_ALIVE` would run.
+    All are stopped at the end of the session; `server_factory.stop(client)` stops one earlier.
     """
     started: dict[tuple, ServerProcess] = {}
 
     def get(page_size: int = 1, extra: tuple[str, ...] = (), env: dict | None = None,
-            pool: int = 4096) -> Client:
+            pool: int = 4096, model=None) -> Client:
         env = MEMORY_CHECKS if env is None else env
-        key = (page_size, tuple(extra), tuple(sorted(env.items())), pool)
+        model = tiny_model if model is None else model
+        key = (str(model), page_size, tuple(extra), tuple(sorted(env.items())), pool)
         if key in started:
             started[key] = started.pop(key)  # most recently used last
         else:
             while len(started) >= MAX_ALIVE:
                 started.pop(next(iter(started))).stop()
-            args = cpu_server_args(tiny_model, max_total_tokens=pool, page_size=page_size)
+            args = cpu_server_args(model, max_total_tokens=pool, page_size=page_size)
             args += ["--dtype", "float32", "--enable-cache-report", *extra]
             started[key] = ServerProcess(args, env=env).start()
         return Client(started[key])
 
+    def stop(client: Client) -> None:
+        for key, server in list(started.items()):
+            if server is client.server:
+                started.pop(key).stop()
+
+    get.stop = stop
     yield get
     for server in started.values():
         server.stop()

@@ -43,3 +43,15 @@ def test_collect_refuses_traces_over_the_size_bound(tiny_model, tmp_path, capsys
         load("collect_traces").main(["--model", str(tiny_model), "--out", str(tmp_path / "t.pt"),
                                      "--max-mb", "0.001", "--threads", "1"])
     assert "--max-mb" in capsys.readouterr().err
+
+
+def test_pydoc_corpus_holds_out_whole_topics():
+    """`--text pydoc` (the real model's traces): Python's documentation topics, every N-th topic
+    held out whole, so held-out windows never overlap a training topic."""
+    from pydoc_data.topics import topics
+
+    train, held = load("train_tiny_lm").corpus("pydoc", 4)
+    names = sorted(topics)
+    assert held == [topics[n] for n in names[::4]]
+    assert len(train) + len(held) == len(topics) and not set(train) & set(held)
+    assert load("train_tiny_lm").corpus(None, 4) == load("train_tiny_lm").corpus("stdlib", 4)

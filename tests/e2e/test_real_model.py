@@ -1,0 +1,136 @@
+"""Exactness on a real model: SmolLM2-135M-Instruct (fp32, CPU) served under every eviction policy
+at page sizes 1 and 16 decodes, token for token, what the Hugging Face masked reference decodes.
+
+One server per page size, `--kv-evict kvp` with a KVP checkpoint for this model (so the holed
+radix cache is on and `kvp` is served from its flags); every other policy is asked per request
+(`custom_params.kv_evict`). Sinks are 16 at both page sizes, so one reference per policy checks
+both servers. Prompts are Python documentation prose (`pydoc_data.topics`), a different topic per
+policy, longer than the budget, so the first decode step already evicts and every later one too.
+"""
+
+import json
+import time
+
+import pytest
+import torch
+
+from conftest import MEMORY_CHECKS
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.hf_reference import masked_greedy
+
+pytestmark = pytest.mark.server
+
+POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
+TOPICS = dict(zip(POLICIES, ["assert", "atom-identifiers", "augassign", "binary", "bitwise", "booleans",
+                             "class"]))
+WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters plus a recent window
+BUDGET, SINK, PROMPT, NEW = 64, 16, 160, 32
+POOL = 2048
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_model):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_model, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_model):
+    import pydoc_data.topics
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_model)
+    out = {p: tok(pydoc_data.topics.topics[t], add_special_tokens=False)["input_ids"][:PROMPT]
+           for p, t in TOPICS.items()}
+    assert all(len(ids) == PROMPT for ids in out.values())
+    return out
+
+
+@pytest.fixture(scope="module")
+def kvp_checkpoint(hf_model, prompts, tmp_path_factory):
+    """A seeded, untrained KVP scorer for SmolLM2 (30 layers x 3 KV heads x 64), its features
+    standardized on one full-attention pass: exactness needs the same scorer on both sides, not
+    a good one."""
+    from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
+
+    scorer = KVPScorer(ModelIdentity.from_hf_config(hf_model.config.to_dict()), hidden=16, seed=0)
+    with torch.no_grad():
+        cache = hf_model(torch.tensor([prompts["kvp"]]), use_cache=True).past_key_values
+        keys = torch.stack([layer.keys[0] for layer in cache.layers]).permute(2, 0, 1, 3)   # [T, L, H, D]
+        values = torch.stack([layer.values[0] for layer in cache.layers]).permute(2, 0, 1, 3)
+        x = scorer.features(keys, values, torch.arange(keys.shape[0]))                      # [T, G, F]
+        scorer.feat_mean.copy_(x.mean(0))
+        scorer.feat_std.copy_(x.std(0).clamp_min(1e-6))
+    return str(save_checkpoint(scorer, tmp_path_factory.mktemp("kvp-smollm2") / "kvp.safetensors"))
+
+
+@pytest.fixture(scope="module", params=[1, 16], ids=lambda ps: f"page{ps}")
+def server(request, server_factory, smollm2_model, kvp_checkpoint):
+    """One SmolLM2 server per page size, stopped before the next starts."""
+    extra = ("--kv-evict", "kvp", "--kv-budget", str(BUDGET), "--kv-sink", str(SINK),
+             "--kv-evict-config", json.dumps({"checkpoint": kvp_checkpoint}))
+    client = server_factory(page_size=request.param, extra=extra, env=MEMORY_CHECKS, pool=POOL,
+                            model=smollm2_model)
+    yield client
+    server_factory.stop(client)
+
+
+@pytest.fixture(scope="module")
+def references(hf_model, kvp_checkpoint):
+    """policy -> masked-reference tokens, computed once for both page sizes."""
+    cache = {}
+
+    def get(policy, prompt, rid):
+        if policy not in cache:
+            params = {"checkpoint": kvp_checkpoint} if policy == "kvp" else {}
+            cfg = EvictConfig(policy=policy, budget=BUDGET, sink=SINK, window=WINDOW.get(policy, 0),
+                              params=params)
+            torch.set_num_threads(2)  # the server idles meanwhile
+            try:
+                cache[policy] = masked_greedy(hf_model, prompt, NEW, cfg, rid=rid)[0]
+            finally:
+                torch.set_num_threads(1)
+        return cache[policy]
+
+    return get
+
+
+def generate(client, prompt, rid, kv_evict=None):
+    params = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+    if kv_evict is not None:
+        params["custom_params"] = {"kv_evict": kv_evict}
+    return client.post("/generate", {"rid": rid, "input_ids": prompt, "sampling_params": params},
+                       timeout=300)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_equals_masked_reference(server, references, prompts, policy):
+    """fp32, interval 1, a 160-token prompt cut to a 64-token budget at the first decode step and
+    one token evicted at every later step: the server's 32 greedy tokens equal HF attending to
+    exactly the kept keys at their original positions (victims chosen by the library policy from
+    HF's own keys, values and eager attention probabilities), and differ from full attention on
+    the same server (the eviction changed the output)."""
+    prompt, rid = prompts[policy], f"real-{policy}"
+    kv = None if policy == "kvp" else {"policy": policy, "window": WINDOW.get(policy, 0)}
+    out = generate(server, prompt, rid, kv)
+    report = out["meta_info"]["kv_evict"][0]
+    assert report["policy"] == policy and report["budget"] == BUDGET
+    assert report["evictions"] >= NEW - 1 and report["evicted_tokens"] >= PROMPT + NEW - 2 - BUDGET
+    assert out["output_ids"] == references(policy, prompt, rid)
+    full = generate(server, prompt, rid + "-full", {"policy": "none"})
+    assert out["output_ids"] != full["output_ids"]
+
+
+def test_pool_whole_and_checkers_quiet(server):
+    """After the cases above, every KV slot is free or reclaimable cache, and SGLang's memory
+    checkers (strict busy check, pool debug, page invariants) raised nothing."""
+    deadline = time.monotonic() + 30
+    while (st := server.vtoken_state())["pool_available_tokens"] + st["pool_evictable_tokens"] \
+            != st["pool_total_tokens"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert st["evictions"] >= len(POLICIES) * (NEW - 1)
+    log = server.server.log_text()
+    assert "Traceback" not in log and server.server.healthy()
