@@ -275,7 +275,9 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
         return None
     slots = slots.to(torch.int64).cpu()
     if w < cpl and st.cfg.reclaim == "vtoken":  # the copies no longer need the tree
-        tree.relock_shallower(req, w)  # (Naive-Evict keeps its lock: see held.hold_naive_pages)
+        # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
+        # (Naive-Evict keeps its lock: see held.hold_naive_pages.)
+        tree.relock_shallower(req, int(positions[split.whole].max()) + 1 if w else 0)
     view = torch.cat([row[split.whole], slots, row[cpl:]])
     priv = keep[keep >= cpl] - cpl + w + new
     return view, torch.cat([torch.arange(w + c), priv]), w, row[split.copy], slots[:c]

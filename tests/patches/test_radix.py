@@ -37,6 +37,9 @@ class ReqToToken:
     def __init__(self):
         self.req_to_token = torch.zeros(4, 256, dtype=torch.int32)
 
+    def write(self, index, values):
+        self.req_to_token[index] = values.to(torch.int32)
+
 
 class KV:
     def __init__(self, idx: int):
@@ -176,3 +179,81 @@ def test_a_row_that_dropped_a_shared_prompt_unlocks_its_unused_part(cache):
     assert cache.path_device_indices(req.last_node).tolist() == slots[:4].tolist()
     cache.unlock(req.lock)
     assert cache.evictable_size() == 10 and alloc.available_size() + 10 == alloc.size
+
+
+class PagedAllocator(Allocator):
+    """`Allocator` in whole pages, with the K/V pool `evict_request` reads and moves."""
+
+    def __init__(self, pages: int, page_size: int):
+        super().__init__(pages * page_size)
+        self.page_size = page_size
+        self.free_slots = list(range(page_size, (pages + 1) * page_size))  # page 0 is reserved
+        self.pool = type("Pool", (), {"layer_num": 1, "k_buffer": [torch.zeros(pages * page_size + page_size, 1, 2)],
+                                      "v_buffer": [torch.zeros(pages * page_size + page_size, 1, 2)]})()
+        self.pool.get_key_buffer = lambda layer: self.pool.k_buffer[layer]
+
+    def get_kvcache(self):
+        return self.pool
+
+    def alloc(self, n: int) -> torch.Tensor:
+        assert n % self.page_size == 0
+        return super().alloc(n)
+
+    def free_page_ids(self, pages: torch.Tensor) -> None:
+        ps = self.page_size
+        self.free((pages[:, None] * ps + torch.arange(ps)).flatten())
+
+    def free_segment(self, slots: torch.Tensor, start_pos: int = 0) -> None:
+        self.free(slots)
+
+
+@pytest.mark.parametrize("policy", ["streamingllm", "random", "h2o"])
+def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeypatch):
+    """Page size 16: a decoding request keeps whole shared prompt pages that need not be a
+    prefix of the prompt (sinks, then a later run of pages). Under memory pressure the tree
+    frees every unlocked node, so after each eviction none of the row's slots may be free:
+    the lock must reach the last whole page the row still references, not just as many tokens
+    as it keeps."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from sgl_vtoken.patches import radix
+    from sgl_vtoken.patches.eviction import evict_request, new_state
+
+    ps, prompt_len, steps = 16, 128, 120
+    monkeypatch.setattr(radix, "_active", True)
+    alloc = PagedAllocator(64, ps)
+    cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
+                                                  token_to_kv_pool_allocator=alloc, page_size=ps))
+    scheduler = type("Scheduler", (), {"tree_cache": cache, "req_to_token_pool": cache.req_to_token_pool,
+                                       "token_to_kv_pool_allocator": alloc})()
+    cfg = EvictConfig(policy=policy, budget=96, sink=16, interval=16, page_size=ps,
+                      window=16 if policy == "h2o" else 0)
+    st = new_state(cfg, "r0")
+    assert st.holed
+    req = Req(list(range(1000, 1000 + prompt_len)), st)
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = prompt_len
+    req.kv.swa_evict_floor, req.extend_end = 0, prompt_len
+    req.refresh_fill_ids()
+    rtt = cache.req_to_token_pool.req_to_token
+    rtt[0, :prompt_len] = alloc.alloc(prompt_len).to(torch.int32)
+    gen = torch.Generator().manual_seed(0)
+    if st.accumulator is not None:  # attention of the prompt's last query: any seeded values
+        st.accumulator.update(torch.rand(1, prompt_len, 1, 1, generator=gen))
+    evictions = 0
+    for t in range(steps):
+        row_len = req.kv.kv_committed_len
+        if row_len >= cfg.budget + cfg.interval:
+            evictions += evict_request(scheduler, req, st, row_len) > 0
+            cache.evict(EvictParams(num_tokens=10**6))  # memory pressure: every unlocked node goes
+            row = rtt[0, :req.kv.kv_committed_len].tolist()
+            assert not set(row) & set(alloc.free_slots), f"step {t}: the row uses freed slots"
+            row_len = req.kv.kv_committed_len
+        slot = int(rtt[0, row_len - 1]) + 1 if row_len % ps else int(alloc.alloc(ps)[0])
+        rtt[0, row_len] = slot
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = row_len + 1
+        req.output_ids.append(2000 + t)
+        req.refresh_fill_ids()
+        if st.accumulator is not None:
+            st.accumulator.update(torch.rand(1, row_len + 1, 1, 1, generator=gen))
+    assert evictions >= 5
