@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from .retraction import restore_outputs
+
 
 def _cap(st) -> int:
     return st.cfg.budget + st.cfg.interval + st.cfg.page_size
@@ -70,8 +72,6 @@ def adder_class(base: type) -> type:
             with _clipped(self._peers(req)):
                 result = super().add_one_req(req, *args, **kwargs)
             if st is not None and st.real_outputs is not None and req not in self.can_run_list:
-                from .retraction import restore_outputs
-
                 restore_outputs(req, st)  # not admitted this round: its real outputs back
             return result
 

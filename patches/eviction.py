@@ -20,20 +20,20 @@ held by the request (see `held.py`).
 
 from __future__ import annotations
 
+from array import array
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from sgl_vtoken.config import EvictConfig
-from array import array
-
+from sgl_vtoken.kernels import repack_kv_
 from sgl_vtoken.planner import drop_tree_rows, plan_eviction, split_tree_pages
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
-from sgl_vtoken.kernels import repack_kv_
 
 from . import held, radix
 from .counters import counters_of
@@ -148,14 +148,10 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     return True
 
 
-def _gather_keys(pool, slots: torch.Tensor) -> torch.Tensor:
-    """``[n, layers, H, D]`` cached keys of `slots` (for key-based policies)."""
-    return torch.stack([pool.get_key_buffer(layer)[slots] for layer in range(pool.layer_num)], dim=1)
-
-
-def _gather_values(pool, slots: torch.Tensor) -> torch.Tensor:
-    """``[n, layers, H, D]`` cached values of `slots` (for value-based policies: KVP)."""
-    return torch.stack([pool.get_value_buffer(layer)[slots] for layer in range(pool.layer_num)], dim=1)
+def _gather(get_buffer, layers: int, slots: torch.Tensor) -> torch.Tensor:
+    """``[n, layers, H, D]`` cached keys or values of `slots` (`get_buffer`: the pool's
+    `get_key_buffer` or `get_value_buffer`), for key- and value-based policies."""
+    return torch.stack([get_buffer(layer)[slots] for layer in range(layers)], dim=1)
 
 
 def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
@@ -177,12 +173,12 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     if st.holed and cfg.page_size == 1:
         st.undo = (st.undo[0], (row, positions, st.steps, st.kept_pos, st.offset, dict(st.report), st.pages_freed))
     cpl = kv.cache_protected_len
-    keys = None
-    if "keys" in st.policy.needs:  # every TP rank scores all KV heads: identical victims
-        keys = tp_gather(_gather_keys(pool, row_dev).cpu(), getattr(scheduler, "tp_group", None), dim=2)
-    values = None
+    keys = values = None  # every TP rank scores all KV heads: identical victims
+    tp_group = getattr(scheduler, "tp_group", None)
+    if "keys" in st.policy.needs:
+        keys = tp_gather(_gather(pool.get_key_buffer, pool.layer_num, row_dev).cpu(), tp_group, dim=2)
     if "values" in st.policy.needs:
-        values = tp_gather(_gather_values(pool, row_dev).cpu(), getattr(scheduler, "tp_group", None), dim=2)
+        values = tp_gather(_gather(pool.get_value_buffer, pool.layer_num, row_dev).cpu(), tp_group, dim=2)
     attn = st.accumulator.stats if st.accumulator is not None else None
     if attn is not None and attn.shape[0] != row_len:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
@@ -190,12 +186,12 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     view = TokenView(positions=positions, keys=keys, attn=attn, shared=shared, rid=st.rid, step=st.steps,
                      values=values)
     keep = st.policy.keep(view, cfg.budget)
-    row_keep, new_cpl, copy_src, copy_dst = keep, cpl, row[:0], row[:0]
+    left = LeftTree(row, keep, cpl, row[:0], row[:0])  # nothing leaves the tree
     if st.holed and cpl:
         left = _leave_tree(scheduler, req, st, row, keep, cpl, positions)
         if left is None:
             return 0  # no free page to copy kept shared tokens into: retry at the next step
-        row, row_keep, new_cpl, copy_src, copy_dst = left
+    row, row_keep, new_cpl, copy_src, copy_dst = left
     if st.accumulator is not None:
         st.accumulator.select(keep)
     plan = plan_eviction(row, row_keep, cpl=new_cpl, page_size=cfg.page_size)
@@ -245,12 +241,22 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     return evicted
 
 
+class LeftTree(NamedTuple):
+    """The row as the planner gets it once tree-owned victims have left its view."""
+
+    row: torch.Tensor       # slots of the row: kept tree slots, copies, then the private part
+    keep: torch.Tensor      # kept row indices into `row`
+    cpl: int                # tree-owned prefix of `row`
+    copy_src: torch.Tensor  # kept shared slots copied into the request's own pages ...
+    copy_dst: torch.Tensor  # ... and the slots they go to (page size > 1)
+
+
 def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torch.Tensor, cpl: int,
-                positions: torch.Tensor):
+                positions: torch.Tensor) -> LeftTree | None:
     """Let tree-owned victims leave the row's view (they are never freed by the request).
 
-    Returns ``(row', keep', cpl', copy_src, copy_dst)`` for the planner, or None when the
-    pages to copy kept shared tokens into cannot be allocated. Page size 1: kept tree slots stay
+    Returns the row for the planner, or None when the pages to copy kept shared tokens into
+    cannot be allocated. Page size 1: kept tree slots stay
     a row prefix (`drop_tree_rows`); slots of the request's own stored history that nobody else
     reaches are freed. Page size > 1: `split_tree_pages`; the copies go to new private pages put
     before the request's own, so the planner packs the kept private tokens right after them.
@@ -266,7 +272,7 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
             st.pages_freed += freed
         elif new_cpl < cpl:  # prompt positions are path indices: keep the path to the last kept one
             tree.relock_shallower(req, int(tree_kept.max()) + 1 if new_cpl else 0)
-        return row, keep, new_cpl, row[:0], row[:0]
+        return LeftTree(row, keep, new_cpl, row[:0], row[:0])
     split = split_tree_pages(keep, cpl, ps)
     c, w = split.copy.numel(), split.whole.numel()
     new = -(-c // ps) * ps
@@ -280,7 +286,7 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
         tree.relock_shallower(req, int(positions[split.whole].max()) + 1 if w else 0)
     view = torch.cat([row[split.whole], slots, row[cpl:]])
     priv = keep[keep >= cpl] - cpl + w + new
-    return view, torch.cat([torch.arange(w + c), priv]), w, row[split.copy], slots[:c]
+    return LeftTree(view, torch.cat([torch.arange(w + c), priv]), w, row[split.copy], slots[:c])
 
 
 def _alloc(scheduler, n: int) -> torch.Tensor | None:

@@ -12,9 +12,9 @@ from sgl_vtoken.pages import num_pages
 
 from . import held
 from .counters import counters_of
+from .server_args import server_config
 
 META_KEY = "kv_evict"
-
 
 
 def update_gauges(scheduler, batch) -> None:
@@ -51,8 +51,6 @@ def sample_held(scheduler) -> None:
 
 def after_get_internal_state(result, scheduler, *args, **kwargs):
     """AFTER `Scheduler.get_internal_state`: add the settings and counters under "vtoken"."""
-    from .runtime import server_config
-
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
         allocator = scheduler.token_to_kv_pool_allocator

@@ -17,7 +17,8 @@ SGLang's Python `RadixCache` plus:
 
 Sizes count live slots, so SGLang's pool checkers hold. Slots nobody else can reach are freed
 as soon as possible: those a running turn drops from the view it continued (`release_dropped`),
-and, when a history is stored, the older ancestors' slots its view no longer uses (`_punch`).
+and, when a history is stored, the older ancestors' slots its view no longer uses (`punch`); how
+histories are stored, found and freed is `history.py`.
 Only requests under eviction at page size 1 take the holed paths (`reuse_history: false` keeps
 prompt sharing and stores no history); every other request is served exactly as by `RadixCache`.
 """
@@ -34,7 +35,8 @@ from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefResult, EvictResul
                                                      MatchResult)
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from .retraction import adopt_retracted, restore_outputs, write_back
+from . import history
+from .retraction import adopt_retracted, write_back
 
 NAME = "vtoken"
 _active = False  # this process serves from a HoledRadixCache
@@ -59,21 +61,6 @@ def factory(ctx):
     return HoledRadixCache(ctx.params)
 
 
-def _live(node) -> int:
-    live = getattr(node, "vt_live", None)
-    return len(node.key) if live is None else live
-
-
-def _count_live(node) -> int:
-    """Mark `node` holed and (re)count its live slots."""
-    node.vt_live = int((node.value >= 0).sum())
-    return node.vt_live
-
-
-def _namespace(req, st) -> str:
-    return f"{req.extra_key or ''}|{st.cfg.history_namespace()}"
-
-
 class HoledRadixCache(RadixCache):
     """`RadixCache` whose holed nodes (attribute `vt_live`) count only live slots."""
 
@@ -84,7 +71,7 @@ class HoledRadixCache(RadixCache):
         delta = 0
         while node != self.root_node:
             if node.lock_ref == 0:
-                n = _live(node)
+                n = history.live(node)
                 self.evictable_size_ -= n
                 self.protected_size_ += n
                 delta -= n
@@ -97,7 +84,7 @@ class HoledRadixCache(RadixCache):
         delta = 0
         while node != self.root_node:
             if node.lock_ref == 1:
-                n = _live(node)
+                n = history.live(node)
                 self.evictable_size_ += n
                 self.protected_size_ -= n
                 delta += n
@@ -109,13 +96,13 @@ class HoledRadixCache(RadixCache):
     def _split_node(self, key, child, split_len):
         new_node = super()._split_node(key, child, split_len)
         if getattr(child, "vt_live", None) is not None:
-            _count_live(new_node)
-            _count_live(child)
+            history.count_live(new_node)
+            history.count_live(child)
         return new_node
 
     def _delete_leaf(self, node):
         super()._delete_leaf(node)
-        self.evictable_size_ += len(node.key) - _live(node)
+        self.evictable_size_ += len(node.key) - history.live(node)
 
     def evict(self, params) -> EvictResult:
         start = time.perf_counter()
@@ -151,7 +138,7 @@ class HoledRadixCache(RadixCache):
         st = getattr(req, "vtoken", None) if req is not None else None
         if st is None or not st.holed:
             return self._observed(super().match_prefix(params), params.key, st)
-        logical = _restore(req, st)
+        logical = history.restore(req, st)
         limit = req._compute_max_prefix_len(len(logical))
         key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
         result = super().match_prefix(MatchPrefixParams(key=key))
@@ -161,12 +148,12 @@ class HoledRadixCache(RadixCache):
         if (not st.cfg.reuse_history or self.page_size > 1 or req.output_ids
                 or (req.return_logprob and req.logprob_start_len >= 0)):
             return self._observed(result, key, st)  # retracted (re-prefilled whole) or logprobs
-        found = self._find_view(result.last_device_node, logical, limit, _namespace(req, st))
+        found = history.find_view(self, result.last_device_node, logical, limit, history.namespace(req, st))
         if found is None or found[1] <= result.device_prefix_len:
             return self._observed(result, key, st)
         node, depth = found
         positions, slots = node.vt_view
-        _adopt(req, st, logical, positions, depth)
+        history.adopt(req, st, logical, positions, depth)
         st.hit, st.attach = (node, slots), node.vt_attach
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node)
@@ -201,9 +188,10 @@ class HoledRadixCache(RadixCache):
         value[positions] = slots
         matched, node = self._insert_helper(self.root_node, key, value, 0)
         assert matched == 0, "a fresh namespace cannot match"
-        self.evictable_size_ -= len(node.key) - _count_live(node)
+        self.evictable_size_ -= len(node.key) - history.count_live(node)
         node.vt_view, node.vt_attach = (positions, slots), 0
         return node
+
     def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:
         """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
         when the policy reads attention: their queries seed its statistics, so a request's
@@ -223,30 +211,6 @@ class HoledRadixCache(RadixCache):
             return hit[1]
         return super().prefix_device_indices(req)
 
-    def _find_view(self, last, logical: array, limit: int, ns: str):
-        """(node, logical depth) of the deepest stored view that `logical[:limit]` extends."""
-        chain = []
-        while last is not None:
-            chain.append(last)
-            last = last.parent
-        best, depth = None, 0
-        for node in reversed(chain):
-            depth += len(node.key) if node is not self.root_node else 0
-            if depth >= limit:
-                break
-            key = RadixKey(logical[depth:limit], ns)
-            now = time.monotonic()
-            d = depth
-            while len(key):
-                child = node.children.get(key.child_key(self.page_size))
-                if child is None or child.key.match(key) < len(child.key):
-                    break
-                child.last_access_time = now
-                d, key, node = d + len(child.key), key[len(child.key):], child
-                if getattr(node, "vt_view", None) is not None and (best is None or d > best[1]):
-                    best = (node, d)
-        return best
-
     # --- inserting ------------------------------------------------------------------------------
     def checkpoint(self, req, *, up_to: int):
         st = getattr(req, "vtoken", None)
@@ -256,58 +220,15 @@ class HoledRadixCache(RadixCache):
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.reuse_history and self.page_size == 1:
             if st.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private
-                self._insert_history(req, st, up_to)
+                history.insert_history(self, req, st, up_to)
             counters = self.vt_counters
             if "history_tokens" in st.report and counters is not None:
                 counters.history_hits += 1
                 counters.history_tokens_reused += st.report["history_tokens"]
 
-    def _insert_history(self, req, st, row_len: int) -> None:
-        """Insert the finished row `[0, row_len)` with holes; the tree then owns all of it."""
-        logical = st.logical_ids(req)
-        slots = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
-        positions = st.positions(row_len).to(slots.device)
-        total = row_len + st.offset
-        head_key = RadixKey(logical[:min(st.attach, total)], req.extra_key, cache_salt=req.cache_salt)
-        values, attach_node = (self._match_prefix_helper(self.root_node, head_key) if len(head_key)
-                               else ([], self.root_node))
-        attach = sum(len(v) for v in values)
-        if attach >= total:
-            return
-        path = torch.cat(values) if values else slots[:0]
-        head = positions < attach
-        ok = bool((path[positions[head]] == slots[head]).all())
-        key = RadixKey(logical[attach:total], _namespace(req, st), cache_salt=req.cache_salt)
-        old, _ = self._match_prefix_helper(attach_node, key)
-        known = torch.cat(old) if old else slots[:0]
-        mid = ~head & (positions < attach + known.numel())
-        ok = ok and bool((known[positions[mid] - attach] == slots[mid]).all())
-        if not ok:
-            return  # another row's KV or holes at these positions: keep the row private
-        value = torch.full((total - attach,), -1, dtype=torch.int64, device=slots.device)
-        value[positions[~head] - attach] = slots[~head]
-        matched, node = self._insert_helper(attach_node, key, value, req.priority or 0)
-        if matched < len(key):  # a new holed node: the stock insert counted all of its key
-            self.evictable_size_ -= len(node.key) - _count_live(node)
-        node.vt_view, node.vt_attach = (positions.clone(), slots.clone()), attach
-        self.unlock(req.lock)
-        req.lock = self.lock(node)
-        req.last_node = node
-        req.kv.cache_protected_len = row_len
-        self._punch(node)
-
     def release_dropped(self, req, dropped: torch.Tensor) -> int:
-        """Free the slots `req`'s eviction dropped from its row that lie in holed nodes only its
-        row can reach (its stored view, not continued by anyone, and that view's chain, locked
-        only by it); their views become unusable. Returns the number of slots freed."""
-        node, freed = req.last_node, 0
-        if getattr(node, "vt_live", None) is None or node.lock_ref != 1 or node.children:
-            return 0
-        while getattr(node, "vt_live", None) is not None and node.lock_ref == 1 and len(node.children) <= 1:
-            node.vt_view = None
-            freed += self._free_where(node, torch.isin(node.value, dropped))
-            node = node.parent
-        return freed
+        """Free the slots `req`'s eviction dropped that only its row can reach (`history.py`)."""
+        return history.release_dropped(self, req, dropped)
 
     def relock_shallower(self, req, need: int) -> None:
         """Move `req`'s lock on a hole-free path up to the shallowest node that still covers the
@@ -330,46 +251,3 @@ class HoledRadixCache(RadixCache):
         lock = self.lock(node)
         self.unlock(req.lock)
         req.lock, req.last_node = lock, node
-
-    def _free_where(self, node, mask: torch.Tensor) -> int:
-        """Free the live slots of a locked holed node under `mask` (they become holes)."""
-        mask = mask & (node.value >= 0)
-        n = int(mask.sum())
-        if n:
-            self.token_to_kv_pool_allocator.free(node.value[mask])
-            node.value[mask] = -1
-            node.vt_live -= n
-            self.protected_size_ -= n
-        return n
-
-    def _punch(self, node) -> None:
-        """Free the live slots of `node`'s holed ancestors that its view does not use and that no
-        other row or view can reach (a chain locked only by `node`'s holder)."""
-        keep = node.vt_view[1]
-        a = node.parent
-        while getattr(a, "vt_live", None) is not None and a.lock_ref == 1 and len(a.children) == 1:
-            a.vt_view = None
-            self._free_where(a, ~torch.isin(a.value, keep))
-            a = a.parent
-
-
-def _restore(req, st) -> array:
-    """Undo a previous round's match: logical ids back in the request; returns them."""
-    restore_outputs(req, st)
-    if st.logical_prompt is not None:
-        req.origin_input_ids = st.logical_prompt
-        st.logical_prompt, st.hit = None, None
-        st.kept_pos, st.offset = st.kept_pos[:0], 0
-    req.refresh_fill_ids()
-    return req.full_untruncated_fill_ids
-
-
-def _adopt(req, st, logical: array, positions: torch.Tensor, depth: int, report: bool = True) -> None:
-    """Continue from a stored view: the request's ids become the view's ids + the new ids (row
-    coordinates), its positions those of the view, then `depth` onwards."""
-    st.logical_prompt = req.origin_input_ids
-    req.origin_input_ids = array("q", (logical[p] for p in positions.tolist())) + logical[depth:]
-    req.refresh_fill_ids()
-    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
-    if report:
-        st.report.update(history_tokens=depth, history_view_tokens=len(positions))

@@ -16,7 +16,9 @@ import re
 
 from sgl_vtoken.config import EvictConfig
 
-from .server_args import ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, REFUSE_ENV_VAR
+from .model_support import unsupported_model_reason
+from .server_args import (ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOICES, REFUSE_ENV_VAR, server_config,
+                          settings_problem)
 
 KEY = "kv_evict"
 FIELDS = ("policy", "budget", "sink", "window")
@@ -54,9 +56,6 @@ def resolve(server: EvictConfig, obj, choices: tuple[str, ...]) -> EvictConfig:
 
 def before_create_tokenized_object(manager, obj, *args, **kwargs):
     """BEFORE `TokenizerManager._create_tokenized_object`: reject an invalid `kv_evict` (HTTP 400)."""
-    from .runtime import server_config
-    from .server_args import KV_EVICT_CHOICES
-
     sp = getattr(obj, "sampling_params", None)
     custom = sp.get("custom_params") if isinstance(sp, dict) else None
     if isinstance(custom, dict) and KEY in custom:
@@ -69,9 +68,6 @@ def before_create_tokenized_object(manager, obj, *args, **kwargs):
 def check_fits_model(manager, cfg: EvictConfig) -> None:
     """Raise ValueError (HTTP 400) if the served model cannot be evicted or `cfg` does not fit it.
     Read from the tokenizer's `ModelConfig` on the first request that asks for eviction."""
-    from .model_support import unsupported_model_reason
-    from .server_args import settings_problem
-
     model_config = manager.model_config
     reason = getattr(manager, "_vtoken_model_reason", None)
     if reason is None:
@@ -86,8 +82,6 @@ def check_fits_model(manager, cfg: EvictConfig) -> None:
 
 def request_config(server: EvictConfig, sampling_params) -> EvictConfig:
     """The settings of a scheduler-side request (already validated by the tokenizer process)."""
-    from .server_args import KV_EVICT_CHOICES
-
     custom = getattr(sampling_params, "custom_params", None) or {}
     value = custom.get(KEY) if isinstance(custom, dict) else None
     return server if value is None else resolve(server, value, KV_EVICT_CHOICES)

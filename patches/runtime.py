@@ -6,23 +6,14 @@ request's own `kv_evict`): other requests behave exactly as in stock SGLang.
 
 from __future__ import annotations
 
-import functools
-
 import torch
-
-from sgl_vtoken.config import EvictConfig
 
 from . import held, metrics, observe, radix, scores
 from .counters import counters_of
 from .eviction import evict_batch, new_state
 from .model_support import kv_bytes_per_token, unsupported_pool_reason
 from .request_options import request_config
-
-
-@functools.cache
-def server_config() -> EvictConfig:
-    """This process's eviction settings, as published by the launcher."""
-    return EvictConfig.from_env()
+from .server_args import server_config
 
 
 def after_req_init(result, req, rid, *args, **kwargs):

@@ -14,13 +14,17 @@ with status 2 and a message that names the flag.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
 import sys
 
 from sgl_vtoken.config import ENV_VAR, RECLAIM_MODES, EvictConfig
-from sgl_vtoken.policies import POLICIES
+from sgl_vtoken.policies import POLICIES, make_policy
+
+from . import contract, radix
+from .model_support import server_model_config, unsupported_model_reason
 
 # Set by the launcher: why this server cannot evict per request ("" when it can).
 REFUSE_ENV_VAR = "VTOKEN_REFUSE"
@@ -164,8 +168,6 @@ def check_model_supported(cfg: EvictConfig, server_args) -> None:
     """With a server policy: exit 2 before weights load if the served model cannot be evicted,
     or the settings do not fit it (budget over the context length or the pool, score_layers
     outside its layers)."""
-    from .model_support import server_model_config, unsupported_model_reason
-
     path = getattr(server_args, "model_path", None)
     try:
         model_config = server_model_config(server_args)
@@ -198,8 +200,6 @@ def settings_problem(cfg: EvictConfig, context_len: int, num_layers: int, pool_t
 
 def check_policy_fits_model(cfg: EvictConfig, args) -> None:
     """Exit if the policy is tied to a model (KVP's trained scorers) and the served one differs."""
-    from sgl_vtoken.policies import make_policy
-
     check = getattr(make_policy(cfg.policy, **cfg.policy_kwargs()), "check_model", None)
     if check is None:
         return
@@ -221,25 +221,21 @@ def check_policy_fits_model(cfg: EvictConfig, args) -> None:
 def select_radix_backend(server_args, cfg: EvictConfig) -> None:
     """The holed radix cache (`radix.py`) serves prompt sharing under eviction and history
     reuse: chosen automatically with a server policy, refused explicitly where it cannot run."""
-    from .radix import NAME
-
     backend = getattr(server_args, "radix_cache_backend", None)
-    if backend == NAME:
+    if backend == radix.NAME:
         if getattr(server_args, "disable_radix_cache", False):
-            _fail(f"argument --radix-cache-backend: {NAME} cannot run with --disable-radix-cache")
+            _fail(f"argument --radix-cache-backend: {radix.NAME} cannot run with --disable-radix-cache")
     elif backend is None and cfg.enabled and not getattr(server_args, "disable_radix_cache", False):
-        server_args.radix_cache_backend = NAME
+        server_args.radix_cache_backend = radix.NAME
 
 
 def from_cli_args(result, cls, args: argparse.Namespace):
     """AFTER `ServerArgs.from_cli_args(args)` (a classmethod): validate and publish the settings."""
-    from .contract import check_hooks_applied
-
     cfg = config_from_namespace(args)
     if cfg.enabled:
         check_model_supported(cfg, result)
     select_radix_backend(result, cfg)
-    missing = check_hooks_applied()
+    missing = contract.check_hooks_applied()
     if missing and cfg.enabled:
         _fail(f"--kv-evict {cfg.policy}: sgl-vtoken hooks are not in place ({'; '.join(missing)}); "
               "refusing to serve stock SGLang under an eviction flag")
@@ -252,3 +248,9 @@ def from_cli_args(result, cls, args: argparse.Namespace):
     os.environ[ENV_VAR] = cfg.to_json()
     result._vtoken_config = cfg.to_dict()
     return result
+
+
+@functools.cache
+def server_config() -> EvictConfig:
+    """This process's eviction settings, as the launcher published them (`from_cli_args`)."""
+    return EvictConfig.from_env()

@@ -3,7 +3,7 @@ figures next to the usage.
 
 - `prompt_tokens` counts the logical prompt (what the client sent), `cached_tokens` the logical
   prompt tokens that were not prefilled. A turn that continues from a stored compacted history
-  holds the history's live tokens in row coordinates (`radix._adopt`); SGLang would otherwise
+  holds the history's live tokens in row coordinates (`history.adopt`); SGLang would otherwise
   report that shorter row.
 - `meta_info["kv_evict"]` (`/generate`) is request-level: SGLang sends such a value once, with the
   first chunk of a stream, when nothing has been evicted yet. Streams carry it with their final

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 ENV_VAR = "VTOKEN_CONFIG"
 RECLAIM_MODES = ("vtoken", "naive")
 AGGREGATIONS = ("sum", "max")
-SHARING_MODES = ("never", "consensus")
-TRIGGERS = ("always", "fragmentation")
+# The server honours "never" only (SharingAware's "consensus" is a library mode, tests/lib).
+SHARING_MODES = ("never",)
 DISABLED = "none"
 
 
@@ -48,10 +48,7 @@ class EvictConfig:
         seed: seed of seeded policies (``random``) and of the simulator.
         aggregation: how per-layer, per-head statistics become one score per token: sum or max.
         params: policy hyperparameters (``--kv-evict-config`` JSON), passed to the policy class.
-        sharing: ``"never"`` evict shared / tree-owned tokens, or only by ``"consensus"`` of holders.
-        trigger: ``"always"`` reclaim at every eviction, or only under ``"fragmentation"``.
-        frag_threshold: fragmentation F above which reclamation may run (paper default 0.25).
-        free_watermark: fraction of free pages at or below which reclamation may run.
+        sharing: ``"never"``: the policy never chooses a shared token (the only mode served).
         obs_window: attention policies: prompt queries whose attention seeds the statistics at
             prefill (the last `obs_window`, SnapKV-style).
         score_layers: attention policies: layer ids whose attention is scored (None: all).
@@ -70,9 +67,6 @@ class EvictConfig:
     aggregation: str = "sum"
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
     sharing: str = "never"
-    trigger: str = "always"
-    frag_threshold: float = 0.25
-    free_watermark: float = 0.1
     obs_window: int = 16
     score_layers: tuple[int, ...] | None = None
     reuse_history: bool = True
@@ -86,7 +80,6 @@ class EvictConfig:
         _check_choice("reclaim", self.reclaim, RECLAIM_MODES)
         _check_choice("aggregation", self.aggregation, AGGREGATIONS)
         _check_choice("sharing", self.sharing, SHARING_MODES)
-        _check_choice("trigger", self.trigger, TRIGGERS)
         _check_int("page_size", self.page_size, 1)
         _check_int("sink", self.sink, 0)
         _check_int("window", self.window, 0)
@@ -99,10 +92,6 @@ class EvictConfig:
                 raise ValueError(f"EvictConfig.score_layers must be a non-empty list of layer ids >= 0 "
                                  f"or None (got {self.score_layers!r})")
             object.__setattr__(self, "score_layers", tuple(sorted(set(self.score_layers))))
-        for name in ("frag_threshold", "free_watermark"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"EvictConfig.{name} must be a number in [0, 1] (got {value!r})")
         if not isinstance(self.reuse_history, bool):
             raise ValueError(f"EvictConfig.reuse_history must be true or false (got {self.reuse_history!r})")
         if not isinstance(self.params, Mapping):

@@ -126,7 +126,8 @@ def _rows(page_size, lens, seed=0):
 @needs_sglang
 @pytest.mark.parametrize("graph", [False, True])
 def test_decode_plan_uses_page_ids_and_the_real_page_size(graph):
-    _, decode_cls, _ = A._classes()
+    from sgl_vtoken.patches.flashinfer_backend import PagedDecodeUpdater as decode_cls
+
     page, lens = 4, [9, 4, 1]  # 3 pages (last holds 1), 1 full page, 1 page holding 1
     table, rpi = _rows(page, lens)
     backend = _backend(page, table)
@@ -160,7 +161,8 @@ def test_decode_fast_plan_gets_the_host_page_indptr():
         def __call__(self, *args, **kwargs):
             self.calls.append(kwargs)
 
-    _, decode_cls, _ = A._classes()
+    from sgl_vtoken.patches.flashinfer_backend import PagedDecodeUpdater as decode_cls
+
     table, rpi = _rows(4, [9, 4, 1])
     updater = _updater(decode_cls, _backend(4, table))
     wrapper = _RecordingWrapper(torch.zeros(14, dtype=torch.int32))
@@ -176,7 +178,8 @@ def test_decode_fast_plan_gets_the_host_page_indptr():
 @needs_sglang
 @pytest.mark.parametrize("use_ragged", [True, False])
 def test_extend_plan_pages_the_prefix_or_the_whole_row(use_ragged):
-    _, _, prefill_cls = A._classes()
+    from sgl_vtoken.patches.flashinfer_backend import PagedPrefillUpdater as prefill_cls
+
     page = 4
     seq = [10, 7]
     prefix = [8, 0]
@@ -211,7 +214,8 @@ def test_extend_plan_pages_the_prefix_or_the_whole_row(use_ragged):
     [(dict(spec_info=object()), "speculative decoding"), (dict(kv_start_idx=torch.zeros(1)), "sliding-window attention")],
 )
 def test_unsupported_features_are_named(kw, what):
-    _, decode_cls, _ = A._classes()
+    from sgl_vtoken.patches.flashinfer_backend import PagedDecodeUpdater as decode_cls
+
     table, rpi = _rows(4, [4])
     updater = _updater(decode_cls, _backend(4, table))
     args = dict(spec_info=None, kv_start_idx=None)

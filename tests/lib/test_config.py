@@ -15,7 +15,7 @@ def test_disabled_default_needs_no_budget():
 
 @pytest.mark.parametrize("kwargs", [
     dict(policy="h2o", budget=64, sink=4, window=16, interval=8, page_size=16, seed=7,
-         aggregation="max", params={}, reclaim="naive", sharing="consensus"),
+         aggregation="max", params={}, reclaim="naive", sharing="never"),
     dict(policy="scissorhands", budget=100, params={"history": 16, "threshold": 0.5}),
     dict(policy="none"),
 ])
@@ -52,14 +52,12 @@ def test_budget_required_when_enabled():
                       r"'scissorhands', 'streamingllm', 'tova'\]"),
     ("reclaim", "eager", r"EvictConfig.reclaim must be one of \['vtoken', 'naive'\]"),
     ("aggregation", "mean", r"EvictConfig.aggregation must be one of \['sum', 'max'\]"),
-    ("sharing", "always", r"EvictConfig.sharing must be one of"),
-    ("trigger", "never", r"EvictConfig.trigger must be one of"),
+    ("sharing", "consensus", r"EvictConfig.sharing must be one of \['never'\]"),
     ("interval", 0, r"EvictConfig.interval must be >= 1"),
     ("page_size", 0, r"EvictConfig.page_size must be >= 1"),
     ("sink", -1, r"EvictConfig.sink must be >= 0"),
     ("window", 1.5, r"EvictConfig.window must be an integer"),
     ("seed", 2**32, r"EvictConfig.seed must be in \[0, 4294967295\]"),
-    ("frag_threshold", 1.5, r"EvictConfig.frag_threshold must be a number in \[0, 1\]"),
     ("params", {"history": 99}, r"EvictConfig.params .* history must be an integer in \[1, 62\]"),
     ("params", {"nope": 1}, r"EvictConfig.params .*unexpected keyword argument 'nope'"),
 ])
@@ -73,6 +71,10 @@ def test_errors_name_field_and_allowed_values(field, value, match):
 def test_from_dict_rejects_unknown_keys_listing_fields():
     with pytest.raises(ValueError, match=r"no field\(s\) \['kv_budget'\]; allowed: \['policy'"):
         EvictConfig.from_dict({"kv_budget": 3})
+    # settings the server never honoured are unknown fields, not silently accepted ones
+    for name, value in (("trigger", "fragmentation"), ("frag_threshold", 0.25), ("free_watermark", 0.1)):
+        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history'\]"):
+            EvictConfig.from_dict({"policy": "none", name: value})
     with pytest.raises(ValueError, match="malformed"):
         EvictConfig.from_json("{policy:")
 

@@ -118,14 +118,14 @@ def _fake_scheduler(pool, total=4096):
 @pytest.fixture
 def server_policy(monkeypatch):
     """Set this process's server settings (as the launcher publishes them) for one test."""
-    from sgl_vtoken.patches import runtime
+    from sgl_vtoken.patches.server_args import server_config
 
     def use(cfg: EvictConfig):
         monkeypatch.setenv(ENV_VAR, cfg.to_json())
-        runtime.server_config.cache_clear()
+        server_config.cache_clear()
 
     yield use
-    runtime.server_config.cache_clear()
+    server_config.cache_clear()
 
 
 @pytest.mark.parametrize("pool", [_Untouchable(), _MLAPool()], ids=["untouchable", "mla"])

@@ -1,0 +1,157 @@
+"""Compacted histories in the holed radix cache (page size 1): a finished evicting request leaves
+its row in the tree with holes, a next turn that extends it continues from it, and the slots that
+nobody can reach any more are freed early (docs/design.md, "Prefix sharing under eviction").
+
+    node.vt_live    live slots of a holed node (its value is -1 where a token was evicted)
+    node.vt_view    (positions, slots) of the row that ended at this node, or None
+    node.vt_attach  logical prefix below the view whose KV is hole-free (full attention)
+
+The functions take the `radix.HoledRadixCache` (`tree`) whose nodes and sizes they change; its
+`match_prefix`, `checkpoint` and `release_dropped` call them.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+
+import torch
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from .retraction import restore_outputs
+
+
+def live(node) -> int:
+    """Live slots of `node` (all of its key unless it is holed)."""
+    n = getattr(node, "vt_live", None)
+    return len(node.key) if n is None else n
+
+
+def count_live(node) -> int:
+    """Mark `node` holed and (re)count its live slots."""
+    node.vt_live = int((node.value >= 0).sum())
+    return node.vt_live
+
+
+def namespace(req, st) -> str:
+    """Radix namespace of `req`'s stored histories: its own extra key and eviction settings."""
+    return f"{req.extra_key or ''}|{st.cfg.history_namespace()}"
+
+
+def find_view(tree, last, logical: array, limit: int, ns: str):
+    """(node, logical depth) of the deepest stored view that `logical[:limit]` extends, or None."""
+    chain = []
+    while last is not None:
+        chain.append(last)
+        last = last.parent
+    best, depth = None, 0
+    for node in reversed(chain):
+        depth += len(node.key) if node is not tree.root_node else 0
+        if depth >= limit:
+            break
+        key = RadixKey(logical[depth:limit], ns)
+        now = time.monotonic()
+        d = depth
+        while len(key):
+            child = node.children.get(key.child_key(tree.page_size))
+            if child is None or child.key.match(key) < len(child.key):
+                break
+            child.last_access_time = now
+            d, key, node = d + len(child.key), key[len(child.key):], child
+            if getattr(node, "vt_view", None) is not None and (best is None or d > best[1]):
+                best = (node, d)
+    return best
+
+
+def insert_history(tree, req, st, row_len: int) -> None:
+    """Insert the finished row `[0, row_len)` with holes; the tree then owns all of it. The row
+    stays private if the tree holds other KV, or holes, at its positions."""
+    logical = st.logical_ids(req)
+    slots = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
+    positions = st.positions(row_len).to(slots.device)
+    total = row_len + st.offset
+    head_key = RadixKey(logical[:min(st.attach, total)], req.extra_key, cache_salt=req.cache_salt)
+    values, attach_node = (tree._match_prefix_helper(tree.root_node, head_key) if len(head_key)
+                           else ([], tree.root_node))
+    attach = sum(len(v) for v in values)
+    if attach >= total:
+        return
+    path = torch.cat(values) if values else slots[:0]
+    head = positions < attach
+    ok = bool((path[positions[head]] == slots[head]).all())
+    key = RadixKey(logical[attach:total], namespace(req, st), cache_salt=req.cache_salt)
+    old, _ = tree._match_prefix_helper(attach_node, key)
+    known = torch.cat(old) if old else slots[:0]
+    mid = ~head & (positions < attach + known.numel())
+    ok = ok and bool((known[positions[mid] - attach] == slots[mid]).all())
+    if not ok:
+        return  # another row's KV or holes at these positions: keep the row private
+    value = torch.full((total - attach,), -1, dtype=torch.int64, device=slots.device)
+    value[positions[~head] - attach] = slots[~head]
+    matched, node = tree._insert_helper(attach_node, key, value, req.priority or 0)
+    if matched < len(key):  # a new holed node: the stock insert counted all of its key
+        tree.evictable_size_ -= len(node.key) - count_live(node)
+    node.vt_view, node.vt_attach = (positions.clone(), slots.clone()), attach
+    tree.unlock(req.lock)
+    req.lock = tree.lock(node)
+    req.last_node = node
+    req.kv.cache_protected_len = row_len
+    punch(tree, node)
+
+
+def release_dropped(tree, req, dropped: torch.Tensor) -> int:
+    """Free the slots `req`'s eviction dropped from its row that lie in holed nodes only its row
+    can reach (its stored view, not continued by anyone, and that view's chain, locked only by
+    it); their views become unusable. Returns the number of slots freed."""
+    node, freed = req.last_node, 0
+    if getattr(node, "vt_live", None) is None or node.lock_ref != 1 or node.children:
+        return 0
+    while getattr(node, "vt_live", None) is not None and node.lock_ref == 1 and len(node.children) <= 1:
+        node.vt_view = None
+        freed += free_where(tree, node, torch.isin(node.value, dropped))
+        node = node.parent
+    return freed
+
+
+def free_where(tree, node, mask: torch.Tensor) -> int:
+    """Free the live slots of a locked holed node under `mask` (they become holes)."""
+    mask = mask & (node.value >= 0)
+    n = int(mask.sum())
+    if n:
+        tree.token_to_kv_pool_allocator.free(node.value[mask])
+        node.value[mask] = -1
+        node.vt_live -= n
+        tree.protected_size_ -= n
+    return n
+
+
+def punch(tree, node) -> None:
+    """Free the live slots of `node`'s holed ancestors that its view does not use and that no
+    other row or view can reach (a chain locked only by `node`'s holder)."""
+    keep = node.vt_view[1]
+    a = node.parent
+    while getattr(a, "vt_live", None) is not None and a.lock_ref == 1 and len(a.children) == 1:
+        a.vt_view = None
+        free_where(tree, a, ~torch.isin(a.value, keep))
+        a = a.parent
+
+
+def restore(req, st) -> array:
+    """Undo a previous round's match: logical ids back in the request; returns them."""
+    restore_outputs(req, st)
+    if st.logical_prompt is not None:
+        req.origin_input_ids = st.logical_prompt
+        st.logical_prompt, st.hit = None, None
+        st.kept_pos, st.offset = st.kept_pos[:0], 0
+    req.refresh_fill_ids()
+    return req.full_untruncated_fill_ids
+
+
+def adopt(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+    """Continue from a stored view: the request's ids become the view's ids + the new ids (row
+    coordinates), its positions those of the view, then `depth` onwards."""
+    st.logical_prompt = req.origin_input_ids
+    req.origin_input_ids = array("q", (logical[p] for p in positions.tolist())) + logical[depth:]
+    req.refresh_fill_ids()
+    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
+    st.report.update(history_tokens=depth, history_view_tokens=len(positions))
