@@ -29,17 +29,19 @@ def mix32_py(x: int) -> int:
     return (x >> 16) ^ x
 
 
-def hash_u32(positions: torch.Tensor, *keys: int) -> torch.Tensor:
-    """``[n] int64`` values in ``[0, 2**32)``: a hash of (keys..., position) per token."""
+def hash_u32(positions: torch.Tensor, *keys) -> torch.Tensor:
+    """int64 values in ``[0, 2**32)``: a hash of (keys..., position) per token, shaped like
+    `positions`. A key is an int or an int64 tensor that broadcasts against `positions` (a
+    batch of rows: ``[B, 1]`` request ids against ``[B, n]`` positions), same values either way."""
     h = positions.to(torch.int64) & _M32
     h = _mix32(h)
     for k in keys:
-        h = _mix32(h ^ (int(k) & _M32))
+        h = _mix32(h ^ ((k.to(torch.int64) if torch.is_tensor(k) else int(k)) & _M32))
     return h
 
 
-def hash_u01(positions: torch.Tensor, *keys: int) -> torch.Tensor:
-    """``[n] float64`` uniform in ``[0, 1)``, reproducible from (keys..., position)."""
+def hash_u01(positions: torch.Tensor, *keys) -> torch.Tensor:
+    """float64 uniform in ``[0, 1)`` shaped like `positions`, reproducible from (keys..., position)."""
     return hash_u32(positions, *keys).to(torch.float64) / 2.0**32
 
 

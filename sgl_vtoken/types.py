@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,3 +59,22 @@ class TokenView:
             t = getattr(self, name)
             if t is not None and t.dtype != torch.bool:
                 raise ValueError(f"TokenView.{name} must be bool (got {t.dtype})")
+
+
+@dataclass(frozen=True)
+class RowBatch:
+    """The rows of one eviction step, padded to the longest (`W`), for a policy's `score_rows`.
+
+    Attributes:
+        positions: ``[B, W] int64`` logical positions (padding entries hold 0).
+        valid: ``[B, W] bool`` True for live row entries.
+        rids, steps: ``[B] int64`` request identities and eviction counters (seeded policies).
+        key_norms: returns ``[B, W, L, H] float32``, the L2 norm of every cached key (computed on
+            the pool's device, every KV head), or None when the step has no pool to read.
+    """
+
+    positions: torch.Tensor
+    valid: torch.Tensor
+    rids: torch.Tensor
+    steps: torch.Tensor
+    key_norms: Callable[[], torch.Tensor] | None = None

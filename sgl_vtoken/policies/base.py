@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import torch
 
-from sgl_vtoken.types import TokenView
+from sgl_vtoken.types import RowBatch, TokenView
 
 AGGREGATIONS = ("sum", "max")
 
@@ -84,6 +84,11 @@ class EvictionPolicy:
     def score(self, view: TokenView) -> torch.Tensor:
         """``[n]`` float scores, higher = keep. Protected tokens are handled by the caller."""
         raise NotImplementedError
+
+    def score_rows(self, batch: RowBatch) -> torch.Tensor | None:
+        """``[B, W]`` scores of a whole step's rows at once (padding ignored), equal element for
+        element to :meth:`score` of each row; None (the default) scores row by row."""
+        return None
 
     def protected(self, view: TokenView) -> torch.Tensor:
         """``[n] bool``: tokens kept regardless of score (sinks and the recent window)."""

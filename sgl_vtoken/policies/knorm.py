@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 
 from sgl_vtoken.policies.base import EvictionPolicy, aggregate
-from sgl_vtoken.types import TokenView
+from sgl_vtoken.types import RowBatch, TokenView
 
 
 @dataclass
@@ -25,3 +25,9 @@ class KNorm(EvictionPolicy):
 
     def score(self, view: TokenView) -> torch.Tensor:
         return aggregate(-view.keys.float().norm(dim=-1), self.aggregation)
+
+    def score_rows(self, batch: RowBatch) -> torch.Tensor | None:
+        if batch.key_norms is None:
+            return None
+        norms = batch.key_norms()                                   # [B, W, L, H]
+        return aggregate(-norms.flatten(0, 1), self.aggregation).view(norms.shape[:2])

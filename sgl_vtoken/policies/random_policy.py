@@ -14,7 +14,7 @@ import torch
 
 from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.rng import hash_u01
-from sgl_vtoken.types import TokenView
+from sgl_vtoken.types import RowBatch, TokenView
 
 
 @dataclass
@@ -26,3 +26,6 @@ class RandomPolicy(EvictionPolicy):
 
     def score(self, view: TokenView) -> torch.Tensor:
         return hash_u01(view.positions, self.seed, view.rid, view.step)
+
+    def score_rows(self, batch: RowBatch) -> torch.Tensor:
+        return hash_u01(batch.positions, self.seed, batch.rids[:, None], batch.steps[:, None])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from sgl_vtoken.policies.base import EvictionPolicy
-from sgl_vtoken.types import TokenView
+from sgl_vtoken.types import RowBatch, TokenView
 
 MODES = ("never", "consensus")
 
@@ -54,6 +54,9 @@ class SharingAware(EvictionPolicy):
 
     def score(self, view: TokenView) -> torch.Tensor:
         return self.inner.score(view)
+
+    def score_rows(self, batch: RowBatch) -> torch.Tensor | None:
+        return self.inner.score_rows(batch)
 
     def must_keep(self, view: TokenView) -> torch.Tensor:
         must = self.inner.must_keep(view)

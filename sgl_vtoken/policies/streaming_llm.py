@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 
 from sgl_vtoken.policies.base import EvictionPolicy
-from sgl_vtoken.types import TokenView
+from sgl_vtoken.types import RowBatch, TokenView
 
 
 @dataclass
@@ -23,3 +23,6 @@ class StreamingLLM(EvictionPolicy):
 
     def score(self, view: TokenView) -> torch.Tensor:
         return view.positions.to(torch.float64)
+
+    def score_rows(self, batch: RowBatch) -> torch.Tensor:
+        return batch.positions.to(torch.float64)

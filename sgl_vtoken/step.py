@@ -1,0 +1,229 @@
+"""One eviction pass per scheduler step: every row that reached its trigger at once.
+
+No SGLang here: the step reads an SGLang-shaped pool (:class:`KVPoolView`) and rows described by
+the caller (:class:`EvictRow`), so the same code runs in the server (`patches/eviction.py`) and
+in `scripts/bench_evict_step.py` on a fake pool. Two calls, with the caller's tree work between::
+
+    decide(rows, pool)       view -> keep -> index plan, on the pool's device; ONE host copy
+                             (keep masks and per-row counts)          -> Decision
+    (caller)                 relock / release tree-owned victims, allocate pages for copies
+    apply(decision, copies)  slot plan, ONE repack launch for all rows, ONE row write
+                             -> Applied (the freed pages: the caller frees them in one call)
+
+Its oracle is the per-row path in `step_ref.py` (`tests/lib/test_step.py` compares them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from sgl_vtoken.kernels import repack_kv_
+from sgl_vtoken.policies.base import EvictionPolicy
+from sgl_vtoken.step_plan import SUMMARY, IndexPlan, index_plan, slot_plan
+from sgl_vtoken.types import RowBatch, TokenView
+
+
+@dataclass
+class KVPoolView:
+    """What the step reads and writes of a pool (SGLang's layout).
+
+    Attributes:
+        req_to_token: ``[rows, max_ctx]`` int32/int64 slot table.
+        k_buffers, v_buffers: one ``[num_slots, H, D]`` tensor per layer.
+        page_size: tokens per page.
+        tp_gather: ``(tensor, dim) -> tensor`` with every tensor-parallel rank's heads on `dim`
+            (None: one rank), so every rank takes the same decisions.
+    """
+
+    req_to_token: torch.Tensor
+    k_buffers: list
+    v_buffers: list
+    page_size: int
+    tp_gather: Callable | None = None
+
+    def gather_heads(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        return t if self.tp_gather is None else self.tp_gather(t, dim)
+
+
+@dataclass
+class EvictRow:
+    """One row that reached its trigger.
+
+    Attributes:
+        row: its `req_to_token` row.  length: live row entries L.
+        positions: ``[L] int64`` logical positions (host).
+        policy: rows holding the same policy object are scored together.
+        budget: tokens kept.  cpl: tree-owned prefix (never moved or freed by the row).
+        shared: the tree-owned prefix must be kept (False: its victims leave the row's view).
+        rid, step: seeded policies' keys.  attn: ``[L, layers, H]`` statistic (attention policies).
+    """
+
+    row: int
+    length: int
+    positions: torch.Tensor
+    policy: EvictionPolicy
+    budget: int
+    cpl: int = 0
+    shared: bool = False
+    rid: int = 0
+    step: int = 0
+    attn: torch.Tensor | None = None
+
+
+@dataclass
+class Decision:
+    """What `decide` chose; host values unless noted. Per row b: ``keep[b, :length]``."""
+
+    rows: list[EvictRow]
+    keep: torch.Tensor           # [B, W] bool, host
+    counts: dict[str, list[int]]  # SUMMARY column -> one value per row
+    plan: IndexPlan              # device
+    raw: torch.Tensor            # [B, W] int64 slots before the step (device)
+    lengths: torch.Tensor        # [B] int64 (device)
+    cpl: torch.Tensor            # [B] int64 (device)
+
+    def keep_indices(self, b: int) -> torch.Tensor:
+        """Ascending kept row indices of row `b` (host int64)."""
+        return self.keep[b, :self.rows[b].length].nonzero().flatten()
+
+    def new_length(self, b: int) -> int:
+        c = self.counts
+        return c["whole"][b] + c["copies"][b] + c["kept_private"][b]
+
+
+@dataclass
+class Applied:
+    """What `apply` did: `freed` page ids (device), `freed_counts[b]` of them per row, in order."""
+
+    freed: torch.Tensor
+    freed_counts: list[int]
+    moved: int
+
+
+def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
+    """Score every row on the pool's device, keep each row's `budget` best (exactly as
+    `EvictionPolicy.keep`), and plan the indices; one device-to-host copy in all.
+
+    Raises:
+        ValueError: a policy misses a statistic it needs, or must keep more than its budget
+            (nothing has changed then).
+    """
+    ps, dev = pool.page_size, pool.req_to_token.device
+    for r in rows:
+        if "attn" in r.policy.needs and r.attn is None:
+            raise ValueError(f"policy {r.policy.name!r} needs TokenView.attn (got None)")
+    lengths_h = torch.tensor([r.length for r in rows], dtype=torch.int64)
+    lengths, cpl = lengths_h.to(dev), torch.tensor([r.cpl for r in rows], dtype=torch.int64).to(dev)
+    positions = pad_sequence([r.positions for r in rows], batch_first=True).to(dev)
+    w = positions.shape[1]
+    j = torch.arange(w, device=dev)
+    valid = j < lengths[:, None]
+    idx = torch.tensor([r.row for r in rows], dtype=torch.int64).to(dev)
+    raw = pool.req_to_token[idx, :w].to(torch.int64).masked_fill(~valid, 0)
+    scores = _scores(rows, pool, positions, valid, raw)
+    pol = [(r.policy.sink, r.policy.window, r.cpl if r.shared else 0, r.budget) for r in rows]
+    sink, window, shared, budget = torch.tensor(pol, dtype=torch.int64).to(dev).unbind(1)
+    must = valid & ((positions < sink[:, None]) | (j >= (lengths - window)[:, None])
+                    | (j < shared[:, None]))
+    scores = torch.nan_to_num(scores, nan=-torch.inf).masked_fill(must, torch.inf)
+    keep = _top(scores.masked_fill(~valid, -torch.inf), lengths, torch.minimum(budget, lengths))
+    plan = index_plan(keep, lengths, cpl, positions, ps)
+    over = must.sum(1) - budget
+    host = torch.cat([keep.to(torch.int64), plan.summary, over[:, None]], dim=1).cpu()  # the sync
+    keep_h, summary_h, over_h = host[:, :w].bool(), host[:, w:-1], host[:, -1]
+    if bool(over_h.gt(0).any()):
+        b = int(over_h.gt(0).nonzero()[0])
+        raise ValueError(f"budget {rows[b].budget} is smaller than the {rows[b].budget + int(over_h[b])} "
+                         f"tokens policy {rows[b].policy.name!r} must keep (sinks, window, shared)")
+    counts = dict(zip(SUMMARY, summary_h.t().tolist()))
+    return Decision(rows, keep_h, counts, plan, raw, lengths, cpl)
+
+
+def apply(d: Decision, pool: KVPoolView, copy_slots: list[torch.Tensor] | None = None,
+          active: list[bool] | None = None, move_stream=None) -> Applied:
+    """Carry out the decision for the `active` rows (default all): one repack launch (on
+    `move_stream` when given), one row write. `copy_slots[b]`: the fresh pages (slots, on the
+    pool's device) for row b's ``counts["copies"][b]`` copies, whole pages."""
+    ps, dev = pool.page_size, pool.req_to_token.device
+    sel = list(range(len(d.rows))) if active is None else [b for b, a in enumerate(active) if a]
+    if not sel:
+        return Applied(d.raw.new_zeros(0), [], 0)
+    plan, raw, lengths, cpl = d.plan, d.raw, d.lengths, d.cpl
+    if len(sel) < len(d.rows):
+        pick = torch.tensor(sel, device=dev)
+        plan = IndexPlan(*(t.index_select(0, pick) for t in plan))
+        raw, lengths, cpl = raw[pick], lengths[pick], cpl[pick]
+    c = {k: [v[b] for b in sel] for k, v in d.counts.items()}
+    copies = [copy_slots[b] for b in sel] if copy_slots is not None else []
+    slots = (pad_sequence([t.to(dev, torch.int64) for t in copies], batch_first=True)
+             if any(t.numel() for t in copies) else raw.new_zeros(len(sel), 0))
+    if slots.shape[1] == 0:
+        slots = raw.new_zeros(len(sel), ps)
+    num_moves = sum(c["copies"]) + sum(c["moved"])
+    sp = slot_plan(plan, raw, lengths, cpl, slots, ps, num_moves, sum(c["freed"]))
+    if num_moves:
+        with move_stream or nullcontext():
+            repack_kv_(pool.k_buffers, pool.v_buffers, sp.src, sp.dst)
+    idx = torch.tensor([d.rows[b].row for b in sel], dtype=torch.int64).to(dev)
+    w = raw.shape[1]
+    pool.req_to_token[idx[:, None], torch.arange(w, device=dev)] = sp.new_rows.to(pool.req_to_token.dtype)
+    return Applied(sp.freed, c["freed"], num_moves)
+
+
+def _top(scores: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``[B, W] bool``: the `k[b]` best of each row; ties keep the later row (`top_budget`).
+
+    Each row's live part is reversed (padding stays at the end, at -inf, after every live
+    entry), then sorted stably: the live entries meet in `top_budget`'s order."""
+    b, w = scores.shape
+    j = torch.arange(w, device=scores.device).expand(b, w)
+    flip = torch.where(j < lengths[:, None], lengths[:, None] - 1 - j, j)
+    order = scores.gather(1, flip).sort(dim=1, descending=True, stable=True).indices
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, flip.gather(1, order), j < k[:, None])
+
+
+def _scores(rows, pool: KVPoolView, positions, valid, raw) -> torch.Tensor:
+    """``[B, W] float64`` scores: one `score_rows` call per policy object, else row by row."""
+    out = torch.zeros(positions.shape, dtype=torch.float64, device=positions.device)
+    groups: dict[int, list[int]] = {}
+    for b, r in enumerate(rows):
+        groups.setdefault(id(r.policy), []).append(b)
+    ids = torch.tensor([[r.rid, r.step] for r in rows], dtype=torch.int64).to(positions.device)
+    for members in groups.values():
+        pol = rows[members[0]].policy
+        pick = slice(None) if len(members) == len(rows) else torch.tensor(members, device=positions.device)
+        sub = raw[pick]
+        batch = RowBatch(positions[pick], valid[pick], ids[pick, 0], ids[pick, 1],
+                         key_norms=lambda sub=sub: _key_norms(pool, sub))
+        s = pol.score_rows(batch)
+        if s is not None:
+            out[pick] = s.to(torch.float64)
+            continue
+        for b in members:
+            n = rows[b].length
+            out[b, :n] = pol.score(row_view(rows[b], pool, raw[b, :n], positions[b, :n]))
+    return out
+
+
+def row_view(r: EvictRow, pool: KVPoolView, slots: torch.Tensor, positions: torch.Tensor) -> TokenView:
+    """The `TokenView` of one row, read on the pool's device (keys and values only if needed)."""
+    def gather(buffers):
+        return pool.gather_heads(torch.stack([buf[slots] for buf in buffers], dim=1), dim=2)
+
+    needs = r.policy.needs
+    shared = torch.arange(r.length, device=slots.device) < r.cpl if r.shared else None
+    return TokenView(positions=positions, keys=gather(pool.k_buffers) if "keys" in needs else None,
+                     values=gather(pool.v_buffers) if "values" in needs else None,
+                     attn=r.attn, shared=shared, rid=r.rid, step=r.step)
+
+
+def _key_norms(pool: KVPoolView, slots: torch.Tensor) -> torch.Tensor:
+    """``[B, W, L, H] float32`` key norms of `slots` ``[B, W]``, layer by layer."""
+    flat = slots.flatten()
+    norms = torch.stack([buf[flat].float().norm(dim=-1) for buf in pool.k_buffers], dim=1)
+    return pool.gather_heads(norms, dim=2).view(*slots.shape, *norms.shape[1:])

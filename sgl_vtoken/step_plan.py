@@ -1,0 +1,135 @@
+"""Batched repack planning: the planner's arithmetic for every row of an eviction step at once.
+
+Each row is one line of a ``[B, W]`` tensor (W = longest row, shorter rows padded); per-row
+scalars are ``[B]`` tensors. Nothing here synchronizes with the device. Two halves:
+
+- :func:`index_plan` needs only the keep mask: which kept tree-owned rows stay referenced
+  (whole pages) or are copied, which kept private tokens move, and the per-row counts the host
+  needs (one copy of :attr:`IndexPlan.summary`). It does not depend on slot values.
+- :func:`slot_plan` adds the slots (the row, the fresh pages of the copies) once the host has
+  allocated those pages: the new row, the KV moves, the freed pages.
+
+The row as the planner sees it after tree-owned victims leave (`planner.split_tree_pages`,
+`planner.plan_eviction` with ``shift_dead_pages``)::
+
+    row    | tree-owned [0, cpl)          | private [cpl, L)                       |
+    keep     W W W W . . . . . c c . c c c   a . b . | . . . . | c d e f | g h
+    view   | whole (w) | copies (c) + pad, fresh pages | live private pages       |
+    k      | -         | 0 .. c-1                      | c, c+1, ...  (i-th kept private: c + i)
+
+The k-th kept token of the view's private part goes to offset k of its live page list (the
+fresh pages, then the private pages holding a kept token, in row order), so a kept private
+token moves unless ``pad + o == i``, where ``o`` is its offset among the live private pages and
+``pad = ceil(c / ps) * ps - c``. At page size 1 no page is partial, so nothing is copied and
+nothing moves: the row is compacted and the dead slots are the freed pages.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+SUMMARY = ("whole", "copies", "kept_private", "moved", "depth", "freed")
+
+
+class IndexPlan(NamedTuple):
+    """Slot-independent half of a batched plan (device tensors, ``[B, W]`` unless noted)."""
+
+    whole: torch.Tensor      # bool: kept tree rows the row keeps referencing (whole pages)
+    copy: torch.Tensor       # bool: kept tree rows copied to fresh private pages
+    kept_priv: torch.Tensor  # bool: kept private rows
+    moved: torch.Tensor      # bool: kept private rows whose KV moves
+    live: torch.Tensor       # [B, P] bool: private row pages holding a kept token
+    rank: torch.Tensor       # [B, P] int64: rank of each live private page among them
+    summary: torch.Tensor    # [B, len(SUMMARY)] int64, columns named by SUMMARY
+
+
+def _pages(mask: torch.Tensor, ps: int) -> torch.Tensor:
+    """``[B, W]`` bool -> ``[B, ceil(W / ps)]`` int64 count of set entries per row page."""
+    b, w = mask.shape
+    p = -(-w // ps)
+    padded = mask.new_zeros(b, p * ps, dtype=torch.int64)
+    padded[:, :w] = mask
+    return padded.view(b, p, ps).sum(-1)
+
+
+def index_plan(keep: torch.Tensor, lengths: torch.Tensor, cpl: torch.Tensor,
+               positions: torch.Tensor, ps: int) -> IndexPlan:
+    """Plan every row's eviction from its keep mask (no slot values needed).
+
+    Args:
+        keep: ``[B, W] bool`` kept row entries (False on padding).
+        lengths, cpl: ``[B] int64`` row length and tree-owned prefix (page-aligned when ps > 1).
+        positions: ``[B, W] int64`` logical positions (`depth` is the last whole one + 1).
+        ps: page size.
+    """
+    b, w = keep.shape
+    j = torch.arange(w, device=keep.device)
+    page_of = (j // ps).expand(b, w)
+    tree = j < cpl[:, None]
+    kt, kp = keep & tree, keep & ~tree & (j < lengths[:, None])
+    counts = _pages(kt, ps)
+    tree_pages = cpl // ps
+    pidx = torch.arange(counts.shape[1], device=keep.device)
+    partial = (pidx < tree_pages[:, None]) & (counts > 0) & (counts < ps)
+    first_partial = torch.where(partial.any(1), partial.to(torch.int32).argmax(1), tree_pages)
+    whole = kt & (page_of < first_partial[:, None])
+    copy = kt & ~whole
+    nw, nc, npriv = whole.sum(1), copy.sum(1), kp.sum(1)
+    nnew = (nc + ps - 1) // ps
+    live = _pages(kp, ps) > 0
+    rank = live.cumsum(1) - 1
+    i = kp.cumsum(1) - 1
+    o = rank.gather(1, page_of) * ps + j % ps
+    moved = kp & ((nnew * ps - nc)[:, None] + o != i)
+    depth = torch.where(whole, positions, -1).amax(1) + 1 if w else nw
+    row_pages = (lengths + ps - 1) // ps - tree_pages
+    freed = row_pages - ((nc + npriv + ps - 1) // ps - nnew)
+    summary = torch.stack([nw, nc, npriv, moved.sum(1), depth, freed], dim=1)
+    return IndexPlan(whole, copy, kp, moved, live, rank, summary)
+
+
+class SlotPlan(NamedTuple):
+    """Slot half of a batched plan (device tensors)."""
+
+    new_rows: torch.Tensor  # [B, W] int64: row entries after the step (beyond new_len: unchanged)
+    src: torch.Tensor       # [moves] int64: KV moves kv[dst] = kv[src], row by row, row order
+    dst: torch.Tensor
+    freed: torch.Tensor     # [pages] int64 page ids (slots at page size 1), row by row
+
+
+def slot_plan(ip: IndexPlan, raw: torch.Tensor, lengths: torch.Tensor, cpl: torch.Tensor,
+              copy_slots: torch.Tensor, ps: int, num_moves: int, num_freed: int) -> SlotPlan:
+    """The slots of `ip`: `raw` ``[B, W]`` is each row's slots (padding: any valid slot),
+    `copy_slots` ``[B, C]`` the fresh pages of each row's copies (C >= 1, whole pages, padded),
+    `num_moves` / `num_freed` the totals of the summary's ``copies + moved`` / ``freed``."""
+    b, w = raw.shape
+    j = torch.arange(w, device=raw.device)
+    nw, nc, npriv = ip.summary[:, 0:1], ip.summary[:, 1:2], ip.summary[:, 2:3]
+    nnew = (nc + ps - 1) // ps
+    page_ids = raw[:, ::ps] // ps                                            # [B, P]
+    p = page_ids.shape[1]
+    live_ids = raw.new_zeros(b, p + 1)                                       # column p: dummy
+    live_ids.scatter_(1, torch.where(ip.live, ip.rank, p), page_ids)
+    fresh = copy_slots[:, ::ps] // ps                                        # [B, C / ps]
+    k = nc + ip.kept_priv.cumsum(1) - 1                                      # offset in live list
+    r = k // ps
+    page = torch.where(r >= nnew, live_ids.gather(1, (r - nnew).clamp(0, p - 1)),
+                       fresh.gather(1, r.clamp(0, fresh.shape[1] - 1)))
+    priv_slot = page * ps + k % ps
+    copy_dst = copy_slots.gather(1, (ip.copy.cumsum(1) - 1).clamp(0, copy_slots.shape[1] - 1))
+    t = torch.where(ip.whole, ip.whole.cumsum(1) - 1,
+                    torch.where(ip.copy, nw + ip.copy.cumsum(1) - 1,
+                                torch.where(ip.kept_priv, k + nw, w)))
+    val = torch.where(ip.whole, raw, torch.where(ip.copy, copy_dst, priv_slot))
+    new_rows = raw.new_zeros(b, w + 1).scatter_(1, t, val)[:, :w]
+    new_rows = torch.where(j < (nw + nc + npriv), new_rows, raw)
+    moves = torch.nonzero_static((ip.copy | ip.moved).flatten(), size=num_moves).flatten()
+    dst = torch.where(ip.copy, copy_dst, priv_slot).flatten()[moves]
+    pidx = torch.arange(p, device=raw.device)
+    kept_pages = (nc + npriv + ps - 1) // ps - nnew
+    private_page = (pidx >= (cpl // ps)[:, None]) & (pidx < ((lengths + ps - 1) // ps)[:, None])
+    dead = private_page & ~(ip.live & (ip.rank < kept_pages))
+    freed = page_ids.flatten()[torch.nonzero_static(dead.flatten(), size=num_freed).flatten()]
+    return SlotPlan(new_rows, raw.flatten()[moves], dst, freed)

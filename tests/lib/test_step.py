@@ -1,0 +1,122 @@
+"""The batched eviction step equals the per-row path on random batches: same victims, rows,
+KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle sgl_vtoken/step_ref.py)."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sgl_vtoken.pages import PageAllocator
+from sgl_vtoken.policies import make_policy
+from sgl_vtoken.policies.sharing_aware import SharingAware
+from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
+from sgl_vtoken.step_ref import evict_row_ref
+
+LAYERS, H, D = 2, 2, 4
+POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
+
+
+class FakePool:
+    """An SGLang-shaped pool: a slot table, per-layer K/V buffers, a page allocator."""
+
+    def __init__(self, num_pages: int, ps: int, rows: int, gen: torch.Generator):
+        self.alloc_pages = PageAllocator(num_pages, ps)
+        slots = (num_pages + 1) * ps
+        self.view = KVPoolView(
+            req_to_token=torch.zeros(rows, 256, dtype=torch.int32),
+            k_buffers=[torch.randn(slots, H, D, generator=gen) for _ in range(LAYERS)],
+            v_buffers=[torch.randn(slots, H, D, generator=gen) for _ in range(LAYERS)],
+            page_size=ps)
+
+    def slots(self, pages: int) -> torch.Tensor:
+        ps = self.view.page_size
+        return (torch.tensor(self.alloc_pages.alloc(pages))[:, None] * ps + torch.arange(ps)).flatten()
+
+    def alloc(self, n: int) -> torch.Tensor:
+        return self.slots(n // self.view.page_size)
+
+
+@st.composite
+def batches(draw):
+    ps = draw(st.sampled_from([1, 2, 4, 16]))
+    seed = draw(st.integers(0, 2**16))
+    specs = []
+    for _ in range(draw(st.integers(1, 6))):
+        cpl = draw(st.integers(0, 2)) * ps if ps > 1 else draw(st.integers(0, 9))
+        priv = draw(st.integers(1, 60))
+        budget = draw(st.integers(1, cpl + priv - 1)) if cpl + priv > 1 else 1
+        specs.append(dict(cpl=cpl, priv=priv, budget=budget, policy=draw(st.sampled_from(POLICIES)),
+                          sink=draw(st.integers(0, 4)), window=draw(st.integers(0, 3)),
+                          shared=draw(st.booleans()), share_tree=draw(st.booleans()),
+                          gap=draw(st.integers(0, 5)), step=draw(st.integers(0, 3))))
+    return ps, seed, specs
+
+
+def _build(ps, seed, specs):
+    gen = torch.Generator().manual_seed(seed)
+    pool = FakePool(num_pages=400, ps=ps, rows=len(specs) + 1, gen=gen)
+    rows, tree = [], None
+    for b, s in enumerate(specs):
+        if tree is None or tree.numel() != s["cpl"] or not s["share_tree"]:
+            tree = pool.slots(-(-s["cpl"] // ps))[:s["cpl"]]
+        L = s["cpl"] + s["priv"]
+        private = pool.slots(-(-s["priv"] // ps))[:s["priv"]]
+        pool.view.req_to_token[b, :L] = torch.cat([tree, private]).to(torch.int32)
+        gaps = torch.randint(0, s["gap"] + 1, (L,), generator=gen)
+        positions = torch.cumsum(gaps + 1, 0) - 1
+        pol = SharingAware(make_policy(s["policy"], sink=s["sink"], window=s["window"]))
+        must = (positions < s["sink"]) | (torch.arange(L) >= L - s["window"])
+        must |= torch.arange(L) < (s["cpl"] if s["shared"] else 0)
+        budget = max(s["budget"], int(must.sum()))
+        attn = torch.rand(L, LAYERS, H, generator=gen) if "attn" in pol.needs else None
+        rows.append(EvictRow(row=b, length=L, positions=positions, policy=pol, budget=budget,
+                             cpl=s["cpl"], shared=s["shared"], rid=seed + b, step=s["step"], attn=attn))
+    return pool, rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches())
+def test_batched_step_equals_the_per_row_path(batch):
+    ps, seed, specs = batch
+    pool, rows = _build(ps, seed, specs)
+    ref_pool = copy.deepcopy(pool)
+    ref = [evict_row_ref(r, ref_pool.view, ref_pool.alloc) for r in rows]
+
+    d = decide(rows, pool.view)
+    copies = [pool.alloc(-(-c // ps) * ps) if c else torch.zeros(0, dtype=torch.int64)
+              for c in d.counts["copies"]]
+    out = apply(d, pool.view, copies)
+
+    freed = torch.split(out.freed, out.freed_counts)
+    for b, (r, want) in enumerate(zip(rows, ref)):
+        assert torch.equal(d.keep_indices(b), want.keep), f"row {b}: victims differ"
+        assert d.new_length(b) == want.new_len
+        assert torch.equal(pool.view.req_to_token[b, :want.new_len], ref_pool.view.req_to_token[b, :want.new_len])
+        assert torch.equal(freed[b], want.freed), f"row {b}: freed pages differ"
+        assert d.counts["whole"][b] == want.whole and d.counts["copies"][b] == want.copies
+        if want.whole < r.cpl:
+            assert d.counts["depth"][b] == want.depth
+    assert out.moved == sum(int(w.src.numel()) for w in ref)
+    for mine, theirs in zip(pool.view.k_buffers + pool.view.v_buffers,
+                            ref_pool.view.k_buffers + ref_pool.view.v_buffers):
+        assert torch.equal(mine, theirs), "KV bytes differ"
+
+
+def test_a_budget_below_the_must_keep_set_is_refused_before_anything_changes():
+    pool, rows = _build(4, 0, [dict(cpl=8, priv=20, budget=5, policy="streamingllm", sink=0,
+                                    window=0, shared=True, share_tree=False, gap=0, step=0)])
+    rows[0].budget = 5  # the 8 shared tree tokens must stay
+    before = pool.view.req_to_token.clone()
+    with pytest.raises(ValueError, match="budget 5 is smaller than the 8 tokens"):
+        decide(rows, pool.view)
+    assert torch.equal(pool.view.req_to_token, before)
+
+
+def test_an_attention_policy_without_statistics_is_refused():
+    pool, rows = _build(1, 0, [dict(cpl=0, priv=20, budget=5, policy="h2o", sink=0, window=0,
+                                    shared=False, share_tree=False, gap=0, step=0)])
+    rows[0].attn = None
+    with pytest.raises(ValueError, match="needs TokenView.attn"):
+        decide(rows, pool.view)
