@@ -14,6 +14,8 @@
 #      x 2K/4K, with and without LSE)                    -> bench_kernels.jsonl, bench.log
 #   3. every other kernel test, compiled on the GPU      -> pytest-compiled.log
 #   4. launch-parameter sweeps (repacker, score kernel)  -> bench_kernels.jsonl, bench.log
+#   5. scripts/bench_evict_step.py: the batched eviction step against the per-row path, 8B shapes,
+#      batch 1/64/256, budget 2048 (time, host syncs, repack launches) -> bench_evict_step.jsonl
 #   then summary.txt: device, each step's status and time, the benchmark's tables
 # OUT_DIR defaults to $OUT, else build/gpu_check. Exit status: the first failing step's.
 set -uo pipefail
@@ -120,6 +122,14 @@ mv "$OUT_DIR/bench.log" "$OUT_DIR/bench.log.1" 2>/dev/null
 bench "4 bench_kernels --sweep-only" 90 --sweep-only --parts scores,repack
 cat "$OUT_DIR/bench.log.1" "$OUT_DIR/bench.log" > "$OUT_DIR/bench.log.all" 2>/dev/null
 mv "$OUT_DIR/bench.log.all" "$OUT_DIR/bench.log"; rm -f "$OUT_DIR/bench.log.1"
+
+if [ "$DRY" = 1 ]; then
+    STEP_ARGS=(--device cpu --shapes smollm2 --dtype fp32 --batches 1,4 --budget 64 --repeats 1 --policies streamingllm,h2o)
+else
+    STEP_ARGS=(--shapes llama8b --batches 1,64,256 --intervals 16 --repeats 3 --policies streamingllm,random,knorm,h2o)
+fi
+step "5 bench_evict_step" "$OUT_DIR/bench_evict_step.log" 120 "$PY" scripts/bench_evict_step.py \
+    --out "$OUT_DIR/bench_evict_step.jsonl" --deadline-s $(( $(left) > 140 ? 90 : $(left) - 50 )) "${STEP_ARGS[@]}"
 
 if [ -s "$OUT_DIR/bench_kernels.jsonl" ]; then
     "$PY" scripts/bench_kernels.py --summarize "$OUT_DIR/bench_kernels.jsonl" 2>&1 | tee -a "$SUMMARY"

@@ -2,7 +2,8 @@
 
 Drives the server's own step code (`sgl_vtoken.step`: `decide`, `apply`) and its per-row oracle
 (`sgl_vtoken.step_ref.evict_row_ref`) on the same rows of the same pool, one after the other,
-restoring the slot table in between (untimed). Needs torch only (Triton on CUDA); no SGLang.
+restoring the slot table and the K/V contents in between (untimed). Needs torch only (Triton
+on CUDA); no SGLang.
 
     pool   req_to_token [B, L + 1] int32, page-dense rows of L = budget + interval tokens;
            one [slots, H, D] K and V tensor per layer; freed pages are appended to a free-page
@@ -49,10 +50,10 @@ class FakePool:
         ps, length = case.page_size, case.budget + case.interval
         pages_per_row = -(-length // ps)
         slots = (case.batch * pages_per_row + 1) * ps
-        gen = torch.Generator(device=case.device).manual_seed(seed)
+        self.seed, self.gen = seed, torch.Generator(device=case.device)
 
         def buf():
-            return torch.randn(slots, heads, dim, generator=gen, device=case.device).to(case.dtype)
+            return torch.empty(slots, heads, dim, dtype=case.dtype, device=case.device)
 
         pages = 1 + torch.arange(case.batch * pages_per_row, device=case.device).view(case.batch, -1)
         rows = (pages[:, :, None] * ps + torch.arange(ps, device=case.device)).flatten(1)[:, :length]
@@ -61,18 +62,23 @@ class FakePool:
         self.initial = table.clone()
         self.view = KVPoolView(table, [buf() for _ in range(layers)], [buf() for _ in range(layers)], ps)
         self.free_pages = torch.zeros(0, dtype=torch.int64, device=case.device)
+        self.reset()
         self.bytes_per_token = 2 * layers * heads * dim * torch.empty(0, dtype=case.dtype).element_size()
         policy = SharingAware(make_policy(case.policy, sink=4))
         offset = 1000  # tokens evicted before: positions need not start at the row index
         positions = torch.cat([torch.arange(4), torch.arange(4, length) + offset])
-        stats = (torch.rand(length, layers, heads, generator=gen, device=case.device)
+        stats = (torch.rand(length, layers, heads, generator=self.gen, device=case.device)
                  if "attn" in policy.needs else None)
         self.rows = [EvictRow(row=b, length=length, positions=positions, policy=policy,
                               budget=case.budget, rid=b, step=3, attn=stats) for b in range(case.batch)]
 
     def reset(self) -> None:
+        """The pool as built: slot table, free list and K/V contents (key policies read them)."""
         self.view.req_to_token.copy_(self.initial)
         self.free_pages = self.free_pages[:0]
+        self.gen.manual_seed(self.seed)
+        for buf in self.view.k_buffers + self.view.v_buffers:
+            buf.normal_(generator=self.gen)
 
     def free(self, pages: torch.Tensor) -> None:
         self.free_pages = torch.cat([self.free_pages, pages.to(self.free_pages.device)])
