@@ -21,25 +21,21 @@ held by the request (see `held.py`).
 from __future__ import annotations
 
 from array import array
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.kernels import repack_kv_
-from sgl_vtoken.planner import drop_tree_rows, plan_eviction, split_tree_pages
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.rng import stable_id
-from sgl_vtoken.types import TokenView
+from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
 
 from . import held, radix
 from .counters import counters_of
 from .model_support import kv_bytes_per_token
 from .observe import sample_held
-from .scores import fold_staged, tp_gather
+from .scores import fold_staged
 
 
 @dataclass
@@ -104,8 +100,9 @@ def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
 
 
 def evict_batch(scheduler, batch, skip: set) -> bool:
-    """Evict every request of `batch` whose row reached its trigger; update the batch lengths.
-    Returns whether the batch holds any evicting request."""
+    """Evict every request of `batch` whose row reached its trigger, in one pass
+    (`sgl_vtoken.step`); update the batch lengths. Returns whether the batch holds any evicting
+    request."""
     evicting = [(i, req, st) for i, req in enumerate(batch.reqs)
                 if (st := getattr(req, "vtoken", None)) is not None]
     if not evicting:
@@ -115,8 +112,7 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
         c.bytes_per_token = kv_bytes_per_token(scheduler.token_to_kv_pool_allocator.get_kvcache())
     sample_held(scheduler)  # rows as prefilled, before this step's eviction
     seq_lens_cpu = batch.seq_lens_cpu
-    new_lens = None
-    freed_before = counters_of(scheduler).pages_freed
+    due = []
     for i, req, st in evicting:
         st.stash, st.resume_prefill = None, False  # decoding again: a resumed view is its row now
         # A retraction later in this step resumes from the state before this step (retraction.py):
@@ -124,20 +120,20 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
         st.undo = (st.accumulator.state if st.accumulator is not None else None, None)
         if st.accumulator is not None:
             fold_staged(st, getattr(scheduler, "tp_group", None))
-        if req in skip:
-            continue
         row_len = int(seq_lens_cpu[i])
-        if not st.cfg.should_evict(row_len):
-            continue
-        evicted = evict_request(scheduler, req, st, row_len)
-        if evicted:
-            new_lens = seq_lens_cpu.clone() if new_lens is None else new_lens
-            new_lens[i] = row_len - evicted
-    if counters_of(scheduler).pages_freed > freed_before:
+        if req not in skip and st.cfg.should_evict(row_len):
+            due.append((req, st, row_len))
+    freed_before = c.pages_freed
+    evicted = evict_rows(scheduler, due) if due else []
+    new_lens = seq_lens_cpu.clone()
+    index = {id(req): i for i, req, _ in evicting}
+    for (req, _, row_len), n in zip(due, evicted):
+        new_lens[index[id(req)]] = row_len - n
+    if c.pages_freed > freed_before:
         # SGLang stops admitting after a failed admission until the batch shrinks; memory
         # freed by eviction must reopen admission the same way.
         batch.batch_is_full = False
-    if new_lens is None:
+    if not any(evicted):
         return True
     delta = seq_lens_cpu - new_lens
     # New tensors: the in-flight forward (overlap scheduler) keeps reading the old ones.
@@ -148,145 +144,108 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     return True
 
 
-def _gather(get_buffer, layers: int, slots: torch.Tensor) -> torch.Tensor:
-    """``[n, layers, H, D]`` cached keys or values of `slots` (`get_buffer`: the pool's
-    `get_key_buffer` or `get_value_buffer`), for key- and value-based policies."""
-    return torch.stack([get_buffer(layer)[slots] for layer in range(layers)], dim=1)
-
-
-def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
-    """Evict one request down to its budget; returns the number of tokens evicted."""
-    cfg, kv = st.cfg, req.kv
-    if st.holed and st.steps == 0 and st.hit is None:
-        # The prompt's KV is full attention: share it before the first eviction (under the overlap
-        # scheduler the prefill checkpoint may not have landed yet; it is a no-op after this).
-        scheduler.tree_cache.checkpoint(req, up_to=req.extend_end)
-        st.tree_len = kv.cache_protected_len
-    assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
-        f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
-    req_to_token = scheduler.req_to_token_pool.req_to_token
-    allocator = scheduler.token_to_kv_pool_allocator
-    pool = allocator.get_kvcache()
-    row_dev = req_to_token[kv.req_pool_idx, :row_len].to(torch.int64)
-    row = row_dev.cpu()
-    positions = st.positions(row_len)
-    if st.holed and cfg.page_size == 1:
-        st.undo = (st.undo[0], (row, positions, st.steps, st.kept_pos, st.offset, dict(st.report), st.pages_freed))
-    cpl = kv.cache_protected_len
-    keys = values = None  # every TP rank scores all KV heads: identical victims
+def evict_rows(scheduler, due: list) -> list[int]:
+    """Evict the rows of `due` (``(req, state, row_len)``) down to their budgets in one pass:
+    view -> keep -> plan on the device (`step.decide`), the tree's part row by row on the host
+    (relock, release, pages for copies), then one repack, one row write (`step.apply`) and one
+    allocator free. Returns the tokens each row evicted (0: not this step)."""
+    tree, allocator = scheduler.tree_cache, scheduler.token_to_kv_pool_allocator
+    ps = allocator.page_size
+    for req, st, row_len in due:
+        if st.holed and st.steps == 0 and st.hit is None:
+            # The prompt's KV is full attention: share it before the first eviction (under the
+            # overlap scheduler the prefill checkpoint may not have landed yet; then a no-op).
+            tree.checkpoint(req, up_to=req.extend_end)
+            st.tree_len = req.kv.cache_protected_len
+        kv = req.kv
+        assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
+            f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
+    rows = [_row(req, st, row_len) for req, st, row_len in due]
+    kvcache = allocator.get_kvcache()
     tp_group = getattr(scheduler, "tp_group", None)
-    if "keys" in st.policy.needs:
-        keys = tp_gather(_gather(pool.get_key_buffer, pool.layer_num, row_dev).cpu(), tp_group, dim=2)
-    if "values" in st.policy.needs:
-        values = tp_gather(_gather(pool.get_value_buffer, pool.layer_num, row_dev).cpu(), tp_group, dim=2)
+    view = KVPoolView(scheduler.req_to_token_pool.req_to_token, kvcache.k_buffer, kvcache.v_buffer, ps,
+                      tp_gather=None if tp_group is None or tp_group.world_size == 1
+                      else lambda t, dim: tp_group.all_gather(t, dim=dim))
+    d = decide(rows, view)
+    copies, active = [], []
+    for b, (req, st, row_len) in enumerate(due):
+        w, n_copy, cpl = d.counts["whole"][b], d.counts["copies"][b], rows[b].cpl
+        slots = _alloc(scheduler, -(-n_copy // ps) * ps) if n_copy else d.raw[b, :0]
+        copies.append(d.raw[b, :0] if slots is None else slots)
+        active.append(slots is not None)  # no free page for the copies: retry at the next step
+        if slots is None or not st.holed or w == cpl:
+            continue
+        if ps == 1 and st.hit is not None:  # its own stored history: free what nobody reaches
+            gone = d.raw[b, :cpl][~d.keep[b, :cpl].to(d.raw.device)]
+            freed = tree.release_dropped(req, gone.to(st.hit[1].device))
+            counters_of(scheduler).pages_freed += freed
+            st.pages_freed += freed
+        elif ps == 1 or st.cfg.reclaim == "vtoken":
+            # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
+            # (Naive-Evict keeps its lock at page size > 1: see held.hold_naive_pages.)
+            tree.relock_shallower(req, d.counts["depth"][b])
+    stream = getattr(scheduler, "forward_stream_ctx", None) if view.req_to_token.is_cuda else None
+    out = apply(d, view, copies, active, move_stream=stream)
+    freed_rows = iter(torch.split(out.freed, out.freed_counts))
+    to_free, evicted = [], []
+    c = counters_of(scheduler)
+    for b, (req, st, row_len) in enumerate(due):
+        if not active[b]:
+            evicted.append(0)
+            continue
+        evicted.append(_record(st, req, rows[b], d, b, next(freed_rows), to_free, tree))
+        c.evictions += 1
+    if to_free:
+        pages = torch.cat(to_free).to(allocator.device)
+        if pages.numel():
+            (allocator.free if ps == 1 else allocator.free_page_ids)(pages)
+            c.pages_freed += int(pages.numel())
+    c.evicted_tokens += sum(evicted)
+    c.tokens_moved += out.moved
+    c.bytes_moved += out.moved * c.bytes_per_token
+    return evicted
+
+
+def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
     attn = st.accumulator.stats if st.accumulator is not None else None
     if attn is not None and attn.shape[0] != row_len:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
-    shared = None if st.holed else torch.arange(row_len) < cpl
-    view = TokenView(positions=positions, keys=keys, attn=attn, shared=shared, rid=st.rid, step=st.steps,
-                     values=values)
-    keep = st.policy.keep(view, cfg.budget)
-    left = LeftTree(row, keep, cpl, row[:0], row[:0])  # nothing leaves the tree
-    if st.holed and cpl:
-        left = _leave_tree(scheduler, req, st, row, keep, cpl, positions)
-        if left is None:
-            return 0  # no free page to copy kept shared tokens into: retry at the next step
-    row, row_keep, new_cpl, copy_src, copy_dst = left
-    if st.accumulator is not None:
-        st.accumulator.select(keep)
-    plan = plan_eviction(row, row_keep, cpl=new_cpl, page_size=cfg.page_size)
-    device = row_dev.device
-    src, dst = torch.cat([copy_src, plan.src]), torch.cat([copy_dst, plan.dst])
-    if src.numel():
-        # GPU (splice rule 7, docs/design.md): move on the stream that runs forwards, after the in-flight forward
-        # that may still write the last token's KV; row rewrites stay on the schedule stream.
-        stream = getattr(scheduler, "forward_stream_ctx", None) if device.type == "cuda" else None
-        with stream or nullcontext():
-            repack_kv_(pool.k_buffer, pool.v_buffer, src.to(device), dst.to(device))
-    if new_cpl != cpl or copy_src.numel():  # the view changed below cpl: rewrite the row from 0
-        new_row = torch.cat([row[:plan.row_start], plan.row_slots])
-        req_to_token[kv.req_pool_idx, :plan.new_len] = new_row.to(device, req_to_token.dtype)
-        kv.cache_protected_len = new_cpl
-    elif plan.row_slots.numel():
-        req_to_token[kv.req_pool_idx, plan.row_start:plan.new_len] = plan.row_slots.to(
-            device, req_to_token.dtype)
-    kept_pos = positions[keep]
-    freed = plan.freed_pages
-    if cfg.reclaim == "naive" and cfg.page_size > 1:
-        own = plan.new_len - new_cpl if st.holed else plan.new_len  # pinned tree tokens are its own
-        freed = held.hold_naive_pages(st, kept_pos, int(positions[-1]) + 1, own, kv, freed)
-        if st.holed:
-            scheduler.tree_cache.relock_shallower(req, st.tree_lock)
-    if freed.numel():
-        if cfg.page_size == 1:
-            allocator.free(freed.to(device))
-        else:
-            allocator.free_page_ids(freed.to(device))
+    return EvictRow(row=req.kv.req_pool_idx, length=row_len, positions=st.positions(row_len),
+                    policy=st.policy, budget=st.cfg.budget, cpl=req.kv.cache_protected_len,
+                    shared=not st.holed, rid=st.rid, step=st.steps, attn=attn)
 
-    evicted = row_len - plan.new_len
+
+def _record(st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tensor, to_free: list,
+            tree) -> int:
+    """Row `b` of decision `d` was applied: follow it in the request's state; add the pages to
+    free to `to_free` (Naive-Evict holds some back). Returns the tokens evicted."""
+    keep, kv = d.keep_indices(b), req.kv
+    if st.holed and st.cfg.page_size == 1:  # what a retraction in this step resumes from
+        st.undo = (st.undo[0], (d.raw[b, :row.length], row.positions, st.steps, st.kept_pos, st.offset,
+                                dict(st.report), st.pages_freed))
+    if st.accumulator is not None:
+        st.accumulator.select(keep.to(st.accumulator.state.device))
+    w, n_copy = d.counts["whole"][b], d.counts["copies"][b]
+    if st.holed and (w != row.cpl or n_copy):  # the view changed below cpl
+        kv.cache_protected_len = w
+    new_len = d.new_length(b)
+    kept_pos = row.positions[keep]
+    if st.cfg.reclaim == "naive" and st.cfg.page_size > 1:
+        own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
+        freed = held.hold_naive_pages(st, kept_pos, int(row.positions[-1]) + 1, own, kv, freed.cpu())
+        if st.holed:
+            tree.relock_shallower(req, st.tree_lock)
+    to_free.append(freed)
+    evicted = row.length - new_len
     st.kept_pos = kept_pos
     st.offset += evicted
     st.steps += 1
     st.pages_freed += int(freed.numel())
-    st.report.update(evicted_tokens=st.report["evicted_tokens"] + evicted, live_tokens=plan.new_len,
+    st.report.update(evicted_tokens=st.report["evicted_tokens"] + evicted, live_tokens=new_len,
                      pages_freed=st.pages_freed, evictions=st.steps)
     kv.kv_committed_len -= evicted
     kv.kv_allocated_len -= evicted
-    c = counters_of(scheduler)
-    c.evicted_tokens += evicted
-    c.evictions += 1
-    c.pages_freed += int(freed.numel())
-    c.tokens_moved += int(src.numel())
-    c.bytes_moved += int(src.numel()) * c.bytes_per_token
     return evicted
-
-
-class LeftTree(NamedTuple):
-    """The row as the planner gets it once tree-owned victims have left its view."""
-
-    row: torch.Tensor       # slots of the row: kept tree slots, copies, then the private part
-    keep: torch.Tensor      # kept row indices into `row`
-    cpl: int                # tree-owned prefix of `row`
-    copy_src: torch.Tensor  # kept shared slots copied into the request's own pages ...
-    copy_dst: torch.Tensor  # ... and the slots they go to (page size > 1)
-
-
-def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torch.Tensor, cpl: int,
-                positions: torch.Tensor) -> LeftTree | None:
-    """Let tree-owned victims leave the row's view (they are never freed by the request).
-
-    Returns the row for the planner, or None when the pages to copy kept shared tokens into
-    cannot be allocated. Page size 1: kept tree slots stay
-    a row prefix (`drop_tree_rows`); slots of the request's own stored history that nobody else
-    reaches are freed. Page size > 1: `split_tree_pages`; the copies go to new private pages put
-    before the request's own, so the planner packs the kept private tokens right after them.
-    """
-    ps, tree = st.cfg.page_size, scheduler.tree_cache
-    if ps == 1:
-        tree_rows, tree_kept = row[:cpl], positions[keep[keep < cpl]]
-        row, keep, new_cpl = drop_tree_rows(row, keep, cpl)
-        if new_cpl < cpl and st.hit is not None:
-            gone = tree_rows[~torch.isin(tree_rows, row[:new_cpl])]
-            freed = tree.release_dropped(req, gone.to(st.hit[1].device))
-            counters_of(scheduler).pages_freed += freed
-            st.pages_freed += freed
-        elif new_cpl < cpl:  # prompt positions are path indices: keep the path to the last kept one
-            tree.relock_shallower(req, int(tree_kept.max()) + 1 if new_cpl else 0)
-        return LeftTree(row, keep, new_cpl, row[:0], row[:0])
-    split = split_tree_pages(keep, cpl, ps)
-    c, w = split.copy.numel(), split.whole.numel()
-    new = -(-c // ps) * ps
-    slots = _alloc(scheduler, new) if new else row[:0]
-    if slots is None:
-        return None
-    slots = slots.to(torch.int64).cpu()
-    if w < cpl and st.cfg.reclaim == "vtoken":  # the copies no longer need the tree
-        # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
-        # (Naive-Evict keeps its lock: see held.hold_naive_pages.)
-        tree.relock_shallower(req, int(positions[split.whole].max()) + 1 if w else 0)
-    view = torch.cat([row[split.whole], slots, row[cpl:]])
-    priv = keep[keep >= cpl] - cpl + w + new
-    return LeftTree(view, torch.cat([torch.arange(w + c), priv]), w, row[split.copy], slots[:c])
 
 
 def _alloc(scheduler, n: int) -> torch.Tensor | None:

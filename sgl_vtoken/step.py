@@ -124,7 +124,7 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     j = torch.arange(w, device=dev)
     valid = j < lengths[:, None]
     idx = torch.tensor([r.row for r in rows], dtype=torch.int64).to(dev)
-    raw = pool.req_to_token[idx, :w].to(torch.int64).masked_fill(~valid, 0)
+    raw = pool.req_to_token[idx, :w].to(torch.int64)  # beyond a row: written back unchanged
     scores = _scores(rows, pool, positions, valid, raw)
     pol = [(r.policy.sink, r.policy.window, r.cpl if r.shared else 0, r.budget) for r in rows]
     sink, window, shared, budget = torch.tensor(pol, dtype=torch.int64).to(dev).unbind(1)

@@ -182,7 +182,7 @@ def test_a_row_that_dropped_a_shared_prompt_unlocks_its_unused_part(cache):
 
 
 class PagedAllocator(Allocator):
-    """`Allocator` in whole pages, with the K/V pool `evict_request` reads and moves."""
+    """`Allocator` in whole pages, with the K/V pool the eviction step reads and moves."""
 
     def __init__(self, pages: int, page_size: int):
         super().__init__(pages * page_size)
@@ -218,7 +218,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches import radix
-    from sgl_vtoken.patches.eviction import evict_request, new_state
+    from sgl_vtoken.patches.eviction import evict_rows, new_state
 
     ps, prompt_len, steps = 16, 128, 120
     monkeypatch.setattr(radix, "_active", True)
@@ -244,7 +244,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     for t in range(steps):
         row_len = req.kv.kv_committed_len
         if row_len >= cfg.budget + cfg.interval:
-            evictions += evict_request(scheduler, req, st, row_len) > 0
+            evictions += evict_rows(scheduler, [(req, st, row_len)])[0] > 0
             cache.evict(EvictParams(num_tokens=10**6))  # memory pressure: every unlocked node goes
             row = rtt[0, :req.kv.kv_committed_len].tolist()
             assert not set(row) & set(alloc.free_slots), f"step {t}: the row uses freed slots"
