@@ -5,6 +5,7 @@ Adding a policy: see docs/adding-a-policy.md (one file, one line below, one test
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from sgl_vtoken.policies.base import EvictionPolicy, aggregate, top_budget
@@ -39,8 +40,12 @@ def make_policy(name: str, **kwargs) -> EvictionPolicy:
     return cls(**kwargs)
 
 
+@functools.lru_cache(maxsize=64)
 def policy_from_config(cfg: "EvictConfig") -> EvictionPolicy:
-    """The configured policy, wrapped in :class:`SharingAware` with the configured mode."""
+    """The configured policy, wrapped in :class:`SharingAware` with the configured mode.
+
+    Policies hold no per-request state, so equal settings share one object: the eviction step
+    scores the rows that share a policy together (`sgl_vtoken.step`)."""
     if not cfg.enabled:
         raise ValueError("EvictConfig.policy is 'none': eviction is disabled")
     return SharingAware(make_policy(cfg.policy, **cfg.policy_kwargs()), mode=cfg.sharing)
