@@ -117,17 +117,15 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     for r in rows:
         if "attn" in r.policy.needs and r.attn is None:
             raise ValueError(f"policy {r.policy.name!r} needs TokenView.attn (got None)")
-    lengths_h = torch.tensor([r.length for r in rows], dtype=torch.int64)
-    lengths, cpl = lengths_h.to(dev), torch.tensor([r.cpl for r in rows], dtype=torch.int64).to(dev)
-    positions = pad_sequence([r.positions for r in rows], batch_first=True).to(dev)
+    meta = torch.tensor([(r.length, r.cpl, r.row, r.policy.sink, r.policy.window, r.cpl if r.shared else 0,
+                          r.budget, r.rid, r.step) for r in rows], dtype=torch.int64)
+    lengths, cpl, idx, sink, window, shared, budget, rid, steps = _to(meta, dev).unbind(1)
+    positions = _to(pad_sequence([r.positions for r in rows], batch_first=True), dev)
     w = positions.shape[1]
     j = torch.arange(w, device=dev)
     valid = j < lengths[:, None]
-    idx = torch.tensor([r.row for r in rows], dtype=torch.int64).to(dev)
     raw = pool.req_to_token[idx, :w].to(torch.int64)  # beyond a row: written back unchanged
-    scores = _scores(rows, pool, positions, valid, raw)
-    pol = [(r.policy.sink, r.policy.window, r.cpl if r.shared else 0, r.budget) for r in rows]
-    sink, window, shared, budget = torch.tensor(pol, dtype=torch.int64).to(dev).unbind(1)
+    scores = _scores(rows, pool, positions, valid, raw, rid, steps)
     must = valid & ((positions < sink[:, None]) | (j >= (lengths - window)[:, None])
                     | (j < shared[:, None]))
     scores = torch.nan_to_num(scores, nan=-torch.inf).masked_fill(must, torch.inf)
@@ -155,7 +153,7 @@ def apply(d: Decision, pool: KVPoolView, copy_slots: list[torch.Tensor] | None =
         return Applied(d.raw.new_zeros(0), [], 0)
     plan, raw, lengths, cpl = d.plan, d.raw, d.lengths, d.cpl
     if len(sel) < len(d.rows):
-        pick = torch.tensor(sel, device=dev)
+        pick = _to(torch.tensor(sel), dev)
         plan = IndexPlan(*(t.index_select(0, pick) for t in plan))
         raw, lengths, cpl = raw[pick], lengths[pick], cpl[pick]
     c = {k: [v[b] for b in sel] for k, v in d.counts.items()}
@@ -169,7 +167,7 @@ def apply(d: Decision, pool: KVPoolView, copy_slots: list[torch.Tensor] | None =
     if num_moves:
         with move_stream or nullcontext():
             repack_kv_(pool.k_buffers, pool.v_buffers, sp.src, sp.dst)
-    idx = torch.tensor([d.rows[b].row for b in sel], dtype=torch.int64).to(dev)
+    idx = _to(torch.tensor([d.rows[b].row for b in sel], dtype=torch.int64), dev)
     w = raw.shape[1]
     pool.req_to_token[idx[:, None], torch.arange(w, device=dev)] = sp.new_rows.to(pool.req_to_token.dtype)
     return Applied(sp.freed, c["freed"], num_moves)
@@ -187,18 +185,22 @@ def _top(scores: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> torch.
     return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, flip.gather(1, order), j < k[:, None])
 
 
-def _scores(rows, pool: KVPoolView, positions, valid, raw) -> torch.Tensor:
+def _to(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the device (no host synchronization)."""
+    return t.to(device, non_blocking=True)
+
+
+def _scores(rows, pool: KVPoolView, positions, valid, raw, rid, steps) -> torch.Tensor:
     """``[B, W] float64`` scores: one `score_rows` call per policy object, else row by row."""
     out = torch.zeros(positions.shape, dtype=torch.float64, device=positions.device)
     groups: dict[int, list[int]] = {}
     for b, r in enumerate(rows):
         groups.setdefault(id(r.policy), []).append(b)
-    ids = torch.tensor([[r.rid, r.step] for r in rows], dtype=torch.int64).to(positions.device)
     for members in groups.values():
         pol = rows[members[0]].policy
-        pick = slice(None) if len(members) == len(rows) else torch.tensor(members, device=positions.device)
+        pick = slice(None) if len(members) == len(rows) else _to(torch.tensor(members), positions.device)
         sub = raw[pick]
-        batch = RowBatch(positions[pick], valid[pick], ids[pick, 0], ids[pick, 1],
+        batch = RowBatch(positions[pick], valid[pick], rid[pick], steps[pick],
                          key_norms=lambda sub=sub: _key_norms(pool, sub))
         s = pol.score_rows(batch)
         if s is not None:
