@@ -34,14 +34,12 @@ from pathlib import Path
 
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS.parent))
-sys.path.insert(0, str(SCRIPTS))
-
-from collect_traces import hf_trace, load_model, text_windows  # noqa: E402
-from sgl_vtoken.config import EvictConfig  # noqa: E402
-from sgl_vtoken.policies import policy_from_config  # noqa: E402
-from sgl_vtoken.types import TokenView  # noqa: E402
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.corpus import text_windows
+from sgl_vtoken.hf_reference import load_model
+from sgl_vtoken.kvp_traces import hf_trace
+from sgl_vtoken.policies import policy_from_config
+from sgl_vtoken.types import TokenView
 
 POLICIES = ("kvp", "streamingllm", "h2o", "tova", "knorm", "random", "oracle")
 

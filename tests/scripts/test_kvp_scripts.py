@@ -50,8 +50,10 @@ def test_pydoc_corpus_holds_out_whole_topics():
     held out whole, so held-out windows never overlap a training topic."""
     from pydoc_data.topics import topics
 
-    train, held = load("train_tiny_lm").corpus("pydoc", 4)
+    from sgl_vtoken.corpus import corpus
+
+    train, held = corpus("pydoc", 4)
     names = sorted(topics)
     assert held == [topics[n] for n in names[::4]]
     assert len(train) + len(held) == len(topics) and not set(train) & set(held)
-    assert load("train_tiny_lm").corpus(None, 4) == load("train_tiny_lm").corpus("stdlib", 4)
+    assert corpus(None, 4) == corpus("stdlib", 4)
