@@ -13,70 +13,58 @@ scorer built for the model (exactness needs the same scorer on both sides, not a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sgl_vtoken.quality.cli import add_model_flags, json_lines, load
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
+    add_model_flags(p)
     p.add_argument("--policies", nargs="+", default=POLICIES)
     p.add_argument("--cases", nargs="+", default=["16:16", "1:1"], help="page_size:interval")
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--new-tokens", type=int, default=40)
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--window", type=int, default=16)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--out", help="JSON lines file (default stdout)")
     args = p.parse_args(argv)
 
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    tok, fast = load(args.model, args.threads)
+    from sgl_vtoken import hf_reference
     from sgl_vtoken.config import EvictConfig
-    from sgl_vtoken.hf_reference import masked_greedy
     from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
     from sgl_vtoken.quality import data
-    from sgl_vtoken.quality.fastref import fast_greedy, load_model
+    from sgl_vtoken.quality.fastref import fast_greedy
 
-    tok = AutoTokenizer.from_pretrained(args.model)
-    eager = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
-    fast = load_model(args.model)
+    eager = hf_reference.load_model(args.model)
     ids = tok(data.heldout_texts()[0], add_special_tokens=False)["input_ids"]
     idt = ModelIdentity.from_hf_config(eager.config.to_dict())
     kvp = str(save_checkpoint(KVPScorer(idt, hidden=8, seed=0), Path(tempfile.mkdtemp()) / "kvp.safetensors"))
-    out = open(args.out, "w") if args.out else sys.stdout
     ok = True
-    for case in args.cases:
-        page, interval = map(int, case.split(":"))
-        for k, policy in enumerate(args.policies):
-            prompt = ids[k * 50: k * 50 + args.prompt_tokens]
-            cfg = EvictConfig(policy=policy, budget=args.budget, sink=4, page_size=page, interval=interval,
-                              window=args.window if policy in ("h2o", "scissorhands", "knorm") else 0,
-                              params={"checkpoint": kvp} if policy == "kvp" else {})
-            t0 = time.monotonic()
-            a, _ = masked_greedy(eager, prompt, args.new_tokens, cfg, rid=f"check-{policy}")
-            t1 = time.monotonic()
-            b, _ = fast_greedy(fast, prompt, args.new_tokens, cfg, rid=f"check-{policy}")
-            t2 = time.monotonic()
-            diff = None if a == b else next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-            ok &= a == b
-            out.write(json.dumps({"kind": "fastref_check", "policy": policy, "page_size": page,
-                                  "interval": interval, "prompt_tokens": len(prompt), "new_tokens": len(a),
-                                  "budget": args.budget, "equal": a == b, "first_diff": diff,
-                                  "oracle_seconds": round(t1 - t0, 2), "fast_seconds": round(t2 - t1, 2)}) + "\n")
-            out.flush()
+    with json_lines(args.out) as emit:
+        for case in args.cases:
+            page, interval = map(int, case.split(":"))
+            for k, policy in enumerate(args.policies):
+                prompt = ids[k * 50: k * 50 + args.prompt_tokens]
+                cfg = EvictConfig(policy=policy, budget=args.budget, sink=4, page_size=page, interval=interval,
+                                  window=args.window if policy in ("h2o", "scissorhands", "knorm") else 0,
+                                  params={"checkpoint": kvp} if policy == "kvp" else {})
+                t0 = time.monotonic()
+                a, _ = hf_reference.masked_greedy(eager, prompt, args.new_tokens, cfg, rid=f"check-{policy}")
+                t1 = time.monotonic()
+                b, _ = fast_greedy(fast, prompt, args.new_tokens, cfg, rid=f"check-{policy}")
+                t2 = time.monotonic()
+                diff = None if a == b else next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                ok &= a == b
+                emit({"kind": "fastref_check", "policy": policy, "page_size": page, "interval": interval,
+                      "prompt_tokens": len(prompt), "new_tokens": len(a), "budget": args.budget,
+                      "equal": a == b, "first_diff": diff, "oracle_seconds": round(t1 - t0, 2),
+                      "fast_seconds": round(t2 - t1, 2)})
     return 0 if ok else 1
 
 

@@ -15,16 +15,14 @@ sum ranks highest.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sgl_vtoken.quality.cli import add_model_flags, json_lines, load
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
+    add_model_flags(p)
     p.add_argument("--lengths", type=int, nargs="+", default=[1000])
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     p.add_argument("--obs-window", type=int, default=16)
@@ -32,55 +30,43 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=int, default=32)
     p.add_argument("--keep", type=int, default=80, help="scored slots: budget - sinks - window")
     p.add_argument("--upper", default="15-29", help="layer range of the restricted sum")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--out", help="JSON lines file (default stdout)")
     args = p.parse_args(argv)
 
+    tok, model = load(args.model, args.threads)
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer
-
     from sgl_vtoken.quality import tasks
-    from sgl_vtoken.quality.fastref import load_model, prefill
+    from sgl_vtoken.quality.fastref import prefill
 
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = load_model(args.model)
     lo_l, hi_l = map(int, args.upper.split("-"))
-    out = open(args.out, "w") if args.out else sys.stdout
+    with json_lines(args.out) as emit:
+        for t in tasks.passkey_trials(tok, args.lengths, args.depths):
+            n = len(t.prompt)
+            digits = [i for i in range(*t.span) if tok.decode([t.prompt[i]]).strip().isdigit()]
+            probs = prefill(model, list(t.prompt), args.obs_window).probs.sum(0)   # [n, L, H]
+            cand = torch.zeros(n, dtype=torch.bool)
+            cand[args.sink:n - args.window] = True
+            for layer in range(probs.shape[1]):
+                ranks = []
+                for h in range(probs.shape[2]):
+                    s = probs[:, layer, h].masked_fill(~cand, -1.0)
+                    order = s.argsort(descending=True).argsort()
+                    ranks.append(int(order[digits].min()))
+                emit({"kind": "layer", "trial": t.id, "layer": layer,
+                      "sink_mass": round(float(probs[:args.sink, layer].sum()) / args.obs_window, 3),
+                      "best_digit_rank": ranks})
 
-    def emit(rec):
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
+            def kept(score):
+                top = set(score.masked_fill(~cand, -1.0).topk(args.keep).indices.tolist())
+                return sum(d in top for d in digits), top
 
-    for t in tasks.passkey_trials(tok, args.lengths, args.depths):
-        n = len(t.prompt)
-        digits = [i for i in range(*t.span) if tok.decode([t.prompt[i]]).strip().isdigit()]
-        probs = prefill(model, list(t.prompt), args.obs_window).probs.sum(0)   # [n, L, H]
-        cand = torch.zeros(n, dtype=torch.bool)
-        cand[args.sink:n - args.window] = True
-        for layer in range(probs.shape[1]):
-            ranks = []
-            for h in range(probs.shape[2]):
-                s = probs[:, layer, h].masked_fill(~cand, -1.0)
-                order = s.argsort(descending=True).argsort()
-                ranks.append(int(order[digits].min()))
-            emit({"kind": "layer", "trial": t.id, "layer": layer,
-                  "sink_mass": round(float(probs[:args.sink, layer].sum()) / args.obs_window, 3),
-                  "best_digit_rank": ranks})
-
-        def kept(score):
-            top = set(score.masked_fill(~cand, -1.0).topk(args.keep).indices.tolist())
-            return sum(d in top for d in digits), top
-
-        all_sum = probs.flatten(1).sum(1)
-        k_all, top_all = kept(all_sum)
-        k_up, _ = kept(probs[:, lo_l:hi_l + 1].flatten(1).sum(1))
-        common = sorted(top_all, key=lambda i: -float(all_sum[i]))[:20]
-        emit({"kind": "trial", "trial": t.id, "prompt_tokens": n, "digits": len(digits),
-              "kept_all_layers": k_all, f"kept_layers_{args.upper}": k_up,
-              "top_tokens_all_layers": [tok.decode([t.prompt[i]]) for i in common]})
+            all_sum = probs.flatten(1).sum(1)
+            k_all, top_all = kept(all_sum)
+            k_up, _ = kept(probs[:, lo_l:hi_l + 1].flatten(1).sum(1))
+            common = sorted(top_all, key=lambda i: -float(all_sum[i]))[:20]
+            emit({"kind": "trial", "trial": t.id, "prompt_tokens": n, "digits": len(digits),
+                  "kept_all_layers": k_all, f"kept_layers_{args.upper}": k_up,
+                  "top_tokens_all_layers": [tok.decode([t.prompt[i]]) for i in common]})
     return 0
 
 

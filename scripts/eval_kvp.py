@@ -6,11 +6,12 @@
 
 For each of `--num-seqs` held-out windows of `--seq-len` tokens (text, split and seed as in
 `collect_traces.py --split heldout`, with `--seed`), the model runs once with full attention
-(eager, fp32). Then every policy is replayed step by step as the server runs it at interval 1:
-a `--prompt` token prefill (attention policies see its last `obs_window` queries), then before
-each new token t the row (positions < t) is cut to `budget` by the library policy, from the
-traced keys / values and, for h2o / tova, from the full-attention probabilities of the past
-queries restricted to the kept row and renormalized per KV head. Reported per policy and budget:
+(eager, fp32). Then every policy is replayed step by step as the server runs it at interval 1
+(`sgl_vtoken.kvp_eval`): a `--prompt` token prefill (attention policies see its last
+`obs_window` queries), then before each new token t the row (positions < t) is cut to `budget`
+by the library policy, from the traced keys / values and, for h2o / tova, from the
+full-attention probabilities of the past queries restricted to the kept row and renormalized
+per KV head. Reported per policy and budget:
 
 * retained future attention mass: at each step t <= seq_len - horizon, the share of the
   attention that queries [t, t + horizon) pay to tokens < t (full attention, summed over layers
@@ -34,85 +35,9 @@ from pathlib import Path
 
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS.parent))
-sys.path.insert(0, str(SCRIPTS))
-
-from collect_traces import hf_trace, load_model, text_windows  # noqa: E402
-from sgl_vtoken.config import EvictConfig  # noqa: E402
-from sgl_vtoken.policies import policy_from_config  # noqa: E402
-from sgl_vtoken.types import TokenView  # noqa: E402
-
-POLICIES = ("kvp", "streamingllm", "h2o", "tova", "knorm", "random", "oracle")
-
-
-def replay(policy_name: str, budget: int, keys, values, probs, future, prompt: int, args):
-    """Rows kept before each step t (positions < t) for t = prompt .. T-1, policy at interval 1,
-    and the mean seconds per `policy.keep` call."""
-    T = keys.shape[0]
-    params = {"checkpoint": args.checkpoint} if policy_name == "kvp" else {}
-    name = "streamingllm" if policy_name == "oracle" else policy_name
-    cfg = EvictConfig(policy=name, budget=budget, sink=args.sink, window=args.window.get(policy_name, 0),
-                      params=params, obs_window=args.obs_window)
-    policy = policy_from_config(cfg)
-    acc = policy.new_accumulator()
-    group = probs.new_tensor(float(args.group))
-
-    def observe(queries, row):
-        p = probs[:, :, queries][:, :, :, row]                                  # [L, H, q, n]
-        p = p / p.sum(-1, keepdim=True).clamp_min(1e-12) * group
-        acc.update(p.permute(2, 3, 0, 1).contiguous(), torch.tensor([len(row)] * len(queries)))
-
-    row = list(range(prompt))
-    if acc is not None:
-        observe(list(range(max(0, prompt - args.obs_window), prompt)), row)
-    rows, keep_s = [], []
-    for t in range(prompt, T):
-        if len(row) >= budget + 1:
-            pos = torch.tensor(row)
-            if policy_name == "oracle":
-                score = future[t][pos].sum((1, 2)) if t in future else pos.double()
-                keep = torch.cat([torch.arange(min(args.sink, len(row))),
-                                  args.sink + score[args.sink:].topk(budget - args.sink).indices]).sort().values
-            else:
-                view = TokenView(positions=pos, keys=keys[pos], values=values[pos],
-                                 attn=acc.stats if acc is not None else None, rid=0, step=t)
-                t0 = time.perf_counter()
-                keep = policy.keep(view, budget)
-                keep_s.append(time.perf_counter() - t0)
-            if acc is not None:
-                acc.select(keep)
-            row = [row[i] for i in keep.tolist()]
-        rows.append(list(row))
-        row.append(t)
-        if acc is not None:
-            observe([t], row)
-    return rows, (sum(keep_s) / len(keep_s) if keep_s else 0.0)
-
-
-def retained(rows, future, prompt) -> float:
-    """Mean share of future mass kept, over the steps that have a full horizon."""
-    shares = []
-    for t, m in future.items():
-        if t < prompt:
-            continue
-        total = float(m[:t].sum())
-        if total > 0:
-            shares.append(float(m[rows[t - prompt]].sum()) / total)
-    return sum(shares) / len(shares)
-
-
-@torch.no_grad()
-def masked_nll(model, ids, rows, prompt) -> tuple[float, int]:
-    """Summed NLL of tokens 1..T-1 with query t attending to rows[t - prompt] + [t] (t >= prompt)."""
-    T = ids.numel()
-    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)
-    for t in range(prompt, T):
-        mask[t, :t] = torch.finfo(torch.float32).min
-        mask[t, rows[t - prompt]] = 0.0
-    logits = model(ids[None], attention_mask=mask[None, None]).logits[0, :-1]
-    nll = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum")
-    return float(nll), T - 1
+from sgl_vtoken.corpus import text_windows
+from sgl_vtoken.hf_reference import load_model
+from sgl_vtoken.kvp_eval import POLICIES, Setup, evaluate_sequence
 
 
 def plot(summary: list[dict], path: str, title: str) -> None:
@@ -169,33 +94,22 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     model = load_model(args.model)
-    args.group = model.config.num_attention_heads // model.config.num_key_value_heads
+    setup = Setup(checkpoint=args.checkpoint, prompt=args.prompt, horizon=args.horizon, sink=args.sink,
+                  h2o_window=args.h2o_window, obs_window=args.obs_window)
     seqs = text_windows(args.model, args.text, "heldout", args.num_seqs, args.seq_len, args.seed,
                         args.heldout_every)
     lines, acc = [], {}
     full_nll, count = 0.0, 0
     for s, ids in enumerate(seqs):
-        keys, values, probs = hf_trace(model, ids)                              # probs [L, H, T, T]
-        csum = torch.cat([torch.zeros_like(probs[:, :, :1]), probs.cumsum(2)], dim=2)
-        T = ids.numel()
-        future = {t: (csum[:, :, t + args.horizon] - csum[:, :, t]).permute(2, 0, 1)
-                  for t in range(args.prompt, T - args.horizon + 1)}           # [T, L, H]
-        nll, n = masked_nll(model, ids, [list(range(t)) for t in range(args.prompt, T)], args.prompt)
+        nll, n, records = evaluate_sequence(model, ids, setup, args.policies, args.budgets, args.ppl_budgets)
         full_nll, count = full_nll + nll, count + n
-        for pol in args.policies:
-            for b in sorted(set(args.budgets) | set(args.ppl_budgets)):
-                args.window = {"h2o": int(b * args.h2o_window)}
-                rows, keep_s = replay(pol, b, keys, values, probs, future, args.prompt, args)
-                rec = {"seq": s, "policy": pol, "budget": b, "retained_mass": retained(rows, future, args.prompt),
-                       "keep_ms": round(1e3 * keep_s, 3)}
-                if b in args.ppl_budgets:
-                    rec["nll"], rec["tokens"] = masked_nll(model, ids, rows, args.prompt)
-                lines.append(rec)
-                a = acc.setdefault((pol, b), {"mass": [], "nll": 0.0, "tokens": 0, "ms": []})
-                a["mass"].append(rec["retained_mass"])
-                a["ms"].append(rec["keep_ms"])
-                a["nll"] += rec.get("nll", 0.0)
-                a["tokens"] += rec.get("tokens", 0)
+        for rec in records:
+            lines.append({"seq": s, **rec})
+            a = acc.setdefault((rec["policy"], rec["budget"]), {"mass": [], "nll": 0.0, "tokens": 0, "ms": []})
+            a["mass"].append(rec["retained_mass"])
+            a["ms"].append(rec["keep_ms"])
+            a["nll"] += rec.get("nll", 0.0)
+            a["tokens"] += rec.get("tokens", 0)
         print(json.dumps({"event": "seq", "seq": s, "elapsed_s": round(time.perf_counter() - t0, 1)}),
               file=sys.stderr, flush=True)
     summary = [{"event": "summary", "policy": pol, "budget": b,

@@ -32,12 +32,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from sgl_vtoken.quality.cli import json_lines, load
+from sgl_vtoken.quality.evaluate import Plan, build_tasks, run_reference, run_server, write_outputs
+from sgl_vtoken.quality.settings import Setting, Sweep
 
-from sgl_vtoken.quality.evaluate import (Plan, build_tasks, run_reference, run_server,  # noqa: E402
-                                         write_outputs)
-from sgl_vtoken.quality.settings import Setting, Sweep  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 DEFAULT_SETTINGS = ["streamingllm", "random", "knorm", "h2o:window=32", "tova", "scissorhands:window=32"]
 
@@ -161,23 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         print(md)
         return 0
     plan = plan_from_args(args)
-    out = open(args.out, "w") if args.out else sys.stdout
-
-    def emit(rec):
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
-
     t0 = time.monotonic()
-    try:
+    with json_lines(args.out) as emit:
         import torch
-        from transformers import AutoTokenizer
 
-        from sgl_vtoken.quality.fastref import load_model
-
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        tok = AutoTokenizer.from_pretrained(plan.model)
-        model = load_model(plan.model)
+        tok, model = load(plan.model, args.threads)
         trials = build_tasks(plan, tok)
         model_path = Path(plan.model).absolute()  # the path as given, symlinks kept
         shown = str(model_path.relative_to(REPO)) if model_path.is_relative_to(REPO) else plan.model
@@ -205,9 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         emit({"kind": "run", "reference_seconds": round(t_ref, 1), "server_only": bool(args.server_only),
               "wall_seconds": round(time.monotonic() - t0, 1), "server_equal": equal,
               "server_checked": len(server)})
-    finally:
-        if out is not sys.stdout:
-            out.close()
     print(md, file=sys.stderr)
     if args.markdown:
         Path(args.markdown).write_text(md)

@@ -22,15 +22,11 @@ import hashlib
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from sgl_vtoken.kvp import KVPScorer, save_checkpoint  # noqa: E402
-from sgl_vtoken.kvp_train import Traces, evaluate, fit_feature_stats, train  # noqa: E402
+from sgl_vtoken.kvp import KVPScorer, save_checkpoint
+from sgl_vtoken.kvp_train import Traces, evaluate, fit_feature_stats, train
 
 
 def main(argv=None) -> None:

@@ -5,11 +5,12 @@
     python scripts/train_tiny_lm.py --text my.txt --steps 3000 --layers 4
 
 The architecture and tokenizer are `sgl_vtoken.tiny_model`'s (Llama, hidden 128, 4 query / 2 KV
-heads, byte-level BPE); only the layer count is an argument. Text: the top-level modules of the
-standard library (`*.py`, sorted by name), every `--heldout-every`-th file held out; or the
-`--text` file, whose last 10% is held out. Seeded: same arguments, same weights. The result is
-a Hugging Face model folder (SGLang serves it like the random-weight one). Prints JSON lines:
-progress every `--log-every` steps, then the held-out perplexity.
+heads, byte-level BPE); only the layer count is an argument. Text (`sgl_vtoken.corpus`): the
+top-level modules of the standard library (`*.py`, sorted by name), every `--heldout-every`-th
+file held out; `--text pydoc` for Python's documentation topics; or the `--text` file, whose
+last 10% is held out. Seeded: same arguments, same weights. The result is a Hugging Face model
+folder (SGLang serves it like the random-weight one). Prints JSON lines: progress every
+`--log-every` steps, then the held-out perplexity.
 """
 
 from __future__ import annotations
@@ -18,43 +19,15 @@ import argparse
 import json
 import math
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 import torch
 
+from sgl_vtoken.corpus import corpus, tokenize
+from sgl_vtoken.tiny_model import TinyModelSpec, build_tiny_model
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from sgl_vtoken.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
-
-
-def corpus(text: str | None, heldout_every: int) -> tuple[list[str], list[str]]:
-    """(train documents, held-out documents) of `text`: None or ``"stdlib"`` (the standard
-    library's top-level ``.py`` files), ``"pydoc"`` (the language reference and library topics
-    that ship with Python in ``pydoc_data.topics``: English prose with code examples), both split
-    every `heldout_every`-th document, or a plain-text file (last 10% held out)."""
-    if text == "pydoc":
-        from pydoc_data.topics import topics
-
-        docs = [topics[name] for name in sorted(topics)]
-    elif text in (None, "stdlib"):
-        files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-        docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]
-    else:
-        body = Path(text).read_text(encoding="utf-8", errors="replace")
-        cut = int(len(body) * 0.9)
-        return [body[:cut]], [body[cut:]]
-    return ([d for i, d in enumerate(docs) if i % heldout_every],
-            [d for i, d in enumerate(docs) if i % heldout_every == 0])
-
-
-def tokenize(tok, docs: list[str]) -> torch.Tensor:
-    ids: list[int] = []
-    for d in docs:
-        ids += tok(d, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    return torch.tensor(ids, dtype=torch.int64)
 
 
 def windows(ids: torch.Tensor, seq_len: int, num: int, gen: torch.Generator) -> torch.Tensor:

@@ -9,7 +9,7 @@ inputs the server gives it (positions, post-RoPE keys, values, rid, eviction ste
 oracle replays the server's decisions without reading them from the server.
 
 The model is a `transformers` causal LM loaded in fp32 with `attn_implementation="eager"` (the
-attention policies read its attention probabilities). Each step recomputes the whole sequence:
+attention policies read its attention probabilities): :func:`load_model`. Each step recomputes the whole sequence:
 exact by construction, O(steps x length) forwards, meant for tests and short cross-checks.
 """
 
@@ -21,6 +21,13 @@ from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
+
+
+def load_model(path):
+    """fp32 causal LM from `path` with eager attention (attention probabilities returned)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
 
 def _mask(allowed: list[list[int]], n: int, dtype=torch.float32) -> torch.Tensor:

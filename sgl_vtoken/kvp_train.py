@@ -1,6 +1,6 @@
 """Training KVP scorers: K/V traces on disk and the ranking objective of arXiv:2602.10238.
 
-Trace file (``torch.save`` of a dict, written by ``scripts/collect_traces.py``)::
+Trace file (``torch.save`` of a dict, collected by :mod:`sgl_vtoken.kvp_traces`)::
 
     identity   dict     ModelIdentity of the traced model
     keys       [S, T, L, H, D] float16   post-RoPE keys of S sequences of T tokens

@@ -9,4 +9,5 @@
     server_check.py  the same trials replayed token for token on a live server
     report.py        summaries, markdown tables, the plot
     evaluate.py      one run end to end (``scripts/eval_quality.py`` is its CLI)
+    cli.py           the quality scripts' shared flags, model loading and JSON-lines output
 """

@@ -1,12 +1,10 @@
 """Eviction in the server, on CPU: exact against a masked Hugging Face reference, bounded memory
 under SGLang's own checkers, more concurrent requests, and the Naive-Evict baseline."""
 
-import importlib.util
 import json
 import random
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -92,24 +90,13 @@ def test_per_request_eviction_on_a_stock_cache_is_exact(server_factory, hf_eager
 def kvp_checkpoint(hf_eager, tmp_path_factory):
     """A KVP scorer trained in seconds on traces of the random-weight tiny model (exactness does
     not need a good scorer, only the same one on both sides)."""
-    from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
-    from sgl_vtoken.kvp_train import Traces, train
+    from sgl_vtoken.kvp import KVPScorer, save_checkpoint
+    from sgl_vtoken.kvp_traces import collect
+    from sgl_vtoken.kvp_train import train
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "collect_traces.py"
-    spec = importlib.util.spec_from_file_location("collect_traces", script)
-    ct = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ct)
-    idt = ModelIdentity.from_hf_config(hf_eager.config.to_dict())
-    cuts = torch.tensor([48, 64, 80])
-    keys, values, targets = [], [], []
-    for seed in range(4):
-        k, v, probs = ct.hf_trace(hf_eager, torch.tensor(random_ids(128, seed=900 + seed)))
-        keys.append(k)
-        values.append(v)
-        targets.append(torch.stack([ct.future_mass(probs, int(c), 32) for c in cuts]))
-    tr = Traces(idt, torch.stack(keys).half(), torch.stack(values).half(), torch.arange(128), cuts,
-                torch.stack(targets), horizon=32, meta={})
-    scorer = KVPScorer(idt, hidden=16, seed=0)
+    seqs = torch.tensor([random_ids(128, seed=900 + seed) for seed in range(4)])
+    tr = collect(hf_eager, seqs, torch.tensor([48, 64, 80]), horizon=32, meta={})
+    scorer = KVPScorer(tr.identity, hidden=16, seed=0)
     train(scorer, tr, steps=30, seed=0, batch=4)
     return str(save_checkpoint(scorer, tmp_path_factory.mktemp("kvp") / "kvp.safetensors"))
 

@@ -50,8 +50,33 @@ def test_pydoc_corpus_holds_out_whole_topics():
     held out whole, so held-out windows never overlap a training topic."""
     from pydoc_data.topics import topics
 
-    train, held = load("train_tiny_lm").corpus("pydoc", 4)
+    from sgl_vtoken.corpus import corpus
+
+    train, held = corpus("pydoc", 4)
     names = sorted(topics)
     assert held == [topics[n] for n in names[::4]]
     assert len(train) + len(held) == len(topics) and not set(train) & set(held)
-    assert load("train_tiny_lm").corpus(None, 4) == load("train_tiny_lm").corpus("stdlib", 4)
+    assert corpus(None, 4) == corpus("stdlib", 4)
+
+
+def test_eval_kvp_replays_every_policy(tiny_model, tmp_path, capsys):
+    """eval_kvp at toy size: one summary per (policy, budget) plus full attention; the oracle
+    (it knows the future) keeps at least the mass StreamingLLM keeps, a budget past the
+    sequence keeps all of it."""
+    from transformers import AutoConfig
+
+    from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
+
+    idt = ModelIdentity.from_hf_config(AutoConfig.from_pretrained(tiny_model).to_dict())
+    ckpt = save_checkpoint(KVPScorer(idt, hidden=8, seed=0), tmp_path / "kvp.safetensors")
+    load("eval_kvp").main(["--model", str(tiny_model), "--checkpoint", str(ckpt), "--num-seqs", "1",
+                           "--seq-len", "64", "--prompt", "8", "--horizon", "16", "--budgets", "16", "64",
+                           "--ppl-budgets", "16", "--policies", "kvp", "streamingllm", "h2o", "oracle",
+                           "--threads", "1", "--out", str(tmp_path / "eval.jsonl")])
+    summary = {(r["policy"], r["budget"]): r for r in json_lines(capsys.readouterr().out)
+               if r.get("event") == "summary"}
+    assert set(summary) == {(p, b) for p in ("kvp", "streamingllm", "h2o", "oracle") for b in (16, 64)} | {
+        ("full", None)}
+    assert summary[("oracle", 16)]["retained_mass"] >= summary[("streamingllm", 16)]["retained_mass"]
+    assert all(summary[(p, 64)]["retained_mass"] == 1.0 for p in ("kvp", "streamingllm", "h2o", "oracle"))
+    assert summary[("kvp", 16)]["ppl"] > 0 and summary[("full", None)]["ppl"] > 0
