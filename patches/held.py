@@ -24,6 +24,8 @@ import torch
 
 from sgl_vtoken.pages import num_pages
 
+from .state import state_of
+
 # id(ReqKvInfo) -> pages held back for that request (ReqKvInfo has __slots__).
 HELD_PAGES: dict[int, int] = {}
 
@@ -61,7 +63,7 @@ def hold_naive_pages(st, kept_pos: torch.Tensor, next_pos: int, own_len: int, kv
 
 def release_held(req, allocator) -> int:
     """Free every page `req` holds back (request release or retraction); returns the count."""
-    st = getattr(req, "vtoken", None)
+    st = state_of(req)
     if st is None or not st.naive_pages:
         return 0
     n = len(st.naive_pages)

@@ -13,6 +13,7 @@ from sgl_vtoken.pages import num_pages
 from . import held
 from .counters import counters_of
 from .server_args import server_config
+from .state import state_of
 
 META_KEY = "kv_evict"
 
@@ -22,7 +23,7 @@ def update_gauges(scheduler, batch) -> None:
     c = counters_of(scheduler)
     live = pages = running = excess = 0
     for req in batch.reqs:
-        st = getattr(req, "vtoken", None)
+        st = state_of(req)
         if st is None or not req.kv.holds_kv:
             continue
         running += 1

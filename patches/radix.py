@@ -37,6 +37,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from . import history
 from .retraction import adopt_retracted, write_back
+from .state import state_of
 
 NAME = "vtoken"
 _active = False  # this process serves from a HoledRadixCache
@@ -135,7 +136,7 @@ class HoledRadixCache(RadixCache):
     # --- matching -------------------------------------------------------------------------------
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         req = params.req
-        st = getattr(req, "vtoken", None) if req is not None else None
+        st = state_of(req) if req is not None else None
         if st is None or not st.holed:
             return self._observed(super().match_prefix(params), params.key, st)
         logical = history.restore(req, st)
@@ -206,14 +207,15 @@ class HoledRadixCache(RadixCache):
             cache_salt=key.cache_salt)))
 
     def prefix_device_indices(self, req) -> torch.Tensor:
-        hit = getattr(getattr(req, "vtoken", None), "hit", None)
+        st = state_of(req)
+        hit = st.hit if st is not None else None
         if hit is not None and req.last_node is hit[0]:
             return hit[1]
         return super().prefix_device_indices(req)
 
     # --- inserting ------------------------------------------------------------------------------
     def checkpoint(self, req, *, up_to: int):
-        st = getattr(req, "vtoken", None)
+        st = state_of(req)
         if st is None or not st.holed:
             return super().checkpoint(req, up_to=up_to)
         if st.steps == 0 and st.hit is None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .state import state_of
+
 
 @dataclass(frozen=True)
 class RetractStash:
@@ -52,7 +54,7 @@ class RetractStash:
 
 def before_release_req(*args, req, tree_cache, **kwargs):
     """BEFORE `schedule_batch.release_req` (retraction only): stash an evicting request's row."""
-    st = getattr(req, "vtoken", None)
+    st = state_of(req)
     if st is None or req.finished() or not req.kv.holds_kv or not (st.steps or st.hit is not None):
         return None
     if not st.holed or st.cfg.page_size != 1:
@@ -141,7 +143,7 @@ def restore_outputs(req, st) -> None:
 def after_prepare_for_extend(result, batch):
     """AFTER `ScheduleBatch.prepare_for_extend`: resumed requests get their real outputs back."""
     for req in batch.reqs:
-        st = getattr(req, "vtoken", None)
+        st = state_of(req)
         if st is not None and st.real_outputs is not None:
             restore_outputs(req, st)
             st.resume_prefill = True

@@ -26,11 +26,13 @@ import torch
 
 from sgl_vtoken.kernels import attn_scores_
 
+from .state import state_of
+
 
 def scored_requests(batch) -> list:
     """(batch index, request, state) of the requests of `batch` whose policy reads attention."""
     return [(i, r, st) for i, r in enumerate(batch.reqs)
-            if (st := getattr(r, "vtoken", None)) is not None and "attn" in st.policy.needs]
+            if (st := state_of(r)) is not None and "attn" in st.policy.needs]
 
 
 # The scored requests of the forward about to run, set when its ForwardBatch is built. The model
