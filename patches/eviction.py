@@ -33,8 +33,8 @@ from . import held
 from .counters import counters_of
 from .model_support import kv_bytes_per_token
 from .observe import sample_held
-from .scores import fold_staged, tp_gather
 from .state import ReqEvictState, state_of
+from .tp import tp_gather
 
 
 def evict_batch(scheduler, batch, skip: set) -> bool:
@@ -52,12 +52,9 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     new_lens = None
     freed_before = counters_of(scheduler).pages_freed
     for i, req, st in evicting:
-        st.stash, st.resume_prefill = None, False  # decoding again: a resumed view is its row now
-        # A retraction later in this step resumes from the state before this step (retraction.py):
-        # references only, the statistics are replaced, never written in place.
-        st.undo = (st.accumulator.state if st.accumulator is not None else None, None)
+        st.start_step()  # decoding again; a retraction later in this step resumes from here
         if st.accumulator is not None:
-            fold_staged(st, getattr(scheduler, "tp_group", None))
+            st.fold_staged(getattr(scheduler, "tp_group", None))
         if req in skip:
             continue
         row_len = int(seq_lens_cpu[i])
@@ -95,7 +92,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
         # The prompt's KV is full attention: share it before the first eviction (under the overlap
         # scheduler the prefill checkpoint may not have landed yet; it is a no-op after this).
         scheduler.tree_cache.checkpoint(req, up_to=req.extend_end)
-        st.tree_len = kv.cache_protected_len
+        st.mark_tree_owned(kv.cache_protected_len)
     assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
         f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
     req_to_token = scheduler.req_to_token_pool.req_to_token
@@ -105,7 +102,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     row = row_dev.cpu()
     positions = st.positions(row_len)
     if st.holed and cfg.page_size == 1:
-        st.undo = (st.undo[0], (row, positions, st.steps, st.kept_pos, st.offset, dict(st.report), st.pages_freed))
+        st.save_undo(row, positions)
     cpl = kv.cache_protected_len
     keys = values = None  # every TP rank scores all KV heads: identical victims
     tp_group = getattr(scheduler, "tp_group", None)
@@ -126,8 +123,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
         if left is None:
             return 0  # no free page to copy kept shared tokens into: retry at the next step
     row, row_keep, new_cpl, copy_src, copy_dst = left
-    if st.accumulator is not None:
-        st.accumulator.select(keep)
+    st.select_stats(keep)
     plan = plan_eviction(row, row_keep, cpl=new_cpl, page_size=cfg.page_size)
     device = row_dev.device
     src, dst = torch.cat([copy_src, plan.src]), torch.cat([copy_dst, plan.dst])
@@ -158,12 +154,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
             allocator.free_page_ids(freed.to(device))
 
     evicted = row_len - plan.new_len
-    st.kept_pos = kept_pos
-    st.offset += evicted
-    st.steps += 1
-    st.pages_freed += int(freed.numel())
-    st.report.update(evicted_tokens=st.report["evicted_tokens"] + evicted, live_tokens=plan.new_len,
-                     pages_freed=st.pages_freed, evictions=st.steps)
+    st.record_eviction(kept_pos, evicted, int(freed.numel()))
     kv.kv_committed_len -= evicted
     kv.kv_allocated_len -= evicted
     c = counters_of(scheduler)
@@ -203,7 +194,7 @@ def _leave_tree(scheduler, req, st: ReqEvictState, row: torch.Tensor, keep: torc
             gone = tree_rows[~torch.isin(tree_rows, row[:new_cpl])]
             freed = tree.release_dropped(req, gone.to(st.hit[1].device))
             counters_of(scheduler).pages_freed += freed
-            st.pages_freed += freed
+            st.count_freed(freed)
         elif new_cpl < cpl:  # prompt positions are path indices: keep the path to the last kept one
             tree.relock_shallower(req, int(tree_kept.max()) + 1 if new_cpl else 0)
         return LeftTree(row, keep, new_cpl, row[:0], row[:0])

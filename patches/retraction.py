@@ -75,12 +75,9 @@ def stash_row(req, st, tree_cache) -> RetractStash:
     redone after the resume, identically."""
     ids = st.logical_ids(req)
     depth = len(ids) - 1
-    state, before = st.undo if st.undo is not None else (None, None)
-    if st.accumulator is not None and st.undo is not None:
-        st.accumulator.state = state
-    if before is not None:  # this step evicted: undo it
-        slots, positions, st.steps, st.kept_pos, st.offset, report, st.pages_freed = before
-        st.report.update(report)
+    before = st.undo_step()
+    if before is not None:  # this step evicted: the row before it
+        slots, positions = before
     else:
         row_len = req.kv.kv_committed_len
         req_to_token = tree_cache.req_to_token_pool.req_to_token

@@ -62,7 +62,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         if q == 0:
             continue
         block = torch.zeros(q, n, num_layers, pool.head_num)
-        st.staged.append((block, torch.arange(n - q + 1, n + 1)))
+        st.stage(block, torch.arange(n - q + 1, n + 1))
         plan.append((i, block, st.cfg.score_layers))
     _current = (plan, pool, model_runner.req_to_token_pool.req_to_token)
 
@@ -122,18 +122,3 @@ def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:
     logits = logits.masked_fill(causal[:, None, :], float("-inf"))
     p = torch.softmax(logits, dim=-1).view(nq, hkv, g, n).sum(dim=2)       # [nq, hkv, n]
     return p.transpose(1, 2)
-
-
-def fold_staged(st, tp_group=None) -> None:
-    """Fold a request's staged probabilities into its accumulator, oldest block first (eviction
-    hook, step start)."""
-    for block, lengths in st.staged:
-        st.accumulator.update(tp_gather(block, tp_group, dim=-1), lengths)  # every rank: all KV heads
-    st.staged.clear()
-
-
-def tp_gather(t: torch.Tensor, tp_group, dim: int) -> torch.Tensor:
-    """`t` (per-rank KV heads on `dim`) with every TP rank's heads, on every rank (CPU in/out)."""
-    if tp_group is None or tp_group.world_size == 1:
-        return t
-    return tp_group.all_gather(t.to(tp_group.device), dim=dim).cpu()

@@ -2,7 +2,8 @@
 
 Read it through `state_of(req)` (None for a request without eviction). Every change to it from
 another module is a method of `ReqEvictState` whose docstring states its contract; fields are
-read freely. This module imports nothing else of `patches/`, so every other module may import it.
+read freely. This module imports nothing else of `patches/` but `tp.py`, so every other module
+may import it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.rng import stable_id
+
+from .tp import tp_gather
 
 
 def state_of(req) -> ReqEvictState | None:
@@ -62,6 +65,75 @@ class ReqEvictState:
         """``[row_len] int64`` logical position of every live row entry."""
         m = self.kept_pos.numel()
         return torch.cat([self.kept_pos[:row_len], torch.arange(m, row_len) + self.offset])
+
+    # --- a decode step (eviction.py) ---------------------------------------------------------
+    def start_step(self) -> None:
+        """A decode step starts for this request (before its fold and eviction): a resumed view is
+        its row now (the stash is dropped), and the statistics as they are now are remembered for
+        `undo_step` (a reference: statistics are replaced, never written in place)."""
+        self.stash, self.resume_prefill = None, False
+        self.undo = (self.accumulator.state if self.accumulator is not None else None, None)
+
+    def stage(self, block: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Queue one forward's ``[q, n, layers, kv_heads]`` attention probabilities (query j saw
+        ``lengths[j]`` keys) for the next `fold_staged` (`scores.prepare` allocates, the attention
+        layers fill it)."""
+        self.staged.append((block, lengths))
+
+    def fold_staged(self, tp_group=None) -> None:
+        """Fold the staged probabilities into the accumulator, oldest block first (eviction hook,
+        step start). With tensor parallelism every rank folds every rank's KV heads."""
+        for block, lengths in self.staged:
+            self.accumulator.update(tp_gather(block, tp_group, dim=-1), lengths)
+        self.staged.clear()
+
+    def mark_tree_owned(self, tree_len: int) -> None:
+        """First eviction under the holed cache: the row's first `tree_len` positions are
+        tree-owned (the shared prompt), which Naive-Evict accounting needs later."""
+        self.tree_len = tree_len
+
+    def save_undo(self, row: torch.Tensor, positions: torch.Tensor) -> None:
+        """Before an eviction (holed, page size 1): remember the row (`row` slots at logical
+        `positions`) and the figures the eviction changes, for `undo_step`."""
+        self.undo = (self.undo[0], (row, positions, self.steps, self.kept_pos, self.offset,
+                                    dict(self.report), self.pages_freed))
+
+    def select_stats(self, keep: torch.Tensor) -> None:
+        """The statistics follow the row: keep those of the row entries `keep`."""
+        if self.accumulator is not None:
+            self.accumulator.select(keep)
+
+    def count_freed(self, pages: int) -> None:
+        """`pages` of the request's KV went back to the pool outside an eviction plan (its stored
+        history's slots only it reached); the report picks them up at `record_eviction`."""
+        self.pages_freed += pages
+
+    def record_eviction(self, kept_pos: torch.Tensor, evicted: int, pages_freed: int) -> None:
+        """An eviction left the row holding the entries at logical `kept_pos` (ascending, one per
+        row entry), `evicted` tokens fewer, and returned `pages_freed` pages: positions, counts
+        and the report follow (the server's counters are the caller's)."""
+        self.kept_pos = kept_pos
+        self.offset += evicted
+        self.steps += 1
+        self.pages_freed += pages_freed
+        self.report.update(evicted_tokens=self.report["evicted_tokens"] + evicted,
+                           live_tokens=int(kept_pos.numel()), pages_freed=self.pages_freed,
+                           evictions=self.steps)
+
+    def undo_step(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A retraction drops this step: the statistics go back to its start (`start_step`) and
+        its eviction, if any, is undone (`save_undo`). Returns the row before that eviction,
+        ``(slots, positions)``, or None when the step did not evict."""
+        if self.undo is None:
+            return None
+        stats, before = self.undo
+        if self.accumulator is not None:
+            self.accumulator.state = stats
+        if before is None:
+            return None
+        slots, positions, self.steps, self.kept_pos, self.offset, report, self.pages_freed = before
+        self.report.update(report)
+        return slots, positions
 
     def reset(self) -> None:
         """Retraction: the row is gone. With a stash the request resumes from it (the policy state
