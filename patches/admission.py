@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from .retraction import restore_outputs
 from .state import state_of
 
 
@@ -73,7 +72,7 @@ def adder_class(base: type) -> type:
             with _clipped(self._peers(req)):
                 result = super().add_one_req(req, *args, **kwargs)
             if st is not None and st.real_outputs is not None and req not in self.can_run_list:
-                restore_outputs(req, st)  # not admitted this round: its real outputs back
+                st.restore_outputs(req)  # not admitted this round: its real outputs back
             return result
 
         def add_chunked_req(self, req, *args, **kwargs):

@@ -143,7 +143,7 @@ class HoledRadixCache(RadixCache):
         limit = req._compute_max_prefix_len(len(logical))
         key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
         result = super().match_prefix(MatchPrefixParams(key=key))
-        st.attach = len(logical)
+        st.continue_from(None, None, len(logical))  # no view yet: a plain prefill
         if st.stash is not None:  # retracted after evicting: resume from its row (retraction.py)
             return self._resume(req, st, logical, limit, result)
         if (not st.cfg.reuse_history or self.page_size > 1 or req.output_ids
@@ -155,7 +155,7 @@ class HoledRadixCache(RadixCache):
         node, depth = found
         positions, slots = node.vt_view
         history.adopt(req, st, logical, positions, depth)
-        st.hit, st.attach = (node, slots), node.vt_attach
+        st.continue_from(node, slots, node.vt_attach)
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node)
 
@@ -167,13 +167,13 @@ class HoledRadixCache(RadixCache):
             raise RuntimeError(f"retracted row covers {stash.depth} tokens, the match is capped at {limit}")
         if node is None or node.parent is None or getattr(node, "vt_view", None) is None or \
                 node.parent.children.get(node.key.child_key(self.page_size)) is not node:
-            node = st.resume_node = self._insert_stash(stash)
-        st.blocked = node is None
+            node = self._insert_stash(stash)
+        st.stash_in_tree(node)
         if node is None:
             return result
         positions, slots = node.vt_view
         adopt_retracted(req, st, logical, positions, stash.depth)
-        st.hit, st.attach = (node, slots), 0
+        st.continue_from(node, slots, 0)
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node)
 

@@ -57,10 +57,9 @@ def before_release_req(*args, req, tree_cache, **kwargs):
     st = state_of(req)
     if st is None or req.finished() or not req.kv.holds_kv or not (st.steps or st.hit is not None):
         return None
-    if not st.holed or st.cfg.page_size != 1:
-        st.report["retracted_reprefill"] = True
-        return None
-    st.stash = stash_row(req, st, tree_cache)
+    # No stored views at page size > 1 (or without the holed cache): re-prefilled, stash None.
+    stash = stash_row(req, st, tree_cache) if st.holed and st.cfg.page_size == 1 else None
+    st.retracted(stash)
     return None
 
 
@@ -87,8 +86,8 @@ def stash_row(req, st, tree_cache) -> RetractStash:
     pool = tree_cache.token_to_kv_pool_allocator.get_kvcache()
     keys = torch.stack([pool.get_key_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
     values = torch.stack([pool.get_value_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
-    st.retractions += 1
-    namespace = f"{req.extra_key or ''}|{st.cfg.history_namespace()}|retract:{req.rid}:{st.retractions}"
+    serial = st.retractions + 1  # `ReqEvictState.retracted` counts this retraction
+    namespace = f"{req.extra_key or ''}|{st.cfg.history_namespace()}|retract:{req.rid}:{serial}"
     return RetractStash(ids=ids[:depth], positions=positions[:live].cpu(), keys=keys, values=values,
                         namespace=namespace)
 
@@ -118,29 +117,16 @@ def adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int
     prefix, but the view may hold fewer entries than the request has outputs (outputs evicted
     too). Until its prefill is prepared the request is therefore split at the view instead:
     origin = the view's prompt entries, output = the view's output entries + the ids past
-    `depth` (the last output); `restore_outputs` puts the real outputs back."""
-    outputs = req.output_ids
-    prompt_len = len(logical) - len(outputs)
+    `depth` (the last output); `ReqEvictState.prefill_set_up` puts the real outputs back."""
+    prompt_len = len(logical) - len(req.output_ids)
     pos = positions.tolist()
-    st.logical_prompt, st.real_outputs = req.origin_input_ids, outputs
-    req.origin_input_ids = array("q", (logical[p] for p in pos if p < prompt_len))
-    req.output_ids = array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:]
-    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
-    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
-
-
-def restore_outputs(req, st) -> None:
-    """Give a resumed request its real outputs back (after its prefill is prepared, or when it
-    was not admitted); its prompt stays in row coordinates."""
-    if st.real_outputs is not None:
-        req.output_ids, st.real_outputs = st.real_outputs, None
-        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    st.adopt_view(req, positions, depth, array("q", (logical[p] for p in pos if p < prompt_len)),
+                  outputs=array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:])
 
 
 def after_prepare_for_extend(result, batch):
     """AFTER `ScheduleBatch.prepare_for_extend`: resumed requests get their real outputs back."""
     for req in batch.reqs:
         st = state_of(req)
-        if st is not None and st.real_outputs is not None:
-            restore_outputs(req, st)
-            st.resume_prefill = True
+        if st is not None:
+            st.prefill_set_up(req)

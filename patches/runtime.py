@@ -34,10 +34,7 @@ def after_reset_for_retract(result, req):
     (`retraction.py`) or is re-prefilled from its ids with full attention."""
     st = state_of(req)
     if st is not None:
-        if st.logical_prompt is not None:  # it held a stored view: back to its logical ids
-            req.origin_input_ids, st.logical_prompt, st.hit = st.logical_prompt, None, None
-            req.refresh_fill_ids()
-        st.hit = None
+        st.restore_prompt(req)
         st.reset()
 
 

@@ -135,9 +135,76 @@ class ReqEvictState:
         self.report.update(report)
         return slots, positions
 
+    # --- stored views and retraction (radix.py, history.py, retraction.py) ----------------------
+    def adopt_view(self, req, positions: torch.Tensor, depth: int, prompt: array,
+                   outputs: array | None = None) -> None:
+        """`req` continues from a stored view: a row whose live entries sit at logical `positions`
+        and cover the first `depth` logical tokens. Its ids become row coordinates, `prompt` (and
+        `outputs`); its logical prompt is kept for `restore_prompt`; its row positions continue at
+        `depth`. Without `outputs`: a turn extending a stored history (reported as
+        `history_tokens`, `history_view_tokens`). With them: a retracted request resuming from its
+        stash, whose real outputs are kept aside until its prefill is set up (`prefill_set_up`)."""
+        self.logical_prompt = req.origin_input_ids
+        req.origin_input_ids = prompt
+        if outputs is None:
+            req.refresh_fill_ids()
+            self.report.update(history_tokens=depth, history_view_tokens=len(positions))
+        else:
+            self.real_outputs, req.output_ids = req.output_ids, outputs
+            req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+        self.kept_pos, self.offset = positions.clone().cpu(), depth - len(positions)
+
+    def continue_from(self, node, slots: torch.Tensor | None, attach: int) -> None:
+        """The row starts as the stored view at radix `node`, whose KV is at `slots` (`node` None:
+        no view, a plain prefill); `attach`: the logical prefix whose KV is hole-free."""
+        self.hit = None if node is None else (node, slots)
+        self.attach = attach
+
+    def restore_prompt(self, req) -> bool:
+        """Back to the logical ids: a request holding a stored view's ids (`adopt_view`) gets its
+        logical prompt back (fill ids refreshed) and continues from no view, its row positions
+        from 0. Returns whether it held a view."""
+        if self.logical_prompt is None:
+            return False
+        req.origin_input_ids, self.logical_prompt, self.hit = self.logical_prompt, None, None
+        self.kept_pos, self.offset = self.kept_pos[:0], 0
+        req.refresh_fill_ids()
+        return True
+
+    def restore_outputs(self, req) -> None:
+        """A resumed request gets its real outputs back (its prefill is set up, or it was not
+        admitted this round); its prompt stays in row coordinates."""
+        if self.real_outputs is not None:
+            req.output_ids, self.real_outputs = self.real_outputs, None
+            req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+
+    def prefill_set_up(self, req) -> None:
+        """SGLang set up its prefill: a resumed request gets its real outputs back, and that
+        prefill is a resume's (its row ends there; `scores.prepare`)."""
+        if self.real_outputs is not None:
+            self.restore_outputs(req)
+            self.resume_prefill = True
+
+    def retracted(self, stash) -> None:
+        """SGLang retracts the request: it will resume from `stash` (its row before this step,
+        `retraction.RetractStash`; counted in `retractions`), or, with None, be re-prefilled
+        with full attention, which the report says (`retracted_reprefill`)."""
+        if stash is None:
+            self.report["retracted_reprefill"] = True
+        else:
+            self.retractions += 1
+            self.stash = stash
+
+    def stash_in_tree(self, node) -> None:
+        """Its stash is held by radix `node`, or (None) the pool cannot hold it yet: `blocked`,
+        the request is not admitted this round."""
+        self.resume_node, self.blocked = node, node is None
+
     def reset(self) -> None:
-        """Retraction: the row is gone. With a stash the request resumes from it (the policy state
-        stays); without one it is re-prefilled from its ids and every eviction is forgotten."""
+        """Retraction: the row is gone, and the view it continued with it. With a stash the request
+        resumes from it (the policy state stays); without one it is re-prefilled from its ids and
+        every eviction is forgotten."""
+        self.hit = None
         self.kept_pos = self.kept_pos[:0]
         self.offset = 0
         self.tree_len = self.tree_lock = self.naive_excess = 0
