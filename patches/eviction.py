@@ -144,7 +144,7 @@ def evict_request(scheduler, req, st: ReqEvictState, row_len: int) -> int:
     freed = plan.freed_pages
     if cfg.reclaim == "naive" and cfg.page_size > 1:
         own = plan.new_len - new_cpl if st.holed else plan.new_len  # pinned tree tokens are its own
-        freed = held.hold_naive_pages(st, kept_pos, int(positions[-1]) + 1, own, kv, freed)
+        freed = held.hold_naive_pages(st, kept_pos, int(positions[-1]) + 1, own, freed)
         if st.holed:
             scheduler.tree_cache.relock_shallower(req, st.tree_lock)
     if freed.numel():

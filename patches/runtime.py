@@ -27,6 +27,8 @@ def after_req_init(result, req, rid, *args, **kwargs):
         # The holed radix cache (radix.py) inserts compacted rows correctly; others must not.
         req.skip_radix_cache_insert = not req.vtoken.holed
         req.customized_info = {observe.META_KEY: [req.vtoken.report]}
+        if cfg.reclaim == "naive" and cfg.page_size > 1:  # it may hold pages back (held.py)
+            held.count_held(req, req.vtoken)
 
 
 def after_reset_for_retract(result, req):

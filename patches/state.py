@@ -108,6 +108,16 @@ class ReqEvictState:
         history's slots only it reached); the report picks them up at `record_eviction`."""
         self.pages_freed += pages
 
+    def hold_naive(self, pages: list[int], tree_lock: int, excess: int) -> None:
+        """Naive-Evict emulation (`held.py`): the request now holds back `pages` (page ids), its
+        lock covers the first `tree_lock` tree tokens, `excess`: pages held beyond Naive-Evict's."""
+        self.naive_pages, self.tree_lock, self.naive_excess = pages, tree_lock, excess
+
+    def release_naive(self) -> list[int]:
+        """The pages held back, which the caller returns to the pool; none are held after."""
+        pages, self.naive_pages = self.naive_pages, []
+        return pages
+
     def record_eviction(self, kept_pos: torch.Tensor, evicted: int, pages_freed: int) -> None:
         """An eviction left the row holding the entries at logical `kept_pos` (ascending, one per
         row entry), `evicted` tokens fewer, and returned `pages_freed` pages: positions, counts
