@@ -53,13 +53,13 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     """
     reqs = getattr(batch, "reqs", None)
     if not reqs or result.positions is None:
-        scores.clear()
+        scores.clear(model_runner)
         return result
     scored = scores.scored_requests(batch)
     if scored:
         scores.prepare(result, scored, model_runner)
     else:
-        scores.clear()
+        scores.clear(model_runner)
     offsets = [st.offset if (st := state_of(r)) is not None else 0 for r in reqs]
     if not any(offsets):
         return result

@@ -23,6 +23,7 @@ CPU/torch path; on CUDA it runs eagerly, so decode CUDA graphs must be off (chec
 from __future__ import annotations
 
 import torch
+from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
 
 from sgl_vtoken.kernels import attn_scores_
 
@@ -36,9 +37,10 @@ def scored_requests(batch) -> list:
 
 
 # The scored requests of the forward about to run, set when its ForwardBatch is built. The model
-# may run on a copy of that ForwardBatch, so the plan is kept here, not on the object; a
-# scheduler process builds and runs one forward at a time.
-_current: tuple | None = None
+# may run on a copy of that ForwardBatch, so the plan is not kept on that object but on the model
+# runner's KV pool, one per scheduler process, which runs one forward at a time: attention layers
+# reach the same object through the forward context (`get_token_to_kv_pool`: every attention
+# backend holds `model_runner.token_to_kv_pool`), as `pool._vtoken_scored`.
 
 
 def prepare(forward_batch, scored: list, model_runner) -> None:
@@ -46,7 +48,6 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
 
     Prefill: the observation window is the last `obs_window` queries of the whole prompt; a
     chunk stages those of its queries that fall in it (always a suffix of the chunk)."""
-    global _current
     pool = model_runner.token_to_kv_pool
     num_layers = pool.layer_num
     decode = forward_batch.forward_mode.is_decode()
@@ -64,20 +65,22 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         block = torch.zeros(q, n, num_layers, pool.head_num)
         st.stage(block, torch.arange(n - q + 1, n + 1))
         plan.append((i, block, st.cfg.score_layers))
-    _current = (plan, pool, model_runner.req_to_token_pool.req_to_token)
+    pool._vtoken_scored = (plan, model_runner.req_to_token_pool.req_to_token)
 
 
-def clear() -> None:
+def clear(model_runner) -> None:
     """No scored request in the forward about to run."""
-    global _current
-    _current = None
+    model_runner.token_to_kv_pool._vtoken_scored = None
 
 
 def around_radix_attention_forward(original, layer, q, k, v, forward_batch, *args, **kwargs):
     """AROUND `RadixAttention.forward`: run attention, then stage the probabilities."""
     out = original(layer, q, k, v, forward_batch, *args, **kwargs)
-    if _current is not None:
-        collect(layer, q, forward_batch, *_current)
+    pool = get_token_to_kv_pool()
+    current = getattr(pool, "_vtoken_scored", None)
+    if current is not None:
+        plan, req_to_token = current
+        collect(layer, q, forward_batch, plan, pool, req_to_token)
     return out
 
 
