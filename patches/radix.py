@@ -40,7 +40,9 @@ from .retraction import adopt_retracted, write_back
 from .state import state_of
 
 NAME = "vtoken"
-_active = False  # this process serves from a HoledRadixCache
+# This process serves from a HoledRadixCache (process configuration). Read when a `Req` is created
+# (`new_state`'s `holed`), where no scheduler or tree cache is in reach.
+_active = False
 
 
 def tree_mode(cfg) -> bool:
