@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from .retraction import restore_outputs
+from .state import state_of
 
 
 def _cap(st) -> int:
@@ -23,7 +23,7 @@ def _clipped(reqs):
     """Temporarily clip the remaining `max_new_tokens` of evicting requests to what their KV can grow."""
     saved = []
     for req in reqs:
-        st = getattr(req, "vtoken", None)
+        st = state_of(req)
         if st is None or req.sampling_params.max_new_tokens is None:
             continue
         done = len(req.output_ids)
@@ -52,7 +52,7 @@ def adder_class(base: type) -> type:
     class VTokenPrefillAdder(base):
         def _get_running_request_total_token_offset(self, req):
             stock = super()._get_running_request_total_token_offset(req)
-            st = getattr(req, "vtoken", None)
+            st = state_of(req)
             if st is None:
                 return stock
             # Under the holed radix cache tree-owned tokens leave the row; its own part grows to the cap.
@@ -64,7 +64,7 @@ def adder_class(base: type) -> type:
             return [req, *running, *self.can_run_list]
 
         def add_one_req(self, req, *args, **kwargs):
-            st = getattr(req, "vtoken", None)
+            st = state_of(req)
             if st is not None and st.blocked:  # its stashed row does not fit the pool yet
                 from sglang.srt.managers.schedule_policy import AddReqResult
 
@@ -72,7 +72,7 @@ def adder_class(base: type) -> type:
             with _clipped(self._peers(req)):
                 result = super().add_one_req(req, *args, **kwargs)
             if st is not None and st.real_outputs is not None and req not in self.can_run_list:
-                restore_outputs(req, st)  # not admitted this round: its real outputs back
+                st.restore_outputs(req)  # not admitted this round: its real outputs back
             return result
 
         def add_chunked_req(self, req, *args, **kwargs):
@@ -94,7 +94,7 @@ def around_init_req_max_new_tokens(original, scheduler, req):
     clip for evicting requests (their KV stays bounded by the budget)."""
     requested = req.sampling_params.max_new_tokens
     original(scheduler, req)
-    st = getattr(req, "vtoken", None)
+    st = state_of(req)
     if st is None or req.finished():
         return
     peak = _cap(st)
@@ -117,7 +117,7 @@ def around_compute_max_prefix_len(original, req, input_len: int) -> int:
     `budget - window` tokens of a shared prefix (tree-owned tokens are pinned and count against
     its budget; the sinks lie inside the prefix, the window after it)."""
     limit = original(req, input_len)
-    st = getattr(req, "vtoken", None)
+    st = state_of(req)
     if st is None or st.holed:  # holed radix cache: tree-owned tokens may leave the row
         return limit
     return min(limit, st.cfg.budget - st.cfg.window)

@@ -62,6 +62,8 @@ CALLED_PARAMS = {
     "sglang.srt.mem_cache.radix_cache.RadixCache.all_values_flatten": ("self",),
     "sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.prefix_device_indices": ("self", "req"),
     "sglang.srt.managers.schedule_batch.Req.refresh_fill_ids": ("self",),
+    "sglang.srt.model_executor.forward_context.get_token_to_kv_pool": (),  # scores.py
+    "sglang.srt.managers.schedule_batch.ReqKvInfo": (),  # held.py subclasses it (one more slot)
 }
 EXPECTED_PARAMS = {**HOOKED_PARAMS, **CALLED_PARAMS}
 # Module globals and attributes we read or set (module path, attribute).

@@ -20,83 +20,16 @@ held by the request (see `held.py`).
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass, field
-
 import torch
 
-from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.policies import policy_from_config
-from sgl_vtoken.policies.base import EvictionPolicy
-from sgl_vtoken.rng import stable_id
 from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
 
-from . import held, radix
+from . import held
 from .counters import counters_of
 from .model_support import kv_bytes_per_token
 from .observe import sample_held
-from .scores import fold_staged
-
-
-@dataclass
-class ReqEvictState:
-    """Per-request eviction state, stored on the SGLang `Req` as `req.vtoken`."""
-
-    cfg: EvictConfig
-    policy: EvictionPolicy
-    rid: int                                   # stable 32-bit identity (seeded policies)
-    kept_pos: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
-    offset: int = 0                            # tokens evicted so far: logical - row position
-    steps: int = 0                             # evictions so far (seeded policies hash it)
-    pages_freed: int = 0
-    naive_pages: list[int] = field(default_factory=list)  # pages held back in naive mode
-    report: dict = field(default_factory=dict)  # meta_info["kv_evict"][0], updated in place
-    accumulator: object = None                 # attention statistics (H2O, TOVA, Scissorhands)
-    staged: list = field(default_factory=list)  # ([q, n, layers, kv_heads], [q] lengths) per forward
-    holed: bool = False                        # served by the holed radix cache (radix.tree_mode)
-    logical_prompt: array | None = None        # the prompt's ids while the request holds a view's
-    hit: tuple | None = None                   # (node, slots) of the stored view it continues
-    attach: int = 0                            # logical prefix whose KV is hole-free, full attention
-    tree_len: int = 0                          # positions below were tree-owned at the first eviction
-    tree_lock: int = 0                         # Naive-Evict: tree tokens its lock still covers
-    naive_excess: int = 0                      # Naive-Evict: pages held beyond its true footprint
-    stash: object = None                       # retraction.RetractStash while retracted (page size 1)
-    resume_node: object = None                 # the radix node its stash was written back to
-    real_outputs: object = None                # a resumed request's outputs while its prefill is set up
-    undo: tuple | None = None                  # this step's state before its fold and eviction
-    resume_prefill: bool = False               # its prefill is a resume's (the row ends there)
-    retractions: int = 0
-    blocked: bool = False                      # retracted, and its view does not fit the pool yet
-
-    def logical_ids(self, req) -> array:
-        """The request's logical token ids (prompt + output), whatever its row holds."""
-        prompt = req.origin_input_ids if self.logical_prompt is None else self.logical_prompt
-        return array("q", prompt) + array("q", req.output_ids)
-
-    def positions(self, row_len: int) -> torch.Tensor:
-        """``[row_len] int64`` logical position of every live row entry."""
-        m = self.kept_pos.numel()
-        return torch.cat([self.kept_pos[:row_len], torch.arange(m, row_len) + self.offset])
-
-    def reset(self) -> None:
-        """Retraction: the row is gone. With a stash the request resumes from it (the policy state
-        stays); without one it is re-prefilled from its ids and every eviction is forgotten."""
-        self.kept_pos = self.kept_pos[:0]
-        self.offset = 0
-        self.tree_len = self.tree_lock = self.naive_excess = 0
-        self.staged.clear()
-        if self.stash is None:
-            self.steps = 0
-            self.accumulator = self.policy.new_accumulator()
-
-
-def new_state(cfg: EvictConfig, rid: str) -> ReqEvictState:
-    policy = policy_from_config(cfg)
-    st = ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), accumulator=policy.new_accumulator(),
-                       holed=radix.tree_mode(cfg))
-    st.report.update(policy=cfg.policy, budget=cfg.budget, evicted_tokens=0, live_tokens=None,
-                     pages_freed=0, evictions=0)
-    return st
+from .state import ReqEvictState, state_of
+from .tp import tp_gather
 
 
 def evict_batch(scheduler, batch, skip: set) -> bool:
@@ -104,7 +37,7 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     (`sgl_vtoken.step`); update the batch lengths. Returns whether the batch holds any evicting
     request."""
     evicting = [(i, req, st) for i, req in enumerate(batch.reqs)
-                if (st := getattr(req, "vtoken", None)) is not None]
+                if (st := state_of(req)) is not None]
     if not evicting:
         return False
     c = counters_of(scheduler)
@@ -114,12 +47,9 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     seq_lens_cpu = batch.seq_lens_cpu
     due = []
     for i, req, st in evicting:
-        st.stash, st.resume_prefill = None, False  # decoding again: a resumed view is its row now
-        # A retraction later in this step resumes from the state before this step (retraction.py):
-        # references only, the statistics are replaced, never written in place.
-        st.undo = (st.accumulator.state if st.accumulator is not None else None, None)
+        st.start_step()  # decoding again; a retraction later in this step resumes from here
         if st.accumulator is not None:
-            fold_staged(st, getattr(scheduler, "tp_group", None))
+            st.fold_staged(getattr(scheduler, "tp_group", None))
         row_len = int(seq_lens_cpu[i])
         if req not in skip and st.cfg.should_evict(row_len):
             due.append((req, st, row_len))
@@ -156,7 +86,7 @@ def evict_rows(scheduler, due: list) -> list[int]:
             # The prompt's KV is full attention: share it before the first eviction (under the
             # overlap scheduler the prefill checkpoint may not have landed yet; then a no-op).
             tree.checkpoint(req, up_to=req.extend_end)
-            st.tree_len = req.kv.cache_protected_len
+            st.mark_tree_owned(req.kv.cache_protected_len)
         kv = req.kv
         assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
             f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
@@ -165,7 +95,7 @@ def evict_rows(scheduler, due: list) -> list[int]:
     tp_group = getattr(scheduler, "tp_group", None)
     view = KVPoolView(scheduler.req_to_token_pool.req_to_token, kvcache.k_buffer, kvcache.v_buffer, ps,
                       tp_gather=None if tp_group is None or tp_group.world_size == 1
-                      else lambda t, dim: tp_group.all_gather(t, dim=dim))
+                      else lambda t, dim: tp_gather(t, tp_group, dim))
     d = decide(rows, view)
     copies, active = [], []
     for b, (req, st, row_len) in enumerate(due):
@@ -179,7 +109,7 @@ def evict_rows(scheduler, due: list) -> list[int]:
             gone = d.raw[b, :cpl][~d.keep[b, :cpl].to(d.raw.device)]
             freed = tree.release_dropped(req, gone.to(st.hit[1].device))
             counters_of(scheduler).pages_freed += freed
-            st.pages_freed += freed
+            st.count_freed(freed)
         elif ps == 1 or st.cfg.reclaim == "vtoken":
             # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
             # (Naive-Evict keeps its lock at page size > 1: see held.hold_naive_pages.)
@@ -221,10 +151,8 @@ def _record(st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tenso
     free to `to_free` (Naive-Evict holds some back). Returns the tokens evicted."""
     keep, kv = d.keep_indices(b), req.kv
     if st.holed and st.cfg.page_size == 1:  # what a retraction in this step resumes from
-        st.undo = (st.undo[0], (d.raw[b, :row.length], row.positions, st.steps, st.kept_pos, st.offset,
-                                dict(st.report), st.pages_freed))
-    if st.accumulator is not None:
-        st.accumulator.select(keep.to(st.accumulator.state.device))
+        st.save_undo(d.raw[b, :row.length], row.positions)
+    st.select_stats(keep)
     w, n_copy = d.counts["whole"][b], d.counts["copies"][b]
     if st.holed and (w != row.cpl or n_copy):  # the view changed below cpl
         kv.cache_protected_len = w
@@ -232,17 +160,12 @@ def _record(st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tenso
     kept_pos = row.positions[keep]
     if st.cfg.reclaim == "naive" and st.cfg.page_size > 1:
         own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
-        freed = held.hold_naive_pages(st, kept_pos, int(row.positions[-1]) + 1, own, kv, freed.cpu())
+        freed = held.hold_naive_pages(st, kept_pos, int(row.positions[-1]) + 1, own, freed.cpu())
         if st.holed:
             tree.relock_shallower(req, st.tree_lock)
     to_free.append(freed)
     evicted = row.length - new_len
-    st.kept_pos = kept_pos
-    st.offset += evicted
-    st.steps += 1
-    st.pages_freed += int(freed.numel())
-    st.report.update(evicted_tokens=st.report["evicted_tokens"] + evicted, live_tokens=new_len,
-                     pages_freed=st.pages_freed, evictions=st.steps)
+    st.record_eviction(kept_pos, evicted, int(freed.numel()))
     kv.kv_committed_len -= evicted
     kv.kv_allocated_len -= evicted
     return evicted

@@ -16,16 +16,21 @@ the emulation holds more than Naive-Evict would, and says how much (`naive_exces
 
 Held pages are counted as the request's own in SGLang's pool accounting (`kv_private_tokens`),
 returned when Naive-Evict would free them, and all freed when the request releases its KV.
+`kv_private_tokens` gets only the request's `ReqKvInfo`, a slotted dataclass that takes no new
+attribute, so a request under Naive-Evict at page size > 1 gets, when it is created, a
+`ReqKvInfo` subclass with one more slot, `held_for`: its `ReqEvictState`, whose `naive_pages`
+are the count (`count_held`). The pages stay counted wherever SGLang keeps that record.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from sgl_vtoken.pages import num_pages
 
-# id(ReqKvInfo) -> pages held back for that request (ReqKvInfo has __slots__).
-HELD_PAGES: dict[int, int] = {}
+from .state import ReqEvictState, state_of
 
 
 def naive_page_count(kept_pos: torch.Tensor, next_pos: int, page_size: int) -> int:
@@ -34,7 +39,7 @@ def naive_page_count(kept_pos: torch.Tensor, next_pos: int, page_size: int) -> i
     return int(pages.numel())
 
 
-def hold_naive_pages(st, kept_pos: torch.Tensor, next_pos: int, own_len: int, kv,
+def hold_naive_pages(st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int, own_len: int,
                      freed: torch.Tensor) -> torch.Tensor:
     """Keep back the pages Naive-Evict could not free; return those to really free now.
 
@@ -47,30 +52,43 @@ def hold_naive_pages(st, kept_pos: torch.Tensor, next_pos: int, own_len: int, kv
     """
     ps = st.cfg.page_size
     tree = kept_pos < st.tree_len
-    st.tree_lock = int(kept_pos[tree].max()) + 1 if bool(tree.any()) else 0
+    tree_lock = int(kept_pos[tree].max()) + 1 if bool(tree.any()) else 0
     wanted = naive_page_count(kept_pos[~tree], next_pos, ps) - num_pages(own_len, ps)
-    extra, st.naive_excess = max(0, wanted), max(0, -wanted)
+    extra = max(0, wanted)
     pool = torch.cat([torch.tensor(st.naive_pages, dtype=torch.int64), freed.to(torch.int64)])
-    st.naive_pages = pool[:extra].tolist()
-    if st.naive_pages:
-        HELD_PAGES[id(kv)] = len(st.naive_pages)
-    else:
-        HELD_PAGES.pop(id(kv), None)
+    st.hold_naive(pool[:extra].tolist(), tree_lock, max(0, -wanted))
     return pool[extra:]
 
 
 def release_held(req, allocator) -> int:
     """Free every page `req` holds back (request release or retraction); returns the count."""
-    st = getattr(req, "vtoken", None)
+    st = state_of(req)
     if st is None or not st.naive_pages:
         return 0
-    n = len(st.naive_pages)
-    allocator.free_page_ids(torch.tensor(st.naive_pages, dtype=torch.int64, device=allocator.device))
-    st.naive_pages = []
-    HELD_PAGES.pop(id(req.kv), None)
-    return n
+    pages = st.release_naive()
+    allocator.free_page_ids(torch.tensor(pages, dtype=torch.int64, device=allocator.device))
+    return len(pages)
+
+
+_KV_CLASSES: dict[type, type] = {}
+
+
+def count_held(req, st: ReqEvictState) -> None:
+    """From now on SGLang counts the pages `st` holds back as `req`'s own: `req.kv` (fresh, at
+    request creation) becomes the same record with a `held_for` slot."""
+    base = type(req.kv)
+    if base not in _KV_CLASSES:
+        @dataclass(slots=True, kw_only=True)
+        class HeldKvInfo(base):
+            held_for: ReqEvictState | None = field(default=None, repr=False, compare=False)
+
+        HeldKvInfo.__qualname__ = f"VToken{base.__qualname__}"
+        _KV_CLASSES[base] = HeldKvInfo
+    values = {f.name: getattr(req.kv, f.name) for f in fields(req.kv) if f.init}
+    req.kv = _KV_CLASSES[base](**values, held_for=st)
 
 
 def around_kv_private_tokens(original, kv, page_size: int) -> int:
     """AROUND `pool_stats_observer.kv_private_tokens`: held pages are the request's own."""
-    return original(kv, page_size) + HELD_PAGES.get(id(kv), 0) * page_size
+    st = getattr(kv, "held_for", None)
+    return original(kv, page_size) + (len(st.naive_pages) * page_size if st is not None else 0)

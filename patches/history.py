@@ -18,8 +18,6 @@ from array import array
 import torch
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from .retraction import restore_outputs
-
 
 def live(node) -> int:
     """Live slots of `node` (all of its key unless it is holed)."""
@@ -138,20 +136,14 @@ def punch(tree, node) -> None:
 
 def restore(req, st) -> array:
     """Undo a previous round's match: logical ids back in the request; returns them."""
-    restore_outputs(req, st)
-    if st.logical_prompt is not None:
-        req.origin_input_ids = st.logical_prompt
-        st.logical_prompt, st.hit = None, None
-        st.kept_pos, st.offset = st.kept_pos[:0], 0
-    req.refresh_fill_ids()
+    st.restore_outputs(req)
+    if not st.restore_prompt(req):
+        req.refresh_fill_ids()
     return req.full_untruncated_fill_ids
 
 
 def adopt(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
     """Continue from a stored view: the request's ids become the view's ids + the new ids (row
     coordinates), its positions those of the view, then `depth` onwards."""
-    st.logical_prompt = req.origin_input_ids
-    req.origin_input_ids = array("q", (logical[p] for p in positions.tolist())) + logical[depth:]
-    req.refresh_fill_ids()
-    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
-    st.report.update(history_tokens=depth, history_view_tokens=len(positions))
+    view_ids = array("q", (logical[p] for p in positions.tolist()))
+    st.adopt_view(req, positions, depth, view_ids + logical[depth:])

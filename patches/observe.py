@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from sgl_vtoken.pages import num_pages
 
-from . import held
 from .counters import counters_of
 from .server_args import server_config
+from .state import state_of
 
 META_KEY = "kv_evict"
 
@@ -22,7 +22,7 @@ def update_gauges(scheduler, batch) -> None:
     c = counters_of(scheduler)
     live = pages = running = excess = 0
     for req in batch.reqs:
-        st = getattr(req, "vtoken", None)
+        st = state_of(req)
         if st is None or not req.kv.holds_kv:
             continue
         running += 1
@@ -49,6 +49,14 @@ def sample_held(scheduler) -> None:
     c.peak_pool_held_tokens = max(c.peak_pool_held_tokens, int(held_now))
 
 
+def naive_held_requests(scheduler) -> int:
+    """Requests holding pages back (`held.py`). Only a decoding request holds any (release and
+    retraction return them), so it is in the running batch or in the batch that ran last."""
+    batches = (getattr(scheduler, "running_batch", None), getattr(scheduler, "last_batch", None))
+    reqs = {id(r): r for b in batches if b is not None for r in b.reqs}
+    return sum(1 for r in reqs.values() if (st := state_of(r)) is not None and st.naive_pages)
+
+
 def after_get_internal_state(result, scheduler, *args, **kwargs):
     """AFTER `Scheduler.get_internal_state`: add the settings and counters under "vtoken"."""
     state = getattr(result, "internal_state", None)
@@ -56,7 +64,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
         allocator = scheduler.token_to_kv_pool_allocator
         state["vtoken"] = {
             "config": server_config().to_dict(), **counters_of(scheduler).as_dict(),
-            "naive_held_requests": len(held.HELD_PAGES),
+            "naive_held_requests": naive_held_requests(scheduler),
             # free == total after load: available + evictable (radix cache) == total
             "pool_total_tokens": int(scheduler.max_total_num_tokens),
             "pool_available_tokens": int(allocator.available_size()),

@@ -37,9 +37,12 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from . import history
 from .retraction import adopt_retracted, write_back
+from .state import state_of
 
 NAME = "vtoken"
-_active = False  # this process serves from a HoledRadixCache
+# This process serves from a HoledRadixCache (process configuration). Read when a `Req` is created
+# (`new_state`'s `holed`), where no scheduler or tree cache is in reach.
+_active = False
 
 
 def tree_mode(cfg) -> bool:
@@ -135,14 +138,14 @@ class HoledRadixCache(RadixCache):
     # --- matching -------------------------------------------------------------------------------
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         req = params.req
-        st = getattr(req, "vtoken", None) if req is not None else None
+        st = state_of(req) if req is not None else None
         if st is None or not st.holed:
             return self._observed(super().match_prefix(params), params.key, st)
         logical = history.restore(req, st)
         limit = req._compute_max_prefix_len(len(logical))
         key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
         result = super().match_prefix(MatchPrefixParams(key=key))
-        st.attach = len(logical)
+        st.continue_from(None, None, len(logical))  # no view yet: a plain prefill
         if st.stash is not None:  # retracted after evicting: resume from its row (retraction.py)
             return self._resume(req, st, logical, limit, result)
         if (not st.cfg.reuse_history or self.page_size > 1 or req.output_ids
@@ -154,7 +157,7 @@ class HoledRadixCache(RadixCache):
         node, depth = found
         positions, slots = node.vt_view
         history.adopt(req, st, logical, positions, depth)
-        st.hit, st.attach = (node, slots), node.vt_attach
+        st.continue_from(node, slots, node.vt_attach)
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node)
 
@@ -166,13 +169,13 @@ class HoledRadixCache(RadixCache):
             raise RuntimeError(f"retracted row covers {stash.depth} tokens, the match is capped at {limit}")
         if node is None or node.parent is None or getattr(node, "vt_view", None) is None or \
                 node.parent.children.get(node.key.child_key(self.page_size)) is not node:
-            node = st.resume_node = self._insert_stash(stash)
-        st.blocked = node is None
+            node = self._insert_stash(stash)
+        st.stash_in_tree(node)
         if node is None:
             return result
         positions, slots = node.vt_view
         adopt_retracted(req, st, logical, positions, stash.depth)
-        st.hit, st.attach = (node, slots), 0
+        st.continue_from(node, slots, 0)
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node)
 
@@ -206,14 +209,15 @@ class HoledRadixCache(RadixCache):
             cache_salt=key.cache_salt)))
 
     def prefix_device_indices(self, req) -> torch.Tensor:
-        hit = getattr(getattr(req, "vtoken", None), "hit", None)
+        st = state_of(req)
+        hit = st.hit if st is not None else None
         if hit is not None and req.last_node is hit[0]:
             return hit[1]
         return super().prefix_device_indices(req)
 
     # --- inserting ------------------------------------------------------------------------------
     def checkpoint(self, req, *, up_to: int):
-        st = getattr(req, "vtoken", None)
+        st = state_of(req)
         if st is None or not st.holed:
             return super().checkpoint(req, up_to=up_to)
         if st.steps == 0 and st.hit is None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .state import state_of
+
 
 @dataclass(frozen=True)
 class RetractStash:
@@ -52,13 +54,12 @@ class RetractStash:
 
 def before_release_req(*args, req, tree_cache, **kwargs):
     """BEFORE `schedule_batch.release_req` (retraction only): stash an evicting request's row."""
-    st = getattr(req, "vtoken", None)
+    st = state_of(req)
     if st is None or req.finished() or not req.kv.holds_kv or not (st.steps or st.hit is not None):
         return None
-    if not st.holed or st.cfg.page_size != 1:
-        st.report["retracted_reprefill"] = True
-        return None
-    st.stash = stash_row(req, st, tree_cache)
+    # No stored views at page size > 1 (or without the holed cache): re-prefilled, stash None.
+    stash = stash_row(req, st, tree_cache) if st.holed and st.cfg.page_size == 1 else None
+    st.retracted(stash)
     return None
 
 
@@ -73,12 +74,9 @@ def stash_row(req, st, tree_cache) -> RetractStash:
     redone after the resume, identically."""
     ids = st.logical_ids(req)
     depth = len(ids) - 1
-    state, before = st.undo if st.undo is not None else (None, None)
-    if st.accumulator is not None and st.undo is not None:
-        st.accumulator.state = state
-    if before is not None:  # this step evicted: undo it
-        slots, positions, st.steps, st.kept_pos, st.offset, report, st.pages_freed = before
-        st.report.update(report)
+    before = st.undo_step()
+    if before is not None:  # this step evicted: the row before it
+        slots, positions = before
     else:
         row_len = req.kv.kv_committed_len
         req_to_token = tree_cache.req_to_token_pool.req_to_token
@@ -88,8 +86,8 @@ def stash_row(req, st, tree_cache) -> RetractStash:
     pool = tree_cache.token_to_kv_pool_allocator.get_kvcache()
     keys = torch.stack([pool.get_key_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
     values = torch.stack([pool.get_value_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
-    st.retractions += 1
-    namespace = f"{req.extra_key or ''}|{st.cfg.history_namespace()}|retract:{req.rid}:{st.retractions}"
+    serial = st.retractions + 1  # `ReqEvictState.retracted` counts this retraction
+    namespace = f"{req.extra_key or ''}|{st.cfg.history_namespace()}|retract:{req.rid}:{serial}"
     return RetractStash(ids=ids[:depth], positions=positions[:live].cpu(), keys=keys, values=values,
                         namespace=namespace)
 
@@ -119,29 +117,16 @@ def adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int
     prefix, but the view may hold fewer entries than the request has outputs (outputs evicted
     too). Until its prefill is prepared the request is therefore split at the view instead:
     origin = the view's prompt entries, output = the view's output entries + the ids past
-    `depth` (the last output); `restore_outputs` puts the real outputs back."""
-    outputs = req.output_ids
-    prompt_len = len(logical) - len(outputs)
+    `depth` (the last output); `ReqEvictState.prefill_set_up` puts the real outputs back."""
+    prompt_len = len(logical) - len(req.output_ids)
     pos = positions.tolist()
-    st.logical_prompt, st.real_outputs = req.origin_input_ids, outputs
-    req.origin_input_ids = array("q", (logical[p] for p in pos if p < prompt_len))
-    req.output_ids = array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:]
-    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
-    st.kept_pos, st.offset = positions.clone().cpu(), depth - len(positions)
-
-
-def restore_outputs(req, st) -> None:
-    """Give a resumed request its real outputs back (after its prefill is prepared, or when it
-    was not admitted); its prompt stays in row coordinates."""
-    if st.real_outputs is not None:
-        req.output_ids, st.real_outputs = st.real_outputs, None
-        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    st.adopt_view(req, positions, depth, array("q", (logical[p] for p in pos if p < prompt_len)),
+                  outputs=array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:])
 
 
 def after_prepare_for_extend(result, batch):
     """AFTER `ScheduleBatch.prepare_for_extend`: resumed requests get their real outputs back."""
     for req in batch.reqs:
-        st = getattr(req, "vtoken", None)
-        if st is not None and st.real_outputs is not None:
-            restore_outputs(req, st)
-            st.resume_prefill = True
+        st = state_of(req)
+        if st is not None:
+            st.prefill_set_up(req)

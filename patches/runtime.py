@@ -10,10 +10,11 @@ import torch
 
 from . import held, metrics, observe, radix, scores
 from .counters import counters_of
-from .eviction import evict_batch, new_state
+from .eviction import evict_batch
 from .model_support import kv_bytes_per_token, unsupported_pool_reason
 from .request_options import request_config
 from .server_args import server_config
+from .state import new_state, state_of
 
 
 def after_req_init(result, req, rid, *args, **kwargs):
@@ -22,21 +23,20 @@ def after_req_init(result, req, rid, *args, **kwargs):
     row were contiguous (splice rule 3, docs/design.md)."""
     cfg = request_config(server_config(), req.sampling_params)
     if cfg.enabled:
-        req.vtoken = new_state(cfg, rid)
+        req.vtoken = new_state(cfg, rid, holed=radix.tree_mode(cfg))
         # The holed radix cache (radix.py) inserts compacted rows correctly; others must not.
         req.skip_radix_cache_insert = not req.vtoken.holed
         req.customized_info = {observe.META_KEY: [req.vtoken.report]}
+        if cfg.reclaim == "naive" and cfg.page_size > 1:  # it may hold pages back (held.py)
+            held.count_held(req, req.vtoken)
 
 
 def after_reset_for_retract(result, req):
     """AFTER `Req.reset_for_retract`: back to the logical ids; the request resumes from its stash
     (`retraction.py`) or is re-prefilled from its ids with full attention."""
-    st = getattr(req, "vtoken", None)
+    st = state_of(req)
     if st is not None:
-        if st.logical_prompt is not None:  # it held a stored view: back to its logical ids
-            req.origin_input_ids, st.logical_prompt, st.hit = st.logical_prompt, None, None
-            req.refresh_fill_ids()
-        st.hit = None
+        st.restore_prompt(req)
         st.reset()
 
 
@@ -53,14 +53,14 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     """
     reqs = getattr(batch, "reqs", None)
     if not reqs or result.positions is None:
-        scores.clear()
+        scores.clear(model_runner)
         return result
     scored = scores.scored_requests(batch)
     if scored:
         scores.prepare(result, scored, model_runner)
     else:
-        scores.clear()
-    offsets = [st.offset if (st := getattr(r, "vtoken", None)) is not None else 0 for r in reqs]
+        scores.clear(model_runner)
+    offsets = [st.offset if (st := state_of(r)) is not None else 0 for r in reqs]
     if not any(offsets):
         return result
     off = torch.tensor(offsets, dtype=result.positions.dtype)

@@ -23,20 +23,24 @@ CPU/torch path; on CUDA it runs eagerly, so decode CUDA graphs must be off (chec
 from __future__ import annotations
 
 import torch
+from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
 
 from sgl_vtoken.kernels import attn_scores_
+
+from .state import state_of
 
 
 def scored_requests(batch) -> list:
     """(batch index, request, state) of the requests of `batch` whose policy reads attention."""
     return [(i, r, st) for i, r in enumerate(batch.reqs)
-            if (st := getattr(r, "vtoken", None)) is not None and "attn" in st.policy.needs]
+            if (st := state_of(r)) is not None and "attn" in st.policy.needs]
 
 
 # The scored requests of the forward about to run, set when its ForwardBatch is built. The model
-# may run on a copy of that ForwardBatch, so the plan is kept here, not on the object; a
-# scheduler process builds and runs one forward at a time.
-_current: tuple | None = None
+# may run on a copy of that ForwardBatch, so the plan is not kept on that object but on the model
+# runner's KV pool, one per scheduler process, which runs one forward at a time: attention layers
+# reach the same object through the forward context (`get_token_to_kv_pool`: every attention
+# backend holds `model_runner.token_to_kv_pool`), as `pool._vtoken_scored`.
 
 
 def prepare(forward_batch, scored: list, model_runner) -> None:
@@ -44,7 +48,6 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
 
     Prefill: the observation window is the last `obs_window` queries of the whole prompt; a
     chunk stages those of its queries that fall in it (always a suffix of the chunk)."""
-    global _current
     pool = model_runner.token_to_kv_pool
     num_layers = pool.layer_num
     decode = forward_batch.forward_mode.is_decode()
@@ -60,22 +63,24 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         if q == 0:
             continue
         block = torch.zeros(q, n, num_layers, pool.head_num)
-        st.staged.append((block, torch.arange(n - q + 1, n + 1)))
+        st.stage(block, torch.arange(n - q + 1, n + 1))
         plan.append((i, block, st.cfg.score_layers))
-    _current = (plan, pool, model_runner.req_to_token_pool.req_to_token)
+    pool._vtoken_scored = (plan, model_runner.req_to_token_pool.req_to_token)
 
 
-def clear() -> None:
+def clear(model_runner) -> None:
     """No scored request in the forward about to run."""
-    global _current
-    _current = None
+    model_runner.token_to_kv_pool._vtoken_scored = None
 
 
 def around_radix_attention_forward(original, layer, q, k, v, forward_batch, *args, **kwargs):
     """AROUND `RadixAttention.forward`: run attention, then stage the probabilities."""
     out = original(layer, q, k, v, forward_batch, *args, **kwargs)
-    if _current is not None:
-        collect(layer, q, forward_batch, *_current)
+    pool = get_token_to_kv_pool()
+    current = getattr(pool, "_vtoken_scored", None)
+    if current is not None:
+        plan, req_to_token = current
+        collect(layer, q, forward_batch, plan, pool, req_to_token)
     return out
 
 
@@ -120,18 +125,3 @@ def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:
     logits = logits.masked_fill(causal[:, None, :], float("-inf"))
     p = torch.softmax(logits, dim=-1).view(nq, hkv, g, n).sum(dim=2)       # [nq, hkv, n]
     return p.transpose(1, 2)
-
-
-def fold_staged(st, tp_group=None) -> None:
-    """Fold a request's staged probabilities into its accumulator, oldest block first (eviction
-    hook, step start)."""
-    for block, lengths in st.staged:
-        st.accumulator.update(tp_gather(block, tp_group, dim=-1), lengths)  # every rank: all KV heads
-    st.staged.clear()
-
-
-def tp_gather(t: torch.Tensor, tp_group, dim: int) -> torch.Tensor:
-    """`t` (per-rank KV heads on `dim`) with every TP rank's heads, on every rank (CPU in/out)."""
-    if tp_group is None or tp_group.world_size == 1:
-        return t
-    return tp_group.all_gather(t.to(tp_group.device), dim=dim).cpu()

@@ -18,6 +18,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 
 from .observe import META_KEY
+from .state import state_of
 
 SUMMED = ("evicted_tokens", "live_tokens", "pages_freed", "evictions", "history_tokens",
           "history_view_tokens")
@@ -29,7 +30,7 @@ _STREAMED: ContextVar[dict | None] = ContextVar("vtoken_streamed_kv_evict", defa
 def around_accept(original, acc, *args, req, **kwargs):
     """AROUND `_GenerationStreamAccumulator.accept`: logical prompt counts; a stream's eviction
     figures with its final chunk."""
-    st = getattr(req, "vtoken", None)
+    st = state_of(req)
     if st is None:
         return original(acc, *args, req=req, **kwargs)
     before = len(acc.rids)

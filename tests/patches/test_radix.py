@@ -78,11 +78,9 @@ def cache():
 
 
 def evicting_state(rid):
-    from sgl_vtoken.patches.eviction import new_state
+    from sgl_vtoken.patches.state import new_state
 
-    st = new_state(EvictConfig(policy="streamingllm", budget=8, sink=2), rid)
-    st.holed = True
-    return st
+    return new_state(EvictConfig(policy="streamingllm", budget=8, sink=2), rid, holed=True)
 
 
 def finish_turn(cache, req, ids_with_kv, kept_pos):
@@ -218,7 +216,8 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches import radix
-    from sgl_vtoken.patches.eviction import evict_rows, new_state
+    from sgl_vtoken.patches.eviction import evict_rows
+    from sgl_vtoken.patches.state import new_state
 
     ps, prompt_len, steps = 16, 128, 120
     monkeypatch.setattr(radix, "_active", True)
@@ -229,7 +228,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
                                        "token_to_kv_pool_allocator": alloc})()
     cfg = EvictConfig(policy=policy, budget=96, sink=16, interval=16, page_size=ps,
                       window=16 if policy == "h2o" else 0)
-    st = new_state(cfg, "r0")
+    st = new_state(cfg, "r0", holed=radix.tree_mode(cfg))
     assert st.holed
     req = Req(list(range(1000, 1000 + prompt_len)), st)
     req.kv.kv_committed_len = req.kv.kv_allocated_len = prompt_len
