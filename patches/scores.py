@@ -15,7 +15,8 @@ before choosing victims, so a choice at step t uses every query up to t - 1, as 
 statistics are row-indexed: they follow the row through `select(keep)` (they move with the KV)
 and vanish with the evicted tokens. With tensor parallelism each rank scores its own KV heads;
 the eviction hook gathers all heads over the TP group first, so every rank sees the same scores
-and evicts the same tokens.
+and evicts the same tokens. Blocks and statistics stay on the pool's device: nothing here or in
+the eviction step copies them to the host.
 
 CPU/torch path; on CUDA it runs eagerly, so decode CUDA graphs must be off (checked at start-up).
 """
@@ -49,7 +50,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
     Prefill: the observation window is the last `obs_window` queries of the whole prompt; a
     chunk stages those of its queries that fall in it (always a suffix of the chunk)."""
     pool = model_runner.token_to_kv_pool
-    num_layers = pool.layer_num
+    num_layers, device = pool.layer_num, pool.get_key_buffer(0).device
     decode = forward_batch.forward_mode.is_decode()
     seq_lens = forward_batch.seq_lens_cpu.tolist()
     plan = []
@@ -62,9 +63,9 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             q = max(0, n - max(total - st.cfg.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
         if q == 0:
             continue
-        block = torch.zeros(q, n, num_layers, pool.head_num)
-        st.stage(block, torch.arange(n - q + 1, n + 1))
-        plan.append((i, block, st.cfg.score_layers))
+        block = torch.zeros(q, n, num_layers, pool.head_num, device=device)  # where the KV lives
+        st.stage(block, torch.arange(n - q + 1, n + 1, device=device))
+        plan.append((i, block, st.cfg.score_layers, req.kv.req_pool_idx))
     pool._vtoken_scored = (plan, model_runner.req_to_token_pool.req_to_token)
 
 
@@ -90,22 +91,21 @@ def collect(layer, q: torch.Tensor, forward_batch, scored: list, pool, req_to_to
     hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
     q = q.view(-1, hq, layer.qk_head_dim)
     k_buffer = pool.get_key_buffer(layer.layer_id)
-    rows = forward_batch.req_pool_indices.tolist()
     if forward_batch.forward_mode.is_decode():
-        starts = list(range(len(rows)))
-        ext = [1] * len(rows)
+        starts = list(range(forward_batch.batch_size))
+        ext = [1] * forward_batch.batch_size
     else:
         ext = forward_batch.extend_seq_lens_cpu
         starts = [sum(ext[:i]) for i in range(len(ext))]
-    for i, block, score_layers in scored:
+    for i, block, score_layers, row in scored:
         if score_layers is not None and layer.layer_id not in score_layers:
             continue
         nq, n = block.shape[0], block.shape[1]
-        slots = req_to_token[rows[i], :n].to(torch.int64)
+        slots = req_to_token[row, :n].to(torch.int64)
         first = starts[i] + ext[i] - nq
         lengths = torch.arange(n - nq + 1, n + 1)
         probs = _probs(q[first:first + nq], k_buffer, slots, lengths, layer.scaling, hq, hkv)
-        block[:, :, layer.layer_id, :] = probs.to(block.dtype).cpu()
+        block[:, :, layer.layer_id, :] = probs.to(block.dtype)
 
 
 def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:
