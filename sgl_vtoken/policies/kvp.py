@@ -44,5 +44,6 @@ class KVP(EvictionPolicy):
 
     def score(self, view: TokenView) -> torch.Tensor:
         with torch.no_grad():
-            s = self.scorer(view.keys, view.values, view.positions).to(torch.float64)
+            scorer = self.scorer.to(view.keys.device)  # scores where the KV lives (no-op after once)
+            s = scorer(view.keys, view.values, view.positions).to(torch.float64)
         return aggregate(torch.softmax(s, dim=0), self.aggregation)

@@ -2,12 +2,16 @@
 KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle sgl_vtoken/step_ref.py)."""
 
 import copy
+import functools
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken.pages import PageAllocator
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.policies.sharing_aware import SharingAware
@@ -15,7 +19,14 @@ from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
 from sgl_vtoken.step_ref import evict_row_ref
 
 LAYERS, H, D = 2, 2, 4
-POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
+POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
+
+
+@functools.cache
+def kvp_checkpoint() -> str:
+    """A small random KVP scorer for the fake pool's shapes (written once per test process)."""
+    path = Path(tempfile.mkdtemp()) / "kvp.safetensors"
+    return str(save_checkpoint(KVPScorer(ModelIdentity("llama", LAYERS, H, D), hidden=4, seed=1), path))
 
 
 class FakePool:
@@ -66,7 +77,8 @@ def _build(ps, seed, specs):
         pool.view.req_to_token[b, :L] = torch.cat([tree, private]).to(torch.int32)
         gaps = torch.randint(0, s["gap"] + 1, (L,), generator=gen)
         positions = torch.cumsum(gaps + 1, 0) - 1
-        pol = SharingAware(make_policy(s["policy"], sink=s["sink"], window=s["window"]))
+        extra = {"checkpoint": kvp_checkpoint()} if s["policy"] == "kvp" else {}
+        pol = SharingAware(make_policy(s["policy"], sink=s["sink"], window=s["window"], **extra))
         must = (positions < s["sink"]) | (torch.arange(L) >= L - s["window"])
         must |= torch.arange(L) < (s["cpl"] if s["shared"] else 0)
         budget = max(s["budget"], int(must.sum()))
