@@ -10,9 +10,10 @@ length stays in row coordinates (splice rule 1, docs/design.md): after an evicti
     0                     cpl                L    0            cpl           budget
     logical position of row index j: kept_pos[j] for j < m (at the last eviction), j + offset after
 
-Tree-owned slots are never freed or moved (splice rule 2). With compacted-history reuse (`radix.py`,
-page size 1) the policy may drop them from the row, which then stops using them; otherwise it
-sees them as shared and keeps them. Page size 1: the row is compacted and dead slots freed. Page size > 1: kept private tokens
+Tree-owned slots are never freed or moved (splice rule 2). Under the holed radix cache
+(`radix.py`) the policy may drop them from the row, which then stops using them (at page size > 1
+the kept tokens of a partly dropped tree page are copied to the row's own pages), and what only
+the row reached is freed; otherwise it sees them as shared and keeps them. Page size 1: the row is compacted and dead slots freed. Page size > 1: kept private tokens
 move down onto the request's own pages (`dst <= src`, one all-layer KV move) and whole pages
 are freed (splice rule 6); with `--kv-reclaim naive` the pages a Naive-Evict cache could not free stay
 held by the request (see `held.py`).
@@ -123,6 +124,11 @@ def evict_rows(scheduler, due: list) -> list[int]:
         if not active[b]:
             evicted.append(0)
             continue
+        if ps > 1 and st.holed and st.hit is not None:  # its stored history: free what nobody reaches
+            row = view.req_to_token[req.kv.req_pool_idx, :d.new_length(b)]
+            freed = tree.release_unused_pages(req, row.to(torch.int64))
+            c.pages_freed += freed
+            st.count_freed(freed)
         evicted.append(_record(st, req, rows[b], d, b, next(freed_rows), to_free, tree))
         c.evictions += 1
     if to_free:

@@ -1,10 +1,13 @@
-"""Compacted histories in the holed radix cache (page size 1): a finished evicting request leaves
-its row in the tree with holes, a next turn that extends it continues from it, and the slots that
-nobody can reach any more are freed early (docs/design.md, "Prefix sharing under eviction").
+"""Compacted histories in the holed radix cache: a finished evicting request leaves its row in
+the tree with holes, a next turn that extends it continues from it, and the slots that nobody can
+reach any more are freed early (docs/design.md, "Prefix sharing under eviction"). This module
+stores them per position (page size 1); `history_pages.py` stores them by whole pages (page
+size > 1); matching and adopting a view are shared.
 
     node.vt_live    live slots of a holed node (its value is -1 where a token was evicted)
     node.vt_view    (positions, slots) of the row that ended at this node, or None
     node.vt_attach  logical prefix below the view whose KV is hole-free (full attention)
+    node.vt_tail    logical ids the view covers past the node's key (page size > 1), or absent
 
 The functions take the `radix.HoledRadixCache` (`tree`) whose nodes and sizes they change; its
 `match_prefix`, `checkpoint` and `release_dropped` call them.
@@ -26,8 +29,9 @@ def live(node) -> int:
 
 
 def count_live(node) -> int:
-    """Mark `node` holed and (re)count its live slots."""
-    node.vt_live = int((node.value >= 0).sum())
+    """Mark `node` holed and (re)count its live slots (the slots of its pages at page size > 1)."""
+    pages = getattr(node, "vt_pages", None)
+    node.vt_live = int((node.value >= 0).sum()) if pages is None else int(pages.numel())
     return node.vt_live
 
 
@@ -37,7 +41,8 @@ def namespace(req, st) -> str:
 
 
 def find_view(tree, last, logical: array, limit: int, ns: str):
-    """(node, logical depth) of the deepest stored view that `logical[:limit]` extends, or None."""
+    """(node, logical depth) of the deepest stored view that `logical[:limit]` extends (its key,
+    then its tail), or None."""
     chain = []
     while last is not None:
         chain.append(last)
@@ -50,14 +55,18 @@ def find_view(tree, last, logical: array, limit: int, ns: str):
         key = RadixKey(logical[depth:limit], ns)
         now = time.monotonic()
         d = depth
-        while len(key):
+        while len(key) >= tree.page_size:
             child = node.children.get(key.child_key(tree.page_size))
             if child is None or child.key.match(key) < len(child.key):
                 break
             child.last_access_time = now
             d, key, node = d + len(child.key), key[len(child.key):], child
-            if getattr(node, "vt_view", None) is not None and (best is None or d > best[1]):
-                best = (node, d)
+            if getattr(node, "vt_view", None) is None:
+                continue
+            tail = getattr(node, "vt_tail", ())
+            end = d + len(tail)
+            if end <= limit and logical[d:end] == array("q", tail) and (best is None or end > best[1]):
+                best = (node, end)
     return best
 
 

@@ -1,6 +1,6 @@
 """Radix cache with holes: evicting requests share their prompts, drop shared tokens from their
 own view, and leave their compacted history in the tree when they finish, so that a next turn
-extending that history continues from it (history: page size 1).
+extending that history continues from it.
 
 Registered as `--radix-cache-backend vtoken` (chosen automatically with `--kv-evict`). It is
 SGLang's Python `RadixCache` plus:
@@ -18,9 +18,11 @@ SGLang's Python `RadixCache` plus:
 Sizes count live slots, so SGLang's pool checkers hold. Slots nobody else can reach are freed
 as soon as possible: those a running turn drops from the view it continued (`release_dropped`),
 and, when a history is stored, the older ancestors' slots its view no longer uses (`punch`); how
-histories are stored, found and freed is `history.py`.
-Only requests under eviction at page size 1 take the holed paths (`reuse_history: false` keeps
-prompt sharing and stores no history); every other request is served exactly as by `RadixCache`.
+histories are stored, found and freed is `history.py` (per position, page size 1) and
+`history_pages.py` (by whole pages, page size > 1: the view's partial last page is copied on
+write into the next turn's own page). Only requests under eviction take the holed paths
+(`reuse_history: false` keeps prompt sharing and stores no history); every other request is
+served exactly as by `RadixCache`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefResult, EvictResul
                                                      MatchResult)
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from . import history
+from . import history, history_pages
 from .retraction import adopt_retracted, write_back
 from .state import state_of
 
@@ -47,8 +49,8 @@ _active = False
 
 def tree_mode(cfg) -> bool:
     """Whether a request under `cfg` is served by this cache's paths: its prompt is shared,
-    tree-owned tokens may leave its row, and (page size 1, `reuse_history`) its history is
-    stored. Naive-Evict takes them too (same caching, same victims; only its footprint differs)."""
+    tree-owned tokens may leave its row, and (`reuse_history`) its history is stored.
+    Naive-Evict takes them too (same caching, same victims; only its footprint differs)."""
     return _active and cfg.enabled
 
 
@@ -98,7 +100,10 @@ class HoledRadixCache(RadixCache):
 
     def _split_node(self, key, child, split_len):
         new_node = super()._split_node(key, child, split_len)
-        if getattr(child, "vt_live", None) is not None:
+        if history_pages.owned(child) is not None:  # the pages stay with the view's node
+            new_node.vt_pages = child.vt_pages[:0]
+            history.count_live(new_node)
+        elif getattr(child, "vt_live", None) is not None:
             history.count_live(new_node)
             history.count_live(child)
         return new_node
@@ -118,7 +123,8 @@ class HoledRadixCache(RadixCache):
                 self.token_to_kv_pool_allocator.free_segment(x.value, start_pos=0)
                 evicted += len(x.value)
             else:
-                live = x.value[x.value >= 0]
+                live = history_pages.owned(x)
+                live = x.value[x.value >= 0] if live is None else live
                 self.token_to_kv_pool_allocator.free(live)
                 evicted += int(live.numel())
             self._delete_leaf(x)
@@ -132,8 +138,13 @@ class HoledRadixCache(RadixCache):
         return int(self.all_values_flatten().numel())
 
     def all_values_flatten(self):
-        values = super().all_values_flatten()
-        return values[values >= 0]
+        values, stack = [torch.zeros(0, dtype=torch.int64, device=self.device)], [self.root_node]
+        while stack:
+            for child in stack.pop().children.values():
+                pages = history_pages.owned(child)
+                values.append(child.value[child.value >= 0] if pages is None else pages)
+                stack.append(child)
+        return torch.cat(values)
 
     # --- matching -------------------------------------------------------------------------------
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
@@ -148,7 +159,7 @@ class HoledRadixCache(RadixCache):
         st.continue_from(None, None, len(logical))  # no view yet: a plain prefill
         if st.stash is not None:  # retracted after evicting: resume from its row (retraction.py)
             return self._resume(req, st, logical, limit, result)
-        if (not st.cfg.reuse_history or self.page_size > 1 or req.output_ids
+        if (not st.cfg.reuse_history or req.output_ids
                 or (req.return_logprob and req.logprob_start_len >= 0)):
             return self._observed(result, key, st)  # retracted (re-prefilled whole) or logprobs
         found = history.find_view(self, result.last_device_node, logical, limit, history.namespace(req, st))
@@ -158,8 +169,10 @@ class HoledRadixCache(RadixCache):
         positions, slots = node.vt_view
         history.adopt(req, st, logical, positions, depth)
         st.continue_from(node, slots, node.vt_attach)
+        # At page size > 1 the view's partial last page becomes the request's own (copy_tail).
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
-                           last_host_node=node, best_match_node=node)
+                           last_host_node=node, best_match_node=node,
+                           cache_protected_len=len(positions) // self.page_size * self.page_size)
 
     def _resume(self, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
         """Match a retracted request to its stashed row, written back into the tree if the tree
@@ -212,7 +225,9 @@ class HoledRadixCache(RadixCache):
         st = state_of(req)
         hit = st.hit if st is not None else None
         if hit is not None and req.last_node is hit[0]:
-            return hit[1]
+            if self.page_size > 1 and hit[1] is hit[0].vt_view[1]:  # not copied yet
+                st.continue_from(hit[0], history_pages.copy_tail(self, hit[1]), st.attach)
+            return st.hit[1]
         return super().prefix_device_indices(req)
 
     # --- inserting ------------------------------------------------------------------------------
@@ -222,8 +237,10 @@ class HoledRadixCache(RadixCache):
             return super().checkpoint(req, up_to=up_to)
         if st.steps == 0 and st.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
-        if req.finished() and st.cfg.reuse_history and self.page_size == 1:
-            if st.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private
+        if req.finished() and st.cfg.reuse_history:
+            if self.page_size > 1:
+                history_pages.insert(self, req, st, up_to)
+            elif st.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private
                 history.insert_history(self, req, st, up_to)
             counters = self.vt_counters
             if "history_tokens" in st.report and counters is not None:
@@ -233,6 +250,11 @@ class HoledRadixCache(RadixCache):
     def release_dropped(self, req, dropped: torch.Tensor) -> int:
         """Free the slots `req`'s eviction dropped that only its row can reach (`history.py`)."""
         return history.release_dropped(self, req, dropped)
+
+    def release_unused_pages(self, req, row: torch.Tensor) -> int:
+        """Page size > 1: free the pages of `req`'s stored view that its row (now the slots `row`)
+        no longer uses and only it can reach (`history_pages.py`). Returns the pages freed."""
+        return history_pages.release_unused(self, req, row)
 
     def relock_shallower(self, req, need: int) -> None:
         """Move `req`'s lock on a hole-free path up to the shallowest node that still covers the

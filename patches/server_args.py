@@ -131,8 +131,6 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
             _fail("argument --kv-evict-config: must be a JSON object")
     top = {k: params.pop(k) for k in SERVER_PARAMS if k in params}
     page_size = getattr(args, "page_size", None) or 1
-    if top.get("reuse_history") is True and page_size > 1:
-        _fail(f"argument --kv-evict-config: reuse_history needs --page-size 1 (got {page_size})")
     if policy == "none":
         if params or top:
             _fail("argument --kv-evict-config: needs --kv-evict other than 'none'")

@@ -53,7 +53,7 @@ class EvictConfig:
             prefill (the last `obs_window`, SnapKV-style).
         score_layers: attention policies: layer ids whose attention is scored (None: all).
         reuse_history: a finished request leaves its compacted history in the radix cache, and a
-            next turn that extends it continues from it instead of re-prefilling (page size 1).
+            next turn that extends it continues from it instead of re-prefilling.
     """
 
     policy: str = DISABLED

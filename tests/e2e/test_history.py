@@ -1,6 +1,6 @@
 """Multi-turn sessions continue from their compacted history (`--radix-cache-backend vtoken`, page
-size 1): each turn prefills only its new tokens, the output equals a Hugging Face reference that
-runs the whole conversation with the same masking, other requests never see a holed history,
+size 1 and 16): each turn prefills only its new tokens, the output equals a Hugging Face reference
+that runs the whole conversation with the same masking, other requests never see a holed history,
 and the pool stays whole under SGLang's checkers."""
 
 import random
@@ -11,7 +11,8 @@ import pytest
 from conftest import MEMORY_CHECKS
 from sgl_vtoken.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.config import EvictConfig
-from test_eviction import generate, hf_eager, random_ids, wait_pool_free  # noqa: F401
+from test_eviction import generate, hf_eager, kvp_checkpoint, random_ids, wait_pool_free  # noqa: F401
+from test_exactness import evict_server
 
 pytestmark = pytest.mark.server
 
@@ -65,6 +66,41 @@ def test_six_turns_continue_from_compacted_history_exactly(client, hf_eager, pol
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
 
 
+@pytest.mark.parametrize("policy,interval", [("streamingllm", 16), ("random", 1), ("h2o", 1)])
+def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(server_factory, hf_eager,
+                                                                      kvp_checkpoint, policy, interval):
+    """Page size 16 (the exactness matrix's servers): every turn continues from the previous
+    turn's stored view, whose partial last page is copied into the new turn's own page, and
+    generates exactly what HF generates over the whole conversation with the same masks."""
+    client = evict_server(server_factory, kvp_checkpoint, 16, interval)
+    budget, window = 64, 16 if policy == "h2o" else 0
+    rng = random.Random(11)
+    first = random_ids(70, seed=170 + interval)
+    messages = [[rng.randrange(10, 2000) for _ in range(rng.randrange(5, 20))] for _ in range(5)]
+    n, rid = 24, f"hist16-{policy}"
+    prompt, turns = list(first), []
+    for k, message in enumerate([[]] + messages):
+        if k:
+            prompt = prompt + turns[-1]["output_ids"] + message
+        out = generate(client, prompt, n, f"{rid}-{k}", {"policy": policy, "window": window})
+        turns.append({"prompt": prompt, **out})
+    cfg = EvictConfig(policy=policy, budget=budget, sink=4, window=window, interval=interval, page_size=16)
+    history = None
+    for k, turn in enumerate(turns):
+        expected, _, new_history = masked_turn(hf_eager, turn["prompt"], n, cfg, rid=f"{rid}-{k}",
+                                               history=history)
+        assert turn["output_ids"] == expected, f"turn {k}"
+        if k:
+            report = turn["meta_info"]["kv_evict"][0]
+            assert report["history_tokens"] == len(history[0]), f"turn {k}"
+            assert report["history_view_tokens"] == len(history[1])
+            assert turn["meta_info"]["cached_tokens"] == len(history[0])
+        history = new_history
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in client.server.log_text()
+
+
 def test_requests_without_eviction_never_see_holed_histories(client, hf_eager):
     """On the same server, an opted-out request whose prompt extends a stored compacted history
     is computed with full attention (bit-identical to HF), and repeats hit the prefix cache."""
@@ -78,9 +114,13 @@ def test_requests_without_eviction_never_see_holed_histories(client, hf_eager):
     assert out["meta_info"]["cached_tokens"] == len(prompt) - 1  # normal prefix hit on the repeat
 
 
-def test_concurrent_sessions_share_the_system_prompt_without_leaks(client):
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_concurrent_sessions_share_the_system_prompt_without_leaks(request, server_factory,
+                                                                   kvp_checkpoint, page_size):
     """8 sessions x 4 turns at once, sharing a 200-token system prompt: every later turn reuses
     its history, the pool is whole afterwards, and SGLang's checkers stay quiet."""
+    client = (request.getfixturevalue("client") if page_size == 1
+              else evict_server(server_factory, kvp_checkpoint, 16, 16))
     system = random_ids(200, seed=90)
     generate(client, system + [1, 2], 24, "warm-system", {"policy": "streamingllm", "budget": BUDGET})
     results = [None] * 8
@@ -96,7 +136,7 @@ def test_concurrent_sessions_share_the_system_prompt_without_leaks(client):
     for t in threads:
         t.join(600)
     for turns in results:
-        assert turns[0]["meta_info"]["cached_tokens"] >= 200  # the shared system prompt
+        assert turns[0]["meta_info"]["cached_tokens"] >= 200 // page_size * page_size  # the system prompt
         assert all(t["meta_info"]["cached_tokens"] == t["meta_info"]["kv_evict"][0]["history_tokens"]
                    for t in turns[1:])
     st = wait_pool_free(client)

@@ -212,11 +212,12 @@ def test_holed_radix_cache_is_chosen_with_a_server_policy(parse):
     args = parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-config",
                  '{"reuse_history": false}')
     assert EvictConfig.from_dict(args._vtoken_config).reuse_history is False
+    args = parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--page-size", "16",
+                 "--kv-evict-config", '{"reuse_history": true}')
+    assert EvictConfig.from_dict(args._vtoken_config).reuse_history is True  # every page size
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--page-size", "16", "--kv-evict-config",
-      '{"reuse_history": true}'], "argument --kv-evict-config: reuse_history needs --page-size 1"),
     (["--radix-cache-backend", "vtoken", "--disable-radix-cache"],
      "argument --radix-cache-backend: vtoken cannot run with --disable-radix-cache"),
     (["--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-config", '{"reuse_history": 1}'],

@@ -1,0 +1,141 @@
+"""Compacted histories at page size > 1: a stored view owns whole pages, not per-position slots.
+
+After a repack a page holds kept tokens of non-contiguous logical positions, so a holed node's
+value cannot say which slot holds which position. At page size > 1 a stored history is instead:
+
+    node.key      logical ids [attach, end), end = attach + whole pages of the history
+    node.vt_tail  logical ids [end, total): the view also covers them; a match must continue
+                  with them (keys stay page-aligned, as SGLang's paged tree needs)
+    node.value    all -1 (holes): no slot is owned per position
+    node.vt_pages slots of the whole pages the node owns (the row's private pages at finish);
+                  the view's other pages are owned by ancestors on its path (the hole-free
+                  prompt, earlier turns' views), which outlive it in the tree
+    node.vt_view  (positions, slots) of the finished row, as at page size 1
+
+    row at finish  | tree-owned whole pages [0, cpl) | private pages [cpl, row_len) ...|
+                     ancestors' pages                  -> node.vt_pages (last page partial)
+
+A next turn gets the view as its prefix. The view's partial last page is copied on write into a
+fresh page of the new request (`copy_tail`): the prefill continues in that page, never in the
+tree's. Sizes count owned slots (`history.live`), so SGLang's pool checks hold.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import torch
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from sgl_vtoken.kernels import repack_kv_
+
+from . import history
+
+
+def owned(node) -> torch.Tensor | None:
+    """Slots of the whole pages `node` owns (page size > 1), or None (a per-position node)."""
+    return getattr(node, "vt_pages", None)
+
+
+def insert(tree, req, st, row_len: int) -> None:
+    """Store the finished row `[0, row_len)` as a view: its private pages go to a new leaf. The
+    row stays private when a view is stored at these positions already, or when its tree-owned
+    pages are not on the new node's path."""
+    ps = tree.page_size
+    logical = st.logical_ids(req)
+    row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
+    cpl = req.kv.cache_protected_len
+    if cpl % ps:
+        raise RuntimeError(f"a row's tree-owned prefix {cpl} is not page-aligned (page size {ps})")
+    total = row_len + st.offset
+    head = min(st.attach, total) // ps * ps
+    head_key = RadixKey(logical[:head], req.extra_key, cache_salt=req.cache_salt)
+    values, attach_node = (tree._match_prefix_helper(tree.root_node, head_key) if head
+                           else ([], tree.root_node))
+    attach = sum(len(v) for v in values)
+    end = attach + (total - attach) // ps * ps
+    if end == attach:
+        return
+    key = RadixKey(logical[attach:end], history.namespace(req, st), cache_salt=req.cache_salt)
+    old, last = tree._match_prefix_helper(attach_node, key)
+    if sum(len(v) for v in old) == len(key):
+        return  # a view ends here already: keep the row private
+    path = [torch.cat(values)] if values else []
+    while last is not attach_node:
+        path.append(owned(last))
+        last = last.parent
+    reachable = torch.cat(path) // ps if path else row[:0]
+    if not bool(torch.isin(row[:cpl] // ps, reachable).all()):
+        return  # the row uses pages the new node's path does not hold
+    pages = row[cpl:row_len:ps] // ps
+    value = torch.full((len(key),), -1, dtype=torch.int64, device=row.device)
+    _, node = tree._insert_helper(attach_node, key, value, req.priority or 0)
+    node.vt_pages = (pages[:, None] * ps + torch.arange(ps, device=row.device)).flatten()
+    tree.evictable_size_ -= len(node.key) - history.count_live(node)
+    node.vt_view, node.vt_attach = (st.positions(row_len).to(row.device), row.clone()), attach
+    node.vt_tail = array("q", logical[end:total])
+    tree.unlock(req.lock)
+    req.lock = tree.lock(node)
+    req.last_node = node
+    req.kv.cache_protected_len = row_len
+    punch(tree, node)
+
+
+def punch(tree, node) -> None:
+    """Free the pages of `node`'s holed ancestors that its view does not use and that no other
+    row or view can reach (a chain locked only by `node`'s holder)."""
+    keep = torch.unique(node.vt_view[1] // tree.page_size)
+    a = node.parent
+    while owned(a) is not None and a.lock_ref == 1 and len(a.children) == 1:
+        a.vt_view = None
+        free_unused(tree, a, keep)
+        a = a.parent
+
+
+def release_unused(tree, req, row: torch.Tensor) -> int:
+    """After an eviction of `req`'s row (now the slots `row`): free the pages of the stored view
+    it continues, and of that view's chain, that the row no longer uses and that only it can
+    reach; those views become unusable. Returns the pages freed."""
+    node, freed = req.last_node, 0
+    if owned(node) is None or node.lock_ref != 1 or node.children:
+        return 0
+    keep = torch.unique(row // tree.page_size)
+    while owned(node) is not None and node.lock_ref == 1 and len(node.children) <= 1:
+        node.vt_view = None
+        freed += free_unused(tree, node, keep)
+        node = node.parent
+    return freed
+
+
+def free_unused(tree, node, keep_pages: torch.Tensor) -> int:
+    """Free the pages a locked node owns that are not in `keep_pages`. Returns the pages freed."""
+    ps, slots = tree.page_size, node.vt_pages
+    drop = ~torch.isin(slots // ps, keep_pages.to(slots.device))
+    n = int(drop.sum())
+    if n:
+        tree.token_to_kv_pool_allocator.free_page_ids(torch.unique(slots[drop] // ps))
+        node.vt_pages = slots[~drop]
+        node.vt_live -= n
+        tree.protected_size_ -= n
+    return n // ps
+
+
+def copy_tail(tree, slots: torch.Tensor) -> torch.Tensor:
+    """The view `slots` as a new request's prefix: its partial last page copied into a fresh
+    page (KV of every layer), so the request's prefill continues there. Returns the prefix."""
+    ps = tree.page_size
+    k = len(slots) % ps
+    if k == 0:
+        return slots
+    allocator = tree.token_to_kv_pool_allocator
+    if allocator.available_size() < ps:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        tree.evict(EvictParams(num_tokens=ps))
+    fresh = allocator.alloc(ps)
+    if fresh is None:
+        raise RuntimeError("no free page for the copy of a stored view's last page")
+    kv = allocator.get_kvcache()
+    dst = fresh[:k].to(slots.device, torch.int64)
+    repack_kv_(kv.k_buffer, kv.v_buffer, slots[-k:].to(torch.int64), dst)
+    return torch.cat([slots[:-k], dst])
