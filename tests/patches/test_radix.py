@@ -256,3 +256,79 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
         if st.accumulator is not None:
             st.accumulator.update(torch.rand(1, row_len + 1, 1, 1, generator=gen))
     assert evictions >= 5
+
+
+def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_write(monkeypatch):
+    """Page size 16: a finished evicting row is stored as a view whose node owns the row's private
+    pages; the next turn matches it (key, then the tail past the last whole page), gets a
+    page-aligned protected prefix, and its prefix ends in a fresh copy of the view's partial last
+    page (same K/V, another page, made once). A differing tail is no match; under pressure the
+    tree frees the stored pages and the pool is whole again."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from sgl_vtoken.patches import radix
+    from sgl_vtoken.patches.eviction import evict_rows
+    from sgl_vtoken.patches.state import new_state
+
+    ps, prompt_len = 16, 40
+    monkeypatch.setattr(radix, "_active", True)
+    alloc = PagedAllocator(32, ps)
+    cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
+                                                  token_to_kv_pool_allocator=alloc, page_size=ps))
+    scheduler = type("Scheduler", (), {"tree_cache": cache, "req_to_token_pool": cache.req_to_token_pool,
+                                       "token_to_kv_pool_allocator": alloc})()
+    cfg = EvictConfig(policy="random", budget=48, sink=4, interval=1, page_size=ps)
+    kbuf = alloc.pool.k_buffer[0]
+    kbuf.copy_(torch.arange(kbuf.numel(), dtype=torch.float32).view_as(kbuf))  # slot-unique K
+    st = new_state(cfg, "r0", holed=True)
+    req = Req(list(range(1000, 1000 + prompt_len)), st)
+    req.refresh_fill_ids()
+    st.continue_from(None, None, prompt_len)
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = prompt_len
+    req.kv.swa_evict_floor, req.extend_end = 0, prompt_len
+    rtt = cache.req_to_token_pool.req_to_token
+    rtt[0, :prompt_len] = alloc.alloc(48)[:prompt_len].to(torch.int32)
+    req.lock = cache.lock(cache.root_node)
+    for t in range(30):
+        row_len = req.kv.kv_committed_len
+        if cfg.should_evict(row_len):
+            evict_rows(scheduler, [(req, st, row_len)])
+            row_len = req.kv.kv_committed_len
+        rtt[0, row_len] = int(rtt[0, row_len - 1]) + 1 if row_len % ps else int(alloc.alloc(ps)[0])
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = row_len + 1
+        req.output_ids.append(2000 + t)
+    row_len = req.kv.kv_committed_len
+    assert st.steps > 0 and row_len % ps  # evicted; the row ends in a partial page
+    req.output_ids.append(3000)  # the last token: no KV
+    req.done = True
+    logical = list(st.logical_ids(req))
+    cache.checkpoint(req, up_to=row_len)
+    node = req.last_node
+    positions, view = node.vt_view
+    assert len(view) == row_len and positions.tolist() == st.positions(row_len).tolist()
+    cache.unlock(req.lock)
+    assert cache.total_size() == alloc.size - alloc.available_size()  # the tree owns every used slot
+    assert cache.evictable_size() == cache.total_size()
+
+    turn2 = Req(logical + [5, 6, 7], new_state(cfg, "r1", holed=True))
+    result = match(cache, turn2)
+    assert result.device_prefix_len == row_len and result.cache_protected_len == row_len // ps * ps
+    assert turn2.vtoken.report["history_tokens"] == len(logical) - 1
+    turn2.lock = cache.lock(turn2.last_node)
+    before = alloc.available_size()
+    prefix = cache.prefix_device_indices(turn2)
+    k = row_len % ps
+    assert alloc.available_size() == before - ps                  # one fresh page
+    assert prefix[:-k].tolist() == view[:-k].tolist()
+    assert not set((prefix[-k:] // ps).tolist()) & set((view // ps).tolist())
+    assert torch.equal(kbuf[prefix[-k:]], kbuf[view[-k:]])        # the same K, copied
+    assert cache.prefix_device_indices(turn2) is prefix and alloc.available_size() == before - ps
+    alloc.free(torch.arange(ps) + int(prefix[-1]) // ps * ps)     # the request's own page goes
+    cache.unlock(turn2.lock)
+
+    assert (len(logical) - 1) % ps                                # the view has a tail
+    other = Req(logical[:-2] + [logical[-2] + 1, 3000, 5], new_state(cfg, "r2", holed=True))
+    assert match(cache, other).device_prefix_len < row_len        # a differing tail is no match
+    cache.evict(EvictParams(num_tokens=10**6))
+    assert alloc.available_size() == alloc.size and cache.total_size() == 0
