@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Multi-turn sessions with and without compacted-history reuse, side by side in one run (CPU, tiny model).
 
-History part: three servers, one after the other, all `--kv-evict streamingllm --kv-budget B --page-size 1`:
+History part: three servers per page size (`--page-sizes`, default 1 and 16; interval 1 at page
+size 1, 16 above), one after the other, all `--kv-evict streamingllm --kv-budget B`:
 "reuse" (`--radix-cache-backend vtoken`, chosen automatically) continues every turn from the
 stored compacted history and prefills only the new tokens; "prompt-cache" (`reuse_history:
 false`) caches full-attention prompts only, so a turn prefills the previous reply and its message
@@ -10,9 +11,9 @@ whole history every turn. Every session shares one system prompt (cached by a wa
 and runs `--turns` turns, all sessions' turn k at once; turn k's prompt is turn k-1's prompt + its
 reply + a new user message (token ids through `/generate`, streamed: TTFT = first chunk).
 
-Prints JSON lines: one per (mode, turn) with TTFT p50/mean and mean prefilled / cached / history
-tokens, one summary per mode with the server counters (peak pool slots held against the bound
-`system + sessions x (budget + 2)`, history hits). `--plot` writes a PNG of TTFT per turn;
+Prints JSON lines: one per (page size, mode, turn) with TTFT p50/mean and mean prefilled / cached
+/ history tokens, one summary per (page size, mode) with the server counters (peak pool slots held
+against the bound `system + sessions x (budget + interval + page + 1)`, history hits). `--plot` writes a PNG of TTFT per turn;
 `--results-md` rewrites the `history` and `sharing` sections of docs/RESULTS.md.
 
 The sharing part (`--part sharing`): the same sessions' first turn at page size 16, all at once,
@@ -51,11 +52,23 @@ MODES = {"reuse": ["--kv-evict-config", '{"reuse_history": true}'],
          "re-prefill": ["--disable-radix-cache"]}
 
 
-def run_mode(args, model: str, flags: list[str]) -> tuple[list[dict], dict]:
+def interval(page_size: int) -> int:
+    """Eviction interval of the history part: every step at page size 1, a page above."""
+    return 1 if page_size == 1 else page_size
+
+
+def bound(args, page_size: int) -> int:
+    """Pool slots the sessions can hold after turn 1: the system prompt once, and per session its
+    row (budget + interval, rounded up to pages) plus the page its partial last page may take."""
+    row = -(-(args.budget + interval(page_size)) // page_size) * page_size
+    return args.system_tokens + args.sessions * (row + page_size)
+
+
+def run_mode(args, model: str, flags: list[str], page_size: int) -> tuple[list[dict], dict]:
     """All sessions' turn k at once, then turn k + 1 (an agent fleet in lock step)."""
     flags = ["--dtype", "float32", "--kv-evict", "streamingllm", "--kv-budget", str(args.budget),
-             "--enable-cache-report", *flags]
-    cmd = cpu_server_args(model, max_total_tokens=args.pool, page_size=1) + flags
+             "--kv-evict-interval", str(interval(page_size)), "--enable-cache-report", *flags]
+    cmd = cpu_server_args(model, max_total_tokens=args.pool, page_size=page_size) + flags
     rng = random.Random(args.seed)
     system = [rng.randrange(10, 2000) for _ in range(args.system_tokens)]
     rngs = [random.Random(args.seed * 1000 + i) for i in range(args.sessions)]
@@ -119,12 +132,12 @@ def run_sharing(args, model: str, flags: list[str]) -> dict:
             "output_tok_s": round(args.sessions * args.sharing_tokens / wall, 1)}
 
 
-def summarize(mode: str, records: list[dict], turns: int) -> list[dict]:
+def summarize(mode: str, page_size: int, records: list[dict], turns: int) -> list[dict]:
     rows = []
     for turn in range(turns):
         rs = [r for r in records if r["turn"] == turn]
         ttft = [r["ttft"] * 1000 for r in rs]
-        rows.append({"mode": mode, "turn": turn + 1, "ttft_p50_ms": round(statistics.median(ttft), 1),
+        rows.append({"page": page_size, "mode": mode, "turn": turn + 1, "ttft_p50_ms": round(statistics.median(ttft), 1),
                      "ttft_mean_ms": round(statistics.fmean(ttft), 1),
                      "logical_prompt_mean": round(statistics.fmean(r["logical_prompt"] for r in rs), 1),
                      "prefilled_mean": round(statistics.fmean(r["prefilled"] for r in rs), 1),
@@ -134,27 +147,35 @@ def summarize(mode: str, records: list[dict], turns: int) -> list[dict]:
 
 
 def markdown(args, rows: dict, states: dict) -> str:
-    bound = args.system_tokens + args.sessions * (args.budget + 2)
-    later = bound + args.sessions * (args.user_tokens + 1)
+    """`rows` and `states` keyed by (page size, mode)."""
+    pages = sorted({p for p, _ in rows})
+    modes = list(dict.fromkeys(m for _, m in rows))
     lines = [f"{args.sessions} sessions x {args.turns} turns sharing a {args.system_tokens}-token system prompt, "
              f"{args.user_tokens}-token user messages, {args.reply_tokens}-token replies, streamingllm "
-             f"budget {args.budget}, page size 1, pool {args.pool} (`python scripts/bench_history.py`).",
-             "", "TTFT p50 in ms, and prefilled tokens per request (mean):", "",
-             "| turn | logical prompt | " + " | ".join(f"{m} TTFT" for m in rows) + " | "
-             + " | ".join(f"{m} prefilled" for m in rows) + " |", "|---" * (2 + 2 * len(rows)) + "|"]
-    for k in range(len(rows["reuse"])):
-        rs = [rows[m][k] for m in rows]
-        lines.append(f"| {k + 1} | {rs[0]['logical_prompt_mean']:.0f} | "
-                     + " | ".join(f"{r['ttft_p50_ms']:.0f}" for r in rs) + " | "
-                     + " | ".join(f"{r['prefilled_mean']:.0f}" for r in rs) + " |")
-    lines += ["", f"Pool slots held at eviction steps (peak; held = in rows or in locked radix nodes, not reclaimable). Bound after turn 1: system + sessions x "
-              f"(budget + 2) = {bound}; over all turns each row also holds its new message "
-              f"before the first eviction of the turn: + sessions x (user + 1) = {later}.", "",
-              "| mode | peak, turn 1 | peak, all turns | history hits | history tokens not prefilled |",
-              "|---|---|---|---|---|"]
-    for mode, st in states.items():
-        lines.append(f"| {mode} | {st['peak_pool_held_turn1']} | {st['peak_pool_held_tokens']} | "
-                     f"{st['history_hits']} | {st['history_tokens_reused']} |")
+             f"budget {args.budget} (interval 1 at page size 1, 16 at page size 16), pool {args.pool} "
+             f"(`python scripts/bench_history.py --part history`)."]
+    for p in pages:
+        lines += ["", f"Page size {p}: TTFT p50 in ms, prefilled and cached tokens per request (mean):", "",
+                  "| turn | logical prompt | " + " | ".join(f"{m} TTFT" for m in modes) + " | "
+                  + " | ".join(f"{m} prefilled" for m in modes) + " | "
+                  + " | ".join(f"{m} cached" for m in modes) + " |", "|---" * (2 + 3 * len(modes)) + "|"]
+        for k in range(args.turns):
+            rs = [rows[p, m][k] for m in modes]
+            lines.append(f"| {k + 1} | {rs[0]['logical_prompt_mean']:.0f} | "
+                         + " | ".join(f"{r['ttft_p50_ms']:.0f}" for r in rs) + " | "
+                         + " | ".join(f"{r['prefilled_mean']:.0f}" for r in rs) + " | "
+                         + " | ".join(f"{r['cached_mean']:.0f}" for r in rs) + " |")
+    lines += ["", "Pool slots held at eviction steps (peak; held = in rows or in locked radix nodes, not "
+              "reclaimable). Bound after turn 1: system + sessions x (budget + interval, in pages, + one "
+              "page); over all turns each row also holds its new message before the first eviction of "
+              "the turn: + sessions x (user + 1).", "",
+              "| page | mode | peak, turn 1 | peak, all turns | bound, turn 1 | bound, all turns | history hits "
+              "| history tokens not prefilled |", "|---" * 8 + "|"]
+    for (p, mode), st in states.items():
+        b = bound(args, p)
+        lines.append(f"| {p} | {mode} | {st['peak_pool_held_turn1']} | {st['peak_pool_held_tokens']} | {b} | "
+                     f"{b + args.sessions * (args.user_tokens + 1)} | {st['history_hits']} | "
+                     f"{st['history_tokens_reused']} |")
     return "\n".join(lines)
 
 
@@ -180,8 +201,9 @@ def plot(rows: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for mode, rs in rows.items():
-        ax.plot([r["turn"] for r in rs], [r["ttft_p50_ms"] for r in rs], marker="o", label=mode)
+    for (page, mode), rs in rows.items():
+        ax.plot([r["turn"] for r in rs], [r["ttft_p50_ms"] for r in rs], marker="o",
+                linestyle="-" if page == 1 else "--", label=f"{mode}, page {page}")
     ax.set_xlabel("turn")
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_title("Multi-turn sessions: compacted-history reuse")
@@ -201,6 +223,7 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--pool", type=int, default=65536, help="--max-total-tokens of both servers")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--page-sizes", default="1,16", help="history part: comma-separated page sizes")
     p.add_argument("--quick", action="store_true", help="4 sessions x 3 turns, system 256, budget 64")
     p.add_argument("--part", choices=("history", "sharing", "all"), default="all")
     p.add_argument("--sharing-tokens", type=int, default=200, help="sharing part: tokens generated per request")
@@ -222,16 +245,19 @@ def main() -> None:
     if args.part == "sharing":
         return
     rows, states = {}, {}
-    for mode, flags in MODES.items():
-        print(f"[bench_history] {mode}: {args.sessions} sessions x {args.turns} turns", file=sys.stderr)
-        records, state = run_mode(args, model, flags)
-        rows[mode] = summarize(mode, records, args.turns)
-        states[mode] = {k: state[k] for k in ("peak_pool_held_turn1", "peak_pool_held_tokens", "history_hits",
-                                              "history_tokens_reused", "evicted_tokens", "pool_total_tokens")}
-        for row in rows[mode]:
-            print(json.dumps(row), flush=True)
-        print(json.dumps({"mode": mode, "summary": True, **states[mode],
-                          "bound_turn1": args.system_tokens + args.sessions * (args.budget + 2)}), flush=True)
+    for page in (int(x) for x in args.page_sizes.split(",")):
+        for mode, flags in MODES.items():
+            print(f"[bench_history] page {page}, {mode}: {args.sessions} sessions x {args.turns} turns",
+                  file=sys.stderr)
+            records, state = run_mode(args, model, flags, page)
+            rows[page, mode] = summarize(mode, page, records, args.turns)
+            states[page, mode] = {k: state[k] for k in (
+                "peak_pool_held_turn1", "peak_pool_held_tokens", "history_hits", "history_tokens_reused",
+                "evicted_tokens", "pool_total_tokens")}
+            for row in rows[page, mode]:
+                print(json.dumps(row), flush=True)
+            print(json.dumps({"page": page, "mode": mode, "summary": True, **states[page, mode],
+                              "bound_turn1": bound(args, page)}), flush=True)
     if args.plot:
         plot(rows, args.plot)
     if args.results_md:
