@@ -41,13 +41,19 @@ def namespace(req, st) -> str:
 
 
 def find_view(tree, last, logical: array, limit: int, ns: str):
-    """(node, logical depth) of the deepest stored view that `logical[:limit]` extends (its key,
-    then its tail), or None."""
+    """Where `logical[:limit]` continues a stored history: ``(node, depth)`` of a view and the
+    logical tokens of it to reuse, or None.
+
+    The deepest view that `logical[:limit]` extends whole (its key, then its tail) reuses all of
+    it. Where `logical` leaves a stored history before one (its ids re-tokenized differently, an
+    edited message), at the first differing id p inside a node's key or a view's tail, a view
+    through that point is cut there (depth p: its entries at positions < p), when that reaches
+    deeper: a kept token's KV depends only on the ids before it, never on later ones."""
     chain = []
     while last is not None:
         chain.append(last)
         last = last.parent
-    best, depth = None, 0
+    best, cut, depth = None, None, 0
     for node in reversed(chain):
         depth += len(node.key) if node is not tree.root_node else 0
         if depth >= limit:
@@ -57,17 +63,55 @@ def find_view(tree, last, logical: array, limit: int, ns: str):
         d = depth
         while len(key) >= tree.page_size:
             child = node.children.get(key.child_key(tree.page_size))
-            if child is None or child.key.match(key) < len(child.key):
+            if child is None:
+                break
+            m = child.key.match(key)
+            if m < len(child.key):
+                if m and (cut is None or d + m > cut[1]):
+                    cut = (child, d + m)
                 break
             child.last_access_time = now
             d, key, node = d + len(child.key), key[len(child.key):], child
             if getattr(node, "vt_view", None) is None:
                 continue
-            tail = getattr(node, "vt_tail", ())
-            end = d + len(tail)
-            if end <= limit and logical[d:end] == array("q", tail) and (best is None or end > best[1]):
-                best = (node, end)
+            tail = array("q", getattr(node, "vt_tail", ()))
+            n = _common(logical[d:limit], tail)
+            if n == len(tail) and (best is None or d + n > best[1]):
+                best = (node, d + n)
+            elif n < len(tail) and n and (cut is None or d + n > cut[1]):
+                cut = (node, d + n)
+    if cut is not None and (best is None or cut[1] > best[1]):
+        view = _any_view(cut[0])
+        return None if view is None else (view, cut[1])
     return best
+
+
+def _common(a: array, b: array) -> int:
+    """Length of the common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _any_view(node):
+    """`node` if it holds a view, else the most recently used view below it, or None."""
+    best, stack = None, [node]
+    while stack:
+        n = stack.pop()
+        if getattr(n, "vt_view", None) is not None:
+            if n is node:
+                return n
+            if best is None or n.last_access_time > best.last_access_time:
+                best = n
+        stack.extend(n.children.values())
+    return best
+
+
+def cut_view(node, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries of `node`'s view at logical positions < `depth`: ``(positions, slots)``, a
+    prefix of its row."""
+    positions, slots = node.vt_view
+    n = int((positions < depth).sum())
+    return (positions, slots) if n == len(positions) else (positions[:n], slots[:n])
 
 
 def insert_history(tree, req, st, row_len: int) -> None:

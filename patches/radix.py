@@ -166,7 +166,7 @@ class HoledRadixCache(RadixCache):
         if found is None or found[1] <= result.device_prefix_len:
             return self._observed(result, key, st)
         node, depth = found
-        positions, slots = node.vt_view
+        positions, slots = history.cut_view(node, depth)
         history.adopt(req, st, logical, positions, depth)
         st.continue_from(node, slots, node.vt_attach)
         # At page size > 1 the view's partial last page becomes the request's own (copy_tail).
@@ -225,8 +225,8 @@ class HoledRadixCache(RadixCache):
         st = state_of(req)
         hit = st.hit if st is not None else None
         if hit is not None and req.last_node is hit[0]:
-            if self.page_size > 1 and hit[1] is hit[0].vt_view[1]:  # not copied yet
-                st.continue_from(hit[0], history_pages.copy_tail(self, hit[1]), st.attach)
+            if self.page_size > 1 and not hit[2]:  # the view's partial last page: not copied yet
+                st.continue_from(hit[0], history_pages.copy_tail(self, hit[1]), st.attach, copied=True)
             return st.hit[1]
         return super().prefix_device_indices(req)
 

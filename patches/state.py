@@ -43,7 +43,7 @@ class ReqEvictState:
     staged: list = field(default_factory=list)  # ([q, n, layers, kv_heads], [q] lengths) per forward
     holed: bool = False                        # served by the holed radix cache (radix.tree_mode)
     logical_prompt: array | None = None        # the prompt's ids while the request holds a view's
-    hit: tuple | None = None                   # (node, slots) of the stored view it continues
+    hit: tuple | None = None                   # (node, slots, copied) of the stored view it continues
     attach: int = 0                            # logical prefix whose KV is hole-free, full attention
     tree_len: int = 0                          # positions below were tree-owned at the first eviction
     tree_lock: int = 0                         # Naive-Evict: tree tokens its lock still covers
@@ -164,10 +164,11 @@ class ReqEvictState:
             req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
         self.kept_pos, self.offset = positions.clone().cpu(), depth - len(positions)
 
-    def continue_from(self, node, slots: torch.Tensor | None, attach: int) -> None:
+    def continue_from(self, node, slots: torch.Tensor | None, attach: int, copied: bool = False) -> None:
         """The row starts as the stored view at radix `node`, whose KV is at `slots` (`node` None:
-        no view, a plain prefill); `attach`: the logical prefix whose KV is hole-free."""
-        self.hit = None if node is None else (node, slots)
+        no view, a plain prefill); `attach`: the logical prefix whose KV is hole-free; `copied`:
+        `slots` end in the request's own copy of the view's partial last page (page size > 1)."""
+        self.hit = None if node is None else (node, slots, copied)
         self.attach = attach
 
     def restore_prompt(self, req) -> bool:

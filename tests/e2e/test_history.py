@@ -101,6 +101,37 @@ def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(server_fac
     assert "Traceback" not in client.server.log_text()
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_prompt_that_leaves_the_history_continues_from_the_view_cut_there(request, server_factory,
+                                                                            hf_eager, kvp_checkpoint,
+                                                                            page_size):
+    """A next turn whose ids differ from the stored history inside the previous reply (a reply
+    that re-tokenizes differently) continues from the stored view cut before the first differing
+    id: it reuses the view's entries before that point, prefills the rest, and generates exactly
+    what HF generates with that cut history."""
+    client = (request.getfixturevalue("client") if page_size == 1
+              else evict_server(server_factory, kvp_checkpoint, 16, 16))
+    budget, interval = (BUDGET, 1) if page_size == 1 else (64, 16)
+    cfg = EvictConfig(policy="streamingllm", budget=budget, sink=SINK, interval=interval, page_size=page_size)
+    first, n, rid = random_ids(70, seed=270 + page_size), 40, f"cut-{page_size}"
+    turn1 = generate(client, first, n, f"{rid}-0", {"policy": "streamingllm"})
+    reply = list(turn1["output_ids"])
+    cut = len(first) + 30                                   # the 31st reply token comes back changed
+    reply[30] = reply[30] % 1000 + 7 if reply[30] % 1000 + 7 != reply[30] else reply[30] + 1
+    prompt = first + reply + [11, 12, 13, 14, 15]
+    turn2 = generate(client, prompt, n, f"{rid}-1", {"policy": "streamingllm"})
+    expected1, _, history = masked_turn(hf_eager, first, n, cfg, rid=f"{rid}-0")
+    assert turn1["output_ids"] == expected1
+    view = [q for q in history[1] if q < cut]
+    expected2, _, _ = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-1", history=(history[0][:cut], view))
+    report = turn2["meta_info"]["kv_evict"][0]
+    assert report["history_tokens"] == cut and report["history_view_tokens"] == len(view)
+    assert turn2["meta_info"]["cached_tokens"] == cut
+    assert turn2["output_ids"] == expected2
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+
+
 def test_requests_without_eviction_never_see_holed_histories(client, hf_eager):
     """On the same server, an opted-out request whose prompt extends a stored compacted history
     is computed with full attention (bit-identical to HF), and repeats hit the prefix cache."""

@@ -119,6 +119,12 @@ def test_history_is_stored_with_holes_and_continued(cache):
     plain = Req(ids + [999, 7, 8])                                  # no eviction: never a holed hit
     assert match(cache, plain).device_prefix_len == 0
 
+    edited = Req(ids[:9] + [5, 5, 5, 999, 7], evicting_state("c"))  # differs from position 9 on
+    assert match(cache, edited).device_prefix_len == 3              # the view cut: positions 0, 1, 8
+    assert edited.vtoken.kept_pos.tolist() == [0, 1, 8] and edited.vtoken.report["history_tokens"] == 9
+    assert list(edited.origin_input_ids) == [100, 101, 108, 5, 5, 5, 999, 7]
+    assert cache.prefix_device_indices(edited).tolist() == slots[:3].tolist()
+
 
 def test_next_history_punches_the_old_one_and_eviction_frees_only_live_slots(cache):
     alloc = cache.token_to_kv_pool_allocator
@@ -262,8 +268,9 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     """Page size 16: a finished evicting row is stored as a view whose node owns the row's private
     pages; the next turn matches it (key, then the tail past the last whole page), gets a
     page-aligned protected prefix, and its prefix ends in a fresh copy of the view's partial last
-    page (same K/V, another page, made once). A differing tail is no match; under pressure the
-    tree frees the stored pages and the pool is whole again."""
+    page (same K/V, another page, made once). A prompt that differs inside the tail continues
+    from the view cut before the first differing id; under pressure the tree frees the stored
+    pages and the pool is whole again."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
@@ -329,6 +336,8 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
 
     assert (len(logical) - 1) % ps                                # the view has a tail
     other = Req(logical[:-2] + [logical[-2] + 1, 3000, 5], new_state(cfg, "r2", holed=True))
-    assert match(cache, other).device_prefix_len < row_len        # a differing tail is no match
+    cut = len(logical) - 2                                        # its first differing id
+    assert match(cache, other).device_prefix_len == int((positions < cut).sum())  # the view, cut
+    assert other.vtoken.report["history_tokens"] == cut
     cache.evict(EvictParams(num_tokens=10**6))
     assert alloc.available_size() == alloc.size and cache.total_size() == 0
