@@ -16,6 +16,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
     ("diag_attention.py", "--obs-window"),
     ("eval_kvp.py", "--ppl-budgets"),
     ("eval_quality.py", "--kvp-checkpoint"),
+    ("probe_retokenize.py", "--conversations"),
     ("train_kvp.py", "--heldout"),
     ("train_tiny_lm.py", "--eval-windows"),
 ])
