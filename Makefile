@@ -29,9 +29,13 @@ test: $(STAMP)
 
 # No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model, 3 repeats): rewrites
 # docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and docs/img/bench_*.png
-# (about 15 to 30 minutes on two shared cores).
+# (about 15 to 30 minutes on two shared cores); then SGLang's own multi-turn chat benchmark,
+# stock vs streamingllm at page sizes 1 and 16 (2 repeats, about 10 minutes): rewrites
+# docs/results/multiturn.jsonl and the multiturn section of docs/RESULTS.md.
 bench: $(STAMP)
 	$(PY) scripts/bench_matrix.py
+	rm -f docs/results/multiturn.jsonl
+	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
 
 # Five minutes of mixed traffic against one evicting server with SGLang's memory checkers on;
 # fails unless the server ends healthy and leak-free (docs/RESULTS.md quotes docs/results/stress.jsonl).

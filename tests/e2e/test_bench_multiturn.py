@@ -1,0 +1,26 @@
+"""SGLang's multi-turn chat benchmark (`sglang.bench_serving`, generated-shared-prefix, chat
+backend) runs against an evicting page-16 server: every conversation completes, later turns reuse
+cached prompt tokens (stored histories, cut where the re-sent reply re-tokenizes differently), and
+no KV slot leaks."""
+
+import pytest
+
+from sgl_vtoken.bench.multiturn import Workload, run_bench
+from test_bench_stress import FLAGS
+from test_eviction import wait_pool_free
+
+pytestmark = pytest.mark.server
+
+
+def test_bench_serving_multi_turn_chat_completes_and_reuses_histories(server_factory, tiny_model):
+    client = server_factory(page_size=16, extra=FLAGS)
+    work = Workload(groups=1, prompts_per_group=3, system_len=48, question_len=24, output_len=24, turns=3)
+    before = client.vtoken_state()
+    out = run_bench(client.base_url, str(tiny_model), str(tiny_model), work, timeout=600)
+    after = client.vtoken_state()
+    assert out["completed"] == 3 and out["aborted"] == 0
+    assert out["total_output_tokens"] == 3 * 3 * 24
+    assert after["history_hits"] - before["history_hits"] >= 3  # turns 2 and 3 continued histories
+    assert out["cached_tokens"] > 0
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
