@@ -17,7 +17,10 @@ value cannot say which slot holds which position. At page size > 1 a stored hist
 
 A next turn gets the view as its prefix. The view's partial last page is copied on write into a
 fresh page of the new request (`copy_tail`): the prefill continues in that page, never in the
-tree's. Sizes count owned slots (`history.live`), so SGLang's pool checks hold.
+tree's. A turn that continued a view cut short (its prompt left the stored history at a
+differing id) stores its row on a new branch; the cut view's pages it still uses move up to the
+two branches' common ancestor (`rehome`). Sizes count owned slots (`history.live`), so SGLang's
+pool checks hold.
 """
 
 from __future__ import annotations
@@ -60,12 +63,15 @@ def insert(tree, req, st, row_len: int) -> None:
     old, last = tree._match_prefix_helper(attach_node, key)
     if sum(len(v) for v in old) == len(key):
         return  # a view ends here already: keep the row private
-    path = [torch.cat(values)] if values else []
-    while last is not attach_node:
-        path.append(owned(last))
-        last = last.parent
-    reachable = torch.cat(path) // ps if path else row[:0]
-    if not bool(torch.isin(row[:cpl] // ps, reachable).all()):
+    on_path, reachable, a = set(), [torch.cat(values)] if values else [], last
+    while a is not attach_node:
+        on_path.add(a)
+        reachable.append(owned(a))
+        a = a.parent
+    reachable = torch.cat(reachable) // ps if reachable else row[:0]
+    missing = torch.unique(row[:cpl] // ps)
+    missing = missing[~torch.isin(missing, reachable)]
+    if missing.numel() and not rehome(tree, st.hit[0] if st.hit else None, on_path, missing):
         return  # the row uses pages the new node's path does not hold
     pages = row[cpl:row_len:ps] // ps
     value = torch.full((len(key),), -1, dtype=torch.int64, device=row.device)
@@ -79,6 +85,33 @@ def insert(tree, req, st, row_len: int) -> None:
     req.last_node = node
     req.kv.cache_protected_len = row_len
     punch(tree, node)
+
+
+def rehome(tree, view_node, on_path: set, pages: torch.Tensor) -> bool:
+    """The row continued a view cut short (`view_node`, on another branch) and keeps some of its
+    `pages`: move each such page from the view's chain to the first of its ancestors on the new
+    path (their common ancestor), which outlives both branches. Returns whether every page in
+    `pages` now lies on the path."""
+    ps, todo, node = tree.page_size, pages, view_node
+    while todo.numel() and node is not None and owned(node) is not None and node not in on_path:
+        home = node.parent
+        while home is not None and home not in on_path:
+            home = home.parent
+        if home is None or owned(home) is None:
+            return False
+        mask = torch.isin(node.vt_pages // ps, todo.to(node.vt_pages.device))
+        moved = node.vt_pages[mask]
+        if moved.numel():
+            node.vt_pages, home.vt_pages = node.vt_pages[~mask], torch.cat([home.vt_pages, moved])
+            n = int(moved.numel())
+            node.vt_live -= n
+            home.vt_live += n
+            if home.lock_ref and not node.lock_ref:  # evictable slots become protected ones
+                tree.evictable_size_ -= n
+                tree.protected_size_ += n
+            todo = todo[~torch.isin(todo, moved.to(todo.device) // ps)]
+        node = node.parent
+    return not todo.numel()
 
 
 def punch(tree, node) -> None:

@@ -108,7 +108,7 @@ def test_a_prompt_that_leaves_the_history_continues_from_the_view_cut_there(requ
     """A next turn whose ids differ from the stored history inside the previous reply (a reply
     that re-tokenizes differently) continues from the stored view cut before the first differing
     id: it reuses the view's entries before that point, prefills the rest, and generates exactly
-    what HF generates with that cut history."""
+    what HF generates with that cut history; its own history is stored for the turn after."""
     client = (request.getfixturevalue("client") if page_size == 1
               else evict_server(server_factory, kvp_checkpoint, 16, 16))
     budget, interval = (BUDGET, 1) if page_size == 1 else (64, 16)
@@ -123,11 +123,17 @@ def test_a_prompt_that_leaves_the_history_continues_from_the_view_cut_there(requ
     expected1, _, history = masked_turn(hf_eager, first, n, cfg, rid=f"{rid}-0")
     assert turn1["output_ids"] == expected1
     view = [q for q in history[1] if q < cut]
-    expected2, _, _ = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-1", history=(history[0][:cut], view))
+    expected2, _, history2 = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-1",
+                                         history=(history[0][:cut], view))
     report = turn2["meta_info"]["kv_evict"][0]
     assert report["history_tokens"] == cut and report["history_view_tokens"] == len(view)
     assert turn2["meta_info"]["cached_tokens"] == cut
     assert turn2["output_ids"] == expected2
+    # Turn 2's own history was stored on its new branch: turn 3 continues from all of it.
+    prompt3 = prompt + turn2["output_ids"] + [21, 22, 23]
+    turn3 = generate(client, prompt3, n, f"{rid}-2", {"policy": "streamingllm"})
+    assert turn3["meta_info"]["kv_evict"][0]["history_tokens"] == len(history2[0])
+    assert turn3["output_ids"] == masked_turn(hf_eager, prompt3, n, cfg, rid=f"{rid}-2", history=history2)[0]
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
 
