@@ -2,9 +2,12 @@
 `budget + interval + page_size` tokens of KV, so it reserves at most that, not
 `prompt + max_new_tokens`, and `max_new_tokens` is no longer clipped by pool memory.
 
-    reserved for a running request      min(stock estimate, cap - row_len)
-    reserved for a new request          prompt + min(max_new, cap - prompt)
+    reserved for a running request      min(stock estimate, cap - own)
+    reserved for a new request          extend + min(max_new, cap - own)
     cap = budget + interval + page_size
+    own = the row's tokens not owned by the radix tree (under the holed cache the tree-owned
+          ones, a cached prompt or a stored history's view, leave the row as it evicts, and the
+          request's own tokens replace them up to the cap); the whole row otherwise
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ def _clipped(reqs):
             continue
         done = len(req.output_ids)
         row = req.kv.kv_committed_len if req.kv.holds_kv else len(req.origin_input_ids) + done
-        room = max(0, _cap(st) - row)
+        # Under the holed radix cache tree-owned tokens (a cached prompt, a stored history's view)
+        # leave the row as it evicts and its own tokens replace them, up to the cap.
+        tree = (req.kv.cache_protected_len if req.kv.holds_kv else req.prefix_len) if st.holed else 0
+        room = max(0, _cap(st) - (row - tree))
         clipped = done + min(req.sampling_params.max_new_tokens - done, room)
         if clipped < req.sampling_params.max_new_tokens:
             saved.append((req, req.sampling_params.max_new_tokens))

@@ -54,7 +54,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
     p.add_argument("--budget", type=int, default=256)
-    p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens of every server")
+    p.add_argument("--pool", type=int, default=2048, help="--max-total-tokens of every server")
     p.add_argument("--page-sizes", default="1,16")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--groups", type=int, default=2)

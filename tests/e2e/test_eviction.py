@@ -237,7 +237,8 @@ def test_request_can_opt_out_on_an_evicting_server(server_factory, hf_eager):
 def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     """Scattered victims (random, then H2O, page 16): Naive-Evict frees a page only when all its
     tokens are dead, so it retains more pages than vToken's compaction for the same victims and
-    outputs (server counters and per-request reports). Both cache the prompt the same way.
+    outputs (server counters and per-request reports). Both cache the prompt and store the
+    compacted history the same way.
     H2O keeps most of its tokens in the (tree-owned) prompt, whose pages neither mode frees
     itself: the emulated Naive-Evict may then free as many private pages as vToken."""
     prompt = random_ids(200, seed=11)
@@ -246,6 +247,9 @@ def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
         client = evict_server(server_factory, 16, "random", 96, "--kv-reclaim", reclaim)
         out = generate(client, prompt, 120, "naive-vs-vtoken")
         st = wait_pool_free(client)
+        # Both store the compacted history the same way: the next turn continues from all of it.
+        turn2 = generate(client, prompt + out["output_ids"] + [5, 6, 7], 24, "naive-vs-vtoken-2")
+        assert turn2["meta_info"]["kv_evict"][0]["history_tokens"] == len(prompt) + 120 - 1
         again = generate(client, prompt, 4, "naive-vs-vtoken-again", {"policy": "none"})
         assert again["meta_info"]["cached_tokens"] == len(prompt) // 16 * 16  # the prompt was cached
         # Another prompt: a prefix hit on the first one would seed H2O's statistics differently.
@@ -255,9 +259,9 @@ def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
         assert end["pool_available_tokens"] + end["pool_evictable_tokens"] == end["pool_total_tokens"]
         assert end["naive_held_requests"] == 0
         results[reclaim] = (out["output_ids"], st["peak_retained_pages"], out["meta_info"]["kv_evict"][0],
-                            h2o["output_ids"], h2o["meta_info"]["kv_evict"][0])
+                            h2o["output_ids"], h2o["meta_info"]["kv_evict"][0], turn2["output_ids"])
     vt, nv = results["vtoken"], results["naive"]
-    assert vt[0] == nv[0] and vt[3] == nv[3]
+    assert vt[0] == nv[0] and vt[3] == nv[3] and vt[5] == nv[5]
     assert nv[1] > vt[1]
     assert vt[1] == -(-(96 + 1) // 16)  # ideal: ceil(live / page) at the peak step
     assert nv[2]["pages_freed"] < vt[2]["pages_freed"]
