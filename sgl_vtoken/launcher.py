@@ -24,6 +24,9 @@ from pathlib import Path
 _SCRUBBED_ENV = ("VTOKEN_CONFIG", "VTOKEN_REFUSE", "VTOKEN_REFUSE_ATTENTION", "TRITON_INTERPRET")
 
 
+_BIND_ERROR = "error while attempting to bind on address"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -55,20 +58,37 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
 
-    def start(self) -> "ServerProcess":
+    def start(self, attempts: int = 3) -> "ServerProcess":
+        """Launch and wait for /health. The port is free when chosen, but another process (SGLang's
+        own internal ports included) may take it before the HTTP server binds it; SGLang then
+        logs the bind error and keeps running without answering: relaunch on a new port, up to
+        `attempts` launches in all."""
         t0 = time.monotonic()
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        while time.monotonic() - t0 < self.startup_timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}")
-            if self.healthy():
-                self.startup_seconds = time.monotonic() - t0
-                return self
-            time.sleep(0.5)
+        for attempt in range(attempts):
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
+            while time.monotonic() - t0 < self.startup_timeout:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with code {self.proc.returncode} during start-up:\n"
+                                       f"{self.log_tail()}")
+                if self.healthy():
+                    self.startup_seconds = time.monotonic() - t0
+                    return self
+                if _BIND_ERROR in self.log_text() and attempt + 1 < attempts:
+                    self.stop()
+                    self._set_port(free_port())
+                    break
+                time.sleep(0.5)
+            else:
+                break
         self.stop()
         raise TimeoutError(f"server not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def _set_port(self, port: int) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.args[self.args.index("--port") + 1] = str(port)
 
     def healthy(self, timeout: float = 5.0) -> bool:
         try:

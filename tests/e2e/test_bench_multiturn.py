@@ -1,7 +1,8 @@
 """SGLang's multi-turn chat benchmark (`sglang.bench_serving`, generated-shared-prefix, chat
 backend) runs against an evicting page-16 server: every conversation completes, later turns reuse
 cached prompt tokens (stored histories, cut where the re-sent reply re-tokenizes differently), and
-no KV slot leaks."""
+no KV slot leaks, also on a pool too small to keep every stored history (the tree evicts them
+like any unlocked node, SGLang's memory checkers on)."""
 
 import pytest
 
@@ -12,8 +13,9 @@ from test_eviction import wait_pool_free
 pytestmark = pytest.mark.server
 
 
-def test_bench_serving_multi_turn_chat_completes_and_reuses_histories(server_factory, tiny_model):
-    client = server_factory(page_size=16, extra=FLAGS)
+@pytest.mark.parametrize("pool", [4096, 640])
+def test_bench_serving_multi_turn_chat_completes_and_reuses_histories(server_factory, tiny_model, pool):
+    client = server_factory(page_size=16, extra=FLAGS, pool=pool)
     work = Workload(groups=1, prompts_per_group=3, system_len=48, question_len=24, output_len=24, turns=3)
     before = client.vtoken_state()
     out = run_bench(client.base_url, str(tiny_model), str(tiny_model), work, timeout=600)
