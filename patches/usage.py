@@ -2,7 +2,8 @@
 figures next to the usage.
 
 - `prompt_tokens` counts the logical prompt (what the client sent), `cached_tokens` the logical
-  prompt tokens that were not prefilled. A turn that continues from a stored compacted history
+  prompt tokens that were not prefilled (and so do the Prometheus counters, which read the same
+  figures and the device part of the cache breakdown). A turn that continues from a stored compacted history
   holds the history's live tokens in row coordinates (`history.adopt`); SGLang would otherwise
   report that shorter row.
 - `meta_info["kv_evict"]` (`/generate`) is request-level: SGLang sends such a value once, with the
@@ -48,6 +49,9 @@ def around_accept(original, acc, *args, req, **kwargs):
         hidden = len(st.logical_prompt) - len(req.origin_input_ids)  # evicted history tokens
         acc.prompt_tokens[-1] += hidden
         acc.cached_tokens[-1] += hidden
+        details = getattr(acc, "cached_tokens_details", None)  # Prometheus' cached_tokens_total
+        if details and isinstance(details[-1], dict):
+            details[-1] = {**details[-1], "device": details[-1].get("device", 0) + hidden}
 
 
 def around_generate_request(original, manager, *args, **kwargs):

@@ -50,7 +50,7 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
     """
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
     rec = {"ttft": None, "e2e": None, "prompt_tokens": None, "completion_tokens": 0, "cached_tokens": None,
-           "finish_reason": None, "error": None}
+           "history_tokens": 0, "history_view_tokens": 0, "finish_reason": None, "error": None}
     parts: list[str] = []
     t0 = time.monotonic()
     rec["t_start"] = t0
@@ -82,6 +82,9 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
                     rec["prompt_tokens"] = usage.get("prompt_tokens")
                     rec["completion_tokens"] = usage.get("completion_tokens") or 0
                     rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                    ev = usage.get("kv_evict") or {}  # a turn that continued a stored history
+                    rec["history_tokens"] = ev.get("history_tokens", 0)
+                    rec["history_view_tokens"] = ev.get("history_view_tokens", 0)
     except (requests.RequestException, ValueError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"[:300]
     if rec["error"] is None and rec["finish_reason"] == "abort":

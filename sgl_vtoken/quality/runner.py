@@ -100,17 +100,12 @@ class Runner:
                 out = req.generate(max_new_tokens, stop=(self.eos,))
                 replies.append(self.decode(out))
                 ids.append(out)
-                conversation = list(t.prompt)
                 for turn, message in enumerate(t.messages, start=1):
                     new_ids = next_turn_ids(self.tok, message, out)
-                    conversation += out + new_ids
-                    if cell.cfg.page_size == 1:  # the server reuses the compacted history
-                        nxt = Request(self.model, cell.cfg, cell.rid(t.id, turn), history=req.row)
-                        # The reply's last token was never fed (it ended the turn): it opens the prompt.
-                        nxt.prompt(out[-1:] + new_ids)
-                    else:  # the server prefills the whole conversation again
-                        nxt = Request(self.model, cell.cfg, cell.rid(t.id, turn))
-                        nxt.start(prefill(self.model, conversation, self.obs))
+                    # The server continues from the compacted history (every page size).
+                    nxt = Request(self.model, cell.cfg, cell.rid(t.id, turn), history=req.row)
+                    # The reply's last token was never fed (it ended the turn): it opens the prompt.
+                    nxt.prompt(out[-1:] + new_ids)
                     req = nxt
                     out = req.generate(max_new_tokens, stop=(self.eos,))
                     replies.append(self.decode(out))

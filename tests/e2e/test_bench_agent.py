@@ -69,12 +69,14 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
 
     # vToken counters: the report's deltas are the server's, and they are what the policy implies:
     # each request ends with between `budget` and `budget + interval` tokens (its prompt is
-    # longer than that, so it was evicted).
+    # longer than that, so it was evicted). A turn that continued a stored history holds only its
+    # view of it: the history's other tokens were evicted by earlier turns.
     vt = s["vtoken"]
     for key in ("evictions", "evicted_tokens", "pages_freed", "tokens_moved", "bytes_moved"):
         assert vt["delta"][key] == after[key] - before[key], key
     assert all(r["prompt_tokens"] > BUDGET + INTERVAL for r in requests_)
-    kept = sum(r["prompt_tokens"] + r["completion_tokens"] for r in requests_) - vt["delta"]["evicted_tokens"]
+    kept = sum(r["prompt_tokens"] + r["completion_tokens"] - (r["history_tokens"] - r["history_view_tokens"])
+               for r in requests_) - vt["delta"]["evicted_tokens"]
     n = len(requests_)
     assert n * BUDGET <= kept <= n * (BUDGET + INTERVAL), (kept, n)
     assert vt["delta"]["evictions"] >= n
