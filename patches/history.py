@@ -48,7 +48,9 @@ def find_view(tree, last, logical: array, limit: int, ns: str):
     it. Where `logical` leaves a stored history before one (its ids re-tokenized differently, an
     edited message), at the first differing id p inside a node's key or a view's tail, a view
     through that point is cut there (depth p: its entries at positions < p), when that reaches
-    deeper: a kept token's KV depends only on the ids before it, never on later ones."""
+    deeper: a kept token's KV depends only on the ids before it, never on later ones. A prompt
+    that merely ends inside a stored history (a regenerated reply) is no cut: it is served as a
+    fresh prompt, so its output does not depend on what was cached."""
     chain = []
     while last is not None:
         chain.append(last)
@@ -67,8 +69,8 @@ def find_view(tree, last, logical: array, limit: int, ns: str):
                 break
             m = child.key.match(key)
             if m < len(child.key):
-                if m and (cut is None or d + m > cut[1]):
-                    cut = (child, d + m)
+                if m and d + m < limit and (cut is None or d + m > cut[1]):
+                    cut = (child, d + m)  # a differing id (not the end of the prompt) inside the key
                 break
             child.last_access_time = now
             d, key, node = d + len(child.key), key[len(child.key):], child
@@ -78,7 +80,7 @@ def find_view(tree, last, logical: array, limit: int, ns: str):
             n = _common(logical[d:limit], tail)
             if n == len(tail) and (best is None or d + n > best[1]):
                 best = (node, d + n)
-            elif n < len(tail) and n and (cut is None or d + n > cut[1]):
+            elif n < len(tail) and n and d + n < limit and (cut is None or d + n > cut[1]):
                 cut = (node, d + n)
     if cut is not None and (best is None or cut[1] > best[1]):
         view = _any_view(cut[0])

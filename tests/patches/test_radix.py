@@ -124,6 +124,8 @@ def test_history_is_stored_with_holes_and_continued(cache):
     assert edited.vtoken.kept_pos.tolist() == [0, 1, 8] and edited.vtoken.report["history_tokens"] == 9
     assert list(edited.origin_input_ids) == [100, 101, 108, 5, 5, 5, 999, 7]
     assert cache.prefix_device_indices(edited).tolist() == slots[:3].tolist()
+    regenerate = Req(ids[:9], evicting_state("d"))                  # ends inside the history: no cut,
+    assert match(cache, regenerate).device_prefix_len == 0          # a fresh prompt (no view reused)
 
 
 def test_next_history_punches_the_old_one_and_eviction_frees_only_live_slots(cache):
