@@ -20,8 +20,9 @@ BUDGET, SINK = 48, 4
 FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-sink", str(SINK))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(server_factory):
+    """The page-1 server, started again if the factory stopped it for other configurations."""
     return server_factory(page_size=1, extra=FLAGS, env=MEMORY_CHECKS)
 
 
