@@ -5,6 +5,8 @@
     reserved for a running request      min(stock estimate, cap - own)
     reserved for a new request          extend + min(max_new, cap - own)
     cap = budget + interval + page_size
+    chunk ends at budget + prefill_chunk (eviction during prefill, `prefill.py`): SGLang reserves
+          for the chunk it runs, so a prefill never reserves more than that peak
     own = the row's tokens not owned by the radix tree (under the holed cache the tree-owned
           ones, a cached prompt or a stored history's view, leave the row as it evicts, and the
           request's own tokens replace them up to the cap); the whole row otherwise
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from .prefill import chunk_limit
 from .state import state_of
 
 
@@ -69,21 +72,38 @@ def adder_class(base: type) -> type:
             running = self.running_batch.reqs if self.running_batch is not None else []
             return [req, *running, *self.can_run_list]
 
-        def add_one_req(self, req, *args, **kwargs):
+        def add_one_req(self, req, has_chunked_req, *args, **kwargs):
+            from sglang.srt.managers.schedule_policy import AddReqResult
+
             st = state_of(req)
             if st is not None and st.blocked:  # its stashed row does not fit the pool yet
-                from sglang.srt.managers.schedule_policy import AddReqResult
-
                 return AddReqResult.NO_TOKEN
-            with _clipped(self._peers(req)):
-                result = super().add_one_req(req, *args, **kwargs)
+            limit = chunk_limit(req)  # eviction during prefill: its first chunk ends at the peak
+            forcing = limit is not None and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
+            if forcing and (has_chunked_req or self.new_chunked_req is not None):
+                return AddReqResult.OTHER  # SGLang carries one chunked request at a time
+            saved = self.rem_chunk_tokens
+            if forcing:
+                self.rem_chunk_tokens = min(saved, limit)
+            try:
+                with _clipped(self._peers(req)):
+                    result = super().add_one_req(req, has_chunked_req, *args, **kwargs)
+            finally:
+                if forcing:  # what the request took comes off the real chunk budget
+                    self.rem_chunk_tokens = saved - (min(saved, limit) - self.rem_chunk_tokens)
             if st is not None and st.real_outputs is not None and req not in self.can_run_list:
                 st.restore_outputs(req)  # not admitted this round: its real outputs back
             return result
 
         def add_chunked_req(self, req, *args, **kwargs):
-            with _clipped([req]):
-                return super().add_chunked_req(req, *args, **kwargs)
+            limit, saved = chunk_limit(req), self.chunked_req_limit
+            if limit is not None:  # eviction during prefill: the chunk ends at the peak
+                self.chunked_req_limit = limit if saved is None else min(saved, limit)
+            try:
+                with _clipped([req]):
+                    return super().add_chunked_req(req, *args, **kwargs)
+            finally:
+                self.chunked_req_limit = saved
 
     VTokenPrefillAdder.__qualname__ = f"VToken{base.__qualname__}"
     _ADDER_CLASSES[base] = VTokenPrefillAdder

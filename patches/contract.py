@@ -19,6 +19,7 @@ HOOKED_PARAMS = {
     "sglang.srt.managers.scheduler.Scheduler.__init__": ("self", "server_args", "port_args"),
     "sglang.srt.managers.scheduler.Scheduler.update_running_batch": ("self", "batch"),
     "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class": ("self",),
+    "sglang.srt.managers.scheduler.Scheduler.stash_chunked_request": ("self", "req"),
     "sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens": ("self", "req"),
     "sglang.srt.managers.schedule_batch.Req.__init__": ("self", "rid"),
     "sglang.srt.managers.schedule_batch.Req.reset_for_retract": ("self",),
@@ -44,7 +45,7 @@ HOOKED_PARAMS = {
 CALLED_PARAMS = {
     "sglang.srt.managers.scheduler.Scheduler._reqs_finishing_inflight": ("self", "batch"),
     "sglang.srt.managers.schedule_policy.AddReqResult": (),
-    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("self", "req"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("self", "req", "has_chunked_req"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("self", "req"),
     "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": ("self", "req"),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": ("self", "page_ids"),

@@ -2,8 +2,8 @@
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import (admission, attention, cpu, held, observe, radix, request_options, retraction, runtime, scores,
-               server_args, usage)
+from . import (admission, attention, cpu, held, observe, prefill, radix, request_options, retraction, runtime,
+               scores, server_args, usage)
 
 A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
@@ -17,6 +17,7 @@ HOOKS = (
     (f"{SCHED}.__init__", runtime.after_scheduler_init, A),
     (f"{SCHED}.update_running_batch", runtime.around_update_running_batch, R),
     (f"{SCHED}.get_prefill_adder_class", admission.around_get_prefill_adder_class, R),
+    (f"{SCHED}.stash_chunked_request", prefill.around_stash_chunked_request, R),
     (f"{SCHED}.init_req_max_new_tokens", admission.around_init_req_max_new_tokens, R),
     (f"{REQ}.__init__", runtime.after_req_init, A),
     (f"{REQ}.reset_for_retract", runtime.after_reset_for_retract, A),

@@ -211,10 +211,18 @@ class HoledRadixCache(RadixCache):
     def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:
         """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
         when the policy reads attention: their queries seed its statistics, so a request's
-        victims (and output) do not depend on whether its prompt was cached."""
-        if st is None or "attn" not in st.policy.needs:
+        victims (and output) do not depend on whether its prompt was cached. Under eviction
+        during prefill a hit stops short of the prefill peak (by `obs_window` for attention
+        policies, a page otherwise), so the first chunk runs and is evicted like an uncached one."""
+        if st is None:
             return result
-        cap = max(0, min(len(key), len(key.token_ids) - st.cfg.obs_window))
+        cap = len(key)
+        attn = "attn" in st.policy.needs
+        if attn:
+            cap = min(cap, len(key.token_ids) - st.cfg.obs_window)
+        if st.cfg.prefill_peak is not None:
+            cap = min(cap, st.cfg.prefill_peak - (st.cfg.obs_window if attn else st.cfg.page_size))
+        cap = max(0, cap)
         if result.device_prefix_len <= cap:
             return result
         return super().match_prefix(MatchPrefixParams(key=RadixKey(

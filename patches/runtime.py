@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import held, metrics, observe, radix, scores
+from . import held, metrics, observe, prefill, radix, scores
 from .counters import counters_of
 from .eviction import evict_batch
 from .model_support import kv_bytes_per_token, unsupported_pool_reason
@@ -84,6 +84,8 @@ def after_scheduler_init(result, scheduler, *args, **kwargs):
         if not reason and peak > scheduler.max_total_num_tokens:
             reason = (f"--kv-budget {cfg.budget}: an evicting request holds up to budget + interval + "
                       f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}")
+        if not reason and cfg.prefill_chunk is not None:
+            reason = prefill.unsupported_reason(scheduler)
         if reason:
             raise ValueError(f"--kv-evict {cfg.policy}: {reason}")
         counters_of(scheduler).bytes_per_token = kv_bytes_per_token(pool)

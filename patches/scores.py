@@ -47,8 +47,9 @@ def scored_requests(batch) -> list:
 def prepare(forward_batch, scored: list, model_runner) -> None:
     """Allocate each scored request's staging block for this forward (row lengths known now).
 
-    Prefill: the observation window is the last `obs_window` queries of the whole prompt; a
-    chunk stages those of its queries that fall in it (always a suffix of the chunk)."""
+    Prefill: the observation window is the last `obs_window` queries of the whole prompt (with
+    `prefill_chunk`, of each chunk evicted after it: the row up to the prefill peak); a forward
+    stages those of its queries that fall in it (always a suffix of the forward)."""
     pool = model_runner.token_to_kv_pool
     num_layers, device = pool.layer_num, pool.get_key_buffer(0).device
     decode = forward_batch.forward_mode.is_decode()
@@ -58,8 +59,10 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         n = seq_lens[i]
         if decode:
             q = 1
-        else:  # n: the row as far as this chunk reaches; the prompt ends at `total`
+        else:  # n: the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`
             total = n if st.resume_prefill else n + len(req.full_untruncated_fill_ids) - req.extend_end
+            if st.evicts_in_prefill(req):  # eviction during prefill: the window ends each chunk
+                total = min(total, st.cfg.prefill_peak)
             q = max(0, n - max(total - st.cfg.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
         if q == 0:
             continue

@@ -37,7 +37,7 @@ SERVED_NEEDS = {"keys", "values", "attn"}
 KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs) <= SERVED_NEEDS))
 ATTENTION_POLICIES = tuple(n for n, cls in POLICIES.items() if "attn" in cls.needs)
 # Settings that are the server's, not the policy's, inside --kv-evict-config.
-SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers", "reuse_history")
+SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers", "reuse_history", "prefill_chunk")
 
 # EvictConfig field -> the flag that sets it (error messages name the flag).
 FIELD_FLAGS = {
@@ -45,7 +45,7 @@ FIELD_FLAGS = {
     "interval": "--kv-evict-interval", "reclaim": "--kv-reclaim", "params": "--kv-evict-config",
     "page_size": "--page-size", "seed": "--kv-evict-config", "aggregation": "--kv-evict-config",
     "obs_window": "--kv-evict-config", "score_layers": "--kv-evict-config",
-    "reuse_history": "--kv-evict-config",
+    "reuse_history": "--kv-evict-config", "prefill_chunk": "--kv-evict-config",
 }
 
 # (server-args attribute, predicate of an unsupported value, flag, why) checked with eviction on.
@@ -86,7 +86,8 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
                    help="JSON object of policy parameters, e.g. '{\"seed\": 1}', "
                         "'{\"aggregation\": \"max\"}', '{\"history\": 16}' (scissorhands), "
                         "'{\"obs_window\": 32, \"score_layers\": [0, 1]}' (attention policies), "
-                        "'{\"reuse_history\": false}' (no compacted-history reuse across turns).")
+                        "'{\"reuse_history\": false}' (no compacted-history reuse across turns), "
+                        "'{\"prefill_chunk\": 256}' (evict during prefill, every 256 prompt tokens).")
 
 
 def unsupported_reason(args) -> tuple[str, str] | None:
@@ -190,6 +191,10 @@ def settings_problem(cfg: EvictConfig, context_len: int, num_layers: int, pool_t
     if pool_tokens is not None and peak > pool_tokens:
         return (f"{budget_name}: an evicting request holds up to budget + interval + page_size = {peak} "
                 f"KV tokens, more than the pool's {pool_tokens}")
+    if pool_tokens is not None and cfg.prefill_chunk and cfg.prefill_peak + cfg.page_size > pool_tokens:
+        return (f"argument --kv-evict-config: prefill_chunk {cfg.prefill_chunk}: a prefill evicting "
+                f"request holds up to budget + prefill_chunk + page_size = "
+                f"{cfg.prefill_peak + cfg.page_size} KV tokens, more than the pool's {pool_tokens}")
     if cfg.score_layers is not None and max(cfg.score_layers) >= num_layers:
         return (f"argument --kv-evict-config: score_layers {list(cfg.score_layers)} must be layer ids "
                 f"< {num_layers} (the model's layers)")

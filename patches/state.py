@@ -55,6 +55,7 @@ class ReqEvictState:
     resume_prefill: bool = False               # its prefill is a resume's (the row ends there)
     retractions: int = 0
     blocked: bool = False                      # retracted, and its view does not fit the pool yet
+    prefill_evicted: int = 0                   # prompt tokens evicted during its prefill (prefill_chunk)
 
     def logical_ids(self, req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
@@ -171,6 +172,22 @@ class ReqEvictState:
         self.hit = None if node is None else (node, slots, copied)
         self.attach = attach
 
+    def evicts_in_prefill(self, req) -> bool:
+        """Whether `req`'s prefill is evicted in chunks (`prefill_chunk`): a prompt's, not the
+        re-prefill of a retracted request's outputs."""
+        return self.cfg.prefill_peak is not None and not req.output_ids
+
+    def compact_prompt(self, req, prompt: array, evicted: int) -> None:
+        """An eviction during the prefill (`prefill.py`) removed `evicted` prefilled prompt
+        tokens: `req`'s ids become row coordinates `prompt` (the kept entries' ids, then the
+        prompt's remaining ids); its logical prompt is kept for `restore_prompt`."""
+        if self.logical_prompt is None:
+            self.logical_prompt = req.origin_input_ids
+        req.origin_input_ids = prompt
+        req.refresh_fill_ids()
+        self.prefill_evicted += evicted
+        self.report["prefill_evicted_tokens"] = self.prefill_evicted
+
     def restore_prompt(self, req) -> bool:
         """Back to the logical ids: a request holding a stored view's ids (`adopt_view`) gets its
         logical prompt back (fill ids refreshed) and continues from no view, its row positions
@@ -217,7 +234,8 @@ class ReqEvictState:
         every eviction is forgotten."""
         self.hit = None
         self.kept_pos = self.kept_pos[:0]
-        self.offset = 0
+        self.offset = self.prefill_evicted = 0
+        self.report.pop("prefill_evicted_tokens", None)
         self.tree_len = self.tree_lock = self.naive_excess = 0
         self.staged.clear()
         if self.stash is None:

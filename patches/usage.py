@@ -22,7 +22,7 @@ from .observe import META_KEY
 from .state import state_of
 
 SUMMED = ("evicted_tokens", "live_tokens", "pages_freed", "evictions", "history_tokens",
-          "history_view_tokens")
+          "history_view_tokens", "prefill_evicted_tokens")
 # The eviction figures a streamed request has seen so far, by request id (one dict per request:
 # the streaming response runs in its own task, whose context starts without it).
 _STREAMED: ContextVar[dict | None] = ContextVar("vtoken_streamed_kv_evict", default=None)
@@ -46,12 +46,13 @@ def around_accept(original, acc, *args, req, **kwargs):
     finally:
         req.customized_info, req.stream = info, stream
     if len(acc.rids) > before and st.logical_prompt is not None:
-        hidden = len(st.logical_prompt) - len(req.origin_input_ids)  # evicted history tokens
+        hidden = len(st.logical_prompt) - len(req.origin_input_ids)  # evicted prompt tokens
+        cached = hidden - st.prefill_evicted  # a stored history's; those evicted in prefill ran
         acc.prompt_tokens[-1] += hidden
-        acc.cached_tokens[-1] += hidden
+        acc.cached_tokens[-1] += cached
         details = getattr(acc, "cached_tokens_details", None)  # Prometheus' cached_tokens_total
-        if details and isinstance(details[-1], dict):
-            details[-1] = {**details[-1], "device": details[-1].get("device", 0) + hidden}
+        if cached and details and isinstance(details[-1], dict):
+            details[-1] = {**details[-1], "device": details[-1].get("device", 0) + cached}
 
 
 def around_generate_request(original, manager, *args, **kwargs):

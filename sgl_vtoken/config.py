@@ -54,6 +54,12 @@ class EvictConfig:
         score_layers: attention policies: layer ids whose attention is scored (None: all).
         reuse_history: a finished request leaves its compacted history in the radix cache, and a
             next turn that extends it continues from it instead of re-prefilling.
+        prefill_chunk: evict during prefill (None: the prompt is prefilled whole first). The
+            prompt is prefilled in chunks: whenever the row reaches ``budget + prefill_chunk``
+            live tokens and prompt tokens remain, it is evicted down to `budget` (attention
+            policies score with that chunk's last `obs_window` queries), so a request never holds
+            more than ``budget + prefill_chunk`` tokens of KV. A multiple of `page_size`, above
+            `interval`; `budget` must then be a multiple of `page_size` too.
     """
 
     policy: str = DISABLED
@@ -70,6 +76,7 @@ class EvictConfig:
     obs_window: int = 16
     score_layers: tuple[int, ...] | None = None
     reuse_history: bool = True
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
         from sgl_vtoken.policies import POLICIES  # lazy: policies import nothing from here
@@ -97,8 +104,12 @@ class EvictConfig:
         if not isinstance(self.params, Mapping):
             raise ValueError(f"EvictConfig.params must be a JSON object (got {self.params!r})")
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        if self.prefill_chunk is not None:
+            _check_int("prefill_chunk", self.prefill_chunk, 1)
         if not self.enabled:
             return
+        if self.prefill_chunk is not None:
+            self._check_prefill_chunk()
         floor = self.sink_tokens + self.window + self.page_size
         if self.budget is None:
             raise ValueError(f"EvictConfig.budget is required when policy={self.policy!r}")
@@ -112,6 +123,21 @@ class EvictConfig:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"EvictConfig.params {dict(self.params)} do not fit policy "
                              f"{self.policy!r}: {exc}") from None
+
+    def _check_prefill_chunk(self) -> None:
+        c, ps = self.prefill_chunk, self.page_size
+        if c % ps or c <= self.interval:
+            raise ValueError(f"EvictConfig.prefill_chunk must be a multiple of page_size {ps} and "
+                             f"> interval {self.interval} (got {c})")
+        if self.budget is not None and self.budget % ps:
+            raise ValueError(f"EvictConfig.budget must be a multiple of page_size {ps} with "
+                             f"prefill_chunk (got {self.budget}): chunks end at row budget + prefill_chunk, "
+                             "which must be page-aligned")
+
+    @property
+    def prefill_peak(self) -> int | None:
+        """Row length at which a prefill is evicted when prompt tokens remain, or None."""
+        return None if self.prefill_chunk is None else self.budget + self.prefill_chunk
 
     @property
     def enabled(self) -> bool:
@@ -144,7 +170,7 @@ class EvictConfig:
         params = json.dumps(dict(self.params), sort_keys=True)
         return (f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
                 f":i{self.interval}:p{self.page_size}:seed{self.seed}:{self.aggregation}"
-                f":o{self.obs_window}:l{self.score_layers}:{params}")
+                f":o{self.obs_window}:l{self.score_layers}:c{self.prefill_chunk}:{params}")
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -3,7 +3,8 @@ the server keeps, with every token at its original position.
 
 The sequence is run in full at every step with a per-query 4-D attention mask, so each token's
 hidden states (and therefore its cached K/V) are computed with the keys that were live when that
-token was decoded: prompt tokens causally (the prompt is prefilled whole), decode token `t` with
+token was decoded: prompt tokens causally (the prompt is prefilled whole, or chunk by chunk with
+`prefill_chunk`, each chunk over the row kept after the previous one), decode token `t` with
 the row kept at step `t` plus itself. Victims are chosen by the library policy from the same
 inputs the server gives it (positions, post-RoPE keys, values, rid, eviction step), so the
 oracle replays the server's decisions without reading them from the server.
@@ -60,49 +61,75 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     `history` is the previous turn's return value: the per-token masks of every token with KV,
     and the view the server stored when that turn finished (the kept row after its last forward).
     `prompt` extends that history; its tokens past the history attend to the view plus themselves
-    (causally), as when the server continues from the stored view.
+    (causally), as when the server continues from the stored view. With `cfg.prefill_chunk` the
+    prompt is prefilled in chunks, the row evicted to the budget whenever it reaches
+    ``budget + prefill_chunk`` with prompt tokens left; each chunk's last `obs_window` queries
+    score that eviction.
     """
     policy = policy_from_config(cfg) if cfg.enabled else None
     acc = policy.new_accumulator() if policy is not None else None
     ids = list(prompt)
     start = 0 if history is None else len(history[0])
-    view = [] if history is None else list(history[1])
+    row = [] if history is None else list(history[1])
     allowed = [] if history is None else [list(a) for a in history[0]]
-    allowed += [view + list(range(start, i + 1)) for i in range(start, len(prompt))]
-    row = view + list(range(start, len(prompt)))
-    out, steps = [], 0
+    steps = 0
+
+    def evict(res, row: list[int]) -> list[int]:
+        """`row` evicted to the budget by the policy, given the forward `res` over its tokens."""
+        nonlocal steps
+        keys = values = None
+        cache = res.past_key_values
+        if "keys" in policy.needs:
+            # [layers, Hkv, T, D] -> rows of the live tokens: [n, layers, Hkv, D]
+            k = torch.stack([cache.layers[i].keys[0] for i in range(len(cache.layers))])
+            keys = k[:, :, row].permute(2, 0, 1, 3)
+        if "values" in policy.needs:
+            v = torch.stack([cache.layers[i].values[0] for i in range(len(cache.layers))])
+            values = v[:, :, row].permute(2, 0, 1, 3)
+        pos = torch.tensor(row)
+        view = TokenView(positions=pos, keys=keys, attn=acc.stats if acc is not None else None,
+                         shared=pos < tree_owned, rid=stable_id(rid), step=steps, values=values)
+        keep = policy.keep(view, cfg.budget)
+        if acc is not None:
+            acc.select(keep)
+        steps += 1
+        return [row[i] for i in keep.tolist()]
+
+    def observe(res, first: int, end: int) -> None:
+        """Fold the attention of the observation window of the prompt chunk `[first, end)`."""
+        window = min(cfg.obs_window, end - max(first, cached))
+        if acc is not None and window > 0:
+            acc.update(*_group_probs(res.attentions, list(range(end - window, end)), row, model.config, cfg))
+
+    # The prompt, chunk by chunk with `prefill_chunk`: the row is evicted to the budget whenever
+    # it reaches budget + prefill_chunk and prompt tokens remain.
+    pos = start
+    while True:
+        end = len(prompt) if policy is None or cfg.prefill_peak is None else \
+            min(len(prompt), pos + cfg.prefill_peak - len(row))
+        allowed += [row + list(range(pos, i + 1)) for i in range(pos, end)]
+        row = row + list(range(pos, end))
+        if end == len(prompt):
+            break
+        res = model(torch.tensor([ids[:end]]), attention_mask=_mask(allowed, end), use_cache=True,
+                    output_attentions=acc is not None)
+        observe(res, pos, end)
+        row = evict(res, row)
+        pos = end
+    out = []
     for k in range(max_new_tokens):
         res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
                     output_attentions=acc is not None)
-        if acc is not None:
-            # Queries scored by this forward: the prompt's observation window, then the new token.
-            window = min(cfg.obs_window, len(prompt) - max(start, cached))
-            queries = list(range(len(prompt) - window, len(prompt))) if k == 0 else [len(ids) - 1]
-            block, lengths = _group_probs(res.attentions, queries, row, model.config, cfg)
-            acc.update(block, lengths)
+        if k == 0:  # the last prompt chunk's observation window
+            observe(res, pos, len(prompt))
+        elif acc is not None:  # the new token's query
+            acc.update(*_group_probs(res.attentions, [len(ids) - 1], row, model.config, cfg))
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
         t = len(ids)
         ids.append(nxt)
         if policy is not None and cfg.should_evict(len(row)):
-            keys = values = None
-            cache = res.past_key_values
-            if "keys" in policy.needs:
-                # [layers, Hkv, T, D] -> rows of the live tokens: [n, layers, Hkv, D]
-                k = torch.stack([cache.layers[i].keys[0] for i in range(len(cache.layers))])
-                keys = k[:, :, row].permute(2, 0, 1, 3)
-            if "values" in policy.needs:
-                v = torch.stack([cache.layers[i].values[0] for i in range(len(cache.layers))])
-                values = v[:, :, row].permute(2, 0, 1, 3)
-            pos = torch.tensor(row)
-            attn = acc.stats if acc is not None else None
-            view = TokenView(positions=pos, keys=keys, attn=attn, shared=pos < tree_owned,
-                             rid=stable_id(rid), step=steps, values=values)
-            keep = policy.keep(view, cfg.budget)
-            if acc is not None:
-                acc.select(keep)
-            row = [row[i] for i in keep.tolist()]
-            steps += 1
+            row = evict(res, row)
         row.append(t)
         allowed.append(list(row))
     return out, row, (allowed[:-1], allowed[-2])

@@ -60,6 +60,8 @@ def test_budget_required_when_enabled():
     ("seed", 2**32, r"EvictConfig.seed must be in \[0, 4294967295\]"),
     ("params", {"history": 99}, r"EvictConfig.params .* history must be an integer in \[1, 62\]"),
     ("params", {"nope": 1}, r"EvictConfig.params .*unexpected keyword argument 'nope'"),
+    ("prefill_chunk", 0, r"EvictConfig.prefill_chunk must be >= 1"),
+    ("prefill_chunk", 1, r"EvictConfig.prefill_chunk must be a multiple of page_size 1 and > interval 1"),
 ])
 def test_errors_name_field_and_allowed_values(field, value, match):
     kwargs = dict(policy="scissorhands", budget=64)
@@ -73,7 +75,7 @@ def test_from_dict_rejects_unknown_keys_listing_fields():
         EvictConfig.from_dict({"kv_budget": 3})
     # settings the server never honoured are unknown fields, not silently accepted ones
     for name, value in (("trigger", "fragmentation"), ("frag_threshold", 0.25), ("free_watermark", 0.1)):
-        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history'\]"):
+        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk'\]"):
             EvictConfig.from_dict({"policy": "none", name: value})
     with pytest.raises(ValueError, match="malformed"):
         EvictConfig.from_json("{policy:")
@@ -104,8 +106,20 @@ def test_history_namespace_names_every_setting_that_changes_the_kv():
     others = [EvictConfig(policy="random", budget=64), EvictConfig(policy="streamingllm", budget=65),
               EvictConfig(policy="streamingllm", budget=64, sink=8),
               EvictConfig(policy="streamingllm", budget=64, window=4),
-              EvictConfig(policy="streamingllm", budget=64, interval=2)]
-    assert len({base.history_namespace(), *(c.history_namespace() for c in others)}) == 6
+              EvictConfig(policy="streamingllm", budget=64, interval=2),
+              EvictConfig(policy="streamingllm", budget=64, prefill_chunk=32)]
+    assert len({base.history_namespace(), *(c.history_namespace() for c in others)}) == 7
     assert base.history_namespace() == EvictConfig(policy="streamingllm", budget=64).history_namespace()
     with pytest.raises(ValueError, match="reuse_history must be true or false"):
         EvictConfig(policy="streamingllm", budget=64, reuse_history="yes")
+
+
+def test_prefill_chunk_ends_chunks_on_whole_pages():
+    cfg = EvictConfig(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=32)
+    assert cfg.prefill_peak == 96 and EvictConfig(policy="streamingllm", budget=64).prefill_peak is None
+    with pytest.raises(ValueError, match=r"prefill_chunk must be a multiple of page_size 16 and > interval 1 \(got 24\)"):
+        EvictConfig(policy="streamingllm", budget=64, page_size=16, prefill_chunk=24)
+    with pytest.raises(ValueError, match=r"prefill_chunk must be a multiple of page_size 16 and > interval 16 \(got 16\)"):
+        EvictConfig(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=16)
+    with pytest.raises(ValueError, match=r"budget must be a multiple of page_size 16 with prefill_chunk \(got 72\)"):
+        EvictConfig(policy="streamingllm", budget=72, page_size=16, prefill_chunk=32)

@@ -1,0 +1,92 @@
+"""Eviction during prefill (`--kv-evict-config '{"prefill_chunk": C}'`): a long prompt is prefilled
+chunk by chunk and evicted to the budget whenever its row reaches budget + C, token for token
+equal to the Hugging Face reference that masks the same way, at page sizes 1 and 16, for a fresh
+prompt, a cached one and a turn continuing from a stored history; SGLang's memory checkers on."""
+
+import json
+import random
+
+import pytest
+
+from conftest import MEMORY_CHECKS
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.hf_reference import masked_greedy, masked_turn
+from test_eviction import generate, hf_eager, random_ids, wait_pool_free  # noqa: F401
+
+pytestmark = pytest.mark.server
+
+BUDGET, CHUNK, SINK = 64, 32, 4
+
+
+def prefill_server(server_factory, page_size):
+    flags = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-sink", str(SINK),
+             "--kv-evict-config", json.dumps({"prefill_chunk": CHUNK}), "--disable-overlap-schedule",
+             "--chunked-prefill-size", "512")
+    return server_factory(page_size=page_size, extra=flags, env=MEMORY_CHECKS)
+
+
+def config(policy, page_size, **kw):
+    window = 16 if policy == "h2o" else 0
+    return EvictConfig(policy=policy, budget=BUDGET, sink=SINK, window=window, page_size=page_size,
+                       prefill_chunk=CHUNK, **kw)
+
+
+def prefill_evictions(prompt_len: int, pos: int = 0, row: int = 0) -> int:
+    """Prompt tokens evicted while prefilling a prompt of `prompt_len` tokens from logical
+    position `pos` onto a row of `row` tokens: budget + chunk - budget at each chunk's end."""
+    n, peak = 0, BUDGET + CHUNK
+    while pos + peak - row < prompt_len:
+        pos, row, n = pos + peak - row, BUDGET, n + CHUNK
+    return n
+
+
+@pytest.mark.parametrize("page_size,policy", [(1, "streamingllm"), (1, "h2o"), (16, "streamingllm"),
+                                              (16, "random")])
+def test_a_long_prompt_is_evicted_chunk_by_chunk_exactly(server_factory, hf_eager, page_size, policy):
+    """A 300-token prompt with budget 64 and chunks of 32: the row never holds more than 96 tokens;
+    the output equals the chunked masked reference (not the whole-prompt one), the report counts
+    the prompt tokens evicted in the prefill, none of which is reported cached; the same prompt
+    again reuses at most the first chunk from the radix cache and gives the same output."""
+    client = prefill_server(server_factory, page_size)
+    prompt, n, rid = random_ids(300, seed=900 + page_size + len(policy)), 40, f"prefill-{policy}-{page_size}"
+    window = 16 if policy == "h2o" else 0
+    out = generate(client, prompt, n, rid, {"policy": policy, "window": window})
+    cfg = config(policy, page_size)
+    assert out["output_ids"] == masked_greedy(hf_eager, prompt, n, cfg, rid=rid)[0]
+    whole = masked_greedy(hf_eager, prompt, n, EvictConfig(**{**cfg.to_dict(), "prefill_chunk": None}), rid=rid)[0]
+    assert whole != out["output_ids"]
+    report, meta = out["meta_info"]["kv_evict"][0], out["meta_info"]
+    assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt))
+    assert meta["prompt_tokens"] == len(prompt) and meta["cached_tokens"] == 0
+    again = generate(client, prompt, n, rid, {"policy": policy, "window": window})
+    assert again["output_ids"] == out["output_ids"]
+    assert 0 < again["meta_info"]["cached_tokens"] < BUDGET + CHUNK
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in client.server.log_text()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_turns_with_long_messages_continue_from_history_exactly(server_factory, hf_eager, page_size):
+    """Three turns whose new messages (80-120 tokens) are longer than a chunk: each turn continues
+    from the stored view of the one before and evicts during its own prefill, exactly as the
+    reference that runs the whole conversation with the same masks."""
+    client = prefill_server(server_factory, page_size)
+    rng = random.Random(31)
+    cfg = config("streamingllm", page_size)
+    prompt, n, rid, history = random_ids(150, seed=950 + page_size), 20, f"prefill-hist-{page_size}", None
+    for k in range(3):
+        out = generate(client, prompt, n, f"{rid}-{k}", {"policy": "streamingllm"})
+        expected, _, new_history = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history)
+        assert out["output_ids"] == expected, f"turn {k}"
+        report = out["meta_info"]["kv_evict"][0]
+        if k:
+            assert report["history_tokens"] == len(history[0]), f"turn {k}"
+            assert out["meta_info"]["cached_tokens"] == len(history[0])
+        start = (len(history[0]), len(history[1])) if k else ()
+        assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt), *start) > 0, f"turn {k}"
+        history = new_history
+        prompt = prompt + out["output_ids"] + [rng.randrange(10, 2000) for _ in range(rng.randrange(80, 120))]
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in client.server.log_text()
