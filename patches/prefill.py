@@ -22,6 +22,7 @@ from __future__ import annotations
 from array import array
 
 from .eviction import evict_rows
+from .server_args import prefill_chunk_problem
 from .state import state_of
 
 
@@ -64,10 +65,6 @@ def around_stash_chunked_request(original, scheduler, req):
 
 
 def unsupported_reason(scheduler) -> str:
-    """Why this scheduler cannot evict during prefill ("" when it can): chunks are SGLang's
-    chunked prefill, and the eviction between them reads the chunk's KV on the host's schedule."""
-    if not scheduler.chunked_prefill_size or scheduler.chunked_prefill_size <= 0:
-        return "prefill_chunk needs SGLang's chunked prefill (--chunked-prefill-size > 0)"
-    if scheduler.enable_overlap:
-        return "prefill_chunk needs --disable-overlap-schedule (the chunk's forward must have run)"
-    return ""
+    """Why this scheduler cannot evict during prefill ("" when it can), with the settings SGLang
+    resolved (`server_args.prefill_chunk_problem`)."""
+    return prefill_chunk_problem(scheduler.chunked_prefill_size or 0, not scheduler.enable_overlap)

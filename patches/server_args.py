@@ -160,7 +160,23 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         flag = FIELD_FLAGS.get(m.group(1), "--kv-evict") if m else "--kv-evict"
         _fail(f"argument {flag}: {e}")
     check_policy_fits_model(cfg, args)
+    if cfg.prefill_chunk is not None:
+        problem = prefill_chunk_problem(getattr(args, "chunked_prefill_size", None),
+                                        getattr(args, "disable_overlap_schedule", False))
+        if problem:
+            _fail(f"argument --kv-evict-config: {problem}")
     return cfg
+
+
+def prefill_chunk_problem(chunked_prefill_size, overlap_disabled: bool) -> str:
+    """Why eviction during prefill cannot run with these SGLang settings ("" when it can): its
+    chunks are SGLang's chunked prefill, and the eviction between two chunks needs the first
+    chunk's forward to have run (no overlap scheduler)."""
+    if chunked_prefill_size is not None and chunked_prefill_size <= 0:
+        return "prefill_chunk needs SGLang's chunked prefill (--chunked-prefill-size > 0)"
+    if not overlap_disabled:
+        return "prefill_chunk needs --disable-overlap-schedule (a chunk's forward must have run before its eviction)"
+    return ""
 
 
 def check_model_supported(cfg: EvictConfig, server_args) -> None:

@@ -140,6 +140,9 @@ class Request:
     """
 
     def __init__(self, model, cfg: EvictConfig, rid: str = "", history: Row = EMPTY) -> None:
+        if cfg.prefill_chunk is not None:
+            raise ValueError(f"EvictConfig.prefill_chunk {cfg.prefill_chunk}: the fast reference prefills "
+                             "whole prompts; eviction during prefill is defined by sgl_vtoken.hf_reference")
         self.model, self.cfg, self.rid = model, cfg, stable_id(rid)
         self.policy = policy_from_config(cfg) if cfg.enabled else None
         self.acc = self.policy.new_accumulator() if self.policy is not None else None

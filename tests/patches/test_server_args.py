@@ -71,6 +71,18 @@ def test_flags_build_the_config(parse):
      "argument --kv-evict-config: score_layers [1, 99] must be layer ids < 2 (the model's layers)"),
     (["--model-path", "/nonexistent", "--kv-evict", "streamingllm", "--kv-budget", "64"],
      "argument --kv-evict: cannot read the config of --model-path '/nonexistent'"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-config", '{"prefill_chunk": 32}'],
+     "argument --kv-evict-config: prefill_chunk needs --disable-overlap-schedule"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-config", '{"prefill_chunk": 32}',
+      "--disable-overlap-schedule", "--chunked-prefill-size", "-1"],
+     "argument --kv-evict-config: prefill_chunk needs SGLang's chunked prefill (--chunked-prefill-size > 0)"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--page-size", "16", "--kv-evict-config",
+      '{"prefill_chunk": 24}', "--disable-overlap-schedule"],
+     "argument --kv-evict-config: EvictConfig.prefill_chunk must be a multiple of page_size 16"),
+    (["--kv-evict", "streamingllm", "--kv-budget", "64", "--max-total-tokens", "100", "--kv-evict-config",
+      '{"prefill_chunk": 64}', "--disable-overlap-schedule"],
+     "argument --kv-evict-config: prefill_chunk 64: a prefill evicting request holds up to budget + "
+     "prefill_chunk + page_size = 129 KV tokens, more than the pool's 100"),
 ])
 def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
     with pytest.raises(SystemExit) as e:

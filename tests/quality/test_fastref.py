@@ -91,3 +91,10 @@ def test_load_model_is_required_for_attention_statistics(tiny_eager):
     cfg = EvictConfig(policy="tova", budget=48, sink=4)
     with pytest.raises(RuntimeError, match="load_model"):
         Request(tiny_eager, cfg).start(prefill(tiny_eager, ids(60, 1), 16))
+
+
+def test_eviction_during_prefill_is_refused_not_ignored(tiny_fast):
+    """The fast reference prefills whole prompts: a `prefill_chunk` setting is an error."""
+    cfg = EvictConfig(policy="streamingllm", budget=48, sink=4, prefill_chunk=32)
+    with pytest.raises(ValueError, match="prefill_chunk 32: the fast reference prefills whole prompts"):
+        Request(tiny_fast, cfg)
