@@ -4,8 +4,9 @@ backend) against stock SGLang and `--kv-evict streamingllm`, side by side in one
 
     python scripts/bench_multiturn.py --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
 
-Cells: stock and streamingllm (budget below the system prompt; interval 1 at page size 1, 16 at
-page size 16) at each page size, on one fixed pool, every cell the same dataset. Each repeat runs
+Cells: stock, streamingllm (budget below the system prompt; interval 1 at page size 1, 16 at
+page size 16) and streamingllm with eviction during prefill (`prefill_chunk`) at each page size,
+on one fixed pool, every cell the same dataset, none with the overlap scheduler. Each repeat runs
 every cell once, in order. JSON lines: one per (cell, repeat), see `sgl_vtoken.bench.multiturn`.
 """
 
@@ -30,7 +31,7 @@ def table(lines: list[dict], args) -> str:
     out = [f"`python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name generated-shared-prefix` "
            f"({w['groups']} groups x {w['prompts_per_group']} conversations, {w['turns']} turns, system prompt "
            f"{w['system_len']}, questions {w['question_len']}, replies {w['output_len']} tokens, all sent at once), "
-           f"tiny model on CPU, pool {lines[0]['pool']} tokens, {args.repeats} repeat(s); "
+           f"tiny model on CPU, pool {lines[0]['pool']} tokens, no overlap scheduler, {args.repeats} repeat(s); "
            f"`python scripts/bench_multiturn.py`. Raw lines: `{args.out}`.", "",
            "| server | output tok/s | mean TTFT (ms) | mean TPOT (ms) | completed | prefilled tokens | "
            "cached tokens | peak running | retractions |", "|---" * 9 + "|"]
@@ -56,6 +57,8 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--pool", type=int, default=2048, help="--max-total-tokens of every server")
     p.add_argument("--page-sizes", default="1,16")
+    p.add_argument("--prefill-chunk", type=int, default=256,
+                   help="prefill_chunk of the cells that evict during prefill (0: no such cells)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--prompts-per-group", type=int, default=8)
@@ -71,7 +74,7 @@ def main() -> None:
                     args.turns)
     lines = []
     for repeat in range(args.repeats):
-        for cell in cells(args.budget, tuple(int(x) for x in args.page_sizes.split(","))):
+        for cell in cells(args.budget, tuple(int(x) for x in args.page_sizes.split(",")), args.prefill_chunk or None):
             print(f"[bench_multiturn] repeat {repeat}: {cell.label}", file=sys.stderr)
             line = {"repeat": repeat, **run_cell(cell, model, model, work, args.pool)}
             lines.append(line)

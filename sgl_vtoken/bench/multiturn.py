@@ -53,6 +53,9 @@ class Workload:
                 "--seed", str(self.seed)]
 
 
+NO_OVERLAP = ("--disable-overlap-schedule",)
+
+
 @dataclass(frozen=True)
 class Cell:
     """One server configuration: `flags` after the CPU defaults; `label` names it in tables."""
@@ -64,13 +67,18 @@ class Cell:
 
 def cells(budget: int, page_sizes: tuple[int, ...], prefill_chunk: int | None = None) -> list[Cell]:
     """Stock vs `--kv-evict streamingllm --kv-budget budget` (interval 1 at page size 1, a page
-    above) at each page size."""
+    above) at each page size, and with `prefill_chunk` the same with eviction during prefill.
+    Every cell runs without the overlap scheduler, which eviction during prefill needs, so a
+    comparison changes the eviction settings only."""
     out = []
     for ps in page_sizes:
-        out.append(Cell(f"stock, page {ps}", ps))
+        out.append(Cell(f"stock, page {ps}", ps, NO_OVERLAP))
         evict = ("--kv-evict", "streamingllm", "--kv-budget", str(budget),
-                 "--kv-evict-interval", str(1 if ps == 1 else ps))
+                 "--kv-evict-interval", str(1 if ps == 1 else ps), *NO_OVERLAP)
         out.append(Cell(f"streamingllm b{budget}, page {ps}", ps, evict))
+        if prefill_chunk:
+            out.append(Cell(f"streamingllm b{budget} + prefill chunk {prefill_chunk}, page {ps}", ps,
+                            (*evict, "--kv-evict-config", json.dumps({"prefill_chunk": prefill_chunk}))))
     return out
 
 
