@@ -5,6 +5,7 @@ prompt, a cached one and a turn continuing from a stored history; SGLang's memor
 
 import json
 import random
+import threading
 
 import pytest
 
@@ -38,6 +39,21 @@ def prefill_evictions(prompt_len: int, pos: int = 0, row: int = 0) -> int:
     while pos + peak - row < prompt_len:
         pos, row, n = pos + peak - row, BUDGET, n + CHUNK
     return n
+
+
+def test_the_reference_never_lets_a_prompt_token_see_more_than_the_peak(hf_eager):
+    """The oracle itself: with prefill_chunk every prompt token attends to at most
+    budget + prefill_chunk tokens (itself included), the row is cut to the budget at each chunk's
+    end, and a prompt that fits under the peak is prefilled whole, as without the setting."""
+    cfg = config("h2o", 1)
+    prompt = random_ids(200, seed=990)
+    _, _, (allowed, _) = masked_turn(hf_eager, prompt, 4, cfg, rid="ref")
+    sizes = [len(a) for a in allowed[:len(prompt)]]
+    assert max(sizes) == BUDGET + CHUNK and sizes[BUDGET + CHUNK] == BUDGET + 1
+    assert all(a == sorted(set(a)) and a[-1] == i for i, a in enumerate(allowed[:len(prompt)]))
+    short = prompt[:BUDGET + CHUNK]
+    whole = EvictConfig(**{**cfg.to_dict(), "prefill_chunk": None})
+    assert masked_turn(hf_eager, short, 8, cfg, rid="ref")[0] == masked_turn(hf_eager, short, 8, whole, rid="ref")[0]
 
 
 @pytest.mark.parametrize("page_size,policy", [(1, "streamingllm"), (1, "h2o"), (16, "streamingllm"),
@@ -87,6 +103,34 @@ def test_turns_with_long_messages_continue_from_history_exactly(server_factory, 
         assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt), *start) > 0, f"turn {k}"
         history = new_history
         prompt = prompt + out["output_ids"] + [rng.randrange(10, 2000) for _ in range(rng.randrange(80, 120))]
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in client.server.log_text()
+
+
+def test_concurrent_long_prompts_share_a_system_prompt_exactly(server_factory, hf_eager):
+    """Six requests at once, each a shared 200-token system prompt + its own 100 tokens, at page
+    size 16: SGLang carries one chunked prefill at a time, so the others wait their turn; every
+    output equals its chunked masked reference (a cached system prompt is reused only inside the
+    first chunk), and the pool is whole afterwards under SGLang's checkers."""
+    client = prefill_server(server_factory, 16)
+    system, n = random_ids(200, seed=991), 24
+    prompts = [system + random_ids(100, seed=1000 + i) for i in range(6)]
+    results = [None] * len(prompts)
+
+    def one(i):
+        results[i] = generate(client, prompts[i], n, f"prefill-conc-{i}", {"policy": "streamingllm"})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cfg = config("streamingllm", 16)
+    for i, out in enumerate(results):
+        assert out["output_ids"] == masked_greedy(hf_eager, prompts[i], n, cfg, rid=f"prefill-conc-{i}")[0], i
+        assert out["meta_info"]["cached_tokens"] < BUDGET + CHUNK
+    assert any(out["meta_info"]["cached_tokens"] > 0 for out in results)
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
