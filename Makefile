@@ -30,7 +30,8 @@ test: $(STAMP)
 # No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model, 3 repeats): rewrites
 # docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and docs/img/bench_*.png
 # (about 15 to 30 minutes on two shared cores); then SGLang's own multi-turn chat benchmark,
-# stock vs streamingllm at page sizes 1 and 16 (2 repeats, about 10 minutes): rewrites
+# stock vs streamingllm without and with eviction during prefill, at page sizes 1 and 16 (2 repeats,
+# about 15 minutes): rewrites
 # docs/results/multiturn.jsonl and the multiturn section of docs/RESULTS.md.
 bench: $(STAMP)
 	$(PY) scripts/bench_matrix.py
