@@ -1,7 +1,9 @@
-"""Servers for end-to-end tests: started once per test session per configuration, always stopped."""
+"""Servers for end-to-end tests: started once per test session per configuration, always stopped;
+the tiny model's Hugging Face reference and KVP checkpoint, shared by every file."""
 
 import pytest
 import requests
+import torch
 
 from sgl_vtoken.launcher import ServerProcess, cpu_server_args
 
@@ -38,6 +40,8 @@ MEMORY_CHECKS = {
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
 }
 MAX_ALIVE = 2  # each CPU server takes ~3 GB: keep the most recently used ones only
+# besides the stock servers (tiny model, no extra flags, default checks and pool), which test
+# files far apart share: they stay up for the whole session (a start costs about a minute)
 
 
 @pytest.fixture(scope="session")
@@ -45,32 +49,61 @@ def server_factory(tiny_model):
     """`server_factory(page_size=16, extra=(...), env={...}, pool=4096, model=None)` -> Client.
 
     One server per distinct configuration (model: the tiny model unless a path is given), started
-    on first use; the least recently used one is stopped when more than `MAX_ALIVE` would run.
-    All are stopped at the end of the session; `server_factory.stop(client)` stops one earlier.
+    on first use; the least recently used one is stopped when more than `MAX_ALIVE` would run
+    (stock servers not counted). All are stopped at the end of the session;
+    `server_factory.stop(client)` stops one earlier.
     """
     started: dict[tuple, ServerProcess] = {}
+    stock: dict[tuple, ServerProcess] = {}
 
     def get(page_size: int = 1, extra: tuple[str, ...] = (), env: dict | None = None,
             pool: int = 4096, model=None) -> Client:
         env = MEMORY_CHECKS if env is None else env
         model = tiny_model if model is None else model
         key = (str(model), page_size, tuple(extra), tuple(sorted(env.items())), pool)
-        if key in started:
-            started[key] = started.pop(key)  # most recently used last
+        servers = stock if (model, tuple(extra), env, pool) == (tiny_model, (), MEMORY_CHECKS, 4096) else started
+        if key in servers:
+            servers[key] = servers.pop(key)  # most recently used last
         else:
-            while len(started) >= MAX_ALIVE:
+            while servers is started and len(started) >= MAX_ALIVE:
                 started.pop(next(iter(started))).stop()
             args = cpu_server_args(model, max_total_tokens=pool, page_size=page_size)
             args += ["--dtype", "float32", "--enable-cache-report", *extra]
-            started[key] = ServerProcess(args, env=env).start()
-        return Client(started[key])
+            servers[key] = ServerProcess(args, env=env).start()
+        return Client(servers[key])
 
     def stop(client: Client) -> None:
-        for key, server in list(started.items()):
-            if server is client.server:
-                started.pop(key).stop()
+        for servers in (started, stock):
+            for key, server in list(servers.items()):
+                if server is client.server:
+                    servers.pop(key).stop()
 
     get.stop = stop
     yield get
-    for server in started.values():
+    for server in [*started.values(), *stock.values()]:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def hf_eager(tiny_model):
+    """The tiny model in Hugging Face with eager attention (the masked reference reads its
+    probabilities), loaded once per session."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="session")
+def kvp_checkpoint(hf_eager, tmp_path_factory):
+    """A KVP scorer trained in seconds on traces of the random-weight tiny model (exactness does
+    not need a good scorer, only the same one on both sides)."""
+    from sgl_vtoken.kvp import KVPScorer, save_checkpoint
+    from sgl_vtoken.kvp_traces import collect
+    from sgl_vtoken.kvp_train import train
+
+    seqs = torch.randint(10, 2000, (4, 128), generator=torch.Generator().manual_seed(900))
+    tr = collect(hf_eager, seqs, torch.tensor([48, 64, 80]), horizon=32, meta={})
+    scorer = KVPScorer(tr.identity, hidden=16, seed=0)
+    train(scorer, tr, steps=30, seed=0, batch=4)
+    return str(save_checkpoint(scorer, tmp_path_factory.mktemp("kvp") / "kvp.safetensors"))

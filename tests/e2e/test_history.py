@@ -8,31 +8,29 @@ import threading
 
 import pytest
 
-from conftest import MEMORY_CHECKS
 from sgl_vtoken.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.config import EvictConfig
-from test_eviction import generate, hf_eager, kvp_checkpoint, random_ids, wait_pool_free  # noqa: F401
+from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import evict_server
 
 pytestmark = pytest.mark.server
 
-BUDGET, SINK = 48, 4
-FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-sink", str(SINK))
+BUDGET, SINK = 48, 4  # the servers' sinks; the budget comes with each request
 
 
 @pytest.fixture
-def client(server_factory):
-    """The page-1 server, started again if the factory stopped it for other configurations."""
-    return server_factory(page_size=1, extra=FLAGS, env=MEMORY_CHECKS)
+def client(server_factory, kvp_checkpoint):
+    """The exactness matrix's page-1 server (started again if the factory stopped it)."""
+    return evict_server(server_factory, kvp_checkpoint, 1)
 
 
-def run_session(client, first, messages, n, policy, rid):
+def run_session(client, first, messages, n, policy, rid, interval=1):
     """Turns of one conversation: each prompt is the previous prompt + reply + a new message."""
     prompt, turns = list(first), []
     for k, message in enumerate([[]] + messages):
         if k:
             prompt = prompt + turns[-1]["output_ids"] + message
-        out = generate(client, prompt, n, f"{rid}-{k}", {"policy": policy, "budget": BUDGET})
+        out = generate(client, prompt, n, f"{rid}-{k}", {"policy": policy, "budget": BUDGET, "interval": interval})
         turns.append({"prompt": prompt, **out})
     return turns
 
@@ -70,10 +68,10 @@ def test_six_turns_continue_from_compacted_history_exactly(client, hf_eager, pol
 @pytest.mark.parametrize("policy,interval", [("streamingllm", 16), ("random", 1), ("h2o", 1)])
 def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(server_factory, hf_eager,
                                                                       kvp_checkpoint, policy, interval):
-    """Page size 16 (the exactness matrix's servers): every turn continues from the previous
+    """Page size 16 (the exactness matrix's server): every turn continues from the previous
     turn's stored view, whose partial last page is copied into the new turn's own page, and
     generates exactly what HF generates over the whole conversation with the same masks."""
-    client = evict_server(server_factory, kvp_checkpoint, 16, interval)
+    client = evict_server(server_factory, kvp_checkpoint, 16)
     budget, window = 64, 16 if policy == "h2o" else 0
     rng = random.Random(11)
     first = random_ids(70, seed=170 + interval)
@@ -83,7 +81,7 @@ def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(server_fac
     for k, message in enumerate([[]] + messages):
         if k:
             prompt = prompt + turns[-1]["output_ids"] + message
-        out = generate(client, prompt, n, f"{rid}-{k}", {"policy": policy, "window": window})
+        out = generate(client, prompt, n, f"{rid}-{k}", {"policy": policy, "window": window, "interval": interval})
         turns.append({"prompt": prompt, **out})
     cfg = EvictConfig(policy=policy, budget=budget, sink=4, window=window, interval=interval, page_size=16)
     history = None
@@ -111,16 +109,17 @@ def test_a_prompt_that_leaves_the_history_continues_from_the_view_cut_there(requ
     id: it reuses the view's entries before that point, prefills the rest, and generates exactly
     what HF generates with that cut history; its own history is stored for the turn after."""
     client = (request.getfixturevalue("client") if page_size == 1
-              else evict_server(server_factory, kvp_checkpoint, 16, 16))
+              else evict_server(server_factory, kvp_checkpoint, 16))
     budget, interval = (BUDGET, 1) if page_size == 1 else (64, 16)
+    kv = {"policy": "streamingllm", "budget": budget, "interval": interval}
     cfg = EvictConfig(policy="streamingllm", budget=budget, sink=SINK, interval=interval, page_size=page_size)
     first, n, rid = random_ids(70, seed=270 + page_size), 40, f"cut-{page_size}"
-    turn1 = generate(client, first, n, f"{rid}-0", {"policy": "streamingllm"})
+    turn1 = generate(client, first, n, f"{rid}-0", kv)
     reply = list(turn1["output_ids"])
     cut = len(first) + 30                                   # the 31st reply token comes back changed
     reply[30] = reply[30] % 1000 + 7 if reply[30] % 1000 + 7 != reply[30] else reply[30] + 1
     prompt = first + reply + [11, 12, 13, 14, 15]
-    turn2 = generate(client, prompt, n, f"{rid}-1", {"policy": "streamingllm"})
+    turn2 = generate(client, prompt, n, f"{rid}-1", kv)
     expected1, _, history = masked_turn(hf_eager, first, n, cfg, rid=f"{rid}-0")
     assert turn1["output_ids"] == expected1
     view = [q for q in history[1] if q < cut]
@@ -132,7 +131,7 @@ def test_a_prompt_that_leaves_the_history_continues_from_the_view_cut_there(requ
     assert turn2["output_ids"] == expected2
     # Turn 2's own history was stored on its new branch: turn 3 continues from all of it.
     prompt3 = prompt + turn2["output_ids"] + [21, 22, 23]
-    turn3 = generate(client, prompt3, n, f"{rid}-2", {"policy": "streamingllm"})
+    turn3 = generate(client, prompt3, n, f"{rid}-2", kv)
     assert turn3["meta_info"]["kv_evict"][0]["history_tokens"] == len(history2[0])
     assert turn3["output_ids"] == masked_turn(hf_eager, prompt3, n, cfg, rid=f"{rid}-2", history=history2)[0]
     st = wait_pool_free(client)
@@ -158,15 +157,17 @@ def test_concurrent_sessions_share_the_system_prompt_without_leaks(request, serv
     """8 sessions x 4 turns at once, sharing a 200-token system prompt: every later turn reuses
     its history, the pool is whole afterwards, and SGLang's checkers stay quiet."""
     client = (request.getfixturevalue("client") if page_size == 1
-              else evict_server(server_factory, kvp_checkpoint, 16, 16))
+              else evict_server(server_factory, kvp_checkpoint, 16))
+    interval = 1 if page_size == 1 else 16
     system = random_ids(200, seed=90)
-    generate(client, system + [1, 2], 24, "warm-system", {"policy": "streamingllm", "budget": BUDGET})
+    generate(client, system + [1, 2], 24, "warm-system", {"policy": "streamingllm", "budget": BUDGET,
+                                                          "interval": interval})
     results = [None] * 8
 
     def one(i):
         rng = random.Random(i)
         msgs = [[rng.randrange(10, 2000) for _ in range(8)] for _ in range(3)]
-        results[i] = run_session(client, system + [3 + i], msgs, 20, "streamingllm", f"conc-{i}")
+        results[i] = run_session(client, system + [3 + i], msgs, 20, "streamingllm", f"conc-{i}", interval)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
     for t in threads:

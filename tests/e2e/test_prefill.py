@@ -12,7 +12,7 @@ import pytest
 from conftest import MEMORY_CHECKS
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.hf_reference import masked_greedy, masked_turn
-from test_eviction import generate, hf_eager, random_ids, wait_pool_free  # noqa: F401
+from test_eviction import generate, random_ids, wait_pool_free
 
 pytestmark = pytest.mark.server
 
