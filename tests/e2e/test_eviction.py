@@ -102,6 +102,7 @@ def test_invalid_request_settings_are_rejected_naming_the_field(server_factory):
              ({"policy": "random", "budget": True}, "kv_evict.budget must be an integer"),
              ({"policy": "random", "budget": None}, "kv_evict.budget is required"),
              ({"policy": "random", "budget": 64, "sink": -1}, "kv_evict.sink must be >= 0"),
+             ({"policy": "random", "budget": 64, "interval": 0}, "kv_evict.interval must be >= 1"),
              ({"policy": "random", "budget": 40000}, "kv_evict.budget: must be <= the model's context length"),
              ({"policy": "random", "budget": 5000},  # fits the context, not the 4096-token pool
               "kv_evict.budget 5000: an evicting request holds up to budget + interval + page_size = 5002"),
