@@ -31,7 +31,7 @@ test: $(STAMP)
 # docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and docs/img/bench_*.png
 # (about 15 to 30 minutes on two shared cores); then SGLang's own multi-turn chat benchmark,
 # stock vs streamingllm without and with eviction during prefill, at page sizes 1 and 16 (2 repeats,
-# about 15 minutes): rewrites
+# about 35 minutes): rewrites
 # docs/results/multiturn.jsonl and the multiturn section of docs/RESULTS.md.
 bench: $(STAMP)
 	$(PY) scripts/bench_matrix.py

@@ -54,8 +54,8 @@ def table(lines: list[dict], args) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
-    p.add_argument("--budget", type=int, default=256)
-    p.add_argument("--pool", type=int, default=2048, help="--max-total-tokens of every server")
+    p.add_argument("--budget", type=int, default=128)
+    p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens of every server")
     p.add_argument("--page-sizes", default="1,16")
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="prefill_chunk of the cells that evict during prefill (0: no such cells)")
@@ -63,9 +63,9 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--prompts-per-group", type=int, default=8)
     p.add_argument("--system-len", type=int, default=512)
-    p.add_argument("--question-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--question-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--turns", type=int, default=4)
     p.add_argument("--out", default=None, help="append the JSON lines here too")
     p.add_argument("--results-md", type=Path, default=None, help="rewrite its multiturn section")
     args = p.parse_args()
