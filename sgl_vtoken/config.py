@@ -60,6 +60,14 @@ class EvictConfig:
             policies score with that chunk's last `obs_window` queries), so a request never holds
             more than ``budget + prefill_chunk`` tokens of KV. A multiple of `page_size`, above
             `interval`; `budget` must then be a multiple of `page_size` too.
+        offload: evicted tokens' K/V (every layer) go to the host store owned by the request's
+            stored history instead of being dropped (docs/design.md, "Host tier and recall").
+            Needs `host_tokens`; served at page size 1, without `prefill_chunk`.
+        host_tokens: capacity of the server's host store in tokens (0: no host store). When
+            full, the stores of the least recently used stored histories are released first.
+        recall: tokens a new turn may bring back from its history's host store (0: offload
+            only). Scored after the new message's prefill by its last `obs_window` queries; the
+            recalled tokens are kept for the rest of the turn, within `budget`.
     """
 
     policy: str = DISABLED
@@ -77,6 +85,9 @@ class EvictConfig:
     score_layers: tuple[int, ...] | None = None
     reuse_history: bool = True
     prefill_chunk: int | None = None
+    offload: bool = False
+    host_tokens: int = 0
+    recall: int = 0
 
     def __post_init__(self) -> None:
         from sgl_vtoken.policies import POLICIES  # lazy: policies import nothing from here
@@ -106,10 +117,15 @@ class EvictConfig:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
         if self.prefill_chunk is not None:
             _check_int("prefill_chunk", self.prefill_chunk, 1)
+        _check_int("host_tokens", self.host_tokens, 0)
+        _check_int("recall", self.recall, 0)
+        if not isinstance(self.offload, bool):
+            raise ValueError(f"EvictConfig.offload must be true or false (got {self.offload!r})")
         if not self.enabled:
             return
         if self.prefill_chunk is not None:
             self._check_prefill_chunk()
+        self._check_offload()
         floor = self.sink_tokens + self.window + self.page_size
         if self.budget is None:
             raise ValueError(f"EvictConfig.budget is required when policy={self.policy!r}")
@@ -123,6 +139,25 @@ class EvictConfig:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"EvictConfig.params {dict(self.params)} do not fit policy "
                              f"{self.policy!r}: {exc}") from None
+
+    def _check_offload(self) -> None:
+        if self.recall and not self.offload:
+            raise ValueError(f"EvictConfig.recall {self.recall} needs offload: true (recalled tokens come "
+                             "from the host store)")
+        if not self.offload:
+            return
+        if self.host_tokens < 1:
+            raise ValueError("EvictConfig.offload needs host_tokens >= 1: the server's host store "
+                             "capacity (--kv-evict-config '{\"host_tokens\": N}')")
+        if self.page_size != 1:
+            raise ValueError(f"EvictConfig.offload is served at page_size 1 (got {self.page_size})")
+        if self.prefill_chunk is not None:
+            raise ValueError("EvictConfig.offload cannot run with prefill_chunk (the prompt's evicted "
+                             "tokens would not reach the host store)")
+        if self.budget is not None and self.sink_tokens + self.window + self.recall + 1 > self.budget:
+            raise ValueError(f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
+                             f"recall + 1 = {self.sink_tokens} + {self.window} + {self.recall} + 1 > "
+                             f"budget {self.budget}")
 
     def _check_prefill_chunk(self) -> None:
         c, ps = self.prefill_chunk, self.page_size
@@ -170,7 +205,8 @@ class EvictConfig:
         params = json.dumps(dict(self.params), sort_keys=True)
         return (f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
                 f":i{self.interval}:p{self.page_size}:seed{self.seed}:{self.aggregation}"
-                f":o{self.obs_window}:l{self.score_layers}:c{self.prefill_chunk}:{params}")
+                f":o{self.obs_window}:l{self.score_layers}:c{self.prefill_chunk}"
+                f":off{int(self.offload)}:r{self.recall}:{params}")
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

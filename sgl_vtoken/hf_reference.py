@@ -16,10 +16,14 @@ exact by construction, O(steps x length) forwards, meant for tests and short cro
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+
 import torch
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies import policy_from_config
+from sgl_vtoken.recall import candidate_mass, pick
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
 
@@ -64,7 +68,10 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     (causally), as when the server continues from the stored view. With `cfg.prefill_chunk` the
     prompt is prefilled in chunks, the row evicted to the budget whenever it reaches
     ``budget + prefill_chunk`` with prompt tokens left; each chunk's last `obs_window` queries
-    score that eviction.
+    score that eviction. With `cfg.recall` (host tier) the tokens with KV that the view lacks
+    are candidates: after the prompt, its window queries score them (`sgl_vtoken.recall`) and the
+    best `recall` join the row's end before the first decode step, kept for the rest of the turn;
+    the view stored for the next turn leaves them out (they stay candidates).
     """
     policy = policy_from_config(cfg) if cfg.enabled else None
     acc = policy.new_accumulator() if policy is not None else None
@@ -73,6 +80,10 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     row = [] if history is None else list(history[1])
     allowed = [] if history is None else [list(a) for a in history[0]]
     steps = 0
+    # Host tier: every token with KV that the view lacks was evicted and offloaded, so all of
+    # them are recall candidates (a host store large enough never drops one).
+    candidates = [p for p in range(start) if p not in set(row)] if cfg.enabled and cfg.recall else []
+    pinned: list[int] = []
 
     def evict(res, row: list[int]) -> list[int]:
         """`row` evicted to the budget by the policy, given the forward `res` over its tokens."""
@@ -87,8 +98,9 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
             v = torch.stack([cache.layers[i].values[0] for i in range(len(cache.layers))])
             values = v[:, :, row].permute(2, 0, 1, 3)
         pos = torch.tensor(row)
+        shared = (pos < tree_owned) | torch.isin(pos, torch.tensor(pinned, dtype=torch.int64))
         view = TokenView(positions=pos, keys=keys, attn=acc.stats if acc is not None else None,
-                         shared=pos < tree_owned, rid=stable_id(rid), step=steps, values=values)
+                         shared=shared, rid=stable_id(rid), step=steps, values=values)
         keep = policy.keep(view, cfg.budget)
         if acc is not None:
             acc.select(keep)
@@ -116,23 +128,70 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
         observe(res, pos, end)
         row = evict(res, row)
         pos = end
-    out = []
+    out, recalled = [], []
     for k in range(max_new_tokens):
-        res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
-                    output_attentions=acc is not None)
+        with _queries(model, k == 0 and bool(candidates)) as queries:
+            res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
+                        output_attentions=acc is not None)
         if k == 0:  # the last prompt chunk's observation window
             observe(res, pos, len(prompt))
+            if candidates:
+                window = min(cfg.obs_window, len(prompt) - max(pos, cached))
+                recalled = _recall(res, queries, candidates, row, list(range(len(prompt) - window, len(prompt))),
+                                   cfg)
         elif acc is not None:  # the new token's query
             acc.update(*_group_probs(res.attentions, [len(ids) - 1], row, model.config, cfg))
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
         t = len(ids)
         ids.append(nxt)
+        if recalled:  # back from the host tier: the row's end, kept for the rest of the turn
+            row, pinned = row + recalled, pinned + recalled
+            if acc is not None:
+                acc.append_rows(len(recalled))
+            recalled = []
         if policy is not None and cfg.should_evict(len(row)):
             row = evict(res, row)
         row.append(t)
         allowed.append(list(row))
-    return out, row, (allowed[:-1], allowed[-2])
+    view = [p for p in allowed[-2] if p not in set(pinned)]  # recalled tokens serve this turn only
+    return out, row, (allowed[:-1], view)
+
+
+@contextmanager
+def _queries(model, on: bool):
+    """While on: collect each layer's post-RoPE queries ``[1, hq, T, d]`` and attention scale,
+    as ``(query, scale)`` per layer in order (Llama-style modules calling the module-level
+    `eager_attention_forward`)."""
+    got: list = []
+    if not on:
+        yield got
+        return
+    mod = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    original = mod.eager_attention_forward
+
+    def capture(module, query, *args, **kwargs):
+        got.append((query, kwargs.get("scaling", module.scaling)))
+        return original(module, query, *args, **kwargs)
+
+    mod.eager_attention_forward = capture
+    try:
+        yield got
+    finally:
+        mod.eager_attention_forward = original
+
+
+def _recall(res, queries, candidates: list[int], row: list[int], window: list[int], cfg: EvictConfig) -> list[int]:
+    """The `cfg.recall` candidates the window's queries recall (`sgl_vtoken.recall`), ascending."""
+    scores = torch.zeros(len(candidates))
+    lengths = torch.tensor([row.index(t) + 1 for t in window])
+    for layer, (q, scale) in enumerate(queries):
+        if cfg.score_layers is not None and layer not in cfg.score_layers:
+            continue
+        keys = res.past_key_values.layers[layer].keys[0]                 # [hkv, T, d]
+        scores += candidate_mass(q[0][:, window].transpose(0, 1), keys[:, row].transpose(0, 1), lengths,
+                                 keys[:, candidates].transpose(0, 1), scale)
+    return [candidates[i] for i in pick(scores, torch.tensor(candidates), cfg.recall).tolist()]
 
 
 def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig):

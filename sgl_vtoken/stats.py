@@ -87,6 +87,12 @@ class _RowStats:
         if self.state is not None:
             self.state = self.state[keep]
 
+    def append_rows(self, k: int) -> None:
+        """`k` entries joined the row's end without being attended yet (recalled tokens): their
+        statistic starts at zero."""
+        if self.state is not None and k:
+            self.state = torch.cat([self.state, self.state.new_zeros((k, *self.state.shape[1:]))])
+
     @property
     def stats(self) -> torch.Tensor | None:
         """``[n, L, H]`` float statistic for ``TokenView.attn`` (higher = more important)."""

@@ -61,6 +61,7 @@ class EvictRow:
         budget: tokens kept.  cpl: tree-owned prefix (never moved or freed by the row).
         shared: the tree-owned prefix must be kept (False: its victims leave the row's view).
         rid, step: seeded policies' keys.  attn: ``[L, layers, H]`` statistic (attention policies).
+        pinned: ``[L] bool`` entries kept like sinks (recalled tokens), or None.
     """
 
     row: int
@@ -73,6 +74,7 @@ class EvictRow:
     rid: int = 0
     step: int = 0
     attn: torch.Tensor | None = None
+    pinned: torch.Tensor | None = None
 
 
 @dataclass
@@ -128,6 +130,10 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     scores = _scores(rows, pool, positions, valid, raw, rid, steps)
     must = valid & ((positions < sink[:, None]) | (j >= (lengths - window)[:, None])
                     | (j < shared[:, None]))
+    if any(r.pinned is not None for r in rows):
+        pinned = pad_sequence([torch.zeros(r.length, dtype=torch.bool) if r.pinned is None else r.pinned
+                               for r in rows], batch_first=True)
+        must |= _to(pinned, dev) & valid
     scores = torch.nan_to_num(scores, nan=-torch.inf).masked_fill(must, torch.inf)
     keep = _top(scores.masked_fill(~valid, -torch.inf), lengths, torch.minimum(budget, lengths))
     plan = index_plan(keep, lengths, cpl, positions, ps)
@@ -137,7 +143,7 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     if bool(over_h.gt(0).any()):
         b = int(over_h.gt(0).nonzero()[0])
         raise ValueError(f"budget {rows[b].budget} is smaller than the {rows[b].budget + int(over_h[b])} "
-                         f"tokens policy {rows[b].policy.name!r} must keep (sinks, window, shared)")
+                         f"tokens policy {rows[b].policy.name!r} must keep (sinks, window, shared, recalled)")
     counts = dict(zip(SUMMARY, summary_h.t().tolist()))
     return Decision(rows, keep_h, counts, plan, raw, lengths, cpl)
 

@@ -1,0 +1,32 @@
+"""Recall scoring (`sgl_vtoken.recall`) against a direct computation, and its selection rule."""
+
+import torch
+
+from sgl_vtoken.recall import candidate_mass, dedupe, pick
+
+
+def test_candidate_mass_is_the_joint_softmax_mass_of_the_candidates():
+    g = torch.Generator().manual_seed(0)
+    nq, hq, hkv, d, n, c = 3, 4, 2, 8, 7, 5
+    q, row, cand = (torch.randn(*s, generator=g) for s in ((nq, hq, d), (n, hkv, d), (c, hkv, d)))
+    lengths = torch.tensor([5, 6, 7])
+    got = candidate_mass(q, row, lengths, cand, 0.3)
+    want = torch.zeros(c)
+    for j in range(nq):
+        for h in range(hq):
+            keys = torch.cat([row[:lengths[j], h // 2], cand[:, h // 2]])
+            p = torch.softmax(keys @ q[j, h] * 0.3, dim=0)
+            want += p[lengths[j]:]
+    torch.testing.assert_close(got, want)
+
+
+def test_pick_takes_the_best_and_breaks_ties_towards_the_later_position():
+    scores = torch.tensor([0.5, 0.9, 0.5, 0.1, 0.5])
+    assert pick(scores, torch.arange(5), 2).tolist() == [1, 4]
+    assert pick(scores, torch.arange(5), 9).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_dedupe_keeps_each_position_below_the_depth_once_and_not_the_views():
+    positions = torch.tensor([9, 3, 5, 3, 12, 7])
+    idx = dedupe(positions, below=10, exclude=torch.tensor([7]))
+    assert positions[idx].tolist() == [3, 5, 9] and idx.tolist() == [1, 2, 0]
