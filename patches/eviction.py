@@ -25,7 +25,7 @@ import torch
 
 from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
 
-from . import held
+from . import held, host_tier
 from .counters import counters_of
 from .model_support import kv_bytes_per_token
 from .observe import sample_held
@@ -45,12 +45,19 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
     if not c.bytes_per_token:  # first eviction on a server without a policy: read the pool now
         c.bytes_per_token = kv_bytes_per_token(scheduler.token_to_kv_pool_allocator.get_kvcache())
     sample_held(scheduler)  # rows as prefilled, before this step's eviction
-    seq_lens_cpu = batch.seq_lens_cpu
-    due = []
     for i, req, st in evicting:
         st.start_step()  # decoding again; a retraction later in this step resumes from here
         if st.accumulator is not None:
             st.fold_staged(getattr(scheduler, "tp_group", None))
+    grown = host_tier.recall_batch(scheduler, batch, lambda n: _alloc(scheduler, n), skip)
+    if grown:
+        delta = torch.zeros_like(batch.seq_lens_cpu)
+        for i, n in grown.items():
+            delta[i] = -n
+        _shift_lens(batch, delta)
+    seq_lens_cpu = batch.seq_lens_cpu
+    due = []
+    for i, req, st in evicting:
         row_len = int(seq_lens_cpu[i])
         if req not in skip and st.cfg.should_evict(row_len):
             due.append((req, st, row_len))
@@ -66,13 +73,17 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
         batch.batch_is_full = False
     if not any(evicted):
         return True
-    delta = seq_lens_cpu - new_lens
-    # New tensors: the in-flight forward (overlap scheduler) keeps reading the old ones.
-    batch.seq_lens_cpu = new_lens
+    _shift_lens(batch, seq_lens_cpu - new_lens)
+    return True
+
+
+def _shift_lens(batch, delta: torch.Tensor) -> None:
+    """Every row of `batch` is `delta[i]` entries shorter (negative: longer). New tensors: the
+    in-flight forward (overlap scheduler) keeps reading the old ones."""
+    batch.seq_lens_cpu = batch.seq_lens_cpu - delta
     batch.seq_lens = batch.seq_lens - delta.to(batch.seq_lens.device, batch.seq_lens.dtype)
     batch.orig_seq_lens = batch.orig_seq_lens - delta.to(batch.orig_seq_lens.device, batch.orig_seq_lens.dtype)
     batch.seq_lens_sum = None
-    return True
 
 
 def evict_rows(scheduler, due: list) -> list[int]:
@@ -98,6 +109,12 @@ def evict_rows(scheduler, due: list) -> list[int]:
                       tp_gather=None if tp_group is None or tp_group.world_size == 1
                       else lambda t, dim: tp_gather(t, tp_group, dim))
     d = decide(rows, view)
+    tier = host_tier.tier_of(tree)
+    if tier is not None and any(st.cfg.offload for _, st, _ in due):
+        host_tier.offload(tier, [(st, d.raw[b, :r.length][~d.keep[b, :r.length].to(d.raw.device)],
+                                  r.positions[~d.keep[b, :r.length]])
+                                 for b, ((_, st, _), r) in enumerate(zip(due, rows)) if st.cfg.offload],
+                          kvcache.k_buffer, kvcache.v_buffer)
     copies, active = [], []
     for b, (req, st, row_len) in enumerate(due):
         w, n_copy, cpl = d.counts["whole"][b], d.counts["copies"][b], rows[b].cpl
@@ -146,9 +163,11 @@ def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
     attn = st.accumulator.stats if st.accumulator is not None else None
     if attn is not None and attn.shape[0] != row_len:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
-    return EvictRow(row=req.kv.req_pool_idx, length=row_len, positions=st.positions(row_len),
+    positions = st.positions(row_len)
+    return EvictRow(row=req.kv.req_pool_idx, length=row_len, positions=positions,
                     policy=st.policy, budget=st.cfg.budget, cpl=req.kv.cache_protected_len,
-                    shared=not st.holed, rid=st.rid, step=st.steps, attn=attn)
+                    shared=not st.holed, rid=st.rid, step=st.steps, attn=attn,
+                    pinned=None if st.pinned is None else torch.isin(positions, st.pinned))
 
 
 def _record(st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tensor, to_free: list,

@@ -8,6 +8,7 @@ size > 1); matching and adopting a view are shared.
     node.vt_view    (positions, slots) of the row that ended at this node, or None
     node.vt_attach  logical prefix below the view whose KV is hole-free (full attention)
     node.vt_tail    logical ids the view covers past the node's key (page size > 1), or absent
+    node.vt_host    host chunks of the tokens the view's history evicted (`host_tier.py`), or absent
 
 The functions take the `radix.HoledRadixCache` (`tree`) whose nodes and sizes they change; its
 `match_prefix`, `checkpoint` and `release_dropped` call them.
@@ -20,6 +21,8 @@ from array import array
 
 import torch
 from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from . import host_tier
 
 
 def live(node) -> int:
@@ -118,10 +121,16 @@ def cut_view(node, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def insert_history(tree, req, st, row_len: int) -> None:
     """Insert the finished row `[0, row_len)` with holes; the tree then owns all of it. The row
-    stays private if the tree holds other KV, or holes, at its positions."""
+    stays private if the tree holds other KV, or holes, at its positions. Tokens recalled this
+    turn (`host_tier.py`) are not part of the stored view: their copies are freed (they stay in
+    the host store, for the next turn to recall again)."""
     logical = st.logical_ids(req)
     slots = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
     positions = st.positions(row_len).to(slots.device)
+    recalled = None
+    if st.pinned is not None:  # recalled tokens served this turn only; the host store keeps them
+        pinned = torch.isin(positions, st.pinned.to(positions.device))
+        recalled, slots, positions = slots[pinned], slots[~pinned], positions[~pinned]
     total = row_len + st.offset
     head_key = RadixKey(logical[:min(st.attach, total)], req.extra_key, cache_salt=req.cache_salt)
     values, attach_node = (tree._match_prefix_helper(tree.root_node, head_key) if len(head_key)
@@ -145,10 +154,14 @@ def insert_history(tree, req, st, row_len: int) -> None:
     if matched < len(key):  # a new holed node: the stock insert counted all of its key
         tree.evictable_size_ -= len(node.key) - count_live(node)
     node.vt_view, node.vt_attach = (positions.clone(), slots.clone()), attach
+    if (tier := host_tier.tier_of()) is not None:
+        tier.store(node, st)  # the evicted tokens' host store goes with the view
     tree.unlock(req.lock)
     req.lock = tree.lock(node)
     req.last_node = node
     req.kv.cache_protected_len = row_len
+    if recalled is not None and recalled.numel():
+        tree.token_to_kv_pool_allocator.free(recalled)  # the row's own copies, outside the view
     punch(tree, node)
 
 
@@ -160,10 +173,17 @@ def release_dropped(tree, req, dropped: torch.Tensor) -> int:
     if getattr(node, "vt_live", None) is None or node.lock_ref != 1 or node.children:
         return 0
     while getattr(node, "vt_live", None) is not None and node.lock_ref == 1 and len(node.children) <= 1:
-        node.vt_view = None
+        drop_view(node)
         freed += free_where(tree, node, torch.isin(node.value, dropped))
         node = node.parent
     return freed
+
+
+def drop_view(node) -> None:
+    """`node`'s view becomes unusable; its host store (`host_tier.py`) is released."""
+    node.vt_view = None
+    if (tier := host_tier.tier_of()) is not None:
+        tier.detach(node)
 
 
 def free_where(tree, node, mask: torch.Tensor) -> int:
@@ -184,7 +204,7 @@ def punch(tree, node) -> None:
     keep = node.vt_view[1]
     a = node.parent
     while getattr(a, "vt_live", None) is not None and a.lock_ref == 1 and len(a.children) == 1:
-        a.vt_view = None
+        drop_view(a)
         free_where(tree, a, ~torch.isin(a.value, keep))
         a = a.parent
 

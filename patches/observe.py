@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sgl_vtoken.pages import num_pages
 
+from . import host_tier
 from .counters import counters_of
 from .server_args import server_config
 from .state import state_of
@@ -69,6 +70,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
             "pool_total_tokens": int(scheduler.max_total_num_tokens),
             "pool_available_tokens": int(allocator.available_size()),
             "pool_evictable_tokens": int(scheduler.tree_cache.evictable_size()),
+            **(tier.as_dict() if (tier := host_tier.tier_of()) is not None else {}),
         }
     return result
 

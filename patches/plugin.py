@@ -27,6 +27,7 @@ HOOKS = (
     ("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
      request_options.before_create_tokenized_object, B),
     ("sglang.srt.mem_cache.common.release_kv_cache", runtime.before_release_kv_cache, B),
+    ("sglang.srt.mem_cache.common.release_kv_cache", runtime.after_release_kv_cache, A),
     ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", runtime.after_forward_batch_init, A),
     ("sglang.srt.layers.radix_attention.RadixAttention.forward", scores.around_radix_attention_forward, R),
     ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens",

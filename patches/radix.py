@@ -37,7 +37,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefResult, EvictResul
                                                      MatchResult)
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from . import history, history_pages
+from . import history, history_pages, host_tier
 from .retraction import adopt_retracted, write_back
 from .state import state_of
 
@@ -111,6 +111,13 @@ class HoledRadixCache(RadixCache):
     def _delete_leaf(self, node):
         super()._delete_leaf(node)
         self.evictable_size_ += len(node.key) - history.live(node)
+        if (tier := host_tier.tier_of()) is not None:
+            tier.detach(node)  # the view's host store goes with it
+
+    def reset(self):
+        super().reset()
+        if (tier := host_tier.tier_of()) is not None:
+            tier.reset()
 
     def evict(self, params) -> EvictResult:
         start = time.perf_counter()

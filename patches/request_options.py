@@ -1,5 +1,6 @@
 """Per-request eviction settings: a `kv_evict` object overriding the server's policy, budget,
-sinks, window or interval for one request (`{"policy": "none"}` opts out).
+sinks, window, interval, offload or recall for one request (`{"policy": "none"}` opts out;
+offload needs a server started with a host store, `host_tokens`).
 
 It travels in SGLang's own per-request `custom_params` (SGLang rejects unknown sampling keys):
     /generate            "sampling_params": {"custom_params": {"kv_evict": {...}}}
@@ -21,7 +22,7 @@ from .server_args import (ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOI
                           settings_problem)
 
 KEY = "kv_evict"
-FIELDS = ("policy", "budget", "sink", "window", "interval")
+FIELDS = ("policy", "budget", "sink", "window", "interval", "offload", "recall")
 
 
 def resolve(server: EvictConfig, obj, choices: tuple[str, ...]) -> EvictConfig:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import held, metrics, observe, prefill, radix, scores
+from . import held, host_tier, metrics, observe, prefill, radix, scores
 from .counters import counters_of
 from .eviction import evict_batch
 from .model_support import kv_bytes_per_token, unsupported_pool_reason
@@ -45,6 +45,13 @@ def before_release_kv_cache(req, tree_cache, *args, **kwargs):
     held.release_held(req, tree_cache.token_to_kv_pool_allocator)
 
 
+def after_release_kv_cache(result, req, tree_cache, *args, **kwargs):
+    """AFTER `mem_cache.common.release_kv_cache`: a finished request's host chunks that its
+    stored view did not take are released (`host_tier.py`)."""
+    host_tier.release_finished(req, tree_cache)
+    return result
+
+
 def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     """AFTER `ForwardBatch.init_new`: add each request's position offset (splice rule 1, docs/design.md).
 
@@ -55,6 +62,10 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     if not reqs or result.positions is None:
         scores.clear(model_runner)
         return result
+    if host_tier.tier_of() is not None and not result.forward_mode.is_decode():
+        for r in reqs:
+            if (st := state_of(r)) is not None:
+                host_tier.begin_turn(r, st)  # it takes its view's host store; recall candidates
     scored = scores.scored_requests(batch)
     if scored:
         scores.prepare(result, scored, model_runner)
@@ -89,6 +100,10 @@ def after_scheduler_init(result, scheduler, *args, **kwargs):
         if reason:
             raise ValueError(f"--kv-evict {cfg.policy}: {reason}")
         counters_of(scheduler).bytes_per_token = kv_bytes_per_token(pool)
+    if cfg.host_tokens and not isinstance(scheduler.tree_cache, radix.HoledRadixCache):
+        raise ValueError("--kv-evict-config host_tokens: the host store keeps stored histories' evicted "
+                         "tokens, which needs the holed radix cache (a policy with reuse_history)")
+    host_tier.install(cfg.host_tokens)
     if isinstance(scheduler.tree_cache, radix.HoledRadixCache):
         scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits
     scheduler._vtoken_prometheus = metrics.maybe_create(scheduler)

@@ -9,6 +9,9 @@ staged per request as ``[q, n, layers, kv_heads]``:
     prefill  the last `obs_window` prompt queries, causally (SnapKV-style observation window);
              with chunked prefill each chunk stages the window's queries that fall in it, over
              the row as far as the chunk reaches, and all blocks are folded in order
+    recall   a turn with host-tier candidates (`host_tier.py`, any policy): the same window
+             queries' mass on the candidates, scored over the row and the candidates together
+             (`sgl_vtoken.recall.candidate_mass`), summed into `st.recall.scores`
 
 The eviction hook folds the staged block into the request's accumulator (`sgl_vtoken.stats`)
 before choosing victims, so a choice at step t uses every query up to t - 1, as in H2O. The
@@ -23,18 +26,22 @@ CPU/torch path; on CUDA it runs eagerly, so decode CUDA graphs must be off (chec
 
 from __future__ import annotations
 
+import time
+
 import torch
 from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
 
 from sgl_vtoken.kernels import attn_scores_
+from sgl_vtoken.recall import candidate_mass
 
 from .state import state_of
 
 
 def scored_requests(batch) -> list:
-    """(batch index, request, state) of the requests of `batch` whose policy reads attention."""
+    """(batch index, request, state) of the requests of `batch` whose policy reads attention or
+    whose turn scores recall candidates (`host_tier.py`)."""
     return [(i, r, st) for i, r in enumerate(batch.reqs)
-            if (st := state_of(r)) is not None and "attn" in st.policy.needs]
+            if (st := state_of(r)) is not None and ("attn" in st.policy.needs or st.recall is not None)]
 
 
 # The scored requests of the forward about to run, set when its ForwardBatch is built. The model
@@ -64,11 +71,16 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             if st.evicts_in_prefill(req):  # eviction during prefill: the window ends each chunk
                 total = min(total, st.cfg.prefill_peak)
             q = max(0, n - max(total - st.cfg.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
-        if q == 0:
+        recall = None if decode else st.recall
+        if q == 0 or ("attn" not in st.policy.needs and recall is None):
             continue
-        block = torch.zeros(q, n, num_layers, pool.head_num, device=device)  # where the KV lives
-        st.stage(block, torch.arange(n - q + 1, n + 1, device=device))
-        plan.append((i, block, st.cfg.score_layers, req.kv.req_pool_idx))
+        block = None
+        if "attn" in st.policy.needs:
+            block = torch.zeros(q, n, num_layers, pool.head_num, device=device)  # where the KV lives
+            st.stage(block, torch.arange(n - q + 1, n + 1, device=device))
+        if recall is not None:
+            recall.scores = recall.scores.to(device)
+        plan.append((i, block, st.cfg.score_layers, req.kv.req_pool_idx, recall, q, n))
     pool._vtoken_scored = (plan, model_runner.req_to_token_pool.req_to_token)
 
 
@@ -100,15 +112,20 @@ def collect(layer, q: torch.Tensor, forward_batch, scored: list, pool, req_to_to
     else:
         ext = forward_batch.extend_seq_lens_cpu
         starts = [sum(ext[:i]) for i in range(len(ext))]
-    for i, block, score_layers, row in scored:
+    for i, block, score_layers, row, recall, nq, n in scored:
         if score_layers is not None and layer.layer_id not in score_layers:
             continue
-        nq, n = block.shape[0], block.shape[1]
         slots = req_to_token[row, :n].to(torch.int64)
         first = starts[i] + ext[i] - nq
         lengths = torch.arange(n - nq + 1, n + 1)
-        probs = _probs(q[first:first + nq], k_buffer, slots, lengths, layer.scaling, hq, hkv)
-        block[:, :, layer.layer_id, :] = probs.to(block.dtype)
+        if block is not None:
+            probs = _probs(q[first:first + nq], k_buffer, slots, lengths, layer.scaling, hq, hkv)
+            block[:, :, layer.layer_id, :] = probs.to(block.dtype)
+        if recall is not None:  # the window's attention over the row and the host candidates
+            t0 = time.perf_counter()
+            recall.scores += candidate_mass(q[first:first + nq].view(nq, hq, -1), k_buffer[slots], lengths,
+                                            recall.k[:, layer.layer_id], layer.scaling)
+            recall.seconds += time.perf_counter() - t0
 
 
 def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:

@@ -37,7 +37,8 @@ SERVED_NEEDS = {"keys", "values", "attn"}
 KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs) <= SERVED_NEEDS))
 ATTENTION_POLICIES = tuple(n for n, cls in POLICIES.items() if "attn" in cls.needs)
 # Settings that are the server's, not the policy's, inside --kv-evict-config.
-SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers", "reuse_history", "prefill_chunk")
+SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers", "reuse_history", "prefill_chunk",
+                 "offload", "host_tokens", "recall")
 
 # EvictConfig field -> the flag that sets it (error messages name the flag).
 FIELD_FLAGS = {
@@ -46,6 +47,7 @@ FIELD_FLAGS = {
     "page_size": "--page-size", "seed": "--kv-evict-config", "aggregation": "--kv-evict-config",
     "obs_window": "--kv-evict-config", "score_layers": "--kv-evict-config",
     "reuse_history": "--kv-evict-config", "prefill_chunk": "--kv-evict-config",
+    "offload": "--kv-evict-config", "host_tokens": "--kv-evict-config", "recall": "--kv-evict-config",
 }
 
 # (server-args attribute, predicate of an unsupported value, flag, why) checked with eviction on.
@@ -87,7 +89,9 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
                         "'{\"aggregation\": \"max\"}', '{\"history\": 16}' (scissorhands), "
                         "'{\"obs_window\": 32, \"score_layers\": [0, 1]}' (attention policies), "
                         "'{\"reuse_history\": false}' (no compacted-history reuse across turns), "
-                        "'{\"prefill_chunk\": 256}' (evict during prefill, every 256 prompt tokens).")
+                        "'{\"prefill_chunk\": 256}' (evict during prefill, every 256 prompt tokens), "
+                        "'{\"offload\": true, \"host_tokens\": 65536, \"recall\": 32}' (evicted KV to a "
+                        "host store, recalled by later turns; page size 1).")
 
 
 def unsupported_reason(args) -> tuple[str, str] | None:

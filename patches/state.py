@@ -56,6 +56,10 @@ class ReqEvictState:
     retractions: int = 0
     blocked: bool = False                      # retracted, and its view does not fit the pool yet
     prefill_evicted: int = 0                   # prompt tokens evicted during its prefill (prefill_chunk)
+    host: list = field(default_factory=list)   # host_tier.Chunk it holds: its history's, then its own
+    host_taken: bool = False                   # it took its view's host store (first prefill forward)
+    recall: object = None                      # host_tier.RecallPlan until its first decode step
+    pinned: torch.Tensor | None = None         # positions recalled this turn: kept like sinks
 
     def logical_ids(self, req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
@@ -146,6 +150,17 @@ class ReqEvictState:
         self.report.update(report)
         return slots, positions
 
+    def append_recalled(self, positions: torch.Tensor, row_len: int) -> None:
+        """Recalled tokens at logical `positions` (ascending) joined the end of the row of
+        `row_len` entries; they are kept for the rest of the turn (`pinned`)."""
+        n = positions.numel()
+        self.kept_pos = torch.cat([self.positions(row_len), positions.cpu()])
+        self.offset -= n
+        self.pinned = positions.cpu() if self.pinned is None else torch.cat([self.pinned, positions.cpu()])
+        if self.accumulator is not None:
+            self.accumulator.append_rows(n)
+        self.report["pinned_tokens"] = int(self.pinned.numel())
+
     # --- stored views and retraction (radix.py, history.py, retraction.py) ----------------------
     def adopt_view(self, req, positions: torch.Tensor, depth: int, prompt: array,
                    outputs: array | None = None) -> None:
@@ -232,7 +247,7 @@ class ReqEvictState:
         """Retraction: the row is gone, and the view it continued with it. With a stash the request
         resumes from it (the policy state stays); without one it is re-prefilled from its ids and
         every eviction is forgotten."""
-        self.hit = None
+        self.hit, self.recall = None, None
         self.kept_pos = self.kept_pos[:0]
         self.offset = self.prefill_evicted = 0
         self.report.pop("prefill_evicted_tokens", None)
@@ -241,6 +256,7 @@ class ReqEvictState:
         if self.stash is None:
             self.steps = 0
             self.accumulator = self.policy.new_accumulator()
+            self.pinned = None
 
 
 def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:

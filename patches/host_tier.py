@@ -1,0 +1,242 @@
+"""The host tier: evicted tokens' K/V kept in host memory, recalled when a new turn needs them.
+
+With `offload` (page size 1) an eviction copies its victims' K/V, every layer, to host memory
+before their slots are freed: one `Chunk` per row and step, gathered for all rows of the step
+at once and copied to the host in one transfer per K and V. Chunks are immutable and counted by
+reference; their owners are
+
+    a running request      `st.host`: its history's chunks (taken at its first forward), then
+                           its own evictions'
+    a stored history       `node.vt_host` of the radix node holding its view: the finished
+                           request's chunks move there (`store`); released with the view (the
+                           node evicted by the tree's LRU, the view punched or dropped, a flush)
+
+so a chunk lives while some view or request can still recall it. The server-wide capacity is
+`host_tokens` (`HostTier`): when an offload does not fit, the stores of the least recently used
+stored histories are released first, then the victims that still do not fit are dropped
+(counted as `offload_dropped_tokens`).
+
+Recall (`recall > 0`): a turn continuing a view with a host store scores the store's candidates
+(`sgl_vtoken.recall`) with its prompt's last `obs_window` queries while it is prefilled
+(`scores.py`); at its first decode step (`recall_batch`, before the eviction) the best `recall`
+come back: fresh slots, K/V written from the host, appended to the row's end at their original
+positions, and kept for the rest of the turn (`st.pinned`, must-keep like sinks).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sgl_vtoken.recall import dedupe, pick
+
+from .state import state_of
+
+
+@dataclass(eq=False)
+class Chunk:
+    """Victims of one eviction of one row: ``positions [m] int64``, ``k, v [m, layers, H, D]``
+    (host tensors), and how many owners hold it."""
+
+    positions: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    refs: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class HostTier:
+    """Host-memory store of one scheduler process, capped at `cap` tokens."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.tokens, self.bytes, self.peak_bytes = cap, 0, 0, 0
+        self.offloaded = self.dropped = self.recalled = self.recalls = 0
+        self.recall_seconds = 0.0
+        self.nodes: dict[int, object] = {}   # id -> radix node holding a store
+
+    def hold(self, chunks) -> None:
+        for c in chunks:
+            if c.refs == 0:
+                self.tokens += c.positions.numel()
+                self.bytes += c.nbytes
+            c.refs += 1
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def drop(self, chunks) -> None:
+        for c in chunks:
+            c.refs -= 1
+            assert c.refs >= 0, "a host chunk was released twice"
+            if c.refs == 0:
+                self.tokens -= c.positions.numel()
+                self.bytes -= c.nbytes
+
+    def store(self, node, st) -> None:
+        """A finished request's chunks become the store of the view at radix `node`."""
+        self.detach(node)
+        st.report["host_bytes"] = sum(c.nbytes for c in st.host)
+        if st.host:
+            node.vt_host, st.host = st.host, []
+            self.nodes[id(node)] = node
+
+    def detach(self, node) -> None:
+        """Release the store of `node`'s view (the view is gone or replaced)."""
+        chunks = getattr(node, "vt_host", None)
+        if chunks:
+            self.drop(chunks)
+        node.vt_host = None
+        self.nodes.pop(id(node), None)
+
+    def reset(self) -> None:
+        """The tree was flushed: every stored history's store goes."""
+        for node in list(self.nodes.values()):
+            self.detach(node)
+
+    def make_room(self, m: int) -> int:
+        """Room for up to `m` more tokens, releasing stored histories' stores, least recently
+        used first, while it does not fit. Returns the tokens that fit (<= m)."""
+        if self.tokens + m > self.cap:
+            for node in sorted(self.nodes.values(), key=lambda n: n.last_access_time):
+                self.detach(node)
+                if self.tokens + m <= self.cap:
+                    break
+        return max(0, min(m, self.cap - self.tokens))
+
+    def as_dict(self) -> dict:
+        return {"host_tokens_cap": self.cap, "host_tokens_held": self.tokens, "host_bytes_held": self.bytes,
+                "peak_host_bytes": self.peak_bytes, "offloaded_tokens": self.offloaded,
+                "offload_dropped_tokens": self.dropped, "recalled_tokens": self.recalled,
+                "recalls": self.recalls, "recall_seconds": round(self.recall_seconds, 6)}
+
+
+# The host store of this scheduler process (`install`, at scheduler start when the server's
+# `host_tokens` > 0); None: no request offloads.
+_tier: HostTier | None = None
+
+
+def install(cap: int) -> HostTier | None:
+    global _tier
+    _tier = HostTier(cap) if cap > 0 else None
+    return _tier
+
+
+def tier_of(_tree=None) -> HostTier | None:
+    return _tier
+
+
+# --- offload (eviction.py) ------------------------------------------------------------------
+def offload(tier: HostTier, rows: list, k_buffers, v_buffers) -> None:
+    """Copy the victims of `rows` (``(state, slots [m] device, positions [m] host)``) to the
+    host, before their slots are freed: one gather per layer and one host copy for K and V."""
+    slots = torch.cat([s for _, s, _ in rows])
+    if not slots.numel():
+        return
+    k = torch.stack([buf[slots] for buf in k_buffers], dim=1).cpu()
+    v = torch.stack([buf[slots] for buf in v_buffers], dim=1).cpu()
+    start = 0
+    for st, s, positions in rows:
+        m = s.numel()
+        keep = tier.make_room(m)
+        tier.dropped += m - keep
+        tier.offloaded += keep
+        st.report["offloaded_tokens"] = st.report.get("offloaded_tokens", 0) + keep
+        if keep:
+            chunk = Chunk(positions[:keep].clone(), k[start:start + keep], v[start:start + keep])
+            tier.hold([chunk])
+            st.host.append(chunk)
+        start += m
+
+
+# --- recall -----------------------------------------------------------------------------------
+@dataclass
+class RecallPlan:
+    """A turn's recall candidates: ``positions [c]``, ``k, v [c, layers, H, D]`` (host), and
+    their scores ``[c]`` float32 as the prefill's window queries accumulate them (pool device)."""
+
+    positions: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scores: torch.Tensor
+    seconds: float = 0.0
+
+
+def begin_turn(req, st) -> None:
+    """At a request's first prefill forward: it takes its view's store, and with `recall` its
+    candidates are set up for scoring (`scores.py`)."""
+    tier = _tier
+    if st.host_taken or tier is None or not st.cfg.offload:
+        return
+    st.host_taken = True
+    if st.hit is None:
+        return
+    chunks = getattr(st.hit[0], "vt_host", None) or []
+    tier.hold(chunks)
+    st.host = list(chunks) + st.host
+    if not st.cfg.recall or not chunks:
+        return
+    t0 = time.perf_counter()
+    depth = st.offset + st.kept_pos.numel()
+    positions = torch.cat([c.positions for c in chunks])
+    idx = dedupe(positions, depth, st.kept_pos)
+    st.report["recall_candidates"] = int(idx.numel())
+    if not idx.numel():
+        return
+    st.recall = RecallPlan(positions[idx], torch.cat([c.k for c in chunks])[idx],
+                           torch.cat([c.v for c in chunks])[idx], torch.zeros(idx.numel()))
+    st.recall.seconds += time.perf_counter() - t0
+
+
+def recall_batch(scheduler, batch, alloc, skip) -> dict[int, int]:
+    """Bring back each decoding request's recalled tokens, before this step's eviction: slots
+    from `alloc(n)`, K/V written, slots appended to its row. Returns ``{batch index: tokens}``."""
+    tree = scheduler.tree_cache
+    tier = tier_of(tree)
+    grown = {}
+    for i, req in enumerate(batch.reqs):
+        st = state_of(req)
+        if st is None or st.recall is None or req in skip:
+            continue
+        plan, st.recall = st.recall, None
+        t0 = time.perf_counter()
+        sel = pick(plan.scores, plan.positions, st.cfg.recall)
+        n = int(sel.numel())
+        slots = alloc(n) if n else None
+        if slots is None:
+            st.report["recall_skipped_tokens"] = n  # no free slot: the turn goes on without them
+            continue
+        kvcache = scheduler.token_to_kv_pool_allocator.get_kvcache()
+        k, v = plan.k[sel], plan.v[sel]
+        for layer, (kb, vb) in enumerate(zip(kvcache.k_buffer, kvcache.v_buffer)):
+            kb[slots] = k[:, layer].to(kb.device, kb.dtype, non_blocking=True)
+            vb[slots] = v[:, layer].to(vb.device, vb.dtype, non_blocking=True)
+        kv, row_len = req.kv, int(batch.seq_lens_cpu[i])
+        req_to_token = scheduler.req_to_token_pool.req_to_token
+        req_to_token[kv.req_pool_idx, row_len:row_len + n] = slots.to(req_to_token.dtype)
+        kv.kv_committed_len += n
+        kv.kv_allocated_len += n
+        st.append_recalled(plan.positions[sel], row_len)
+        seconds = plan.seconds + time.perf_counter() - t0
+        st.report.update(recalled_tokens=n, recall_ms=round(seconds * 1e3, 3))
+        tier.recalled += n
+        tier.recalls += 1
+        tier.recall_seconds += seconds
+        grown[i] = n
+    return grown
+
+
+def release_finished(req, tree) -> None:
+    """After a request's KV is released: a finished (or aborted) request's chunks that no stored
+    view took are released; a retracted one keeps them."""
+    st = state_of(req)
+    tier = tier_of(tree)
+    if st is None or tier is None or not req.finished():
+        return
+    if st.host:  # no stored view took them
+        tier.drop(st.host)
+        st.host = []
+        st.report["host_bytes"] = 0
+    st.recall = None
