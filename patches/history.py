@@ -121,16 +121,10 @@ def cut_view(node, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def insert_history(tree, req, st, row_len: int) -> None:
     """Insert the finished row `[0, row_len)` with holes; the tree then owns all of it. The row
-    stays private if the tree holds other KV, or holes, at its positions. Tokens recalled this
-    turn (`host_tier.py`) are not part of the stored view: their copies are freed (they stay in
-    the host store, for the next turn to recall again)."""
+    stays private if the tree holds other KV, or holes, at its positions."""
     logical = st.logical_ids(req)
     slots = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
     positions = st.positions(row_len).to(slots.device)
-    recalled = None
-    if st.pinned is not None:  # recalled tokens served this turn only; the host store keeps them
-        pinned = torch.isin(positions, st.pinned.to(positions.device))
-        recalled, slots, positions = slots[pinned], slots[~pinned], positions[~pinned]
     total = row_len + st.offset
     head_key = RadixKey(logical[:min(st.attach, total)], req.extra_key, cache_salt=req.cache_salt)
     values, attach_node = (tree._match_prefix_helper(tree.root_node, head_key) if len(head_key)
@@ -160,8 +154,6 @@ def insert_history(tree, req, st, row_len: int) -> None:
     req.lock = tree.lock(node)
     req.last_node = node
     req.kv.cache_protected_len = row_len
-    if recalled is not None and recalled.numel():
-        tree.token_to_kv_pool_allocator.free(recalled)  # the row's own copies, outside the view
     punch(tree, node)
 
 

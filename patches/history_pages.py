@@ -32,7 +32,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sgl_vtoken.kernels import repack_kv_
 
-from . import history
+from . import history, host_tier
 
 
 def owned(node) -> torch.Tensor | None:
@@ -80,6 +80,8 @@ def insert(tree, req, st, row_len: int) -> None:
     tree.evictable_size_ -= len(node.key) - history.count_live(node)
     node.vt_view, node.vt_attach = (st.positions(row_len).to(row.device), row.clone()), attach
     node.vt_tail = array("q", logical[end:total])
+    if (tier := host_tier.tier_of()) is not None:
+        tier.store(node, st)  # the evicted tokens' host store goes with the view
     tree.unlock(req.lock)
     req.lock = tree.lock(node)
     req.last_node = node
@@ -120,7 +122,7 @@ def punch(tree, node) -> None:
     keep = torch.unique(node.vt_view[1] // tree.page_size)
     a = node.parent
     while owned(a) is not None and a.lock_ref == 1 and len(a.children) == 1:
-        a.vt_view = None
+        history.drop_view(a)
         free_unused(tree, a, keep)
         a = a.parent
 
@@ -134,7 +136,7 @@ def release_unused(tree, req, row: torch.Tensor) -> int:
         return 0
     keep = torch.unique(row // tree.page_size)
     while owned(node) is not None and node.lock_ref == 1 and len(node.children) <= 1:
-        node.vt_view = None
+        history.drop_view(node)
         freed += free_unused(tree, node, keep)
         node = node.parent
     return freed

@@ -1,6 +1,6 @@
 """The host tier: evicted tokens' K/V kept in host memory, recalled when a new turn needs them.
 
-With `offload` (page size 1) an eviction copies its victims' K/V, every layer, to host memory
+With `offload` an eviction copies its victims' K/V, every layer, to host memory
 before their slots are freed: one `Chunk` per row and step, gathered for all rows of the step
 at once and copied to the host in one transfer per K and V. Chunks are immutable and counted by
 reference; their owners are
@@ -19,8 +19,9 @@ stored histories are released first, then the victims that still do not fit are 
 Recall (`recall > 0`): a turn continuing a view with a host store scores the store's candidates
 (`sgl_vtoken.recall`) with its prompt's last `obs_window` queries while it is prefilled
 (`scores.py`); at its first decode step (`recall_batch`, before the eviction) the best `recall`
-come back: fresh slots, K/V written from the host, appended to the row's end at their original
-positions, and kept for the rest of the turn (`st.pinned`, must-keep like sinks).
+come back: slots (page-dense at page size > 1), K/V written from the host, appended to the row's
+end at their original positions, and kept for the rest of the turn (`st.pinned`, must-keep like
+sinks). When the turn ends they leave the row before it is stored (`drop_recalled`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_vtoken.kernels import repack_kv_
+from sgl_vtoken.planner import plan_eviction
 from sgl_vtoken.recall import dedupe, pick
 
 from .state import state_of
@@ -202,9 +205,11 @@ def recall_batch(scheduler, batch, alloc, skip) -> dict[int, int]:
             continue
         plan, st.recall = st.recall, None
         t0 = time.perf_counter()
-        sel = pick(plan.scores, plan.positions, st.cfg.recall)
+        sel = pick(plan.scores, st.cfg.recall, st.cfg.recall_pool)
         n = int(sel.numel())
-        slots = alloc(n) if n else None
+        kv, row_len = req.kv, int(batch.seq_lens_cpu[i])
+        req_to_token = scheduler.req_to_token_pool.req_to_token
+        slots = _row_slots(scheduler, req_to_token[kv.req_pool_idx, :row_len], n, alloc) if n else None
         if slots is None:
             st.report["recall_skipped_tokens"] = n  # no free slot: the turn goes on without them
             continue
@@ -213,19 +218,66 @@ def recall_batch(scheduler, batch, alloc, skip) -> dict[int, int]:
         for layer, (kb, vb) in enumerate(zip(kvcache.k_buffer, kvcache.v_buffer)):
             kb[slots] = k[:, layer].to(kb.device, kb.dtype, non_blocking=True)
             vb[slots] = v[:, layer].to(vb.device, vb.dtype, non_blocking=True)
-        kv, row_len = req.kv, int(batch.seq_lens_cpu[i])
-        req_to_token = scheduler.req_to_token_pool.req_to_token
         req_to_token[kv.req_pool_idx, row_len:row_len + n] = slots.to(req_to_token.dtype)
         kv.kv_committed_len += n
         kv.kv_allocated_len += n
         st.append_recalled(plan.positions[sel], row_len)
         seconds = plan.seconds + time.perf_counter() - t0
-        st.report.update(recalled_tokens=n, recall_ms=round(seconds * 1e3, 3))
+        st.report.update(recalled_tokens=n, recall_ms=round(seconds * 1e3, 3),
+                         recalled_positions=plan.positions[sel].tolist())
         tier.recalled += n
         tier.recalls += 1
         tier.recall_seconds += seconds
         grown[i] = n
     return grown
+
+
+def _row_slots(scheduler, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:
+    """Slots for `n` entries after `row`, page-dense (splice rule 6): the rest of the row's last
+    page (its own), then fresh pages from `alloc` (whole pages). None: no free page."""
+    ps = scheduler.token_to_kv_pool_allocator.page_size
+    if ps == 1:
+        return alloc(n)
+    room = min(n, (ps - row.numel() % ps) % ps)
+    head = int(row[-1]) + 1 + torch.arange(room, device=row.device) if room else row[:0].to(torch.int64)
+    rest = n - room
+    if not rest:
+        return head.to(torch.int64)
+    fresh = alloc(-(-rest // ps) * ps)
+    if fresh is None:
+        return None
+    return torch.cat([head.to(torch.int64), fresh[:rest].to(head.device, torch.int64)])
+
+
+def drop_recalled(req, tree) -> None:
+    """A finished request's recalled tokens leave its row before it is stored (the view keeps
+    what the policy kept, and the host store still has them): one plan as an eviction makes
+    (`plan_eviction`: compaction at page size > 1), applied and freed here, before SGLang
+    reads the row's lengths."""
+    st = state_of(req)
+    if st is None or st.pinned is None or not req.kv.holds_kv:
+        return
+    kv, ps = req.kv, tree.page_size
+    committed, allocated = kv.kv_committed_len, kv.kv_allocated_len
+    req_to_token = tree.req_to_token_pool.req_to_token
+    row = req_to_token[kv.req_pool_idx, :allocated].to(torch.int64)
+    positions = st.positions(committed)
+    keep = (~torch.isin(positions, st.pinned)).nonzero().flatten()
+    st.pinned = None
+    if keep.numel() == committed and allocated == committed:
+        return
+    plan = plan_eviction(row.cpu(), keep, cpl=kv.cache_protected_len, page_size=ps)
+    allocator = tree.token_to_kv_pool_allocator
+    if plan.num_moved:
+        kvcache = allocator.get_kvcache()
+        repack_kv_(kvcache.k_buffer, kvcache.v_buffer, plan.src.to(row.device), plan.dst.to(row.device))
+    if plan.row_slots.numel():
+        req_to_token[kv.req_pool_idx, plan.row_start:plan.new_len] = plan.row_slots.to(req_to_token)
+    if plan.num_freed_pages:
+        freed = plan.freed_pages.to(row.device)
+        (allocator.free if ps == 1 else allocator.free_page_ids)(freed)
+    st.kept_pos, st.offset = positions[keep], st.offset + committed - keep.numel()
+    kv.kv_committed_len = kv.kv_allocated_len = plan.new_len
 
 
 def release_finished(req, tree) -> None:

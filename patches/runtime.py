@@ -41,8 +41,11 @@ def after_reset_for_retract(result, req):
 
 
 def before_release_kv_cache(req, tree_cache, *args, **kwargs):
-    """BEFORE `mem_cache.common.release_kv_cache`: return pages held back in naive mode."""
+    """BEFORE `mem_cache.common.release_kv_cache`: return pages held back in naive mode; a
+    finished request's recalled tokens leave its row before it is stored (`host_tier.py`)."""
     held.release_held(req, tree_cache.token_to_kv_pool_allocator)
+    if req.finished():
+        host_tier.drop_recalled(req, tree_cache)
 
 
 def after_release_kv_cache(result, req, tree_cache, *args, **kwargs):

@@ -62,12 +62,15 @@ class EvictConfig:
             `interval`; `budget` must then be a multiple of `page_size` too.
         offload: evicted tokens' K/V (every layer) go to the host store owned by the request's
             stored history instead of being dropped (docs/design.md, "Host tier and recall").
-            Needs `host_tokens`; served at page size 1, without `prefill_chunk`.
+            Needs `host_tokens`; without `prefill_chunk`, and with reclaim ``"vtoken"`` at page
+            size > 1.
         host_tokens: capacity of the server's host store in tokens (0: no host store). When
             full, the stores of the least recently used stored histories are released first.
         recall: tokens a new turn may bring back from its history's host store (0: offload
             only). Scored after the new message's prefill by its last `obs_window` queries; the
             recalled tokens are kept for the rest of the turn, within `budget`.
+        recall_pool: odd; each candidate's recall score is first averaged with its `recall_pool
+            // 2` candidate neighbours on each side (SnapKV's pooling; 1: off).
     """
 
     policy: str = DISABLED
@@ -88,6 +91,7 @@ class EvictConfig:
     offload: bool = False
     host_tokens: int = 0
     recall: int = 0
+    recall_pool: int = 1
 
     def __post_init__(self) -> None:
         from sgl_vtoken.policies import POLICIES  # lazy: policies import nothing from here
@@ -119,6 +123,9 @@ class EvictConfig:
             _check_int("prefill_chunk", self.prefill_chunk, 1)
         _check_int("host_tokens", self.host_tokens, 0)
         _check_int("recall", self.recall, 0)
+        _check_int("recall_pool", self.recall_pool, 1)
+        if self.recall_pool % 2 == 0:
+            raise ValueError(f"EvictConfig.recall_pool must be odd (got {self.recall_pool})")
         if not isinstance(self.offload, bool):
             raise ValueError(f"EvictConfig.offload must be true or false (got {self.offload!r})")
         if not self.enabled:
@@ -149,8 +156,9 @@ class EvictConfig:
         if self.host_tokens < 1:
             raise ValueError("EvictConfig.offload needs host_tokens >= 1: the server's host store "
                              "capacity (--kv-evict-config '{\"host_tokens\": N}')")
-        if self.page_size != 1:
-            raise ValueError(f"EvictConfig.offload is served at page_size 1 (got {self.page_size})")
+        if self.page_size > 1 and self.reclaim != "vtoken":
+            raise ValueError(f"EvictConfig.offload needs reclaim 'vtoken' at page_size {self.page_size} "
+                             f"(got {self.reclaim!r})")
         if self.prefill_chunk is not None:
             raise ValueError("EvictConfig.offload cannot run with prefill_chunk (the prompt's evicted "
                              "tokens would not reach the host store)")
@@ -206,7 +214,7 @@ class EvictConfig:
         return (f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
                 f":i{self.interval}:p{self.page_size}:seed{self.seed}:{self.aggregation}"
                 f":o{self.obs_window}:l{self.score_layers}:c{self.prefill_chunk}"
-                f":off{int(self.offload)}:r{self.recall}:{params}")
+                f":off{int(self.offload)}:r{self.recall}:rp{self.recall_pool}:{params}")
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

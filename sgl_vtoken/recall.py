@@ -9,7 +9,8 @@ statistic SnapKV uses, but over both tiers at once::
     query j (post-RoPE, every query head), per layer in score_layers:
         p = softmax( [q_j . K_row[:lengths[j]] ,  q_j . K_cand] * scale )    (one distribution)
         score[c] += sum over query heads of p[row part ends + c]
-    recalled = the `recall` best candidates (ties: the later position), ascending positions
+    recalled = the `recall` best candidates after `recall_pool` smoothing over candidate
+               neighbours (ties: the later position), ascending positions
 
 Candidates are never attended while the message is prefilled: the distribution is only a
 statistic. The server (`patches/scores.py`) and the Hugging Face reference
@@ -19,6 +20,8 @@ statistic. The server (`patches/scores.py`) and the Hugging Face reference
 from __future__ import annotations
 
 import torch
+
+from sgl_vtoken.policies.base import smooth, top_budget
 
 
 def candidate_mass(q: torch.Tensor, row_keys: torch.Tensor, lengths: torch.Tensor,
@@ -42,15 +45,12 @@ def candidate_mass(q: torch.Tensor, row_keys: torch.Tensor, lengths: torch.Tenso
     return torch.softmax(logits, dim=-1)[:, :, n:].sum(dim=(0, 1))
 
 
-def pick(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
-    """Ascending indices of the `k` best `scores` ``[c]`` (ties: the later of `positions`,
-    which are ascending); all of them when ``c <= k``."""
-    c = scores.numel()
-    if c <= k:
-        return torch.arange(c)
-    flipped = scores.double().cpu().flip(0)                   # later positions first
-    order = flipped.sort(descending=True, stable=True).indices[:k]
-    return (c - 1 - order).sort().values
+def pick(scores: torch.Tensor, k: int, pool: int = 1) -> torch.Tensor:
+    """Ascending indices of the `k` best `scores` ``[c]`` (candidates in position order; ties:
+    the later one); all of them when ``c <= k``. With `pool` (odd) each score is first the mean
+    over its candidate neighbours, ``pool // 2`` on each side (SnapKV's pooling): a recalled
+    token brings its span (the digits of a number) with it."""
+    return top_budget(smooth(scores.double().cpu(), pool), k)
 
 
 def dedupe(positions: torch.Tensor, below: int, exclude: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,8 @@ history, and recalled by a later turn's question. Every turn equals the Hugging 
 that recomputes the same recall decisions; the host store is released with the histories."""
 
 import random
+import threading
+import time
 
 import pytest
 import requests
@@ -28,17 +30,19 @@ def flush(client):
     assert r.status_code == 200, r.text
 
 
-def session(client, hf_eager, policy, rid, recall, turns=5, n=24):
+def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1):
     """One conversation with offload (and `recall`); asserts each turn equals the reference and
     returns the per-turn reports."""
-    rng = random.Random(hash(rid) % 1000)
-    prompt = random_ids(30, seed=300 + recall)
+    rng = random.Random(sum(map(ord, rid)))
+    prompt = random_ids(30 if page_size == 1 else 70, seed=300 + recall)
     messages = [[rng.randrange(10, 2000) for _ in range(rng.randrange(17, 24))] for _ in range(turns - 1)]
-    kv = {"policy": policy, "budget": BUDGET, "offload": True, "recall": recall}
-    cfg = EvictConfig(policy=policy, budget=BUDGET, sink=SINK, window=16 if policy == "h2o" else 0,
-                      offload=True, host_tokens=HOST_TOKENS, recall=recall)
-    if policy == "h2o":
-        kv["window"] = 16
+    budget, window = (BUDGET, 0) if page_size == 1 else (64, 0)
+    window = 16 if policy == "h2o" else window
+    interval = 16 if page_size > 1 and policy == "streamingllm" else 1
+    kv = {"policy": policy, "budget": budget, "offload": True, "recall": recall, "interval": interval,
+          "window": window}
+    cfg = EvictConfig(policy=policy, budget=budget, sink=SINK, window=window, interval=interval,
+                      page_size=page_size, offload=True, host_tokens=HOST_TOKENS, recall=recall)
     history, reports, out = None, [], []
     for k in range(turns):
         if k:
@@ -51,12 +55,17 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24):
     return reports
 
 
-@pytest.mark.parametrize("policy", ["streamingllm", "h2o"])
-def test_recall_turns_equal_the_reference_and_the_store_is_released(client, hf_eager, policy):
-    """Five turns, budget 48, recall 8: from turn 2 on each turn recalls up to 8 of its history's
-    evicted tokens, kept through the turn; outputs equal HF replaying the same recall rule.
-    The stored history holds the host chunks until the tree lets it go (flush)."""
-    reports = session(client, hf_eager, policy, f"recall-{policy}", RECALL)
+@pytest.mark.parametrize("policy,page_size", [("streamingllm", 1), ("h2o", 1), ("streamingllm", 16), ("h2o", 16)])
+def test_recall_turns_equal_the_reference_and_the_store_is_released(server_factory, kvp_checkpoint, hf_eager,
+                                                                    policy, page_size):
+    """Five turns, budget 48 (64 at page size 16), recall 8: from turn 2 on each turn recalls up
+    to 8 of its history's evicted tokens, kept through the turn (at page size 16 appended
+    page-dense, then compacted away before the history is stored); outputs equal HF replaying
+    the same recall rule. The stored history holds the host chunks until the tree lets it go
+    (flush), and the pool is whole under SGLang's checkers."""
+    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    flush(client)
+    reports = session(client, hf_eager, policy, f"recall-{policy}-{page_size}", RECALL, page_size=page_size)
     assert all(r["offloaded_tokens"] > 0 for r in reports)
     assert "recalled_tokens" not in reports[0]
     for r in reports[1:]:
@@ -91,3 +100,34 @@ def test_invalid_offload_settings_are_refused_naming_the_field(client):
         r = requests.post(client.base_url + "/generate", timeout=60,
                           json={"input_ids": [1, 2, 3], "sampling_params": params})
         assert r.status_code == 400 and field in r.text, (kv, r.text)
+
+
+def test_host_store_goes_with_a_history_the_tree_evicts_and_with_an_aborted_request(client):
+    """A stored history whose node the radix cache evicts for room takes its host store with it;
+    an aborted offloading request's chunks go to its stored view or are released (after a flush
+    nothing is left)."""
+    flush(client)
+    kv = {"policy": "streamingllm", "budget": BUDGET, "offload": True}
+    generate(client, random_ids(3000, seed=11), 8, "host-lru-a", kv)
+    st = wait_pool_free(client)
+    assert st["host_tokens_held"] > 2000
+    generate(client, random_ids(3500, seed=12), 8, "host-lru-b", {"policy": "none"})  # needs A's pool room
+    st = wait_pool_free(client)
+    assert st["host_tokens_held"] == 0 and st["host_bytes_held"] == 0
+
+    flush(client)
+    done = []
+    worker = threading.Thread(target=lambda: done.append(requests.post(client.base_url + "/generate", timeout=600, json={
+        "rid": "host-abort", "input_ids": random_ids(200, seed=13),
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "custom_params": {"kv_evict": kv}}})))
+    worker.start()
+    deadline = time.monotonic() + 120
+    while client.vtoken_state()["host_tokens_held"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    requests.post(client.base_url + "/abort_request", json={"rid": "host-abort"}, timeout=30)
+    worker.join(600)
+    assert done and done[0].status_code == 200
+    flush(client)  # the aborted turn's chunks went to its stored view or were released: none left
+    st = wait_pool_free(client)
+    assert st["host_tokens_held"] == 0 and st["host_bytes_held"] == 0
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]

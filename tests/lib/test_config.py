@@ -75,7 +75,7 @@ def test_from_dict_rejects_unknown_keys_listing_fields():
         EvictConfig.from_dict({"kv_budget": 3})
     # settings the server never honoured are unknown fields, not silently accepted ones
     for name, value in (("trigger", "fragmentation"), ("frag_threshold", 0.25), ("free_watermark", 0.1)):
-        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall'\]"):
+        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall', 'recall_pool'\]"):
             EvictConfig.from_dict({"policy": "none", name: value})
     with pytest.raises(ValueError, match="malformed"):
         EvictConfig.from_json("{policy:")
@@ -128,10 +128,11 @@ def test_prefill_chunk_ends_chunks_on_whole_pages():
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(recall=8), "recall 8 needs offload"),
     (dict(offload=True), "offload needs host_tokens >= 1"),
-    (dict(offload=True, host_tokens=100, page_size=16, budget=64), "offload is served at page_size 1"),
+    (dict(offload=True, host_tokens=100, page_size=16, budget=64, reclaim="naive"), "offload needs reclaim 'vtoken'"),
     (dict(offload=True, host_tokens=100, prefill_chunk=32), "offload cannot run with prefill_chunk"),
     (dict(offload=True, host_tokens=100, recall=61), "recall must leave room in the budget"),
     (dict(offload="yes", host_tokens=100), "offload must be true or false"),
+    (dict(offload=True, host_tokens=100, recall=8, recall_pool=4), "recall_pool must be odd"),
 ])
 def test_offload_settings_are_validated_naming_the_field(kwargs, needle):
     base = dict(policy="streamingllm", budget=64, sink=4)

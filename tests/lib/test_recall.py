@@ -22,8 +22,14 @@ def test_candidate_mass_is_the_joint_softmax_mass_of_the_candidates():
 
 def test_pick_takes_the_best_and_breaks_ties_towards_the_later_position():
     scores = torch.tensor([0.5, 0.9, 0.5, 0.1, 0.5])
-    assert pick(scores, torch.arange(5), 2).tolist() == [1, 4]
-    assert pick(scores, torch.arange(5), 9).tolist() == [0, 1, 2, 3, 4]
+    assert pick(scores, 2).tolist() == [1, 4]
+    assert pick(scores, 9).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_pooled_pick_brings_the_neighbours_of_a_peak():
+    scores = torch.tensor([0.0, 0.0, 0.1, 1.0, 0.1, 0.0, 0.0, 0.3, 0.0])
+    assert pick(scores, 3).tolist() == [3, 4, 7]
+    assert pick(scores, 3, pool=3).tolist() == [2, 3, 4]
 
 
 def test_dedupe_keeps_each_position_below_the_depth_once_and_not_the_views():

@@ -1,0 +1,149 @@
+"""Multi-turn recall through the host tier, on a live server: full cache vs plain eviction vs
+eviction with offload + recall, same conversations, same request ids, one server.
+
+Each trial states a 4-digit pass key in turn 1, gives `--fillers` essay passages to summarise,
+then asks for the key (`sgl_vtoken.quality.tasks.recall_trials`); every turn is the previous
+prompt + reply + the next message, so the server continues from its stored compacted history.
+Score: the answer's first number is the key. Besides the hits, each record carries the device KV
+the request kept (`live_tokens`), the host tier's figures (offloaded, recalled, recall time, host
+bytes) per turn. One JSON line per (setting, trial), then one summary line per setting.
+
+    python scripts/eval_recall.py --trials 3 --out docs/results/recall_host_tier.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sgl_vtoken.launcher import ServerProcess, cpu_server_args  # noqa: E402
+from sgl_vtoken.quality.server_check import Client, _strip  # noqa: E402
+from sgl_vtoken.quality.tasks import exact_number, next_turn_ids, recall_trials  # noqa: E402
+
+
+def settings(policies: list[str], budget: int, recall: int, window: int) -> list[tuple[str, dict]]:
+    out = [("full", {"policy": "none"})]
+    for p in policies:
+        kv = {"policy": p, "budget": budget, "window": window if p != "streamingllm" else 0}
+        out.append((f"{p} b{budget}", kv))
+        out.append((f"{p} b{budget} + recall {recall}", {**kv, "offload": True, "recall": recall}))
+    return out
+
+
+def run_trial(client: Client, tok, trial, label: str, kv: dict, max_new: int, eos: int) -> dict:
+    """One conversation on an empty cache: no setting reuses another's KV (the full cache's
+    turns would otherwise serve an evicting conversation's identical prompts hole-free)."""
+    import requests
+
+    requests.post(client.base_url + "/flush_cache", timeout=60).raise_for_status()
+    prompt, replies, turns, t0 = list(trial.prompt), [], [], time.monotonic()
+    for turn in range(len(trial.messages) + 1):
+        if turn:
+            prompt += replies[-1] + next_turn_ids(tok, trial.messages[turn - 1], replies[-1])
+        out = client.generate(prompt, f"{trial.id}-{label}-{turn}", max_new, kv, stop=eos)
+        replies.append(list(out["output_ids"]))
+        report = (out["meta_info"].get("kv_evict") or [{}])[0]
+        turns.append({k: report[k] for k in ("live_tokens", "history_tokens", "offloaded_tokens",
+                                             "recall_candidates", "recalled_tokens", "recall_ms", "host_bytes",
+                                             "recalled_positions")
+                      if k in report})
+    answer = tok.decode(_strip(replies[-1], eos), skip_special_tokens=True)
+    return {"kind": "trial", "setting": label, "trial": trial.id, "hit": exact_number(answer, trial.answer),
+            "expected": trial.answer, "answer": answer, "prompt_tokens": len(prompt), "turns": turns,
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+def summary(label: str, records: list[dict]) -> dict:
+    last = [r["turns"][-1] for r in records]
+    recall_ms = [t["recall_ms"] for r in records for t in r["turns"] if "recall_ms" in t]
+    host = [r["turns"][-1].get("host_bytes") for r in records if "host_bytes" in r["turns"][-1]]
+    return {"kind": "summary", "setting": label, "hits": sum(r["hit"] for r in records), "trials": len(records),
+            "accuracy": round(sum(r["hit"] for r in records) / len(records), 4),
+            "max_live_tokens_last_turn": max((t.get("live_tokens") or 0) for t in last),
+            "recall_ms_median": round(statistics.median(recall_ms), 2) if recall_ms else None,
+            "host_bytes_per_session_median": int(statistics.median(host)) if host else None,
+            "mean_prompt_tokens": round(statistics.mean(r["prompt_tokens"] for r in records), 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(REPO / ".cache" / "smollm2"))
+    ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--fillers", type=int, default=3, help="turns between the fact and the question")
+    ap.add_argument("--filler-tokens", type=int, default=120)
+    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--recall", type=int, default=128)
+    ap.add_argument("--recall-pool", type=int, default=7)
+    ap.add_argument("--window", type=int, default=32, help="recent window of the non-positional policies")
+    ap.add_argument("--policies", default="streamingllm")
+    ap.add_argument("--sink", type=int, default=16)
+    ap.add_argument("--interval", type=int, default=16)
+    ap.add_argument("--score-layers", default=None, help="a-b: layers scoring attention and recall (default all)")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--pool", type=int, default=8192)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="JSON lines file (default: stdout only)")
+    args = ap.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken.models import ensure_model
+
+    model = args.model
+    if model == str(REPO / ".cache" / "smollm2"):
+        model = str(ensure_model("smollm2", model))
+    tok = AutoTokenizer.from_pretrained(model)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    trials = recall_trials(tok, args.trials, fillers=args.fillers, filler_tokens=args.filler_tokens, seed=args.seed)
+    config = {"host_tokens": 1 << 20, "recall_pool": args.recall_pool}
+    if args.score_layers:
+        lo, hi = map(int, args.score_layers.split("-"))
+        config["score_layers"] = list(range(lo, hi + 1))
+    flags = cpu_server_args(model, args.pool, 1) + [
+        "--kv-evict", "streamingllm", "--kv-budget", str(args.budget), "--kv-sink", str(args.sink),
+        "--kv-evict-interval", str(args.interval), "--kv-evict-config", json.dumps(config),
+        "--disable-overlap-schedule"]
+    cells = settings(args.policies.split(","), args.budget, args.recall, args.window)
+    sink = open(args.out, "w") if args.out else None
+
+    def emit(rec: dict) -> None:
+        line = json.dumps(rec)
+        print(line, flush=True)
+        if sink:
+            sink.write(line + "\n")
+            sink.flush()
+
+    emit({"kind": "config", **{k: v for k, v in vars(args).items() if k != "out"}, "server_flags": flags[2:]})
+    with ServerProcess(flags) as server:
+        client = Client(server.base_url)
+        by_setting: dict[str, list[dict]] = {}
+        for trial in trials:
+            for label, kv in cells:
+                rec = run_trial(client, tok, trial, label, kv, args.max_new_tokens, eos)
+                by_setting.setdefault(label, []).append(rec)
+                emit(rec)
+        state = requests_state(server.base_url)
+    for label, _ in cells:
+        emit(summary(label, by_setting[label]))
+    emit({"kind": "server", **{k: state.get(k) for k in ("offloaded_tokens", "recalled_tokens", "recalls",
+                                                         "recall_seconds", "host_tokens_held", "host_bytes_held",
+                                                         "peak_host_bytes", "offload_dropped_tokens")}})
+    if sink:
+        sink.close()
+
+
+def requests_state(base_url: str) -> dict:
+    import requests
+
+    return requests.get(base_url + "/get_server_info", timeout=30).json()["internal_states"][0]["vtoken"]
+
+
+if __name__ == "__main__":
+    main()
