@@ -16,16 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken.quality.server_check import Client, _strip
+from sgl_vtoken.quality.tasks import exact_number, next_turn_ids, recall_trials
 
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args  # noqa: E402
-from sgl_vtoken.quality.server_check import Client, _strip  # noqa: E402
-from sgl_vtoken.quality.tasks import exact_number, next_turn_ids, recall_trials  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def settings(policies: list[str], budget: int, recall: int, window: int) -> list[tuple[str, dict]]:
