@@ -109,7 +109,7 @@ def evict_rows(scheduler, due: list) -> list[int]:
                       tp_gather=None if tp_group is None or tp_group.world_size == 1
                       else lambda t, dim: tp_gather(t, tp_group, dim))
     d = decide(rows, view)
-    tier = host_tier.tier_of(tree)
+    tier = host_tier.tier_of()
     if tier is not None and any(st.cfg.offload for _, st, _ in due):
         host_tier.offload(tier, [(st, d.raw[b, :r.length][~d.keep[b, :r.length].to(d.raw.device)],
                                   r.positions[~d.keep[b, :r.length]])

@@ -127,7 +127,7 @@ def install(cap: int) -> HostTier | None:
     return _tier
 
 
-def tier_of(_tree=None) -> HostTier | None:
+def tier_of() -> HostTier | None:
     return _tier
 
 
@@ -196,9 +196,9 @@ def begin_turn(req, st) -> None:
 def recall_batch(scheduler, batch, alloc, skip) -> dict[int, int]:
     """Bring back each decoding request's recalled tokens, before this step's eviction: slots
     from `alloc(n)`, K/V written, slots appended to its row. Returns ``{batch index: tokens}``."""
-    tree = scheduler.tree_cache
-    tier = tier_of(tree)
-    grown = {}
+    tier, grown = _tier, {}
+    if tier is None:  # no host store on this server: nothing to recall (the decode hot path)
+        return grown
     for i, req in enumerate(batch.reqs):
         st = state_of(req)
         if st is None or st.recall is None or req in skip:
@@ -284,7 +284,7 @@ def release_finished(req, tree) -> None:
     """After a request's KV is released: a finished (or aborted) request's chunks that no stored
     view took are released; a retracted one keeps them."""
     st = state_of(req)
-    tier = tier_of(tree)
+    tier = _tier
     if st is None or tier is None or not req.finished():
         return
     if st.host:  # no stored view took them
