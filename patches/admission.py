@@ -82,15 +82,20 @@ def adder_class(base: type) -> type:
             forcing = limit is not None and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
             if forcing and (has_chunked_req or self.new_chunked_req is not None):
                 return AddReqResult.OTHER  # SGLang carries one chunked request at a time
-            saved = self.rem_chunk_tokens
+            saved, exact = self.rem_chunk_tokens, getattr(self, "exact_chunk_fill", False)
             if forcing:
                 self.rem_chunk_tokens = min(saved, limit)
+                # The chunk ends exactly there: without exact fill SGLang cuts a first chunk at a
+                # whole number of pages past the prefix, which after a stored view's partial
+                # page misses the boundary (or does not cut at all).
+                self.exact_chunk_fill = True
             try:
                 with _clipped(self._peers(req)):
                     result = super().add_one_req(req, has_chunked_req, *args, **kwargs)
             finally:
                 if forcing:  # what the request took comes off the real chunk budget
                     self.rem_chunk_tokens = saved - (min(saved, limit) - self.rem_chunk_tokens)
+                    self.exact_chunk_fill = exact
             if st is not None and st.real_outputs is not None and req not in self.can_run_list:
                 st.restore_outputs(req)  # not admitted this round: its real outputs back
             return result

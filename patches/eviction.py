@@ -49,12 +49,6 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
         st.start_step()  # decoding again; a retraction later in this step resumes from here
         if st.accumulator is not None:
             st.fold_staged(getattr(scheduler, "tp_group", None))
-    grown = host_tier.recall_batch(scheduler, batch, lambda n: _alloc(scheduler, n), skip)
-    if grown:
-        delta = torch.zeros_like(batch.seq_lens_cpu)
-        for i, n in grown.items():
-            delta[i] = -n
-        _shift_lens(batch, delta)
     seq_lens_cpu = batch.seq_lens_cpu
     due = []
     for i, req, st in evicting:

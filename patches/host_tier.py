@@ -16,24 +16,31 @@ so a chunk lives while some view or request can still recall it. The server-wide
 stored histories are released first, then the victims that still do not fit are dropped
 (counted as `offload_dropped_tokens`).
 
-Recall (`recall > 0`): a turn continuing a view with a host store scores the store's candidates
-(`sgl_vtoken.recall`) with its prompt's last `obs_window` queries while it is prefilled
-(`scores.py`); at its first decode step (`recall_batch`, before the eviction) the best `recall`
-come back: slots (page-dense at page size > 1), K/V written from the host, appended to the row's
-end at their original positions, and kept for the rest of the turn (`st.pinned`, must-keep like
-sinks). When the turn ends they leave the row before it is stored (`drop_recalled`).
+Recall (`recall > 0`): a turn continuing a view with a host store is prefilled in two chunks
+(`sgl_vtoken.recall.split`, forced at admission: `prefill.chunk_limit`). The first chunk's last
+`obs_window` queries score the store's candidates (`sgl_vtoken.recall`, in `scores.py`). Between
+the chunks (`recall_prompt`, after SGLang stashed the first) the best `recall` come back: slots
+(page-dense at page size > 1), K/V written from the host, joined to the row at their original
+positions, and kept for the rest of the turn (`st.pinned`, must-keep like sinks); the first
+chunk's tail from `back` on is dropped, and the second chunk recomputes it with them visible::
+
+    row before   | view | new [start, back) | new [back, end) |          (chunk 1, then stashed)
+    row after    | view | new [start, back) | recalled | new [back, total) ...  (chunk 2)
+
+When the turn ends they leave the row before it is stored (`drop_recalled`).
 """
 
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass
 
 import torch
 
 from sgl_vtoken.kernels import repack_kv_
 from sgl_vtoken.planner import plan_eviction
-from sgl_vtoken.recall import dedupe, pick
+from sgl_vtoken.recall import dedupe, pick, split
 
 from .state import state_of
 
@@ -157,19 +164,23 @@ def offload(tier: HostTier, rows: list, k_buffers, v_buffers) -> None:
 # --- recall -----------------------------------------------------------------------------------
 @dataclass
 class RecallPlan:
-    """A turn's recall candidates: ``positions [c]``, ``k, v [c, layers, H, D]`` (host), and
-    their scores ``[c]`` float32 as the prefill's window queries accumulate them (pool device)."""
+    """A turn's recall candidates: ``positions [c]``, ``k, v [c, layers, H, D]`` (host), their
+    scores ``[c]`` float32 as the first chunk's window queries accumulate them (pool device), and
+    the row lengths where its prefill is cut (`sgl_vtoken.recall.split`)."""
 
     positions: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     scores: torch.Tensor
+    end: int
+    back: int
     seconds: float = 0.0
 
 
 def begin_turn(req, st) -> None:
-    """At a request's first prefill forward: it takes its view's store, and with `recall` its
-    candidates are set up for scoring (`scores.py`)."""
+    """Before a request's first prefill chunk (admission, then its first forward; once): it takes
+    its view's store, and with `recall` its candidates are set up for scoring (`scores.py`) and
+    its prefill is cut (`RecallPlan.end`)."""
     tier = _tier
     if st.host_taken or tier is None or not st.cfg.offload:
         return
@@ -186,50 +197,60 @@ def begin_turn(req, st) -> None:
     positions = torch.cat([c.positions for c in chunks])
     idx = dedupe(positions, depth, st.kept_pos)
     st.report["recall_candidates"] = int(idx.numel())
-    if not idx.numel():
+    cut = split(req.prefix_len, len(req.full_untruncated_fill_ids), st.cfg.obs_window, st.cfg.page_size)
+    if not idx.numel() or cut is None:
         return
     st.recall = RecallPlan(positions[idx], torch.cat([c.k for c in chunks])[idx],
-                           torch.cat([c.v for c in chunks])[idx], torch.zeros(idx.numel()))
+                           torch.cat([c.v for c in chunks])[idx], torch.zeros(idx.numel()), *cut)
     st.recall.seconds += time.perf_counter() - t0
 
 
-def recall_batch(scheduler, batch, alloc, skip) -> dict[int, int]:
-    """Bring back each decoding request's recalled tokens, before this step's eviction: slots
-    from `alloc(n)`, K/V written, slots appended to its row. Returns ``{batch index: tokens}``."""
-    tier, grown = _tier, {}
-    if tier is None:  # no host store on this server: nothing to recall (the decode hot path)
-        return grown
-    for i, req in enumerate(batch.reqs):
-        st = state_of(req)
-        if st is None or st.recall is None or req in skip:
-            continue
-        plan, st.recall = st.recall, None
-        t0 = time.perf_counter()
-        sel = pick(plan.scores, st.cfg.recall, st.cfg.recall_pool)
-        n = int(sel.numel())
-        kv, row_len = req.kv, int(batch.seq_lens_cpu[i])
-        req_to_token = scheduler.req_to_token_pool.req_to_token
-        slots = _row_slots(scheduler, req_to_token[kv.req_pool_idx, :row_len], n, alloc) if n else None
-        if slots is None:
-            st.report["recall_skipped_tokens"] = n  # no free slot: the turn goes on without them
-            continue
-        kvcache = scheduler.token_to_kv_pool_allocator.get_kvcache()
+def recall_prompt(scheduler, req, st, alloc) -> None:
+    """Between a recalling turn's two prefill chunks (`prefill.py`): the best candidates join the
+    row at `back`, the first chunk's entries from `back` on leave it (their slots are freed; the
+    rest of `back`'s page is refilled), and the ids become row coordinates, so SGLang prefills
+    the second chunk after the recalled entries at its logical positions. `alloc(n)`: n slots
+    (whole pages) or None."""
+    plan, st.recall = st.recall, None
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # overlap scheduler: the first chunk's forward has run
+    t0 = time.perf_counter()
+    sel = pick(plan.scores, st.cfg.recall, st.cfg.recall_pool)
+    kv, end, back = req.kv, plan.end, plan.back
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    allocator = scheduler.token_to_kv_pool_allocator
+    row = req_to_token[kv.req_pool_idx, :end].to(torch.int64)
+    positions = st.positions(end)
+    slots = _row_slots(scheduler, row[:back], int(sel.numel()), alloc) \
+        if sel.numel() else row[:0]
+    if slots is None:  # no free page: the turn goes on without them
+        st.report["recall_skipped_tokens"] = int(sel.numel())
+        sel, slots = sel[:0], row[:0]
+    n, ps = int(sel.numel()), allocator.page_size
+    tail = row[-(-back // ps) * ps:]  # whole pages past `back`'s page
+    if tail.numel():
+        allocator.free_page_ids(tail[::ps] // ps)
+    if n:
+        kvcache = allocator.get_kvcache()
         k, v = plan.k[sel], plan.v[sel]
         for layer, (kb, vb) in enumerate(zip(kvcache.k_buffer, kvcache.v_buffer)):
             kb[slots] = k[:, layer].to(kb.device, kb.dtype, non_blocking=True)
             vb[slots] = v[:, layer].to(vb.device, vb.dtype, non_blocking=True)
-        req_to_token[kv.req_pool_idx, row_len:row_len + n] = slots.to(req_to_token.dtype)
-        kv.kv_committed_len += n
-        kv.kv_allocated_len += n
-        st.append_recalled(plan.positions[sel], row_len)
-        seconds = plan.seconds + time.perf_counter() - t0
-        st.report.update(recalled_tokens=n, recall_ms=round(seconds * 1e3, 3),
-                         recalled_positions=plan.positions[sel].tolist())
-        tier.recalled += n
-        tier.recalls += 1
-        tier.recall_seconds += seconds
-        grown[i] = n
-    return grown
+        req_to_token[kv.req_pool_idx, back:back + n] = slots.to(req_to_token.dtype)
+    kv.kv_committed_len = kv.kv_allocated_len = back + n
+    recalled = plan.positions[sel]
+    logical = st.logical_ids(req)
+    resume = int(positions[back])  # the first recomputed token
+    ids = array("q", (logical[p] for p in torch.cat([positions[:back], recalled]).tolist())) + logical[resume:]
+    st.recalled_into_row(req, recalled, back, resume, ids)
+    req.prefix_len = req.already_computed = back + n
+    seconds = plan.seconds + time.perf_counter() - t0
+    st.report.update(recalled_tokens=n, recall_ms=round(seconds * 1e3, 3), recalled_positions=recalled.tolist(),
+                     recomputed_tokens=end - back)
+    tier = _tier
+    tier.recalled += n
+    tier.recalls += 1
+    tier.recall_seconds += seconds
 
 
 def _row_slots(scheduler, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:

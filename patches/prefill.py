@@ -21,16 +21,23 @@ from __future__ import annotations
 
 from array import array
 
-from .eviction import evict_rows
+from . import host_tier
+from .eviction import _alloc, evict_rows
 from .server_args import prefill_chunk_problem
 from .state import state_of
 
 
 def chunk_limit(req) -> int | None:
     """The most prompt tokens `req`'s next prefill chunk may take (its row stops at the prefill
-    peak), or None when it does not evict during prefill."""
+    peak, or where a recalling turn's first chunk ends), or None when nothing cuts its prefill."""
     st = state_of(req)
-    if st is None or not st.evicts_in_prefill(req):
+    if st is None:
+        return None
+    if st.cfg.recall and not req.output_ids:
+        host_tier.begin_turn(req, st)  # its candidates, and where its prefill is cut
+    if st.recall is not None and req.prefix_len < st.recall.end:
+        return st.recall.end - req.prefix_len
+    if not st.evicts_in_prefill(req):
         return None
     limit = st.cfg.prefill_peak - req.prefix_len
     if limit <= 0:  # the row reached the peak with prompt left, unevicted: a splice bug
@@ -40,11 +47,17 @@ def chunk_limit(req) -> int | None:
 
 
 def around_stash_chunked_request(original, scheduler, req):
-    """AROUND `Scheduler.stash_chunked_request`: after SGLang published a prefill chunk, evict
-    the row to the budget if it reached the prefill peak."""
+    """AROUND `Scheduler.stash_chunked_request`: after SGLang published a prefill chunk, recall
+    into the row if the chunk ends a recalling turn's first chunk (`host_tier.recall_prompt`),
+    or evict the row to the budget if it reached the prefill peak."""
     original(scheduler, req)
     st = state_of(req)
-    if st is None or not st.evicts_in_prefill(req):
+    if st is None:
+        return
+    if st.recall is not None and req.prefix_len == req.kv.kv_committed_len == st.recall.end:
+        host_tier.recall_prompt(scheduler, req, st, lambda n: _alloc(scheduler, n))
+        return
+    if not st.evicts_in_prefill(req):
         return
     row_len = req.kv.kv_committed_len
     if row_len < st.cfg.prefill_peak or req.prefix_len != row_len:

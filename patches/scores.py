@@ -9,9 +9,12 @@ staged per request as ``[q, n, layers, kv_heads]``:
     prefill  the last `obs_window` prompt queries, causally (SnapKV-style observation window);
              with chunked prefill each chunk stages the window's queries that fall in it, over
              the row as far as the chunk reaches, and all blocks are folded in order
-    recall   a turn with host-tier candidates (`host_tier.py`, any policy): the same window
-             queries' mass on the candidates, scored over the row and the candidates together
-             (`sgl_vtoken.recall.candidate_mass`), summed into `st.recall.scores`
+    recall   a turn with host-tier candidates (`host_tier.py`, any policy): the last
+             `obs_window` queries of its first prefill chunk, their mass on the candidates,
+             scored over the row and the candidates together
+             (`sgl_vtoken.recall.candidate_mass`), summed into `st.recall.scores`; the policy
+             stages nothing from that chunk (its window is recomputed by the second chunk, whose
+             last `obs_window` queries are the prompt's observation window)
 
 The eviction hook folds the staged block into the request's accumulator (`sgl_vtoken.stats`)
 before choosing victims, so a choice at step t uses every query up to t - 1, as in H2O. The
@@ -70,12 +73,17 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             total = n if st.resume_prefill else n + len(req.full_untruncated_fill_ids) - req.extend_end
             if st.evicts_in_prefill(req):  # eviction during prefill: the window ends each chunk
                 total = min(total, st.cfg.prefill_peak)
+            if st.recall is not None and n > st.recall.end:  # not cut where its recall needs it
+                st.report["recall_skipped_tokens"] = min(st.cfg.recall, int(st.recall.positions.numel()))
+                st.recall = None
+            if st.recall is not None:  # a recalling turn: the window ends its first chunk
+                total = min(total, st.recall.end)
             q = max(0, n - max(total - st.cfg.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
         recall = None if decode else st.recall
         if q == 0 or ("attn" not in st.policy.needs and recall is None):
             continue
         block = None
-        if "attn" in st.policy.needs:
+        if "attn" in st.policy.needs and recall is None:  # the first chunk's window only scores recall
             block = torch.zeros(q, n, num_layers, pool.head_num, device=device)  # where the KV lives
             st.stage(block, torch.arange(n - q + 1, n + 1, device=device))
         if recall is not None:

@@ -58,7 +58,7 @@ class ReqEvictState:
     prefill_evicted: int = 0                   # prompt tokens evicted during its prefill (prefill_chunk)
     host: list = field(default_factory=list)   # host_tier.Chunk it holds: its history's, then its own
     host_taken: bool = False                   # it took its view's host store (first prefill forward)
-    recall: object = None                      # host_tier.RecallPlan until its first decode step
+    recall: object = None                      # host_tier.RecallPlan until its prefill's first chunk ends
     pinned: torch.Tensor | None = None         # positions recalled this turn: kept like sinks
 
     def logical_ids(self, req) -> array:
@@ -150,16 +150,23 @@ class ReqEvictState:
         self.report.update(report)
         return slots, positions
 
-    def append_recalled(self, positions: torch.Tensor, row_len: int) -> None:
-        """Recalled tokens at logical `positions` (ascending) joined the end of the row of
-        `row_len` entries; they are kept for the rest of the turn (`pinned`)."""
-        n = positions.numel()
-        self.kept_pos = torch.cat([self.positions(row_len), positions.cpu()])
-        self.offset -= n
-        self.pinned = positions.cpu() if self.pinned is None else torch.cat([self.pinned, positions.cpu()])
-        if self.accumulator is not None:
+    def recalled_into_row(self, req, recalled: torch.Tensor, back: int, resume: int, ids: array) -> None:
+        """Between a recalling turn's prefill chunks (`host_tier.recall_prompt`): the row keeps its
+        first `back` entries, then the tokens recalled at logical `recalled`, kept for the rest of
+        the turn (`pinned`); the next chunk continues at logical position `resume`. `ids`: the
+        request's ids in row coordinates (its logical prompt is kept for `restore_prompt`)."""
+        n = recalled.numel()
+        self.kept_pos = torch.cat([self.positions(back), recalled.cpu()])
+        self.offset = resume - (back + n)
+        self.pinned = recalled.cpu().clone()
+        if self.accumulator is not None and self.accumulator.state is not None:
+            self.accumulator.select(torch.arange(back, device=self.accumulator.state.device))
             self.accumulator.append_rows(n)
-        self.report["pinned_tokens"] = int(self.pinned.numel())
+        if self.logical_prompt is None:
+            self.logical_prompt = req.origin_input_ids
+        req.origin_input_ids = ids
+        req.refresh_fill_ids()
+        self.report["pinned_tokens"] = n
 
     # --- stored views and retraction (radix.py, history.py, retraction.py) ----------------------
     def adopt_view(self, req, positions: torch.Tensor, depth: int, prompt: array,
@@ -209,7 +216,7 @@ class ReqEvictState:
         from 0. Returns whether it held a view."""
         if self.logical_prompt is None:
             return False
-        req.origin_input_ids, self.logical_prompt, self.hit = self.logical_prompt, None, None
+        req.origin_input_ids, self.logical_prompt, self.hit, self.recall = self.logical_prompt, None, None, None
         self.kept_pos, self.offset = self.kept_pos[:0], 0
         req.refresh_fill_ids()
         return True

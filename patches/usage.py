@@ -23,7 +23,7 @@ from .state import state_of
 
 SUMMED = ("evicted_tokens", "live_tokens", "pages_freed", "evictions", "history_tokens",
           "history_view_tokens", "prefill_evicted_tokens", "offloaded_tokens", "recall_candidates",
-          "recalled_tokens", "pinned_tokens", "recall_ms", "host_bytes")
+          "recalled_tokens", "recomputed_tokens", "pinned_tokens", "recall_ms", "host_bytes")
 # The eviction figures a streamed request has seen so far, by request id (one dict per request:
 # the streaming response runs in its own task, whose context starts without it).
 _STREAMED: ContextVar[dict | None] = ContextVar("vtoken_streamed_kv_evict", default=None)

@@ -49,7 +49,7 @@ def run_trial(client: Client, tok, trial, label: str, kv: dict, max_new: int, eo
         replies.append(list(out["output_ids"]))
         report = (out["meta_info"].get("kv_evict") or [{}])[0]
         turns.append({k: report[k] for k in ("live_tokens", "history_tokens", "offloaded_tokens",
-                                             "recall_candidates", "recalled_tokens", "recall_ms", "host_bytes",
+                                             "recall_candidates", "recalled_tokens", "recomputed_tokens", "recall_ms", "host_bytes",
                                              "recalled_positions")
                       if k in report})
     answer = tok.decode(_strip(replies[-1], eos), skip_special_tokens=True)

@@ -23,7 +23,7 @@ import torch
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies import policy_from_config
-from sgl_vtoken.recall import candidate_mass, pick
+from sgl_vtoken.recall import candidate_mass, pick, split
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
 
@@ -69,9 +69,11 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     prompt is prefilled in chunks, the row evicted to the budget whenever it reaches
     ``budget + prefill_chunk`` with prompt tokens left; each chunk's last `obs_window` queries
     score that eviction. With `cfg.recall` (host tier) the tokens with KV that the view lacks
-    are candidates: after the prompt, its window queries score them (`sgl_vtoken.recall`) and the
-    best `recall` join the row's end before the first decode step, kept for the rest of the turn;
-    the view stored for the next turn leaves them out (they stay candidates).
+    are candidates, and the prompt is prefilled in two chunks (`sgl_vtoken.recall.split`): the
+    first chunk's last `obs_window` queries score them, the best `recall` join the row and are
+    kept for the rest of the turn, and the second chunk (the scoring window rounded to pages, and
+    the prompt's end) is computed with them visible. The view stored for the next turn leaves
+    them out (they stay candidates).
     """
     policy = policy_from_config(cfg) if cfg.enabled else None
     acc = policy.new_accumulator() if policy is not None else None
@@ -113,9 +115,20 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
         if acc is not None and window > 0:
             acc.update(*_group_probs(res.attentions, list(range(end - window, end)), row, model.config, cfg))
 
+    pos = start
+    cut = split(len(row), len(row) + len(prompt) - start, cfg.obs_window, cfg.page_size) if candidates else None
+    if cut is not None:  # recall: chunk 1 scores the candidates, chunk 2 is recomputed with them
+        end, back = (start + c - len(row) for c in cut)
+        first = [row + list(range(start, i + 1)) for i in range(start, end)]
+        with _queries(model, True) as queries:
+            res = model(torch.tensor([ids[:end]]), attention_mask=_mask(allowed + first, end), use_cache=True)
+        window = min(cfg.obs_window, end - max(start, cached))
+        pinned = _recall(res, queries, candidates, row + list(range(start, end)),
+                         list(range(end - window, end)), cfg)
+        allowed += first[:back - start]
+        row, pos = row + list(range(start, back)) + pinned, back
     # The prompt, chunk by chunk with `prefill_chunk`: the row is evicted to the budget whenever
     # it reaches budget + prefill_chunk and prompt tokens remain.
-    pos = start
     while True:
         end = len(prompt) if policy is None or cfg.prefill_peak is None else \
             min(len(prompt), pos + cfg.prefill_peak - len(row))
@@ -128,28 +141,18 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
         observe(res, pos, end)
         row = evict(res, row)
         pos = end
-    out, recalled = [], []
+    out = []
     for k in range(max_new_tokens):
-        with _queries(model, k == 0 and bool(candidates)) as queries:
-            res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
-                        output_attentions=acc is not None)
+        res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
+                    output_attentions=acc is not None)
         if k == 0:  # the last prompt chunk's observation window
             observe(res, pos, len(prompt))
-            if candidates:
-                window = min(cfg.obs_window, len(prompt) - max(pos, cached))
-                recalled = _recall(res, queries, candidates, row, list(range(len(prompt) - window, len(prompt))),
-                                   cfg)
         elif acc is not None:  # the new token's query
             acc.update(*_group_probs(res.attentions, [len(ids) - 1], row, model.config, cfg))
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
         t = len(ids)
         ids.append(nxt)
-        if recalled:  # back from the host tier: the row's end, kept for the rest of the turn
-            row, pinned = row + recalled, pinned + recalled
-            if acc is not None:
-                acc.append_rows(len(recalled))
-            recalled = []
         if policy is not None and cfg.should_evict(len(row)):
             row = evict(res, row)
         row.append(t)

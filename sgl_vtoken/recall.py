@@ -2,9 +2,9 @@
 
 A new turn continues from a stored view; the tokens its history evicted earlier sit in the host
 store (`patches/host_tier.py`), each with its K/V as computed when it was prefilled or decoded.
-After the new message's prefill, the last `obs_window` queries of the message score every
-candidate (an evicted token below the view's depth that the view does not hold) with the
-statistic SnapKV uses, but over both tiers at once::
+The new message is prefilled in two chunks (`split`). The last `obs_window` queries of the
+first chunk score every candidate (an evicted token below the view's depth that the view does
+not hold) with the statistic SnapKV uses, but over both tiers at once::
 
     query j (post-RoPE, every query head), per layer in score_layers:
         p = softmax( [q_j . K_row[:lengths[j]] ,  q_j . K_cand] * scale )    (one distribution)
@@ -12,8 +12,10 @@ statistic SnapKV uses, but over both tiers at once::
     recalled = the `recall` best candidates after `recall_pool` smoothing over candidate
                neighbours (ties: the later position), ascending positions
 
-Candidates are never attended while the message is prefilled: the distribution is only a
-statistic. The server (`patches/scores.py`) and the Hugging Face reference
+Candidates are never attended by the first chunk: the distribution is only a statistic. The
+recalled tokens then join the row, and the second chunk recomputes the scoring window (and the
+message's end) with them visible, so the question's own K/V and the first answer token see what
+it recalled, not only the tokens decoded after it. The server (`patches/scores.py`) and the Hugging Face reference
 (`sgl_vtoken.hf_reference`) call the same two functions.
 """
 
@@ -43,6 +45,24 @@ def candidate_mass(q: torch.Tensor, row_keys: torch.Tensor, lengths: torch.Tenso
     hidden[:, n:] = False
     logits = logits.masked_fill(hidden[:, None, :], float("-inf"))
     return torch.softmax(logits, dim=-1)[:, :, n:].sum(dim=(0, 1))
+
+
+def split(prefix: int, total: int, window: int, page_size: int) -> tuple[int, int] | None:
+    """Row lengths where a recalling turn's prefill is cut, or None when the new tokens do not
+    cross a page boundary before the last one (the turn recalls nothing)::
+
+        row   | prefix (the view) | new tokens ...................................... |
+              0                prefix              back            end             total
+        chunk 1                   [---------------------------------)   its last `window` queries score
+        chunk 2                                     [-----------------------------)   recomputed, recalled visible
+
+    `end`: the last page boundary before the prompt's last token (chunk 1 is never the whole
+    prompt, so SGLang samples nothing from it); `back`: `window` rounded up to whole pages
+    before `end`, not below the prefix (chunk 1's K/V past `back` is dropped and recomputed)."""
+    end = (total - 1) // page_size * page_size
+    if end <= prefix:
+        return None
+    return end, max(prefix, end - -(-window // page_size) * page_size)
 
 
 def pick(scores: torch.Tensor, k: int, pool: int = 1) -> torch.Tensor:

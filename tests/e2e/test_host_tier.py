@@ -58,10 +58,11 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1):
 @pytest.mark.parametrize("policy,page_size", [("streamingllm", 1), ("h2o", 1), ("streamingllm", 16), ("h2o", 16)])
 def test_recall_turns_equal_the_reference_and_the_store_is_released(server_factory, kvp_checkpoint, hf_eager,
                                                                     policy, page_size):
-    """Five turns, budget 48 (64 at page size 16), recall 8: from turn 2 on each turn recalls up
-    to 8 of its history's evicted tokens, kept through the turn (at page size 16 appended
-    page-dense, then compacted away before the history is stored); outputs equal HF replaying
-    the same recall rule. The stored history holds the host chunks until the tree lets it go
+    """Five turns, budget 48 (64 at page size 16), recall 8: from turn 2 on each turn's prefill
+    is cut in two, the first chunk's window recalls up to 8 of its history's evicted tokens, and
+    the second chunk recomputes that window (16 tokens, one page at page size 16, fewer
+    when the view ends inside that page) with them visible; they are kept through the turn (at page size 16 page-dense, then compacted away
+    before the history is stored); outputs equal HF replaying the same recall rule. The stored history holds the host chunks until the tree lets it go
     (flush), and the pool is whole under SGLang's checkers."""
     client = evict_server(server_factory, kvp_checkpoint, page_size)
     flush(client)
@@ -70,7 +71,7 @@ def test_recall_turns_equal_the_reference_and_the_store_is_released(server_facto
     assert "recalled_tokens" not in reports[0]
     for r in reports[1:]:
         assert r["recalled_tokens"] == r["pinned_tokens"] == min(RECALL, r["recall_candidates"]) > 0
-        assert r["recall_ms"] > 0 and r["host_bytes"] > 0
+        assert r["recall_ms"] > 0 and r["host_bytes"] > 0 and 0 < r["recomputed_tokens"] <= 16
     assert reports[-1]["recalled_tokens"] == RECALL
     st = wait_pool_free(client)
     assert st["host_tokens_held"] > 0 and st["host_bytes_held"] > 0 and st["recalled_tokens"] >= sum(r["recalled_tokens"] for r in reports[1:])

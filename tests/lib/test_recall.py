@@ -1,8 +1,9 @@
 """Recall scoring (`sgl_vtoken.recall`) against a direct computation, and its selection rule."""
 
+import pytest
 import torch
 
-from sgl_vtoken.recall import candidate_mass, dedupe, pick
+from sgl_vtoken.recall import candidate_mass, dedupe, pick, split
 
 
 def test_candidate_mass_is_the_joint_softmax_mass_of_the_candidates():
@@ -36,3 +37,15 @@ def test_dedupe_keeps_each_position_below_the_depth_once_and_not_the_views():
     positions = torch.tensor([9, 3, 5, 3, 12, 7])
     idx = dedupe(positions, below=10, exclude=torch.tensor([7]))
     assert positions[idx].tolist() == [3, 5, 9] and idx.tolist() == [1, 2, 0]
+
+
+@pytest.mark.parametrize("prefix,total,page_size,expected", [
+    (10, 40, 1, (39, 23)),     # page 1: the first chunk stops one token short, the window goes back
+    (64, 110, 16, (96, 80)),   # page 16: the last boundary before the end; one page recomputed
+    (70, 110, 16, (96, 80)),   # a view ending inside a page
+    (90, 110, 16, (96, 90)),   # the recomputed part never reaches into the view
+    (96, 100, 16, None),       # no page boundary after the view before the last token
+    (10, 11, 1, None),         # one new token: nothing to cut
+])
+def test_split_cuts_before_the_last_page_and_recomputes_the_window(prefix, total, page_size, expected):
+    assert split(prefix, total, 16, page_size) == expected
