@@ -8,7 +8,9 @@ Score: the answer's first number is the key. Besides the hits, each record carri
 the request kept (`live_tokens`), the host tier's figures (offloaded, recalled, recall time, host
 bytes) per turn. One JSON line per (setting, trial), then one summary line per setting.
 
-    python scripts/eval_recall.py --trials 3 --out docs/results/recall_host_tier.jsonl
+    python scripts/eval_recall.py --trials 10 --out docs/results/recall_host_tier.jsonl \
+        --plot docs/img/recall_host_tier.png
+    python scripts/eval_recall.py --render docs/results/recall_host_tier.jsonl --plot docs/img/recall_host_tier.png
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from sgl_vtoken.quality.tasks import exact_number, next_turn_ids, recall_trials
 REPO = Path(__file__).resolve().parents[1]
 
 
-def settings(policies: list[str], budget: int, recall: int, window: int) -> list[tuple[str, dict]]:
+def settings(policies: list[str], budget: int, recalls: list[int], window: int) -> list[tuple[str, dict]]:
     out = [("full", {"policy": "none"})]
     for p in policies:
         kv = {"policy": p, "budget": budget, "window": window if p != "streamingllm" else 0}
         out.append((f"{p} b{budget}", kv))
-        out.append((f"{p} b{budget} + recall {recall}", {**kv, "offload": True, "recall": recall}))
+        out += [(f"{p} b{budget} + recall {r}", {**kv, "offload": True, "recall": r}) for r in recalls]
     return out
 
 
@@ -70,6 +72,38 @@ def summary(label: str, records: list[dict]) -> dict:
             "mean_prompt_tokens": round(statistics.mean(r["prompt_tokens"] for r in records), 1)}
 
 
+def plot(records: list[dict], path: str) -> None:
+    """Two panels from the trial and summary lines: pass-key accuracy per setting (hits/trials),
+    and each trial's device KV after its last eviction (the full cache: its whole history)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summaries = [r for r in records if r["kind"] == "summary"]
+    trials = [r for r in records if r["kind"] == "trial"]
+    labels = [s["setting"] for s in summaries]
+    colors = ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    acc = [100 * s["accuracy"] for s in summaries]
+    a.bar(range(len(labels)), acc, color=colors[:len(labels)])
+    for i, s in enumerate(summaries):
+        a.annotate(f"{s['hits']}/{s['trials']}", (i, acc[i]), ha="center", va="bottom", fontsize=8)
+    a.set_xticks(range(len(labels)), labels, fontsize=7, rotation=12)
+    a.set_ylim(0, 110)
+    a.set_ylabel("pass key found (%)")
+    a.set_title("question four turns after the fact", fontsize=9)
+    for i, label in enumerate(labels):
+        kv = [(t["turns"][-1].get("live_tokens") or t["prompt_tokens"]) for t in trials if t["setting"] == label]
+        b.scatter([i] * len(kv), kv, color=colors[i % len(colors)], s=14)
+    b.set_xticks(range(len(labels)), labels, fontsize=7, rotation=12)
+    b.set_ylabel("device KV tokens, last turn")
+    b.set_title("KV the request holds (full cache: its history)", fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(REPO / ".cache" / "smollm2"))
@@ -77,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fillers", type=int, default=3, help="turns between the fact and the question")
     ap.add_argument("--filler-tokens", type=int, default=120)
     ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--recall", type=int, default=128)
+    ap.add_argument("--recall", default="128", help="comma-separated recall budgets, one setting each")
     ap.add_argument("--recall-pool", type=int, default=7)
     ap.add_argument("--window", type=int, default=32, help="recent window of the non-positional policies")
     ap.add_argument("--policies", default="streamingllm")
@@ -88,7 +122,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSON lines file (default: stdout only)")
+    ap.add_argument("--plot", default=None, help="PNG of accuracy and device KV per setting")
+    ap.add_argument("--render", default=None, help="only plot the JSON lines of an earlier run (with --plot)")
     args = ap.parse_args(argv)
+    if args.render:
+        if not args.plot:
+            ap.error("--render needs --plot")
+        plot([json.loads(line) for line in Path(args.render).read_text().splitlines() if line.strip()], args.plot)
+        return
+    records: list[dict] = []
 
     from transformers import AutoTokenizer
 
@@ -108,10 +150,11 @@ def main(argv: list[str] | None = None) -> None:
         "--kv-evict", "streamingllm", "--kv-budget", str(args.budget), "--kv-sink", str(args.sink),
         "--kv-evict-interval", str(args.interval), "--kv-evict-config", json.dumps(config),
         "--disable-overlap-schedule"]
-    cells = settings(args.policies.split(","), args.budget, args.recall, args.window)
+    cells = settings(args.policies.split(","), args.budget, [int(r) for r in args.recall.split(",")], args.window)
     sink = open(args.out, "w") if args.out else None
 
     def emit(rec: dict) -> None:
+        records.append(rec)
         line = json.dumps(rec)
         print(line, flush=True)
         if sink:
@@ -135,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
                                                          "peak_host_bytes", "offload_dropped_tokens")}})
     if sink:
         sink.close()
+    if args.plot:
+        plot(records, args.plot)
 
 
 def requests_state(base_url: str) -> dict:
