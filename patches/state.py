@@ -57,7 +57,7 @@ class ReqEvictState:
     blocked: bool = False                      # retracted, and its view does not fit the pool yet
     prefill_evicted: int = 0                   # prompt tokens evicted during its prefill (prefill_chunk)
     host: list = field(default_factory=list)   # host_tier.Chunk it holds: its history's, then its own
-    host_taken: bool = False                   # it took its view's host store (first prefill forward)
+    host_taken: bool = False                   # it took its view's host store (admission or first prefill forward)
     recall: object = None                      # host_tier.RecallPlan until its prefill's first chunk ends
     pinned: torch.Tensor | None = None         # positions recalled this turn: kept like sinks
 
