@@ -112,7 +112,7 @@ def evict_rows(scheduler, due: list) -> list[int]:
     copies, active = [], []
     for b, (req, st, row_len) in enumerate(due):
         w, n_copy, cpl = d.counts["whole"][b], d.counts["copies"][b], rows[b].cpl
-        slots = _alloc(scheduler, -(-n_copy // ps) * ps) if n_copy else d.raw[b, :0]
+        slots = alloc_slots(scheduler, -(-n_copy // ps) * ps) if n_copy else d.raw[b, :0]
         copies.append(d.raw[b, :0] if slots is None else slots)
         active.append(slots is not None)  # no free page for the copies: retry at the next step
         if slots is None or not st.holed or w == cpl:
@@ -190,7 +190,7 @@ def _record(st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tenso
     return evicted
 
 
-def _alloc(scheduler, n: int) -> torch.Tensor | None:
+def alloc_slots(scheduler, n: int) -> torch.Tensor | None:
     """`n` slots (whole pages) from the pool, evicting unlocked radix-cache nodes if needed."""
     allocator = scheduler.token_to_kv_pool_allocator
     if allocator.available_size() < n:

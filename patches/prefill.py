@@ -22,7 +22,7 @@ from __future__ import annotations
 from array import array
 
 from . import host_tier
-from .eviction import _alloc, evict_rows
+from .eviction import alloc_slots, evict_rows
 from .server_args import prefill_chunk_problem
 from .state import state_of
 
@@ -55,7 +55,7 @@ def around_stash_chunked_request(original, scheduler, req):
     if st is None:
         return
     if st.recall is not None and req.prefix_len == req.kv.kv_committed_len == st.recall.end:
-        host_tier.recall_prompt(scheduler, req, st, lambda n: _alloc(scheduler, n))
+        host_tier.recall_prompt(scheduler, req, st, lambda n: alloc_slots(scheduler, n))
         return
     if not st.evicts_in_prefill(req):
         return

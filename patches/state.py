@@ -162,10 +162,7 @@ class ReqEvictState:
         if self.accumulator is not None and self.accumulator.state is not None:
             self.accumulator.select(torch.arange(back, device=self.accumulator.state.device))
             self.accumulator.append_rows(n)
-        if self.logical_prompt is None:
-            self.logical_prompt = req.origin_input_ids
-        req.origin_input_ids = ids
-        req.refresh_fill_ids()
+        self.row_ids(req, ids)
         self.report["pinned_tokens"] = n
 
     # --- stored views and retraction (radix.py, history.py, retraction.py) ----------------------
@@ -199,14 +196,19 @@ class ReqEvictState:
         re-prefill of a retracted request's outputs."""
         return self.cfg.prefill_peak is not None and not req.output_ids
 
+    def row_ids(self, req, ids: array) -> None:
+        """`req`'s ids become the row coordinates `ids` (fill ids refreshed); its logical prompt
+        is kept for `restore_prompt` the first time."""
+        if self.logical_prompt is None:
+            self.logical_prompt = req.origin_input_ids
+        req.origin_input_ids = ids
+        req.refresh_fill_ids()
+
     def compact_prompt(self, req, prompt: array, evicted: int) -> None:
         """An eviction during the prefill (`prefill.py`) removed `evicted` prefilled prompt
         tokens: `req`'s ids become row coordinates `prompt` (the kept entries' ids, then the
         prompt's remaining ids); its logical prompt is kept for `restore_prompt`."""
-        if self.logical_prompt is None:
-            self.logical_prompt = req.origin_input_ids
-        req.origin_input_ids = prompt
-        req.refresh_fill_ids()
+        self.row_ids(req, prompt)
         self.prefill_evicted += evicted
         self.report["prefill_evicted_tokens"] = self.prefill_evicted
 

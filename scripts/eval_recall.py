@@ -72,6 +72,17 @@ def summary(label: str, records: list[dict]) -> dict:
             "mean_prompt_tokens": round(statistics.mean(r["prompt_tokens"] for r in records), 1)}
 
 
+def _budgets(text: str) -> list[int]:
+    """``--recall``: comma-separated positive integers."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
 def plot(records: list[dict], path: str) -> None:
     """Two panels from the trial and summary lines: pass-key accuracy per setting (hits/trials),
     and each trial's device KV after its last eviction (the full cache: its whole history)."""
@@ -85,7 +96,7 @@ def plot(records: list[dict], path: str) -> None:
     colors = ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     acc = [100 * s["accuracy"] for s in summaries]
-    a.bar(range(len(labels)), acc, color=colors[:len(labels)])
+    a.bar(range(len(labels)), acc, color=[colors[i % len(colors)] for i in range(len(labels))])
     for i, s in enumerate(summaries):
         a.annotate(f"{s['hits']}/{s['trials']}", (i, acc[i]), ha="center", va="bottom", fontsize=8)
     a.set_xticks(range(len(labels)), labels, fontsize=7, rotation=12)
@@ -111,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fillers", type=int, default=3, help="turns between the fact and the question")
     ap.add_argument("--filler-tokens", type=int, default=120)
     ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--recall", default="128", help="comma-separated recall budgets, one setting each")
+    ap.add_argument("--recall", type=_budgets, default=[128], help="comma-separated recall budgets, one setting each")
     ap.add_argument("--recall-pool", type=int, default=7)
     ap.add_argument("--window", type=int, default=32, help="recent window of the non-positional policies")
     ap.add_argument("--policies", default="streamingllm")
@@ -150,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         "--kv-evict", "streamingllm", "--kv-budget", str(args.budget), "--kv-sink", str(args.sink),
         "--kv-evict-interval", str(args.interval), "--kv-evict-config", json.dumps(config),
         "--disable-overlap-schedule"]
-    cells = settings(args.policies.split(","), args.budget, [int(r) for r in args.recall.split(",")], args.window)
+    cells = settings(args.policies.split(","), args.budget, args.recall, args.window)
     sink = open(args.out, "w") if args.out else None
 
     def emit(rec: dict) -> None:
