@@ -35,7 +35,7 @@ import torch
 from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
 
 from sgl_vtoken.kernels import attn_scores_
-from sgl_vtoken.recall import candidate_mass
+from sgl_vtoken.recall import candidate_mass, window_probs
 
 from .state import state_of
 
@@ -145,11 +145,6 @@ def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:
         indptr = torch.tensor([0, n], dtype=torch.int32, device=k_buffer.device)
         attn_scores_(q, k_buffer, indptr, slots.to(torch.int32), score, scale, decay=0.0)
         return score[slots].unsqueeze(0)
-    keys = k_buffer[slots].float()                                          # [n, hkv, d]
-    g = hq // hkv
-    logits = torch.einsum("qhd,nhd->qhn", q.float().view(nq, hkv, g, -1).flatten(1, 2),
-                          keys.repeat_interleave(g, dim=1)) * scale       # [nq, hq, n]
-    causal = torch.arange(n, device=q.device)[None, :] >= lengths.to(q.device)[:, None]
-    logits = logits.masked_fill(causal[:, None, :], float("-inf"))
-    p = torch.softmax(logits, dim=-1).view(nq, hkv, g, n).sum(dim=2)       # [nq, hkv, n]
+    p = window_probs(q.view(nq, hq, -1), k_buffer[slots], lengths, scale)    # [nq, hq, n]
+    p = p.view(nq, hkv, hq // hkv, n).sum(dim=2)                             # [nq, hkv, n]
     return p.transpose(1, 2)
