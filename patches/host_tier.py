@@ -301,7 +301,7 @@ def drop_recalled(req, tree) -> None:
     kv.kv_committed_len = kv.kv_allocated_len = plan.new_len
 
 
-def release_finished(req, tree) -> None:
+def release_finished(req) -> None:
     """After a request's KV is released: a finished (or aborted) request's chunks that no stored
     view took are released; a retracted one keeps them."""
     st = state_of(req)

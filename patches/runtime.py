@@ -51,7 +51,7 @@ def before_release_kv_cache(req, tree_cache, *args, **kwargs):
 def after_release_kv_cache(result, req, tree_cache, *args, **kwargs):
     """AFTER `mem_cache.common.release_kv_cache`: a finished request's host chunks that its
     stored view did not take are released (`host_tier.py`)."""
-    host_tier.release_finished(req, tree_cache)
+    host_tier.release_finished(req)
     return result
 
 
