@@ -10,7 +10,12 @@ bytes) per turn. One JSON line per (setting, trial), then one summary line per s
 
     python scripts/eval_recall.py --trials 10 --out docs/results/recall_host_tier.jsonl \
         --plot docs/img/recall_host_tier.png
-    python scripts/eval_recall.py --render docs/results/recall_host_tier.jsonl --plot docs/img/recall_host_tier.png
+    python scripts/eval_recall.py --first 10 --trials 10 --out docs/results/recall_host_tier_10_19.jsonl
+    python scripts/eval_recall.py --render docs/results/recall_host_tier.jsonl \
+        docs/results/recall_host_tier_10_19.jsonl --plot docs/img/recall_host_tier.png
+
+Trial i is the same conversation whatever `--trials` and `--first` are, so runs over disjoint
+ranges add up; `--render` prints one summary line per setting over all the files' trials.
 """
 
 from __future__ import annotations
@@ -119,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(REPO / ".cache" / "smollm2"))
     ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--first", type=int, default=0, help="index of the first trial (trials are seeded one by one)")
     ap.add_argument("--fillers", type=int, default=3, help="turns between the fact and the question")
     ap.add_argument("--filler-tokens", type=int, default=120)
     ap.add_argument("--budget", type=int, default=256)
@@ -134,12 +140,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSON lines file (default: stdout only)")
     ap.add_argument("--plot", default=None, help="PNG of accuracy and device KV per setting")
-    ap.add_argument("--render", default=None, help="only plot the JSON lines of an earlier run (with --plot)")
+    ap.add_argument("--render", nargs="+", default=None,
+                    help="JSON lines of earlier runs (e.g. two trial ranges): print one summary line per "
+                         "setting over all their trials, and plot them with --plot")
     args = ap.parse_args(argv)
+    if args.first < 0 or args.trials < 1:
+        ap.error(f"--first must be >= 0 and --trials >= 1 (got {args.first} and {args.trials})")
     if args.render:
-        if not args.plot:
-            ap.error("--render needs --plot")
-        plot([json.loads(line) for line in Path(args.render).read_text().splitlines() if line.strip()], args.plot)
+        records = [rec for path in args.render for line in Path(path).read_text().splitlines() if line.strip()
+                   for rec in [json.loads(line)] if rec["kind"] == "trial"]
+        by_setting: dict[str, list[dict]] = {}
+        for rec in records:
+            by_setting.setdefault(rec["setting"], []).append(rec)
+        summaries = [summary(label, recs) for label, recs in by_setting.items()]
+        for rec in summaries:
+            print(json.dumps(rec))
+        if args.plot:
+            plot(records + summaries, args.plot)
         return
     records: list[dict] = []
 
@@ -152,7 +169,8 @@ def main(argv: list[str] | None = None) -> None:
         model = str(ensure_model("smollm2", model))
     tok = AutoTokenizer.from_pretrained(model)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    trials = recall_trials(tok, args.trials, fillers=args.fillers, filler_tokens=args.filler_tokens, seed=args.seed)
+    trials = recall_trials(tok, args.first + args.trials, fillers=args.fillers, filler_tokens=args.filler_tokens,
+                           seed=args.seed)[args.first:]
     config = {"host_tokens": 1 << 20, "recall_pool": args.recall_pool}
     if args.score_layers:
         lo, hi = map(int, args.score_layers.split("-"))

@@ -1,0 +1,50 @@
+"""scripts/eval_recall.py without a server: `--render` of several runs (trial ranges) gives one
+summary per setting over all their trials; bad ranges are refused naming the flags."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_recall.py"
+
+
+@pytest.fixture(scope="module")
+def eval_recall():
+    spec = importlib.util.spec_from_file_location("eval_recall", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trial(setting, i, hit, live, recall_ms=None):
+    turn = {"live_tokens": live, **({"recall_ms": recall_ms, "host_bytes": 1000 + i} if recall_ms else {})}
+    return {"kind": "trial", "setting": setting, "trial": f"recall-{i}", "hit": hit, "prompt_tokens": 600 + i,
+            "turns": [turn]}
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_render_summarises_the_union_of_runs(eval_recall, tmp_path, capsys):
+    first = _write(tmp_path / "a.jsonl", [{"kind": "config", "first": 0}, _trial("full", 0, True, None),
+                                          _trial("r128", 0, True, 256, 80.0), _trial("full", 1, True, None),
+                                          _trial("r128", 1, False, 256, 90.0),
+                                          {"kind": "summary", "setting": "full", "hits": 2, "trials": 2}])
+    second = _write(tmp_path / "b.jsonl", [_trial("full", 2, True, None), _trial("r128", 2, True, 250, 120.0)])
+    eval_recall.main(["--render", first, second, "--plot", str(tmp_path / "p.png")])
+    out = {s["setting"]: s for s in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert (out["full"]["hits"], out["full"]["trials"]) == (3, 3)
+    assert (out["r128"]["hits"], out["r128"]["trials"], out["r128"]["accuracy"]) == (2, 3, 0.6667)
+    assert out["r128"]["recall_ms_median"] == 90.0 and out["r128"]["max_live_tokens_last_turn"] == 256
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv", [["--first", "-1"], ["--trials", "0"]])
+def test_bad_trial_ranges_are_refused(eval_recall, capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        eval_recall.main([*argv, "--render", "unused.jsonl"])
+    assert e.value.code == 2 and "--first must be >= 0 and --trials >= 1" in capsys.readouterr().err
