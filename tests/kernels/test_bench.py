@@ -1,10 +1,8 @@
 """The kernel benchmark end to end at smoke shapes on CPU (the GPU run's dry mode), its move
 patterns, and its host-cost probe (no timed assertions)."""
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,17 +10,13 @@ import torch
 from sgl_vtoken.kernels import bench, repack
 from sgl_vtoken.kernels._checks import check_moves
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_kernels.py"
 # --cpu-smoke runs Triton on CPU tensors: only where the kernels were loaded by the interpreter
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 
 
 @pytest.fixture(scope="module")
-def cli():
-    spec = importlib.util.spec_from_file_location("bench_kernels", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def cli(load_script):
+    return load_script("bench_kernels")
 
 
 @pytest.mark.parametrize("pattern", ["compaction", "scatter"])

@@ -1,21 +1,14 @@
 """scripts/eval_recall.py without a server: `--render` of several runs (trial ranges) gives one
 summary per setting over all their trials; bad ranges are refused naming the flags."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_recall.py"
-
 
 @pytest.fixture(scope="module")
-def eval_recall():
-    spec = importlib.util.spec_from_file_location("eval_recall", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def eval_recall(load_script):
+    return load_script("eval_recall")
 
 
 def _trial(setting, i, hit, live, recall_ms=None):
