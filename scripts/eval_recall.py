@@ -8,9 +8,9 @@ Score: the answer's first number is the key. Besides the hits, each record carri
 the request kept (`live_tokens`), the host tier's figures (offloaded, recalled, recall time, host
 bytes) per turn. One JSON line per (setting, trial), then one summary line per setting.
 
-    python scripts/eval_recall.py --trials 10 --out docs/results/recall_host_tier.jsonl \
-        --plot docs/img/recall_host_tier.png
-    python scripts/eval_recall.py --first 10 --trials 10 --out docs/results/recall_host_tier_10_19.jsonl
+    python scripts/eval_recall.py --trials 10 --recall 128,192 --out docs/results/recall_host_tier.jsonl
+    python scripts/eval_recall.py --first 10 --trials 10 --recall 128,192 \
+        --out docs/results/recall_host_tier_10_19.jsonl
     python scripts/eval_recall.py --render docs/results/recall_host_tier.jsonl \
         docs/results/recall_host_tier_10_19.jsonl --plot docs/img/recall_host_tier.png
 
@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
                    for rec in [json.loads(line)] if rec["kind"] == "trial"]
         by_setting: dict[str, list[dict]] = {}
         for rec in records:
+            if any(r["trial"] == rec["trial"] for r in by_setting.get(rec["setting"], [])):
+                ap.error(f"--render: {rec['setting']!r} has {rec['trial']} twice (overlapping trial ranges)")
             by_setting.setdefault(rec["setting"], []).append(rec)
         summaries = [summary(label, recs) for label, recs in by_setting.items()]
         for rec in summaries:

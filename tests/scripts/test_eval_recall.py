@@ -41,3 +41,12 @@ def test_bad_trial_ranges_are_refused(eval_recall, capsys, argv):
     with pytest.raises(SystemExit) as e:
         eval_recall.main([*argv, "--render", "unused.jsonl"])
     assert e.value.code == 2 and "--first must be >= 0 and --trials >= 1" in capsys.readouterr().err
+
+
+def test_render_refuses_overlapping_trial_ranges(eval_recall, tmp_path, capsys):
+    """A trial counted twice would inflate the table: the same (setting, trial) in two files is an error."""
+    first = _write(tmp_path / "a.jsonl", [_trial("full", 0, True, None), _trial("full", 1, True, None)])
+    second = _write(tmp_path / "b.jsonl", [_trial("full", 1, False, None)])
+    with pytest.raises(SystemExit) as e:
+        eval_recall.main(["--render", first, second])
+    assert e.value.code == 2 and "'full' has recall-1 twice (overlapping trial ranges)" in capsys.readouterr().err
