@@ -215,7 +215,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # overlap scheduler: the first chunk's forward has run
     t0 = time.perf_counter()
-    sel = pick(plan.scores, st.cfg.recall, st.cfg.recall_pool)
+    sel = pick(plan.scores, st.cfg.recall, st.cfg.recall_pool, st.cfg.recall_gap)
     kv, end, back = req.kv, plan.end, plan.back
     req_to_token = scheduler.req_to_token_pool.req_to_token
     allocator = scheduler.token_to_kv_pool_allocator

@@ -38,7 +38,7 @@ KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs)
 ATTENTION_POLICIES = tuple(n for n, cls in POLICIES.items() if "attn" in cls.needs)
 # Settings that are the server's, not the policy's, inside --kv-evict-config.
 SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers", "reuse_history", "prefill_chunk",
-                 "offload", "host_tokens", "recall", "recall_pool")
+                 "offload", "host_tokens", "recall", "recall_pool", "recall_gap")
 
 # EvictConfig field -> the flag that sets it (error messages name the flag).
 FIELD_FLAGS = {
@@ -48,7 +48,7 @@ FIELD_FLAGS = {
     "obs_window": "--kv-evict-config", "score_layers": "--kv-evict-config",
     "reuse_history": "--kv-evict-config", "prefill_chunk": "--kv-evict-config",
     "offload": "--kv-evict-config", "host_tokens": "--kv-evict-config", "recall": "--kv-evict-config",
-    "recall_pool": "--kv-evict-config",
+    "recall_pool": "--kv-evict-config", "recall_gap": "--kv-evict-config",
 }
 
 # (server-args attribute, predicate of an unsupported value, flag, why) checked with eviction on.

@@ -71,6 +71,9 @@ class EvictConfig:
             recalled tokens are kept for the rest of the turn, within `budget`.
         recall_pool: odd; each candidate's recall score is first averaged with its `recall_pool
             // 2` candidate neighbours on each side (SnapKV's pooling; 1: off).
+        recall_gap: candidates are recalled best first, each with the hole of at most
+            `recall_gap` candidates between it and a recalled neighbour, within `recall` (a span
+            whose ends score comes back whole; 0: off).
     """
 
     policy: str = DISABLED
@@ -92,6 +95,7 @@ class EvictConfig:
     host_tokens: int = 0
     recall: int = 0
     recall_pool: int = 1
+    recall_gap: int = 0
 
     def __post_init__(self) -> None:
         from sgl_vtoken.policies import POLICIES  # lazy: policies import nothing from here
@@ -124,6 +128,7 @@ class EvictConfig:
         _check_int("host_tokens", self.host_tokens, 0)
         _check_int("recall", self.recall, 0)
         _check_int("recall_pool", self.recall_pool, 1)
+        _check_int("recall_gap", self.recall_gap, 0)
         if self.recall_pool % 2 == 0:
             raise ValueError(f"EvictConfig.recall_pool must be odd (got {self.recall_pool})")
         if not isinstance(self.offload, bool):
@@ -214,7 +219,7 @@ class EvictConfig:
         return (f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
                 f":i{self.interval}:p{self.page_size}:seed{self.seed}:{self.aggregation}"
                 f":o{self.obs_window}:l{self.score_layers}:c{self.prefill_chunk}"
-                f":off{int(self.offload)}:r{self.recall}:rp{self.recall_pool}:{params}")
+                f":off{int(self.offload)}:r{self.recall}:rp{self.recall_pool}:rg{self.recall_gap}:{params}")
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

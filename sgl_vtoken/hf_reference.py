@@ -194,7 +194,7 @@ def _recall(res, queries, candidates: list[int], row: list[int], window: list[in
         keys = res.past_key_values.layers[layer].keys[0]                 # [hkv, T, d]
         scores += candidate_mass(q[0][:, window].transpose(0, 1), keys[:, row].transpose(0, 1), lengths,
                                  keys[:, candidates].transpose(0, 1), scale)
-    return [candidates[i] for i in pick(scores, cfg.recall, cfg.recall_pool).tolist()]
+    return [candidates[i] for i in pick(scores, cfg.recall, cfg.recall_pool, cfg.recall_gap).tolist()]
 
 
 def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig):

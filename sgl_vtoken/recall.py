@@ -10,7 +10,8 @@ not hold) with the statistic SnapKV uses, but over both tiers at once::
         p = softmax( [q_j . K_row[:lengths[j]] ,  q_j . K_cand] * scale )    (one distribution)
         score[c] += sum over query heads of p[row part ends + c]
     recalled = the `recall` best candidates after `recall_pool` smoothing over candidate
-               neighbours (ties: the later position), ascending positions
+               neighbours (ties: the later position), with the holes of at most `recall_gap`
+               candidates between them (`pick`), ascending positions
 
 Candidates are never attended by the first chunk: the distribution is only a statistic. The
 recalled tokens then join the row, and the second chunk recomputes the scoring window (and the
@@ -21,9 +22,11 @@ it recalled, not only the tokens decoded after it. The server (`patches/scores.p
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 
-from sgl_vtoken.policies.base import smooth, top_budget
+from sgl_vtoken.policies.base import ranking, smooth
 
 
 def window_probs(q: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, scale: float,
@@ -80,12 +83,37 @@ def split(prefix: int, total: int, window: int, page_size: int) -> tuple[int, in
     return end, max(prefix, end - -(-window // page_size) * page_size)
 
 
-def pick(scores: torch.Tensor, k: int, pool: int = 1) -> torch.Tensor:
+def pick(scores: torch.Tensor, k: int, pool: int = 1, gap: int = 0) -> torch.Tensor:
     """Ascending indices of the `k` best `scores` ``[c]`` (candidates in position order; ties:
     the later one); all of them when ``c <= k``. With `pool` (odd) each score is first the mean
     over its candidate neighbours, ``pool // 2`` on each side (SnapKV's pooling): a recalled
-    token brings its span (the digits of a number) with it."""
-    return top_budget(smooth(scores.double().cpu(), pool), k)
+    token brings its span (the digits of a number) with it. With `gap`, candidates are taken
+    best first, each with the hole (at most `gap` candidates) between it and a taken neighbour;
+    one that would overflow `k` with its holes is passed over::
+
+        taken:  3 4                  next best 8, gap 3:  3 4 [5 6 7] 8   (its hole joins)
+                                     next best 8, gap 2:  3 4  .  .  .  8  (the hole stays open)
+
+    so a sentence whose ends the statistic marks comes back whole.
+    """
+    order = ranking(smooth(scores.double().cpu(), pool))
+    if not gap or k >= order.numel():
+        return order[:k].sort().values
+    taken: list[int] = []
+    for i in order.tolist():
+        if len(taken) == k:
+            break
+        j = bisect.bisect(taken, i)
+        if j and taken[j - 1] == i:
+            continue  # already taken as part of a hole
+        new = [i]
+        if j and 1 < i - taken[j - 1] <= gap + 1:
+            new += range(taken[j - 1] + 1, i)
+        if j < len(taken) and 1 < taken[j] - i <= gap + 1:
+            new += range(i + 1, taken[j])
+        if len(taken) + len(new) <= k:
+            taken = sorted(taken + new)
+    return torch.tensor(taken, dtype=torch.int64)
 
 
 def dedupe(positions: torch.Tensor, below: int, exclude: torch.Tensor) -> torch.Tensor:

@@ -46,12 +46,17 @@ def smooth(scores: torch.Tensor, kernel: int) -> torch.Tensor:
                                           count_include_pad=False)[0, 0]
 
 
-def top_budget(scores: torch.Tensor, budget: int) -> torch.Tensor:
-    """Ascending indices of the `budget` highest scores; ties keep the later (more recent) row."""
+def ranking(scores: torch.Tensor) -> torch.Tensor:
+    """``[n]`` indices of `scores` ``[n]`` from the highest down; ties: the later (more recent)
+    row first; NaN ranks last."""
     n = scores.shape[0]
     flipped = torch.nan_to_num(scores.to(torch.float64), nan=-math.inf).flip(0)
-    order = torch.sort(flipped, descending=True, stable=True).indices[:budget]
-    return (n - 1 - order).sort().values
+    return n - 1 - torch.sort(flipped, descending=True, stable=True).indices
+
+
+def top_budget(scores: torch.Tensor, budget: int) -> torch.Tensor:
+    """Ascending indices of the `budget` highest scores; ties keep the later (more recent) row."""
+    return ranking(scores)[:budget].sort().values
 
 
 @dataclass

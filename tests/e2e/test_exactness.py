@@ -21,14 +21,16 @@ POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "k
 WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters plus a recent window
 
 
-HOST_TOKENS = 100_000
+HOST_TOKENS, RECALL_GAP = 100_000, 4
 
 
 def evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=MEMORY_CHECKS):
     """A server whose own policy is kvp (its checkpoint loaded, interval 1) with a host store of
-    HOST_TOKENS; other policies, intervals, offload and recall come per request."""
+    HOST_TOKENS (recalls take holes of up to RECALL_GAP); other policies, intervals, offload and
+    recall come per request."""
     flags = ("--kv-evict", "kvp", "--kv-budget", str(BUDGET),
-             "--kv-evict-config", json.dumps({"checkpoint": kvp_checkpoint, "host_tokens": HOST_TOKENS}), *extra)
+             "--kv-evict-config", json.dumps({"checkpoint": kvp_checkpoint, "host_tokens": HOST_TOKENS,
+                                                   "recall_gap": RECALL_GAP}), *extra)
     return server_factory(page_size=page_size, extra=flags, env=env)
 
 

@@ -75,7 +75,7 @@ def test_from_dict_rejects_unknown_keys_listing_fields():
         EvictConfig.from_dict({"kv_budget": 3})
     # settings the server never honoured are unknown fields, not silently accepted ones
     for name, value in (("trigger", "fragmentation"), ("frag_threshold", 0.25), ("free_watermark", 0.1)):
-        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall', 'recall_pool'\]"):
+        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall', 'recall_pool', 'recall_gap'\]"):
             EvictConfig.from_dict({"policy": "none", name: value})
     with pytest.raises(ValueError, match="malformed"):
         EvictConfig.from_json("{policy:")
@@ -133,6 +133,7 @@ def test_prefill_chunk_ends_chunks_on_whole_pages():
     (dict(offload=True, host_tokens=100, recall=61), "recall must leave room in the budget"),
     (dict(offload="yes", host_tokens=100), "offload must be true or false"),
     (dict(offload=True, host_tokens=100, recall=8, recall_pool=4), "recall_pool must be odd"),
+    (dict(offload=True, host_tokens=100, recall=8, recall_gap=-1), "recall_gap must be >= 0"),
 ])
 def test_offload_settings_are_validated_naming_the_field(kwargs, needle):
     base = dict(policy="streamingllm", budget=64, sink=4)

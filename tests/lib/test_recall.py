@@ -33,6 +33,19 @@ def test_pooled_pick_brings_the_neighbours_of_a_peak():
     assert pick(scores, 3, pool=3).tolist() == [2, 3, 4]
 
 
+def test_gap_pick_takes_the_holes_between_picked_candidates_within_k():
+    scores = torch.tensor([0.0, 1.0, 0.9, 0.0, 0.0, 0.0, 0.8, 0.7, 0.0, 0.0, 0.0, 0.0, 0.0, 0.6])
+    assert pick(scores, 4).tolist() == [1, 2, 6, 7]
+    # 3-5 is a hole of 3 candidates between 2 and 6: taken at gap 3, not at gap 2
+    assert pick(scores, 7, gap=3).tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert pick(scores, 5, gap=2).tolist() == [1, 2, 6, 7, 13]
+    # with k 5, 6 and its hole would overflow: passed over; 7, 13, then 12 (ties: the later) fill k
+    assert pick(scores, 5, gap=3).tolist() == [1, 2, 7, 12, 13]
+    assert pick(scores, 20, gap=3).tolist() == list(range(14))
+    # no gap: the plain top k
+    assert pick(scores, 5, gap=0).tolist() == pick(scores, 5).tolist() == [1, 2, 6, 7, 13]
+
+
 def test_dedupe_keeps_each_position_below_the_depth_once_and_not_the_views():
     positions = torch.tensor([9, 3, 5, 3, 12, 7])
     idx = dedupe(positions, below=10, exclude=torch.tensor([7]))
