@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument("--recall", type=_budgets, default=[128], help="comma-separated recall budgets, one setting each")
     ap.add_argument("--recall-pool", type=int, default=7)
+    ap.add_argument("--recall-gap", type=int, default=8, help="recall_gap: holes between recalled candidates filled")
     ap.add_argument("--window", type=int, default=32, help="recent window of the non-positional policies")
     ap.add_argument("--policies", default="streamingllm")
     ap.add_argument("--sink", type=int, default=16)
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     trials = recall_trials(tok, args.first + args.trials, fillers=args.fillers, filler_tokens=args.filler_tokens,
                            seed=args.seed)[args.first:]
-    config = {"host_tokens": 1 << 20, "recall_pool": args.recall_pool}
+    config = {"host_tokens": 1 << 20, "recall_pool": args.recall_pool, "recall_gap": args.recall_gap}
     if args.score_layers:
         lo, hi = map(int, args.score_layers.split("-"))
         config["score_layers"] = list(range(lo, hi + 1))
