@@ -8,11 +8,9 @@ Score: the answer's first number is the key. Besides the hits, each record carri
 the request kept (`live_tokens`), the host tier's figures (offloaded, recalled, recall time, host
 bytes) per turn. One JSON line per (setting, trial), then one summary line per setting.
 
-    python scripts/eval_recall.py --trials 10 --recall 128,192 --out docs/results/recall_host_tier.jsonl
-    python scripts/eval_recall.py --first 10 --trials 10 --recall 128,192 \
-        --out docs/results/recall_host_tier_10_19.jsonl
-    python scripts/eval_recall.py --render docs/results/recall_host_tier.jsonl \
-        docs/results/recall_host_tier_10_19.jsonl --plot docs/img/recall_host_tier.png
+    python scripts/eval_recall.py --trials 20 --recall 128,192 --out docs/results/recall_host_tier_gap8.jsonl
+    python scripts/eval_recall.py --render docs/results/recall_host_tier_gap8.jsonl --plot docs/img/recall_host_tier.png
+    python scripts/eval_recall.py --first 20 --trials 10 --recall 128,192 --out more.jsonl   # trials 20-29
 
 Trial i is the same conversation whatever `--trials` and `--first` are, so runs over disjoint
 ranges add up; `--render` prints one summary line per setting over all the files' trials.
