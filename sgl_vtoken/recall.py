@@ -106,13 +106,10 @@ def pick(scores: torch.Tensor, k: int, pool: int = 1, gap: int = 0) -> torch.Ten
         j = bisect.bisect(taken, i)
         if j and taken[j - 1] == i:
             continue  # already taken as part of a hole
-        new = [i]
-        if j and 1 < i - taken[j - 1] <= gap + 1:
-            new += range(taken[j - 1] + 1, i)
-        if j < len(taken) and 1 < taken[j] - i <= gap + 1:
-            new += range(i + 1, taken[j])
-        if len(taken) + len(new) <= k:
-            taken = sorted(taken + new)
+        lo = taken[j - 1] + 1 if j and i - taken[j - 1] <= gap + 1 else i
+        hi = taken[j] if j < len(taken) and taken[j] - i <= gap + 1 else i + 1
+        if len(taken) + hi - lo <= k:
+            taken[j:j] = range(lo, hi)  # i with its holes: the run between its neighbours
     return torch.tensor(taken, dtype=torch.int64)
 
 
