@@ -46,11 +46,12 @@ class ServerProcess:
     """One SGLang HTTP server. Use as a context manager, or call `start()` and `stop()`."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, startup_timeout: float = 240.0,
-                 log_path: str | Path | None = None):
+                 log_path: str | Path | None = None, entry: tuple[str, ...] = ("-m", "sglang.launch_server")):
+        """`entry`: how the interpreter runs the launcher (default SGLang's own; tests pass a
+        script that runs it with forked children)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "sglang.launch_server", *args,
-                     "--host", "127.0.0.1", "--port", str(self.port)]
+        self.args = [sys.executable, *entry, *args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         self.env.update(env or {})
         self.startup_timeout = startup_timeout

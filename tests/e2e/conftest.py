@@ -1,6 +1,8 @@
 """Servers for end-to-end tests: started once per test session per configuration, always stopped;
 the tiny model's Hugging Face reference and KVP checkpoint, shared by every file."""
 
+from pathlib import Path
+
 import pytest
 import requests
 import torch
@@ -39,48 +41,58 @@ MEMORY_CHECKS = {
     "SGLANG_DEBUG_MEMORY_POOL": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
 }
-MAX_ALIVE = 2  # each CPU server takes ~3 GB: keep the most recently used ones only
-# besides the stock servers (tiny model, no extra flags, default checks and pool), which test
-# files far apart share: they stay up for the whole session (a start costs about a minute)
+# The StreamingLLM server of the bench tests and the capacity tests (budget 64 unless a request
+# asks for another, interval 16, page size 16): one configuration, started once.
+BENCH_FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-interval", "16",
+               "--enable-metrics", "--decode-log-interval", "1")
+MAX_ALIVE = 2  # servers one test process keeps (each takes ~3 GB on CPU); the least recently used goes
+# Test servers fork SGLang's scheduler and detokenizer from the launcher (tests/e2e/fork_launch.py,
+# ~15 s less per start). The stock page-1 server (no flags: what a user gets from a plain
+# `launch_server` with the plugin installed) runs SGLang's own spawn path, as in production.
+FORK_ENTRY = (str(Path(__file__).with_name("fork_launch.py")),)
+SPAWN_ENTRY = ("-m", "sglang.launch_server")
 
 
 @pytest.fixture(scope="session")
-def server_factory(tiny_model):
-    """`server_factory(page_size=16, extra=(...), env={...}, pool=4096, model=None)` -> Client.
+def server_factory(tiny_model, startup_log):
+    """`server_factory(page_size=16, extra=(...), env={...}, pool=4096, model=None, spawn=False)` -> Client.
 
     One server per distinct configuration (model: the tiny model unless a path is given), started
-    on first use; the least recently used one is stopped when more than `MAX_ALIVE` would run
-    (stock servers not counted). All are stopped at the end of the session;
-    `server_factory.stop(client)` stops one earlier.
+    on first use with one OpenMP thread (two test processes and their servers share two cores);
+    the least recently used one is stopped when more than `MAX_ALIVE` would run. All are stopped
+    at the end of the session; `server_factory.stop(client)` stops one earlier. `spawn=True` (and
+    the stock page-1 configuration) starts it through `python -m sglang.launch_server` itself
+    (children spawned, as in production) instead of the forking test launcher. Each start's
+    seconds go to `startup_log`.
     """
     started: dict[tuple, ServerProcess] = {}
-    stock: dict[tuple, ServerProcess] = {}
 
     def get(page_size: int = 1, extra: tuple[str, ...] = (), env: dict | None = None,
-            pool: int = 4096, model=None) -> Client:
-        env = MEMORY_CHECKS if env is None else env
+            pool: int = 4096, model=None, spawn: bool = False) -> Client:
+        spawn = spawn or (page_size == 1 and not extra and env is None and pool == 4096 and model is None)
+        env = {**(MEMORY_CHECKS if env is None else env), "OMP_NUM_THREADS": "1"}
         model = tiny_model if model is None else model
-        key = (str(model), page_size, tuple(extra), tuple(sorted(env.items())), pool)
-        servers = stock if (model, tuple(extra), env, pool) == (tiny_model, (), MEMORY_CHECKS, 4096) else started
-        if key in servers:
-            servers[key] = servers.pop(key)  # most recently used last
+        key = (str(model), page_size, tuple(extra), tuple(sorted(env.items())), pool, spawn)
+        if key in started:
+            started[key] = started.pop(key)  # most recently used last
         else:
-            while servers is started and len(started) >= MAX_ALIVE:
+            while len(started) >= MAX_ALIVE:
                 started.pop(next(iter(started))).stop()
             args = cpu_server_args(model, max_total_tokens=pool, page_size=page_size)
             args += ["--dtype", "float32", "--enable-cache-report", *extra]
-            servers[key] = ServerProcess(args, env=env).start()
-        return Client(servers[key])
+            server = ServerProcess(args, env=env, entry=SPAWN_ENTRY if spawn else FORK_ENTRY).start()
+            startup_log(server, Path(model).name, page_size, extra, spawn)
+            started[key] = server
+        return Client(started[key])
 
     def stop(client: Client) -> None:
-        for servers in (started, stock):
-            for key, server in list(servers.items()):
-                if server is client.server:
-                    servers.pop(key).stop()
+        for key, server in list(started.items()):
+            if server is client.server:
+                started.pop(key).stop()
 
     get.stop = stop
     yield get
-    for server in [*started.values(), *stock.values()]:
+    for server in started.values():
         server.stop()
 
 
