@@ -24,8 +24,11 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
+# Two workers, one per core: each server group (tests/conftest.py GROUPS, costliest first) runs on
+# one worker, so each configuration starts once while the other worker serves or computes
+# references; the slowest tests and every server start-up are printed at the end.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
 
 # No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model, 3 repeats): rewrites
 # docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and docs/img/bench_*.png

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.server
+from conftest import BENCH_FLAGS
+
+pytestmark = [pytest.mark.server, pytest.mark.server_group("bench16")]
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-BUDGET, INTERVAL = 64, 16
-FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-evict-interval", str(INTERVAL),
-         "--enable-metrics", "--decode-log-interval", "1")
+BUDGET, INTERVAL = 64, 16  # the server's (BENCH_FLAGS)
 SESSIONS, TURNS, REPLY = 4, 3, 48
 
 
 @pytest.fixture(scope="module")
 def client(server_factory):
-    return server_factory(page_size=16, extra=FLAGS)
+    return server_factory(page_size=16, extra=BENCH_FLAGS)
 
 
 def run_script(name: str, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -8,15 +8,13 @@ import pytest
 from sgl_vtoken.bench.stress import StressConfig, run_stress
 from sgl_vtoken.bench.stress_traffic import TrafficSpec
 
-pytestmark = pytest.mark.server
+from conftest import BENCH_FLAGS
 
-# The same flags as test_bench_agent.py, so both files use one server.
-FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-interval", "16",
-         "--enable-metrics", "--decode-log-interval", "1")
+pytestmark = [pytest.mark.server, pytest.mark.server_group("bench16")]
 
 
 def test_mixed_traffic_ends_healthy_and_leak_free(server_factory):
-    client = server_factory(page_size=16, extra=FLAGS)
+    client = server_factory(page_size=16, extra=BENCH_FLAGS)
     traffic = TrafficSpec(long_prompt=(200, 700), long_new=(48, 128), timeout=180)
     cfg = StressConfig(base_url=client.base_url, duration_s=25, workers=4, seed=1, progress_every_s=1e9,
                        server_log=str(client.server.log_path), traffic=traffic)

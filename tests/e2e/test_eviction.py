@@ -11,12 +11,11 @@ import requests
 
 from sgl_vtoken.hf_reference import masked_greedy
 from sgl_vtoken.config import EvictConfig
-from conftest import MEMORY_CHECKS
+from conftest import BENCH_FLAGS, MEMORY_CHECKS
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.server_group("stock")]
 
 RETRACT_LINE = "KV cache pool is full. Retract requests."
-CAPACITY_FLAGS = ("--kv-evict-interval", "16", "--enable-metrics")
 
 
 def evict_server(server_factory, page_size, policy, budget, *flags):
@@ -157,14 +156,17 @@ def test_openai_extra_body_carries_kv_evict(server_factory):
     assert reports[0][0]["evicted_tokens"] == 60 + 30 - 2 - 32
 
 
-def run_concurrent(client, num, max_new_tokens, abort_after=None, abort_every=2):
-    """`num` concurrent /generate requests; optionally abort every `abort_every`-th after a delay."""
+def run_concurrent(client, num, max_new_tokens, abort_after=None, abort_every=2, kv_evict=None):
+    """`num` concurrent /generate requests (with `kv_evict` if given); optionally abort every
+    `abort_every`-th after a delay."""
     outs = [None] * num
+    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    if kv_evict is not None:
+        params["custom_params"] = {"kv_evict": kv_evict}
 
     def one(i):
         r = requests.post(client.base_url + "/generate", timeout=1800, json={
-            "rid": f"load-{i}", "input_ids": random_ids(48, seed=i),
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}})
+            "rid": f"load-{i}", "input_ids": random_ids(48, seed=i), "sampling_params": params})
         outs[i] = r.json()
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(num)]
@@ -179,17 +181,21 @@ def run_concurrent(client, num, max_new_tokens, abort_after=None, abort_every=2)
     return outs
 
 
+@pytest.mark.server_group("bench16")
 def test_sixteen_long_requests_run_at_once_without_leaks(server_factory):
-    """16 x 512 new tokens, pool 4096, page 16, budget 128: stock SGLang admits 7 at a time; here all
-    16 run together, none is retracted, the checkers stay quiet, and the pool is whole after."""
-    client = evict_server(server_factory, 16, "streamingllm", 128, *CAPACITY_FLAGS)
-    outs = run_concurrent(client, 16, 512)
+    """16 x 512 new tokens, pool 4096, page 16, budget 128 (per request, on the bench tests'
+    StreamingLLM server): stock SGLang admits 7 at a time; here all 16 run together, none is
+    retracted, the checkers stay quiet, and the pool is whole after. The server's peaks cover
+    the earlier bench traffic too, which runs fewer requests at once on smaller rows."""
+    client = server_factory(page_size=16, extra=BENCH_FLAGS)
+    log_start = len(client.server.log_text())
+    outs = run_concurrent(client, 16, 512, kv_evict={"budget": 128})
     assert all(len(o["output_ids"]) == 512 for o in outs)
     st = wait_pool_free(client)
     assert st["peak_running_requests"] == 16
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert st["peak_retained_pages"] <= 16 * ((128 + 16 + 16) // 16)
-    log = client.server.log_text()
+    log = client.server.log_text()[log_start:]
     assert RETRACT_LINE not in log and "Traceback" not in log
     metrics = requests.get(client.base_url + "/metrics", timeout=30).text
     exported = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
@@ -197,20 +203,22 @@ def test_sixteen_long_requests_run_at_once_without_leaks(server_factory):
     assert exported["sglang:vtoken_evicted_tokens"] == st["evicted_tokens"] > 0
     assert exported["sglang:vtoken_peak_running_requests"] == 16
     # Aborts in the middle of eviction free everything too.
-    run_concurrent(client, 16, 512, abort_after=2.0)
+    run_concurrent(client, 16, 512, abort_after=2.0, kv_evict={"budget": 128})
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
-    assert "Traceback" not in client.server.log_text() and client.server.healthy()
+    assert "Traceback" not in client.server.log_text()[log_start:] and client.server.healthy()
 
 
+@pytest.mark.server_group("bench16")
 def test_request_can_opt_out_on_an_evicting_server(server_factory, hf_eager):
-    client = evict_server(server_factory, 16, "streamingllm", 128, *CAPACITY_FLAGS)
+    client = server_factory(page_size=16, extra=BENCH_FLAGS)
     prompt = random_ids(150, seed=5)
     out = generate(client, prompt, 60, "opt-out", {"policy": "none"})
     full, _ = masked_greedy(hf_eager, prompt, 60, EvictConfig())
     assert out["output_ids"] == full and "kv_evict" not in out["meta_info"]
 
 
+@pytest.mark.server_group("reclaim16")
 def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     """Scattered victims (random, then H2O, page 16): Naive-Evict frees a page only when all its
     tokens are dead, so it retains more pages than vToken's compaction for the same victims and
@@ -245,6 +253,7 @@ def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     assert nv[4]["pages_freed"] <= vt[4]["pages_freed"]
 
 
+@pytest.mark.server_group("retract16")
 def test_forced_retractions_do_not_leak(server_factory):
     """SGLang's forced retraction mode: evicting requests (H2O with its attention statistics,
     naive reclaim holding pages back) are retracted and re-prefilled again and again, under

@@ -47,6 +47,7 @@ def per_request(policy, interval=1):
     return kv if policy == "kvp" else {**kv, "policy": policy, "window": WINDOW.get(policy, 0)}
 
 
+@pytest.mark.server_group("chunked16")
 @pytest.mark.parametrize("policy", ["h2o", "tova", "scissorhands"])
 def test_attention_policies_are_exact_under_chunked_prefill(server_factory, hf_eager, kvp_checkpoint, policy):
     """A 100-token prompt prefilled in chunks of 32: the observation window (the prompt's last 16
@@ -58,6 +59,7 @@ def test_attention_policies_are_exact_under_chunked_prefill(server_factory, hf_e
     assert out["output_ids"] == expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, 16, 1, rid)
 
 
+@pytest.mark.server_group("retract1")
 @pytest.mark.parametrize("policy", ["random", "h2o", "scissorhands"])
 def test_forced_retractions_resume_from_the_compacted_row_exactly(server_factory, hf_eager, kvp_checkpoint,
                                                                   policy):
@@ -89,6 +91,7 @@ def test_forced_retractions_resume_from_the_compacted_row_exactly(server_factory
 
 
 # Last in the file: the page-16 server stays up for test_history.py, which uses it next.
+@pytest.mark.server_group("holed{page_size}")
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (1, 16), (16, 1), (16, 16)])
 def test_every_policy_is_exact_through_the_holed_cache(server_factory, hf_eager, kvp_checkpoint,

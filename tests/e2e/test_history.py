@@ -13,7 +13,7 @@ from sgl_vtoken.config import EvictConfig
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import evict_server
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", page_size=1)]
 
 BUDGET, SINK = 48, 4  # the servers' sinks; the budget comes with each request
 
@@ -65,6 +65,7 @@ def test_six_turns_continue_from_compacted_history_exactly(client, hf_eager, pol
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
 
 
+@pytest.mark.server_group("holed16")
 @pytest.mark.parametrize("policy,interval", [("streamingllm", 16), ("random", 1), ("h2o", 1)])
 def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(server_factory, hf_eager,
                                                                       kvp_checkpoint, policy, interval):

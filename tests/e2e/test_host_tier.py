@@ -14,7 +14,7 @@ from sgl_vtoken.hf_reference import masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", page_size=1)]
 
 BUDGET, SINK, RECALL = 48, 4, 8
 

@@ -14,7 +14,7 @@ from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.hf_reference import masked_greedy, masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.server_group("prefill{page_size}", page_size=16)]
 
 BUDGET, CHUNK, SINK = 64, 32, 4
 

@@ -18,7 +18,7 @@ from conftest import MEMORY_CHECKS
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.hf_reference import masked_greedy
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.server_group("real")]
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
 TOPICS = dict(zip(POLICIES, ["assert", "atom-identifiers", "augassign", "break", "bitwise", "booleans",

@@ -7,7 +7,7 @@ import openai
 import pytest
 import torch
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.server_group("stock")]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from sgl_vtoken.hf_reference import masked_greedy
 from sgl_vtoken.config import EvictConfig
 from test_eviction import generate, random_ids, wait_pool_free
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.server_group("sharing16")]
 
 SESSIONS, SYSTEM, BUDGET, PAGE = 16, 2048, 512, 16
 FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-evict-interval", str(PAGE))
