@@ -1,17 +1,18 @@
 """Hugging Face oracle for eviction: greedy decoding where each query attends to exactly the keys
 the server keeps, with every token at its original position.
 
-The sequence is run in full at every step with a per-query 4-D attention mask, so each token's
-hidden states (and therefore its cached K/V) are computed with the keys that were live when that
-token was decoded: prompt tokens causally (the prompt is prefilled whole, or chunk by chunk with
+Every query runs with a per-query 4-D attention mask, so each token's hidden states (and
+therefore its cached K/V) are computed with the keys that were live when that token was decoded: prompt tokens causally (the prompt is prefilled whole, or chunk by chunk with
 `prefill_chunk`, each chunk over the row kept after the previous one), decode token `t` with
 the row kept at step `t` plus itself. Victims are chosen by the library policy from the same
 inputs the server gives it (positions, post-RoPE keys, values, rid, eviction step), so the
 oracle replays the server's decisions without reading them from the server.
 
 The model is a `transformers` causal LM loaded in fp32 with `attn_implementation="eager"` (the
-attention policies read its attention probabilities): :func:`load_model`. Each step recomputes the whole sequence:
-exact by construction, O(steps x length) forwards, meant for tests and short cross-checks.
+attention policies read its attention probabilities): :func:`load_model`. Prompt chunks are
+computed whole; each decode step then runs its new token alone over the cached K/V of every
+earlier token (evicted ones included, masked out), which is what a token's K/V is: computed
+once, under the mask of its own step. Meant for tests and short cross-checks.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def load_model(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-def _mask(allowed: list[list[int]], n: int, dtype=torch.float32) -> torch.Tensor:
-    m = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype)
+def _mask(allowed: list[list[int]], n: int, first: int = 0, dtype=torch.float32) -> torch.Tensor:
+    """``[1, 1, len(allowed), n]`` additive mask: query ``first + i`` sees the keys ``allowed[i]``."""
+    m = torch.full((len(allowed), n), torch.finfo(dtype).min, dtype=dtype)
     for i, keys in enumerate(allowed):
         m[i, keys] = 0.0
     return m[None, None]
@@ -143,12 +145,17 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
         pos = end
     out = []
     for k in range(max_new_tokens):
-        res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
-                    output_attentions=acc is not None)
-        if k == 0:  # the last prompt chunk's observation window
+        if k == 0:  # the whole prompt; its last chunk's observation window
+            res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
+                        output_attentions=acc is not None)
             observe(res, pos, len(prompt))
-        elif acc is not None:  # the new token's query
-            acc.update(*_group_probs(res.attentions, [len(ids) - 1], row, model.config, cfg))
+        else:  # the new token alone, over the cached K/V of every earlier token (each computed
+            t = len(ids) - 1  # once, under its own step's mask, as the server computes it)
+            res = model(torch.tensor([[ids[t]]]), attention_mask=_mask([allowed[t]], t + 1, first=t),
+                        past_key_values=res.past_key_values, position_ids=torch.tensor([[t]]),
+                        use_cache=True, output_attentions=acc is not None)
+            if acc is not None:  # the new token's query
+                acc.update(*_group_probs(res.attentions, [t], row, model.config, cfg, first=t))
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
         t = len(ids)
@@ -197,15 +204,17 @@ def _recall(res, queries, candidates: list[int], row: list[int], window: list[in
     return [candidates[i] for i in pick(scores, cfg.recall, cfg.recall_pool, cfg.recall_gap).tolist()]
 
 
-def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig):
-    """``[q, n, layers, kv_heads]`` probabilities of `queries` over the `row` positions, summed
-    over the query heads of each KV head (HF's GQA maps query head h to KV head h // group), and
-    ``[q]`` keys attended per query (row entries up to the query)."""
+def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig, first: int = 0):
+    """``[q, n, layers, kv_heads]`` probabilities of `queries` (positions; the attentions' query
+    rows start at position `first`) over the `row` positions, summed over the query heads of each
+    KV head (HF's GQA maps query head h to KV head h // group), and ``[q]`` keys attended per
+    query (row entries up to the query)."""
     hkv = config.num_key_value_heads
     group = config.num_attention_heads // hkv
+    rows = [q - first for q in queries]
     per_layer = []
-    for layer, a in enumerate(attentions):                      # a: [1, hq, T, T]
-        p = a[0][:, queries][:, :, row].float()                   # [hq, q, n]
+    for layer, a in enumerate(attentions):                      # a: [1, hq, T - first, T]
+        p = a[0][:, rows][:, :, row].float()                      # [hq, q, n]
         p = p.view(hkv, group, len(queries), len(row)).sum(1)     # [hkv, q, n]
         if cfg.score_layers is not None and layer not in cfg.score_layers:
             p = torch.zeros_like(p)

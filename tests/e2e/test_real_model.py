@@ -89,13 +89,7 @@ def references(hf_model, kvp_checkpoint):
             params = {"checkpoint": kvp_checkpoint} if policy == "kvp" else {}
             cfg = EvictConfig(policy=policy, budget=BUDGET, sink=SINK, window=WINDOW.get(policy, 0),
                               params=params)
-            # The server is idle meanwhile (one request at a time): the reference takes both cores.
-            threads = torch.get_num_threads()
-            torch.set_num_threads(2)
-            try:
-                cache[policy] = masked_greedy(hf_model, prompt, NEW, cfg, rid=rid)[0]
-            finally:
-                torch.set_num_threads(threads)
+            cache[policy] = masked_greedy(hf_model, prompt, NEW, cfg, rid=rid)[0]
         return cache[policy]
 
     return get
