@@ -104,11 +104,14 @@ class ServerProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """Terminate the server's process group; kill it if it does not exit in `timeout` s."""
+    def stop(self, timeout: float = 20.0, kill: bool = False) -> None:
+        """Terminate the server's process group; kill it if it does not exit in `timeout` s.
+        `kill`: SIGKILL at once (a test server with nothing left to drain: SGLang's own shutdown
+        takes about 5 s)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        steps = ((signal.SIGKILL, 5.0),) if kill else ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0))
+        for sig, wait in steps:
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:

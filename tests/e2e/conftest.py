@@ -60,10 +60,11 @@ def server_factory(tiny_model, startup_log):
     One server per distinct configuration (model: the tiny model unless a path is given), started
     on first use with one OpenMP thread (two test processes and their servers share two cores);
     the least recently used one is stopped when more than `MAX_ALIVE` would run. All are stopped
-    at the end of the session; `server_factory.stop(client)` stops one earlier. `spawn=True` (and
-    the stock page-1 configuration) starts it through `python -m sglang.launch_server` itself
-    (children spawned, as in production) instead of the forking test launcher. Each start's
-    seconds go to `startup_log`.
+    at the end of the session; `server_factory.stop(client)` stops one earlier. A stop kills the
+    process group at once (no test reads a server after it stops; SGLang's own shutdown takes
+    ~5 s). `spawn=True` (and the stock page-1 configuration) starts it through `python -m
+    sglang.launch_server` itself (children spawned, as in production) instead of the forking
+    test launcher. Each start's seconds go to `startup_log`.
     """
     started: dict[tuple, ServerProcess] = {}
 
@@ -77,7 +78,7 @@ def server_factory(tiny_model, startup_log):
             started[key] = started.pop(key)  # most recently used last
         else:
             while len(started) >= MAX_ALIVE:
-                started.pop(next(iter(started))).stop()
+                started.pop(next(iter(started))).stop(kill=True)
             args = cpu_server_args(model, max_total_tokens=pool, page_size=page_size)
             args += ["--dtype", "float32", "--enable-cache-report", *extra]
             server = ServerProcess(args, env=env, entry=SPAWN_ENTRY if spawn else FORK_ENTRY).start()
@@ -88,12 +89,12 @@ def server_factory(tiny_model, startup_log):
     def stop(client: Client) -> None:
         for key, server in list(started.items()):
             if server is client.server:
-                started.pop(key).stop()
+                started.pop(key).stop(kill=True)
 
     get.stop = stop
     yield get
     for server in started.values():
-        server.stop()
+        server.stop(kill=True)
 
 
 @pytest.fixture(scope="session")
