@@ -167,7 +167,7 @@ def repack_host_overhead(layers: int, heads: int, head_dim: int, dtype, device, 
     """Per-call host cost of `repack_kv_` outside Triton's launch (kernel stubbed), in us:
     `cached` (a validated buffer set, the steady state) and `first_call` (validation included,
     what every call cost before buffer sets were cached)."""
-    from . import buffer_set, repack, repack_kv_
+    from sgl_vtoken.kernels import buffer_set, repack, repack_kv_
 
     keys = [torch.zeros(64, heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
     values = [torch.zeros(64, heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]

@@ -2,7 +2,7 @@
 
 `measure(what, fn)` (from `scripts/bench_kernels.py`) records `what` plus the dict `fn` returns,
 or the error `fn` raised, so one failing measurement never ends a run. Shapes come from the
-command line (`args`); timers and floors from `bench.py`.
+command line (`args`); timers and floors from `kernel_bench.py`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from . import attn_lse_ref, attn_scores_, page_indices, repack_kv_
-from .bench import copy_gbps, repack_moves
+from sgl_vtoken.kernels import attn_lse_ref, attn_scores_, page_indices, repack_kv_
+from sgl_vtoken_tools.kernel_bench import copy_gbps, repack_moves
 
 # (block_moves, num_warps, col_block): around the whole-head default (the split heads were swept before)
 REPACK_SWEEP = [(bm, nw, 128) for bm in (64, 128, 256) for nw in (4, 8)]
