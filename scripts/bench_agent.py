@@ -67,8 +67,8 @@ a streamed request's id 2 s after its stream ended if a request with that id is 
 other within seconds different prefixes (`--rid-prefix ''`: the server assigns ids). A reply
 the server aborted counts as a failed request.
 
-The run itself is `sgl_vtoken.bench.agent.run_benchmark`; figure definitions are in
-`sgl_vtoken/bench/agent_summary.py`.
+The run itself is `sgl_vtoken_tools.bench.agent.run_benchmark`; figure definitions are in
+`sgl_vtoken_tools/bench/agent_summary.py`.
 
 Output: JSON lines to `--out` (default stdout): one `config` line, one `request` line per request
 (with its `rid` and `output_hash`, a digest of the reply),
@@ -84,8 +84,8 @@ import json
 import math
 import sys
 
-from sgl_vtoken.bench.agent import AgentConfig, print_table, run_benchmark
-from sgl_vtoken.bench.workload import WorkloadSpec
+from sgl_vtoken_tools.bench.agent import AgentConfig, print_table, run_benchmark
+from sgl_vtoken_tools.bench.workload import WorkloadSpec
 
 
 def parse_rate(value: str) -> float:

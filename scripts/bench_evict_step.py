@@ -6,7 +6,7 @@
     python scripts/bench_evict_step.py --summarize run.jsonl  # the table of an earlier run
 
 For every shape x policy x interval x batch, both paths evict the same rows of `budget +
-interval` tokens down to `budget` (`sgl_vtoken.bench.evict_step`): one JSON line per path with
+interval` tokens down to `budget` (`sgl_vtoken_tools.bench.evict_step`): one JSON line per path with
 the median, min and max step time over `--repeats`, host synchronizations (CUDA's sync debug
 mode; null on CPU), repack launches, moved tokens and bytes; the batched line adds
 `speedup_vs_per_row`. A failing case is recorded as an `error` line and the run goes on.
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from sgl_vtoken.bench.evict_step import POLICIES, SHAPES, Case, measure
+from sgl_vtoken_tools.bench.evict_step import POLICIES, SHAPES, Case, measure
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

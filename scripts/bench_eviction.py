@@ -42,14 +42,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from sgl_vtoken.bench import machine
-from sgl_vtoken.bench.baseline import (SHIM_SOURCE, baseline_plugin_whitelist, group_cpu_seconds,
+from sgl_vtoken_tools.bench import machine
+from sgl_vtoken_tools.bench.baseline import (SHIM_SOURCE, baseline_plugin_whitelist, group_cpu_seconds,
                                        plugin_in_server, shim_applications, thread_env)
-from sgl_vtoken.bench.http_client import generate
-from sgl_vtoken.bench.load import random_ids, run_load
-from sgl_vtoken.bench.machine import loadavg
-from sgl_vtoken.bench.probe import wait_pool_free
-from sgl_vtoken.bench.server_log import count_retractions, error_lines, peak_running_from_log, retracted_requests
+from sgl_vtoken_tools.bench.http_client import generate
+from sgl_vtoken_tools.bench.load import random_ids, run_load
+from sgl_vtoken_tools.bench.machine import loadavg
+from sgl_vtoken_tools.bench.probe import wait_pool_free
+from sgl_vtoken_tools.bench.server_log import count_retractions, error_lines, peak_running_from_log, retracted_requests
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def wait_for_quiet(max_load: float | None, timeout: float) -> None:
 
 
 def capacity(args, model: Path, log_dir: Path) -> None:
-    from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
     base = cpu_server_args(model, args.max_total_tokens, args.page_size) + [
         "--dtype", "float32", "--decode-log-interval", str(args.decode_log_interval)]
@@ -148,7 +148,7 @@ def single_stream(server, args) -> tuple[list[float], int, float]:
 
 
 def overhead(args, model: Path, log_dir: Path) -> None:
-    from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
     base = cpu_server_args(model, args.max_total_tokens, args.page_size) + ["--dtype", "float32"]
     whitelist = baseline_plugin_whitelist(args.baseline_plugins)
@@ -268,7 +268,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from sgl_vtoken.tiny_model import ensure_tiny_model
+    from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
     model = Path(args.model_path) if args.model_path else ensure_tiny_model(REPO / ".cache" / "tiny-llama")
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="bench-eviction-logs-"))

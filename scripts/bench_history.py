@@ -36,12 +36,12 @@ import threading
 import time
 from pathlib import Path
 
-from sgl_vtoken.bench.http_client import stream_generate
-from sgl_vtoken.bench.probe import vtoken_state
-from sgl_vtoken.bench.results_md import write_section
-from sgl_vtoken.bench.server_log import count_retractions
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args
-from sgl_vtoken.tiny_model import ensure_tiny_model
+from sgl_vtoken_tools.bench.http_client import stream_generate
+from sgl_vtoken_tools.bench.probe import vtoken_state
+from sgl_vtoken_tools.bench.results_md import write_section
+from sgl_vtoken_tools.bench.server_log import count_retractions
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ Parts: `host` (per-call Python cost of repack_kv_ outside Triton's launch), `rep
 count and pattern: do_bench time as % of a same-size copy, back-to-back API wall time, host
 enqueue time, CUDA-graph device time), `page_indices`, `scores` (attn_scores_ per batch x
 context, with and without the LSE, as % of its K read floor). Timers and floors are defined in
-`sgl_vtoken/kernels/bench.py`. Each measurement is independent: a failure is recorded as an
+`sgl_vtoken_tools/kernel_bench.py`. Each measurement is independent: a failure is recorded as an
 `error` line and the run goes on; past `--deadline-s` the rest is recorded as skipped. Needs
 torch and triton only (no SGLang).
 """
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels (and their @triton.jit) load
     import torch
 
-    from sgl_vtoken.kernels import bench, bench_runs
+    from sgl_vtoken_tools import kernel_bench as bench, kernel_bench_runs as bench_runs
 
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("no CUDA device: run with --cpu-smoke for the interpreter smoke run", file=sys.stderr)

@@ -6,16 +6,16 @@
     python scripts/bench_matrix.py --policies random knorm --budgets 64 256 --page-sizes 1 16
     python scripts/bench_matrix.py --render-only     # redraw the section from the committed JSON lines
 
-Launches SGLang itself (CPU, `sgl_vtoken.launcher`), plays `scripts/bench_agent.py`'s workload
+Launches SGLang itself (CPU, `sgl_vtoken_tools.launcher`), plays `scripts/bench_agent.py`'s workload
 against it for every cell (mode x policy x budget x page size) and repeat
-(`sgl_vtoken.bench.matrix` says how servers, cells, runs and repeats are organised), then writes
+(`sgl_vtoken_tools.bench.matrix` says how servers, cells, runs and repeats are organised), then writes
 
 - every run's JSON lines, tagged with cell, repeat and run, plus the fairness checks and the cells'
   figure spreads, to `--jsonl` (default docs/results/bench_agent.jsonl, committed next to
   docs/RESULTS.md; a `--quick` run writes into `--raw-dir` instead);
 - from that file alone: the section between `<!-- bench:begin -->` and `<!-- bench:end -->` of
   `--results-md` (appended at the end when missing; nothing else in the file changes) and the
-  plots `bench_*.png` in `--img-dir` (`sgl_vtoken.bench.report`, `plots`);
+  plots `bench_*.png` in `--img-dir` (`sgl_vtoken_tools.bench.report`, `plots`);
 - per-run JSON lines and the server logs in `--raw-dir`.
 
 Fairness: every mode plays the same workload with the same request ids (so a seeded policy evicts
@@ -35,12 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-from sgl_vtoken.bench.cells import figure_spread
-from sgl_vtoken.bench.checks import fair, fairness_checks
-from sgl_vtoken.bench.machine import loadavg_text
-from sgl_vtoken.bench.matrix import MatrixConfig, MatrixRun
-from sgl_vtoken.bench.raw import RawLog
-from sgl_vtoken.bench.report import ROWS, publish
+from sgl_vtoken_tools.bench.cells import figure_spread
+from sgl_vtoken_tools.bench.checks import fair, fairness_checks
+from sgl_vtoken_tools.bench.machine import loadavg_text
+from sgl_vtoken_tools.bench.matrix import MatrixConfig, MatrixRun
+from sgl_vtoken_tools.bench.raw import RawLog
+from sgl_vtoken_tools.bench.report import ROWS, publish
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JSONL = REPO / "docs" / "results" / "bench_agent.jsonl"
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only:
         return report_checks(publish(jsonl, args.results_md, args.img_dir, REPO))
     if args.model_path is None:
-        from sgl_vtoken.tiny_model import ensure_tiny_model
-        model, model_name = ensure_tiny_model(REPO / ".cache" / "tiny-llama"), "tiny-llama (sgl_vtoken.tiny_model, random weights)"
+        from sgl_vtoken_tools.tiny_model import ensure_tiny_model
+        model, model_name = ensure_tiny_model(REPO / ".cache" / "tiny-llama"), "tiny-llama (sgl_vtoken_tools.tiny_model, random weights)"
     else:
         model, model_name = args.model_path, args.model_path
     try:

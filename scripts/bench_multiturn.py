@@ -7,7 +7,7 @@ backend) against stock SGLang and `--kv-evict streamingllm`, side by side in one
 Cells: stock, streamingllm (budget below the system prompt; interval 1 at page size 1, 16 at
 page size 16) and streamingllm with eviction during prefill (`prefill_chunk`) at each page size,
 on one fixed pool, every cell the same dataset, none with the overlap scheduler. Each repeat runs
-every cell once, in order. JSON lines: one per (cell, repeat), see `sgl_vtoken.bench.multiturn`.
+every cell once, in order. JSON lines: one per (cell, repeat), see `sgl_vtoken_tools.bench.multiturn`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from sgl_vtoken.bench.multiturn import Workload, cells, run_cell
-from sgl_vtoken.bench.results_md import write_section
-from sgl_vtoken.tiny_model import ensure_tiny_model
+from sgl_vtoken_tools.bench.multiturn import Workload, cells, run_cell
+from sgl_vtoken_tools.bench.results_md import write_section
+from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 

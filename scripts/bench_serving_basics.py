@@ -13,8 +13,8 @@ from pathlib import Path
 
 import requests
 
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args
-from sgl_vtoken.tiny_model import ensure_tiny_model
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,8 +3,8 @@
 
     python scripts/check_fastref.py --model .cache/smollm2 --out docs/results/fastref_smollm2.jsonl
 
-For each policy and (page size, interval), greedy tokens of `sgl_vtoken.quality.fastref`
-(incremental, compacted KV cache) and of `sgl_vtoken.hf_reference.masked_greedy` (the whole
+For each policy and (page size, interval), greedy tokens of `sgl_vtoken_tools.quality.fastref`
+(incremental, compacted KV cache) and of `sgl_vtoken_tools.hf_reference.masked_greedy` (the whole
 sequence recomputed with a 4-D mask at every step) on a seeded prompt of essay text, in fp32.
 One JSON line per case: equal, first differing index, both wall times. `kvp` uses an untrained
 scorer built for the model (exactness needs the same scorer on both sides, not a good one).
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sgl_vtoken.quality.cli import add_model_flags, json_lines, load
+from sgl_vtoken_tools.quality.cli import add_model_flags, json_lines, load
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
 
@@ -35,11 +35,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     tok, fast = load(args.model, args.threads)
-    from sgl_vtoken import hf_reference
+    from sgl_vtoken_tools import hf_reference
     from sgl_vtoken.config import EvictConfig
     from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
-    from sgl_vtoken.quality import data
-    from sgl_vtoken.quality.fastref import fast_greedy
+    from sgl_vtoken_tools.quality import data
+    from sgl_vtoken_tools.quality.fastref import fast_greedy
 
     eager = hf_reference.load_model(args.model)
     ids = tok(data.heldout_texts()[0], add_special_tokens=False)["input_ids"]

@@ -7,13 +7,13 @@
         --num-seqs 24 --cut-every 64 --max-mb 400 --out .cache/kvp-smollm2/traces-train.pt
 
 Runs a Hugging Face model (eager attention, full causal attention, fp32) over `--num-seqs`
-seeded windows of `--seq-len` tokens of the text (`sgl_vtoken.corpus`; default: the stdlib's
+seeded windows of `--seq-len` tokens of the text (`sgl_vtoken_tools.corpus`; default: the stdlib's
 .py files; `--text pydoc` for Python's documentation prose, `--text FILE` for any text) and
-writes one file in the format documented in `sgl_vtoken/kvp_train.py` (`Traces`):
+writes one file in the format documented in `sgl_vtoken_tools/kvp_train.py` (`Traces`):
 keys and values in float16, the future attention mass of every token at cut points
 `--min-cut, --min-cut + --cut-every, ...` up to `seq_len - horizon`, summed over the next
 `--horizon` queries and over the query heads of each KV head. The file's size is estimated
-first and refused above `--max-mb`. Prints one JSON line. The work is `sgl_vtoken.kvp_traces`.
+first and refused above `--max-mb`. Prints one JSON line. The work is `sgl_vtoken_tools.kvp_traces`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from sgl_vtoken.corpus import text_windows
-from sgl_vtoken.hf_reference import load_model
+from sgl_vtoken_tools.corpus import text_windows
+from sgl_vtoken_tools.hf_reference import load_model
 from sgl_vtoken.kvp import ModelIdentity
-from sgl_vtoken.kvp_traces import collect, cut_points, trace_mb
+from sgl_vtoken_tools.kvp_traces import collect, cut_points, trace_mb
 
 
 def main(argv=None) -> None:
@@ -36,7 +36,7 @@ def main(argv=None) -> None:
     p.add_argument("--model", required=True, help="Hugging Face model folder")
     p.add_argument("--out", required=True)
     p.add_argument("--text", default=None, help="'stdlib' (default), 'pydoc' or a plain-text file; see "
-                   "sgl_vtoken.corpus")
+                   "sgl_vtoken_tools.corpus")
     p.add_argument("--heldout-every", type=int, default=10, help="every N-th document is held out")
     p.add_argument("--split", choices=("train", "heldout"), default="train")
     p.add_argument("--num-seqs", type=int, default=48)

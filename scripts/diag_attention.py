@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_vtoken.quality.cli import add_model_flags, json_lines, load
+from sgl_vtoken_tools.quality.cli import add_model_flags, json_lines, load
 
 
 def main(argv=None) -> int:
@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     tok, model = load(args.model, args.threads)
     import torch
 
-    from sgl_vtoken.quality import tasks
-    from sgl_vtoken.quality.fastref import prefill
+    from sgl_vtoken_tools.quality import tasks
+    from sgl_vtoken_tools.quality.fastref import prefill
 
     lo_l, hi_l = map(int, args.upper.split("-"))
     with json_lines(args.out) as emit:

@@ -7,7 +7,7 @@
 For each of `--num-seqs` held-out windows of `--seq-len` tokens (text, split and seed as in
 `collect_traces.py --split heldout`, with `--seed`), the model runs once with full attention
 (eager, fp32). Then every policy is replayed step by step as the server runs it at interval 1
-(`sgl_vtoken.kvp_eval`): a `--prompt` token prefill (attention policies see its last
+(`sgl_vtoken_tools.kvp_eval`): a `--prompt` token prefill (attention policies see its last
 `obs_window` queries), then before each new token t the row (positions < t) is cut to `budget`
 by the library policy, from the traced keys / values and, for h2o / tova, from the
 full-attention probabilities of the past queries restricted to the kept row and renormalized
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from sgl_vtoken.corpus import text_windows
-from sgl_vtoken.hf_reference import load_model
-from sgl_vtoken.kvp_eval import POLICIES, Setup, evaluate_sequence
+from sgl_vtoken_tools.corpus import text_windows
+from sgl_vtoken_tools.hf_reference import load_model
+from sgl_vtoken_tools.kvp_eval import POLICIES, Setup, evaluate_sequence
 
 
 def plot(summary: list[dict], path: str, title: str) -> None:

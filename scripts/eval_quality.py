@@ -7,11 +7,11 @@
     python scripts/eval_quality.py --smoke --model DIR --out /tmp/q.jsonl          # toy sizes
 
 Every (setting, budget) cell runs through the fast masked reference
-(`sgl_vtoken.quality.fastref`: the server's maths, incrementally, on Hugging Face transformers),
+(`sgl_vtoken_tools.quality.fastref`: the server's maths, incrementally, on Hugging Face transformers),
 then the first `--server-trials` trials of each task are replayed through a live sgl-vtoken
 server for every setting at `--server-budgets` (default: the middle budget), token for token,
 in the same command (`--server-trials 0` skips it; `--base-url` uses a running server). Tasks,
-scores and records are described in `sgl_vtoken/quality/` (tasks.py, runner.py, report.py).
+scores and records are described in `sgl_vtoken_tools/quality/` (tasks.py, runner.py, report.py).
 
 Settings are `policy[:key=value,...]` (e.g. `h2o:window=32`, `tova:pool=5`); the full cache is
 always the first row. `--kvp-checkpoint PATH` adds `kvp:checkpoint=PATH`. Sinks, interval and
@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-from sgl_vtoken.quality.cli import json_lines, load
-from sgl_vtoken.quality.evaluate import Plan, build_tasks, run_reference, run_server, write_outputs
-from sgl_vtoken.quality.settings import Setting, Sweep
+from sgl_vtoken_tools.quality.cli import json_lines, load
+from sgl_vtoken_tools.quality.evaluate import Plan, build_tasks, run_reference, run_server, write_outputs
+from sgl_vtoken_tools.quality.settings import Setting, Sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="Hugging Face folder, or `smollm2` (built into .cache/smollm2 "
-                   "by sgl_vtoken.models if missing)")
+                   "by sgl_vtoken_tools.models if missing)")
     p.add_argument("--report", metavar="JSONL", nargs="+",
                    help="only render tables (and --plot) from runs' JSON lines; with --out, also "
                         "write the runs merged (the first file's full-cache trials, summaries redone)")
@@ -127,7 +127,7 @@ def plan_from_args(args) -> Plan:
         args.lm_windows, args.lm_context, args.lm_tokens, args.lm_greedy = 1, 96, 40, 8
     if not args.model:
         raise SystemExit("argument --model: required (a Hugging Face folder), unless --report")
-    from sgl_vtoken.models import MODELS, ensure_model
+    from sgl_vtoken_tools.models import MODELS, ensure_model
 
     if args.model in MODELS and not Path(args.model).exists():
         args.model = str(ensure_model(args.model, REPO / ".cache" / args.model))

@@ -2,7 +2,7 @@
 eviction with offload + recall, same conversations, same request ids, one server.
 
 Each trial states a 4-digit pass key in turn 1, gives `--fillers` essay passages to summarise,
-then asks for the key (`sgl_vtoken.quality.tasks.recall_trials`); every turn is the previous
+then asks for the key (`sgl_vtoken_tools.quality.tasks.recall_trials`); every turn is the previous
 prompt + reply + the next message, so the server continues from its stored compacted history.
 Score: the answer's first number is the key. Besides the hits, each record carries the device KV
 the request kept (`live_tokens`), the host tier's figures (offloaded, recalled, recall time, host
@@ -24,9 +24,9 @@ import statistics
 import time
 from pathlib import Path
 
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args
-from sgl_vtoken.quality.server_check import Client, _strip
-from sgl_vtoken.quality.tasks import exact_number, next_turn_ids, recall_trials
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.quality.server_check import Client, _strip
+from sgl_vtoken_tools.quality.tasks import exact_number, next_turn_ids, recall_trials
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoTokenizer
 
-    from sgl_vtoken.models import ensure_model
+    from sgl_vtoken_tools.models import ensure_model
 
     model = args.model
     if model == str(REPO / ".cache" / "smollm2"):

@@ -8,14 +8,14 @@ model's greedy reply (`--reply-tokens`), then the next turn's prompt as a chat c
 (the chat template over the messages, the reply re-sent as its decoded text). One JSON line per
 conversation (`history`: ids the server holds for turn 1; `common`: ids of turn 2's prompt equal to
 them from the start; `exact`), then a summary line (`exact_share`, `reused_share`: history ids a
-cut-at-first-difference match reuses). See `sgl_vtoken.retokenize`.
+cut-at-first-difference match reuses). See `sgl_vtoken_tools.retokenize`.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from sgl_vtoken.quality.cli import add_model_flags, json_lines
+from sgl_vtoken_tools.quality.cli import add_model_flags, json_lines
 
 WORDS = ("the model reads a file and writes the answer to a tool call with numbers like 42 or 3.5 "
          "then it asks why the test failed on line 17 of main.py, see: {\"ok\": true}").split()
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sgl_vtoken.retokenize import probe, summary
+    from sgl_vtoken_tools.retokenize import probe, summary
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -15,7 +15,7 @@ aborted through /abort_request or by the client disconnecting, and invalid `kv_e
 a random policy, budget and window in `custom_params.kv_evict`), short or long prompts (some
 sharing a prefix) and short or long replies. After the load drains: no unexpected outcome, the
 server healthy, no traceback in its log, `pool_available + pool_evictable == pool_total`, and
-the whole pool free after /flush_cache (`sgl_vtoken.bench.stress`).
+the whole pool free after /flush_cache (`sgl_vtoken_tools.bench.stress`).
 
 JSON lines to stdout and `--out`: `config`, `progress` every `--progress-every` s, `unexpected`
 (each request with an unexpected outcome), `summary` (requests by kind and outcome, evictions,
@@ -31,8 +31,8 @@ import signal
 import sys
 from pathlib import Path
 
-from sgl_vtoken.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     try:
         if args.base_url is None:
-            from sgl_vtoken.tiny_model import ensure_tiny_model
+            from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
             model = args.model_path or ensure_tiny_model(REPO / ".cache" / "tiny-llama")
             flags = ["--dtype", "float32", "--enable-metrics", "--kv-evict", args.policy,

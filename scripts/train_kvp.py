@@ -7,7 +7,7 @@
 Objective: the ranking objective of arXiv:2602.10238 (Plackett-Luce rankings sampled by
 Gumbel-sort, REINFORCE with a leave-one-out baseline, reward = minus the future attention mass
 evicted summed over every budget, normalized between the oracle and the reverse ranking; see
-`sgl_vtoken/kvp_train.py`). Seeded and CPU-deterministic: same traces and arguments, same
+`sgl_vtoken_tools/kvp_train.py`). Seeded and CPU-deterministic: same traces and arguments, same
 checkpoint bytes (the sha256 is printed). The checkpoint records the traced model's identity;
 the server refuses it for another model. Prints JSON lines: progress every `--log-every` steps,
 then the noise-free normalized reward (0 = oracle ranking, -1 = reverse, about -0.5 = random)
@@ -26,7 +26,7 @@ import time
 import torch
 
 from sgl_vtoken.kvp import KVPScorer, save_checkpoint
-from sgl_vtoken.kvp_train import Traces, evaluate, fit_feature_stats, train
+from sgl_vtoken_tools.kvp_train import Traces, evaluate, fit_feature_stats, train
 
 
 def main(argv=None) -> None:

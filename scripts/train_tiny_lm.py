@@ -4,8 +4,8 @@
     python scripts/train_tiny_lm.py --out .cache/tiny-lm            # ~5 min on 2 cores
     python scripts/train_tiny_lm.py --text my.txt --steps 3000 --layers 4
 
-The architecture and tokenizer are `sgl_vtoken.tiny_model`'s (Llama, hidden 128, 4 query / 2 KV
-heads, byte-level BPE); only the layer count is an argument. Text (`sgl_vtoken.corpus`): the
+The architecture and tokenizer are `sgl_vtoken_tools.tiny_model`'s (Llama, hidden 128, 4 query / 2 KV
+heads, byte-level BPE); only the layer count is an argument. Text (`sgl_vtoken_tools.corpus`): the
 top-level modules of the standard library (`*.py`, sorted by name), every `--heldout-every`-th
 file held out; `--text pydoc` for Python's documentation topics; or the `--text` file, whose
 last 10% is held out. Seeded: same arguments, same weights. The result is a Hugging Face model
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from sgl_vtoken.corpus import corpus, tokenize
-from sgl_vtoken.tiny_model import TinyModelSpec, build_tiny_model
+from sgl_vtoken_tools.corpus import corpus, tokenize
+from sgl_vtoken_tools.tiny_model import TinyModelSpec, build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,8 @@
 
 The library (this package, no sglang import): eviction settings, policies, the repack planner and
 page accounting. The SGLang plugin lives in `sgl_vtoken.patches`, the kernels in
-`sgl_vtoken.kernels`.
+`sgl_vtoken.kernels`. This is the runtime; the tooling around it (benchmarks, quality harness,
+simulator, KVP training, models, launcher, references) is the package `sgl_vtoken_tools`.
 """
 
 from sgl_vtoken.config import EvictConfig

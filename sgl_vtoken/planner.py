@@ -1,7 +1,7 @@
 """Repack planner: turn a policy's keep-set into KV moves, a row rewrite and page frees.
 
 Pure function of small tensors (one request); the server applies the plan with one KV move
-(``kv[dst] = kv[src]`` for all layers) and one allocator free; :func:`sgl_vtoken.reference.
+(``kv[dst] = kv[src]`` for all layers) and one allocator free; :func:`sgl_vtoken_tools.reference.
 apply_plan_ref` applies it to a fake pool. Row layout (row coordinates, splice rules 2 and 6, docs/design.md)::
 
     row      | tree-owned [0, cpl): never moved or freed | private [cpl, len): the request's |

@@ -17,7 +17,7 @@ Candidates are never attended by the first chunk: the distribution is only a sta
 recalled tokens then join the row, and the second chunk recomputes the scoring window (and the
 message's end) with them visible, so the question's own K/V and the first answer token see what
 it recalled, not only the tokens decoded after it. The server (`patches/scores.py`) and the Hugging Face reference
-(`sgl_vtoken.hf_reference`) call the same two functions.
+(`sgl_vtoken_tools.hf_reference`) call the same two functions.
 """
 
 from __future__ import annotations

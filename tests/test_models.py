@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from sgl_vtoken.models import MODELS, GgufModel, build_model, main
-from sgl_vtoken.tiny_model import folder_digest
+from sgl_vtoken_tools.models import MODELS, GgufModel, build_model, main
+from sgl_vtoken_tools.tiny_model import folder_digest
 
 
 def test_smollm2_same_package_same_bytes(smollm2_model, tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sgl_vtoken.tiny_model import TinyModelSpec, build_tiny_model, ensure_tiny_model, folder_digest
+from sgl_vtoken_tools.tiny_model import TinyModelSpec, build_tiny_model, ensure_tiny_model, folder_digest
 
 
 def test_same_seed_same_bytes(tiny_model, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import requests
 import torch
 
-from sgl_vtoken.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 
 class Client:
@@ -112,8 +112,8 @@ def kvp_checkpoint(hf_eager, tmp_path_factory):
     """A KVP scorer trained in seconds on traces of the random-weight tiny model (exactness does
     not need a good scorer, only the same one on both sides)."""
     from sgl_vtoken.kvp import KVPScorer, save_checkpoint
-    from sgl_vtoken.kvp_traces import collect
-    from sgl_vtoken.kvp_train import train
+    from sgl_vtoken_tools.kvp_traces import collect
+    from sgl_vtoken_tools.kvp_train import train
 
     seqs = torch.randint(10, 2000, (4, 128), generator=torch.Generator().manual_seed(900))
     tr = collect(hf_eager, seqs, torch.tensor([48, 64, 80]), horizon=32, meta={})

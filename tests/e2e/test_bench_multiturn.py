@@ -6,7 +6,7 @@ like any unlocked node, SGLang's memory checkers on)."""
 
 import pytest
 
-from sgl_vtoken.bench.multiturn import Workload, run_bench
+from sgl_vtoken_tools.bench.multiturn import Workload, run_bench
 from conftest import BENCH_FLAGS
 from test_eviction import wait_pool_free
 

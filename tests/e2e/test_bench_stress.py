@@ -1,12 +1,12 @@
-"""A short stress run (sgl_vtoken.bench.stress: mixed /generate and chat traffic, streaming or
+"""A short stress run (sgl_vtoken_tools.bench.stress: mixed /generate and chat traffic, streaming or
 not, multi-turn sessions, aborts and disconnects, random per-request policies, budgets and
 windows, invalid eviction objects) against the agent benchmark's test server, SGLang's memory
 checkers on: every request ends as expected, the server survives, and no KV slot leaks."""
 
 import pytest
 
-from sgl_vtoken.bench.stress import StressConfig, run_stress
-from sgl_vtoken.bench.stress_traffic import TrafficSpec
+from sgl_vtoken_tools.bench.stress import StressConfig, run_stress
+from sgl_vtoken_tools.bench.stress_traffic import TrafficSpec
 
 from conftest import BENCH_FLAGS
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from sgl_vtoken.hf_reference import masked_greedy
+from sgl_vtoken_tools.hf_reference import masked_greedy
 from sgl_vtoken.config import EvictConfig
 from conftest import BENCH_FLAGS, MEMORY_CHECKS
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from sgl_vtoken.hf_reference import masked_greedy, masked_turn
+from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.config import EvictConfig
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import evict_server

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.hf_reference import masked_turn
+from sgl_vtoken_tools.hf_reference import masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
 

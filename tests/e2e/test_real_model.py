@@ -16,7 +16,7 @@ import torch
 
 from conftest import MEMORY_CHECKS
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.hf_reference import masked_greedy
+from sgl_vtoken_tools.hf_reference import masked_greedy
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("real")]
 

@@ -7,8 +7,9 @@ import os
 import pytest
 import torch
 
-from sgl_vtoken.kernels import bench, repack
+from sgl_vtoken.kernels import repack
 from sgl_vtoken.kernels._checks import check_moves
+from sgl_vtoken_tools import kernel_bench as bench
 
 # --cpu-smoke runs Triton on CPU tensors: only where the kernels were loaded by the interpreter
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")

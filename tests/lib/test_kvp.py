@@ -5,7 +5,7 @@ import torch
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, load_checkpoint, load_scorer, save_checkpoint
-from sgl_vtoken.kvp_train import Traces, evaluate, normalized_reward, ranking_loss, train
+from sgl_vtoken_tools.kvp_train import Traces, evaluate, normalized_reward, ranking_loss, train
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.types import TokenView
 
@@ -137,7 +137,7 @@ def test_training_learns_a_known_ranking_and_is_reproducible(tmp_path):
         runs.append((save_checkpoint(sc, tmp_path / f"{name}.safetensors").read_bytes(), sc, history))
     assert runs[0][0] == runs[1][0]                               # same seed, same bytes
     untrained = KVPScorer(IDT, hidden=16, seed=0)
-    from sgl_vtoken.kvp_train import fit_feature_stats
+    from sgl_vtoken_tools.kvp_train import fit_feature_stats
 
     fit_feature_stats(untrained, tr, 4)
     before, after = evaluate(untrained, tr, 4), evaluate(runs[0][1], tr, 4)

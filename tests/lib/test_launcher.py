@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from sgl_vtoken import launcher
-from sgl_vtoken.launcher import _BIND_ERROR, ServerProcess
+from sgl_vtoken_tools import launcher
+from sgl_vtoken_tools.launcher import _BIND_ERROR, ServerProcess
 
 STAND_IN = r"""
 import asyncio, http.server, sys, time

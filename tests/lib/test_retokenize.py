@@ -4,7 +4,7 @@ non-canonical id."""
 
 import torch
 
-from sgl_vtoken.retokenize import probe_one, summary
+from sgl_vtoken_tools.retokenize import probe_one, summary
 
 
 class Replier:

@@ -1,5 +1,5 @@
 """The batched eviction step equals the per-row path on random batches: same victims, rows,
-KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle sgl_vtoken/step_ref.py)."""
+KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle sgl_vtoken_tools/step_ref.py)."""
 
 import copy
 import functools
@@ -16,7 +16,7 @@ from sgl_vtoken.pages import PageAllocator
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.policies.sharing_aware import SharingAware
 from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
-from sgl_vtoken.step_ref import evict_row_ref
+from sgl_vtoken_tools.step_ref import evict_row_ref
 
 LAYERS, H, D = 2, 2, 4
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]

@@ -29,6 +29,6 @@ def tiny_eager(tiny_model):
 
 @pytest.fixture(scope="session")
 def tiny_fast(tiny_model):
-    from sgl_vtoken.quality.fastref import load_model
+    from sgl_vtoken_tools.quality.fastref import load_model
 
     return load_model(tiny_model)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.hf_reference import masked_greedy, masked_turn
+from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
-from sgl_vtoken.quality.fastref import Request, fast_greedy, prefill
+from sgl_vtoken_tools.quality.fastref import Request, fast_greedy, prefill
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
 WINDOW = {"h2o": 8, "scissorhands": 8}

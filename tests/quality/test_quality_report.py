@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from sgl_vtoken.quality import report
-from sgl_vtoken.quality.settings import Setting, Sweep
+from sgl_vtoken_tools.quality import report
+from sgl_vtoken_tools.quality.settings import Setting, Sweep
 
 
 def trial(task, setting, budget, **kw):

@@ -2,10 +2,10 @@
 conversation turn by turn (each prompt = previous prompt + reply + next message), and its
 passkey and LM records carry what the summaries and the server check read."""
 
-from sgl_vtoken.hf_reference import masked_turn
-from sgl_vtoken.quality import tasks
-from sgl_vtoken.quality.runner import Runner, make_cells
-from sgl_vtoken.quality.settings import Setting, Sweep
+from sgl_vtoken_tools.hf_reference import masked_turn
+from sgl_vtoken_tools.quality import tasks
+from sgl_vtoken_tools.quality.runner import Runner, make_cells
+from sgl_vtoken_tools.quality.settings import Setting, Sweep
 
 
 def test_recall_turns_equal_masked_turn(tiny_eager, tiny_fast, tiny_tok, wheel_dir):

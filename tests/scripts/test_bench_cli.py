@@ -1,4 +1,4 @@
-"""The benchmark scripts are thin command lines over sgl_vtoken.bench: they start without
+"""The benchmark scripts are thin command lines over sgl_vtoken_tools.bench: they start without
 sglang (no server, no model), and bad flags stop them with status 2 naming the flag."""
 
 import subprocess

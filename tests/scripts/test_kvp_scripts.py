@@ -50,7 +50,7 @@ def test_pydoc_corpus_holds_out_whole_topics():
     held out whole, so held-out windows never overlap a training topic."""
     from pydoc_data.topics import topics
 
-    from sgl_vtoken.corpus import corpus
+    from sgl_vtoken_tools.corpus import corpus
 
     train, held = corpus("pydoc", 4)
     names = sorted(topics)

@@ -1,7 +1,7 @@
 """What a session sends: fixed request ids, the per-request eviction object, the reply length."""
 
-from sgl_vtoken.bench.agent import AgentConfig
-from sgl_vtoken.bench.agent_client import chat_payload, output_hash, request_id
+from sgl_vtoken_tools.bench.agent import AgentConfig
+from sgl_vtoken_tools.bench.agent_client import chat_payload, output_hash, request_id
 
 
 def test_request_ids_are_fixed_per_session_and_turn():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sgl_vtoken.bench.agent_summary import concurrency, retractions, run_summary, summarize, vtoken_figures
+from sgl_vtoken_tools.bench.agent_summary import concurrency, retractions, run_summary, summarize, vtoken_figures
 
 
 def rec(turn, ttft=0.1, e2e=1.0, prompt=100, completion=32, cached=0, error=None, t_end=1.0):

@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-from sgl_vtoken.bench import baseline
-from sgl_vtoken.bench.server_log import error_lines
+from sgl_vtoken_tools.bench import baseline
+from sgl_vtoken_tools.bench.server_log import error_lines
 
 
 def test_shim_trace_is_counted_per_process():

@@ -1,7 +1,7 @@
 """The Naive-Evict / vToken fairness checks on hand-made cells."""
 
-from sgl_vtoken.bench.cells import Cell
-from sgl_vtoken.bench.checks import compare_cells, fair, repeat_consistency
+from sgl_vtoken_tools.bench.cells import Cell
+from sgl_vtoken_tools.bench.checks import compare_cells, fair, repeat_consistency
 
 
 def run(hashes: dict, evicted: int, cached: int = 0, errors=()):

@@ -1,6 +1,6 @@
 """Reading a server's Prometheus page and vToken state (no server: the parsing and the checks)."""
 
-from sgl_vtoken.bench import probe
+from sgl_vtoken_tools.bench import probe
 
 METRICS = """\
 # HELP sglang:num_requests_total Number of requests.

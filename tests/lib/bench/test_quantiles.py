@@ -2,7 +2,7 @@
 
 import pytest
 
-from sgl_vtoken.bench.quantiles import percentiles, spread
+from sgl_vtoken_tools.bench.quantiles import percentiles, spread
 
 
 def test_percentiles_interpolate_linearly_and_skip_none():

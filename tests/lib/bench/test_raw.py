@@ -2,8 +2,8 @@
 
 import json
 
-from sgl_vtoken.bench import raw
-from sgl_vtoken.bench.cells import Cell
+from sgl_vtoken_tools.bench import raw
+from sgl_vtoken_tools.bench.cells import Cell
 
 
 def run_text(rate=None):

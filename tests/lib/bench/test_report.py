@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sgl_vtoken.bench import raw
-from sgl_vtoken.bench.checks import fairness_checks
-from sgl_vtoken.bench.report import publish, render
+from sgl_vtoken_tools.bench import raw
+from sgl_vtoken_tools.bench.checks import fairness_checks
+from sgl_vtoken_tools.bench.report import publish, render
 
 SAMPLE = Path(__file__).parent / "data" / "matrix_sample.jsonl"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sgl_vtoken.bench.results_md import write_section
+from sgl_vtoken_tools.bench.results_md import write_section
 
 
 def test_replaces_only_its_section(tmp_path):

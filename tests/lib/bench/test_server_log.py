@@ -1,7 +1,7 @@
 """Reading SGLang's log text: decode batches, retractions, failures (hand-written log lines in
 the shape SGLang 0.5.23 writes them)."""
 
-from sgl_vtoken.bench import server_log
+from sgl_vtoken_tools.bench import server_log
 
 # Shaped like SGLang 0.5.23's scheduler output (metrics_reporter.py, scheduler.py).
 SAMPLE_LOG = """\

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from sgl_vtoken.bench.stress import StressConfig, expected, tally, verdict
-from sgl_vtoken.bench.stress_traffic import KINDS, TrafficSpec, evict_choice, play, prompt_ids
+from sgl_vtoken_tools.bench.stress import StressConfig, expected, tally, verdict
+from sgl_vtoken_tools.bench.stress_traffic import KINDS, TrafficSpec, evict_choice, play, prompt_ids
 
 SPEC = TrafficSpec()
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from sgl_vtoken.bench.tokenizer import approx_fit
-from sgl_vtoken.bench.workload import WorkloadSpec, build_workload
+from sgl_vtoken_tools.bench.tokenizer import approx_fit
+from sgl_vtoken_tools.bench.workload import WorkloadSpec, build_workload
 
 
 class WordFitter:

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from sgl_vtoken.sim.__main__ import BEGIN, END, main, update_results
-from sgl_vtoken.sim.attention_model import SyntheticAttention
-from sgl_vtoken.sim.replay import SimSettings, replay_request
-from sgl_vtoken.sim.report import simulate_concurrency
-from sgl_vtoken.sim.workload import Request, agent_sessions, sharegpt_like
+from sgl_vtoken_tools.sim.__main__ import BEGIN, END, main, update_results
+from sgl_vtoken_tools.sim.attention_model import SyntheticAttention
+from sgl_vtoken_tools.sim.replay import SimSettings, replay_request
+from sgl_vtoken_tools.sim.report import simulate_concurrency
+from sgl_vtoken_tools.sim.workload import Request, agent_sessions, sharegpt_like
 
 REQ = Request(rid=3, session=0, turn=0, shared_len=40, prompt_len=300, output_len=200)
 

@@ -1,0 +1,18 @@
+"""Benchmark and stress machinery shared by `scripts/` (no sglang import: servers are reached
+over HTTP and started through `sgl_vtoken_tools.launcher`).
+
+    server_log     the text an SGLang server logs: decode batches, retractions, failures
+    probe          a running server's HTTP endpoints: vToken state, loads, Prometheus counters
+    http_client    /generate and streaming chat requests as timed records
+    workload       the seeded multi-turn agent workload (sessions, tool outputs, arrivals)
+    tokenizer      cutting texts to exact token counts with the server's tokenizer
+    agent          one agent-benchmark run against one server, as JSON lines
+    agent_summary  the summary line of such a run (latency, concurrency, memory, counters)
+    quantiles      percentiles and the spread over repeats
+    cells          the benchmark matrix's cells and their per-run figures
+    matrix         the No-Evict / Naive-Evict / vToken matrix: servers, cells, repeats
+    report         the matrix's markdown section; plots: its figures; results_md: writing it
+    baseline       SGLang without the plugin, for overhead A/B runs; process CPU time
+    load           simple concurrent /generate load; machine load and code provenance
+    stress         mixed traffic against one server and the end-of-run leak and crash checks
+"""

@@ -1,0 +1,195 @@
+"""The requests of a stress run, each drawn from a seeded random stream and played as one
+record: what was sent (kind, eviction settings, lengths) and what came back (status, tokens,
+evictions, finish reason). `KINDS` lists them; `play(kind, ...)` runs one.
+
+Every request is greedy with `ignore_eos`, so a request that finished normally produced exactly
+its `max_new_tokens`. Outcomes: `ok` (finished), `aborted` (finish reason abort: only expected for
+`abort` and `disconnect`), `rejected` (HTTP 400: only expected for `invalid`), `error` (anything
+else: an unexpected status, a timeout, a short reply, a connection failure).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import requests
+
+from sgl_vtoken_tools.bench.workload import prose
+
+KINDS = {  # kind -> weight
+    "generate": 3, "generate_stream": 3, "chat": 2, "chat_stream": 2, "session": 2,
+    "abort": 1, "disconnect": 1, "invalid": 1,
+}
+SHARED_PREFIXES = 3    # a few common prompt heads, so prompts share radix-cache prefixes
+
+
+@dataclass(frozen=True)
+class TrafficSpec:
+    policies: tuple = ("streamingllm", "random", "knorm", "h2o", "tova", "scissorhands")
+    budgets: tuple = (48, 64, 128, 256)
+    windows: tuple = (0, 16)
+    short_prompt: tuple = (8, 64)
+    long_prompt: tuple = (300, 1500)
+    short_new: tuple = (1, 48)
+    long_new: tuple = (96, 384)
+    vocab: tuple = (10, 2000)        # token ids of random prompts
+    timeout: float = 300.0           # seconds per request
+
+
+def evict_choice(rng: random.Random, spec: TrafficSpec) -> dict | None:
+    """None (the server's own setting), {"policy": "none"} or a random policy with budget and window."""
+    x = rng.random()
+    if x < 0.2:
+        return None
+    if x < 0.4:
+        return {"policy": "none"}
+    return {"policy": rng.choice(spec.policies), "budget": rng.choice(spec.budgets), "window": rng.choice(spec.windows)}
+
+
+def prompt_ids(rng: random.Random, spec: TrafficSpec, long: bool) -> list[int]:
+    lo, hi = spec.long_prompt if long else spec.short_prompt
+    n = rng.randint(lo, hi)
+    head = []
+    if rng.random() < 0.5:  # a shared head, seeded by its index only
+        h = random.Random(f"prefix-{rng.randrange(SHARED_PREFIXES)}")
+        head = [h.randrange(*spec.vocab) for _ in range(min(n, 256))]
+    return head + [rng.randrange(*spec.vocab) for _ in range(n - len(head))]
+
+
+def _sampling(max_new: int, kv: dict | None) -> dict:
+    sp = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
+    if kv is not None:
+        sp["custom_params"] = {"kv_evict": kv}
+    return sp
+
+
+def _outcome(rec: dict, finish: str | None, completion: int, max_new: int) -> dict:
+    if finish == "abort":
+        rec["status"] = "aborted"
+    elif completion != max_new:
+        rec.update(status="error", error=f"{completion} tokens of {max_new}, finish reason {finish!r}")
+    else:
+        rec["status"] = "ok"
+    rec.update(finish_reason=finish, completion_tokens=completion)
+    return rec
+
+
+def _evicted(meta: dict) -> int:
+    return sum(e.get("evicted_tokens") or 0 for e in (meta.get("kv_evict") or []))
+
+
+def generate(base_url: str, rec: dict, ids: list[int], max_new: int, kv, stream: bool, stop_after: int = 0,
+             abort: bool = False, timeout: float = 300.0) -> dict:
+    """/generate; with `stop_after` > 0 (streaming), after that many chunks either POST
+    /abort_request (`abort`) or drop the connection (a client disconnect)."""
+    body = {"rid": rec["rid"], "input_ids": ids, "sampling_params": _sampling(max_new, kv), "stream": stream}
+    with requests.post(base_url + "/generate", json=body, stream=stream, timeout=timeout) as r:
+        rec["http"] = r.status_code
+        if r.status_code != 200:
+            return {**rec, "status": "rejected" if r.status_code == 400 else "error", "error": r.text[:300]}
+        if not stream:
+            j = r.json()
+            meta = j["meta_info"]
+            rec["evicted_tokens"] = _evicted(meta)
+            return _outcome(rec, (meta.get("finish_reason") or {}).get("type"), meta["completion_tokens"], max_new)
+        last, chunks = None, 0
+        for line in r.iter_lines():
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            last = json.loads(line[5:])
+            chunks += 1
+            if stop_after and chunks == stop_after:
+                if not abort:
+                    rec.update(status="aborted", finish_reason="disconnect", completion_tokens=None)
+                    return rec  # leaving the with-block closes the connection
+                requests.post(base_url + "/abort_request", json={"rid": rec["rid"]}, timeout=30)
+    if last is None:
+        return {**rec, "status": "error", "error": "stream without data"}
+    meta = last["meta_info"]
+    rec["evicted_tokens"] = _evicted(meta)
+    return _outcome(rec, (meta.get("finish_reason") or {}).get("type"), meta["completion_tokens"], max_new)
+
+
+def chat(base_url: str, rec: dict, messages: list[dict], max_new: int, kv, stream: bool,
+         timeout: float = 300.0, model: str = "default") -> tuple[dict, str]:
+    """One chat completion; returns the record and the reply text."""
+    body = {"rid": rec["rid"], "model": model, "messages": messages, "max_tokens": max_new,
+            "temperature": 0, "ignore_eos": True, "stream": stream}
+    if kv is not None:
+        body["custom_params"] = {"kv_evict": kv}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    with requests.post(base_url + "/v1/chat/completions", json=body, stream=stream, timeout=timeout) as r:
+        rec["http"] = r.status_code
+        if r.status_code != 200:
+            return {**rec, "status": "rejected" if r.status_code == 400 else "error", "error": r.text[:300]}, ""
+        if not stream:
+            j = r.json()
+            c = j["choices"][0]
+            return _outcome(rec, c["finish_reason"], j["usage"]["completion_tokens"], max_new), c["message"]["content"] or ""
+        parts, finish, completion = [], None, None
+        for line in r.iter_lines():
+            if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                continue
+            obj = json.loads(line[5:])
+            for c in obj.get("choices") or []:
+                parts.append((c.get("delta") or {}).get("content") or "")
+                finish = c.get("finish_reason") or finish
+            if obj.get("usage"):
+                completion = obj["usage"]["completion_tokens"]
+    return _outcome(rec, finish, completion, max_new), "".join(parts)
+
+
+def play(kind: str, base_url: str, rng: random.Random, spec: TrafficSpec, rid: str,
+         model: str = "default") -> list[dict]:
+    """One request of `kind` (a `session` is several), drawn from `rng`; its records."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose from {sorted(KINDS)}")
+    long = rng.random() < 0.3
+    kv = evict_choice(rng, spec)
+    lo, hi = spec.long_new if rng.random() < 0.3 else spec.short_new
+    max_new = rng.randint(lo, hi)
+    rec = {"kind": kind, "rid": rid, "evict": "server" if kv is None else kv["policy"], "long_prompt": long,
+           "max_new": max_new, "error": None}
+    t0 = time.monotonic()
+    try:
+        if kind in ("generate", "generate_stream"):
+            out = [generate(base_url, rec, prompt_ids(rng, spec, long), max_new, kv, kind == "generate_stream",
+                            timeout=spec.timeout)]
+        elif kind in ("abort", "disconnect"):
+            out = [generate(base_url, rec, prompt_ids(rng, spec, long), max(max_new, 64), kv, True,
+                            stop_after=rng.randint(1, 8), abort=kind == "abort", timeout=spec.timeout)]
+            out[0]["max_new"] = max(max_new, 64)
+        elif kind == "invalid":
+            bad = rng.choice([{"policy": "streamingllm", "budget": 1}, {"policy": "bogus"},
+                              {"policy": "random", "budget": "many"}, {"policy": "h2o", "budget": -5}])
+            out = [generate(base_url, rec, prompt_ids(rng, spec, False), 4, bad, False, timeout=spec.timeout)]
+        elif kind in ("chat", "chat_stream"):
+            msgs = [{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": prose(rng, rng.randint(*(spec.long_prompt if long else spec.short_prompt)))}]
+            out = [chat(base_url, rec, msgs, max_new, kv, kind == "chat_stream", spec.timeout, model)[0]]
+        else:
+            out = _session(base_url, rng, spec, rec, kv, model)
+    except (requests.RequestException, ValueError, KeyError) as e:
+        out = [{**rec, "status": "error", "error": f"{type(e).__name__}: {e}"[:300]}]
+    for r in out:
+        r.setdefault("latency_s", round(time.monotonic() - t0, 3))
+    return out
+
+
+def _session(base_url: str, rng: random.Random, spec: TrafficSpec, rec: dict, kv, model: str) -> list[dict]:
+    """2 to 4 turns of chat, each re-sending the history (same eviction settings every turn)."""
+    msgs = [{"role": "system", "content": "You are an agent. " + prose(random.Random("session-system"), 120)}]
+    out = []
+    for turn in range(rng.randint(2, 4)):
+        msgs.append({"role": "user", "content": prose(rng, rng.randint(*spec.short_prompt))})
+        r, text = chat(base_url, {**rec, "rid": f"{rec['rid']}-t{turn}", "turn": turn}, msgs,
+                       rec["max_new"], kv, rng.random() < 0.5, spec.timeout, model)
+        out.append(r)
+        if r["status"] != "ok":
+            break
+        msgs.append({"role": "assistant", "content": text})
+    return out
