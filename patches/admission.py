@@ -20,10 +20,6 @@ from .prefill import chunk_limit
 from .state import state_of
 
 
-def _cap(st) -> int:
-    return st.cfg.budget + st.cfg.interval + st.cfg.page_size
-
-
 @contextmanager
 def _clipped(reqs):
     """Temporarily clip the remaining `max_new_tokens` of evicting requests to what their KV can grow."""
@@ -37,7 +33,7 @@ def _clipped(reqs):
         # Under the holed radix cache tree-owned tokens (a cached prompt, a stored history's view)
         # leave the row as it evicts and its own tokens replace them, up to the cap.
         tree = (req.kv.cache_protected_len if req.kv.holds_kv else req.prefix_len) if st.holed else 0
-        room = max(0, _cap(st) - (row - tree))
+        room = max(0, st.cfg.decode_peak - (row - tree))
         clipped = done + min(req.sampling_params.max_new_tokens - done, room)
         if clipped < req.sampling_params.max_new_tokens:
             saved.append((req, req.sampling_params.max_new_tokens))
@@ -66,7 +62,7 @@ def adder_class(base: type) -> type:
                 return stock
             # Under the holed radix cache tree-owned tokens leave the row; its own part grows to the cap.
             own = req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
-            return min(stock, max(0, _cap(st) - own))
+            return min(stock, max(0, st.cfg.decode_peak - own))
 
         def _peers(self, req):
             running = self.running_batch.reqs if self.running_batch is not None else []
@@ -128,7 +124,7 @@ def around_init_req_max_new_tokens(original, scheduler, req):
     st = state_of(req)
     if st is None or req.finished():
         return
-    peak = _cap(st)
+    peak = st.cfg.decode_peak
     if peak > scheduler.max_total_num_tokens:
         req.set_finish_with_abort(
             f"kv_evict.budget {st.cfg.budget}: an evicting request holds up to budget + interval + "

@@ -15,7 +15,7 @@ from sglang.srt.runtime_context import get_spec
 
 from sgl_vtoken.kernels import page_indices
 
-from .attention import BACKEND_NAME, page_indptr_host, read_kv_as_pages
+from .paged_kv import BACKEND_NAME, page_indptr_host, read_kv_as_pages
 
 
 def _unsupported(what: str) -> NotImplementedError:

@@ -20,7 +20,8 @@ import os
 import re
 import sys
 
-from sgl_vtoken.config import ENV_VAR, RECLAIM_MODES, EvictConfig
+from sgl_vtoken.config import ENV_VAR, EvictConfig
+from sgl_vtoken.planner import RECLAIM_MODES
 from sgl_vtoken.policies import POLICIES, make_policy
 
 from . import contract, radix
@@ -208,7 +209,7 @@ def settings_problem(cfg: EvictConfig, context_len: int, num_layers: int, pool_t
     """Why `cfg` cannot run on this model and pool ("" when it can)."""
     if cfg.budget > context_len:
         return f"{budget_name}: must be <= the model's context length {context_len} (got {cfg.budget})"
-    peak = cfg.budget + cfg.interval + cfg.page_size
+    peak = cfg.decode_peak
     if pool_tokens is not None and peak > pool_tokens:
         return (f"{budget_name}: an evicting request holds up to budget + interval + page_size = {peak} "
                 f"KV tokens, more than the pool's {pool_tokens}")

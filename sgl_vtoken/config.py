@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from sgl_vtoken.planner import RECLAIM_MODES
+from sgl_vtoken.policies import POLICIES, make_policy
+from sgl_vtoken.policies.base import AGGREGATIONS
+
 ENV_VAR = "VTOKEN_CONFIG"
-RECLAIM_MODES = ("vtoken", "naive")
-AGGREGATIONS = ("sum", "max")
-# The server honours "never" only (SharingAware's "consensus" is a library mode, tests/lib).
-SHARING_MODES = ("never",)
 DISABLED = "none"
 
 
@@ -48,7 +48,6 @@ class EvictConfig:
         seed: seed of seeded policies (``random``) and of the simulator.
         aggregation: how per-layer, per-head statistics become one score per token: sum or max.
         params: policy hyperparameters (``--kv-evict-config`` JSON), passed to the policy class.
-        sharing: ``"never"``: the policy never chooses a shared token (the only mode served).
         obs_window: attention policies: prompt queries whose attention seeds the statistics at
             prefill (the last `obs_window`, SnapKV-style).
         score_layers: attention policies: layer ids whose attention is scored (None: all).
@@ -86,7 +85,6 @@ class EvictConfig:
     seed: int = 0
     aggregation: str = "sum"
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    sharing: str = "never"
     obs_window: int = 16
     score_layers: tuple[int, ...] | None = None
     reuse_history: bool = True
@@ -98,14 +96,11 @@ class EvictConfig:
     recall_gap: int = 0
 
     def __post_init__(self) -> None:
-        from sgl_vtoken.policies import POLICIES  # lazy: policies import nothing from here
-
         names = [DISABLED, *sorted(POLICIES)]
         if self.policy not in names:
             raise ValueError(f"EvictConfig.policy must be one of {names} (got {self.policy!r})")
         _check_choice("reclaim", self.reclaim, RECLAIM_MODES)
         _check_choice("aggregation", self.aggregation, AGGREGATIONS)
-        _check_choice("sharing", self.sharing, SHARING_MODES)
         _check_int("page_size", self.page_size, 1)
         _check_int("sink", self.sink, 0)
         _check_int("window", self.window, 0)
@@ -144,8 +139,6 @@ class EvictConfig:
         _check_int("budget", self.budget, floor,
                    why=f"sink_tokens + window + page_size = {self.sink_tokens} + {self.window} "
                        f"+ {self.page_size}")
-        from sgl_vtoken.policies import make_policy
-
         try:
             make_policy(self.policy, **self.policy_kwargs())
         except (TypeError, ValueError) as exc:
@@ -188,6 +181,12 @@ class EvictConfig:
         return None if self.prefill_chunk is None else self.budget + self.prefill_chunk
 
     @property
+    def decode_peak(self) -> int:
+        """KV tokens an evicting request holds at most while it decodes: the row reaches
+        ``budget + interval`` before each eviction, plus the partly filled page of the next."""
+        return self.budget + self.interval + self.page_size
+
+    @property
     def enabled(self) -> bool:
         return self.policy != DISABLED
 
@@ -200,15 +199,10 @@ class EvictConfig:
         """True when a row of `row_len` live tokens must be evicted down to `budget`."""
         return self.enabled and row_len >= self.budget + self.interval
 
-    def num_to_evict(self, row_len: int) -> int:
-        return row_len - self.budget if self.should_evict(row_len) else 0
-
     def policy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``make_policy(self.policy, **kwargs)``."""
         kwargs = {"sink": self.sink_tokens, "window": self.window,
                   "aggregation": self.aggregation, **self.params}
-        from sgl_vtoken.policies import POLICIES
-
         if "seed" in {f.name for f in fields(POLICIES[self.policy])}:
             kwargs.setdefault("seed", self.seed)
         return kwargs

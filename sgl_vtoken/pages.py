@@ -11,7 +11,6 @@ region is *dense* when every row page lives in one physical page at matching off
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 import torch
@@ -61,12 +60,6 @@ def fragmentation(live_slots: torch.Tensor, page_size: int,
     """The paper's intra-page waste ``F = 1 - mean_i(u_i)`` over held pages (0 when none)."""
     u = page_utilization(live_slots, page_size, held_pages)
     return 0.0 if u.numel() == 0 else float(1.0 - u.mean())
-
-
-def should_reclaim(frag: float, num_free_pages: int, num_total_pages: int,
-                   threshold: float = 0.25, watermark: float = 0.1) -> bool:
-    """The paper's trigger: reclaim when F > threshold and free pages are near the low watermark."""
-    return frag > threshold and num_free_pages <= math.ceil(watermark * num_total_pages)
 
 
 class PageAllocator:

@@ -42,13 +42,14 @@ def make_policy(name: str, **kwargs) -> EvictionPolicy:
 
 @functools.lru_cache(maxsize=64)
 def policy_from_config(cfg: "EvictConfig") -> EvictionPolicy:
-    """The configured policy, wrapped in :class:`SharingAware` with the configured mode.
+    """The configured policy, wrapped in :class:`SharingAware` (mode "never": the server never
+    lets a policy choose a tree-owned token; "consensus" is a library mode).
 
     Policies hold no per-request state, so equal settings share one object: the eviction step
     scores the rows that share a policy together (`sgl_vtoken.step`)."""
     if not cfg.enabled:
         raise ValueError("EvictConfig.policy is 'none': eviction is disabled")
-    return SharingAware(make_policy(cfg.policy, **cfg.policy_kwargs()), mode=cfg.sharing)
+    return SharingAware(make_policy(cfg.policy, **cfg.policy_kwargs()), mode="never")
 
 
 __all__ = ["POLICIES", "EvictionPolicy", "H2O", "KNorm", "KVP", "RandomPolicy", "Scissorhands",

@@ -14,6 +14,7 @@ import torch
 from kvtest_helpers import page_dense_rows
 
 from sgl_vtoken.patches import attention as A  # imports SGLang only inside its functions
+from sgl_vtoken.patches import paged_kv as P
 
 needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs SGLang installed")
 
@@ -59,13 +60,13 @@ def test_factory_rejects_mla_models():
 def test_as_pages_views_slot_rows_as_pages():
     k = torch.arange(12 * 2 * 3).view(12, 2, 3)
     v = -k
-    pk, pv = A.as_pages((k, v), 4)
+    pk, pv = P.as_pages((k, v), 4)
     assert pk.shape == (3, 4, 2, 3) and pk.data_ptr() == k.data_ptr()
     for slot in range(12):  # page p, offset j holds slot p * 4 + j
         assert torch.equal(pk[slot // 4, slot % 4], k[slot]) and torch.equal(pv[slot // 4, slot % 4], v[slot])
-    assert A.as_pages((k, v), 1) == (k, v)
+    assert P.as_pages((k, v), 1) == (k, v)
     with pytest.raises(ValueError, match="12 rows, not a multiple of page_size 5"):
-        A.as_pages((k, v), 5)
+        P.as_pages((k, v), 5)
 
 
 class _RecordingWrapper:
@@ -88,8 +89,8 @@ class _RecordingWrapper:
 
 
 def test_read_kv_as_pages_wraps_run_and_run_return_lse():
-    w = A.read_kv_as_pages(_RecordingWrapper(), 4)
-    assert A.read_kv_as_pages(w, 4) is w  # idempotent
+    w = P.read_kv_as_pages(_RecordingWrapper(), 4)
+    assert P.read_kv_as_pages(w, 4) is w  # idempotent
     kv = (torch.zeros(8, 2, 16), torch.zeros(8, 2, 16))
     w.forward(None, kv)
     w.run_return_lse(None, kv)
@@ -253,5 +254,5 @@ def test_gpu_flashinfer_paged_decode_equals_token_level_decode(device, page_size
         indptr, indices, last = page_indices(table, rpi, seq, ps)
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
         w.plan(indptr, indices, last, hq, hkv, dim, ps, data_type=torch.bfloat16, q_data_type=torch.bfloat16)
-        outs.append(w.run(q, A.as_pages((k, v), ps)))
+        outs.append(w.run(q, P.as_pages((k, v), ps)))
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)

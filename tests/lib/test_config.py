@@ -15,7 +15,7 @@ def test_disabled_default_needs_no_budget():
 
 @pytest.mark.parametrize("kwargs", [
     dict(policy="h2o", budget=64, sink=4, window=16, interval=8, page_size=16, seed=7,
-         aggregation="max", params={}, reclaim="naive", sharing="never"),
+         aggregation="max", params={}, reclaim="naive"),
     dict(policy="scissorhands", budget=100, params={"history": 16, "threshold": 0.5}),
     dict(policy="none"),
 ])
@@ -52,7 +52,6 @@ def test_budget_required_when_enabled():
                       r"'scissorhands', 'streamingllm', 'tova'\]"),
     ("reclaim", "eager", r"EvictConfig.reclaim must be one of \['vtoken', 'naive'\]"),
     ("aggregation", "mean", r"EvictConfig.aggregation must be one of \['sum', 'max'\]"),
-    ("sharing", "consensus", r"EvictConfig.sharing must be one of \['never'\]"),
     ("interval", 0, r"EvictConfig.interval must be >= 1"),
     ("page_size", 0, r"EvictConfig.page_size must be >= 1"),
     ("sink", -1, r"EvictConfig.sink must be >= 0"),
@@ -83,9 +82,11 @@ def test_from_dict_rejects_unknown_keys_listing_fields():
 
 def test_interval_hysteresis():
     cfg = EvictConfig(policy="streamingllm", budget=10, interval=3)
-    assert [cfg.num_to_evict(n) for n in (10, 12, 13, 20)] == [0, 0, 3, 10]
+    assert [cfg.should_evict(n) for n in (10, 12, 13, 20)] == [False, False, True, True]
     every_step = EvictConfig(policy="streamingllm", budget=10, interval=1)
-    assert [every_step.num_to_evict(n) for n in (10, 11)] == [0, 1]
+    assert [every_step.should_evict(n) for n in (10, 11)] == [False, True]
+    assert cfg.decode_peak == 10 + 3 + 1
+    assert EvictConfig(policy="streamingllm", budget=64, interval=16, page_size=16).decode_peak == 96
 
 
 def test_policy_kwargs_pass_seed_only_to_seeded_policies():

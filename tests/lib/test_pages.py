@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sgl_vtoken.pages import (PageAllocator, fragmentation, is_dense, num_pages, page_utilization,
-                              row_pages, should_reclaim)
+                              row_pages)
 
 
 def test_allocator_hands_out_pages_lowest_first_and_recycles():
@@ -46,7 +46,4 @@ def test_fragmentation_and_trigger():
     assert page_utilization(live, 4).tolist() == [1.0, 0.25]
     assert fragmentation(live, 4) == pytest.approx(0.375)
     assert fragmentation(live, 4, held_pages=torch.tensor([2, 5, 6])) == pytest.approx(1 - 1.25 / 3)
-    assert should_reclaim(0.375, num_free_pages=1, num_total_pages=100)
-    assert not should_reclaim(0.375, num_free_pages=50, num_total_pages=100)
-    assert not should_reclaim(0.2, num_free_pages=1, num_total_pages=100)
     assert num_pages(45, 16) == 3 and num_pages(0, 16) == 0

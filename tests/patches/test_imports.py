@@ -1,32 +1,70 @@
-"""patches/ has no import cycle: modules import each other at module level, in one direction
-(shared settings live in `server_args.py`, hooked targets in `contract.py`)."""
+"""The runtime (`sgl_vtoken/`, `kernels/`, `patches/`) has no import cycle: counting imports inside
+functions too, modules import each other in one direction (imports under `if TYPE_CHECKING:`
+are annotations, never executed, and are not counted)."""
 
 import ast
 from pathlib import Path
 
-PATCHES = Path(__file__).resolve().parents[2] / "patches"
-PACKAGE = "sgl_vtoken.patches"
+REPO = Path(__file__).resolve().parents[2]
+# Installed module prefix of each runtime folder (pyproject.toml's package-dir).
+FOLDERS = {"sgl_vtoken": "sgl_vtoken", "kernels": "sgl_vtoken.kernels", "patches": "sgl_vtoken.patches"}
+
+
+def module_names() -> dict[str, Path]:
+    """Installed module name -> file, for every runtime module (a package by its `__init__`)."""
+    out = {}
+    for folder, prefix in FOLDERS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            rel = path.relative_to(REPO / folder).with_suffix("").parts
+            if rel[0] in ("kernels", "patches"):  # links some checkouts keep inside sgl_vtoken/
+                continue
+            parts = rel[:-1] if rel[-1] == "__init__" else rel
+            out[".".join((prefix, *parts))] = path
+    return out
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside `if TYPE_CHECKING:` blocks."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def imports_of(name: str, source: str, is_package: bool, known: set[str]) -> set[str]:
+    """The runtime modules `source` (module `name`) imports anywhere, resolved to names in `known`:
+    `import a.b`, `from a import b` (module b, else package a), relative imports."""
+    tree = ast.parse(source)
+    skip = _type_checking_nodes(tree)
+    package = name if is_package else name.rpartition(".")[0]
+    deps = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import a.b.c` of a package: its deepest module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                deps.add(target)
+    return deps
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the `patches/` modules it imports at module level (`from .x import`,
-    `from . import x`, `from sgl_vtoken.patches.x import`)."""
-    modules = {p.stem for p in PATCHES.glob("*.py")}
-    graph = {}
-    for path in PATCHES.glob("*.py"):
-        deps = set()
-        for node in ast.parse(path.read_text()).body:
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            if node.level == 1:
-                module = node.module
-            elif node.level == 0 and (node.module or "").startswith(PACKAGE):
-                module = node.module[len(PACKAGE):].lstrip(".") or None
-            else:
-                continue
-            deps |= {module.split(".")[0]} if module else {a.name for a in node.names}
-        graph[path.stem] = deps & modules
-    return graph
+    names = module_names()
+    return {name: imports_of(name, path.read_text(), path.name == "__init__.py", set(names))
+            for name, path in names.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -35,7 +73,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
     def visit(node, path):
         state[node] = 1
-        for dep in sorted(graph[node]):
+        for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
                 return path[path.index(dep):] + [dep]
             if dep not in state and (cycle := visit(dep, path + [dep])):
@@ -49,9 +87,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_patches_has_no_import_cycle():
+def test_the_runtime_has_no_import_cycle():
     cycle = find_cycle(import_graph())
-    assert cycle is None, "import cycle in patches/: " + " -> ".join(cycle)
+    assert cycle is None, "import cycle in the runtime: " + " -> ".join(cycle)
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -59,6 +97,23 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_the_graph_sees_imports_inside_functions_and_skips_type_checking():
+    known = {"p", "p.a", "p.b", "p.c", "p.d"}
+    source = '''
+from typing import TYPE_CHECKING
+from . import a
+if TYPE_CHECKING:
+    from .d import D
+
+def f():
+    from .b import thing
+    import p.c
+'''
+    assert imports_of("p.x", source, False, known) == {"p.a", "p.b", "p.c"}
+
+
 def test_the_graph_sees_the_plugin_importing_its_hook_modules():
     graph = import_graph()
-    assert {"runtime", "server_args", "attention", "radix"} <= graph["plugin"]
+    assert {"sgl_vtoken.patches.runtime", "sgl_vtoken.patches.server_args", "sgl_vtoken.patches.attention",
+            "sgl_vtoken.patches.radix"} <= graph["sgl_vtoken.patches.plugin"]
+    assert "sgl_vtoken.policies" in graph["sgl_vtoken.config"]

@@ -1,0 +1,49 @@
+"""SGLang's [rows, H, D] KV buffers read as FlashInfer pages [rows / P, P, H, D]: the views and
+host index arrays shared by the backend's registration (`attention.py`) and its classes
+(`flashinfer_backend.py`). Imports neither SGLang nor FlashInfer."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+BACKEND_NAME = "vtoken_flashinfer"
+
+
+def as_pages(kv_cache, page_size: int):
+    """View a (K, V) pair of [rows, H, D] buffers as FlashInfer NHD pages [rows / P, P, H, D]."""
+    if page_size == 1 or not isinstance(kv_cache, (tuple, list)):
+        return kv_cache
+    out = []
+    for t in kv_cache:
+        if t.ndim != 3:
+            return kv_cache  # already paged
+        rows, heads, dim = t.shape
+        if rows % page_size:
+            raise ValueError(f"KV buffer has {rows} rows, not a multiple of page_size {page_size}")
+        out.append(t.view(rows // page_size, page_size, heads, dim))
+    return tuple(out)
+
+
+def read_kv_as_pages(wrapper, page_size: int):
+    """Make a FlashInfer paged wrapper accept SGLang's [rows, H, D] buffers at page size P."""
+    if page_size == 1 or getattr(wrapper, "_vtoken_page_size", None) == page_size:
+        return wrapper
+    run = wrapper.run
+
+    def paged_run(q, paged_kv_cache, *args, **kwargs):
+        return run(q, as_pages(paged_kv_cache, page_size), *args, **kwargs)
+
+    wrapper.run = paged_run
+    wrapper.run_return_lse = functools.partial(paged_run, return_lse=True)
+    wrapper._vtoken_page_size = page_size
+    return wrapper
+
+
+def page_indptr_host(seq_lens_cpu: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Host copy of the paged kv_indptr ([bs+1] int32), for FlashInfer's sync-free replans."""
+    pages = (seq_lens_cpu.long() + page_size - 1) // page_size
+    out = torch.zeros(pages.numel() + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(pages, 0)
+    return out
