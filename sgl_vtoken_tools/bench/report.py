@@ -146,7 +146,7 @@ def render(meta: dict, cells: list[Cell], checks: list[dict], plots: list[str]) 
         if not settings["quick"]:
             L += ladder_table(by_mode, settings) + [""]
     L += [f"![{p}](img/{p})" for p in plots]
-    L += ["", report_text.reading(), "", report_text.measuring(meta)]
+    L += ["", report_text.measuring(meta)]
     return "\n".join(L)
 
 

@@ -1,5 +1,7 @@
 """The prose of the agent benchmark's section: provenance, setup, what each column isolates
-(with the run's own fairness checks), how to read the figures and how they are measured."""
+(with the run's own fairness checks) and how the figures are measured, each computed from the
+run's settings and checks. What the figures mean is written by hand in docs/RESULTS.md, after
+the generated section, never in this template."""
 
 from __future__ import annotations
 
@@ -72,25 +74,6 @@ def isolation(checks: list[dict]) -> str:
         "return the same outputs and cache the same prompt tokens: then only what happens to the freed "
         "slots differs (vToken compacts the survivors into dense pages and frees the rest). Whether this "
         f"run met those conditions, checked request by request and run by run ({verdict}):", ""] + [_check_line(c) for c in checks])
-
-
-def reading() -> str:
-    return (
-        "**Reading the numbers.** Memory is the robust part: retained pages and KV pages per request do "
-        "not depend on CPU speed. With scattered victims (random) Naive-Evict frees a page only once all "
-        "its tokens are dead, so its requests keep nearly every page they ever filled, while vToken "
-        "compacts the survivors into about (budget + interval) / page size pages; StreamingLLM evicts a "
-        "contiguous range, so Naive-Evict frees whole pages too and the two stay close (as in the "
-        "simulator). Concurrency and latency depend on more than memory here: (1) a prompt is prefilled "
-        "whole before its first eviction, so admitting a request still needs room for its whole prompt, "
-        "and the pool's capacity at the evicted footprint is reached only as prompts shrink; (2) at page "
-        "size > 1 compacted histories are not stored, so every turn of an evicting session prefills what "
-        "its cached prompt lacks (the cached prompt tokens row says how much each mode found cached), "
-        "while No-Evict reuses the previous turn's KV (multi-turn history reuse at page size 1 has its "
-        "own section); (3) with this many sessions the burst's peak is capped by the session count in "
-        "every mode, hence the capacity row. Wall-clock figures (TTFT, TPOT, tokens/s, the rate ladder) "
-        "move with the load other jobs put on the cores: compare modes within one run, read the ranges, "
-        "and prefer output tokens per scheduler CPU second for the cost of a token.")
 
 
 def measuring(meta: dict) -> str:
