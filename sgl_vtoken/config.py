@@ -130,15 +130,15 @@ class EvictConfig:
             raise ValueError(f"EvictConfig.offload must be true or false (got {self.offload!r})")
         if not self.enabled:
             return
-        if self.prefill_chunk is not None:
-            self._check_prefill_chunk()
-        self._check_offload()
         floor = self.sink_tokens + self.window + self.page_size
         if self.budget is None:
             raise ValueError(f"EvictConfig.budget is required when policy={self.policy!r}")
-        _check_int("budget", self.budget, floor,
+        _check_int("budget", self.budget, floor,  # before any arithmetic on it (prefill, host tier)
                    why=f"sink_tokens + window + page_size = {self.sink_tokens} + {self.window} "
                        f"+ {self.page_size}")
+        if self.prefill_chunk is not None:
+            self._check_prefill_chunk()
+        self._check_offload()
         try:
             make_policy(self.policy, **self.policy_kwargs())
         except (TypeError, ValueError) as exc:

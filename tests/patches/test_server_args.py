@@ -104,6 +104,24 @@ def test_flags_are_per_request_defaults_without_a_policy(parse):
     assert resolve(server, {"policy": "random", "budget": 64}, KV_EVICT_CHOICES).budget == 64
 
 
+@pytest.mark.parametrize("server", [
+    dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=64),
+    dict(policy="streamingllm", budget=64, page_size=16, interval=16, host_tokens=4096),
+    dict(policy="streamingllm", budget=64, page_size=1),
+], ids=["prefill_chunk", "host_store", "plain"])
+@pytest.mark.parametrize("field", ["budget", "sink", "window", "interval", "recall"])
+@pytest.mark.parametrize("value", ["many", 1.5, True, [64]])
+def test_every_request_field_is_type_checked_before_arithmetic(server, field, value):
+    """A wrong type in any numeric `kv_evict` field is a ValueError naming the field (HTTP 400),
+    never a TypeError from arithmetic on it (HTTP 500), on every kind of server."""
+    from sgl_vtoken.patches.request_options import resolve
+    from sgl_vtoken.patches.server_args import KV_EVICT_CHOICES
+
+    obj = {"offload": True, field: value} if field == "recall" else {field: value}
+    with pytest.raises(ValueError, match=rf"kv_evict\.(offload|{field}) "):
+        resolve(EvictConfig(**server), obj, KV_EVICT_CHOICES)
+
+
 def test_attention_policy_settings(parse):
     parse("--kv-evict", "scissorhands", "--kv-budget", "64", "--kv-window", "16",
           "--kv-evict-config", '{"history": 8, "obs_window": 4, "score_layers": [1]}')
