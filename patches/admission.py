@@ -72,7 +72,7 @@ def adder_class(base: type) -> type:
             from sglang.srt.managers.schedule_policy import AddReqResult
 
             st = state_of(req)
-            if st is not None and st.blocked:  # its stashed row does not fit the pool yet
+            if st is not None and st.retract.blocked:  # its stashed row does not fit the pool yet
                 return AddReqResult.NO_TOKEN
             limit = chunk_limit(req)  # eviction during prefill: its first chunk ends at the peak
             forcing = limit is not None and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
@@ -92,8 +92,8 @@ def adder_class(base: type) -> type:
                 if forcing:  # what the request took comes off the real chunk budget
                     self.rem_chunk_tokens = saved - (min(saved, limit) - self.rem_chunk_tokens)
                     self.exact_chunk_fill = exact
-            if st is not None and st.real_outputs is not None and req not in self.can_run_list:
-                st.restore_outputs(req)  # not admitted this round: its real outputs back
+            if st is not None and st.retract.real_outputs is not None and req not in self.can_run_list:
+                st.retract.restore_outputs(req)  # not admitted this round: its real outputs back
             return result
 
         def add_chunked_req(self, req, *args, **kwargs):

@@ -46,9 +46,9 @@ def evict_batch(scheduler, batch, skip: set) -> bool:
         c.bytes_per_token = kv_bytes_per_token(scheduler.token_to_kv_pool_allocator.get_kvcache())
     sample_held(scheduler)  # rows as prefilled, before this step's eviction
     for i, req, st in evicting:
-        st.start_step()  # decoding again; a retraction later in this step resumes from here
-        if st.accumulator is not None:
-            st.fold_staged(getattr(scheduler, "tp_group", None))
+        # Decoding again; a retraction later in this step resumes from here.
+        st.retract.start_step(st.stats.snapshot())
+        st.stats.fold(getattr(scheduler, "tp_group", None))
     seq_lens_cpu = batch.seq_lens_cpu
     due = []
     for i, req, st in evicting:
@@ -88,11 +88,11 @@ def evict_rows(scheduler, due: list) -> list[int]:
     tree, allocator = scheduler.tree_cache, scheduler.token_to_kv_pool_allocator
     ps = allocator.page_size
     for req, st, row_len in due:
-        if st.holed and st.steps == 0 and st.hit is None:
+        if st.holed and st.row.steps == 0 and st.prefix.hit is None:
             # The prompt's KV is full attention: share it before the first eviction (under the
             # overlap scheduler the prefill checkpoint may not have landed yet; then a no-op).
             tree.checkpoint(req, up_to=req.extend_end)
-            st.mark_tree_owned(req.kv.cache_protected_len)
+            st.naive.mark_tree_owned(req.kv.cache_protected_len)
         kv = req.kv
         assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
             f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
@@ -117,11 +117,11 @@ def evict_rows(scheduler, due: list) -> list[int]:
         active.append(slots is not None)  # no free page for the copies: retry at the next step
         if slots is None or not st.holed or w == cpl:
             continue
-        if ps == 1 and st.hit is not None:  # its own stored history: free what nobody reaches
+        if ps == 1 and st.prefix.hit is not None:  # its own stored history: free what nobody reaches
             gone = d.raw[b, :cpl][~d.keep[b, :cpl].to(d.raw.device)]
-            freed = tree.release_dropped(req, gone.to(st.hit[1].device))
+            freed = tree.release_dropped(req, gone.to(st.prefix.hit.slots.device))
             counters_of(scheduler).pages_freed += freed
-            st.count_freed(freed)
+            st.row.count_freed(freed)
         elif ps == 1 or st.cfg.reclaim == "vtoken":
             # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
             # (Naive-Evict keeps its lock at page size > 1: see held.hold_naive_pages.)
@@ -135,11 +135,11 @@ def evict_rows(scheduler, due: list) -> list[int]:
         if not active[b]:
             evicted.append(0)
             continue
-        if ps > 1 and st.holed and st.hit is not None:  # its stored history: free what nobody reaches
+        if ps > 1 and st.holed and st.prefix.hit is not None:  # its stored history: free what nobody reaches
             row = view.req_to_token[req.kv.req_pool_idx, :d.new_length(b)]
             freed = tree.release_unused_pages(req, row.to(torch.int64))
             c.pages_freed += freed
-            st.count_freed(freed)
+            st.row.count_freed(freed)
         evicted.append(_record(st, req, rows[b], d, b, next(freed_rows), to_free, tree))
         c.evictions += 1
     if to_free:
@@ -154,14 +154,15 @@ def evict_rows(scheduler, due: list) -> list[int]:
 
 
 def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
-    attn = st.accumulator.stats if st.accumulator is not None else None
+    accumulator, pinned = st.stats.accumulator, st.recall.pinned
+    attn = accumulator.stats if accumulator is not None else None
     if attn is not None and attn.shape[0] != row_len:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
-    positions = st.positions(row_len)
+    positions = st.row.positions(row_len)
     return EvictRow(row=req.kv.req_pool_idx, length=row_len, positions=positions,
                     policy=st.policy, budget=st.cfg.budget, cpl=req.kv.cache_protected_len,
-                    shared=not st.holed, rid=st.rid, step=st.steps, attn=attn,
-                    pinned=None if st.pinned is None else torch.isin(positions, st.pinned))
+                    shared=not st.holed, rid=st.rid, step=st.row.steps, attn=attn,
+                    pinned=None if pinned is None else torch.isin(positions, pinned))
 
 
 def _record(st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tensor, to_free: list,
@@ -170,8 +171,8 @@ def _record(st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tenso
     free to `to_free` (Naive-Evict holds some back). Returns the tokens evicted."""
     keep, kv = d.keep_indices(b), req.kv
     if st.holed and st.cfg.page_size == 1:  # what a retraction in this step resumes from
-        st.save_undo(d.raw[b, :row.length], row.positions)
-    st.select_stats(keep)
+        st.retract.save_undo(d.raw[b, :row.length], row.positions, st.row, st.report)
+    st.stats.select(keep)
     w, n_copy = d.counts["whole"][b], d.counts["copies"][b]
     if st.holed and (w != row.cpl or n_copy):  # the view changed below cpl
         kv.cache_protected_len = w
@@ -181,10 +182,12 @@ def _record(st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tenso
         own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
         freed = held.hold_naive_pages(st, kept_pos, int(row.positions[-1]) + 1, own, freed.cpu())
         if st.holed:
-            tree.relock_shallower(req, st.tree_lock)
+            tree.relock_shallower(req, st.naive.tree_lock)
     to_free.append(freed)
     evicted = row.length - new_len
-    st.record_eviction(kept_pos, evicted, int(freed.numel()))
+    st.row.record(kept_pos, evicted, int(freed.numel()))
+    st.report.update(evicted_tokens=st.report["evicted_tokens"] + evicted, live_tokens=int(kept_pos.numel()),
+                     pages_freed=st.row.freed, evictions=st.row.steps)
     kv.kv_committed_len -= evicted
     kv.kv_allocated_len -= evicted
     return evicted

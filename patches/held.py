@@ -18,8 +18,9 @@ Held pages are counted as the request's own in SGLang's pool accounting (`kv_pri
 returned when Naive-Evict would free them, and all freed when the request releases its KV.
 `kv_private_tokens` gets only the request's `ReqKvInfo`, a slotted dataclass that takes no new
 attribute, so a request under Naive-Evict at page size > 1 gets, when it is created, a
-`ReqKvInfo` subclass with one more slot, `held_for`: its `ReqEvictState`, whose `naive_pages`
-are the count (`count_held`). The pages stay counted wherever SGLang keeps that record.
+`ReqKvInfo` subclass with one more slot, `held_for`: its `ReqEvictState`, whose held pages
+(`st.naive`, a `NaiveHold`) are the count (`count_held`). The pages stay counted wherever SGLang
+keeps that record.
 """
 
 from __future__ import annotations
@@ -33,6 +34,35 @@ from sgl_vtoken.pages import num_pages
 from .state import ReqEvictState, state_of
 
 
+@dataclass
+class NaiveHold:
+    """What the Naive-Evict emulation holds for a request (`st.naive`)."""
+
+    held: list[int] = field(default_factory=list)  # page ids held back from the pool
+    tree_lock: int = 0                         # tree tokens its lock still covers
+    excess: int = 0                            # pages held beyond Naive-Evict's own footprint
+    tree_len: int = 0                          # row positions below were tree-owned at its first eviction
+
+    def mark_tree_owned(self, tree_len: int) -> None:
+        """First eviction under the holed cache: the row's first `tree_len` positions are
+        tree-owned (the shared prompt), which the accounting needs later."""
+        self.tree_len = tree_len
+
+    def hold(self, pages: list[int], tree_lock: int, excess: int) -> None:
+        """The request now holds back `pages` (page ids), its lock covers the first `tree_lock`
+        tree tokens, `excess`: pages held beyond Naive-Evict's."""
+        self.held, self.tree_lock, self.excess = pages, tree_lock, excess
+
+    def release(self) -> list[int]:
+        """The pages held back, which the caller returns to the pool; none are held after."""
+        pages, self.held = self.held, []
+        return pages
+
+    def reset(self) -> None:
+        """Retraction: the row is gone (its held pages went back with its KV)."""
+        self.tree_len = self.tree_lock = self.excess = 0
+
+
 def naive_page_count(kept_pos: torch.Tensor, next_pos: int, page_size: int) -> int:
     """Pages a Naive-Evict cache holds for live tokens at `kept_pos` whose next token is `next_pos`."""
     pages = torch.unique(torch.cat([kept_pos // page_size, kept_pos.new_tensor([(next_pos - 1) // page_size])]))
@@ -43,29 +73,29 @@ def hold_naive_pages(st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int, o
                      freed: torch.Tensor) -> torch.Tensor:
     """Keep back the pages Naive-Evict could not free; return those to really free now.
 
-    Positions below `st.tree_len` were tree-owned when the request first evicted: Naive-Evict
-    keeps the shared pages referenced up to the last live one (`st.tree_lock` tokens, the caller
+    Positions below `tree_len` were tree-owned when the request first evicted: Naive-Evict
+    keeps the shared pages referenced up to the last live one (`tree_lock` tokens, the caller
     moves the request's lock there) and its own pages wherever a live private token sits. The row
     holds `own_len` private slots (kept private tokens plus copies of kept tree tokens, packed);
     a copy is a page Naive-Evict would not hold, so when packing saves fewer pages than the
-    copies cost, the emulation holds `st.naive_excess` pages more than Naive-Evict would.
+    copies cost, the emulation holds `excess` pages more than Naive-Evict would (`NaiveHold`).
     """
-    ps = st.cfg.page_size
-    tree = kept_pos < st.tree_len
+    ps, hold = st.cfg.page_size, st.naive
+    tree = kept_pos < hold.tree_len
     tree_lock = int(kept_pos[tree].max()) + 1 if bool(tree.any()) else 0
     wanted = naive_page_count(kept_pos[~tree], next_pos, ps) - num_pages(own_len, ps)
     extra = max(0, wanted)
-    pool = torch.cat([torch.tensor(st.naive_pages, dtype=torch.int64), freed.to(torch.int64)])
-    st.hold_naive(pool[:extra].tolist(), tree_lock, max(0, -wanted))
+    pool = torch.cat([torch.tensor(hold.held, dtype=torch.int64), freed.to(torch.int64)])
+    hold.hold(pool[:extra].tolist(), tree_lock, max(0, -wanted))
     return pool[extra:]
 
 
 def release_held(req, allocator) -> int:
     """Free every page `req` holds back (request release or retraction); returns the count."""
     st = state_of(req)
-    if st is None or not st.naive_pages:
+    if st is None or not st.naive.held:
         return 0
-    pages = st.release_naive()
+    pages = st.naive.release()
     allocator.free_page_ids(torch.tensor(pages, dtype=torch.int64, device=allocator.device))
     return len(pages)
 
@@ -91,4 +121,4 @@ def count_held(req, st: ReqEvictState) -> None:
 def around_kv_private_tokens(original, kv, page_size: int) -> int:
     """AROUND `pool_stats_observer.kv_private_tokens`: held pages are the request's own."""
     st = getattr(kv, "held_for", None)
-    return original(kv, page_size) + (len(st.naive_pages) * page_size if st is not None else 0)
+    return original(kv, page_size) + (len(st.naive.held) * page_size if st is not None else 0)

@@ -2,13 +2,10 @@
 the tree with holes, a next turn that extends it continues from it, and the slots that nobody can
 reach any more are freed early (docs/design.md, "Prefix sharing under eviction"). This module
 stores them per position (page size 1); `history_pages.py` stores them by whole pages (page
-size > 1); matching and adopting a view are shared.
-
-    node.vt_live    live slots of a holed node (its value is -1 where a token was evicted)
-    node.vt_view    (positions, slots) of the row that ended at this node, or None
-    node.vt_attach  logical prefix below the view whose KV is hole-free (full attention)
-    node.vt_tail    logical ids the view covers past the node's key (page size > 1), or absent
-    node.vt_host    host chunks of the tokens the view's history evicted (`host_tier.py`), or absent
+size > 1); matching and adopting a view are shared. A holed node carries a `NodeRecord` as
+`node.vt` (hole-free nodes carry none), made when the holed cache inserts or splits it
+(`insert_view`, `split`) and changed only here; the host store of its view is kept by the host
+tier (`host_tier.HostTier.store_of`).
 
 The functions take the `radix.HoledRadixCache` (`tree`) whose nodes and sizes they change; its
 `match_prefix`, `checkpoint` and `release_dropped` call them.
@@ -18,6 +15,8 @@ from __future__ import annotations
 
 import time
 from array import array
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -25,17 +24,85 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from . import host_tier
 
 
+class StoredView(NamedTuple):
+    """The row a finished (or retracted) request left at a node: its entries' logical
+    ``positions [m] int64`` (ascending) and their KV ``slots [m] int64`` (pool device); `attach`,
+    the logical prefix below it whose KV is hole-free (full attention); `tail`, the logical ids
+    it covers past the node's key (page size > 1; empty otherwise)."""
+
+    positions: torch.Tensor
+    slots: torch.Tensor
+    attach: int
+    tail: array
+
+
+@dataclass(eq=False)
+class NodeRecord:
+    """`node.vt` of a holed radix node (its value is -1 where a token was evicted)."""
+
+    live: int                                  # live slots: value >= 0, or the slots of `pages`
+    pages: torch.Tensor | None = None          # page size > 1: slots of the whole pages it owns
+    view: StoredView | None = None             # the row that ended at this node
+
+    def take(self, mask: torch.Tensor) -> torch.Tensor:
+        """Page size > 1: the owned slots under `mask` (``[len(pages)] bool``) leave the node;
+        returns them."""
+        slots, self.pages = self.pages[mask], self.pages[~mask]
+        self.live -= int(slots.numel())
+        return slots
+
+    def give(self, slots: torch.Tensor) -> None:
+        """Page size > 1: the node owns `slots` (whole pages) too."""
+        self.pages = torch.cat([self.pages, slots])
+        self.live += int(slots.numel())
+
+
+def record_of(node) -> NodeRecord | None:
+    """The record of a holed radix node, or None (a hole-free node)."""
+    return getattr(node, "vt", None)
+
+
+def view_of(node) -> StoredView | None:
+    """The view stored at `node`, or None."""
+    record = record_of(node)
+    return None if record is None else record.view
+
+
 def live(node) -> int:
     """Live slots of `node` (all of its key unless it is holed)."""
-    n = getattr(node, "vt_live", None)
-    return len(node.key) if n is None else n
+    record = record_of(node)
+    return len(node.key) if record is None else record.live
 
 
-def count_live(node) -> int:
-    """Mark `node` holed and (re)count its live slots (the slots of its pages at page size > 1)."""
-    pages = getattr(node, "vt_pages", None)
-    node.vt_live = int((node.value >= 0).sum()) if pages is None else int(pages.numel())
-    return node.vt_live
+def _count(node) -> int:
+    return int((node.value >= 0).sum())
+
+
+def insert_view(tree, parent, key: RadixKey, value: torch.Tensor, priority: int, view: StoredView,
+                pages: torch.Tensor | None = None):
+    """Insert the holed `key` below `parent` (`value`: a slot per position, -1 a hole) and
+    store `view` at the node where it ends. A new node gets its record and counts only its live
+    slots (the slots of its `pages` at page size > 1). Returns ``(matched, node)`` as
+    `_insert_helper`."""
+    matched, node = tree._insert_helper(parent, key, value, priority)
+    if matched < len(key):  # a new holed node: the stock insert counted all of its key
+        node.vt = NodeRecord(_count(node) if pages is None else int(pages.numel()), pages)
+        tree.evictable_size_ -= len(node.key) - node.vt.live
+    node.vt.view = view
+    return matched, node
+
+
+def split(new_node, child) -> None:
+    """SGLang split `child`, `new_node` taking the front of its key: if `child` is holed,
+    `new_node` is too. Its pages stay with `child` (the view's node); per-position nodes recount."""
+    record = record_of(child)
+    if record is None:
+        return
+    if record.pages is not None:
+        new_node.vt = NodeRecord(0, record.pages[:0])
+    else:
+        new_node.vt = NodeRecord(_count(new_node))
+        record.live = _count(child)
 
 
 def namespace(req, st) -> str:
@@ -77,9 +144,9 @@ def find_view(tree, last, logical: array, limit: int, ns: str):
                 break
             child.last_access_time = now
             d, key, node = d + len(child.key), key[len(child.key):], child
-            if getattr(node, "vt_view", None) is None:
+            if view_of(node) is None:
                 continue
-            tail = array("q", getattr(node, "vt_tail", ()))
+            tail = node.vt.view.tail
             n = _common(logical[d:limit], tail)
             if n == len(tail) and (best is None or d + n > best[1]):
                 best = (node, d + n)
@@ -102,7 +169,7 @@ def _any_view(node):
     best, stack = None, [node]
     while stack:
         n = stack.pop()
-        if getattr(n, "vt_view", None) is not None:
+        if view_of(n) is not None:
             if n is node:
                 return n
             if best is None or n.last_access_time > best.last_access_time:
@@ -114,7 +181,7 @@ def _any_view(node):
 def cut_view(node, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The entries of `node`'s view at logical positions < `depth`: ``(positions, slots)``, a
     prefix of its row."""
-    positions, slots = node.vt_view
+    positions, slots = node.vt.view.positions, node.vt.view.slots
     n = int((positions < depth).sum())
     return (positions, slots) if n == len(positions) else (positions[:n], slots[:n])
 
@@ -122,11 +189,11 @@ def cut_view(node, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
 def insert_history(tree, req, st, row_len: int) -> None:
     """Insert the finished row `[0, row_len)` with holes; the tree then owns all of it. The row
     stays private if the tree holds other KV, or holes, at its positions."""
-    logical = st.logical_ids(req)
+    logical = st.prompt.logical_ids(req)
     slots = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
-    positions = st.positions(row_len).to(slots.device)
-    total = row_len + st.offset
-    head_key = RadixKey(logical[:min(st.attach, total)], req.extra_key, cache_salt=req.cache_salt)
+    positions = st.row.positions(row_len).to(slots.device)
+    total = row_len + st.row.offset
+    head_key = RadixKey(logical[:min(st.prefix.attach, total)], req.extra_key, cache_salt=req.cache_salt)
     values, attach_node = (tree._match_prefix_helper(tree.root_node, head_key) if len(head_key)
                            else ([], tree.root_node))
     attach = sum(len(v) for v in values)
@@ -144,10 +211,8 @@ def insert_history(tree, req, st, row_len: int) -> None:
         return  # another row's KV or holes at these positions: keep the row private
     value = torch.full((total - attach,), -1, dtype=torch.int64, device=slots.device)
     value[positions[~head] - attach] = slots[~head]
-    matched, node = tree._insert_helper(attach_node, key, value, req.priority or 0)
-    if matched < len(key):  # a new holed node: the stock insert counted all of its key
-        tree.evictable_size_ -= len(node.key) - count_live(node)
-    node.vt_view, node.vt_attach = (positions.clone(), slots.clone()), attach
+    _, node = insert_view(tree, attach_node, key, value, req.priority or 0,
+                          StoredView(positions.clone(), slots.clone(), attach, array("q")))
     if (tier := host_tier.tier_of()) is not None:
         tier.store(node, st)  # the evicted tokens' host store goes with the view
     tree.unlock(req.lock)
@@ -162,9 +227,9 @@ def release_dropped(tree, req, dropped: torch.Tensor) -> int:
     can reach (its stored view, not continued by anyone, and that view's chain, locked only by
     it); their views become unusable. Returns the number of slots freed."""
     node, freed = req.last_node, 0
-    if getattr(node, "vt_live", None) is None or node.lock_ref != 1 or node.children:
+    if record_of(node) is None or node.lock_ref != 1 or node.children:
         return 0
-    while getattr(node, "vt_live", None) is not None and node.lock_ref == 1 and len(node.children) <= 1:
+    while record_of(node) is not None and node.lock_ref == 1 and len(node.children) <= 1:
         drop_view(node)
         freed += free_where(tree, node, torch.isin(node.value, dropped))
         node = node.parent
@@ -172,8 +237,8 @@ def release_dropped(tree, req, dropped: torch.Tensor) -> int:
 
 
 def drop_view(node) -> None:
-    """`node`'s view becomes unusable; its host store (`host_tier.py`) is released."""
-    node.vt_view = None
+    """The view of holed `node` becomes unusable; its host store (`host_tier.py`) is released."""
+    node.vt.view = None
     if (tier := host_tier.tier_of()) is not None:
         tier.detach(node)
 
@@ -185,7 +250,7 @@ def free_where(tree, node, mask: torch.Tensor) -> int:
     if n:
         tree.token_to_kv_pool_allocator.free(node.value[mask])
         node.value[mask] = -1
-        node.vt_live -= n
+        node.vt.live -= n
         tree.protected_size_ -= n
     return n
 
@@ -193,9 +258,9 @@ def free_where(tree, node, mask: torch.Tensor) -> int:
 def punch(tree, node) -> None:
     """Free the live slots of `node`'s holed ancestors that its view does not use and that no
     other row or view can reach (a chain locked only by `node`'s holder)."""
-    keep = node.vt_view[1]
+    keep = node.vt.view.slots
     a = node.parent
-    while getattr(a, "vt_live", None) is not None and a.lock_ref == 1 and len(a.children) == 1:
+    while record_of(a) is not None and a.lock_ref == 1 and len(a.children) == 1:
         drop_view(a)
         free_where(tree, a, ~torch.isin(a.value, keep))
         a = a.parent
@@ -203,7 +268,7 @@ def punch(tree, node) -> None:
 
 def restore(req, st) -> array:
     """Undo a previous round's match: logical ids back in the request; returns them."""
-    st.restore_outputs(req)
+    st.retract.restore_outputs(req)
     if not st.restore_prompt(req):
         req.refresh_fill_ids()
     return req.full_untruncated_fill_ids
@@ -211,6 +276,10 @@ def restore(req, st) -> array:
 
 def adopt(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
     """Continue from a stored view: the request's ids become the view's ids + the new ids (row
-    coordinates), its positions those of the view, then `depth` onwards."""
+    coordinates), its positions those of the view, then `depth` onwards; the report says how
+    much of its history it continues (`history_tokens`, `history_view_tokens`)."""
     view_ids = array("q", (logical[p] for p in positions.tolist()))
-    st.adopt_view(req, positions, depth, view_ids + logical[depth:])
+    st.prompt.adopt(req, view_ids + logical[depth:])
+    req.refresh_fill_ids()
+    st.report.update(history_tokens=depth, history_view_tokens=len(positions))
+    st.row.start_at(positions, depth)

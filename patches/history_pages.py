@@ -1,19 +1,20 @@
 """Compacted histories at page size > 1: a stored view owns whole pages, not per-position slots.
 
 After a repack a page holds kept tokens of non-contiguous logical positions, so a holed node's
-value cannot say which slot holds which position. At page size > 1 a stored history is instead:
+value cannot say which slot holds which position. At page size > 1 a stored history is instead
+(`node.vt` is its `history.NodeRecord`):
 
-    node.key      logical ids [attach, end), end = attach + whole pages of the history
-    node.vt_tail  logical ids [end, total): the view also covers them; a match must continue
-                  with them (keys stay page-aligned, as SGLang's paged tree needs)
-    node.value    all -1 (holes): no slot is owned per position
-    node.vt_pages slots of the whole pages the node owns (the row's private pages at finish);
-                  the view's other pages are owned by ancestors on its path (the hole-free
-                  prompt, earlier turns' views), which outlive it in the tree
-    node.vt_view  (positions, slots) of the finished row, as at page size 1
+    node.key           logical ids [attach, end), end = attach + whole pages of the history
+    node.vt.view.tail  logical ids [end, total): the view also covers them; a match must
+                       continue with them (keys stay page-aligned, as SGLang's paged tree needs)
+    node.value         all -1 (holes): no slot is owned per position
+    node.vt.pages      slots of the whole pages the node owns (the row's private pages at
+                       finish); the view's other pages are owned by ancestors on its path (the
+                       hole-free prompt, earlier turns' views), which outlive it in the tree
+    node.vt.view       the finished row (positions, slots, attach), as at page size 1
 
     row at finish  | tree-owned whole pages [0, cpl) | private pages [cpl, row_len) ...|
-                     ancestors' pages                  -> node.vt_pages (last page partial)
+                     ancestors' pages                  -> node.vt.pages (last page partial)
 
 A next turn gets the view as its prefix. The view's partial last page is copied on write into a
 fresh page of the new request (`copy_tail`): the prefill continues in that page, never in the
@@ -37,7 +38,8 @@ from . import history, host_tier
 
 def owned(node) -> torch.Tensor | None:
     """Slots of the whole pages `node` owns (page size > 1), or None (a per-position node)."""
-    return getattr(node, "vt_pages", None)
+    record = history.record_of(node)
+    return None if record is None else record.pages
 
 
 def insert(tree, req, st, row_len: int) -> None:
@@ -45,13 +47,13 @@ def insert(tree, req, st, row_len: int) -> None:
     row stays private when a view is stored at these positions already, or when its tree-owned
     pages are not on the new node's path."""
     ps = tree.page_size
-    logical = st.logical_ids(req)
+    logical = st.prompt.logical_ids(req)
     row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
     cpl = req.kv.cache_protected_len
     if cpl % ps:
         raise RuntimeError(f"a row's tree-owned prefix {cpl} is not page-aligned (page size {ps})")
-    total = row_len + st.offset
-    head = min(st.attach, total) // ps * ps
+    total = row_len + st.row.offset
+    head = min(st.prefix.attach, total) // ps * ps
     head_key = RadixKey(logical[:head], req.extra_key, cache_salt=req.cache_salt)
     values, attach_node = (tree._match_prefix_helper(tree.root_node, head_key) if head
                            else ([], tree.root_node))
@@ -71,15 +73,14 @@ def insert(tree, req, st, row_len: int) -> None:
     reachable = torch.cat(reachable) // ps if reachable else row[:0]
     missing = torch.unique(row[:cpl] // ps)
     missing = missing[~torch.isin(missing, reachable)]
-    if missing.numel() and not rehome(tree, st.hit[0] if st.hit else None, on_path, missing):
+    if missing.numel() and not rehome(tree, st.prefix.hit.node if st.prefix.hit else None, on_path, missing):
         return  # the row uses pages the new node's path does not hold
     pages = row[cpl:row_len:ps] // ps
     value = torch.full((len(key),), -1, dtype=torch.int64, device=row.device)
-    _, node = tree._insert_helper(attach_node, key, value, req.priority or 0)
-    node.vt_pages = (pages[:, None] * ps + torch.arange(ps, device=row.device)).flatten()
-    tree.evictable_size_ -= len(node.key) - history.count_live(node)
-    node.vt_view, node.vt_attach = (st.positions(row_len).to(row.device), row.clone()), attach
-    node.vt_tail = array("q", logical[end:total])
+    view = history.StoredView(st.row.positions(row_len).to(row.device), row.clone(), attach,
+                              array("q", logical[end:total]))
+    _, node = history.insert_view(tree, attach_node, key, value, req.priority or 0, view,
+                                  (pages[:, None] * ps + torch.arange(ps, device=row.device)).flatten())
     if (tier := host_tier.tier_of()) is not None:
         tier.store(node, st)  # the evicted tokens' host store goes with the view
     tree.unlock(req.lock)
@@ -101,13 +102,11 @@ def rehome(tree, view_node, on_path: set, pages: torch.Tensor) -> bool:
             home = home.parent
         if home is None or owned(home) is None:
             return False
-        mask = torch.isin(node.vt_pages // ps, todo.to(node.vt_pages.device))
-        moved = node.vt_pages[mask]
-        if moved.numel():
-            node.vt_pages, home.vt_pages = node.vt_pages[~mask], torch.cat([home.vt_pages, moved])
+        mask = torch.isin(node.vt.pages // ps, todo.to(node.vt.pages.device))
+        if bool(mask.any()):
+            moved = node.vt.take(mask)
+            home.vt.give(moved)
             n = int(moved.numel())
-            node.vt_live -= n
-            home.vt_live += n
             if home.lock_ref and not node.lock_ref:  # evictable slots become protected ones
                 tree.evictable_size_ -= n
                 tree.protected_size_ += n
@@ -119,7 +118,7 @@ def rehome(tree, view_node, on_path: set, pages: torch.Tensor) -> bool:
 def punch(tree, node) -> None:
     """Free the pages of `node`'s holed ancestors that its view does not use and that no other
     row or view can reach (a chain locked only by `node`'s holder)."""
-    keep = torch.unique(node.vt_view[1] // tree.page_size)
+    keep = torch.unique(node.vt.view.slots // tree.page_size)
     a = node.parent
     while owned(a) is not None and a.lock_ref == 1 and len(a.children) == 1:
         history.drop_view(a)
@@ -144,13 +143,11 @@ def release_unused(tree, req, row: torch.Tensor) -> int:
 
 def free_unused(tree, node, keep_pages: torch.Tensor) -> int:
     """Free the pages a locked node owns that are not in `keep_pages`. Returns the pages freed."""
-    ps, slots = tree.page_size, node.vt_pages
+    ps, slots = tree.page_size, node.vt.pages
     drop = ~torch.isin(slots // ps, keep_pages.to(slots.device))
     n = int(drop.sum())
     if n:
-        tree.token_to_kv_pool_allocator.free_page_ids(torch.unique(slots[drop] // ps))
-        node.vt_pages = slots[~drop]
-        node.vt_live -= n
+        tree.token_to_kv_pool_allocator.free_page_ids(torch.unique(node.vt.take(drop) // ps))
         tree.protected_size_ -= n
     return n // ps
 

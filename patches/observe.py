@@ -30,9 +30,9 @@ def update_gauges(scheduler, batch) -> None:
         ps, cpl = st.cfg.page_size, req.kv.cache_protected_len
         live += req.kv.kv_committed_len
         # its own pages, the tree pages its row (or Naive-Evict's lock) references, held-back pages
-        pages += (num_pages(req.kv.kv_committed_len - cpl, ps) + num_pages(max(cpl, st.tree_lock), ps)
-                  + len(st.naive_pages))
-        excess += st.naive_excess
+        pages += (num_pages(req.kv.kv_committed_len - cpl, ps) + num_pages(max(cpl, st.naive.tree_lock), ps)
+                  + len(st.naive.held))
+        excess += st.naive.excess
     ps = max(1, getattr(scheduler, "page_size", 1))
     c.running_evicting_requests, c.live_tokens, c.retained_pages = running, live, pages
     c.naive_excess_pages = excess
@@ -55,7 +55,7 @@ def naive_held_requests(scheduler) -> int:
     retraction return them), so it is in the running batch or in the batch that ran last."""
     batches = (getattr(scheduler, "running_batch", None), getattr(scheduler, "last_batch", None))
     reqs = {id(r): r for b in batches if b is not None for r in b.reqs}
-    return sum(1 for r in reqs.values() if (st := state_of(r)) is not None and st.naive_pages)
+    return sum(1 for r in reqs.values() if (st := state_of(r)) is not None and st.naive.held)
 
 
 def after_get_internal_state(result, scheduler, *args, **kwargs):

@@ -15,16 +15,68 @@ positions (the position offset, splice rule 1)::
 
 The chunk's attention statistics (its last `obs_window` queries, `scores.prepare`) are folded
 first, so attention policies score with them.
+
+A request's ids in row coordinates (after such an eviction, a recall, or continuing a stored
+view) keep its logical prompt aside in its `Prompt` (`st.prompt`) until they go back.
 """
 
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 
-from . import host_tier
+from . import host_recall
 from .eviction import alloc_slots, evict_rows
 from .server_args import prefill_chunk_problem
 from .state import state_of
+
+
+@dataclass
+class Prompt:
+    """The request's prompt as SGLang holds it: `logical`, its logical prompt while
+    `req.origin_input_ids` holds row coordinates (None otherwise), and `prefill_evicted`, the
+    prompt tokens evicted during its prefill."""
+
+    logical: array | None = None
+    prefill_evicted: int = 0
+
+    def logical_ids(self, req) -> array:
+        """The request's logical token ids (prompt + output), whatever its row holds."""
+        prompt = req.origin_input_ids if self.logical is None else self.logical
+        return array("q", prompt) + array("q", req.output_ids)
+
+    def adopt(self, req, prompt: array) -> None:
+        """`req` continues from a stored view: its prompt becomes the row coordinates `prompt`, its
+        logical prompt is kept for `restore`. Its fill ids are the caller's to set."""
+        self.logical = req.origin_input_ids
+        req.origin_input_ids = prompt
+
+    def row_ids(self, req, ids: array) -> None:
+        """`req`'s ids become the row coordinates `ids` (fill ids refreshed); its logical prompt
+        is kept for `restore` the first time."""
+        if self.logical is None:
+            self.logical = req.origin_input_ids
+        req.origin_input_ids = ids
+        req.refresh_fill_ids()
+
+    def restore(self, req) -> bool:
+        """`req` gets its logical prompt back (fill ids refreshed). Returns whether it held row
+        coordinates (`ReqEvictState.restore_prompt`)."""
+        if self.logical is None:
+            return False
+        req.origin_input_ids, self.logical = self.logical, None
+        req.refresh_fill_ids()
+        return True
+
+    def reset(self) -> None:
+        """Retraction: its prefill starts over, nothing of it evicted."""
+        self.prefill_evicted = 0
+
+
+def evicts_in_prefill(st, req) -> bool:
+    """Whether `req`'s prefill is evicted in chunks (`prefill_chunk`): a prompt's, not the
+    re-prefill of a retracted request's outputs."""
+    return st.cfg.prefill_peak is not None and not req.output_ids
 
 
 def chunk_limit(req) -> int | None:
@@ -34,10 +86,11 @@ def chunk_limit(req) -> int | None:
     if st is None:
         return None
     if st.cfg.recall and not req.output_ids:
-        host_tier.begin_turn(req, st)  # its candidates, and where its prefill is cut
-    if st.recall is not None and req.prefix_len < st.recall.end:
-        return st.recall.end - req.prefix_len
-    if not st.evicts_in_prefill(req):
+        host_recall.begin_turn(req, st)  # its candidates, and where its prefill is cut
+    plan = st.recall.plan
+    if plan is not None and req.prefix_len < plan.end:
+        return plan.end - req.prefix_len
+    if not evicts_in_prefill(st, req):
         return None
     limit = st.cfg.prefill_peak - req.prefix_len
     if limit <= 0:  # the row reached the peak with prompt left, unevicted: a splice bug
@@ -48,31 +101,34 @@ def chunk_limit(req) -> int | None:
 
 def around_stash_chunked_request(original, scheduler, req):
     """AROUND `Scheduler.stash_chunked_request`: after SGLang published a prefill chunk, recall
-    into the row if the chunk ends a recalling turn's first chunk (`host_tier.recall_prompt`),
+    into the row if the chunk ends a recalling turn's first chunk (`host_recall.recall_prompt`),
     or evict the row to the budget if it reached the prefill peak."""
     original(scheduler, req)
     st = state_of(req)
     if st is None:
         return
-    if st.recall is not None and req.prefix_len == req.kv.kv_committed_len == st.recall.end:
-        host_tier.recall_prompt(scheduler, req, st, lambda n: alloc_slots(scheduler, n))
+    plan = st.recall.plan
+    if plan is not None and req.prefix_len == req.kv.kv_committed_len == plan.end:
+        host_recall.recall_prompt(scheduler, req, st, lambda n: alloc_slots(scheduler, n))
         return
-    if not st.evicts_in_prefill(req):
+    if not evicts_in_prefill(st, req):
         return
     row_len = req.kv.kv_committed_len
     if row_len < st.cfg.prefill_peak or req.prefix_len != row_len:
         return
-    if st.accumulator is not None:
-        st.fold_staged(getattr(scheduler, "tp_group", None))
-    st.start_step()
-    done = row_len + st.offset  # logical tokens with KV
-    st.attach = min(st.attach, done)  # KV past the first chunk saw a compacted row
+    st.stats.fold(getattr(scheduler, "tp_group", None))
+    st.retract.start_step(st.stats.snapshot())
+    done = row_len + st.row.offset  # logical tokens with KV
+    st.prefix.cap_attach(done)  # KV past the first chunk saw a compacted row
     (evicted,) = evict_rows(scheduler, [(req, st, row_len)])
     if not evicted:
         raise RuntimeError(f"prefill eviction of request {req.rid}: no free page for the copies "
                            f"of its tree-owned tokens ({row_len} row tokens)")
-    logical = st.logical_ids(req)
-    st.compact_prompt(req, array("q", (logical[p] for p in st.kept_pos.tolist())) + logical[done:], evicted)
+    # The ids become row coordinates: the kept entries' ids, then the prompt's remaining ids.
+    logical = st.prompt.logical_ids(req)
+    st.prompt.row_ids(req, array("q", (logical[p] for p in st.row.kept_pos.tolist())) + logical[done:])
+    st.prompt.prefill_evicted += evicted
+    st.report["prefill_evicted_tokens"] = st.prompt.prefill_evicted
     # The next chunk continues after the kept entries; none of them counts as a cache hit.
     req.prefix_len = req.already_computed = row_len - evicted
 

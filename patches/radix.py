@@ -22,23 +22,24 @@ histories are stored, found and freed is `history.py` (per position, page size 1
 `history_pages.py` (by whole pages, page size > 1: the view's partial last page is copied on
 write into the next turn's own page). Only requests under eviction take the holed paths
 (`reuse_history: false` keeps prompt sharing and stores no history); every other request is
-served exactly as by `RadixCache`.
+served exactly as by `RadixCache`. What a request's match found, the view it continues, is its
+`Prefix` (`st.prefix`); a retracted request's match is `retraction.resume`.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from array import array
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefResult, EvictResult,
                                                      IncLockRefResult, MatchPrefixParams,
                                                      MatchResult)
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
-from . import history, history_pages, host_tier
-from .retraction import adopt_retracted, write_back
+from . import history, history_pages, host_tier, retraction
 from .state import state_of
 
 NAME = "vtoken"
@@ -54,6 +55,41 @@ def tree_mode(cfg) -> bool:
     return _active and cfg.enabled
 
 
+class ViewHit(NamedTuple):
+    """The stored view a request's row starts as: its radix `node`, its KV ``slots [m] int64``,
+    and whether they end in the request's own copy of the view's partial last page (`copied`,
+    page size > 1)."""
+
+    node: TreeNode
+    slots: torch.Tensor
+    copied: bool = False
+
+
+@dataclass
+class Prefix:
+    """What a request's row starts from (`st.prefix`): a stored view (`hit`, None: a plain
+    prefill) and `attach`, the logical prefix whose KV is hole-free (full attention)."""
+
+    hit: ViewHit | None = None
+    attach: int = 0
+
+    def continue_from(self, node, slots: torch.Tensor | None, attach: int, copied: bool = False) -> None:
+        """The row starts as the stored view at radix `node`, whose KV is at `slots` (`node`
+        None: no view); `attach`: the logical prefix whose KV is hole-free; `copied`: `slots` end
+        in the request's own copy of the view's partial last page (page size > 1)."""
+        self.hit = None if node is None else ViewHit(node, slots, copied)
+        self.attach = attach
+
+    def cap_attach(self, done: int) -> None:
+        """The KV past logical position `done` saw a compacted row (an eviction during the
+        prefill): the hole-free prefix ends there at the latest."""
+        self.attach = min(self.attach, done)
+
+    def clear(self) -> None:
+        """The row no longer continues a view (it is gone, or back to the logical ids)."""
+        self.hit = None
+
+
 def factory(ctx):
     """`register_radix_cache_backend` factory."""
     global _active
@@ -67,7 +103,7 @@ def factory(ctx):
 
 
 class HoledRadixCache(RadixCache):
-    """`RadixCache` whose holed nodes (attribute `vt_live`) count only live slots."""
+    """`RadixCache` whose holed nodes (`node.vt`, `history.NodeRecord`) count only live slots."""
 
     vt_counters = None  # the scheduler's VTokenCounters (history hits), set at scheduler start
 
@@ -100,12 +136,7 @@ class HoledRadixCache(RadixCache):
 
     def _split_node(self, key, child, split_len):
         new_node = super()._split_node(key, child, split_len)
-        if history_pages.owned(child) is not None:  # the pages stay with the view's node
-            new_node.vt_pages = child.vt_pages[:0]
-            history.count_live(new_node)
-        elif getattr(child, "vt_live", None) is not None:
-            history.count_live(new_node)
-            history.count_live(child)
+        history.split(new_node, child)  # a holed node's front part is holed too
         return new_node
 
     def _delete_leaf(self, node):
@@ -126,7 +157,7 @@ class HoledRadixCache(RadixCache):
         evicted = 0
         while evicted < params.num_tokens and heap:
             _, x = heapq.heappop(heap)
-            if getattr(x, "vt_live", None) is None:  # hole-free: page-exact segment, as stock
+            if history.record_of(x) is None:  # hole-free: page-exact segment, as stock
                 self.token_to_kv_pool_allocator.free_segment(x.value, start_pos=0)
                 evicted += len(x.value)
             else:
@@ -163,9 +194,9 @@ class HoledRadixCache(RadixCache):
         limit = req._compute_max_prefix_len(len(logical))
         key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
         result = super().match_prefix(MatchPrefixParams(key=key))
-        st.continue_from(None, None, len(logical))  # no view yet: a plain prefill
-        if st.stash is not None:  # retracted after evicting: resume from its row (retraction.py)
-            return self._resume(req, st, logical, limit, result)
+        st.prefix.continue_from(None, None, len(logical))  # no view yet: a plain prefill
+        if st.retract.stash is not None:  # retracted after evicting: resume from its row
+            return retraction.resume(self, req, st, logical, limit, result)
         if (not st.cfg.reuse_history or req.output_ids
                 or (req.return_logprob and req.logprob_start_len >= 0)):
             return self._observed(result, key, st)  # retracted (re-prefilled whole) or logprobs
@@ -175,45 +206,11 @@ class HoledRadixCache(RadixCache):
         node, depth = found
         positions, slots = history.cut_view(node, depth)
         history.adopt(req, st, logical, positions, depth)
-        st.continue_from(node, slots, node.vt_attach)
+        st.prefix.continue_from(node, slots, node.vt.view.attach)
         # At page size > 1 the view's partial last page becomes the request's own (copy_tail).
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node,
                            cache_protected_len=len(positions) // self.page_size * self.page_size)
-
-    def _resume(self, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
-        """Match a retracted request to its stashed row, written back into the tree if the tree
-        no longer holds it (or `st.blocked` and the plain match when the pool cannot hold it)."""
-        stash, node = st.stash, st.resume_node
-        if stash.depth > limit:
-            raise RuntimeError(f"retracted row covers {stash.depth} tokens, the match is capped at {limit}")
-        if node is None or node.parent is None or getattr(node, "vt_view", None) is None or \
-                node.parent.children.get(node.key.child_key(self.page_size)) is not node:
-            node = self._insert_stash(stash)
-        st.stash_in_tree(node)
-        if node is None:
-            return result
-        positions, slots = node.vt_view
-        adopt_retracted(req, st, logical, positions, stash.depth)
-        st.continue_from(node, slots, 0)
-        return MatchResult(device_prefix_len=len(positions), last_device_node=node,
-                           last_host_node=node, best_match_node=node)
-
-    def _insert_stash(self, stash):
-        """A holed leaf under the root holding the stash's row in fresh slots, or None."""
-        slots = write_back(self, stash)
-        if slots is None:
-            return None
-        self._vt_serial = getattr(self, "_vt_serial", 0) + 1  # a namespace nothing else uses
-        key = RadixKey(stash.ids, f"{stash.namespace}#{self._vt_serial}")
-        positions = stash.positions.to(slots.device)
-        value = torch.full((stash.depth,), -1, dtype=torch.int64, device=slots.device)
-        value[positions] = slots
-        matched, node = self._insert_helper(self.root_node, key, value, 0)
-        assert matched == 0, "a fresh namespace cannot match"
-        self.evictable_size_ -= len(node.key) - history.count_live(node)
-        node.vt_view, node.vt_attach = (positions, slots), 0
-        return node
 
     def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:
         """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
@@ -238,11 +235,12 @@ class HoledRadixCache(RadixCache):
 
     def prefix_device_indices(self, req) -> torch.Tensor:
         st = state_of(req)
-        hit = st.hit if st is not None else None
-        if hit is not None and req.last_node is hit[0]:
-            if self.page_size > 1 and not hit[2]:  # the view's partial last page: not copied yet
-                st.continue_from(hit[0], history_pages.copy_tail(self, hit[1]), st.attach, copied=True)
-            return st.hit[1]
+        hit = st.prefix.hit if st is not None else None
+        if hit is not None and req.last_node is hit.node:
+            if self.page_size > 1 and not hit.copied:  # the view's partial last page: not copied yet
+                st.prefix.continue_from(hit.node, history_pages.copy_tail(self, hit.slots), st.prefix.attach,
+                                        copied=True)
+            return st.prefix.hit.slots
         return super().prefix_device_indices(req)
 
     # --- inserting ------------------------------------------------------------------------------
@@ -250,12 +248,12 @@ class HoledRadixCache(RadixCache):
         st = state_of(req)
         if st is None or not st.holed:
             return super().checkpoint(req, up_to=up_to)
-        if st.steps == 0 and st.hit is None:
+        if st.row.steps == 0 and st.prefix.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.reuse_history:
             if self.page_size > 1:
                 history_pages.insert(self, req, st, up_to)
-            elif st.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private
+            elif st.retract.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private
                 history.insert_history(self, req, st, up_to)
             counters = self.vt_counters
             if "history_tokens" in st.report and counters is not None:
@@ -276,7 +274,7 @@ class HoledRadixCache(RadixCache):
         first `need` tokens of the path, splitting at a page boundary: the deeper part of the
         prompt then belongs to whoever else holds it, or becomes evictable."""
         node = req.last_node
-        if node is None or node is self.root_node or getattr(node, "vt_live", None) is not None:
+        if node is None or node is self.root_node or history.record_of(node) is not None:
             return
         need = -(-need // self.page_size) * self.page_size
         depth, a = 0, node

@@ -6,28 +6,33 @@ its ids later with full attention: the tokens it had evicted would come back. In
 
     retract   the row's live K/V (every layer) and positions are copied to host memory (the
               stash); SGLang frees the row as usual, so the device memory is really released
-    resume    when the request is matched again, the stash is written back into fresh slots and
-              inserted into the radix cache as a holed view under a namespace of its own, and the
-              request continues from it like a turn continuing from a stored history
-              (`radix.py`): only the last output token, which had no KV yet, is prefilled
+    resume    when the radix cache matches the request again (`resume`), the stash is written
+              back into fresh slots and inserted into the tree as a holed view under a namespace
+              of its own, and the request continues from it like a turn continuing from a stored
+              history (`radix.py`): only the last output token, which had no KV yet, is prefilled
     blocked   if the pool cannot hold the view yet, the request is not admitted this round
 
-The policy state (eviction count, attention statistics, report) is kept across the retraction;
-the stash is dropped once the request decodes again. A request retracted before its first
-eviction is re-prefilled as usual: its KV is full attention, so recomputing it is exact. At page
-size > 1 stored views are not available yet and a retracted request is re-prefilled with full
-attention (its output then differs from the masked reference; `meta_info["kv_evict"]` says
-`"retracted_reprefill": true`).
+The policy state (eviction count, attention statistics, report) is kept across the retraction
+(each step's start is remembered, `StepUndo`); the stash is dropped once the request decodes
+again. A request keeps all of this in its `Retraction` (`st.retract`). A request retracted
+before its first eviction is re-prefilled as usual: its KV is full attention, so recomputing it
+is exact. At page size > 1 stored views are not available yet and a retracted request is re-
+prefilled with full attention (its output then differs from the masked reference;
+`meta_info["kv_evict"]` says `"retracted_reprefill": true`).
 """
 
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from sglang.srt.mem_cache.base_prefix_cache import MatchResult
+from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
-from .state import state_of
+from . import history
+from .state import Row, state_of
 
 
 @dataclass(frozen=True)
@@ -52,15 +57,85 @@ class RetractStash:
         return len(self.ids)
 
 
+class RowBefore(NamedTuple):
+    """The row before this step's eviction: its ``slots`` and ``positions`` ``[n] int64``, the
+    row's positions and counts (`Row.snapshot`), and a copy of the report."""
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    row: Row
+    report: dict
+
+
+class StepUndo(NamedTuple):
+    """This step's state before its fold and eviction: the statistics (`Stats.snapshot`) and,
+    when it evicted, the row before (page size 1, holed cache)."""
+
+    stats: torch.Tensor | None
+    before: RowBefore | None = None
+
+
+@dataclass
+class Retraction:
+    """A request's retraction state (`st.retract`)."""
+
+    stash: RetractStash | None = None          # its row while retracted (page size 1)
+    resume_node: TreeNode | None = None        # the radix node its stash was written back to
+    real_outputs: array | None = None          # a resumed request's outputs while its prefill is set up
+    undo: StepUndo | None = None               # this step's state before its fold and eviction
+    resume_prefill: bool = False               # its prefill is a resume's (the row ends there)
+    retractions: int = 0
+    blocked: bool = False                      # retracted, and its view does not fit the pool yet
+
+    def start_step(self, stats: torch.Tensor | None) -> None:
+        """A step starts for this request (a decode step, or a prefill chunk's eviction): a
+        resumed view is its row now (the stash is dropped), and `stats`, the statistics as they
+        are now (`Stats.snapshot`), are what `undo_step` goes back to."""
+        self.stash, self.resume_prefill = None, False
+        self.undo = StepUndo(stats)
+
+    def save_undo(self, slots: torch.Tensor, positions: torch.Tensor, row: Row, report: dict) -> None:
+        """Before an eviction (holed, page size 1): remember the row (`slots` at logical
+        `positions`), `row`'s positions and counts and the `report` as they are, for `undo_step`."""
+        self.undo = self.undo._replace(before=RowBefore(slots, positions, row.snapshot(), dict(report)))
+
+    def restore_outputs(self, req) -> None:
+        """A resumed request gets its real outputs back (its prefill is set up, or it was not
+        admitted this round); its prompt stays in row coordinates."""
+        if self.real_outputs is not None:
+            req.output_ids, self.real_outputs = self.real_outputs, None
+            req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+
+
 def before_release_req(*args, req, tree_cache, **kwargs):
-    """BEFORE `schedule_batch.release_req` (retraction only): stash an evicting request's row."""
+    """BEFORE `schedule_batch.release_req` (retraction only): stash an evicting request's row;
+    without a stash it is re-prefilled with full attention, which the report says."""
     st = state_of(req)
-    if st is None or req.finished() or not req.kv.holds_kv or not (st.steps or st.hit is not None):
+    if st is None or req.finished() or not req.kv.holds_kv or not (st.row.steps or st.prefix.hit is not None):
         return None
     # No stored views at page size > 1 (or without the holed cache): re-prefilled, stash None.
     stash = stash_row(req, st, tree_cache) if st.holed and st.cfg.page_size == 1 else None
-    st.retracted(stash)
+    if stash is None:
+        st.report["retracted_reprefill"] = True
+    else:
+        st.retract.retractions += 1
+        st.retract.stash = stash
     return None
+
+
+def undo_step(st) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A retraction drops this step: the statistics go back to its start and its eviction, if
+    any, is undone (`Retraction.start_step`, `save_undo`). Returns the row before that eviction,
+    ``(slots, positions)``, or None when the step did not evict."""
+    undo = st.retract.undo
+    if undo is None:
+        return None
+    st.stats.restore(undo.stats)
+    if undo.before is None:
+        return None
+    st.row.restore(undo.before.row)
+    st.report.update(undo.before.report)
+    return undo.before.slots, undo.before.positions
 
 
 def stash_row(req, st, tree_cache) -> RetractStash:
@@ -72,21 +147,21 @@ def stash_row(req, st, tree_cache) -> RetractStash:
     (the row before this step's eviction; the evicted slots are freed but not yet reused). So the
     stash is that row without its last token, and the eviction and statistics of this step are
     redone after the resume, identically."""
-    ids = st.logical_ids(req)
+    ids = st.prompt.logical_ids(req)
     depth = len(ids) - 1
-    before = st.undo_step()
+    before = undo_step(st)
     if before is not None:  # this step evicted: the row before it
         slots, positions = before
     else:
         row_len = req.kv.kv_committed_len
         req_to_token = tree_cache.req_to_token_pool.req_to_token
-        slots, positions = req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64), st.positions(row_len)
+        slots, positions = req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64), st.row.positions(row_len)
     live = int((positions < depth).sum())  # positions ascend: the kept entries are a row prefix
     index = slots[:live].to(tree_cache.token_to_kv_pool_allocator.device)
     pool = tree_cache.token_to_kv_pool_allocator.get_kvcache()
     keys = torch.stack([pool.get_key_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
     values = torch.stack([pool.get_value_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
-    serial = st.retractions + 1  # `ReqEvictState.retracted` counts this retraction
+    serial = st.retract.retractions + 1  # `before_release_req` counts this retraction
     namespace = f"{req.extra_key or ''}|{st.cfg.history_namespace()}|retract:{req.rid}:{serial}"
     return RetractStash(ids=ids[:depth], positions=positions[:live].cpu(), keys=keys, values=values,
                         namespace=namespace)
@@ -112,21 +187,64 @@ def write_back(tree_cache, stash: RetractStash) -> torch.Tensor | None:
     return index
 
 
+def resume(tree, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
+    """`HoledRadixCache.match_prefix` of a retracted request: its stashed row, written back into
+    the tree if the tree no longer holds it; with no room for it yet, the plain `result`, and the
+    request is `blocked` (not admitted this round)."""
+    stash, node = st.retract.stash, st.retract.resume_node
+    if stash.depth > limit:
+        raise RuntimeError(f"retracted row covers {stash.depth} tokens, the match is capped at {limit}")
+    if node is None or node.parent is None or history.view_of(node) is None or \
+            node.parent.children.get(node.key.child_key(tree.page_size)) is not node:
+        node = _insert_stash(tree, stash)
+    st.retract.resume_node, st.retract.blocked = node, node is None
+    if node is None:
+        return result
+    view = node.vt.view
+    adopt_retracted(req, st, logical, view.positions, stash.depth)
+    st.prefix.continue_from(node, view.slots, 0)
+    return MatchResult(device_prefix_len=len(view.positions), last_device_node=node,
+                       last_host_node=node, best_match_node=node)
+
+
+def _insert_stash(tree, stash: RetractStash) -> TreeNode | None:
+    """A holed leaf under the root holding the stash's row in fresh slots, or None."""
+    slots = write_back(tree, stash)
+    if slots is None:
+        return None
+    tree._vt_serial = getattr(tree, "_vt_serial", 0) + 1  # a namespace nothing else uses
+    key = RadixKey(stash.ids, f"{stash.namespace}#{tree._vt_serial}")
+    positions = stash.positions.to(slots.device)
+    value = torch.full((stash.depth,), -1, dtype=torch.int64, device=slots.device)
+    value[positions] = slots
+    view = history.StoredView(positions, slots, 0, array("q"))
+    matched, node = history.insert_view(tree, tree.root_node, key, value, 0, view)
+    assert matched == 0, "a fresh namespace cannot match"
+    return node
+
+
 def adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
     """Resume a retracted request from its view. SGLang prefills `origin + output` past the
     prefix, but the view may hold fewer entries than the request has outputs (outputs evicted
     too). Until its prefill is prepared the request is therefore split at the view instead:
     origin = the view's prompt entries, output = the view's output entries + the ids past
-    `depth` (the last output); `ReqEvictState.prefill_set_up` puts the real outputs back."""
+    `depth` (the last output); `after_prepare_for_extend` puts the real outputs back. Its row
+    positions continue at `depth`."""
     prompt_len = len(logical) - len(req.output_ids)
     pos = positions.tolist()
-    st.adopt_view(req, positions, depth, array("q", (logical[p] for p in pos if p < prompt_len)),
-                  outputs=array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:])
+    st.prompt.adopt(req, array("q", (logical[p] for p in pos if p < prompt_len)))
+    outputs = array("q", (logical[p] for p in pos if p >= prompt_len)) + logical[depth:]
+    st.retract.real_outputs, req.output_ids = req.output_ids, outputs
+    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    st.row.start_at(positions, depth)
 
 
 def after_prepare_for_extend(result, batch):
-    """AFTER `ScheduleBatch.prepare_for_extend`: resumed requests get their real outputs back."""
+    """AFTER `ScheduleBatch.prepare_for_extend`: SGLang set up the prefills; a resumed request
+    gets its real outputs back, and its prefill is a resume's (its row ends there;
+    `scores.prepare`)."""
     for req in batch.reqs:
         st = state_of(req)
-        if st is not None:
-            st.prefill_set_up(req)
+        if st is not None and st.retract.real_outputs is not None:
+            st.retract.restore_outputs(req)
+            st.retract.resume_prefill = True

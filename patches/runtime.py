@@ -8,13 +8,29 @@ from __future__ import annotations
 
 import torch
 
-from . import held, host_tier, metrics, observe, prefill, radix, scores
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.policies import policy_from_config
+from sgl_vtoken.rng import stable_id
+
+from . import held, host_recall, host_tier, metrics, observe, prefill, radix, retraction, scores
 from .counters import counters_of
 from .eviction import evict_batch
 from .model_support import kv_bytes_per_token, unsupported_pool_reason
 from .request_options import request_config
 from .server_args import server_config
-from .state import new_state, state_of
+from .state import ReqEvictState, Row, state_of
+
+
+def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:
+    """Fresh state of a request `rid` evicting under `cfg`; `holed`: served by the holed radix
+    cache's paths (`radix.tree_mode(cfg)`)."""
+    policy = policy_from_config(cfg)
+    report = dict(policy=cfg.policy, budget=cfg.budget, evicted_tokens=0, live_tokens=None, pages_freed=0,
+                  evictions=0)
+    return ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), holed=holed, report=report, row=Row(),
+                         stats=scores.Stats(policy.new_accumulator()), prefix=radix.Prefix(),
+                         naive=held.NaiveHold(), retract=retraction.Retraction(), prompt=prefill.Prompt(),
+                         host=host_tier.HostChunks(), recall=host_recall.Recall())
 
 
 def after_req_init(result, req, rid, *args, **kwargs):
@@ -42,10 +58,10 @@ def after_reset_for_retract(result, req):
 
 def before_release_kv_cache(req, tree_cache, *args, **kwargs):
     """BEFORE `mem_cache.common.release_kv_cache`: return pages held back in naive mode; a
-    finished request's recalled tokens leave its row before it is stored (`host_tier.py`)."""
+    finished request's recalled tokens leave its row before it is stored (`host_recall.py`)."""
     held.release_held(req, tree_cache.token_to_kv_pool_allocator)
     if req.finished():
-        host_tier.drop_recalled(req, tree_cache)
+        host_recall.drop_recalled(req, tree_cache)
 
 
 def after_release_kv_cache(result, req, tree_cache, *args, **kwargs):
@@ -68,13 +84,13 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     if host_tier.tier_of() is not None and not result.forward_mode.is_decode():
         for r in reqs:
             if (st := state_of(r)) is not None:
-                host_tier.begin_turn(r, st)  # it takes its view's host store; recall candidates
+                host_recall.begin_turn(r, st)  # it takes its view's host store; recall candidates
     scored = scores.scored_requests(batch)
     if scored:
         scores.prepare(result, scored, model_runner)
     else:
         scores.clear(model_runner)
-    offsets = [st.offset if (st := state_of(r)) is not None else 0 for r in reqs]
+    offsets = [st.row.offset if (st := state_of(r)) is not None else 0 for r in reqs]
     if not any(offsets):
         return result
     off = torch.tensor(offsets, dtype=result.positions.dtype)

@@ -46,9 +46,9 @@ def around_accept(original, acc, *args, req, **kwargs):
         original(acc, *args, req=req, **kwargs)
     finally:
         req.customized_info, req.stream = info, stream
-    if len(acc.rids) > before and st.logical_prompt is not None:
-        hidden = len(st.logical_prompt) - len(req.origin_input_ids)  # evicted prompt tokens
-        cached = hidden - st.prefill_evicted  # a stored history's; those evicted in prefill ran
+    if len(acc.rids) > before and st.prompt.logical is not None:
+        hidden = len(st.prompt.logical) - len(req.origin_input_ids)  # evicted prompt tokens
+        cached = hidden - st.prompt.prefill_evicted  # a stored history's; those evicted in prefill ran
         acc.prompt_tokens[-1] += hidden
         acc.cached_tokens[-1] += cached
         details = getattr(acc, "cached_tokens_details", None)  # Prometheus' cached_tokens_total

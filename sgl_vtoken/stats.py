@@ -55,7 +55,7 @@ def low_importance_count(bits: torch.Tensor, history: int) -> torch.Tensor:
     return ((bits.unsqueeze(-1) >> shifts) & 1).sum(dim=-1)
 
 
-class _RowStats:
+class RowStats:
     """Shared mechanics: a ``[n, L, H]`` state that grows with the row and follows evictions."""
 
     dtype = torch.float32
@@ -107,7 +107,7 @@ def _as_block(probs: torch.Tensor, ndim: int = 4) -> torch.Tensor:
     return probs.unsqueeze(0) if probs.dim() == ndim - 1 else probs
 
 
-class AttentionSum(_RowStats):
+class AttentionSum(RowStats):
     """H2O statistic: total attention each token received from all queries so far."""
 
     def update(self, probs, lengths=None):
@@ -120,7 +120,7 @@ class AttentionSum(_RowStats):
             assert bool((self.state >= 0).all()) and bool(torch.isfinite(self.state).all())
 
 
-class LastAttention(_RowStats):
+class LastAttention(RowStats):
     """TOVA statistic: the attention of the most recent query."""
 
     def update(self, probs, lengths=None):
@@ -129,7 +129,7 @@ class LastAttention(_RowStats):
         self.state = probs[-1].to(self.dtype)
 
 
-class LowImportanceCount(_RowStats):
+class LowImportanceCount(RowStats):
     """Scissorhands statistic: minus the number of low-importance steps among the last `history`.
 
     Args:

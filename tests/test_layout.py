@@ -1,5 +1,6 @@
 """The installed runtime (`sgl_vtoken/`, `kernels/`, `patches/`) never imports the tooling
-(`sgl_vtoken_tools`): not at module level, not inside a function, not through importlib."""
+(`sgl_vtoken_tools`): not at module level, not inside a function, not through importlib. And no
+module outside the tests grows past 300 lines (one concept per module)."""
 
 import ast
 from pathlib import Path
@@ -67,3 +68,9 @@ class C:
     assert sorted(tools_imports(planted)) == [(3, "sgl_vtoken_tools.bench"), (9, "sgl_vtoken_tools.launcher"),
                                               (14, "sgl_vtoken_tools"), (14, "sgl_vtoken_tools.sim")]
     assert tools_imports("import sgl_vtoken\nfrom sgl_vtoken.patches import register\n") == []
+
+
+def test_no_module_outside_the_tests_is_over_300_lines():
+    files = {p.resolve() for d in (*RUNTIME, TOOLS, "scripts") for p in (REPO / d).rglob("*.py")}
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in files}
+    assert len(sizes) > 100 and {name: n for name, n in sizes.items() if n > 300} == {}

@@ -5,7 +5,7 @@ import types
 
 import torch
 
-from patches.host_tier import Chunk, HostTier, offload
+from patches.host_tier import Chunk, HostChunks, HostTier, offload
 
 
 def chunk(positions, layers=2, heads=1, dim=4):
@@ -14,21 +14,21 @@ def chunk(positions, layers=2, heads=1, dim=4):
 
 
 def node(t):
-    return types.SimpleNamespace(last_access_time=t, vt_host=None)
+    return types.SimpleNamespace(last_access_time=t)
 
 
 def state():
-    return types.SimpleNamespace(host=[], report={})
+    return types.SimpleNamespace(host=HostChunks(), report={})
 
 
 def test_a_chunk_is_counted_once_and_freed_with_its_last_owner():
     tier, c = HostTier(100), chunk([1, 2, 3])
     st, n1, n2 = state(), node(0.0), node(1.0)
     tier.hold([c])
-    st.host.append(c)
+    st.host.chunks.append(c)
     tier.store(n1, st)                      # the finished request's chunks go to its view
-    assert st.host == [] and n1.vt_host == [c] and tier.tokens == 3 and tier.bytes == c.nbytes
-    tier.hold(n1.vt_host)                   # a next turn takes the view's store
+    assert st.host.chunks == [] and tier.store_of(n1) == [c] and tier.tokens == 3 and tier.bytes == c.nbytes
+    tier.hold(tier.store_of(n1))            # a next turn takes the view's store
     tier.detach(n1)                         # the old view goes: the turn still holds it
     assert tier.tokens == 3
     tier.drop([c])
@@ -40,11 +40,11 @@ def test_the_cap_releases_least_recently_used_histories_first_then_drops_what_do
     old, new = node(1.0), node(2.0)
     for n, pos in ((old, [0, 1, 2, 3]), (new, [4, 5, 6, 7])):
         st = state()
-        st.host = [chunk(pos)]
-        tier.hold(st.host)
+        st.host.chunks = [chunk(pos)]
+        tier.hold(st.host.chunks)
         tier.store(n, st)
-    assert tier.make_room(4) == 4 and old.vt_host is None and new.vt_host is not None
-    assert tier.make_room(20) == 10 and new.vt_host is None and tier.tokens == 0
+    assert tier.make_room(4) == 4 and tier.store_of(old) is None and tier.store_of(new) is not None
+    assert tier.make_room(20) == 10 and tier.store_of(new) is None and tier.tokens == 0
 
 
 def test_offload_copies_every_layers_kv_of_the_victims_and_counts_drops():
@@ -53,7 +53,7 @@ def test_offload_copies_every_layers_kv_of_the_victims_and_counts_drops():
     a, b = state(), state()
     offload(tier, [(a, torch.tensor([4, 7]), torch.tensor([40, 70])), (b, torch.tensor([1, 2]), torch.tensor([10, 20]))],
             layers, [x + 0.5 for x in layers])
-    ca, cb = a.host[0], b.host[0]
+    ca, cb = a.host.chunks[0], b.host.chunks[0]
     torch.testing.assert_close(ca.k, torch.stack([layers[0][[4, 7]], layers[1][[4, 7]]], dim=1))
     torch.testing.assert_close(ca.v, ca.k + 0.5)
     assert cb.positions.tolist() == [10] and tier.dropped == 1 and tier.offloaded == 3

@@ -78,7 +78,7 @@ def cache():
 
 
 def evicting_state(rid):
-    from sgl_vtoken.patches.state import new_state
+    from sgl_vtoken.patches.runtime import new_state
 
     return new_state(EvictConfig(policy="streamingllm", budget=8, sink=2), rid, holed=True)
 
@@ -90,7 +90,7 @@ def finish_turn(cache, req, ids_with_kv, kept_pos):
     slots = alloc.alloc(len(kept_pos))
     cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(kept_pos)] = slots.to(torch.int32)
     req.output_ids = array("q", ids_with_kv[len(req.origin_input_ids):] + [999])  # last: no KV
-    st.kept_pos, st.offset, st.steps = torch.tensor(kept_pos), len(ids_with_kv) - len(kept_pos), 1
+    st.row.kept_pos, st.row.offset, st.row.steps = torch.tensor(kept_pos), len(ids_with_kv) - len(kept_pos), 1
     req.lock = cache.lock(req.last_node or cache.root_node)
     req.done = True
     cache.checkpoint(req, up_to=len(kept_pos))
@@ -111,7 +111,7 @@ def test_history_is_stored_with_holes_and_continued(cache):
     result = match(cache, nxt)
     assert result.device_prefix_len == 6
     st = nxt.vtoken
-    assert st.kept_pos.tolist() == [0, 1, 8, 9, 10, 11] and st.offset == 12 - 6
+    assert st.row.kept_pos.tolist() == [0, 1, 8, 9, 10, 11] and st.row.offset == 12 - 6
     assert list(nxt.origin_input_ids) == [100, 101, 108, 109, 110, 111, 999, 7, 8]
     assert cache.prefix_device_indices(nxt).tolist() == slots.tolist()
     assert st.report["history_tokens"] == 12
@@ -121,7 +121,7 @@ def test_history_is_stored_with_holes_and_continued(cache):
 
     edited = Req(ids[:9] + [5, 5, 5, 999, 7], evicting_state("c"))  # differs from position 9 on
     assert match(cache, edited).device_prefix_len == 3              # the view cut: positions 0, 1, 8
-    assert edited.vtoken.kept_pos.tolist() == [0, 1, 8] and edited.vtoken.report["history_tokens"] == 9
+    assert edited.vtoken.row.kept_pos.tolist() == [0, 1, 8] and edited.vtoken.report["history_tokens"] == 9
     assert list(edited.origin_input_ids) == [100, 101, 108, 5, 5, 5, 999, 7]
     assert cache.prefix_device_indices(edited).tolist() == slots[:3].tolist()
     regenerate = Req(ids[:9], evicting_state("d"))                  # ends inside the history: no cut,
@@ -141,9 +141,9 @@ def test_next_history_punches_the_old_one_and_eviction_frees_only_live_slots(cac
     cache.req_to_token_pool.req_to_token[0, :6] = row.to(torch.int32)
     turn2.kv.cache_protected_len = 2
     st = turn2.vtoken
-    turn2.origin_input_ids, st.logical_prompt = st.logical_prompt, None
+    turn2.origin_input_ids, st.prompt.logical = st.prompt.logical, None
     turn2.output_ids = array("q", [9, 10, 999])
-    st.kept_pos, st.offset, st.steps = torch.tensor([0, 1, 13, 14, 15, 16]), 11, 1
+    st.row.kept_pos, st.row.offset, st.row.steps = torch.tensor([0, 1, 13, 14, 15, 16]), 11, 1
     turn2.lock, turn2.done = cache.lock(turn2.last_node), True
     cache.checkpoint(turn2, up_to=6)
     cache.unlock(turn2.lock)
@@ -225,7 +225,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
 
     from sgl_vtoken.patches import radix
     from sgl_vtoken.patches.eviction import evict_rows
-    from sgl_vtoken.patches.state import new_state
+    from sgl_vtoken.patches.runtime import new_state
 
     ps, prompt_len, steps = 16, 128, 120
     monkeypatch.setattr(radix, "_active", True)
@@ -245,8 +245,8 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     rtt = cache.req_to_token_pool.req_to_token
     rtt[0, :prompt_len] = alloc.alloc(prompt_len).to(torch.int32)
     gen = torch.Generator().manual_seed(0)
-    if st.accumulator is not None:  # attention of the prompt's last query: any seeded values
-        st.accumulator.update(torch.rand(1, prompt_len, 1, 1, generator=gen))
+    if st.stats.accumulator is not None:  # attention of the prompt's last query: any seeded values
+        st.stats.accumulator.update(torch.rand(1, prompt_len, 1, 1, generator=gen))
     evictions = 0
     for t in range(steps):
         row_len = req.kv.kv_committed_len
@@ -261,8 +261,8 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
         req.kv.kv_committed_len = req.kv.kv_allocated_len = row_len + 1
         req.output_ids.append(2000 + t)
         req.refresh_fill_ids()
-        if st.accumulator is not None:
-            st.accumulator.update(torch.rand(1, row_len + 1, 1, 1, generator=gen))
+        if st.stats.accumulator is not None:
+            st.stats.accumulator.update(torch.rand(1, row_len + 1, 1, 1, generator=gen))
     assert evictions >= 5
 
 
@@ -278,7 +278,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
 
     from sgl_vtoken.patches import radix
     from sgl_vtoken.patches.eviction import evict_rows
-    from sgl_vtoken.patches.state import new_state
+    from sgl_vtoken.patches.runtime import new_state
 
     ps, prompt_len = 16, 40
     monkeypatch.setattr(radix, "_active", True)
@@ -293,7 +293,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     st = new_state(cfg, "r0", holed=True)
     req = Req(list(range(1000, 1000 + prompt_len)), st)
     req.refresh_fill_ids()
-    st.continue_from(None, None, prompt_len)
+    st.prefix.continue_from(None, None, prompt_len)
     req.kv.kv_committed_len = req.kv.kv_allocated_len = prompt_len
     req.kv.swa_evict_floor, req.extend_end = 0, prompt_len
     rtt = cache.req_to_token_pool.req_to_token
@@ -308,14 +308,14 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
         req.kv.kv_committed_len = req.kv.kv_allocated_len = row_len + 1
         req.output_ids.append(2000 + t)
     row_len = req.kv.kv_committed_len
-    assert st.steps > 0 and row_len % ps  # evicted; the row ends in a partial page
+    assert st.row.steps > 0 and row_len % ps  # evicted; the row ends in a partial page
     req.output_ids.append(3000)  # the last token: no KV
     req.done = True
-    logical = list(st.logical_ids(req))
+    logical = list(st.prompt.logical_ids(req))
     cache.checkpoint(req, up_to=row_len)
     node = req.last_node
-    positions, view = node.vt_view
-    assert len(view) == row_len and positions.tolist() == st.positions(row_len).tolist()
+    positions, view = node.vt.view.positions, node.vt.view.slots
+    assert len(view) == row_len and positions.tolist() == st.row.positions(row_len).tolist()
     cache.unlock(req.lock)
     assert cache.total_size() == alloc.size - alloc.available_size()  # the tree owns every used slot
     assert cache.evictable_size() == cache.total_size()

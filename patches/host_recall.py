@@ -1,0 +1,192 @@
+"""Recall (`recall > 0`): tokens of a stored history's host store (`host_tier.py`) come back into
+the row of a turn that needs them.
+
+A turn continuing a view with a host store is prefilled in two chunks
+(`sgl_vtoken.recall.split`, forced at admission: `prefill.chunk_limit`). The first chunk's last
+`obs_window` queries score the store's candidates (`sgl_vtoken.recall`, in `scores.py`). Between
+the chunks (`recall_prompt`, after SGLang stashed the first) the best `recall` come back: slots
+(page-dense at page size > 1), K/V written from the host, joined to the row at their original
+positions, and kept for the rest of the turn (`Recall.pinned`, must-keep like sinks); the first
+chunk's tail from `back` on is dropped, and the second chunk recomputes it with them visible::
+
+    row before   | view | new [start, back) | new [back, end) |          (chunk 1, then stashed)
+    row after    | view | new [start, back) | recalled | new [back, total) ...  (chunk 2)
+
+When the turn ends they leave the row before it is stored (`drop_recalled`). A request's part
+of this is its `Recall` (`st.recall`).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass
+
+import torch
+
+from sgl_vtoken.kernels import repack_kv_
+from sgl_vtoken.planner import plan_eviction
+from sgl_vtoken.recall import dedupe, pick, split
+
+from . import host_tier
+from .state import state_of
+
+
+@dataclass
+class RecallPlan:
+    """A turn's recall candidates: their logical positions ``candidates [c] int64``, ``k, v [c,
+    layers, H, D]`` (host), their scores ``[c]`` float32 as the first chunk's window queries
+    accumulate them (pool device), the row lengths where its prefill is cut
+    (`sgl_vtoken.recall.split`), and the seconds spent on it so far."""
+
+    candidates: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scores: torch.Tensor
+    end: int
+    back: int
+    seconds: float = 0.0
+
+    def move_scores(self, device) -> None:
+        """The scores accumulate on `device` (the pool's, `scores.prepare`)."""
+        self.scores = self.scores.to(device)
+
+    def score(self, mass: torch.Tensor, t0: float) -> None:
+        """Add one layer's window mass on the candidates, ``[c]`` float32 (`scores.collect`, which
+        started computing it at `time.perf_counter()` `t0`)."""
+        self.scores += mass
+        self.seconds += time.perf_counter() - t0
+
+
+@dataclass
+class Recall:
+    """A request's recall state (`st.recall`)."""
+
+    plan: RecallPlan | None = None             # until its prefill's first chunk ends
+    pinned: torch.Tensor | None = None         # [n] int64 positions recalled this turn: kept like sinks
+
+    def reset(self, unpin: bool = False) -> None:
+        """No recall is pending (the turn's prefill starts over, is not cut where the plan needs,
+        or the request finished); `unpin`: the recalled positions are no longer kept either."""
+        self.plan = None
+        if unpin:
+            self.pinned = None
+
+
+def begin_turn(req, st) -> None:
+    """Before a request's first prefill chunk (admission, then its first forward; once): it takes
+    its view's store (`host_tier.take_store`), and with `recall` its candidates are set up for
+    scoring (`scores.py`) and its prefill is cut (`RecallPlan.end`)."""
+    chunks = host_tier.take_store(st)
+    if not st.cfg.recall or not chunks:
+        return
+    t0 = time.perf_counter()
+    depth = st.row.offset + st.row.kept_pos.numel()
+    positions = torch.cat([c.positions for c in chunks])
+    idx = dedupe(positions, depth, st.row.kept_pos)
+    st.report["recall_candidates"] = int(idx.numel())
+    cut = split(req.prefix_len, len(req.full_untruncated_fill_ids), st.cfg.obs_window, st.cfg.page_size)
+    if not idx.numel() or cut is None:
+        return
+    st.recall.plan = RecallPlan(positions[idx], torch.cat([c.k for c in chunks])[idx],
+                                torch.cat([c.v for c in chunks])[idx], torch.zeros(idx.numel()), *cut)
+    st.recall.plan.seconds += time.perf_counter() - t0
+
+
+def recall_prompt(scheduler, req, st, alloc) -> None:
+    """Between a recalling turn's two prefill chunks (`prefill.py`): the best candidates join the
+    row at `back`, the first chunk's entries from `back` on leave it (their slots are freed; the
+    rest of `back`'s page is refilled), and the ids become row coordinates, so SGLang prefills
+    the second chunk after the recalled entries at its logical positions. `alloc(n)`: n slots
+    (whole pages) or None."""
+    plan, st.recall.plan = st.recall.plan, None
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # overlap scheduler: the first chunk's forward has run
+    t0 = time.perf_counter()
+    sel = pick(plan.scores, st.cfg.recall, st.cfg.recall_pool, st.cfg.recall_gap)
+    kv, end, back = req.kv, plan.end, plan.back
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    allocator = scheduler.token_to_kv_pool_allocator
+    row = req_to_token[kv.req_pool_idx, :end].to(torch.int64)
+    positions = st.row.positions(end)
+    slots = _row_slots(scheduler, row[:back], int(sel.numel()), alloc) \
+        if sel.numel() else row[:0]
+    if slots is None:  # no free page: the turn goes on without them
+        st.report["recall_skipped_tokens"] = int(sel.numel())
+        sel, slots = sel[:0], row[:0]
+    n, ps = int(sel.numel()), allocator.page_size
+    tail = row[-(-back // ps) * ps:]  # whole pages past `back`'s page
+    if tail.numel():
+        allocator.free_page_ids(tail[::ps] // ps)
+    if n:
+        kvcache = allocator.get_kvcache()
+        k, v = plan.k[sel], plan.v[sel]
+        for layer, (kb, vb) in enumerate(zip(kvcache.k_buffer, kvcache.v_buffer)):
+            kb[slots] = k[:, layer].to(kb.device, kb.dtype, non_blocking=True)
+            vb[slots] = v[:, layer].to(vb.device, vb.dtype, non_blocking=True)
+        req_to_token[kv.req_pool_idx, back:back + n] = slots.to(req_to_token.dtype)
+    kv.kv_committed_len = kv.kv_allocated_len = back + n
+    recalled = plan.candidates[sel]
+    logical = st.prompt.logical_ids(req)
+    resume = int(positions[back])  # the first recomputed token
+    ids = array("q", (logical[p] for p in torch.cat([positions[:back], recalled]).tolist())) + logical[resume:]
+    # The row: its first `back` entries, then the recalled ones (kept for the rest of the turn);
+    # the ids become row coordinates, and the next chunk continues at logical position `resume`.
+    st.row.join(back, recalled, resume)
+    st.recall.pinned = recalled.cpu().clone()
+    st.stats.recalled(back, n)
+    st.prompt.row_ids(req, ids)
+    st.report["pinned_tokens"] = n
+    req.prefix_len = req.already_computed = back + n
+    seconds = plan.seconds + time.perf_counter() - t0
+    st.report.update(recalled_tokens=n, recall_ms=round(seconds * 1e3, 3), recalled_positions=recalled.tolist(),
+                     recomputed_tokens=end - back)
+    host_tier.tier_of().count_recall(n, seconds)
+
+
+def _row_slots(scheduler, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:
+    """Slots for `n` entries after `row`, page-dense (splice rule 6): the rest of the row's last
+    page (its own), then fresh pages from `alloc` (whole pages). None: no free page."""
+    ps = scheduler.token_to_kv_pool_allocator.page_size
+    if ps == 1:
+        return alloc(n)
+    room = min(n, (ps - row.numel() % ps) % ps)
+    head = int(row[-1]) + 1 + torch.arange(room, device=row.device) if room else row[:0].to(torch.int64)
+    rest = n - room
+    if not rest:
+        return head.to(torch.int64)
+    fresh = alloc(-(-rest // ps) * ps)
+    if fresh is None:
+        return None
+    return torch.cat([head.to(torch.int64), fresh[:rest].to(head.device, torch.int64)])
+
+
+def drop_recalled(req, tree) -> None:
+    """A finished request's recalled tokens leave its row before it is stored (the view keeps
+    what the policy kept, and the host store still has them): one plan as an eviction makes
+    (`plan_eviction`: compaction at page size > 1), applied and freed here, before SGLang
+    reads the row's lengths."""
+    st = state_of(req)
+    if st is None or st.recall.pinned is None or not req.kv.holds_kv:
+        return
+    kv, ps = req.kv, tree.page_size
+    committed, allocated = kv.kv_committed_len, kv.kv_allocated_len
+    req_to_token = tree.req_to_token_pool.req_to_token
+    row = req_to_token[kv.req_pool_idx, :allocated].to(torch.int64)
+    positions = st.row.positions(committed)
+    keep = (~torch.isin(positions, st.recall.pinned)).nonzero().flatten()
+    st.recall.pinned = None
+    if keep.numel() == committed and allocated == committed:
+        return
+    plan = plan_eviction(row.cpu(), keep, cpl=kv.cache_protected_len, page_size=ps)
+    allocator = tree.token_to_kv_pool_allocator
+    if plan.num_moved:
+        kvcache = allocator.get_kvcache()
+        repack_kv_(kvcache.k_buffer, kvcache.v_buffer, plan.src.to(row.device), plan.dst.to(row.device))
+    if plan.row_slots.numel():
+        req_to_token[kv.req_pool_idx, plan.row_start:plan.new_len] = plan.row_slots.to(req_to_token)
+    if plan.num_freed_pages:
+        freed = plan.freed_pages.to(row.device)
+        (allocator.free if ps == 1 else allocator.free_page_ids)(freed)
+    st.row.keep(positions[keep], committed - keep.numel())
+    kv.kv_committed_len = kv.kv_allocated_len = plan.new_len
