@@ -213,13 +213,20 @@ def insert_history(tree, req, st, row_len: int) -> None:
     value[positions[~head] - attach] = slots[~head]
     _, node = insert_view(tree, attach_node, key, value, req.priority or 0,
                           StoredView(positions.clone(), slots.clone(), attach, array("q")))
+    hand_over(tree, req, st, node, row_len)
+    punch(tree, node)
+
+
+def hand_over(tree, req, st, node, row_len: int) -> None:
+    """The finished row `[0, row_len)` is now the stored view at `node` (any page size): the
+    evicted tokens' host store goes with the view, the request's lock moves to `node`, and the
+    tree owns the whole row."""
     if (tier := host_tier.tier_of()) is not None:
-        tier.store(node, st)  # the evicted tokens' host store goes with the view
+        tier.store(node, st)
     tree.unlock(req.lock)
     req.lock = tree.lock(node)
     req.last_node = node
     req.kv.cache_protected_len = row_len
-    punch(tree, node)
 
 
 def release_dropped(tree, req, dropped: torch.Tensor) -> int:

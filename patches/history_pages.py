@@ -33,7 +33,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sgl_vtoken.kernels import repack_kv_
 
-from . import history, host_tier
+from . import history
 
 
 def owned(node) -> torch.Tensor | None:
@@ -81,12 +81,7 @@ def insert(tree, req, st, row_len: int) -> None:
                               array("q", logical[end:total]))
     _, node = history.insert_view(tree, attach_node, key, value, req.priority or 0, view,
                                   (pages[:, None] * ps + torch.arange(ps, device=row.device)).flatten())
-    if (tier := host_tier.tier_of()) is not None:
-        tier.store(node, st)  # the evicted tokens' host store goes with the view
-    tree.unlock(req.lock)
-    req.lock = tree.lock(node)
-    req.last_node = node
-    req.kv.cache_protected_len = row_len
+    history.hand_over(tree, req, st, node, row_len)
     punch(tree, node)
 
 
