@@ -2,8 +2,10 @@
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import (admission, attention, cpu, held, observe, prefill, radix, request_options, retraction, runtime,
-               scores, server_args, usage)
+from . import attention, cpu, runtime
+from .cache import radix
+from .step import admission, held, prefill, retraction, scores
+from .surface import observe, request_options, server_args, usage
 
 A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
 SCHED = "sglang.srt.managers.scheduler.Scheduler"

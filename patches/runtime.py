@@ -12,13 +12,15 @@ from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken.rng import stable_id
 
-from . import held, host_recall, host_tier, metrics, observe, prefill, radix, retraction, scores
-from .counters import counters_of
-from .eviction import evict_batch
-from .model_support import kv_bytes_per_token, unsupported_pool_reason
-from .request_options import request_config
-from .server_args import server_config
+from .cache import host_recall, host_tier, radix
 from .state import ReqEvictState, Row, state_of
+from .step import held, prefill, retraction, scores
+from .step.eviction import evict_batch
+from .surface import metrics, observe
+from .surface.counters import counters_of
+from .surface.model_support import kv_bytes_per_token, unsupported_pool_reason
+from .surface.request_options import request_config
+from .surface.server_args import server_config
 
 
 def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:

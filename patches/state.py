@@ -33,13 +33,13 @@ from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies.base import EvictionPolicy
 
 if TYPE_CHECKING:
-    from .held import NaiveHold
-    from .host_recall import Recall
-    from .host_tier import HostChunks
-    from .prefill import Prompt
-    from .radix import Prefix
-    from .retraction import Retraction
-    from .scores import Stats
+    from .cache.host_recall import Recall
+    from .cache.host_tier import HostChunks
+    from .cache.radix import Prefix
+    from .step.held import NaiveHold
+    from .step.prefill import Prompt
+    from .step.retraction import Retraction
+    from .step.scores import Stats
 
 
 def state_of(req) -> ReqEvictState | None:

@@ -1,7 +1,7 @@
 """Recall from the host tier: which evicted tokens a new turn brings back (pure torch).
 
 A new turn continues from a stored view; the tokens its history evicted earlier sit in the host
-store (`patches/host_tier.py`), each with its K/V as computed when it was prefilled or decoded.
+store (`patches/cache/host_tier.py`), each with its K/V as computed when it was prefilled or decoded.
 The new message is prefilled in two chunks (`split`). The last `obs_window` queries of the
 first chunk score every candidate (an evicted token below the view's depth that the view does
 not hold) with the statistic SnapKV uses, but over both tiers at once::
@@ -16,7 +16,7 @@ not hold) with the statistic SnapKV uses, but over both tiers at once::
 Candidates are never attended by the first chunk: the distribution is only a statistic. The
 recalled tokens then join the row, and the second chunk recomputes the scoring window (and the
 message's end) with them visible, so the question's own K/V and the first answer token see what
-it recalled, not only the tokens decoded after it. The server (`patches/scores.py`) and the Hugging Face reference
+it recalled, not only the tokens decoded after it. The server (`patches/step/scores.py`) and the Hugging Face reference
 (`sgl_vtoken_tools.hf_reference`) call the same two functions.
 """
 

@@ -1,7 +1,7 @@
 """One eviction pass per scheduler step: every row that reached its trigger at once.
 
 No SGLang here: the step reads an SGLang-shaped pool (:class:`KVPoolView`) and rows described by
-the caller (:class:`EvictRow`), so the same code runs in the server (`patches/eviction.py`) and
+the caller (:class:`EvictRow`), so the same code runs in the server (`patches/step/eviction.py`) and
 in `scripts/bench_evict_step.py` on a fake pool. Two calls, with the caller's tree work between::
 
     decide(rows, pool)       view -> keep -> index plan, on the pool's device; ONE host copy

@@ -1,7 +1,7 @@
 """An HF attention function that also reports the attention probabilities of the last queries.
 
 The fast masked reference needs, per forward, the probabilities the server's score side-pass
-computes (`patches/scores.py`): those of the last `num` queries over every key the layer saw,
+computes (`patches/step/scores.py`): those of the last `num` queries over every key the layer saw,
 summed over the query heads of each KV head. Eager attention materializes the whole
 ``[heads, q, k]`` matrix (18 GB for a 4K-token SmolLM2 prompt); this function runs SDPA for the
 output and recomputes only the probed rows. It is registered with transformers under

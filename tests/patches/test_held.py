@@ -8,7 +8,7 @@ from sglang.srt.managers.schedule_batch import ReqKvInfo
 from sglang.srt.managers.scheduler_components import pool_stats_observer
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.patches import held
+from sgl_vtoken.patches.step import held
 from sgl_vtoken.patches.runtime import new_state
 
 

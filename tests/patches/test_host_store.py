@@ -1,11 +1,11 @@
-"""The host store's bookkeeping (`patches/host_tier.py`): reference-counted chunks, stores moving
+"""The host store's bookkeeping (`patches/cache/host_tier.py`): reference-counted chunks, stores moving
 from a request to its stored history, the capacity released least recently used first."""
 
 import types
 
 import torch
 
-from patches.host_tier import Chunk, HostChunks, HostTier, offload
+from sgl_vtoken.patches.cache.host_tier import Chunk, HostChunks, HostTier, offload
 
 
 def chunk(positions, layers=2, heads=1, dim=4):

@@ -114,6 +114,6 @@ def f():
 
 def test_the_graph_sees_the_plugin_importing_its_hook_modules():
     graph = import_graph()
-    assert {"sgl_vtoken.patches.runtime", "sgl_vtoken.patches.server_args", "sgl_vtoken.patches.attention",
-            "sgl_vtoken.patches.radix"} <= graph["sgl_vtoken.patches.plugin"]
+    assert {"sgl_vtoken.patches.runtime", "sgl_vtoken.patches.surface.server_args", "sgl_vtoken.patches.attention",
+            "sgl_vtoken.patches.cache.radix"} <= graph["sgl_vtoken.patches.plugin"]
     assert "sgl_vtoken.policies" in graph["sgl_vtoken.config"]

@@ -70,14 +70,14 @@ def _model_config(path):
 
 @pytest.mark.parametrize("kind", [*REASONS, "qwen2"])
 def test_unsupported_models_are_named(fake_model, kind):
-    from sgl_vtoken.patches.model_support import unsupported_model_reason
+    from sgl_vtoken.patches.surface.model_support import unsupported_model_reason
 
     reason = unsupported_model_reason(_model_config(fake_model(kind)))
     assert (REASONS[kind] in reason) if kind in REASONS else reason == ""
 
 
 def test_tiny_model_is_supported(tiny_model):
-    from sgl_vtoken.patches.model_support import unsupported_model_reason
+    from sgl_vtoken.patches.surface.model_support import unsupported_model_reason
 
     assert unsupported_model_reason(_model_config(tiny_model)) == ""
 
@@ -119,7 +119,7 @@ def _fake_scheduler(pool, total=4096):
 @pytest.fixture
 def server_policy(monkeypatch):
     """Set this process's server settings (as the launcher publishes them) for one test."""
-    from sgl_vtoken.patches.server_args import server_config
+    from sgl_vtoken.patches.surface.server_args import server_config
 
     def use(cfg: EvictConfig):
         monkeypatch.setenv(ENV_VAR, cfg.to_json())
@@ -132,7 +132,7 @@ def server_policy(monkeypatch):
 @pytest.mark.parametrize("pool", [_Untouchable(), _MLAPool()], ids=["untouchable", "mla"])
 def test_scheduler_start_reads_no_pool_without_a_policy(server_policy, pool):
     from sgl_vtoken.patches import runtime
-    from sgl_vtoken.patches.counters import counters_of
+    from sgl_vtoken.patches.surface.counters import counters_of
 
     server_policy(EvictConfig())
     scheduler = _fake_scheduler(pool)
@@ -167,7 +167,7 @@ def _request(kv_evict):
 
 def test_per_request_eviction_on_an_unsupported_model_is_refused(server_policy, fake_model):
     """The tokenizer's check (HTTP 400): eviction is not available for this model, named."""
-    from sgl_vtoken.patches.request_options import before_create_tokenized_object
+    from sgl_vtoken.patches.surface.request_options import before_create_tokenized_object
 
     server_policy(EvictConfig())
     manager = _manager(_model_config(fake_model("mla")))
@@ -178,7 +178,7 @@ def test_per_request_eviction_on_an_unsupported_model_is_refused(server_policy, 
 
 
 def test_per_request_budget_over_the_context_is_refused(server_policy, tiny_model):
-    from sgl_vtoken.patches.request_options import before_create_tokenized_object
+    from sgl_vtoken.patches.surface.request_options import before_create_tokenized_object
 
     server_policy(EvictConfig())
     manager = _manager(_model_config(tiny_model), context_len=512)

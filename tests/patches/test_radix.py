@@ -70,7 +70,7 @@ class Req:
 def cache():
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from sgl_vtoken.patches import radix
+    from sgl_vtoken.patches.cache import radix
 
     alloc = Allocator(64)
     return radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
@@ -223,8 +223,8 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from sgl_vtoken.patches import radix
-    from sgl_vtoken.patches.eviction import evict_rows
+    from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.step.eviction import evict_rows
     from sgl_vtoken.patches.runtime import new_state
 
     ps, prompt_len, steps = 16, 128, 120
@@ -276,8 +276,8 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from sgl_vtoken.patches import radix
-    from sgl_vtoken.patches.eviction import evict_rows
+    from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.step.eviction import evict_rows
     from sgl_vtoken.patches.runtime import new_state
 
     ps, prompt_len = 16, 40

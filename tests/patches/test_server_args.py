@@ -93,8 +93,8 @@ def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
 
 def test_flags_are_per_request_defaults_without_a_policy(parse):
     """On a `--kv-evict none` server the other flags are what per-request `kv_evict` starts from."""
-    from sgl_vtoken.patches.request_options import resolve
-    from sgl_vtoken.patches.server_args import KV_EVICT_CHOICES
+    from sgl_vtoken.patches.surface.request_options import resolve
+    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES
 
     parse("--kv-budget", "96", "--kv-evict-interval", "16", "--kv-reclaim", "naive", "--page-size", "16")
     server = EvictConfig.from_env()
@@ -114,8 +114,8 @@ def test_flags_are_per_request_defaults_without_a_policy(parse):
 def test_every_request_field_is_type_checked_before_arithmetic(server, field, value):
     """A wrong type in any numeric `kv_evict` field is a ValueError naming the field (HTTP 400),
     never a TypeError from arithmetic on it (HTTP 500), on every kind of server."""
-    from sgl_vtoken.patches.request_options import resolve
-    from sgl_vtoken.patches.server_args import KV_EVICT_CHOICES
+    from sgl_vtoken.patches.surface.request_options import resolve
+    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES
 
     obj = {"offload": True, field: value} if field == "recall" else {field: value}
     with pytest.raises(ValueError, match=rf"kv_evict\.(offload|{field}) "):

@@ -17,9 +17,16 @@ RECORDS = ("NodeRecord", "RecallPlan")
 ATTACHED = {"vtoken": "runtime", "vt": "history"}  # req.vtoken (a ReqEvictState), node.vt (a NodeRecord)
 
 
+def files() -> dict[str, Path]:
+    """Module name -> file, for every module of patches/ and its subpackages (names are unique)."""
+    found = {p.stem: p for p in sorted(PATCHES.rglob("*.py")) if p.stem != "__init__"}
+    assert len(found) == len([p for p in PATCHES.rglob("*.py") if p.stem != "__init__"]), "two modules share a name"
+    return found
+
+
 def sources() -> dict[str, str]:
     """Module name -> source of every module of patches/."""
-    return {p.stem: p.read_text() for p in sorted(PATCHES.glob("*.py"))}
+    return {name: path.read_text() for name, path in files().items()}
 
 
 def owners(srcs: dict[str, str]) -> dict[str, str]:
@@ -59,12 +66,13 @@ def assigned_attributes(tree: ast.AST):
 
 
 def violations(srcs: dict[str, str]) -> list[str]:
-    fields, found = owners(srcs), []
+    fields, found, where = owners(srcs), [], files()
     for module, src in srcs.items():
         for target in assigned_attributes(ast.parse(src)):
             owner = fields.get(target.attr)
             if owner is not None and owner != module:
-                found.append(f"patches/{module}.py:{target.lineno}: {ast.unparse(target)} (owned by {owner}.py)")
+                found.append(f"{where[module].relative_to(PATCHES.parent)}:{target.lineno}: {ast.unparse(target)} "
+                             f"(owned by {owner}.py)")
     return sorted(found)
 
 
@@ -87,7 +95,7 @@ def test_the_lint_catches_planted_writes_and_spares_the_owner():
         "st.row.offset (owned by state.py)", "st.naive.held (owned by held.py)",
         "st.prefix.hit (owned by radix.py)", "node.vt.live (owned by history.py)",
         "plan.scores (owned by host_recall.py)", "node.vt (owned by history.py)"]
-    assert all(f.startswith("patches/eviction.py:") for f in found)
+    assert all(f.startswith("patches/step/eviction.py:") for f in found)
 
 
 def test_every_part_has_its_owner():

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
+from ..state import state_of
 from .observe import META_KEY
-from .state import state_of
 
 SUMMED = ("evicted_tokens", "live_tokens", "pages_freed", "evictions", "history_tokens",
           "history_view_tokens", "prefill_evicted_tokens", "offloaded_tokens", "recall_candidates",

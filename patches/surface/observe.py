@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from sgl_vtoken.pages import num_pages
 
-from . import host_tier
+from ..cache import host_tier
+from ..state import state_of
 from .counters import counters_of
 from .server_args import server_config
-from .state import state_of
 
 META_KEY = "kv_evict"
 

@@ -39,8 +39,9 @@ from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefResult, EvictResul
                                                      MatchResult)
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
-from . import history, history_pages, host_tier, retraction
-from .state import state_of
+from ..state import state_of
+from ..step import retraction
+from . import history, history_pages, host_tier
 
 NAME = "vtoken"
 # This process serves from a HoledRadixCache (process configuration). Read when a `Req` is created

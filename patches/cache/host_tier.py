@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .state import state_of
+from ..state import state_of
 
 
 @dataclass(eq=False)

@@ -18,8 +18,7 @@ import re
 from sgl_vtoken.config import EvictConfig
 
 from .model_support import unsupported_model_reason
-from .server_args import (ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOICES, REFUSE_ENV_VAR, server_config,
-                          settings_problem)
+from .server_args import ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOICES, REFUSE_ENV_VAR, server_config, settings_problem
 
 KEY = "kv_evict"
 FIELDS = ("policy", "budget", "sink", "window", "interval", "offload", "recall")

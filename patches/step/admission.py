@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from ..state import state_of
 from .prefill import chunk_limit
-from .state import state_of
 
 
 @contextmanager

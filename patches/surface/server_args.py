@@ -24,7 +24,8 @@ from sgl_vtoken.config import ENV_VAR, EvictConfig
 from sgl_vtoken.planner import RECLAIM_MODES
 from sgl_vtoken.policies import POLICIES, make_policy
 
-from . import contract, radix
+from .. import contract
+from ..cache import radix
 from .model_support import server_model_config, unsupported_model_reason
 
 # Set by the launcher: why this server cannot evict per request ("" when it can).

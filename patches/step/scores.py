@@ -40,9 +40,9 @@ from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.recall import candidate_mass, window_probs
 from sgl_vtoken.stats import RowStats
 
+from ..state import state_of
+from ..tp import tp_gather
 from .prefill import evicts_in_prefill
-from .state import state_of
-from .tp import tp_gather
 
 
 @dataclass

@@ -25,10 +25,10 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from . import host_recall
+from ..cache import host_recall
+from ..state import state_of
+from ..surface.server_args import prefill_chunk_problem
 from .eviction import alloc_slots, evict_rows
-from .server_args import prefill_chunk_problem
-from .state import state_of
 
 
 @dataclass

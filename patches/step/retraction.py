@@ -31,8 +31,8 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import MatchResult
 from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
-from . import history
-from .state import Row, state_of
+from ..cache import history
+from ..state import Row, state_of
 
 
 @dataclass(frozen=True)

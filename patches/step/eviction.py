@@ -25,12 +25,13 @@ import torch
 
 from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
 
-from . import held, host_tier
-from .counters import counters_of
-from .model_support import kv_bytes_per_token
-from .observe import sample_held
-from .state import ReqEvictState, state_of
-from .tp import tp_gather
+from ..cache import host_tier
+from ..state import ReqEvictState, state_of
+from ..surface.counters import counters_of
+from ..surface.model_support import kv_bytes_per_token
+from ..surface.observe import sample_held
+from ..tp import tp_gather
+from . import held
 
 
 def evict_batch(scheduler, batch, skip: set) -> bool:

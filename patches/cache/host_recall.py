@@ -28,8 +28,8 @@ from sgl_vtoken.kernels import repack_kv_
 from sgl_vtoken.planner import plan_eviction
 from sgl_vtoken.recall import dedupe, pick, split
 
+from ..state import state_of
 from . import host_tier
-from .state import state_of
 
 
 @dataclass
