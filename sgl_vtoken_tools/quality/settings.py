@@ -18,7 +18,6 @@ from typing import Any
 from sgl_vtoken.config import EvictConfig, setting_keys
 
 FULL = "full"
-CONFIG_KEYS = ("window", "aggregation", "obs_window", "score_layers")
 SERVER_KEYS = ("policy", "budget", "sink", "window")  # what a request's kv_evict may override
 
 
@@ -88,8 +87,8 @@ class Setting:
         """The :class:`EvictConfig` of this setting at `budget` (ValueError naming the setting)."""
         if self.policy == "none":
             return EvictConfig(page_size=sweep.page_size)
-        known = set(setting_keys()) - {"params"}
-        top = {k: v for k, v in self.options if k in CONFIG_KEYS or k in known}
+        known = set(setting_keys()) - {"params"}  # any other option is a policy parameter
+        top = {k: v for k, v in self.options if k in known}
         params = {k: v for k, v in self.options if k not in top}
         try:
             cfg = EvictConfig.from_dict(dict(policy=self.policy, budget=budget, sink=sweep.sink,

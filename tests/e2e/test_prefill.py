@@ -68,7 +68,8 @@ def test_a_long_prompt_is_evicted_chunk_by_chunk_exactly(server_factory, hf_eage
     out = generate(client, prompt, n, rid, {"policy": policy, "window": window})
     cfg = config(policy, page_size)
     assert out["output_ids"] == masked_greedy(hf_eager, prompt, n, cfg, rid=rid)[0]
-    whole = masked_greedy(hf_eager, prompt, n, EvictConfig.from_dict({**cfg.to_dict(), "prefill_chunk": None}), rid=rid)[0]
+    whole_cfg = EvictConfig.from_dict({**cfg.to_dict(), "prefill_chunk": None})
+    whole = masked_greedy(hf_eager, prompt, n, whole_cfg, rid=rid)[0]
     assert whole != out["output_ids"]
     report, meta = out["meta_info"]["kv_evict"][0], out["meta_info"]
     assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt))

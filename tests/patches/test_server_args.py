@@ -126,7 +126,8 @@ def test_attention_policy_settings(parse):
     parse("--kv-evict", "scissorhands", "--kv-budget", "64", "--kv-window", "16",
           "--kv-evict-config", '{"history": 8, "obs_window": 4, "score_layers": [1]}')
     cfg = EvictConfig.from_env()
-    assert (cfg.policy, cfg.params["history"], cfg.scoring.obs_window, cfg.scoring.score_layers) == ("scissorhands", 8, 4, (1,))
+    assert (cfg.policy, cfg.params["history"], cfg.scoring.obs_window, cfg.scoring.score_layers) == \
+        ("scissorhands", 8, 4, (1,))
 
 
 @pytest.mark.parametrize("config,needle", [
