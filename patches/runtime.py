@@ -116,15 +116,15 @@ def after_scheduler_init(result, scheduler, *args, **kwargs):
         if not reason and peak > scheduler.max_total_num_tokens:
             reason = (f"--kv-budget {cfg.budget}: an evicting request holds up to budget + interval + "
                       f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}")
-        if not reason and cfg.prefill_chunk is not None:
+        if not reason and cfg.prefill.chunk is not None:
             reason = prefill.unsupported_reason(scheduler)
         if reason:
             raise ValueError(f"--kv-evict {cfg.policy}: {reason}")
         counters_of(scheduler).bytes_per_token = kv_bytes_per_token(pool)
-    if cfg.host_tokens and not isinstance(scheduler.tree_cache, radix.HoledRadixCache):
+    if cfg.host.tokens and not isinstance(scheduler.tree_cache, radix.HoledRadixCache):
         raise ValueError("--kv-evict-config host_tokens: the host store keeps stored histories' evicted "
                          "tokens, which needs the holed radix cache (a policy with reuse_history)")
-    host_tier.install(cfg.host_tokens)
+    host_tier.install(cfg.host.tokens)
     if isinstance(scheduler.tree_cache, radix.HoledRadixCache):
         scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits
     scheduler._vtoken_prometheus = metrics.maybe_create(scheduler)

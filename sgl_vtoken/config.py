@@ -1,9 +1,12 @@
-"""Eviction settings: one frozen dataclass, validated once, carried to every process as JSON.
+"""Eviction settings: one frozen dataclass of frozen groups (`config_groups.py`: scoring,
+history, prefill, host tier), its fields validated on construction, carried to every process as
+JSON. The policy's parameters are validated where a config enters the system, by building the
+policy once (:func:`sgl_vtoken.policies.policy_from_config`).
 
 The server builds it from its flags (``--kv-evict POLICY --kv-budget N --kv-sink --kv-window
 --kv-evict-interval --kv-reclaim --kv-evict-config JSON``) and hands it to the scheduler processes
-through the environment (:data:`ENV_VAR`), so field names follow the flags and ``to_dict`` /
-``from_dict`` round-trip through JSON exactly.
+through the environment (:data:`ENV_VAR`), so keys follow the flags (a group field by its flat key,
+e.g. ``prefill_chunk``) and ``to_dict`` / ``from_dict`` round-trip through JSON exactly.
 
 Row arithmetic the fields describe (one request, row coordinates, `budget` live tokens kept)::
 
@@ -22,17 +25,31 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from sgl_vtoken.config_groups import History, HostTier, Prefill, Scoring, check_choice, check_int
 from sgl_vtoken.planner import RECLAIM_MODES
-from sgl_vtoken.policies import POLICIES, make_policy
-from sgl_vtoken.policies.base import AGGREGATIONS
+from sgl_vtoken.policies import POLICIES
+
+__all__ = ["DISABLED", "ENV_VAR", "KEYS", "EvictConfig", "History", "HostTier", "Prefill", "Scoring",
+           "SettingKey", "flag_of", "setting_keys"]
 
 ENV_VAR = "VTOKEN_CONFIG"
 DISABLED = "none"
 
 
+def _group(cls: type) -> Any:
+    return field(default_factory=cls, metadata={"group": cls})
+
+
 @dataclass(frozen=True)
 class EvictConfig:
     """Token eviction and reclamation settings for every request of one server.
+
+    The settings of one concern are a frozen group (:class:`Scoring`, :class:`Prefill`,
+    :class:`History`, :class:`HostTier`); flags, ``--kv-evict-config``, per-request `kv_evict` and
+    :meth:`to_dict` name each group field by its flat key (field metadata ``"key"``, e.g.
+    ``prefill_chunk`` for ``prefill.chunk``). Field metadata also says which flag sets a field
+    (``"flag"``; none: a key of ``--kv-evict-config``) and which a request may override
+    (``"request"``); :func:`setting_keys` derives every list of keys from them.
 
     Attributes:
         policy: registry name of the eviction policy, or ``"none"`` (eviction disabled).
@@ -46,127 +63,72 @@ class EvictConfig:
             is freed only when all its tokens are dead).
         page_size: KV pool page size in tokens (SGLang ``--page-size``).
         seed: seed of seeded policies (``random``) and of the simulator.
-        aggregation: how per-layer, per-head statistics become one score per token: sum or max.
-        params: policy hyperparameters (``--kv-evict-config`` JSON), passed to the policy class.
-        obs_window: attention policies: prompt queries whose attention seeds the statistics at
-            prefill (the last `obs_window`, SnapKV-style).
-        score_layers: attention policies: layer ids whose attention is scored (None: all).
-        reuse_history: a finished request leaves its compacted history in the radix cache, and a
-            next turn that extends it continues from it instead of re-prefilling.
-        prefill_chunk: evict during prefill (None: the prompt is prefilled whole first). The
-            prompt is prefilled in chunks: whenever the row reaches ``budget + prefill_chunk``
-            live tokens and prompt tokens remain, it is evicted down to `budget` (attention
-            policies score with that chunk's last `obs_window` queries), so a request never holds
-            more than ``budget + prefill_chunk`` tokens of KV. A multiple of `page_size`, above
-            `interval`; `budget` must then be a multiple of `page_size` too.
-        offload: evicted tokens' K/V (every layer) go to the host store owned by the request's
-            stored history instead of being dropped (docs/design.md, "Host tier and recall").
-            Needs `host_tokens`; without `prefill_chunk`, and with reclaim ``"vtoken"`` at page
-            size > 1.
-        host_tokens: capacity of the server's host store in tokens (0: no host store). When
-            full, the stores of the least recently used stored histories are released first.
-        recall: tokens a new turn may bring back from its history's host store (0: offload
-            only). Scored after the new message's prefill by its last `obs_window` queries; the
-            recalled tokens are kept for the rest of the turn, within `budget`.
-        recall_pool: odd; each candidate's recall score is first averaged with its `recall_pool
-            // 2` candidate neighbours on each side (SnapKV's pooling; 1: off).
-        recall_gap: candidates are recalled best first, each with the hole of at most
-            `recall_gap` candidates between it and a recalled neighbour, within `recall` (a span
-            whose ends score comes back whole; 0: off).
+        params: policy hyperparameters (``--kv-evict-config`` JSON), passed to the policy class;
+            validated against the policy where a config enters the system
+            (:func:`sgl_vtoken.policies.policy_from_config`), not here.
+        scoring, history, prefill, host: the groups.
     """
 
-    policy: str = DISABLED
-    budget: int | None = None
-    sink: int = 4
-    window: int = 0
-    interval: int = 1
-    reclaim: str = "vtoken"
-    page_size: int = 1
+    policy: str = field(default=DISABLED, metadata={"flag": "--kv-evict", "request": True})
+    budget: int | None = field(default=None, metadata={"flag": "--kv-budget", "request": True})
+    sink: int = field(default=4, metadata={"flag": "--kv-sink", "request": True})
+    window: int = field(default=0, metadata={"flag": "--kv-window", "request": True})
+    interval: int = field(default=1, metadata={"flag": "--kv-evict-interval", "request": True})
+    reclaim: str = field(default="vtoken", metadata={"flag": "--kv-reclaim"})
+    page_size: int = field(default=1, metadata={"flag": "--page-size"})
     seed: int = 0
-    aggregation: str = "sum"
-    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    obs_window: int = 16
-    score_layers: tuple[int, ...] | None = None
-    reuse_history: bool = True
-    prefill_chunk: int | None = None
-    offload: bool = False
-    host_tokens: int = 0
-    recall: int = 0
-    recall_pool: int = 1
-    recall_gap: int = 0
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False, metadata={"params": True})
+    scoring: Scoring = _group(Scoring)
+    history: History = _group(History)
+    prefill: Prefill = _group(Prefill)
+    host: HostTier = _group(HostTier)
 
     def __post_init__(self) -> None:
         names = [DISABLED, *sorted(POLICIES)]
         if self.policy not in names:
             raise ValueError(f"EvictConfig.policy must be one of {names} (got {self.policy!r})")
-        _check_choice("reclaim", self.reclaim, RECLAIM_MODES)
-        _check_choice("aggregation", self.aggregation, AGGREGATIONS)
-        _check_int("page_size", self.page_size, 1)
-        _check_int("sink", self.sink, 0)
-        _check_int("window", self.window, 0)
-        _check_int("interval", self.interval, 1)
-        _check_int("seed", self.seed, 0, 2**32 - 1)
-        _check_int("obs_window", self.obs_window, 1)
-        if self.score_layers is not None:
-            if not isinstance(self.score_layers, (list, tuple)) or not self.score_layers or any(
-                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.score_layers):
-                raise ValueError(f"EvictConfig.score_layers must be a non-empty list of layer ids >= 0 "
-                                 f"or None (got {self.score_layers!r})")
-            object.__setattr__(self, "score_layers", tuple(sorted(set(self.score_layers))))
-        if not isinstance(self.reuse_history, bool):
-            raise ValueError(f"EvictConfig.reuse_history must be true or false (got {self.reuse_history!r})")
+        check_choice("reclaim", self.reclaim, RECLAIM_MODES)
+        check_int("page_size", self.page_size, 1)
+        check_int("sink", self.sink, 0)
+        check_int("window", self.window, 0)
+        check_int("interval", self.interval, 1)
+        check_int("seed", self.seed, 0, 2**32 - 1)
+        for f in _GROUP_FIELDS:
+            if not isinstance(getattr(self, f.name), f.metadata["group"]):
+                raise ValueError(f"EvictConfig.{f.name} must be a {f.metadata['group'].__name__} "
+                                 f"(got {getattr(self, f.name)!r})")
         if not isinstance(self.params, Mapping):
             raise ValueError(f"EvictConfig.params must be a JSON object (got {self.params!r})")
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
-        if self.prefill_chunk is not None:
-            _check_int("prefill_chunk", self.prefill_chunk, 1)
-        _check_int("host_tokens", self.host_tokens, 0)
-        _check_int("recall", self.recall, 0)
-        _check_int("recall_pool", self.recall_pool, 1)
-        _check_int("recall_gap", self.recall_gap, 0)
-        if self.recall_pool % 2 == 0:
-            raise ValueError(f"EvictConfig.recall_pool must be odd (got {self.recall_pool})")
-        if not isinstance(self.offload, bool):
-            raise ValueError(f"EvictConfig.offload must be true or false (got {self.offload!r})")
         if not self.enabled:
             return
         floor = self.sink_tokens + self.window + self.page_size
         if self.budget is None:
             raise ValueError(f"EvictConfig.budget is required when policy={self.policy!r}")
-        _check_int("budget", self.budget, floor,  # before any arithmetic on it (prefill, host tier)
+        check_int("budget", self.budget, floor,  # before any arithmetic on it (prefill, host tier)
                    why=f"sink_tokens + window + page_size = {self.sink_tokens} + {self.window} "
                        f"+ {self.page_size}")
-        if self.prefill_chunk is not None:
+        if self.prefill.chunk is not None:
             self._check_prefill_chunk()
         self._check_offload()
-        try:
-            make_policy(self.policy, **self.policy_kwargs())
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"EvictConfig.params {dict(self.params)} do not fit policy "
-                             f"{self.policy!r}: {exc}") from None
 
     def _check_offload(self) -> None:
-        if self.recall and not self.offload:
-            raise ValueError(f"EvictConfig.recall {self.recall} needs offload: true (recalled tokens come "
-                             "from the host store)")
-        if not self.offload:
+        host = self.host
+        if not host.offload:
             return
-        if self.host_tokens < 1:
-            raise ValueError("EvictConfig.offload needs host_tokens >= 1: the server's host store "
-                             "capacity (--kv-evict-config '{\"host_tokens\": N}')")
         if self.page_size > 1 and self.reclaim != "vtoken":
             raise ValueError(f"EvictConfig.offload needs reclaim 'vtoken' at page_size {self.page_size} "
                              f"(got {self.reclaim!r})")
-        if self.prefill_chunk is not None:
+        if self.prefill.chunk is not None:
             raise ValueError("EvictConfig.offload cannot run with prefill_chunk (the prompt's evicted "
                              "tokens would not reach the host store)")
-        if self.budget is not None and self.sink_tokens + self.window + self.recall + 1 > self.budget:
+        if self.budget is not None and self.sink_tokens + self.window + host.recall + 1 > self.budget:
             raise ValueError(f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
-                             f"recall + 1 = {self.sink_tokens} + {self.window} + {self.recall} + 1 > "
+                             f"recall + 1 = {self.sink_tokens} + {self.window} + {host.recall} + 1 > "
                              f"budget {self.budget}")
 
     def _check_prefill_chunk(self) -> None:
-        c, ps = self.prefill_chunk, self.page_size
+        c, ps = self.prefill.chunk, self.page_size
         if c % ps or c <= self.interval:
             raise ValueError(f"EvictConfig.prefill_chunk must be a multiple of page_size {ps} and "
                              f"> interval {self.interval} (got {c})")
@@ -178,7 +140,7 @@ class EvictConfig:
     @property
     def prefill_peak(self) -> int | None:
         """Row length at which a prefill is evicted when prompt tokens remain, or None."""
-        return None if self.prefill_chunk is None else self.budget + self.prefill_chunk
+        return None if self.prefill.chunk is None else self.budget + self.prefill.chunk
 
     @property
     def decode_peak(self) -> int:
@@ -202,7 +164,7 @@ class EvictConfig:
     def policy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``make_policy(self.policy, **kwargs)``."""
         kwargs = {"sink": self.sink_tokens, "window": self.window,
-                  "aggregation": self.aggregation, **self.params}
+                  "aggregation": self.scoring.aggregation, **self.params}
         if "seed" in {f.name for f in fields(POLICIES[self.policy])}:
             kwargs.setdefault("seed", self.seed)
         return kwargs
@@ -210,26 +172,45 @@ class EvictConfig:
     def history_namespace(self) -> str:
         """Radix-cache namespace of compacted histories: every setting that changes their KV."""
         params = json.dumps(dict(self.params), sort_keys=True)
+        sc, host = self.scoring, self.host
         return (f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
-                f":i{self.interval}:p{self.page_size}:seed{self.seed}:{self.aggregation}"
-                f":o{self.obs_window}:l{self.score_layers}:c{self.prefill_chunk}"
-                f":off{int(self.offload)}:r{self.recall}:rp{self.recall_pool}:rg{self.recall_gap}:{params}")
+                f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
+                f":o{sc.obs_window}:l{sc.score_layers}:c{self.prefill.chunk}"
+                f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:{params}")
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        """The settings by flat key (today's flag and JSON spellings); :meth:`from_dict` inverts it."""
+        out = {k.key: k.get(self) for k in KEYS}
         out["params"] = dict(self.params)
-        if self.score_layers is not None:
-            out["score_layers"] = list(self.score_layers)
+        if out["score_layers"] is not None:
+            out["score_layers"] = list(out["score_layers"])
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "EvictConfig":
-        allowed = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(allowed))
-        if unknown:
-            raise ValueError(f"EvictConfig has no field(s) {unknown}; allowed: {allowed}")
-        return cls(**data)
+        """The config of a dict of flat keys (:meth:`to_dict`); a group may also be given whole,
+        as its object (``{"host": HostTier(...)}``) or a dict of its own field names."""
+        allowed = [k.key for k in KEYS]
+        top: dict[str, Any] = {}
+        grouped: dict[str, dict[str, Any]] = {f.name: {} for f in _GROUP_FIELDS}
+        for name, value in data.items():
+            k = _BY_KEY.get(name)
+            if k is not None and k.group is not None:
+                grouped[k.group][k.name] = value
+            elif name in grouped and isinstance(value, Mapping):
+                grouped[name].update(value)
+            elif name in allowed or name in grouped:
+                top[name] = value
+            else:
+                unknown = sorted(set(data) - set(allowed) - set(grouped))
+                raise ValueError(f"EvictConfig has no field(s) {unknown}; allowed: {allowed}")
+        for f in _GROUP_FIELDS:
+            if grouped[f.name]:
+                if f.name in top:
+                    raise ValueError(f"EvictConfig.{f.name} is given both whole and by key")
+                top[f.name] = f.metadata["group"](**grouped[f.name])
+        return cls(**top)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -251,14 +232,44 @@ class EvictConfig:
         return cls() if text is None else cls.from_json(text)
 
 
-def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"EvictConfig.{name} must be one of {list(allowed)} (got {value!r})")
+@dataclass(frozen=True)
+class SettingKey:
+    """One user-facing setting: its flat `key`, the `group` field holding it (None: a field of
+    EvictConfig itself), its field `name` there, and that field's metadata."""
+
+    key: str
+    group: str | None
+    name: str
+    metadata: Mapping[str, Any]
+
+    def get(self, cfg: EvictConfig) -> Any:
+        return getattr(cfg if self.group is None else getattr(cfg, self.group), self.name)
+
+    @property
+    def flag(self) -> str:
+        """The flag that sets it (error messages name the flag)."""
+        return self.metadata.get("flag", "--kv-evict-config")
 
 
-def _check_int(name: str, value: Any, lo: int, hi: int | None = None, why: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"EvictConfig.{name} must be an integer (got {value!r})")
-    bound = f">= {lo}" + (f" ({why})" if why else "") if hi is None else f"in [{lo}, {hi}]"
-    if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"EvictConfig.{name} must be {bound} (got {value})")
+_GROUP_FIELDS = tuple(f for f in fields(EvictConfig) if "group" in f.metadata)
+KEYS: tuple[SettingKey, ...] = tuple(
+    SettingKey(f.name, None, f.name, f.metadata) for f in fields(EvictConfig) if "group" not in f.metadata
+) + tuple(SettingKey(g.metadata["key"], f.name, g.name, g.metadata)
+          for f in _GROUP_FIELDS for g in fields(f.metadata["group"]))
+_BY_KEY = {k.key: k for k in KEYS}
+
+
+def setting_keys(**where: Any) -> tuple[str, ...]:
+    """Flat keys whose field metadata has every ``name=value`` of `where` (``request=True``:
+    what a request may override); ``json=True``: the server settings that ``--kv-evict-config``
+    carries besides policy parameters."""
+    def match(k: SettingKey) -> bool:
+        meta = {**k.metadata, "json": k.flag == "--kv-evict-config" and not k.metadata.get("params")}
+        return all(meta.get(n, False) == v for n, v in where.items())
+    return tuple(k.key for k in KEYS if match(k))
+
+
+def flag_of(key: str) -> str:
+    """The flag that sets the setting of flat `key` (``--kv-evict`` for an unknown key)."""
+    k = _BY_KEY.get(key)
+    return k.flag if k is not None else "--kv-evict"

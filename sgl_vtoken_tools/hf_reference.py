@@ -67,10 +67,10 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     `history` is the previous turn's return value: the per-token masks of every token with KV,
     and the view the server stored when that turn finished (the kept row after its last forward).
     `prompt` extends that history; its tokens past the history attend to the view plus themselves
-    (causally), as when the server continues from the stored view. With `cfg.prefill_chunk` the
+    (causally), as when the server continues from the stored view. With `cfg.prefill.chunk` the
     prompt is prefilled in chunks, the row evicted to the budget whenever it reaches
     ``budget + prefill_chunk`` with prompt tokens left; each chunk's last `obs_window` queries
-    score that eviction. With `cfg.recall` (host tier) the tokens with KV that the view lacks
+    score that eviction. With `cfg.host.recall` (host tier) the tokens with KV that the view lacks
     are candidates, and the prompt is prefilled in two chunks (`sgl_vtoken.recall.split`): the
     first chunk's last `obs_window` queries score them, the best `recall` join the row and are
     kept for the rest of the turn, and the second chunk (the scoring window rounded to pages, and
@@ -86,7 +86,7 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     steps = 0
     # Host tier: every token with KV that the view lacks was evicted and offloaded, so all of
     # them are recall candidates (a host store large enough never drops one).
-    candidates = [p for p in range(start) if p not in set(row)] if cfg.enabled and cfg.recall else []
+    candidates = [p for p in range(start) if p not in set(row)] if cfg.enabled and cfg.host.recall else []
     pinned: list[int] = []
 
     def evict(res, row: list[int]) -> list[int]:
@@ -113,18 +113,18 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
 
     def observe(res, first: int, end: int) -> None:
         """Fold the attention of the observation window of the prompt chunk `[first, end)`."""
-        window = min(cfg.obs_window, end - max(first, cached))
+        window = min(cfg.scoring.obs_window, end - max(first, cached))
         if acc is not None and window > 0:
             acc.update(*_group_probs(res.attentions, list(range(end - window, end)), row, model.config, cfg))
 
     pos = start
-    cut = split(len(row), len(row) + len(prompt) - start, cfg.obs_window, cfg.page_size) if candidates else None
+    cut = split(len(row), len(row) + len(prompt) - start, cfg.scoring.obs_window, cfg.page_size) if candidates else None
     if cut is not None:  # recall: chunk 1 scores the candidates, chunk 2 is recomputed with them
         end, back = (start + c - len(row) for c in cut)
         first = [row + list(range(start, i + 1)) for i in range(start, end)]
         with _queries(model, True) as queries:
             res = model(torch.tensor([ids[:end]]), attention_mask=_mask(allowed + first, end), use_cache=True)
-        window = min(cfg.obs_window, end - max(start, cached))
+        window = min(cfg.scoring.obs_window, end - max(start, cached))
         pinned = _recall(res, queries, candidates, row + list(range(start, end)),
                          list(range(end - window, end)), cfg)
         allowed += first[:back - start]
@@ -192,16 +192,16 @@ def _queries(model, on: bool):
 
 
 def _recall(res, queries, candidates: list[int], row: list[int], window: list[int], cfg: EvictConfig) -> list[int]:
-    """The `cfg.recall` candidates the window's queries recall (`sgl_vtoken.recall`), ascending."""
+    """The `cfg.host.recall` candidates the window's queries recall (`sgl_vtoken.recall`), ascending."""
     scores = torch.zeros(len(candidates))
     lengths = torch.tensor([row.index(t) + 1 for t in window])
     for layer, (q, scale) in enumerate(queries):
-        if cfg.score_layers is not None and layer not in cfg.score_layers:
+        if cfg.scoring.score_layers is not None and layer not in cfg.scoring.score_layers:
             continue
         keys = res.past_key_values.layers[layer].keys[0]                 # [hkv, T, d]
         scores += candidate_mass(q[0][:, window].transpose(0, 1), keys[:, row].transpose(0, 1), lengths,
                                  keys[:, candidates].transpose(0, 1), scale)
-    return [candidates[i] for i in pick(scores, cfg.recall, cfg.recall_pool, cfg.recall_gap).tolist()]
+    return [candidates[i] for i in pick(scores, cfg.host.recall, cfg.host.pool, cfg.host.gap).tolist()]
 
 
 def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig, first: int = 0):
@@ -216,7 +216,7 @@ def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: Ev
     for layer, a in enumerate(attentions):                      # a: [1, hq, T - first, T]
         p = a[0][:, rows][:, :, row].float()                      # [hq, q, n]
         p = p.view(hkv, group, len(queries), len(row)).sum(1)     # [hkv, q, n]
-        if cfg.score_layers is not None and layer not in cfg.score_layers:
+        if cfg.scoring.score_layers is not None and layer not in cfg.scoring.score_layers:
             p = torch.zeros_like(p)
         per_layer.append(p.permute(1, 2, 0))                      # [q, n, hkv]
     lengths = torch.tensor([sum(1 for r in row if r <= q) for q in queries])

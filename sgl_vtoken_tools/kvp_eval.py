@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.config import EvictConfig, Scoring
 from sgl_vtoken_tools.kvp_traces import hf_trace
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken.types import TokenView
@@ -53,7 +53,7 @@ def replay(setup: Setup, policy_name: str, budget: int, keys, values, probs, fut
     name = "streamingllm" if policy_name == "oracle" else policy_name
     window = int(budget * setup.h2o_window) if policy_name == "h2o" else 0
     cfg = EvictConfig(policy=name, budget=budget, sink=setup.sink, window=window, params=params,
-                      obs_window=setup.obs_window)
+                      scoring=Scoring(obs_window=setup.obs_window))
     policy = policy_from_config(cfg)
     acc = policy.new_accumulator()
     scale = probs.new_tensor(float(group))

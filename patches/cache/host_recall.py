@@ -78,14 +78,14 @@ def begin_turn(req, st) -> None:
     its view's store (`host_tier.take_store`), and with `recall` its candidates are set up for
     scoring (`scores.py`) and its prefill is cut (`RecallPlan.end`)."""
     chunks = host_tier.take_store(st)
-    if not st.cfg.recall or not chunks:
+    if not st.cfg.host.recall or not chunks:
         return
     t0 = time.perf_counter()
     depth = st.row.offset + st.row.kept_pos.numel()
     positions = torch.cat([c.positions for c in chunks])
     idx = dedupe(positions, depth, st.row.kept_pos)
     st.report["recall_candidates"] = int(idx.numel())
-    cut = split(req.prefix_len, len(req.full_untruncated_fill_ids), st.cfg.obs_window, st.cfg.page_size)
+    cut = split(req.prefix_len, len(req.full_untruncated_fill_ids), st.cfg.scoring.obs_window, st.cfg.page_size)
     if not idx.numel() or cut is None:
         return
     st.recall.plan = RecallPlan(positions[idx], torch.cat([c.k for c in chunks])[idx],
@@ -103,7 +103,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # overlap scheduler: the first chunk's forward has run
     t0 = time.perf_counter()
-    sel = pick(plan.scores, st.cfg.recall, st.cfg.recall_pool, st.cfg.recall_gap)
+    sel = pick(plan.scores, st.cfg.host.recall, st.cfg.host.pool, st.cfg.host.gap)
     kv, end, back = req.kv, plan.end, plan.back
     req_to_token = scheduler.req_to_token_pool.req_to_token
     allocator = scheduler.token_to_kv_pool_allocator

@@ -166,7 +166,7 @@ def take_store(st) -> list[Chunk]:
     takes the store of the view it continues. Returns that store's chunks ([] when there is
     none, or nothing to take)."""
     tier = _tier
-    if st.host.taken or tier is None or not st.cfg.offload:
+    if st.host.taken or tier is None or not st.cfg.host.offload:
         return []
     st.host.taken = True
     if st.prefix.hit is None:

@@ -198,7 +198,7 @@ class HoledRadixCache(RadixCache):
         st.prefix.continue_from(None, None, len(logical))  # no view yet: a plain prefill
         if st.retract.stash is not None:  # retracted after evicting: resume from its row
             return retraction.resume(self, req, st, logical, limit, result)
-        if (not st.cfg.reuse_history or req.output_ids
+        if (not st.cfg.history.reuse or req.output_ids
                 or (req.return_logprob and req.logprob_start_len >= 0)):
             return self._observed(result, key, st)  # retracted (re-prefilled whole) or logprobs
         found = history.find_view(self, result.last_device_node, logical, limit, history.namespace(req, st))
@@ -224,9 +224,9 @@ class HoledRadixCache(RadixCache):
         cap = len(key)
         attn = "attn" in st.policy.needs
         if attn:
-            cap = min(cap, len(key.token_ids) - st.cfg.obs_window)
+            cap = min(cap, len(key.token_ids) - st.cfg.scoring.obs_window)
         if st.cfg.prefill_peak is not None:
-            cap = min(cap, st.cfg.prefill_peak - (st.cfg.obs_window if attn else st.cfg.page_size))
+            cap = min(cap, st.cfg.prefill_peak - (st.cfg.scoring.obs_window if attn else st.cfg.page_size))
         cap = max(0, cap)
         if result.device_prefix_len <= cap:
             return result
@@ -251,7 +251,7 @@ class HoledRadixCache(RadixCache):
             return super().checkpoint(req, up_to=up_to)
         if st.row.steps == 0 and st.prefix.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
-        if req.finished() and st.cfg.reuse_history:
+        if req.finished() and st.cfg.history.reuse:
             if self.page_size > 1:
                 history_pages.insert(self, req, st, up_to)
             elif st.retract.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private

@@ -105,10 +105,10 @@ def evict_rows(scheduler, due: list) -> list[int]:
                       else lambda t, dim: tp_gather(t, tp_group, dim))
     d = decide(rows, view)
     tier = host_tier.tier_of()
-    if tier is not None and any(st.cfg.offload for _, st, _ in due):
+    if tier is not None and any(st.cfg.host.offload for _, st, _ in due):
         host_tier.offload(tier, [(st, d.raw[b, :r.length][~d.keep[b, :r.length].to(d.raw.device)],
                                   r.positions[~d.keep[b, :r.length]])
-                                 for b, ((_, st, _), r) in enumerate(zip(due, rows)) if st.cfg.offload],
+                                 for b, ((_, st, _), r) in enumerate(zip(due, rows)) if st.cfg.host.offload],
                           kvcache.k_buffer, kvcache.v_buffer)
     copies, active = [], []
     for b, (req, st, row_len) in enumerate(due):

@@ -85,7 +85,7 @@ def chunk_limit(req) -> int | None:
     st = state_of(req)
     if st is None:
         return None
-    if st.cfg.recall and not req.output_ids:
+    if st.cfg.host.recall and not req.output_ids:
         host_recall.begin_turn(req, st)  # its candidates, and where its prefill is cut
     plan = st.recall.plan
     if plan is not None and req.prefix_len < plan.end:

@@ -128,11 +128,11 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
                 total = min(total, st.cfg.prefill_peak)
             pending = st.recall.plan
             if pending is not None and n > pending.end:  # not cut where its recall needs it
-                st.report["recall_skipped_tokens"] = min(st.cfg.recall, int(pending.candidates.numel()))
+                st.report["recall_skipped_tokens"] = min(st.cfg.host.recall, int(pending.candidates.numel()))
                 st.recall.reset()
             if st.recall.plan is not None:  # a recalling turn: the window ends its first chunk
                 total = min(total, st.recall.plan.end)
-            q = max(0, n - max(total - st.cfg.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
+            q = max(0, n - max(total - st.cfg.scoring.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
         recall = None if decode else st.recall.plan
         if q == 0 or ("attn" not in st.policy.needs and recall is None):
             continue
@@ -142,7 +142,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             st.stats.staged.append((block, torch.arange(n - q + 1, n + 1, device=device)))
         if recall is not None:
             recall.move_scores(device)
-        plan.append((i, block, st.cfg.score_layers, req.kv.req_pool_idx, recall, q, n))
+        plan.append((i, block, st.cfg.scoring.score_layers, req.kv.req_pool_idx, recall, q, n))
     pool._vtoken_scored = (plan, model_runner.req_to_token_pool.req_to_token)
 
 

@@ -6,8 +6,8 @@ It travels in SGLang's own per-request `custom_params` (SGLang rejects unknown s
     /generate            "sampling_params": {"custom_params": {"kv_evict": {...}}}
     /v1/chat/completions, /v1/completions
                          extra body {"custom_params": {"kv_evict": {...}}}
-The tokenizer process validates it (invalid values: HTTP 400 naming the field); the scheduler
-resolves it in `Req.__init__`.
+The tokenizer process validates it once (invalid values: HTTP 400 naming the field), policy
+parameters included; the scheduler only builds its config in `Req.__init__`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 import re
 
-from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.config import EvictConfig, setting_keys
+from sgl_vtoken.policies import policy_from_config
 
 from .model_support import unsupported_model_reason
 from .server_args import ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOICES, REFUSE_ENV_VAR, server_config, settings_problem
 
 KEY = "kv_evict"
-FIELDS = ("policy", "budget", "sink", "window", "interval", "offload", "recall")
+# The flat keys a request may override (field metadata `request`).
+FIELDS = setting_keys(request=True)
 
 
 def resolve(server: EvictConfig, obj, choices: tuple[str, ...]) -> EvictConfig:
@@ -35,23 +37,34 @@ def resolve(server: EvictConfig, obj, choices: tuple[str, ...]) -> EvictConfig:
     policy = obj.get("policy", server.policy)
     if policy not in choices:
         raise ValueError(f"{KEY}.policy must be one of {list(choices)} (got {policy!r})")
-    if policy == "none":
-        return EvictConfig(page_size=server.page_size)
-    refuse = os.environ.get(REFUSE_ENV_VAR, "")
-    if refuse:
-        raise ValueError(f"{KEY}.policy: eviction is not available on this server: {refuse}")
-    refuse = os.environ.get(ATTN_REFUSE_ENV_VAR, "") if policy in ATTENTION_POLICIES else ""
-    if refuse:
-        raise ValueError(f"{KEY}.policy: {policy} is not available on this server: {refuse}")
-    merged = {**server.to_dict(), **obj, "policy": policy}
-    if policy != server.policy:
-        merged["params"] = {}
-    if merged["budget"] is None:
-        raise ValueError(f"{KEY}.budget is required: the server runs without --kv-budget")
+    if policy != "none":
+        refuse = os.environ.get(REFUSE_ENV_VAR, "")
+        if refuse:
+            raise ValueError(f"{KEY}.policy: eviction is not available on this server: {refuse}")
+        refuse = os.environ.get(ATTN_REFUSE_ENV_VAR, "") if policy in ATTENTION_POLICIES else ""
+        if refuse:
+            raise ValueError(f"{KEY}.policy: {policy} is not available on this server: {refuse}")
+        if obj.get("budget", server.budget) is None:
+            raise ValueError(f"{KEY}.budget is required: the server runs without --kv-budget")
     try:
-        return EvictConfig.from_dict(merged)
+        cfg = merged(server, obj)
+        if cfg.enabled:
+            policy_from_config(cfg)  # the policy's parameters: validated once, here
     except ValueError as e:
         raise ValueError(re.sub(r"EvictConfig\.(\w+)", rf"{KEY}.\1", str(e))) from None
+    return cfg
+
+
+def merged(server: EvictConfig, obj: dict) -> EvictConfig:
+    """The server's settings overridden by a request's `kv_evict` object (ValueError if the
+    result is invalid; `resolve` is the validation of a request)."""
+    policy = obj.get("policy", server.policy)
+    if policy == "none":
+        return EvictConfig(page_size=server.page_size)
+    data = {**server.to_dict(), **obj, "policy": policy}
+    if policy != server.policy:
+        data["params"] = {}
+    return EvictConfig.from_dict(data)
 
 
 def before_create_tokenized_object(manager, obj, *args, **kwargs):
@@ -81,7 +94,8 @@ def check_fits_model(manager, cfg: EvictConfig) -> None:
 
 
 def request_config(server: EvictConfig, sampling_params) -> EvictConfig:
-    """The settings of a scheduler-side request (already validated by the tokenizer process)."""
+    """The settings of a scheduler-side request: built, not validated again (the tokenizer
+    process has validated its `kv_evict`)."""
     custom = getattr(sampling_params, "custom_params", None) or {}
     value = custom.get(KEY) if isinstance(custom, dict) else None
-    return server if value is None else resolve(server, value, KV_EVICT_CHOICES)
+    return server if value is None else merged(server, value)

@@ -20,9 +20,9 @@ import os
 import re
 import sys
 
-from sgl_vtoken.config import ENV_VAR, EvictConfig
+from sgl_vtoken.config import ENV_VAR, EvictConfig, flag_of, setting_keys
 from sgl_vtoken.planner import RECLAIM_MODES
-from sgl_vtoken.policies import POLICIES, make_policy
+from sgl_vtoken.policies import POLICIES, policy_from_config
 
 from .. import contract
 from ..cache import radix
@@ -38,20 +38,8 @@ SERVED_NEEDS = {"keys", "values", "attn"}
 # Every registered policy whose statistics the server collects, in registry order.
 KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs) <= SERVED_NEEDS))
 ATTENTION_POLICIES = tuple(n for n, cls in POLICIES.items() if "attn" in cls.needs)
-# Settings that are the server's, not the policy's, inside --kv-evict-config.
-SERVER_PARAMS = ("seed", "aggregation", "obs_window", "score_layers", "reuse_history", "prefill_chunk",
-                 "offload", "host_tokens", "recall", "recall_pool", "recall_gap")
-
-# EvictConfig field -> the flag that sets it (error messages name the flag).
-FIELD_FLAGS = {
-    "policy": "--kv-evict", "budget": "--kv-budget", "sink": "--kv-sink", "window": "--kv-window",
-    "interval": "--kv-evict-interval", "reclaim": "--kv-reclaim", "params": "--kv-evict-config",
-    "page_size": "--page-size", "seed": "--kv-evict-config", "aggregation": "--kv-evict-config",
-    "obs_window": "--kv-evict-config", "score_layers": "--kv-evict-config",
-    "reuse_history": "--kv-evict-config", "prefill_chunk": "--kv-evict-config",
-    "offload": "--kv-evict-config", "host_tokens": "--kv-evict-config", "recall": "--kv-evict-config",
-    "recall_pool": "--kv-evict-config", "recall_gap": "--kv-evict-config",
-}
+# Settings that are the server's, not the policy's, inside --kv-evict-config (flat keys).
+SERVER_PARAMS = setting_keys(json=True)
 
 # (server-args attribute, predicate of an unsupported value, flag, why) checked with eviction on.
 UNSUPPORTED = (
@@ -148,8 +136,7 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
                                interval=args.kv_evict_interval, reclaim=args.kv_reclaim,
                                page_size=page_size)
         except ValueError as e:
-            m = re.search(r"EvictConfig\.(\w+)", str(e))
-            _fail(f"argument {FIELD_FLAGS.get(m.group(1), '--kv-evict') if m else '--kv-evict'}: {e}")
+            _fail_naming_flag(e)
     problem = unsupported_reason(args)
     if problem:
         _fail(f"argument {problem[0]}: cannot be combined with --kv-evict {policy}: {problem[1]}")
@@ -158,21 +145,26 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
     if args.kv_budget is None:
         _fail(f"argument --kv-budget: required with --kv-evict {policy}")
     try:
-        cfg = EvictConfig(policy=policy, budget=args.kv_budget, sink=args.kv_sink,
-                          window=args.kv_window, interval=args.kv_evict_interval,
-                          reclaim=args.kv_reclaim, page_size=page_size,
-                          params=params, **top)
+        cfg = EvictConfig.from_dict(dict(policy=policy, budget=args.kv_budget, sink=args.kv_sink,
+                                         window=args.kv_window, interval=args.kv_evict_interval,
+                                         reclaim=args.kv_reclaim, page_size=page_size,
+                                         params=params, **top))
+        policy_from_config(cfg)  # the policy's parameters: validated once, here
     except ValueError as e:
-        m = re.search(r"EvictConfig\.(\w+)", str(e))
-        flag = FIELD_FLAGS.get(m.group(1), "--kv-evict") if m else "--kv-evict"
-        _fail(f"argument {flag}: {e}")
+        _fail_naming_flag(e)
     check_policy_fits_model(cfg, args)
-    if cfg.prefill_chunk is not None:
+    if cfg.prefill.chunk is not None:
         problem = prefill_chunk_problem(getattr(args, "chunked_prefill_size", None),
                                         getattr(args, "disable_overlap_schedule", False))
         if problem:
             _fail(f"argument --kv-evict-config: {problem}")
     return cfg
+
+
+def _fail_naming_flag(e: ValueError):
+    """Exit naming the flag that sets the `EvictConfig.<key>` an error names."""
+    m = re.search(r"EvictConfig\.(\w+)", str(e))
+    _fail(f"argument {flag_of(m.group(1)) if m else '--kv-evict'}: {e}")
 
 
 def prefill_chunk_problem(chunked_prefill_size, overlap_disabled: bool) -> str:
@@ -214,19 +206,20 @@ def settings_problem(cfg: EvictConfig, context_len: int, num_layers: int, pool_t
     if pool_tokens is not None and peak > pool_tokens:
         return (f"{budget_name}: an evicting request holds up to budget + interval + page_size = {peak} "
                 f"KV tokens, more than the pool's {pool_tokens}")
-    if pool_tokens is not None and cfg.prefill_chunk and cfg.prefill_peak + cfg.page_size > pool_tokens:
-        return (f"argument --kv-evict-config: prefill_chunk {cfg.prefill_chunk}: a prefill evicting "
+    if pool_tokens is not None and cfg.prefill.chunk and cfg.prefill_peak + cfg.page_size > pool_tokens:
+        return (f"argument --kv-evict-config: prefill_chunk {cfg.prefill.chunk}: a prefill evicting "
                 f"request holds up to budget + prefill_chunk + page_size = "
                 f"{cfg.prefill_peak + cfg.page_size} KV tokens, more than the pool's {pool_tokens}")
-    if cfg.score_layers is not None and max(cfg.score_layers) >= num_layers:
-        return (f"argument --kv-evict-config: score_layers {list(cfg.score_layers)} must be layer ids "
+    layers = cfg.scoring.score_layers
+    if layers is not None and max(layers) >= num_layers:
+        return (f"argument --kv-evict-config: score_layers {list(layers)} must be layer ids "
                 f"< {num_layers} (the model's layers)")
     return ""
 
 
 def check_policy_fits_model(cfg: EvictConfig, args) -> None:
     """Exit if the policy is tied to a model (KVP's trained scorers) and the served one differs."""
-    check = getattr(make_policy(cfg.policy, **cfg.policy_kwargs()), "check_model", None)
+    check = getattr(policy_from_config(cfg).inner, "check_model", None)
     if check is None:
         return
     try:

@@ -46,10 +46,18 @@ def policy_from_config(cfg: "EvictConfig") -> EvictionPolicy:
     lets a policy choose a tree-owned token; "consensus" is a library mode).
 
     Policies hold no per-request state, so equal settings share one object: the eviction step
-    scores the rows that share a policy together (`sgl_vtoken.step`)."""
+    scores the rows that share a policy together (`sgl_vtoken.step`).
+
+    This is where a config's policy parameters are validated (the server's flags, a request's
+    `kv_evict`): ValueError naming ``EvictConfig.params`` when they do not fit the policy."""
     if not cfg.enabled:
         raise ValueError("EvictConfig.policy is 'none': eviction is disabled")
-    return SharingAware(make_policy(cfg.policy, **cfg.policy_kwargs()), mode="never")
+    try:
+        policy = make_policy(cfg.policy, **cfg.policy_kwargs())
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"EvictConfig.params {dict(cfg.params)} do not fit policy "
+                         f"{cfg.policy!r}: {exc}") from None
+    return SharingAware(policy, mode="never")
 
 
 __all__ = ["POLICIES", "EvictionPolicy", "H2O", "KNorm", "KVP", "RandomPolicy", "Scissorhands",

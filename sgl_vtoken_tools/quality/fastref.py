@@ -140,8 +140,8 @@ class Request:
     """
 
     def __init__(self, model, cfg: EvictConfig, rid: str = "", history: Row = EMPTY) -> None:
-        if cfg.prefill_chunk is not None:
-            raise ValueError(f"EvictConfig.prefill_chunk {cfg.prefill_chunk}: the fast reference prefills "
+        if cfg.prefill.chunk is not None:
+            raise ValueError(f"EvictConfig.prefill_chunk {cfg.prefill.chunk}: the fast reference prefills "
                              "whole prompts; eviction during prefill is defined by sgl_vtoken_tools.hf_reference")
         self.model, self.cfg, self.rid = model, cfg, stable_id(rid)
         self.policy = policy_from_config(cfg) if cfg.enabled else None
@@ -154,14 +154,14 @@ class Request:
         """Begin from a prefilled fresh prompt; returns the last prompt token's logits."""
         if self.row.n:
             raise ValueError("Request.start: the request already has a row; use prompt()")
-        w = min(self.cfg.obs_window, prompt.probs.shape[0])
+        w = min(self.cfg.scoring.obs_window, prompt.probs.shape[0])
         self.row, self.logits = prompt.row, prompt.logits
         self._observe(prompt.probs[-w:], prompt.lengths[-w:])
         return self.logits
 
     def prompt(self, ids: list[int]) -> torch.Tensor:
         """Prefill `ids` (all of them new: after the history) in one forward, no eviction."""
-        w = min(self.cfg.obs_window, len(ids)) if self.acc is not None else 0
+        w = min(self.cfg.scoring.obs_window, len(ids)) if self.acc is not None else 0
         logits, self.row, probs, lengths = extend(self.model, self.row, list(ids), num_probe=w)
         self._observe(probs, lengths)
         self.logits = logits[-1]
@@ -200,9 +200,9 @@ class Request:
     def _observe(self, probs, lengths) -> None:
         if self.acc is None or probs is None:
             return
-        if self.cfg.score_layers is not None:
+        if self.cfg.scoring.score_layers is not None:
             probs = probs.clone()
-            off = [i for i in range(probs.shape[2]) if i not in self.cfg.score_layers]
+            off = [i for i in range(probs.shape[2]) if i not in self.cfg.scoring.score_layers]
             probs[:, :, off] = 0
         self.acc.update(probs, lengths)
 
@@ -230,6 +230,6 @@ def fast_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     """:func:`sgl_vtoken_tools.hf_reference.masked_greedy` computed incrementally: (tokens, row), the
     row being the logical positions the last forward attended to (itself included)."""
     req = Request(model, cfg, rid)
-    req.start(prefill(model, prompt, cfg.obs_window))
+    req.start(prefill(model, prompt, cfg.scoring.obs_window))
     out = req.generate(max_new_tokens)
     return out, req.row.positions.tolist()

@@ -69,7 +69,7 @@ class Runner:
             raise ValueError("Runner: the first cell must be the full cache (make_cells puts it first)")
         self.model, self.tok, self.cells, self.emit, self.progress = model, tokenizer, cells, emit, progress
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.obs = max(c.cfg.obs_window for c in cells)
+        self.obs = max(c.cfg.scoring.obs_window for c in cells)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.config import EvictConfig, setting_keys
 
 FULL = "full"
-CONFIG_KEYS = ("window", "aggregation", "obs_window", "score_layers")
 SERVER_KEYS = ("policy", "budget", "sink", "window")  # what a request's kv_evict may override
 
 
@@ -88,12 +87,17 @@ class Setting:
         """The :class:`EvictConfig` of this setting at `budget` (ValueError naming the setting)."""
         if self.policy == "none":
             return EvictConfig(page_size=sweep.page_size)
-        known = {f.name for f in fields(EvictConfig)}
-        top = {k: v for k, v in self.options if k in CONFIG_KEYS or (k in known and k != "params")}
+        known = set(setting_keys()) - {"params"}  # any other option is a policy parameter
+        top = {k: v for k, v in self.options if k in known}
         params = {k: v for k, v in self.options if k not in top}
         try:
-            return EvictConfig(policy=self.policy, budget=budget, sink=sweep.sink, interval=sweep.interval,
-                               page_size=sweep.page_size, params=params, **top)
+            cfg = EvictConfig.from_dict(dict(policy=self.policy, budget=budget, sink=sweep.sink,
+                                             interval=sweep.interval, page_size=sweep.page_size,
+                                             params=params, **top))
+            from sgl_vtoken.policies import policy_from_config
+
+            policy_from_config(cfg)  # the policy's parameters
+            return cfg
         except (TypeError, ValueError) as e:
             raise ValueError(f"setting {self.name!r} at budget {budget}: {e}") from None
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.config import EvictConfig, Scoring
 from sgl_vtoken.pages import PageAllocator, num_pages
 from sgl_vtoken.policies import policy_from_config
 from sgl_vtoken_tools.row import RequestRow
@@ -63,7 +63,7 @@ class SimSettings:
         budget = max(cpl + keep_private, max(cpl, sink_tokens) + window + ps)
         return EvictConfig(policy=policy, budget=budget, sink=self.sink, window=window,
                            interval=self.interval or max(ps, 32), page_size=ps,
-                           seed=self.seed, aggregation=self.aggregation)
+                           seed=self.seed, scoring=Scoring(aggregation=self.aggregation))
 
 
 def _blocks(req: Request, cfg: EvictConfig, s: SimSettings, cpl: int):

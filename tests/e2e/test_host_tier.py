@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.config import EvictConfig, HostTier
 from sgl_vtoken_tools.hf_reference import masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
@@ -42,8 +42,8 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1):
     kv = {"policy": policy, "budget": budget, "offload": True, "recall": recall, "interval": interval,
           "window": window}
     cfg = EvictConfig(policy=policy, budget=budget, sink=SINK, window=window, interval=interval,
-                      page_size=page_size, offload=True, host_tokens=HOST_TOKENS, recall=recall,
-                      recall_gap=RECALL_GAP)
+                      page_size=page_size, host=HostTier(offload=True, tokens=HOST_TOKENS, recall=recall,
+                                                         gap=RECALL_GAP))
     history, reports, out = None, [], []
     for k in range(turns):
         if k:

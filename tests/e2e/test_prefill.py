@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from conftest import MEMORY_CHECKS
-from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.config import EvictConfig, Prefill
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
 
@@ -29,7 +29,7 @@ def prefill_server(server_factory, page_size):
 def config(policy, page_size, **kw):
     window = 16 if policy == "h2o" else 0
     return EvictConfig(policy=policy, budget=BUDGET, sink=SINK, window=window, page_size=page_size,
-                       prefill_chunk=CHUNK, **kw)
+                       prefill=Prefill(chunk=CHUNK), **kw)
 
 
 def prefill_evictions(prompt_len: int, pos: int = 0, row: int = 0) -> int:
@@ -52,7 +52,7 @@ def test_the_reference_never_lets_a_prompt_token_see_more_than_the_peak(hf_eager
     assert max(sizes) == BUDGET + CHUNK and sizes[BUDGET + CHUNK] == BUDGET + 1
     assert all(a == sorted(set(a)) and a[-1] == i for i, a in enumerate(allowed[:len(prompt)]))
     short = prompt[:BUDGET + CHUNK]
-    whole = EvictConfig(**{**cfg.to_dict(), "prefill_chunk": None})
+    whole = EvictConfig.from_dict({**cfg.to_dict(), "prefill_chunk": None})
     assert masked_turn(hf_eager, short, 8, cfg, rid="ref")[0] == masked_turn(hf_eager, short, 8, whole, rid="ref")[0]
 
 
@@ -68,7 +68,8 @@ def test_a_long_prompt_is_evicted_chunk_by_chunk_exactly(server_factory, hf_eage
     out = generate(client, prompt, n, rid, {"policy": policy, "window": window})
     cfg = config(policy, page_size)
     assert out["output_ids"] == masked_greedy(hf_eager, prompt, n, cfg, rid=rid)[0]
-    whole = masked_greedy(hf_eager, prompt, n, EvictConfig(**{**cfg.to_dict(), "prefill_chunk": None}), rid=rid)[0]
+    whole_cfg = EvictConfig.from_dict({**cfg.to_dict(), "prefill_chunk": None})
+    whole = masked_greedy(hf_eager, prompt, n, whole_cfg, rid=rid)[0]
     assert whole != out["output_ids"]
     report, meta = out["meta_info"]["kv_evict"][0], out["meta_info"]
     assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt))

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from sgl_vtoken.config import ENV_VAR, EvictConfig
+from sgl_vtoken.config import ENV_VAR, EvictConfig, HostTier, Prefill, Scoring
+from sgl_vtoken.policies import policy_from_config
 
 
 def test_disabled_default_needs_no_budget():
@@ -20,7 +21,7 @@ def test_disabled_default_needs_no_budget():
     dict(policy="none"),
 ])
 def test_json_round_trip(kwargs):
-    cfg = EvictConfig(**kwargs)
+    cfg = EvictConfig.from_dict(kwargs)
     text = cfg.to_json()
     assert json.loads(text)["policy"] == kwargs["policy"]
     back = EvictConfig.from_json(text)
@@ -57,8 +58,6 @@ def test_budget_required_when_enabled():
     ("sink", -1, r"EvictConfig.sink must be >= 0"),
     ("window", 1.5, r"EvictConfig.window must be an integer"),
     ("seed", 2**32, r"EvictConfig.seed must be in \[0, 4294967295\]"),
-    ("params", {"history": 99}, r"EvictConfig.params .* history must be an integer in \[1, 62\]"),
-    ("params", {"nope": 1}, r"EvictConfig.params .*unexpected keyword argument 'nope'"),
     ("prefill_chunk", 0, r"EvictConfig.prefill_chunk must be >= 1"),
     ("prefill_chunk", 1, r"EvictConfig.prefill_chunk must be a multiple of page_size 1 and > interval 1"),
 ])
@@ -66,7 +65,31 @@ def test_errors_name_field_and_allowed_values(field, value, match):
     kwargs = dict(policy="scissorhands", budget=64)
     kwargs[field] = value
     with pytest.raises(ValueError, match=match):
-        EvictConfig(**kwargs)
+        EvictConfig.from_dict(kwargs)
+
+
+@pytest.mark.parametrize("params,match", [
+    ({"history": 99}, r"EvictConfig.params .* history must be an integer in \[1, 62\]"),
+    ({"nope": 1}, r"EvictConfig.params .*unexpected keyword argument 'nope'"),
+])
+def test_params_are_checked_by_building_the_policy(params, match):
+    cfg = EvictConfig(policy="scissorhands", budget=64, params=params)  # fields only
+    with pytest.raises(ValueError, match=match):
+        policy_from_config(cfg)
+
+
+def test_groups_hold_the_flat_keys():
+    flat = {"policy": "h2o", "budget": 64, "aggregation": "max", "obs_window": 8, "score_layers": [3, 1],
+            "reuse_history": False, "prefill_chunk": 32, "recall_pool": 3}
+    cfg = EvictConfig.from_dict(flat)
+    assert cfg.scoring == Scoring(aggregation="max", obs_window=8, score_layers=(1, 3))
+    assert cfg.prefill == Prefill(chunk=32) and cfg.history.reuse is False and cfg.host == HostTier(pool=3)
+    assert {k: cfg.to_dict()[k] for k in flat} == {**flat, "score_layers": [1, 3]}
+    assert EvictConfig.from_dict({"policy": "h2o", "budget": 64, "prefill": {"chunk": 32}}).prefill.chunk == 32
+    assert EvictConfig.from_dict({"policy": "h2o", "budget": 64, "host": HostTier(pool=3)}).host.pool == 3
+    # the radix namespace of stored histories reads the groups as it read the flat fields
+    assert cfg.history_namespace() == ("vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):c32"
+                                       ":off0:r0:rp3:rg0:{}")
 
 
 def test_from_dict_rejects_unknown_keys_listing_fields():
@@ -108,22 +131,22 @@ def test_history_namespace_names_every_setting_that_changes_the_kv():
               EvictConfig(policy="streamingllm", budget=64, sink=8),
               EvictConfig(policy="streamingllm", budget=64, window=4),
               EvictConfig(policy="streamingllm", budget=64, interval=2),
-              EvictConfig(policy="streamingllm", budget=64, prefill_chunk=32)]
+              EvictConfig(policy="streamingllm", budget=64, prefill=Prefill(chunk=32))]
     assert len({base.history_namespace(), *(c.history_namespace() for c in others)}) == 7
     assert base.history_namespace() == EvictConfig(policy="streamingllm", budget=64).history_namespace()
     with pytest.raises(ValueError, match="reuse_history must be true or false"):
-        EvictConfig(policy="streamingllm", budget=64, reuse_history="yes")
+        EvictConfig.from_dict(dict(policy="streamingllm", budget=64, reuse_history="yes"))
 
 
 def test_prefill_chunk_ends_chunks_on_whole_pages():
-    cfg = EvictConfig(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=32)
+    cfg = EvictConfig.from_dict(dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=32))
     assert cfg.prefill_peak == 96 and EvictConfig(policy="streamingllm", budget=64).prefill_peak is None
     with pytest.raises(ValueError, match=r"prefill_chunk must be a multiple of page_size 16 and > interval 1 \(got 24\)"):
-        EvictConfig(policy="streamingllm", budget=64, page_size=16, prefill_chunk=24)
+        EvictConfig.from_dict(dict(policy="streamingllm", budget=64, page_size=16, prefill_chunk=24))
     with pytest.raises(ValueError, match=r"prefill_chunk must be a multiple of page_size 16 and > interval 16 \(got 16\)"):
-        EvictConfig(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=16)
+        EvictConfig.from_dict(dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=16))
     with pytest.raises(ValueError, match=r"budget must be a multiple of page_size 16 with prefill_chunk \(got 72\)"):
-        EvictConfig(policy="streamingllm", budget=72, page_size=16, prefill_chunk=32)
+        EvictConfig.from_dict(dict(policy="streamingllm", budget=72, page_size=16, prefill_chunk=32))
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -139,4 +162,4 @@ def test_prefill_chunk_ends_chunks_on_whole_pages():
 def test_offload_settings_are_validated_naming_the_field(kwargs, needle):
     base = dict(policy="streamingllm", budget=64, sink=4)
     with pytest.raises(ValueError, match=needle):
-        EvictConfig(**{**base, **kwargs})
+        EvictConfig.from_dict({**base, **kwargs})

@@ -6,7 +6,7 @@ import torch
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, load_checkpoint, load_scorer, save_checkpoint
 from sgl_vtoken_tools.kvp_train import Traces, evaluate, normalized_reward, ranking_loss, train
-from sgl_vtoken.policies import make_policy
+from sgl_vtoken.policies import make_policy, policy_from_config
 from sgl_vtoken.types import TokenView
 
 IDT = ModelIdentity("llama", num_layers=2, num_kv_heads=2, head_dim=8)
@@ -91,7 +91,7 @@ def test_policy_config_requires_a_readable_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="KVP.checkpoint is required"):
         make_policy("kvp")
     with pytest.raises(ValueError, match=r"do not fit policy 'kvp'.*KVP checkpoint '.*missing.st': no such file"):
-        EvictConfig(policy="kvp", budget=16, params={"checkpoint": str(tmp_path / "missing.st")})
+        policy_from_config(EvictConfig(policy="kvp", budget=16, params={"checkpoint": str(tmp_path / "missing.st")}))
 
 
 def test_policy_keeps_highest_scores_plus_sinks_and_window(tmp_path):

@@ -119,14 +119,15 @@ def test_every_request_field_is_type_checked_before_arithmetic(server, field, va
 
     obj = {"offload": True, field: value} if field == "recall" else {field: value}
     with pytest.raises(ValueError, match=rf"kv_evict\.(offload|{field}) "):
-        resolve(EvictConfig(**server), obj, KV_EVICT_CHOICES)
+        resolve(EvictConfig.from_dict(server), obj, KV_EVICT_CHOICES)
 
 
 def test_attention_policy_settings(parse):
     parse("--kv-evict", "scissorhands", "--kv-budget", "64", "--kv-window", "16",
           "--kv-evict-config", '{"history": 8, "obs_window": 4, "score_layers": [1]}')
     cfg = EvictConfig.from_env()
-    assert (cfg.policy, cfg.params["history"], cfg.obs_window, cfg.score_layers) == ("scissorhands", 8, 4, (1,))
+    assert (cfg.policy, cfg.params["history"], cfg.scoring.obs_window, cfg.scoring.score_layers) == \
+        ("scissorhands", 8, 4, (1,))
 
 
 @pytest.mark.parametrize("config,needle", [
@@ -228,10 +229,10 @@ def test_holed_radix_cache_is_chosen_with_a_server_policy(parse):
     assert parse("--radix-cache-backend", "vtoken").radix_cache_backend == "vtoken"
     args = parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-config",
                  '{"reuse_history": false}')
-    assert EvictConfig.from_dict(args._vtoken_config).reuse_history is False
+    assert EvictConfig.from_dict(args._vtoken_config).history.reuse is False
     args = parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--page-size", "16",
                  "--kv-evict-config", '{"reuse_history": true}')
-    assert EvictConfig.from_dict(args._vtoken_config).reuse_history is True  # every page size
+    assert EvictConfig.from_dict(args._vtoken_config).history.reuse is True  # every page size
 
 
 @pytest.mark.parametrize("flags,needle", [

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.config import EvictConfig, Prefill
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken_tools.quality.fastref import Request, fast_greedy, prefill
@@ -57,7 +57,7 @@ def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, kvp
         expected, _, history = masked_turn(tiny_eager, prompt, 20, cfg, rid=f"t{turn}", history=history)
         if req is None:
             req = Request(tiny_fast, cfg, "t0")
-            req.start(prefill(tiny_fast, prompt, cfg.obs_window))
+            req.start(prefill(tiny_fast, prompt, cfg.scoring.obs_window))
         else:
             nxt = Request(tiny_fast, cfg, f"t{turn}", history=req.row)
             nxt.prompt(prompt[req.row.length:])
@@ -74,7 +74,7 @@ def test_teacher_forced_chunks_equal_one_by_one(tiny_fast, kvp_params, policy):
     predictions (fp32 rounding aside) and the same kept row."""
     cfg = config(policy, 1, 16, kvp_params)
     prompt, cont = ids(70, seed=5), ids(50, seed=6)
-    pf = prefill(tiny_fast, prompt, cfg.obs_window)
+    pf = prefill(tiny_fast, prompt, cfg.scoring.obs_window)
     a, b = Request(tiny_fast, cfg, "f"), Request(tiny_fast, cfg, "f")
     a.start(pf)
     b.start(pf)
@@ -95,6 +95,6 @@ def test_load_model_is_required_for_attention_statistics(tiny_eager):
 
 def test_eviction_during_prefill_is_refused_not_ignored(tiny_fast):
     """The fast reference prefills whole prompts: a `prefill_chunk` setting is an error."""
-    cfg = EvictConfig(policy="streamingllm", budget=48, sink=4, prefill_chunk=32)
+    cfg = EvictConfig(policy="streamingllm", budget=48, sink=4, prefill=Prefill(chunk=32))
     with pytest.raises(ValueError, match="prefill_chunk 32: the fast reference prefills whole prompts"):
         Request(tiny_fast, cfg)

@@ -47,7 +47,7 @@ def test_setting_specs_parse_and_validate():
     s = Setting.parse("h2o:window=32,score_layers=[1,2],pool=5")
     assert s.name == "h2o:window=32,score_layers=[1,2],pool=5"
     cfg = s.config(Sweep(sink=16, interval=16, page_size=1), 128)
-    assert (cfg.window, cfg.score_layers, dict(cfg.params)) == (32, (1, 2), {"pool": 5})
+    assert (cfg.window, cfg.scoring.score_layers, dict(cfg.params)) == (32, (1, 2), {"pool": 5})
     assert s.kv_evict(cfg) == {"policy": "h2o", "budget": 128, "sink": 16, "window": 32}
     assert s.server_options() == {"score_layers": (1, 2), "pool": 5}
     with pytest.raises(ValueError, match="unknown policy 'h3o'"):

@@ -1,0 +1,139 @@
+"""The groups of :class:`sgl_vtoken.config.EvictConfig`: frozen settings of one concern each,
+validated in their own ``__post_init__``. A group field's metadata ``"key"`` is its flat
+user-facing key (flags, ``--kv-evict-config``, per-request `kv_evict`, ``to_dict``); error
+messages name that key (``EvictConfig.<key>``), which the server turns into the flag or the
+request field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgl_vtoken.policies.base import AGGREGATIONS
+
+
+def _key(key: str, **meta: Any) -> dict[str, Any]:
+    """Field metadata: the flat user-facing key of a group field (flags, JSON, `kv_evict`)."""
+    return {"key": key, **meta}
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How statistics become token scores.
+
+    Attributes:
+        aggregation: how per-layer, per-head statistics become one score per token: sum or max.
+        obs_window: attention policies: prompt queries whose attention seeds the statistics at
+            prefill (the last `obs_window`, SnapKV-style).
+        score_layers: attention policies: layer ids whose attention is scored (None: all).
+    """
+
+    aggregation: str = field(default="sum", metadata=_key("aggregation"))
+    obs_window: int = field(default=16, metadata=_key("obs_window"))
+    score_layers: tuple[int, ...] | None = field(default=None, metadata=_key("score_layers"))
+
+    def __post_init__(self) -> None:
+        check_choice("aggregation", self.aggregation, AGGREGATIONS)
+        check_int("obs_window", self.obs_window, 1)
+        if self.score_layers is not None:
+            if not isinstance(self.score_layers, (list, tuple)) or not self.score_layers or any(
+                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.score_layers):
+                raise ValueError(f"EvictConfig.score_layers must be a non-empty list of layer ids >= 0 "
+                                 f"or None (got {self.score_layers!r})")
+            object.__setattr__(self, "score_layers", tuple(sorted(set(self.score_layers))))
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Eviction during prefill.
+
+    Attributes:
+        chunk (``prefill_chunk``): evict during prefill (None: the prompt is prefilled whole
+            first). The prompt is prefilled in chunks: whenever the row reaches ``budget +
+            prefill_chunk`` live tokens and prompt tokens remain, it is evicted down to `budget`
+            (attention policies score with that chunk's last `obs_window` queries), so a request
+            never holds more than ``budget + prefill_chunk`` tokens of KV. A multiple of
+            `page_size`, above `interval`; `budget` must then be a multiple of `page_size` too.
+    """
+
+    chunk: int | None = field(default=None, metadata=_key("prefill_chunk"))
+
+    def __post_init__(self) -> None:
+        if self.chunk is not None:
+            check_int("prefill_chunk", self.chunk, 1)
+
+
+@dataclass(frozen=True)
+class History:
+    """Compacted histories across turns.
+
+    Attributes:
+        reuse (``reuse_history``): a finished request leaves its compacted history in the radix
+            cache, and a next turn that extends it continues from it instead of re-prefilling.
+    """
+
+    reuse: bool = field(default=True, metadata=_key("reuse_history"))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reuse, bool):
+            raise ValueError(f"EvictConfig.reuse_history must be true or false (got {self.reuse!r})")
+
+
+@dataclass(frozen=True)
+class HostTier:
+    """The host tier: evicted K/V kept in host memory, recalled by later turns.
+
+    Attributes:
+        offload: evicted tokens' K/V (every layer) go to the host store owned by the request's
+            stored history instead of being dropped (docs/design.md, "Host tier and recall").
+            Needs `host_tokens`; without `prefill_chunk`, and with reclaim ``"vtoken"`` at page
+            size > 1.
+        tokens (``host_tokens``): capacity of the server's host store in tokens (0: no host
+            store). When full, the stores of the least recently used stored histories are
+            released first.
+        recall: tokens a new turn may bring back from its history's host store (0: offload
+            only). Scored after the new message's prefill by its last `obs_window` queries; the
+            recalled tokens are kept for the rest of the turn, within `budget`.
+        pool (``recall_pool``): odd; each candidate's recall score is first averaged with its
+            `recall_pool // 2` candidate neighbours on each side (SnapKV's pooling; 1: off).
+        gap (``recall_gap``): candidates are recalled best first, each with the hole of at most
+            `recall_gap` candidates between it and a recalled neighbour, within `recall` (a span
+            whose ends score comes back whole; 0: off).
+    """
+
+    offload: bool = field(default=False, metadata=_key("offload", request=True))
+    tokens: int = field(default=0, metadata=_key("host_tokens"))
+    recall: int = field(default=0, metadata=_key("recall", request=True))
+    pool: int = field(default=1, metadata=_key("recall_pool"))
+    gap: int = field(default=0, metadata=_key("recall_gap"))
+
+    def __post_init__(self) -> None:
+        check_int("host_tokens", self.tokens, 0)
+        check_int("recall", self.recall, 0)
+        check_int("recall_pool", self.pool, 1)
+        check_int("recall_gap", self.gap, 0)
+        if self.pool % 2 == 0:
+            raise ValueError(f"EvictConfig.recall_pool must be odd (got {self.pool})")
+        if not isinstance(self.offload, bool):
+            raise ValueError(f"EvictConfig.offload must be true or false (got {self.offload!r})")
+        if self.recall and not self.offload:
+            raise ValueError(f"EvictConfig.recall {self.recall} needs offload: true (recalled tokens come "
+                             "from the host store)")
+        if self.offload and self.tokens < 1:
+            raise ValueError("EvictConfig.offload needs host_tokens >= 1: the server's host store "
+                             "capacity (--kv-evict-config '{\"host_tokens\": N}')")
+
+
+def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """ValueError naming `EvictConfig.<name>` unless `value` is one of `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"EvictConfig.{name} must be one of {list(allowed)} (got {value!r})")
+
+
+def check_int(name: str, value: Any, lo: int, hi: int | None = None, why: str = "") -> None:
+    """ValueError naming `EvictConfig.<name>` unless `value` is an integer in [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"EvictConfig.{name} must be an integer (got {value!r})")
+    bound = f">= {lo}" + (f" ({why})" if why else "") if hi is None else f"in [{lo}, {hi}]"
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"EvictConfig.{name} must be {bound} (got {value})")
