@@ -19,27 +19,19 @@ the contract (`tests/patches/test_state_ownership.py` checks it over the AST of 
 
 `st.report` is the request's `meta_info["kv_evict"][0]`, updated in place: each concern adds its
 own figures. `cfg`, `policy`, `rid` and `holed` never change. This module imports no other
-module of `patches/` (the parts' classes only for type checking), so every module may import it.
+module of `patches/`, so every module may import it: the parts' annotations name their classes
+(the table above says where each is defined) without importing them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import torch
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies.base import EvictionPolicy
 
-if TYPE_CHECKING:
-    from .cache.host_recall import Recall
-    from .cache.host_tier import HostChunks
-    from .cache.radix import Prefix
-    from .step.held import NaiveHold
-    from .step.prefill import Prompt
-    from .step.retraction import Retraction
-    from .step.scores import Stats
 
 
 def state_of(req) -> ReqEvictState | None:

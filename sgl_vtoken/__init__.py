@@ -6,9 +6,9 @@ page accounting. The SGLang plugin lives in `sgl_vtoken.patches`, the kernels in
 simulator, KVP training, models, launcher, references) is the package `sgl_vtoken_tools`.
 """
 
-from sgl_vtoken.config import EvictConfig, History, HostTier, Prefill, Scoring
+from sgl_vtoken.config import EvictConfig, History, HostTier, Prefill, Scoring, policy_from_config
 from sgl_vtoken.planner import RepackPlan, plan_eviction
-from sgl_vtoken.policies import POLICIES, EvictionPolicy, make_policy, policy_from_config
+from sgl_vtoken.policies import POLICIES, EvictionPolicy, make_policy
 from sgl_vtoken.types import TokenView
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """Eviction settings: one frozen dataclass of frozen groups (`config_groups.py`: scoring,
 history, prefill, host tier), its fields validated on construction, carried to every process as
 JSON. The policy's parameters are validated where a config enters the system, by building the
-policy once (:func:`sgl_vtoken.policies.policy_from_config`).
+policy once (:func:`policy_from_config`).
 
 The server builds it from its flags (``--kv-evict POLICY --kv-budget N --kv-sink --kv-window
 --kv-evict-interval --kv-reclaim --kv-evict-config JSON``) and hands it to the scheduler processes
@@ -18,6 +18,7 @@ Row arithmetic the fields describe (one request, row coordinates, `budget` live 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from typing import Any, Mapping
 
 from sgl_vtoken.config_groups import History, HostTier, Prefill, Scoring, check_choice, check_int
 from sgl_vtoken.planner import RECLAIM_MODES
-from sgl_vtoken.policies import POLICIES
+from sgl_vtoken.policies import POLICIES, EvictionPolicy, SharingAware, make_policy
 
 __all__ = ["DISABLED", "ENV_VAR", "KEYS", "EvictConfig", "History", "HostTier", "Prefill", "Scoring",
            "SettingKey", "flag_of", "setting_keys"]
@@ -65,7 +66,7 @@ class EvictConfig:
         seed: seed of seeded policies (``random``) and of the simulator.
         params: policy hyperparameters (``--kv-evict-config`` JSON), passed to the policy class;
             validated against the policy where a config enters the system
-            (:func:`sgl_vtoken.policies.policy_from_config`), not here.
+            (:func:`policy_from_config`), not here.
         scoring, history, prefill, host: the groups.
     """
 
@@ -273,3 +274,23 @@ def flag_of(key: str) -> str:
     """The flag that sets the setting of flat `key` (``--kv-evict`` for an unknown key)."""
     k = _BY_KEY.get(key)
     return k.flag if k is not None else "--kv-evict"
+
+
+@functools.lru_cache(maxsize=64)
+def policy_from_config(cfg: EvictConfig) -> EvictionPolicy:
+    """The configured policy, wrapped in :class:`SharingAware` (mode "never": the server never
+    lets a policy choose a tree-owned token; "consensus" is a library mode).
+
+    Policies hold no per-request state, so equal settings share one object: the eviction step
+    scores the rows that share a policy together (`sgl_vtoken.step`).
+
+    This is where a config's policy parameters are validated (the server's flags, a request's
+    `kv_evict`): ValueError naming ``EvictConfig.params`` when they do not fit the policy."""
+    if not cfg.enabled:
+        raise ValueError("EvictConfig.policy is 'none': eviction is disabled")
+    try:
+        policy = make_policy(cfg.policy, **cfg.policy_kwargs())
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"EvictConfig.params {dict(cfg.params)} do not fit policy "
+                         f"{cfg.policy!r}: {exc}") from None
+    return SharingAware(policy, mode="never")

@@ -16,7 +16,7 @@ import os
 import re
 
 from sgl_vtoken.config import EvictConfig, setting_keys
-from sgl_vtoken.policies import policy_from_config
+from sgl_vtoken.config import policy_from_config
 
 from .model_support import unsupported_model_reason
 from .server_args import ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOICES, REFUSE_ENV_VAR, server_config, settings_problem

@@ -94,7 +94,7 @@ class Setting:
             cfg = EvictConfig.from_dict(dict(policy=self.policy, budget=budget, sink=sweep.sink,
                                              interval=sweep.interval, page_size=sweep.page_size,
                                              params=params, **top))
-            from sgl_vtoken.policies import policy_from_config
+            from sgl_vtoken.config import policy_from_config
 
             policy_from_config(cfg)  # the policy's parameters
             return cfg

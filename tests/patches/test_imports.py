@@ -1,6 +1,5 @@
-"""The runtime (`sgl_vtoken/`, `kernels/`, `patches/`) has no import cycle: counting imports inside
-functions too, modules import each other in one direction (imports under `if TYPE_CHECKING:`
-are annotations, never executed, and are not counted)."""
+"""The runtime (`sgl_vtoken/`, `kernels/`, `patches/`) has no import cycle: counting every import,
+inside functions and under `if TYPE_CHECKING:` too, modules import each other in one direction."""
 
 import ast
 from pathlib import Path
@@ -23,25 +22,13 @@ def module_names() -> dict[str, Path]:
     return out
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    """ids of the nodes inside `if TYPE_CHECKING:` blocks."""
-    skip = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
-    return skip
-
-
 def imports_of(name: str, source: str, is_package: bool, known: set[str]) -> set[str]:
     """The runtime modules `source` (module `name`) imports anywhere, resolved to names in `known`:
     `import a.b`, `from a import b` (module b, else package a), relative imports."""
     tree = ast.parse(source)
-    skip = _type_checking_nodes(tree)
     package = name if is_package else name.rpartition(".")[0]
     deps = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -97,7 +84,7 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_graph_sees_imports_inside_functions_and_skips_type_checking():
+def test_the_graph_sees_imports_inside_functions_and_for_type_checking():
     known = {"p", "p.a", "p.b", "p.c", "p.d"}
     source = '''
 from typing import TYPE_CHECKING
@@ -109,7 +96,7 @@ def f():
     from .b import thing
     import p.c
 '''
-    assert imports_of("p.x", source, False, known) == {"p.a", "p.b", "p.c"}
+    assert imports_of("p.x", source, False, known) == {"p.a", "p.b", "p.c", "p.d"}
 
 
 def test_the_graph_sees_the_plugin_importing_its_hook_modules():
