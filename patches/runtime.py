@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.config import policy_from_config
+from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken.rng import stable_id
 
 from .cache import host_recall, host_tier, radix

@@ -22,8 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.config import policy_from_config
+from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken.recall import candidate_mass, pick, split
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView

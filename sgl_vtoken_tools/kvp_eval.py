@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_vtoken.config import EvictConfig, Scoring
+from sgl_vtoken.config import EvictConfig, Scoring, policy_from_config
 from sgl_vtoken_tools.kvp_traces import hf_trace
-from sgl_vtoken.config import policy_from_config
 from sgl_vtoken.types import TokenView
 
 POLICIES = ("kvp", "streamingllm", "h2o", "tova", "knorm", "random", "oracle")

@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import re
 
-from sgl_vtoken.config import EvictConfig, setting_keys
-from sgl_vtoken.config import policy_from_config
+from sgl_vtoken.config import EvictConfig, policy_from_config, setting_keys
 
 from .model_support import unsupported_model_reason
-from .server_args import ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOICES, REFUSE_ENV_VAR, server_config, settings_problem
+from .server_args import (ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOICES, REFUSE_ENV_VAR, server_config,
+                          settings_problem)
 
 KEY = "kv_evict"
 # The flat keys a request may override (field metadata `request`).

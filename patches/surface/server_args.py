@@ -20,9 +20,8 @@ import os
 import re
 import sys
 
-from sgl_vtoken.config import ENV_VAR, EvictConfig, flag_of, setting_keys
+from sgl_vtoken.config import ENV_VAR, EvictConfig, flag_of, policy_from_config, setting_keys
 from sgl_vtoken.planner import RECLAIM_MODES
-from sgl_vtoken.config import policy_from_config
 from sgl_vtoken.policies import POLICIES
 
 from .. import contract

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.config import policy_from_config
+from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken_tools.quality import probe
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView

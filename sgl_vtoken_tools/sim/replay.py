@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_vtoken.config import EvictConfig, Scoring
+from sgl_vtoken.config import EvictConfig, Scoring, policy_from_config
 from sgl_vtoken.pages import PageAllocator, num_pages
-from sgl_vtoken.config import policy_from_config
 from sgl_vtoken_tools.row import RequestRow
 from sgl_vtoken_tools.sim.attention_model import AttentionParams, SyntheticAttention
 from sgl_vtoken_tools.sim.workload import Request

@@ -4,8 +4,7 @@ import json
 
 import pytest
 
-from sgl_vtoken.config import ENV_VAR, EvictConfig, HostTier, Prefill, Scoring
-from sgl_vtoken.config import policy_from_config
+from sgl_vtoken.config import ENV_VAR, EvictConfig, HostTier, Prefill, Scoring, policy_from_config
 
 
 def test_disabled_default_needs_no_budget():

@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, load_checkpoint, load_scorer, save_checkpoint
 from sgl_vtoken_tools.kvp_train import Traces, evaluate, normalized_reward, ranking_loss, train
-from sgl_vtoken.config import policy_from_config
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.types import TokenView
 
