@@ -51,6 +51,18 @@ def triton_module(name: str):
 _TRITON_MODULES: dict = {}
 
 
+def interpreted(kernel, device: torch.device, module: str) -> bool:
+    """Whether `kernel` (a Triton JIT function of `sgl_vtoken.kernels.<module>`) runs in the
+    interpreter. CPU tensors need it: raises ValueError when they would reach a compiled kernel."""
+    interp = type(kernel).__name__ == "InterpretedFunction"
+    if device.type == "cpu" and not interp:
+        raise ValueError(
+            "impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 before "
+            f"sgl_vtoken.kernels.{module} is first imported, or use impl='torch'"
+        )
+    return interp
+
+
 def check_tensor(t, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _checks as C
+
 LOG2E = 1.0 / math.log(2.0)
 _TILE_BYTES = 32768  # bytes of K per tile on a GPU
 _MAX_LOGITS = 8192  # BLOCK_R x HQ_PAD fp32 logits per tile
@@ -207,30 +209,12 @@ def default_launch(
     return block_n, splits, 4
 
 
-def launch_attn_scores(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    score: torch.Tensor,
-    sm_scale: float,
-    lse: torch.Tensor | None,
-    lse_base: str,
-    decay: float,
-    *,
-    block_n: int | None = None,
-    num_splits: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> None:
-    """Launch on validated arguments (see `sgl_vtoken.kernels.attn_scores_`); no host sync."""
+def launch_attn_scores(q, k_buffer, kv_indptr, kv_indices, score, sm_scale: float, lse, lse_base: str,
+                       decay: float, *, block_n=None, num_splits=None, num_warps=None, num_stages=None) -> None:
+    """Launch on arguments `sgl_vtoken.kernels.attn_scores_` validated (its docstring gives the
+    shapes, dtypes and tuning knobs); no host sync."""
     device = q.device
-    interpreted = type(_attn_scores_kernel).__name__ == "InterpretedFunction"
-    if device.type == "cpu" and not interpreted:
-        raise ValueError(
-            "impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 before "
-            "sgl_vtoken.kernels.attn_scores is first imported, or use impl='torch'"
-        )
+    interpreted = C.interpreted(_attn_scores_kernel, device, "attn_scores")
     bs, hq, head_dim = q.shape
     hkv = k_buffer.shape[1]
     if bs == 0:

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _checks as C
+
 
 @triton.jit
 def _page_indptr_kernel(
@@ -83,12 +85,7 @@ def launch_page_indices(
 ) -> None:
     """Fill the three preallocated outputs (validated by `sgl_vtoken.kernels.page_indices`)."""
     device = req_to_token.device
-    interpreted = type(_page_ids_kernel).__name__ == "InterpretedFunction"
-    if device.type == "cpu" and not interpreted:
-        raise ValueError(
-            "impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 before "
-            "sgl_vtoken.kernels.page_index is first imported, or use impl='torch'"
-        )
+    interpreted = C.interpreted(_page_ids_kernel, device, "page_index")
     bs = req_pool_indices.numel()
     block_b = 1024 if not interpreted else 16
     _page_indptr_kernel[(1,)](seq_lens, bs, kv_indptr, kv_last_page_len, PAGE=page_size, BLOCK_B=block_b)

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _checks as C
 from .buffer_set import KVBufferSet
 
 _COPY_TL = {1: tl.uint8, 2: tl.int16, 4: tl.int32}
@@ -118,10 +119,6 @@ def _repack_kernel(
         tl.debug_barrier()  # and written before the next chunk reads
 
 
-def _is_interpreted(kernel) -> bool:
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
 def launch_repack(
     bufs: KVBufferSet,
     src: torch.Tensor,
@@ -139,12 +136,7 @@ def launch_repack(
     `bufs.launch_cache`: the first call builds the address tables (a host-to-device copy: make it
     before CUDA-graph capture); later calls only launch.
     """
-    interpreted = _is_interpreted(_repack_kernel)
-    if bufs.device.type == "cpu" and not interpreted:
-        raise ValueError(
-            "impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 before "
-            "sgl_vtoken.kernels.repack is first imported, or use impl='torch'"
-        )
+    interpreted = C.interpreted(_repack_kernel, bufs.device, "repack")
     if bufs.device.type != "cpu" and interpreted:
         raise ValueError(
             "the repack kernel reads per-layer addresses from a table, which the Triton interpreter cannot "
