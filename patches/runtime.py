@@ -14,6 +14,7 @@ from sgl_vtoken.rng import stable_id
 from .cache import host_recall, host_tier, radix
 from .state import ReqEvictState, Row, state_of
 from .step import held, prefill, retraction, scores
+from .step.reclaim import reclaim_for
 from .step.eviction import evict_batch
 from .surface import metrics, observe
 from .surface.counters import counters_of
@@ -28,7 +29,8 @@ def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:
     policy = policy_from_config(cfg)
     report = dict(policy=cfg.policy, budget=cfg.budget, evicted_tokens=0, live_tokens=None, pages_freed=0,
                   evictions=0)
-    return ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), holed=holed, report=report, row=Row(),
+    return ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), holed=holed, reclaim=reclaim_for(cfg),
+                         report=report, row=Row(),
                          stats=scores.Stats(policy.new_accumulator()), prefix=radix.Prefix(),
                          naive=held.NaiveHold(), retract=retraction.Retraction(), prompt=prefill.Prompt(),
                          host=host_tier.HostChunks(), recall=host_recall.Recall())
@@ -134,9 +136,10 @@ def around_update_running_batch(original, scheduler, batch):
     `prepare_for_decode`, skipping requests whose last token is already in flight."""
     if batch is not None and not batch.is_empty():
         skip = set(scheduler._reqs_finishing_inflight(batch))
-        if evict_batch(scheduler, batch, skip):
-            observe.update_gauges(scheduler, batch)
+        ctx = evict_batch(scheduler, batch, skip)
+        if ctx is not None:
+            observe.update_gauges(ctx.counters, batch, ctx.page_size)
             prometheus = getattr(scheduler, "_vtoken_prometheus", None)
             if prometheus is not None:
-                prometheus.publish(counters_of(scheduler))
+                prometheus.publish(ctx.counters)
     return original(scheduler, batch)

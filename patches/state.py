@@ -18,7 +18,7 @@ the contract (`tests/patches/test_state_ownership.py` checks it over the AST of 
     node.vt      NodeRecord     history.py        a holed radix node: live slots, pages, stored view
 
 `st.report` is the request's `meta_info["kv_evict"][0]`, updated in place: each concern adds its
-own figures. `cfg`, `policy`, `rid` and `holed` never change. This module imports no other
+own figures. `cfg`, `policy`, `rid`, `holed` and `reclaim` never change. This module imports no other
 module of `patches/`, so every module may import it: the parts' annotations name their classes
 (the table above says where each is defined) without importing them.
 """
@@ -107,6 +107,7 @@ class ReqEvictState:
     policy: EvictionPolicy
     rid: int                                   # stable 32-bit identity (seeded policies)
     holed: bool                                # served by the holed radix cache (radix.tree_mode)
+    reclaim: Reclaim                           # how its row gives memory back (step/reclaim.py)
     report: dict                               # meta_info["kv_evict"][0], updated in place
     row: Row
     stats: Stats

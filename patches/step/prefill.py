@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from ..cache import host_recall
 from ..state import state_of
 from ..surface.server_args import prefill_chunk_problem
-from .eviction import alloc_slots, evict_rows
+from .context import context_of
+from .eviction import evict_rows
 
 
 @dataclass
@@ -109,18 +110,19 @@ def around_stash_chunked_request(original, scheduler, req):
         return
     plan = st.recall.plan
     if plan is not None and req.prefix_len == req.kv.kv_committed_len == plan.end:
-        host_recall.recall_prompt(scheduler, req, st, lambda n: alloc_slots(scheduler, n))
+        host_recall.recall_prompt(scheduler, req, st, context_of(scheduler).alloc)
         return
     if not evicts_in_prefill(st, req):
         return
     row_len = req.kv.kv_committed_len
     if row_len < st.cfg.prefill_peak or req.prefix_len != row_len:
         return
-    st.stats.fold(getattr(scheduler, "tp_group", None))
+    ctx = context_of(scheduler)
+    st.stats.fold(ctx.tp_group)
     st.retract.start_step(st.stats.snapshot())
     done = row_len + st.row.offset  # logical tokens with KV
     st.prefix.cap_attach(done)  # KV past the first chunk saw a compacted row
-    (evicted,) = evict_rows(scheduler, [(req, st, row_len)])
+    (evicted,) = evict_rows(ctx, [(req, st, row_len)])
     if not evicted:
         raise RuntimeError(f"prefill eviction of request {req.rid}: no free page for the copies "
                            f"of its tree-owned tokens ({row_len} row tokens)")

@@ -224,6 +224,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.step.context import context_of
     from sgl_vtoken.patches.step.eviction import evict_rows
     from sgl_vtoken.patches.runtime import new_state
 
@@ -251,7 +252,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     for t in range(steps):
         row_len = req.kv.kv_committed_len
         if row_len >= cfg.budget + cfg.interval:
-            evictions += evict_rows(scheduler, [(req, st, row_len)])[0] > 0
+            evictions += evict_rows(context_of(scheduler), [(req, st, row_len)])[0] > 0
             cache.evict(EvictParams(num_tokens=10**6))  # memory pressure: every unlocked node goes
             row = rtt[0, :req.kv.kv_committed_len].tolist()
             assert not set(row) & set(alloc.free_slots), f"step {t}: the row uses freed slots"
@@ -277,6 +278,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.step.context import context_of
     from sgl_vtoken.patches.step.eviction import evict_rows
     from sgl_vtoken.patches.runtime import new_state
 
@@ -302,7 +304,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     for t in range(30):
         row_len = req.kv.kv_committed_len
         if cfg.should_evict(row_len):
-            evict_rows(scheduler, [(req, st, row_len)])
+            evict_rows(context_of(scheduler), [(req, st, row_len)])
             row_len = req.kv.kv_committed_len
         rtt[0, row_len] = int(rtt[0, row_len - 1]) + 1 if row_len % ps else int(alloc.alloc(ps)[0])
         req.kv.kv_committed_len = req.kv.kv_allocated_len = row_len + 1

@@ -1,0 +1,95 @@
+"""What an eviction step uses of its scheduler, read once per scheduler: `context_of(scheduler)`.
+
+The step (`eviction.py`, `prefill.py`) reads the radix tree, the allocator, the pool's slot
+table and K/V buffers, the counters, the stream the repack runs on, the tensor-parallel group
+and the host tier. None of them changes after the scheduler is built, so the context is made at
+the first eviction and kept on the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_vtoken.step import KVPoolView
+
+from ..cache import host_tier
+from ..surface.counters import VTokenCounters, counters_of
+from ..surface.model_support import kv_bytes_per_token
+from ..tp import tp_gather
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """One scheduler's services for the eviction step.
+
+    Attributes:
+        tree: the radix cache (`radix.HoledRadixCache` or SGLang's own).
+        allocator: SGLang's token-to-KV-pool allocator.
+        view: the pool as the batched step reads and writes it (`sgl_vtoken.step.KVPoolView`).
+        page_size: tokens per page.
+        counters: the server-wide counters (`surface/counters.py`).
+        stream: the forward stream's context on CUDA (the repack runs on it), else None.
+        tp_group: the tensor-parallel group (None: one rank).
+        tier: the host tier (`host_tier.py`), None without one.
+        total_tokens: the pool's size in tokens (SGLang's `max_total_num_tokens`), 0 unknown.
+    """
+
+    tree: object
+    allocator: object
+    view: KVPoolView
+    page_size: int
+    counters: VTokenCounters
+    stream: object | None
+    tp_group: object | None
+    tier: host_tier.HostTier | None
+    total_tokens: int
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """`n` slots (whole pages) from the pool, evicting unlocked radix-cache nodes if needed;
+        None when the pool cannot give them."""
+        if self.allocator.available_size() < n:
+            from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+            self.tree.evict(EvictParams(num_tokens=n))
+        return self.allocator.alloc(n) if self.allocator.available_size() >= n else None
+
+    def free(self, freed: torch.Tensor) -> None:
+        """Return `freed` to the pool: slots at page size 1, page ids above; counted."""
+        if not freed.numel():
+            return
+        freed = freed.to(self.allocator.device)
+        (self.allocator.free if self.page_size == 1 else self.allocator.free_page_ids)(freed)
+        self.counters.pages_freed += int(freed.numel())
+
+    def sample_held(self) -> None:
+        """Track the peak of pool slots held: in rows or locked radix nodes (not reclaimable)."""
+        if not self.total_tokens:
+            return
+        held = self.total_tokens - self.allocator.available_size() - self.tree.evictable_size()
+        self.counters.peak_pool_held_tokens = max(self.counters.peak_pool_held_tokens, int(held))
+
+
+def context_of(scheduler) -> StepContext:
+    """The step context of `scheduler` (an SGLang `Scheduler`), made at the first call."""
+    ctx = getattr(scheduler, "_vtoken_step", None)
+    if ctx is not None:
+        return ctx
+    allocator = scheduler.token_to_kv_pool_allocator
+    kvcache = allocator.get_kvcache()
+    counters = counters_of(scheduler)
+    if not counters.bytes_per_token:  # a server without a policy sizes it at its first eviction
+        counters.bytes_per_token = kv_bytes_per_token(kvcache)
+    tp_group = getattr(scheduler, "tp_group", None)
+    if tp_group is not None and tp_group.world_size == 1:
+        tp_group = None
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    view = KVPoolView(req_to_token, kvcache.k_buffer, kvcache.v_buffer, allocator.page_size,
+                      tp_gather=None if tp_group is None else lambda t, dim: tp_gather(t, tp_group, dim))
+    ctx = scheduler._vtoken_step = StepContext(
+        tree=scheduler.tree_cache, allocator=allocator, view=view, page_size=allocator.page_size, counters=counters,
+        stream=getattr(scheduler, "forward_stream_ctx", None) if req_to_token.is_cuda else None,
+        tp_group=tp_group, tier=host_tier.tier_of(),
+        total_tokens=int(getattr(scheduler, "max_total_num_tokens", 0)))
+    return ctx

@@ -1,0 +1,103 @@
+"""How an evicting row gives memory back: one strategy per request, chosen from its settings when
+the request is made (`reclaim_for`), so the step (`eviction.py`) does not branch on page size and
+reclaim mode inside its loops.
+
+    strategy      settings                   the tree's part (holed rows)           memory
+    Slots         page_size 1                release its history's dropped slots,   dead slots freed
+                                             else relock to the kept depth
+    Pages         page_size > 1, vtoken      relock to the last whole page kept;    whole pages freed
+                                             release its history's unused pages
+    NaivePages    page_size > 1, naive       keep the lock (held.py);               Naive-Evict's
+                                             release its history's unused pages     pages held back
+
+At page size 1 the step's undo record (`retraction.py`) is saved before the row changes, so a
+retraction in the same step resumes from the row as it was.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_vtoken.config import EvictConfig
+
+from ..state import ReqEvictState
+from . import held
+from .context import StepContext
+
+
+class Reclaim:
+    """The interface; each method is one point of the step (`eviction.evict_rows`)."""
+
+    def release_tree(self, ctx: StepContext, req, st: ReqEvictState, dropped, depth: int) -> None:
+        """Before the repack, for a holed row whose view changed below its protected length:
+        `dropped()` gives the tree-owned slots it no longer uses, `depth` the tokens of the tree
+        path its kept entries still reach."""
+
+    def before_record(self, st: ReqEvictState, slots: torch.Tensor, positions: torch.Tensor) -> None:
+        """The row (`slots` at logical `positions`) is about to change in the request's state."""
+
+    def release_history(self, ctx: StepContext, req, st: ReqEvictState, row: torch.Tensor) -> None:
+        """After the repack, for a holed row (now the slots `row`): free what of its stored history
+        nobody reaches any more."""
+
+    def to_free(self, ctx: StepContext, req, st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int,
+                own: int, freed: torch.Tensor) -> torch.Tensor:
+        """Of `freed` (the slots or pages the repack released), those to return now; the row
+        keeps entries at logical `kept_pos`, its next token is at `next_pos`, `own` of its
+        entries are its own (not tree-owned)."""
+        return freed
+
+
+class Slots(Reclaim):
+    """Page size 1: the row is compacted and its dead slots freed."""
+
+    def release_tree(self, ctx, req, st, dropped, depth) -> None:
+        if st.prefix.hit is None:
+            ctx.tree.relock_shallower(req, depth)
+            return
+        freed = ctx.tree.release_dropped(req, dropped().to(st.prefix.hit.slots.device))
+        ctx.counters.pages_freed += freed
+        st.row.count_freed(freed)
+
+    def before_record(self, st, slots, positions) -> None:
+        if st.holed:  # what a retraction in this step resumes from
+            st.retract.save_undo(slots, positions, st.row, st.report)
+
+
+class Pages(Reclaim):
+    """Page size > 1: kept tokens are packed onto the request's own pages and whole pages freed."""
+
+    def release_tree(self, ctx, req, st, dropped, depth) -> None:
+        # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
+        ctx.tree.relock_shallower(req, depth)
+
+    def release_history(self, ctx, req, st, row) -> None:
+        if st.prefix.hit is None:
+            return
+        freed = ctx.tree.release_unused_pages(req, row.to(torch.int64))
+        ctx.counters.pages_freed += freed
+        st.row.count_freed(freed)
+
+
+class NaivePages(Pages):
+    """`--kv-reclaim naive` at page size > 1: the same layout, but the pages a Naive-Evict cache
+    could not free are held back by the request (`held.py`)."""
+
+    def release_tree(self, ctx, req, st, dropped, depth) -> None:
+        pass  # Naive-Evict keeps its lock on the shared pages: moved in `to_free`
+
+    def to_free(self, ctx, req, st, kept_pos, next_pos, own, freed) -> torch.Tensor:
+        freed = held.hold_naive_pages(st, kept_pos, next_pos, own, freed.cpu())
+        if st.holed:
+            ctx.tree.relock_shallower(req, st.naive.tree_lock)
+        return freed
+
+
+_STRATEGIES = {"slots": Slots(), "pages": Pages(), "naive": NaivePages()}
+
+
+def reclaim_for(cfg: EvictConfig) -> Reclaim:
+    """The reclaim strategy of a request evicting under `cfg` (the strategies hold no state)."""
+    if cfg.page_size == 1:
+        return _STRATEGIES["slots"]
+    return _STRATEGIES["naive" if cfg.reclaim == "naive" else "pages"]
