@@ -138,7 +138,7 @@ def around_update_running_batch(original, scheduler, batch):
         skip = set(scheduler._reqs_finishing_inflight(batch))
         ctx = evict_batch(scheduler, batch, skip)
         if ctx is not None:
-            observe.update_gauges(ctx.counters, batch, ctx.page_size)
+            ctx.sample_batch(batch)
             prometheus = getattr(scheduler, "_vtoken_prometheus", None)
             if prometheus is not None:
                 prometheus.publish(ctx.counters)

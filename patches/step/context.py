@@ -3,7 +3,9 @@
 The step (`eviction.py`, `prefill.py`) reads the radix tree, the allocator, the pool's slot
 table and K/V buffers, the counters, the stream the repack runs on, the tensor-parallel group
 and the host tier. None of them changes after the scheduler is built, so the context is made at
-the first eviction and kept on the scheduler.
+the first eviction and kept on the scheduler. It also samples the pool into the counters'
+gauges (`sample_held`, `sample_batch`: live tokens, retained pages, peaks), which
+`/get_server_info` and Prometheus report (`surface/observe.py`, `surface/metrics.py`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_vtoken.pages import num_pages
 from sgl_vtoken.step import KVPoolView
 
 from ..cache import host_tier
+from ..state import state_of
 from ..surface.counters import VTokenCounters, counters_of
 from ..surface.model_support import kv_bytes_per_token
 from ..tp import tp_gather
@@ -62,6 +66,28 @@ class StepContext:
         freed = freed.to(self.allocator.device)
         (self.allocator.free if self.page_size == 1 else self.allocator.free_page_ids)(freed)
         self.counters.pages_freed += int(freed.numel())
+
+    def sample_batch(self, batch) -> None:
+        """Live tokens, retained pages and fragmentation over the running evicting requests of
+        `batch` (SGLang's `ScheduleBatch`), after this step's eviction."""
+        c, ps = self.counters, self.page_size
+        live = pages = running = excess = 0
+        for req in batch.reqs:
+            st = state_of(req)
+            if st is None or not req.kv.holds_kv:
+                continue
+            running += 1
+            cpl = req.kv.cache_protected_len
+            live += req.kv.kv_committed_len
+            # its own pages, the tree pages its row (or Naive-Evict's lock) references, held-back pages
+            pages += (num_pages(req.kv.kv_committed_len - cpl, ps) + num_pages(max(cpl, st.naive.tree_lock), ps)
+                      + len(st.naive.held))
+            excess += st.naive.excess
+        c.running_evicting_requests, c.live_tokens, c.retained_pages = running, live, pages
+        c.naive_excess_pages = excess
+        c.fragmentation = 1.0 - live / (pages * ps) if pages else 0.0
+        c.peak_running_requests = max(c.peak_running_requests, batch.batch_size())
+        c.peak_retained_pages = max(c.peak_retained_pages, pages)
 
     def sample_held(self) -> None:
         """Track the peak of pool slots held: in rows or locked radix nodes (not reclaimable)."""

@@ -8,36 +8,12 @@ last eviction, pages freed. Server-wide: the settings and `VTokenCounters`.
 
 from __future__ import annotations
 
-from sgl_vtoken.pages import num_pages
-
 from ..cache import host_tier
 from ..state import state_of
-from .counters import VTokenCounters, counters_of
+from .counters import counters_of
 from .server_args import server_config
 
 META_KEY = "kv_evict"
-
-
-def update_gauges(c: VTokenCounters, batch, ps: int) -> None:
-    """Live tokens, retained pages and fragmentation over the running evicting requests of
-    `batch` (pages of `ps` tokens), into the counters `c`."""
-    live = pages = running = excess = 0
-    for req in batch.reqs:
-        st = state_of(req)
-        if st is None or not req.kv.holds_kv:
-            continue
-        running += 1
-        cpl = req.kv.cache_protected_len
-        live += req.kv.kv_committed_len
-        # its own pages, the tree pages its row (or Naive-Evict's lock) references, held-back pages
-        pages += (num_pages(req.kv.kv_committed_len - cpl, ps) + num_pages(max(cpl, st.naive.tree_lock), ps)
-                  + len(st.naive.held))
-        excess += st.naive.excess
-    c.running_evicting_requests, c.live_tokens, c.retained_pages = running, live, pages
-    c.naive_excess_pages = excess
-    c.fragmentation = 1.0 - live / (pages * ps) if pages else 0.0
-    c.peak_running_requests = max(c.peak_running_requests, batch.batch_size())
-    c.peak_retained_pages = max(c.peak_retained_pages, pages)
 
 
 def naive_held_requests(scheduler) -> int:

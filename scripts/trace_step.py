@@ -1,0 +1,100 @@
+"""Which project files one eviction step enters, in call order, from the scheduler hook down.
+
+Runs `runtime.around_update_running_batch` on the fake page-16 pool and holed radix tree of
+`tests/patches/test_radix.py` (one request, a 128-token prompt, budget 96, interval 16): one
+step untraced (the first eviction builds the step context), then the row grows to its trigger
+and the second step is traced with `sys.setprofile`. Prints one JSON line: `stays` (entries into
+a file, consecutive calls in one file counted once), `files` (distinct), `returns` (stays -
+files: entries into a file already left) and the route.
+
+    python scripts/trace_step.py [--policy streamingllm] [--reclaim vtoken|naive]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "patches"))
+
+from test_radix import PagedAllocator, Req, ReqToToken  # noqa: E402  (the fake pool of the tests)
+
+
+class Batch:
+    """The attributes of SGLang's `ScheduleBatch` the hook reads and writes."""
+
+    def __init__(self, reqs, n: int):
+        self.reqs, self.batch_is_full = reqs, False
+        self.seq_lens_cpu = torch.tensor([n])
+        self.seq_lens, self.orig_seq_lens, self.seq_lens_sum = self.seq_lens_cpu.clone(), self.seq_lens_cpu.clone(), n
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="streamingllm", help="a policy that needs no attention statistics")
+    ap.add_argument("--reclaim", default="vtoken", choices=("vtoken", "naive"))
+    args = ap.parse_args()
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from sgl_vtoken.config import EvictConfig
+    from sgl_vtoken.patches import runtime
+    from sgl_vtoken.patches.cache import radix
+
+    ps, prompt_len = 16, 128
+    radix._active = True
+    alloc = PagedAllocator(64, ps)
+    cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
+                                                  token_to_kv_pool_allocator=alloc, page_size=ps))
+    scheduler = type("Scheduler", (), {
+        "tree_cache": cache, "req_to_token_pool": cache.req_to_token_pool, "token_to_kv_pool_allocator": alloc,
+        "max_total_num_tokens": 64 * ps, "page_size": ps, "_reqs_finishing_inflight": lambda self, b: []})()
+    cfg = EvictConfig(policy=args.policy, budget=96, sink=16, interval=16, page_size=ps, reclaim=args.reclaim)
+    st = runtime.new_state(cfg, "r0", holed=radix.tree_mode(cfg))
+    req = Req(list(range(1000, 1000 + prompt_len)), st)
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = prompt_len
+    req.kv.swa_evict_floor, req.extend_end, req.kv.holds_kv = 0, prompt_len, True
+    req.refresh_fill_ids()
+    rtt = cache.req_to_token_pool.req_to_token
+    rtt[0, :prompt_len] = alloc.alloc(prompt_len).to(torch.int32)
+    runtime.around_update_running_batch(lambda s, b: None, scheduler, Batch([req], prompt_len))
+    n = req.kv.kv_committed_len
+    while not cfg.should_evict(n):  # decode to the next trigger
+        rtt[0, n] = int(rtt[0, n - 1]) + 1 if n % ps else int(alloc.alloc(ps)[0])
+        n += 1
+        req.output_ids.append(2000 + n)
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+    req.refresh_fill_ids()
+    route: list[str] = []
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        f = os.path.realpath(frame.f_code.co_filename)
+        if os.path.isfile(f) and f.startswith(str(REPO)) and not f.startswith(tuple(str(REPO / d) for d in ("tests", "scripts", ".venv"))):
+            rel = os.path.relpath(f, REPO)
+            if not route or route[-1] != rel:
+                route.append(rel)
+
+    sys.setprofile(profile)
+    runtime.around_update_running_batch(lambda s, b: None, scheduler, Batch([req], n))
+    sys.setprofile(None)
+    if req.kv.kv_committed_len >= n:
+        raise SystemExit("the traced step did not evict")
+    print(json.dumps({"policy": args.policy, "reclaim": args.reclaim, "stays": len(route), "files": len(set(route)),
+                      "returns": len(route) - len(set(route)), "route": route}))
+
+
+if __name__ == "__main__":
+    main()
