@@ -29,6 +29,7 @@ from sgl_vtoken.planner import plan_eviction
 from sgl_vtoken.recall import dedupe, pick, split
 
 from ..state import state_of
+from ..surface import shortage
 from . import host_tier
 
 
@@ -113,6 +114,8 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
         if sel.numel() else row[:0]
     if slots is None:  # no free page: the turn goes on without them
         st.report["recall_skipped_tokens"] = int(sel.numel())
+        host_tier.tier_of().count_skip()
+        shortage.note("recall_skipped", req.rid)
         sel, slots = sel[:0], row[:0]
     n, ps = int(sel.numel()), allocator.page_size
     tail = row[-(-back // ps) * ps:]  # whole pages past `back`'s page

@@ -56,7 +56,7 @@ class HostTier:
 
     def __init__(self, cap: int) -> None:
         self.cap, self.tokens, self.bytes, self.peak_bytes = cap, 0, 0, 0
-        self.offloaded = self.dropped = self.recalled = self.recalls = 0
+        self.offloaded = self.dropped = self.recalled = self.recalls = self.skipped_recalls = 0
         self.recall_seconds = 0.0
         self.nodes: dict[int, tuple] = {}    # id -> (radix node, the chunks its view's store holds)
 
@@ -116,11 +116,16 @@ class HostTier:
         self.recalls += 1
         self.recall_seconds += seconds
 
+    def count_skip(self) -> None:
+        """A turn's recall was skipped (`surface/shortage.py`)."""
+        self.skipped_recalls += 1
+
     def as_dict(self) -> dict:
         return {"host_tokens_cap": self.cap, "host_tokens_held": self.tokens, "host_bytes_held": self.bytes,
                 "peak_host_bytes": self.peak_bytes, "offloaded_tokens": self.offloaded,
                 "offload_dropped_tokens": self.dropped, "recalled_tokens": self.recalled,
-                "recalls": self.recalls, "recall_seconds": round(self.recall_seconds, 6)}
+                "recalls": self.recalls, "recall_seconds": round(self.recall_seconds, 6),
+                "skipped_recalls": self.skipped_recalls}
 
 
 # The host store of this scheduler process (`install`, at scheduler start when the server's

@@ -21,6 +21,7 @@ from ..cache import host_tier
 from ..state import state_of
 from ..surface.counters import VTokenCounters, counters_of
 from ..surface.model_support import kv_bytes_per_token
+from ..surface.shortage import refused
 from ..tp import tp_gather
 
 
@@ -50,9 +51,12 @@ class StepContext:
     tier: host_tier.HostTier | None
     total_tokens: int
 
-    def alloc(self, n: int) -> torch.Tensor | None:
-        """`n` slots (whole pages) from the pool, evicting unlocked radix-cache nodes if needed;
-        None when the pool cannot give them."""
+    def alloc(self, n: int, req) -> torch.Tensor | None:
+        """`n` slots (whole pages) from the pool for request `req`, evicting unlocked radix-cache
+        nodes if needed; None when the pool cannot give them (or a test refuses them,
+        `shortage.refused`)."""
+        if refused(req):
+            return None
         if self.allocator.available_size() < n:
             from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 

@@ -29,6 +29,7 @@ from sgl_vtoken.step import EvictRow, apply, decide
 
 from ..cache import host_tier
 from ..state import ReqEvictState, state_of
+from ..surface import shortage
 from .context import StepContext, context_of
 
 
@@ -56,13 +57,18 @@ def evict_batch(scheduler, batch, skip: set) -> StepContext | None:
     evicted = evict_rows(ctx, due) if due else []
     new_lens = seq_lens_cpu.clone()
     index = {id(req): i for i, req, _ in evicting}
-    for (req, _, row_len), n in zip(due, evicted):
+    for (req, st, row_len), n in zip(due, evicted):
+        if n is None:  # no free page for its copies: evicted at a later step (shortage.py)
+            ctx.counters.deferred_evictions += 1
+            st.report["deferred_evictions"] = st.report.get("deferred_evictions", 0) + 1
+            shortage.note("eviction_deferred", req.rid)
+            continue
         new_lens[index[id(req)]] = row_len - n
     if ctx.counters.pages_freed > freed_before:
         # SGLang stops admitting after a failed admission until the batch shrinks; memory
         # freed by eviction must reopen admission the same way.
         batch.batch_is_full = False
-    if any(evicted):
+    if any(evicted):  # a row evicted tokens
         _shift_lens(batch, seq_lens_cpu - new_lens)
     ctx.sample_held()
     return ctx
@@ -77,12 +83,12 @@ def _shift_lens(batch, delta: torch.Tensor) -> None:
     batch.seq_lens_sum = None
 
 
-def evict_rows(ctx: StepContext, due: list) -> list[int]:
+def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
     """Evict the rows of `due` (``(req, state, row_len)``) down to their budgets in one pass:
     view -> keep -> plan on the device (`step.decide`), the tree's part row by row on the host
     (each request's reclaim strategy, `reclaim.py`; pages for copies), then one repack, one row
-    write (`step.apply`) and one allocator free. Returns the tokens each row evicted (0: not
-    this step: no free page for the copies of its tree-owned tokens)."""
+    write (`step.apply`) and one allocator free. Returns the tokens each row evicted; None for a
+    row left as it was: no free page for the copies of its kept tree-owned tokens."""
     ps, view = ctx.page_size, ctx.view
     for req, st, row_len in due:
         if st.holed and st.row.steps == 0 and st.prefix.hit is None:
@@ -103,7 +109,7 @@ def evict_rows(ctx: StepContext, due: list) -> list[int]:
     copies, active = [], []
     for b, (req, st, row_len) in enumerate(due):
         w, n_copy, cpl = d.counts["whole"][b], d.counts["copies"][b], rows[b].cpl
-        slots = ctx.alloc(-(-n_copy // ps) * ps) if n_copy else d.raw[b, :0]
+        slots = ctx.alloc(-(-n_copy // ps) * ps, req) if n_copy else d.raw[b, :0]
         copies.append(d.raw[b, :0] if slots is None else slots)
         active.append(slots is not None)
         if slots is not None and st.holed and w != cpl:  # its view changed below cpl
@@ -113,13 +119,13 @@ def evict_rows(ctx: StepContext, due: list) -> list[int]:
     to_free, evicted = [], []
     for b, (req, st, row_len) in enumerate(due):
         if not active[b]:
-            evicted.append(0)
+            evicted.append(None)
             continue
         evicted.append(_record(ctx, st, req, rows[b], d, b, next(freed_rows), to_free))
         ctx.counters.evictions += 1
     if to_free:
         ctx.free(torch.cat(to_free))
-    ctx.counters.evicted_tokens += sum(evicted)
+    ctx.counters.evicted_tokens += sum(n for n in evicted if n)
     ctx.counters.tokens_moved += out.moved
     ctx.counters.bytes_moved += out.moved * ctx.counters.bytes_per_token
     return evicted

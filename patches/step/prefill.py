@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..cache import host_recall
 from ..state import state_of
+from ..surface import shortage
 from ..surface.server_args import prefill_chunk_problem
 from .context import context_of
 from .eviction import evict_rows
@@ -110,7 +111,8 @@ def around_stash_chunked_request(original, scheduler, req):
         return
     plan = st.recall.plan
     if plan is not None and req.prefix_len == req.kv.kv_committed_len == plan.end:
-        host_recall.recall_prompt(scheduler, req, st, context_of(scheduler).alloc)
+        alloc = context_of(scheduler).alloc
+        host_recall.recall_prompt(scheduler, req, st, lambda n: alloc(n, req))
         return
     if not evicts_in_prefill(st, req):
         return
@@ -123,9 +125,9 @@ def around_stash_chunked_request(original, scheduler, req):
     done = row_len + st.row.offset  # logical tokens with KV
     st.prefix.cap_attach(done)  # KV past the first chunk saw a compacted row
     (evicted,) = evict_rows(ctx, [(req, st, row_len)])
-    if not evicted:
-        raise RuntimeError(f"prefill eviction of request {req.rid}: no free page for the copies "
-                           f"of its tree-owned tokens ({row_len} row tokens)")
+    if evicted is None:
+        _end_short(scheduler, ctx, req)
+        return
     # The ids become row coordinates: the kept entries' ids, then the prompt's remaining ids.
     logical = st.prompt.logical_ids(req)
     st.prompt.row_ids(req, array("q", (logical[p] for p in st.row.kept_pos.tolist())) + logical[done:])
@@ -133,6 +135,23 @@ def around_stash_chunked_request(original, scheduler, req):
     st.report["prefill_evicted_tokens"] = st.prompt.prefill_evicted
     # The next chunk continues after the kept entries; none of them counts as a cache hit.
     req.prefix_len = req.already_computed = row_len - evicted
+
+
+def _end_short(scheduler, ctx, req) -> None:
+    """No free page for the copies of the cached prompt tokens the row keeps: its prefill cannot
+    go on past the peak. The request ends with HTTP 503 through SGLang's own abort of a chunked
+    request (its KV released, its client answered); the server serves everyone else."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    ctx.counters.shortage_aborts += 1
+    shortage.note("prefill_aborted", req.rid)
+    req.discard_output_reason = FINISH_ABORT(
+        f"kv_evict prefill_chunk: no free KV page for the copies of the cached prompt tokens this request "
+        f"keeps (the {ctx.total_tokens}-token pool is full); retry later", HTTPStatus.SERVICE_UNAVAILABLE)
+    scheduler._pending_chunked_abort_req = req
+    scheduler.process_pending_chunked_abort()
 
 
 def unsupported_reason(scheduler) -> str:

@@ -16,9 +16,11 @@ The policy state (eviction count, attention statistics, report) is kept across t
 (each step's start is remembered, `StepUndo`); the stash is dropped once the request decodes
 again. A request keeps all of this in its `Retraction` (`st.retract`). A request retracted
 before its first eviction is re-prefilled as usual: its KV is full attention, so recomputing it
-is exact. At page size > 1 stored views are not available yet and a retracted request is re-
-prefilled with full attention (its output then differs from the masked reference;
-`meta_info["kv_evict"]` says `"retracted_reprefill": true`).
+is exact. At page size > 1 a retracted request is re-prefilled with full attention (its output
+then differs from the masked reference; `meta_info["kv_evict"]` says `"retracted_reprefill":
+true`): the resume writes the stash back as a page-1 holed view (one slot per node value), while
+a page-size-16 view is a node owning whole pages (`history_pages.py`), which the resume does not
+build yet, and the step's undo record is saved at page size 1 only (`reclaim.Slots`).
 """
 
 from __future__ import annotations

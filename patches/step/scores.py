@@ -40,7 +40,9 @@ from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.recall import candidate_mass, window_probs
 from sgl_vtoken.stats import RowStats
 
+from ..cache import host_tier
 from ..state import state_of
+from ..surface import shortage
 from ..tp import tp_gather
 from .prefill import evicts_in_prefill
 
@@ -129,6 +131,8 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             pending = st.recall.plan
             if pending is not None and n > pending.end:  # not cut where its recall needs it
                 st.report["recall_skipped_tokens"] = min(st.cfg.host.recall, int(pending.candidates.numel()))
+                host_tier.tier_of().count_skip()
+                shortage.note("recall_skipped", req.rid)
                 st.recall.reset()
             if st.recall.plan is not None:  # a recalling turn: the window ends its first chunk
                 total = min(total, st.recall.plan.end)

@@ -25,6 +25,8 @@ class VTokenCounters:
     peak_pool_held_tokens: int = 0    # most pool slots held at once (rows, locked radix nodes)
     history_hits: int = 0             # finished requests that continued from a stored history
     history_tokens_reused: int = 0    # logical tokens those requests did not prefill again
+    deferred_evictions: int = 0       # decode evictions put off a step: no free page (shortage.py)
+    shortage_aborts: int = 0          # requests ended: a prefill eviction found no free page
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -29,6 +29,8 @@ HELP = {
     "peak_pool_held_tokens": "Most KV pool slots held at once: request rows and locked radix-cache nodes (not reclaimable).",
     "history_hits": "Finished requests that continued from a stored compacted history.",
     "history_tokens_reused": "Logical history tokens those requests did not prefill again.",
+    "deferred_evictions": "Decode evictions put off to a later step: no free KV page for the copies of kept cached tokens.",
+    "shortage_aborts": "Requests ended with an error: an eviction during prefill found no free KV page for its copies.",
 }
 
 

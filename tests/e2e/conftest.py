@@ -35,11 +35,15 @@ class Client:
         return self.post("/generate", {"input_ids": input_ids, "sampling_params": params})
 
 
-# SGLang's own memory checkers, on in every test server unless a test asks otherwise.
+# Requests whose id starts with SHORTAGE get no page the plugin asks for (patches/surface/shortage.py).
+SHORTAGE = "shortage-"
+# SGLang's own memory checkers, on in every test server unless a test asks otherwise; and the
+# plugin's page refusal for SHORTAGE requests.
 MEMORY_CHECKS = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_DEBUG_MEMORY_POOL": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
+    "VTOKEN_TEST_SHORTAGE": SHORTAGE,
 }
 # The StreamingLLM server of the bench tests and the capacity tests (budget 64 unless a request
 # asks for another, interval 16, page size 16): one configuration, started once.

@@ -9,6 +9,7 @@ import time
 import pytest
 import requests
 
+from conftest import SHORTAGE
 from sgl_vtoken.config import EvictConfig, HostTier
 from sgl_vtoken_tools.hf_reference import masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
@@ -80,6 +81,31 @@ def test_recall_turns_equal_the_reference_and_the_store_is_released(server_facto
     st = wait_pool_free(client)
     assert st["host_tokens_held"] == 0 and st["host_bytes_held"] == 0
     assert st["pool_available_tokens"] == st["pool_total_tokens"]
+
+
+def test_a_recall_without_free_pages_is_skipped_and_counted(client, hf_eager):
+    """Every page refused to the session named SHORTAGE (`shortage.py`): from its second turn on,
+    the recall finds no free page, so the turn goes on without recalled tokens and says how many
+    it skipped; the server counts the skipped recalls, logs the shortage once, and its pool is
+    whole after."""
+    flush(client)
+    before = client.vtoken_state()
+    rng, prompt = random.Random(7), random_ids(30, seed=307)
+    kv = {"policy": "streamingllm", "budget": BUDGET, "offload": True, "recall": RECALL}
+    out, reports = [], []
+    for k in range(3):
+        if k:
+            prompt = prompt + out + [rng.randrange(10, 2000) for _ in range(20)]
+        got = generate(client, prompt, 24, f"{SHORTAGE}recall-{k}", kv)
+        out = got["output_ids"]
+        assert len(out) == 24
+        reports.append(got["meta_info"]["kv_evict"][0])
+    assert all(r["recall_skipped_tokens"] > 0 and not r.get("recalled_tokens") for r in reports[1:])
+    st = wait_pool_free(client)
+    assert st["skipped_recalls"] - before["skipped_recalls"] == 2
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    log = client.server.log_text()
+    assert log.count("kv_evict shortage (recall_skipped") == 1 and "Traceback" not in log
 
 
 def test_offload_without_recall_changes_no_output_and_requests_without_it_hold_no_host_memory(client, hf_eager):

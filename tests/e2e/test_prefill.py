@@ -8,8 +8,9 @@ import random
 import threading
 
 import pytest
+import requests
 
-from conftest import MEMORY_CHECKS
+from conftest import MEMORY_CHECKS, SHORTAGE
 from sgl_vtoken.config import EvictConfig, Prefill
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
@@ -132,5 +133,34 @@ def test_concurrent_long_prompts_share_a_system_prompt_exactly(server_factory, h
         assert out["meta_info"]["cached_tokens"] < BUDGET + CHUNK
     assert any(out["meta_info"]["cached_tokens"] > 0 for out in results)
     st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in client.server.log_text()
+
+
+def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(server_factory):
+    """Page size 16, every page refused to the requests named SHORTAGE (`shortage.py`), Random
+    policy (it keeps scattered tokens, so partly kept cached pages must be copied): a long prompt
+    whose first chunk is cached cannot copy the cached tokens its eviction during prefill keeps,
+    so that request ends with HTTP 503 naming the shortage; a short prompt's decode evictions are
+    deferred and counted, and it still returns every token. The server goes on: the counters
+    moved, the same prompt is served as before, the pool is whole, no traceback."""
+    client = prefill_server(server_factory, 16)
+    prompt, kv = random_ids(300, seed=950), {"policy": "random"}
+    first = generate(client, prompt, 8, "neighbour", kv)
+    before = client.vtoken_state()
+    r = requests.post(client.base_url + "/generate", timeout=120, json={
+        "rid": SHORTAGE + "prefill", "input_ids": prompt,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True,
+                            "custom_params": {"kv_evict": kv}}})
+    assert r.status_code == 503, r.text[:500]
+    assert "no free KV page" in r.text and "prefill_chunk" in r.text
+    out = generate(client, random_ids(40, seed=951), 80, SHORTAGE + "decode", kv)
+    report = out["meta_info"]["kv_evict"][0]
+    assert len(out["output_ids"]) == 80 and report["deferred_evictions"] > 0
+    again = generate(client, prompt, 8, "neighbour", kv)
+    assert again["output_ids"] == first["output_ids"] and again["meta_info"]["cached_tokens"] > 0
+    st = wait_pool_free(client)
+    assert st["shortage_aborts"] == before["shortage_aborts"] + 1
+    assert st["deferred_evictions"] - before["deferred_evictions"] == report["deferred_evictions"]
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()

@@ -1,0 +1,52 @@
+"""Shortages of free KV pages the plugin meets under memory pressure, and what it does instead of
+failing. Nothing of them raises into SGLang's scheduler loop (where any exception ends the
+server); each is counted server-wide (`/get_server_info`, and Prometheus for `VTokenCounters`
+fields), per request (`meta_info["kv_evict"]`), and logged once per kind at warning level.
+
+    kind               where                     instead                           counted in
+    eviction_deferred  step/eviction.py          the row is evicted at a later     deferred_evictions (server,
+                       (decode)                  step; meanwhile it holds up to    request)
+                                                 `interval` tokens more
+    prefill_aborted    step/prefill.py           the request ends with HTTP 503    shortage_aborts (server)
+                                                 naming the shortage; the server
+                                                 goes on
+    recall_skipped     cache/host_recall.py,     the turn goes on without its      skipped_recalls (host tier),
+                       step/scores.py            recalled tokens                   recall_skipped_tokens (request)
+
+Testing: with `VTOKEN_TEST_SHORTAGE=<prefix>` in a server's environment, every page the plugin
+asks for on behalf of a request whose id starts with `<prefix>` is refused (`refused`), so tests
+drive each path on demand, as SGLang's `SGLANG_TEST_RETRACT` does for retraction.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+MESSAGES = {
+    "eviction_deferred": "a decode eviction found no free KV page for the copies of the cached prompt "
+                         "tokens it keeps; the row is evicted at a later step",
+    "prefill_aborted": "an eviction during prefill found no free KV page for the copies of the cached "
+                       "prompt tokens it keeps; the request ends with an error",
+    "recall_skipped": "a turn's recall found no free KV page (or its prefill was not cut where recall "
+                      "needed); the turn goes on without the recalled tokens",
+}
+_warned: set[str] = set()
+_REFUSE = os.environ.get("VTOKEN_TEST_SHORTAGE") or None
+
+
+def refused(req) -> bool:
+    """Whether pages asked for on behalf of `req` (an SGLang `Req`) are refused for testing."""
+    return _REFUSE is not None and str(req.rid).startswith(_REFUSE)
+
+
+def note(kind: str, rid) -> None:
+    """A shortage of `kind` (`MESSAGES`) met by request `rid`: logged at warning level the first
+    time per kind in this process (the counters count every time; the caller moves them)."""
+    if kind in _warned:
+        return
+    _warned.add(kind)
+    logger.warning("kv_evict shortage (%s, request %s): %s. Further ones are counted in /get_server_info "
+                   "without a log line.", kind, rid, MESSAGES[kind])
