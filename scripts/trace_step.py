@@ -1,7 +1,7 @@
 """Which project files one eviction step enters, in call order, from the scheduler hook down.
 
-Runs `runtime.around_update_running_batch` on the fake page-16 pool and holed radix tree of
-`tests/patches/test_radix.py` (one request, a 128-token prompt, budget 96, interval 16): one
+Runs `runtime.around_update_running_batch` on a fake page-16 pool and the holed radix tree
+(`sgl_vtoken_tools.fake_pool`, as in `tests/patches/test_radix.py`; one request, a 128-token prompt, budget 96, interval 16): one
 step untraced (the first eviction builds the step context), then the row grows to its trigger
 and the second step is traced with `sys.setprofile`. Prints one JSON line: `stays` (entries into
 a file, consecutive calls in one file counted once), `files` (distinct), `returns` (stays -
@@ -20,25 +20,10 @@ from pathlib import Path
 
 import torch
 
+from sgl_vtoken_tools.fake_pool import Batch, PagedAllocator, Req, ReqToToken
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "patches"))
-
-from test_radix import PagedAllocator, Req, ReqToToken  # noqa: E402  (the fake pool of the tests)
-
-
-class Batch:
-    """The attributes of SGLang's `ScheduleBatch` the hook reads and writes."""
-
-    def __init__(self, reqs, n: int):
-        self.reqs, self.batch_is_full = reqs, False
-        self.seq_lens_cpu = torch.tensor([n])
-        self.seq_lens, self.orig_seq_lens, self.seq_lens_sum = self.seq_lens_cpu.clone(), self.seq_lens_cpu.clone(), n
-
-    def is_empty(self) -> bool:
-        return not self.reqs
-
-    def batch_size(self) -> int:
-        return len(self.reqs)
+RUNTIME = ("sgl_vtoken/", "patches/", "kernels/")  # the installed runtime's sources
 
 
 def main() -> None:
@@ -68,7 +53,7 @@ def main() -> None:
     req.refresh_fill_ids()
     rtt = cache.req_to_token_pool.req_to_token
     rtt[0, :prompt_len] = alloc.alloc(prompt_len).to(torch.int32)
-    runtime.around_update_running_batch(lambda s, b: None, scheduler, Batch([req], prompt_len))
+    runtime.around_update_running_batch(lambda s, b: None, scheduler, Batch([req], [prompt_len]))
     n = req.kv.kv_committed_len
     while not cfg.should_evict(n):  # decode to the next trigger
         rtt[0, n] = int(rtt[0, n - 1]) + 1 if n % ps else int(alloc.alloc(ps)[0])
@@ -81,14 +66,12 @@ def main() -> None:
     def profile(frame, event, arg):
         if event != "call":
             return
-        f = os.path.realpath(frame.f_code.co_filename)
-        if os.path.isfile(f) and f.startswith(str(REPO)) and not f.startswith(tuple(str(REPO / d) for d in ("tests", "scripts", ".venv"))):
-            rel = os.path.relpath(f, REPO)
-            if not route or route[-1] != rel:
-                route.append(rel)
+        rel = os.path.relpath(os.path.realpath(frame.f_code.co_filename), REPO)
+        if rel.startswith(RUNTIME) and (not route or route[-1] != rel):
+            route.append(rel)
 
     sys.setprofile(profile)
-    runtime.around_update_running_batch(lambda s, b: None, scheduler, Batch([req], n))
+    runtime.around_update_running_batch(lambda s, b: None, scheduler, Batch([req], [n]))
     sys.setprofile(None)
     if req.kv.kv_committed_len >= n:
         raise SystemExit("the traced step did not evict")
