@@ -48,6 +48,7 @@ CALLED_PARAMS = {
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("self", "req", "has_chunked_req"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("self", "req"),
     "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": ("self", "req"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder._check_prefill_budget": ("self", "req"),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": ("self", "page_ids"),
     # radix.py: the RadixCache methods HoledRadixCache overrides or calls, and the registry
     "sglang.srt.mem_cache.registry.register_radix_cache_backend": ("name", "factory"),

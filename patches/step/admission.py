@@ -10,6 +10,14 @@
     own = the row's tokens not owned by the radix tree (under the holed cache the tree-owned
           ones, a cached prompt or a stored history's view, leave the row as it evicts, and the
           request's own tokens replace them up to the cap); the whole row otherwise
+
+SGLang admits a request only if `extend + max_new + page_size` is below the free and evictable
+slots (`PrefillBudget.check_prefill`), `extend` being the whole uncached prompt even when the
+prefill is chunked. A request refused on an idle pool (nothing running or admitted, every slot
+free, evictable or its own prefix's) is refused at every pass, and FCFS stops at it: the queue
+starves while the scheduler spins. So a request evicted during prefill (which never holds more
+than the prefill peak) asks at most what an idle pool offers, and any other evicting request
+refused on an idle pool is finished with HTTP 400.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..state import state_of
-from .prefill import chunk_limit
+from .prefill import chunk_limit, evicts_in_prefill
 
 
 @contextmanager
@@ -45,6 +53,17 @@ def _clipped(reqs):
             req.sampling_params.max_new_tokens = value
 
 
+def _refuse(req, st, pool_tokens: int) -> None:
+    """Finish an evicting request SGLang can never admit (HTTP 400) instead of letting it hold up
+    the queue; its logical ids come back first, so that the abort's one-token prompt stays."""
+    extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+    st.restore_prompt(req)
+    req.set_finish_with_abort(
+        f"kv_evict: this request can never be scheduled: its prefill of {extend} tokens (past a cached "
+        f"prefix of {req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV pool holds "
+        f"with nothing else in it; send a shorter prompt, or evict during prefill (prefill_chunk)")
+
+
 _ADDER_CLASSES: dict[type, type] = {}
 
 
@@ -55,6 +74,8 @@ def adder_class(base: type) -> type:
         return _ADDER_CLASSES[base]
 
     class VTokenPrefillAdder(base):
+        _vt_cut = None  # the request `add_one_req` admits for a prefill-eviction chunk
+
         def _get_running_request_total_token_offset(self, req):
             stock = super()._get_running_request_total_token_offset(req)
             st = state_of(req)
@@ -67,6 +88,26 @@ def adder_class(base: type) -> type:
         def _peers(self, req):
             running = self.running_batch.reqs if self.running_batch is not None else []
             return [req, *running, *self.can_run_list]
+
+        def _check_prefill_budget(self, req, *, total_tokens, **kwargs):
+            if self._vt_cut is req:
+                # Eviction during prefill: SGLang asks room for the whole rest of the prompt, more
+                # than the pool offers even idle when the prompt is near its size. Ask at most what
+                # an idle pool offers (every slot not locked, its own prefix's lock included): such
+                # a request waits until nothing else holds memory, then runs chunk by chunk.
+                idle = self.token_to_kv_pool_allocator.size - self.tree_cache.protected_size()
+                total_tokens = min(total_tokens, idle - 1)
+            return super()._check_prefill_budget(req, total_tokens=total_tokens, **kwargs)
+
+        def _idle(self, has_chunked_req) -> bool:
+            """Nothing runs or was admitted, and every slot of the pool is free or evictable: what
+            SGLang refuses now it refuses at every pass (nothing can free memory for it)."""
+            if self.can_run_list or has_chunked_req or self.new_chunked_req is not None:
+                return False
+            if self.running_batch is not None and not self.running_batch.is_empty():
+                return False
+            pool = self.token_to_kv_pool_allocator
+            return pool.available_size() + self.tree_cache.evictable_size() >= pool.size
 
         def add_one_req(self, req, has_chunked_req, *args, **kwargs):
             from sglang.srt.managers.schedule_policy import AddReqResult
@@ -85,13 +126,19 @@ def adder_class(base: type) -> type:
                 # whole number of pages past the prefix, which after a stored view's partial
                 # page misses the boundary (or does not cut at all).
                 self.exact_chunk_fill = True
+            if forcing and evicts_in_prefill(st, req):
+                self._vt_cut = req
             try:
                 with _clipped(self._peers(req)):
                     result = super().add_one_req(req, has_chunked_req, *args, **kwargs)
             finally:
+                self._vt_cut = None
                 if forcing:  # what the request took comes off the real chunk budget
                     self.rem_chunk_tokens = saved - (min(saved, limit) - self.rem_chunk_tokens)
                     self.exact_chunk_fill = exact
+            if (result == AddReqResult.NO_TOKEN and st is not None and req not in self.can_run_list
+                    and self._idle(has_chunked_req)):
+                _refuse(req, st, self.token_to_kv_pool_allocator.size)
             if st is not None and st.retract.real_outputs is not None and req not in self.can_run_list:
                 st.retract.restore_outputs(req)  # not admitted this round: its real outputs back
             return result

@@ -11,6 +11,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.mark.parametrize("script,flag", [
+    ("chat_clients.py", "--stuck-after"),
     ("check_fastref.py", "--cases"),
     ("collect_traces.py", "--cut-every"),
     ("diag_attention.py", "--obs-window"),
