@@ -137,9 +137,13 @@ def around_update_running_batch(original, scheduler, batch):
     if batch is not None and not batch.is_empty():
         skip = set(scheduler._reqs_finishing_inflight(batch))
         ctx = evict_batch(scheduler, batch, skip)
-        if ctx is not None:
+        if ctx is None:  # no evicting request runs
+            counters = counters_of(scheduler)
+            counters.no_running()
+        else:
+            counters = ctx.counters
             ctx.sample_batch(batch)
-            prometheus = getattr(scheduler, "_vtoken_prometheus", None)
-            if prometheus is not None:
-                prometheus.publish(ctx.counters)
+        prometheus = getattr(scheduler, "_vtoken_prometheus", None)
+        if prometheus is not None:
+            prometheus.publish(counters)
     return original(scheduler, batch)

@@ -28,6 +28,11 @@ class VTokenCounters:
     deferred_evictions: int = 0       # decode evictions put off a step: no free page (shortage.py)
     shortage_aborts: int = 0          # requests ended: a prefill eviction found no free page
 
+    def no_running(self) -> None:
+        """No evicting request runs: the last-step gauges go to zero (peaks stay)."""
+        self.running_evicting_requests = self.live_tokens = self.retained_pages = self.naive_excess_pages = 0
+        self.fragmentation = 0.0
+
     def as_dict(self) -> dict:
         return asdict(self)
 

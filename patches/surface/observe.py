@@ -28,6 +28,9 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
     """AFTER `Scheduler.get_internal_state`: add the settings and counters under "vtoken"."""
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
+        running = getattr(scheduler, "running_batch", None)
+        if running is None or running.is_empty():  # the gauges describe running requests
+            counters_of(scheduler).no_running()
         allocator = scheduler.token_to_kv_pool_allocator
         state["vtoken"] = {
             "config": server_config().to_dict(), **counters_of(scheduler).as_dict(),

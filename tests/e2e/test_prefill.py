@@ -143,7 +143,8 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     whose first chunk is cached cannot copy the cached tokens its eviction during prefill keeps,
     so that request ends with HTTP 503 naming the shortage; a short prompt's decode evictions are
     deferred and counted, and it still returns every token. The server goes on: the counters
-    moved, the same prompt is served as before, the pool is whole, no traceback."""
+    moved, the same prompt is served as before, the pool is whole, the running gauges read zero
+    once nothing runs, no traceback."""
     client = prefill_server(server_factory, 16)
     prompt, kv = random_ids(300, seed=950), {"policy": "random"}
     first = generate(client, prompt, 8, "neighbour", kv)
@@ -162,5 +163,6 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     st = wait_pool_free(client)
     assert st["shortage_aborts"] == before["shortage_aborts"] + 1
     assert st["deferred_evictions"] - before["deferred_evictions"] == report["deferred_evictions"]
+    assert st["running_evicting_requests"] == st["live_tokens"] == st["retained_pages"] == 0  # idle now
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
