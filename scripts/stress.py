@@ -3,6 +3,9 @@
 
     python scripts/stress.py                          # 5 minutes, tiny model, CPU, page 16
     python scripts/stress.py --page-size 1 --duration 120
+    python scripts/stress.py --kv-evict-config '{"prefill_chunk": 64}' --disable-overlap-schedule
+    python scripts/stress.py --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}'
+    python scripts/stress.py --retract                # SGLang's forced retractions (SGLANG_TEST_RETRACT)
     python scripts/stress.py --base-url http://127.0.0.1:30000 --server-log server.log
 
 Starts the tiny model on CPU (`--kv-evict P --kv-budget B --kv-evict-interval I`, pool
@@ -51,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="streamingllm", help="the server's --kv-evict")
     p.add_argument("--budget", type=int, default=128, help="the server's --kv-budget")
     p.add_argument("--interval", type=int, default=16, help="the server's --kv-evict-interval")
+    p.add_argument("--kv-evict-config", default=None, help="the server's --kv-evict-config (JSON)")
+    p.add_argument("--disable-overlap-schedule", action="store_true", help="(prefill_chunk needs it)")
+    p.add_argument("--retract", action="store_true",
+                   help="SGLang retracts running requests on purpose (SGLANG_TEST_RETRACT, every 25 steps)")
     p.add_argument("--progress-every", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=None, help="JSON lines file (besides stdout)")
     p.add_argument("--requests-out", type=Path, default=None, help="one JSON line per request")
@@ -83,9 +90,13 @@ def main(argv: list[str] | None = None) -> int:
             model = args.model_path or ensure_tiny_model(REPO / ".cache" / "tiny-llama")
             flags = ["--dtype", "float32", "--enable-metrics", "--kv-evict", args.policy,
                      "--kv-budget", str(args.budget), "--kv-evict-interval", str(args.interval)]
-            server = ServerProcess(cpu_server_args(model, args.pool, args.page_size) + flags, env=MEMORY_CHECKS).start()
+            flags += ["--kv-evict-config", args.kv_evict_config] if args.kv_evict_config else []
+            flags += ["--disable-overlap-schedule"] if args.disable_overlap_schedule else []
+            env = {**MEMORY_CHECKS, **({"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "25"}
+                                       if args.retract else {})}
+            server = ServerProcess(cpu_server_args(model, args.pool, args.page_size) + flags, env=env).start()
             emit({"kind": "server", "flags": flags, "page_size": args.page_size, "pool": args.pool,
-                  "env": MEMORY_CHECKS, "startup_s": round(server.startup_seconds, 1)})
+                  "env": env, "startup_s": round(server.startup_seconds, 1)})
         try:
             cfg = StressConfig(base_url=args.base_url or server.base_url, duration_s=args.duration,
                                workers=args.workers, seed=args.seed, progress_every_s=args.progress_every,
