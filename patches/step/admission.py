@@ -16,8 +16,9 @@ slots (`PrefillBudget.check_prefill`), `extend` being the whole uncached prompt 
 prefill is chunked. A request refused on an idle pool (nothing running or admitted, every slot
 free, evictable or its own prefix's) is refused at every pass, and FCFS stops at it: the queue
 starves while the scheduler spins. So a request evicted during prefill (which never holds more
-than the prefill peak) asks at most what an idle pool offers, and any other evicting request
-refused on an idle pool is finished with HTTP 400.
+than the prefill peak) asks at most what an idle pool offers, and any other request refused on
+an idle pool is finished with HTTP 400 (with or without eviction: stock SGLang spins there too,
+docs/upstream-admission-livelock.md).
 """
 
 from __future__ import annotations
@@ -54,14 +55,17 @@ def _clipped(reqs):
 
 
 def _refuse(req, st, pool_tokens: int) -> None:
-    """Finish an evicting request SGLang can never admit (HTTP 400) instead of letting it hold up
-    the queue; its logical ids come back first, so that the abort's one-token prompt stays."""
+    """Finish a request SGLang can never admit (HTTP 400) instead of letting it hold up the queue;
+    an evicting request gets its logical ids back first, so that the abort's one-token prompt
+    stays. Requests without eviction too: SGLang 0.5.23 would refuse them at every pass
+    (docs/upstream-admission-livelock.md)."""
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-    st.restore_prompt(req)
+    if st is not None:
+        st.restore_prompt(req)
     req.set_finish_with_abort(
-        f"kv_evict: this request can never be scheduled: its prefill of {extend} tokens (past a cached "
-        f"prefix of {req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV pool holds "
-        f"with nothing else in it; send a shorter prompt, or evict during prefill (prefill_chunk)")
+        f"this request can never be scheduled: its prefill of {extend} tokens (past a cached prefix of "
+        f"{req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV pool holds with nothing "
+        f"else in it; send a shorter prompt, or evict during prefill (kv_evict prefill_chunk)")
 
 
 _ADDER_CLASSES: dict[type, type] = {}
@@ -136,8 +140,7 @@ def adder_class(base: type) -> type:
                 if forcing:  # what the request took comes off the real chunk budget
                     self.rem_chunk_tokens = saved - (min(saved, limit) - self.rem_chunk_tokens)
                     self.exact_chunk_fill = exact
-            if (result == AddReqResult.NO_TOKEN and st is not None and req not in self.can_run_list
-                    and self._idle(has_chunked_req)):
+            if result == AddReqResult.NO_TOKEN and req not in self.can_run_list and self._idle(has_chunked_req):
                 _refuse(req, st, self.token_to_kv_pool_allocator.size)
             if st is not None and st.retract.real_outputs is not None and req not in self.can_run_list:
                 st.retract.restore_outputs(req)  # not admitted this round: its real outputs back

@@ -218,6 +218,26 @@ def test_request_can_opt_out_on_an_evicting_server(server_factory, hf_eager):
     assert out["output_ids"] == full and "kv_evict" not in out["meta_info"]
 
 
+@pytest.mark.server_group("bench16")
+def test_a_prompt_within_a_page_of_the_pool_is_answered_not_queued_forever(server_factory):
+    """Page size 16, a 4096-token pool: a 4085-token prompt passes SGLang's input check (< 4090)
+    but `prompt + page` never fits, so stock SGLang would refuse it at every pass, first in line
+    for ever (docs/upstream-admission-livelock.md). With eviction (the server's StreamingLLM, no
+    prefill_chunk) and without it (`kv_evict` none) it is answered with HTTP 400 naming the
+    reason, and a request sent behind it is served."""
+    client = server_factory(page_size=16, extra=BENCH_FLAGS)
+    prompt = random_ids(4085, seed=4085)
+    for kv in (None, {"policy": "none"}):
+        params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+        if kv is not None:
+            params["custom_params"] = {"kv_evict": kv}
+        r = requests.post(client.base_url + "/generate", json={"input_ids": prompt, "sampling_params": params},
+                          timeout=120)
+        assert r.status_code == 400 and "can never be scheduled" in r.text, (r.status_code, r.text[:300])
+        assert len(generate(client, random_ids(50, seed=1), 4, None, kv)["output_ids"]) == 4
+    assert "Traceback" not in client.server.log_text()
+
+
 @pytest.mark.server_group("reclaim16")
 def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
     """Scattered victims (random, then H2O, page 16): Naive-Evict frees a page only when all its

@@ -122,13 +122,16 @@ def streaming(**kw) -> EvictConfig:
 def test_sglang_itself_never_admits_a_prompt_within_a_page_of_an_idle_pool():
     """Stock SGLang (no eviction): a prompt of 2032..2041 tokens passes its input check (< pool - 6)
     and gets max_new_tokens 0, but `extend + 0 + page_size < free + evictable` never holds, even on
-    an idle pool: refused at every pass, first in line for ever. The plugin leaves such a request
-    to SGLang (splice rule 10)."""
-    for base in (PrefillAdder, adder_class(PrefillAdder)):
-        for n in (2032, 2041):
-            a, req = adder(base), request(n, None, max_new=0)
-            assert a.add_one_req(req, has_chunked_req=False, truncation_align_size=None) == AddReqResult.NO_TOKEN
-            assert not a.can_run_list and req.to_finish is None and len(req.origin_input_ids) == n
+    an idle pool: refused at every pass, first in line for ever (docs/upstream-admission-livelock.md).
+    The plugin's adder finishes it with HTTP 400 instead, eviction or not."""
+    for n in (2032, 2041):
+        a, req = adder(PrefillAdder), request(n, None, max_new=0)
+        assert a.add_one_req(req, has_chunked_req=False, truncation_align_size=None) == AddReqResult.NO_TOKEN
+        assert not a.can_run_list and req.to_finish is None and len(req.origin_input_ids) == n
+        a, req = adder(adder_class(PrefillAdder)), request(n, None, max_new=0)
+        assert a.add_one_req(req, has_chunked_req=False, truncation_align_size=None) == AddReqResult.NO_TOKEN
+        assert isinstance(req.to_finish, FINISH_ABORT) and req.to_finish.status_code == 400
+        assert "can never be scheduled" in req.to_finish.message
     a, req = adder(), request(2031, None, max_new=0)
     a.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
     assert a.can_run_list == [req]
