@@ -44,6 +44,7 @@ HOOKED_PARAMS = {
 # ... and of every SGLang function our hooks call or override.
 CALLED_PARAMS = {
     "sglang.srt.managers.scheduler.Scheduler._reqs_finishing_inflight": ("self", "batch"),
+    "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort": ("self",),  # prefill.py
     "sglang.srt.managers.schedule_policy.AddReqResult": (),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("self", "req", "has_chunked_req"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("self", "req"),

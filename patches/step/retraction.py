@@ -127,10 +127,11 @@ def before_release_req(*args, req, tree_cache, **kwargs):
 
 def undo_step(st) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A retraction drops this step: the statistics go back to its start and its eviction, if
-    any, is undone (`Retraction.start_step`, `save_undo`). Returns the row before that eviction,
+    any, is undone (`Retraction.start_step`, `save_undo`), once: a request retracted again before
+    its next step (just resumed) has nothing left to undo. Returns the row before that eviction,
     ``(slots, positions)``, or None when the step did not evict."""
-    undo = st.retract.undo
-    if undo is None:
+    undo, st.retract.undo = st.retract.undo, None  # consumed: a second retraction before the
+    if undo is None:                                # next step finds the state already undone
         return None
     st.stats.restore(undo.stats)
     if undo.before is None:
