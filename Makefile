@@ -41,10 +41,21 @@ bench: $(STAMP)
 	rm -f docs/results/multiturn.jsonl
 	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
 
-# Five minutes of mixed traffic against one evicting server with SGLang's memory checkers on;
-# fails unless the server ends healthy and leak-free (docs/RESULTS.md quotes docs/results/stress.jsonl).
+# Mixed traffic against one evicting server per configuration users run (page sizes 1 and 16,
+# eviction during prefill, the host tier with recall, SGLang's forced retractions), STRESS_S seconds
+# each with SGLang's memory checkers on; fails unless every server ends healthy and leak-free
+# (docs/RESULTS.md quotes docs/results/stress*.jsonl).
+STRESS_S ?= 300
 stress: $(STAMP)
-	$(PY) scripts/stress.py --out docs/results/stress.jsonl
+	$(PY) scripts/stress.py --duration $(STRESS_S) --out docs/results/stress.jsonl
+	$(PY) scripts/stress.py --duration $(STRESS_S) --page-size 1 --out docs/results/stress_page1.jsonl
+	$(PY) scripts/stress.py --duration $(STRESS_S) --kv-evict-config '{"prefill_chunk": 64}' \
+		--disable-overlap-schedule --out docs/results/stress_page16_prefill_chunk.jsonl
+	$(PY) scripts/stress.py --duration $(STRESS_S) --kv-evict-config \
+		'{"host_tokens": 65536, "offload": true, "recall": 32}' --budgets 128,256 \
+		--out docs/results/stress_page16_host_tier.jsonl
+	$(PY) scripts/stress.py --duration $(STRESS_S) --page-size 1 --retract --out docs/results/stress_page1_retract.jsonl
+	$(PY) scripts/stress.py --duration $(STRESS_S) --retract --out docs/results/stress_page16_retract.jsonl
 
 # Learned eviction (KVP) on CPU: collect K/V traces of the model on held-out-split text, train
 # the per-(layer, KV head) scorers, compare them with the heuristics (tables of docs/RESULTS.md).

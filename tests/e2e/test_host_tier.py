@@ -26,8 +26,15 @@ def client(server_factory, kvp_checkpoint):
     return evict_server(server_factory, kvp_checkpoint, 1)
 
 
-def flush(client):
-    r = requests.post(client.base_url + "/flush_cache", timeout=60)
+def flush(client, timeout=30.0):
+    """Flush the radix cache. SGLang refuses while a request is still being released (an abort's
+    response can reach the client first): retry until it is idle."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = requests.post(client.base_url + "/flush_cache", timeout=60)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert r.status_code == 200, r.text
 
 
