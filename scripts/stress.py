@@ -4,7 +4,8 @@
     python scripts/stress.py                          # 5 minutes, tiny model, CPU, page 16
     python scripts/stress.py --page-size 1 --duration 120
     python scripts/stress.py --kv-evict-config '{"prefill_chunk": 64}' --disable-overlap-schedule
-    python scripts/stress.py --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}'
+    python scripts/stress.py --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}' \
+        --budgets 128,256
     python scripts/stress.py --retract                # SGLang's forced retractions (SGLANG_TEST_RETRACT)
     python scripts/stress.py --base-url http://127.0.0.1:30000 --server-log server.log
 
@@ -35,6 +36,7 @@ import sys
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
+from sgl_vtoken_tools.bench.stress_traffic import TrafficSpec
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=int, default=16, help="the server's --kv-evict-interval")
     p.add_argument("--kv-evict-config", default=None, help="the server's --kv-evict-config (JSON)")
     p.add_argument("--disable-overlap-schedule", action="store_true", help="(prefill_chunk needs it)")
+    p.add_argument("--budgets", default=None,
+                   help="comma-separated budgets a request may ask for (default 48,64,128,256); with a server "
+                        "recall, each must hold sink + window + recall + 1")
     p.add_argument("--retract", action="store_true",
                    help="SGLang retracts running requests on purpose (SGLANG_TEST_RETRACT, every 25 steps)")
     p.add_argument("--progress-every", type=float, default=30.0)
@@ -98,9 +103,15 @@ def main(argv: list[str] | None = None) -> int:
             emit({"kind": "server", "flags": flags, "page_size": args.page_size, "pool": args.pool,
                   "env": env, "startup_s": round(server.startup_seconds, 1)})
         try:
+            traffic = TrafficSpec(budgets=tuple(int(b) for b in args.budgets.split(","))) if args.budgets \
+                else TrafficSpec()
+        except ValueError:
+            parser.error(f"--budgets: comma-separated integers, got {args.budgets!r}")
+        try:
             cfg = StressConfig(base_url=args.base_url or server.base_url, duration_s=args.duration,
                                workers=args.workers, seed=args.seed, progress_every_s=args.progress_every,
-                               server_log=args.server_log or (str(server.log_path) if server else None))
+                               server_log=args.server_log or (str(server.log_path) if server else None),
+                               traffic=traffic)
         except ValueError as e:
             parser.error(f"--duration/--workers: {e}")
         summary = run_stress(cfg, emit, on_request)
