@@ -17,7 +17,7 @@ value cannot say which slot holds which position. At page size > 1 a stored hist
                      ancestors' pages                  -> node.vt.pages (last page partial)
 
 A next turn gets the view as its prefix. The view's partial last page is copied on write into a
-fresh page of the new request (`copy_tail`): the prefill continues in that page, never in the
+fresh page of the new request when it is admitted (`own_tail`): the prefill continues in that page, never in the
 tree's. A turn that continued a view cut short (its prompt left the stored history at a
 differing id) stores its row on a new branch; the cut view's pages it still uses move up to the
 two branches' common ancestor (`rehome`). Sizes count owned slots (`history.live`), so SGLang's
@@ -34,6 +34,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sgl_vtoken.kernels import repack_kv_
 
 from . import history
+from .pool import alloc
 
 
 def owned(node) -> torch.Tensor | None:
@@ -147,22 +148,33 @@ def free_unused(tree, node, keep_pages: torch.Tensor) -> int:
     return n // ps
 
 
-def copy_tail(tree, slots: torch.Tensor) -> torch.Tensor:
+def own_tail(tree, req, st) -> bool:
+    """At admission (`admission.py`): a request continuing a view (`st.prefix.hit`) gets its own
+    copy of the view's partial last page, so its prefill continues there (SGLang charges every
+    admitted request a page for a partly filled last page: this is that page). False when no page
+    is free (the request is not admitted this round)."""
+    hit = st.prefix.hit
+    if hit is None or hit.copied or tree.page_size == 1 or req.last_node is not hit.node:
+        return True
+    slots = copy_tail(tree, hit.slots, req)
+    if slots is None:
+        return False
+    st.prefix.continue_from(hit.node, slots, st.prefix.attach, copied=True)
+    return True
+
+
+def copy_tail(tree, slots: torch.Tensor, req=None) -> torch.Tensor | None:
     """The view `slots` as a new request's prefix: its partial last page copied into a fresh
-    page (KV of every layer), so the request's prefill continues there. Returns the prefix."""
+    page (KV of every layer), so the request's prefill continues there. Returns the prefix, or
+    None when no page is free (`pool.alloc`)."""
     ps = tree.page_size
     k = len(slots) % ps
     if k == 0:
         return slots
-    allocator = tree.token_to_kv_pool_allocator
-    if allocator.available_size() < ps:
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-
-        tree.evict(EvictParams(num_tokens=ps))
-    fresh = allocator.alloc(ps)
+    fresh = alloc(tree, ps, req, "tail")
     if fresh is None:
-        raise RuntimeError("no free page for the copy of a stored view's last page")
-    kv = allocator.get_kvcache()
+        return None
+    kv = tree.token_to_kv_pool_allocator.get_kvcache()
     dst = fresh[:k].to(slots.device, torch.int64)
     repack_kv_(kv.k_buffer, kv.v_buffer, slots[-k:].to(torch.int64), dst)
     return torch.cat([slots[:-k], dst])

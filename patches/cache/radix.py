@@ -208,7 +208,7 @@ class HoledRadixCache(RadixCache):
         positions, slots = history.cut_view(node, depth)
         history.adopt(req, st, logical, positions, depth)
         st.prefix.continue_from(node, slots, node.vt.view.attach)
-        # At page size > 1 the view's partial last page becomes the request's own (copy_tail).
+        # At page size > 1 the view's partial last page becomes the request's own (own_tail).
         return MatchResult(device_prefix_len=len(positions), last_device_node=node,
                            last_host_node=node, best_match_node=node,
                            cache_protected_len=len(positions) // self.page_size * self.page_size)
@@ -238,9 +238,8 @@ class HoledRadixCache(RadixCache):
         st = state_of(req)
         hit = st.prefix.hit if st is not None else None
         if hit is not None and req.last_node is hit.node:
-            if self.page_size > 1 and not hit.copied:  # the view's partial last page: not copied yet
-                st.prefix.continue_from(hit.node, history_pages.copy_tail(self, hit.slots), st.prefix.attach,
-                                        copied=True)
+            if not history_pages.own_tail(self, req, st):  # admission copied it (admission.py)
+                raise RuntimeError("no free page for the copy of a stored view's last page")
             return st.prefix.hit.slots
         return super().prefix_device_indices(req)
 
@@ -252,9 +251,11 @@ class HoledRadixCache(RadixCache):
         if st.row.steps == 0 and st.prefix.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.history.reuse:
-            if self.page_size > 1:
+            if st.retract.resume_node is not None:
+                pass  # a resumed row lives in a namespace of its own: it stays private
+            elif self.page_size > 1:
                 history_pages.insert(self, req, st, up_to)
-            elif st.retract.resume_node is None:  # a resumed row lives in a namespace of its own: keep it private
+            else:
                 history.insert_history(self, req, st, up_to)
             counters = self.vt_counters
             if "history_tokens" in st.report and counters is not None:

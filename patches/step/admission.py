@@ -24,8 +24,11 @@ docs/upstream-admission-livelock.md).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from http import HTTPStatus
 
+from ..cache import history_pages
 from ..state import state_of
+from ..surface import shortage
 from .prefill import chunk_limit, evicts_in_prefill
 
 
@@ -54,18 +57,27 @@ def _clipped(reqs):
             req.sampling_params.max_new_tokens = value
 
 
-def _refuse(req, st, pool_tokens: int) -> None:
-    """Finish a request SGLang can never admit (HTTP 400) instead of letting it hold up the queue;
-    an evicting request gets its logical ids back first, so that the abort's one-token prompt
-    stays. Requests without eviction too: SGLang 0.5.23 would refuse them at every pass
-    (docs/upstream-admission-livelock.md)."""
-    extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+def _refuse(req, st, message: str, status=HTTPStatus.BAD_REQUEST) -> None:
+    """Finish a request SGLang can never admit (HTTP 400) or the plugin can never give its pages
+    (HTTP 503) instead of letting it hold up the queue; an evicting request gets its logical ids
+    back first, so that the abort's one-token prompt stays. Requests without eviction too: SGLang
+    0.5.23 would refuse them at every pass (docs/upstream-admission-livelock.md)."""
     if st is not None:
         st.restore_prompt(req)
-    req.set_finish_with_abort(
-        f"this request can never be scheduled: its prefill of {extend} tokens (past a cached prefix of "
-        f"{req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV pool holds with nothing "
-        f"else in it; send a shorter prompt, or evict during prefill (kv_evict prefill_chunk)")
+        st.retract.drop()
+    req.set_finish_with_abort(message, status, "BadRequestError" if status == HTTPStatus.BAD_REQUEST
+                              else "ServiceUnavailableError")
+
+
+def _never_fits(req, pool_tokens: int) -> str:
+    extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+    return (f"this request can never be scheduled: its prefill of {extend} tokens (past a cached prefix of "
+            f"{req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV pool holds with nothing "
+            f"else in it; send a shorter prompt, or evict during prefill (kv_evict prefill_chunk)")
+
+
+def _no_page(what: str, pool_tokens: int) -> str:
+    return f"kv_evict: no free KV page for {what}, with nothing else in the {pool_tokens}-token pool; retry later"
 
 
 _ADDER_CLASSES: dict[type, type] = {}
@@ -113,11 +125,34 @@ def adder_class(base: type) -> type:
             pool = self.token_to_kv_pool_allocator
             return pool.available_size() + self.tree_cache.evictable_size() >= pool.size
 
+        def _take_back(self, req) -> None:
+            """Undo SGLang's admission of `req` this round: out of the batch, its prefix unlocked
+            (what it was charged stays charged: this round admits less)."""
+            self.can_run_list.remove(req)
+            if self.new_chunked_req is req:
+                self.new_chunked_req = None
+            self.tree_cache.unlock(req.lock)
+            req.lock = None
+
+        def _defer(self, req, st, what: str) -> None:
+            """`req` waits a round: no free page for `what` (counted, `shortage.py`); on an idle
+            pool it never gets one, and ends with HTTP 503."""
+            counters = getattr(self.tree_cache, "vt_counters", None)
+            if counters is not None:
+                counters.deferred_admissions += 1
+            st.report["deferred_admissions"] = st.report.get("deferred_admissions", 0) + 1
+            shortage.note("admission_deferred", req.rid)
+            if self._idle(False):
+                if counters is not None:
+                    counters.shortage_aborts += 1
+                _refuse(req, st, _no_page(what, self.token_to_kv_pool_allocator.size), HTTPStatus.SERVICE_UNAVAILABLE)
+
         def add_one_req(self, req, has_chunked_req, *args, **kwargs):
             from sglang.srt.managers.schedule_policy import AddReqResult
 
             st = state_of(req)
             if st is not None and st.retract.blocked:  # its stashed row does not fit the pool yet
+                self._defer(req, st, "a retracted row written back")
                 return AddReqResult.NO_TOKEN
             limit = chunk_limit(req)  # eviction during prefill: its first chunk ends at the peak
             forcing = limit is not None and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
@@ -140,8 +175,14 @@ def adder_class(base: type) -> type:
                 if forcing:  # what the request took comes off the real chunk budget
                     self.rem_chunk_tokens = saved - (min(saved, limit) - self.rem_chunk_tokens)
                     self.exact_chunk_fill = exact
-            if result == AddReqResult.NO_TOKEN and req not in self.can_run_list and self._idle(has_chunked_req):
-                _refuse(req, st, self.token_to_kv_pool_allocator.size)
+            deferred = req in self.can_run_list and st is not None and \
+                not history_pages.own_tail(self.tree_cache, req, st)
+            if deferred:
+                self._take_back(req)
+                self._defer(req, st, "the copy of a stored view's last page")
+                result = AddReqResult.NO_TOKEN
+            elif result == AddReqResult.NO_TOKEN and req not in self.can_run_list and self._idle(has_chunked_req):
+                _refuse(req, st, _never_fits(req, self.token_to_kv_pool_allocator.size))
             if st is not None and st.retract.real_outputs is not None and req not in self.can_run_list:
                 st.retract.restore_outputs(req)  # not admitted this round: its real outputs back
             return result

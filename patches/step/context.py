@@ -17,11 +17,10 @@ import torch
 from sgl_vtoken.pages import num_pages
 from sgl_vtoken.step import KVPoolView
 
-from ..cache import host_tier
+from ..cache import host_tier, pool
 from ..state import state_of
 from ..surface.counters import VTokenCounters, counters_of
 from ..surface.model_support import kv_bytes_per_token
-from ..surface.shortage import refused
 from ..tp import tp_gather
 
 
@@ -51,17 +50,9 @@ class StepContext:
     tier: host_tier.HostTier | None
     total_tokens: int
 
-    def alloc(self, n: int, req) -> torch.Tensor | None:
-        """`n` slots (whole pages) from the pool for request `req`, evicting unlocked radix-cache
-        nodes if needed; None when the pool cannot give them (or a test refuses them,
-        `shortage.refused`)."""
-        if refused(req):
-            return None
-        if self.allocator.available_size() < n:
-            from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-
-            self.tree.evict(EvictParams(num_tokens=n))
-        return self.allocator.alloc(n) if self.allocator.available_size() >= n else None
+    def alloc(self, n: int, req, kind: str = "copies") -> torch.Tensor | None:
+        """`n` slots (whole pages) from the pool for request `req`, or None (`cache/pool.py`)."""
+        return pool.alloc(self.tree, n, req, kind)
 
     def free(self, freed: torch.Tensor) -> None:
         """Return `freed` to the pool: slots at page size 1, page ids above; counted."""

@@ -92,8 +92,9 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
     ps, view = ctx.page_size, ctx.view
     for req, st, row_len in due:
         if st.holed and st.row.steps == 0 and st.prefix.hit is None:
-            # The prompt's KV is full attention: share it before the first eviction (under the
-            # overlap scheduler the prefill checkpoint may not have landed yet; then a no-op).
+            # The prompt's KV is full attention: share it before the first eviction. Under the
+            # overlap scheduler SGLang's own checkpoint of the prefill lands after this step
+            # began; it is then a no-op (radix.checkpoint), so sharing never depends on timing.
             ctx.tree.checkpoint(req, up_to=req.extend_end)
             st.naive.mark_tree_owned(req.kv.cache_protected_len)
         kv = req.kv

@@ -112,7 +112,7 @@ def around_stash_chunked_request(original, scheduler, req):
     plan = st.recall.plan
     if plan is not None and req.prefix_len == req.kv.kv_committed_len == plan.end:
         alloc = context_of(scheduler).alloc
-        host_recall.recall_prompt(scheduler, req, st, lambda n: alloc(n, req))
+        host_recall.recall_prompt(scheduler, req, st, lambda n: alloc(n, req, "recall"))
         return
     if not evicts_in_prefill(st, req):
         return

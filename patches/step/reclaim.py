@@ -11,7 +11,8 @@ reclaim mode inside its loops.
                                              release its history's unused pages     pages held back
 
 At page size 1 the step's undo record (`retraction.py`) is saved before the row changes, so a
-retraction in the same step resumes from the row as it was.
+retraction in the same step resumes from the row as it was; at page size > 1 the repack writes
+over that row, which the record says (a retraction under the overlap scheduler then re-prefills).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class Pages(Reclaim):
     def release_tree(self, ctx, req, st, dropped, depth) -> None:
         # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
         ctx.tree.relock_shallower(req, depth)
+
+    def before_record(self, st, slots, positions) -> None:
+        if st.holed:  # the repack moved kept tokens onto evicted ones: the row before is gone
+            st.retract.lose_undo()
 
     def release_history(self, ctx, req, st, row) -> None:
         if st.prefix.hit is None:

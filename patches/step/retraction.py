@@ -1,5 +1,5 @@
-"""Retraction keeps what was evicted (page size 1): a retracted evicting request resumes from its
-compacted row, so its output stays the masked-reference output.
+"""Retraction keeps what was evicted: a retracted evicting request resumes from its compacted
+row, so its output stays the masked-reference output, at every page size.
 
 SGLang retracts a decoding request under memory pressure by freeing its row and re-prefilling
 its ids later with full attention: the tokens it had evicted would come back. Instead:
@@ -8,19 +8,29 @@ its ids later with full attention: the tokens it had evicted would come back. In
               stash); SGLang frees the row as usual, so the device memory is really released
     resume    when the radix cache matches the request again (`resume`), the stash is written
               back into fresh slots and inserted into the tree as a holed view under a namespace
-              of its own, and the request continues from it like a turn continuing from a stored
-              history (`radix.py`): only the last output token, which had no KV yet, is prefilled
+              of its own (page size 1: a slot per position; page size > 1: whole pages, as a
+              stored history's view, `history_pages.py`), and the request continues from it
+              like a turn continuing from a stored history (`radix.py`): only the last output
+              token, which had no KV yet, is prefilled
     blocked   if the pool cannot hold the view yet, the request is not admitted this round
 
-The policy state (eviction count, attention statistics, report) is kept across the retraction
-(each step's start is remembered, `StepUndo`); the stash is dropped once the request decodes
-again. A request keeps all of this in its `Retraction` (`st.retract`). A request retracted
-before its first eviction is re-prefilled as usual: its KV is full attention, so recomputing it
-is exact. At page size > 1 a retracted request is re-prefilled with full attention (its output
-then differs from the masked reference; `meta_info["kv_evict"]` says `"retracted_reprefill":
-true`): the resume writes the stash back as a page-1 holed view (one slot per node value), while
-a page-size-16 view is a node owning whole pages (`history_pages.py`), which the resume does not
-build yet, and the step's undo record is saved at page size 1 only (`reclaim.Slots`).
+Which row is stashed depends on the step SGLang drops (the eviction ran earlier in the same
+`update_running_batch`):
+
+    scheduler   last output id       stashed row                     policy state
+    no overlap  has no KV yet        the row now (this step's        as now
+                                     eviction stands)
+    overlap     has KV, computed by  the row before this step's      back to this step's start
+                the in-flight step   eviction (`undo_step`), its     (`StepUndo`); the eviction
+                SGLang drops         last entry left out             is redone after the resume
+
+Under the overlap scheduler at page size > 1 a step that evicted has moved kept tokens onto the
+slots of evicted ones: the row before it is gone, and that request is re-prefilled with full
+attention (`meta_info["kv_evict"]` says `"retracted_reprefill": true`; so is every request under
+`--kv-reclaim naive`, whose held pages a resumed row would not keep). A request retracted before
+its first eviction is re-prefilled as usual: its KV is full attention, so recomputing it is
+exact. A request keeps all of this in its `Retraction` (`st.retract`); the stash is dropped
+once the request decodes again.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from sglang.srt.mem_cache.base_prefix_cache import MatchResult
 from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
 from ..cache import history
+from ..cache.pool import alloc
 from ..state import Row, state_of
 
 
@@ -71,17 +82,19 @@ class RowBefore(NamedTuple):
 
 class StepUndo(NamedTuple):
     """This step's state before its fold and eviction: the statistics (`Stats.snapshot`) and,
-    when it evicted, the row before (page size 1, holed cache)."""
+    when it evicted, the row before (page size 1, holed cache), or `lost`: it evicted and the
+    row before is gone (page size > 1: the repack wrote kept tokens over evicted ones)."""
 
     stats: torch.Tensor | None
     before: RowBefore | None = None
+    lost: bool = False
 
 
 @dataclass
 class Retraction:
     """A request's retraction state (`st.retract`)."""
 
-    stash: RetractStash | None = None          # its row while retracted (page size 1)
+    stash: RetractStash | None = None          # its row while retracted
     resume_node: TreeNode | None = None        # the radix node its stash was written back to
     real_outputs: array | None = None          # a resumed request's outputs while its prefill is set up
     undo: StepUndo | None = None               # this step's state before its fold and eviction
@@ -96,10 +109,19 @@ class Retraction:
         self.stash, self.resume_prefill = None, False
         self.undo = StepUndo(stats)
 
+    def drop(self) -> None:
+        """The request will not resume (it ends): its stash goes."""
+        self.stash, self.resume_node, self.blocked = None, None, False
+
     def save_undo(self, slots: torch.Tensor, positions: torch.Tensor, row: Row, report: dict) -> None:
         """Before an eviction (holed, page size 1): remember the row (`slots` at logical
         `positions`), `row`'s positions and counts and the `report` as they are, for `undo_step`."""
         self.undo = self.undo._replace(before=RowBefore(slots, positions, row.snapshot(), dict(report)))
+
+    def lose_undo(self) -> None:
+        """This step evicts in place (page size > 1): the row before it cannot come back."""
+        if self.undo is not None:
+            self.undo = self.undo._replace(lost=True)
 
     def restore_outputs(self, req) -> None:
         """A resumed request gets its real outputs back (its prefill is set up, or it was not
@@ -115,13 +137,15 @@ def before_release_req(*args, req, tree_cache, **kwargs):
     st = state_of(req)
     if st is None or req.finished() or not req.kv.holds_kv or not (st.row.steps or st.prefix.hit is not None):
         return None
-    # No stored views at page size > 1 (or without the holed cache): re-prefilled, stash None.
-    stash = stash_row(req, st, tree_cache) if st.holed and st.cfg.page_size == 1 else None
+    # Without the holed cache, or with Naive-Evict's held pages: re-prefilled, stash None.
+    resumable = st.holed and (st.cfg.page_size == 1 or st.cfg.reclaim == "vtoken")
+    stash = stash_row(req, st, tree_cache) if resumable else None
     if stash is None:
         st.report["retracted_reprefill"] = True
     else:
         st.retract.retractions += 1
-        st.retract.stash = stash
+        # A new stash: the node an earlier retraction resumed from (evictable now) is not its row.
+        st.retract.stash, st.retract.resume_node = stash, None
     return None
 
 
@@ -141,24 +165,33 @@ def undo_step(st) -> tuple[torch.Tensor, torch.Tensor] | None:
     return undo.before.slots, undo.before.positions
 
 
-def stash_row(req, st, tree_cache) -> RetractStash:
-    """Copy the request's row as it was before this step (K/V of every layer, positions) to host
-    memory, and put its policy state back to that moment.
+def stash_row(req, st, tree_cache) -> RetractStash | None:
+    """Copy the row the request resumes from (K/V of every layer, positions) to host memory, and
+    put its policy state back to that moment (module docstring). Returns None when that row is
+    gone (overlap scheduler, page size > 1, this step evicted): re-prefilled then.
 
-    The retraction drops the in-flight step: its result is discarded and the last output token
-    is prefilled again when the request resumes, over the same row as when it was first computed
-    (the row before this step's eviction; the evicted slots are freed but not yet reused). So the
-    stash is that row without its last token, and the eviction and statistics of this step are
-    redone after the resume, identically."""
+    Overlap scheduler: the last output id was the input of the in-flight step, which SGLang
+    drops; the resume prefills it again over the row it was first computed over, the row before
+    this step's eviction (page size 1: the evicted slots are freed but not yet reused). No
+    overlap: the last output id has no KV yet, and the resume prefills it over the row as it is,
+    as this step's decode would have."""
     ids = st.prompt.logical_ids(req)
-    depth = len(ids) - 1
-    before = undo_step(st)
+    depth, row_len = len(ids) - 1, req.kv.kv_committed_len
+    in_flight = row_len + st.row.offset == len(ids)  # the row covers the last output id
+    before = None
+    if in_flight:
+        if st.retract.undo is not None and st.retract.undo.lost:
+            return None
+        before = undo_step(st)
+    else:  # this step's fold and eviction stand: nothing to undo
+        st.retract.undo = None
     if before is not None:  # this step evicted: the row before it
         slots, positions = before
     else:
-        row_len = req.kv.kv_committed_len
         req_to_token = tree_cache.req_to_token_pool.req_to_token
         slots, positions = req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64), st.row.positions(row_len)
+    if depth < tree_cache.page_size:
+        return None  # no whole page of logical ids to key its view by
     live = int((positions < depth).sum())  # positions ascend: the kept entries are a row prefix
     index = slots[:live].to(tree_cache.token_to_kv_pool_allocator.device)
     pool = tree_cache.token_to_kv_pool_allocator.get_kvcache()
@@ -170,24 +203,21 @@ def stash_row(req, st, tree_cache) -> RetractStash:
                         namespace=namespace)
 
 
-def write_back(tree_cache, stash: RetractStash) -> torch.Tensor | None:
-    """Fresh slots holding the stash's K/V, or None when the pool cannot hold them now."""
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-
-    allocator = tree_cache.token_to_kv_pool_allocator
-    n = stash.positions.numel()
-    if allocator.available_size() < n:
-        tree_cache.evict(EvictParams(num_tokens=n))
-    if allocator.available_size() < n:
+def write_back(tree_cache, stash: RetractStash, req) -> torch.Tensor | None:
+    """Fresh slots holding the stash's K/V (whole pages at page size > 1: the last one partly
+    filled; ``[ceil(n / page) * page]``, the first n hold the entries), or None when the pool
+    cannot hold them now."""
+    ps, n = tree_cache.page_size, stash.positions.numel()
+    slots = alloc(tree_cache, -(-n // ps) * ps, req, "resume")
+    if slots is None:
         return None
-    slots = allocator.alloc(n)
-    pool = allocator.get_kvcache()
-    index = slots.to(torch.int64)
+    pool = tree_cache.token_to_kv_pool_allocator.get_kvcache()
+    index = slots.to(torch.int64)[:n]
     for layer in range(pool.layer_num):
         k, v = pool.get_key_buffer(layer), pool.get_value_buffer(layer)
         k[index] = stash.keys[layer].to(k.device, k.dtype)
         v[index] = stash.values[layer].to(v.device, v.dtype)
-    return index
+    return slots.to(torch.int64)
 
 
 def resume(tree, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
@@ -195,33 +225,41 @@ def resume(tree, req, st, logical: array, limit: int, result: MatchResult) -> Ma
     the tree if the tree no longer holds it; with no room for it yet, the plain `result`, and the
     request is `blocked` (not admitted this round)."""
     stash, node = st.retract.stash, st.retract.resume_node
-    if stash.depth > limit:
-        raise RuntimeError(f"retracted row covers {stash.depth} tokens, the match is capped at {limit}")
+    if stash.depth > limit:  # no longer its ids (it was aborted: a one-token prompt)
+        st.retract.drop()
+        return result
     if node is None or node.parent is None or history.view_of(node) is None or \
             node.parent.children.get(node.key.child_key(tree.page_size)) is not node:
-        node = _insert_stash(tree, stash)
+        node = _insert_stash(tree, stash, req)
     st.retract.resume_node, st.retract.blocked = node, node is None
     if node is None:
         return result
     view = node.vt.view
     adopt_retracted(req, st, logical, view.positions, stash.depth)
     st.prefix.continue_from(node, view.slots, 0)
-    return MatchResult(device_prefix_len=len(view.positions), last_device_node=node,
-                       last_host_node=node, best_match_node=node)
+    # At page size > 1 the view's partial last page becomes the request's own (`own_tail`).
+    n = len(view.positions)
+    return MatchResult(device_prefix_len=n, last_device_node=node, last_host_node=node, best_match_node=node,
+                       cache_protected_len=n // tree.page_size * tree.page_size)
 
 
-def _insert_stash(tree, stash: RetractStash) -> TreeNode | None:
-    """A holed leaf under the root holding the stash's row in fresh slots, or None."""
-    slots = write_back(tree, stash)
+def _insert_stash(tree, stash: RetractStash, req) -> TreeNode | None:
+    """A holed leaf under the root holding the stash's row in fresh slots, or None. Page size 1:
+    a slot per position; page size > 1: the node owns the fresh pages and its key is the whole
+    pages of the stash's ids, the rest its view's tail (`history_pages.py`)."""
+    slots = write_back(tree, stash, req)
     if slots is None:
         return None
     tree._vt_serial = getattr(tree, "_vt_serial", 0) + 1  # a namespace nothing else uses
-    key = RadixKey(stash.ids, f"{stash.namespace}#{tree._vt_serial}")
+    ps, n = tree.page_size, stash.positions.numel()
+    end = stash.depth // ps * ps
+    key = RadixKey(stash.ids[:end], f"{stash.namespace}#{tree._vt_serial}")
     positions = stash.positions.to(slots.device)
-    value = torch.full((stash.depth,), -1, dtype=torch.int64, device=slots.device)
-    value[positions] = slots
-    view = history.StoredView(positions, slots, 0, array("q"))
-    matched, node = history.insert_view(tree, tree.root_node, key, value, 0, view)
+    value = torch.full((end,), -1, dtype=torch.int64, device=slots.device)
+    if ps == 1:
+        value[positions] = slots
+    view = history.StoredView(positions, slots[:n], 0, array("q", stash.ids[end:]))
+    matched, node = history.insert_view(tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots)
     assert matched == 0, "a fresh namespace cannot match"
     return node
 

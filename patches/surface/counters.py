@@ -26,7 +26,8 @@ class VTokenCounters:
     history_hits: int = 0             # finished requests that continued from a stored history
     history_tokens_reused: int = 0    # logical tokens those requests did not prefill again
     deferred_evictions: int = 0       # decode evictions put off a step: no free page (shortage.py)
-    shortage_aborts: int = 0          # requests ended: a prefill eviction found no free page
+    deferred_admissions: int = 0      # admissions put off a round: no free page (shortage.py)
+    shortage_aborts: int = 0          # requests ended: no free page, and none would come
 
     def no_running(self) -> None:
         """No evicting request runs: the last-step gauges go to zero (peaks stay)."""

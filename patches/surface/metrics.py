@@ -30,7 +30,8 @@ HELP = {
     "history_hits": "Finished requests that continued from a stored compacted history.",
     "history_tokens_reused": "Logical history tokens those requests did not prefill again.",
     "deferred_evictions": "Decode evictions put off to a later step: no free KV page for the copies of kept cached tokens.",
-    "shortage_aborts": "Requests ended with an error: an eviction during prefill found no free KV page for its copies.",
+    "deferred_admissions": "Admissions put off a round: no free KV page for a stored view's last page or a retracted row.",
+    "shortage_aborts": "Requests ended with HTTP 503: no free KV page for what they needed, and none would come.",
 }
 
 

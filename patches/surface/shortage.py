@@ -10,12 +10,17 @@ fields), per request (`meta_info["kv_evict"]`), and logged once per kind at warn
     prefill_aborted    step/prefill.py           the request ends with HTTP 503    shortage_aborts (server)
                                                  naming the shortage; the server
                                                  goes on
+    admission_deferred step/admission.py         the request waits a round; on an  deferred_admissions (server,
+                       (a stored view's last     idle pool, where no page would    request), shortage_aborts
+                       page; a retracted row     ever come, it ends with HTTP 503  (server)
+                       written back)
     recall_skipped     cache/host_recall.py,     the turn goes on without its      skipped_recalls (host tier),
                        step/scores.py            recalled tokens                   recall_skipped_tokens (request)
 
 Testing: with `VTOKEN_TEST_SHORTAGE=<prefix>` in a server's environment, every page the plugin
 asks for on behalf of a request whose id starts with `<prefix>` is refused (`refused`), so tests
-drive each path on demand, as SGLang's `SGLANG_TEST_RETRACT` does for retraction.
+drive each path on demand, as SGLang's `SGLANG_TEST_RETRACT` does for retraction. An id
+`<prefix><kind>-...` (a kind of `KINDS`) is refused that kind of page only.
 """
 
 from __future__ import annotations
@@ -30,16 +35,26 @@ MESSAGES = {
                          "tokens it keeps; the row is evicted at a later step",
     "prefill_aborted": "an eviction during prefill found no free KV page for the copies of the cached "
                        "prompt tokens it keeps; the request ends with an error",
+    "admission_deferred": "an admission found no free KV page for the copy of a stored view's last page "
+                          "or for a retracted row; the request waits",
     "recall_skipped": "a turn's recall found no free KV page (or its prefill was not cut where recall "
                       "needed); the turn goes on without the recalled tokens",
 }
+# What the plugin allocates pages for: copies of kept cached tokens (eviction), a stored view's
+# last page (admission), a retracted row written back (admission), recalled tokens (prefill).
+KINDS = ("copies", "tail", "resume", "recall")
 _warned: set[str] = set()
 _REFUSE = os.environ.get("VTOKEN_TEST_SHORTAGE") or None
 
 
-def refused(req) -> bool:
-    """Whether pages asked for on behalf of `req` (an SGLang `Req`) are refused for testing."""
-    return _REFUSE is not None and str(req.rid).startswith(_REFUSE)
+def refused(req, kind: str) -> bool:
+    """Whether pages of `kind` (`KINDS`) asked for on behalf of `req` (an SGLang `Req`) are
+    refused for testing."""
+    if _REFUSE is None or not str(req.rid).startswith(_REFUSE):
+        return False
+    rid = str(req.rid)
+    named = [k for k in KINDS if rid.startswith(f"{_REFUSE}{k}-")]
+    return not named or named[0] == kind
 
 
 def note(kind: str, rid) -> None:

@@ -283,7 +283,7 @@ def test_forced_retractions_do_not_leak(server_factory):
     client = server_factory(page_size=16, extra=extra, env=env)
     outs = run_concurrent(client, 6, 200)
     assert all(len(o["output_ids"]) == 200 for o in outs)
-    # page size 16 resumes by re-prefilling (stored views need page size 1): the report says so
+    # --kv-reclaim naive resumes by re-prefilling (its held pages are not kept): the report says so
     retracted = [o for o in outs if o["meta_info"].get("num_retractions", 0) > 0]
     assert retracted and all(o["meta_info"]["kv_evict"][0].get("retracted_reprefill") for o in retracted)
     st = wait_pool_free(client)

@@ -6,10 +6,12 @@ each request), SGLang's memory checkers on."""
 
 import json
 import threading
+import time
 
 import pytest
+import requests
 
-from conftest import MEMORY_CHECKS
+from conftest import MEMORY_CHECKS, SHORTAGE
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken_tools.hf_reference import masked_greedy
 from test_eviction import generate, random_ids, wait_pool_free
@@ -59,35 +61,74 @@ def test_attention_policies_are_exact_under_chunked_prefill(server_factory, hf_e
     assert out["output_ids"] == expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, 16, 1, rid)
 
 
-@pytest.mark.server_group("retract1")
+@pytest.mark.server_group("retract{page_size}")
+@pytest.mark.parametrize("page_size,overlap", [(1, True), (1, False), (16, False), (16, True)],
+                         ids=["page1", "page1-no-overlap", "page16-no-overlap", "page16"])
 @pytest.mark.parametrize("policy", ["random", "h2o", "scissorhands"])
 def test_forced_retractions_resume_from_the_compacted_row_exactly(server_factory, hf_eager, kvp_checkpoint,
-                                                                  policy):
-    """SGLang retracts a running request every few steps (page size 1); two requests of one policy
-    run at once, so one of them is retracted again and again after it has evicted. Each resumes
-    from its stashed compacted row with its policy state (eviction count, attention statistics),
-    so both outputs stay the masked reference's; the pool is whole afterwards."""
+                                                                  policy, page_size, overlap):
+    """SGLang retracts a running request every few steps; two requests of one policy run together,
+    so one of them is retracted again and again after it has evicted. Each resumes from its
+    stashed compacted row with its policy state (eviction count, attention statistics), so both
+    outputs stay the masked reference's; the pool is whole afterwards. Under the overlap scheduler
+    at page size 16 a retraction in a step that evicted re-prefills instead (the repack wrote
+    over the row the dropped step must be recomputed over): such a request says so, every other
+    one is exact."""
     env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "9"}
-    client = evict_server(server_factory, kvp_checkpoint, 1, env=env)
+    extra = () if overlap else ("--disable-overlap-schedule",)
+    client = evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=env)
+    interval = 1 if page_size == 1 else 16
     prompts = [random_ids(100, seed=1300 + 10 * POLICIES.index(policy) + k) for k in range(2)]
-    outs = [None, None]
-
-    def one(k):
-        outs[k] = generate(client, prompts[k], 120, f"retract-{policy}-{k}", per_request(policy))
-
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(900)
+    rids = [f"retract-{policy}-{page_size}-{k}" for k in range(2)]
+    params = {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True,
+              "custom_params": {"kv_evict": per_request(policy, interval)}}
+    # One batch request: both are admitted together, so they decode together and are retracted.
+    outs = client.post("/generate", {"rid": rids, "input_ids": prompts, "sampling_params": params}, timeout=900)
     assert sum(o["meta_info"].get("num_retractions", 0) for o in outs) > 0
     for k in range(2):
-        expected = expected_output(hf_eager, kvp_checkpoint, prompts[k], 120, policy, 1, 1, f"retract-{policy}-{k}")
+        if page_size > 1 and overlap and outs[k]["meta_info"]["kv_evict"][0].get("retracted_reprefill"):
+            continue
+        assert not outs[k]["meta_info"]["kv_evict"][0].get("retracted_reprefill")
+        expected = expected_output(hf_eager, kvp_checkpoint, prompts[k], 120, policy, page_size, interval, rids[k])
         assert outs[k]["output_ids"] == expected, (k, outs[k]["meta_info"].get("num_retractions"))
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     log = client.server.log_text()
     assert "Testing retraction" in log and "Traceback" not in log
+
+
+@pytest.mark.server_group("retract16")
+def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(server_factory, hf_eager,
+                                                                                kvp_checkpoint):
+    """The resume pages refused to requests named SHORTAGE + "resume-" (`shortage.py`), page 16,
+    forced retractions: a request that evicted is retracted (it has decoded less than its
+    neighbour) and cannot write its row back. It waits (counted) while its neighbour runs, which
+    still equals the masked reference; once the pool is idle no page will come, so it ends with
+    HTTP 503 naming the shortage instead of holding up the queue. The pool is whole."""
+    env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "9"}
+    client = evict_server(server_factory, kvp_checkpoint, 16, "--disable-overlap-schedule", env=env)
+    kv = per_request("h2o", 16)
+    prompts = [random_ids(100, seed=1400 + k) for k in range(2)]
+    before = client.vtoken_state()
+    keeper = {}
+    thread = threading.Thread(target=lambda: keeper.update(generate(client, prompts[0], 200, "keeper", kv)))
+    thread.start()
+    while not client.vtoken_state()["running_evicting_requests"]:
+        time.sleep(0.05)
+    r = requests.post(client.base_url + "/generate", timeout=300, json={
+        "rid": SHORTAGE + "resume-0", "input_ids": prompts[1],
+        "sampling_params": {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True,
+                            "custom_params": {"kv_evict": kv}}})
+    thread.join(300)
+    assert r.status_code == 503, r.text[:500]
+    assert "no free KV page for a retracted row written back" in r.text
+    assert keeper["output_ids"] == expected_output(hf_eager, kvp_checkpoint, prompts[0], 200, "h2o", 16, 16, "keeper")
+    st = wait_pool_free(client)
+    assert st["deferred_admissions"] > before["deferred_admissions"]
+    assert st["shortage_aborts"] == before["shortage_aborts"] + 1
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    log = client.server.log_text()
+    assert "kv_evict shortage (admission_deferred" in log and "Traceback" not in log
 
 
 # Last in the file: the page-16 server stays up for test_history.py, which uses it next.

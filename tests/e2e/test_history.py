@@ -7,7 +7,9 @@ import random
 import threading
 
 import pytest
+import requests
 
+from conftest import SHORTAGE
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.config import EvictConfig
 from test_eviction import generate, random_ids, wait_pool_free
@@ -99,6 +101,35 @@ def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(server_fac
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
+
+
+@pytest.mark.server_group("holed16")
+def test_a_turn_without_a_page_for_its_views_last_page_waits_then_ends_with_503(server_factory, kvp_checkpoint):
+    """The view-tail pages refused to requests named SHORTAGE + "tail-" (`shortage.py`): a turn
+    continuing a stored page-16 view whose last page is partly filled needs its own copy of that
+    page when it is admitted. It waits (counted); on an idle pool no page will come, so it ends
+    with HTTP 503 naming the shortage instead of holding up the queue or raising in the
+    scheduler. The same turn under another id continues from the view; the pool is whole."""
+    client = evict_server(server_factory, kvp_checkpoint, 16)
+    kv = {"policy": "streamingllm", "interval": 16}
+    first = random_ids(70, seed=190)
+    prompt = first + generate(client, first, 24, "tail-0", kv)["output_ids"] + random_ids(7, seed=191)
+    before = client.vtoken_state()
+    r = requests.post(client.base_url + "/generate", timeout=120, json={
+        "rid": SHORTAGE + "tail-1", "input_ids": prompt,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True,
+                            "custom_params": {"kv_evict": kv}}})
+    assert r.status_code == 503, r.text[:500]
+    assert "no free KV page for the copy of a stored view's last page" in r.text
+    st = client.vtoken_state()
+    assert st["deferred_admissions"] > before["deferred_admissions"]
+    assert st["shortage_aborts"] == before["shortage_aborts"] + 1
+    report = generate(client, prompt, 8, "tail-1", kv)["meta_info"]["kv_evict"][0]
+    assert report["history_tokens"] == len(first) + 23 and report["history_view_tokens"] % 16
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    log = client.server.log_text()
+    assert "kv_evict shortage (admission_deferred" in log and "Traceback" not in log
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

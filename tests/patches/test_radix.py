@@ -263,3 +263,43 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     assert other.vtoken.report["history_tokens"] == cut
     cache.evict(EvictParams(num_tokens=10**6))
     assert alloc.available_size() == alloc.size and cache.total_size() == 0
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_lands(ps, monkeypatch):
+    """Under the overlap scheduler SGLang inserts a prefilled prompt into the tree only when it
+    processes the prefill's result, after the next step (whose eviction may already change the
+    row) began. The first eviction shares the prompt itself, so a request with the same prompt
+    matches all of it right after, and SGLang's late checkpoint changes nothing: sharing does not
+    depend on which came first."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.runtime import new_state
+    from sgl_vtoken.patches.step.context import context_of
+    from sgl_vtoken.patches.step.eviction import evict_rows
+
+    prompt_len = 128
+    monkeypatch.setattr(radix, "_active", True)
+    alloc = PagedAllocator(512 // ps, ps)
+    cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
+                                                  token_to_kv_pool_allocator=alloc, page_size=ps))
+    scheduler = type("Scheduler", (), {"tree_cache": cache, "req_to_token_pool": cache.req_to_token_pool,
+                                       "token_to_kv_pool_allocator": alloc})()
+    cfg = EvictConfig(policy="streamingllm", budget=64, sink=4, interval=16, page_size=ps)
+    st = new_state(cfg, "r0", holed=radix.tree_mode(cfg))
+    prompt = list(range(1000, 1000 + prompt_len))
+    req = Req(prompt, st)
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = prompt_len
+    req.kv.swa_evict_floor, req.extend_end = 0, prompt_len
+    req.refresh_fill_ids()
+    cache.req_to_token_pool.req_to_token[0, :prompt_len] = alloc.alloc(prompt_len).to(torch.int32)
+    assert cache.total_size() == 0  # SGLang's prefill checkpoint has not landed
+    st.retract.start_step(st.stats.snapshot())  # as evict_batch does
+    assert evict_rows(context_of(scheduler), [(req, st, prompt_len)])[0] == prompt_len - cfg.budget
+    assert cache.total_size() == prompt_len
+    other = Req(prompt + [7])
+    assert match(cache, other).device_prefix_len == prompt_len
+    lock, cpl = req.lock, req.kv.cache_protected_len
+    cache.checkpoint(req, up_to=prompt_len)  # SGLang's, late
+    assert cache.total_size() == prompt_len and req.lock is lock and req.kv.cache_protected_len == cpl

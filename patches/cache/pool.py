@@ -1,0 +1,26 @@
+"""Pages the plugin takes from SGLang's KV pool on a request's behalf (copies of kept tree-owned
+tokens, a stored view's partial last page, a retracted row written back, recalled tokens).
+
+Every such allocation goes through `alloc`: free pages first, then unlocked radix-cache nodes
+evicted to make room, and None (never an exception) when the pool cannot give them; the caller
+defers, blocks or ends the request and counts it (`surface/shortage.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+from ..surface.shortage import refused
+
+
+def alloc(tree, n: int, req=None, kind: str = "copies") -> torch.Tensor | None:
+    """``[n]`` slots (whole pages: `n` is a multiple of the page size) from the pool of the
+    radix cache `tree`, evicting its unlocked nodes if needed; None when the pool cannot give
+    them, or when a test refuses pages of `kind` for `req` (`shortage.refused`)."""
+    if req is not None and refused(req, kind):
+        return None
+    allocator = tree.token_to_kv_pool_allocator
+    if allocator.available_size() < n:
+        tree.evict(EvictParams(num_tokens=n))
+    return allocator.alloc(n) if allocator.available_size() >= n else None
