@@ -38,7 +38,8 @@ EXPECTED = {"invalid": {"rejected"}, "abort": {"aborted", "ok"}, "disconnect": {
 MAX_UNEXPECTED_LINES = 50  # the summary counts them all
 COUNTERS = ("evictions", "evicted_tokens", "pages_freed", "tokens_moved", "history_hits", "history_tokens_reused",
             # page shortages met and what was done instead (patches/surface/shortage.py)
-            "deferred_evictions", "shortage_aborts", "skipped_recalls", "recalls", "offloaded_tokens")
+            "deferred_evictions", "deferred_admissions", "shortage_aborts", "skipped_recalls", "recalls",
+            "offloaded_tokens")
 
 
 @dataclass
