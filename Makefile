@@ -42,7 +42,8 @@ bench: $(STAMP)
 	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
 
 # Mixed traffic against one evicting server per configuration users run (page sizes 1 and 16,
-# eviction during prefill, the host tier with recall, SGLang's forced retractions), STRESS_S seconds
+# eviction during prefill, the host tier with recall, SGLang's forced retractions with and without the
+# overlap scheduler), STRESS_S seconds
 # each with SGLang's memory checkers on; fails unless every server ends healthy and leak-free
 # (docs/RESULTS.md quotes docs/results/stress*.jsonl).
 STRESS_S ?= 300
@@ -56,6 +57,8 @@ stress: $(STAMP)
 		--out docs/results/stress_page16_host_tier.jsonl
 	$(PY) scripts/stress.py --duration $(STRESS_S) --page-size 1 --retract --out docs/results/stress_page1_retract.jsonl
 	$(PY) scripts/stress.py --duration $(STRESS_S) --retract --out docs/results/stress_page16_retract.jsonl
+	$(PY) scripts/stress.py --duration $(STRESS_S) --retract --disable-overlap-schedule \
+		--out docs/results/stress_page16_retract_no_overlap.jsonl
 
 # Learned eviction (KVP) on CPU: collect K/V traces of the model on held-out-split text, train
 # the per-(layer, KV head) scorers, compare them with the heuristics (tables of docs/RESULTS.md).
