@@ -154,9 +154,11 @@ def attn_scores_ref_(
     lse: torch.Tensor | None = None,  # [bs, Hq]
     lse_base: str = "ln",
     decay: float = 1.0,
+    by_entry: bool = False,  # score is [nnz] / [nnz, Hkv], indexed like kv_indices
 ) -> None:
     """score[s] = decay * score[s] + sum of softmax probabilities that the batch gives slot s
-    (decay 0 overwrites; decay != 1 assumes each slot is read by one row only).
+    (decay 0 overwrites; decay != 1 assumes each slot is read by one row only); `by_entry`:
+    score[e] the same for entry e of kv_indices (each entry belongs to one row).
 
     Probabilities are summed over the query heads of each KV head's group (score [num_slots, Hkv])
     or over all heads (score [num_slots]); a slot read by several rows gets every row's share.
@@ -177,9 +179,10 @@ def attn_scores_ref_(
         p = p.view(hkv, group, -1).sum(1).t()  # [n, Hkv]
         if score.ndim == 1:
             p = p.sum(1)
+        at = torch.arange(lo, hi, device=score.device) if by_entry else slots
         if decay == 1.0:
-            score.index_add_(0, slots, p)
+            score.index_add_(0, at, p)
         elif decay == 0.0:  # overwrite: stale inf/nan scores must not leak through 0 * x
-            score[slots] = p
+            score[at] = p
         else:
-            score[slots] = decay * score[slots] + p
+            score[at] = decay * score[at] + p
