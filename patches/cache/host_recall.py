@@ -38,7 +38,9 @@ class RecallPlan:
     """A turn's recall candidates: their logical positions ``candidates [c] int64``, ``k, v [c,
     layers, H, D]`` (host), their scores ``[c]`` float32 as the first chunk's window queries
     accumulate them (pool device), the row lengths where its prefill is cut
-    (`sgl_vtoken.recall.split`), and the seconds spent on it so far."""
+    (`sgl_vtoken.recall.split`), and the seconds spent on it so far. On the pool's device:
+    `k_device` (the candidates' keys, copied once) and, on CUDA, the event of that copy
+    (`k_ready`)."""
 
     candidates: torch.Tensor
     k: torch.Tensor
@@ -47,10 +49,23 @@ class RecallPlan:
     end: int
     back: int
     seconds: float = 0.0
+    k_device: torch.Tensor | None = None
+    k_ready: object | None = None
 
-    def move_scores(self, device) -> None:
-        """The scores accumulate on `device` (the pool's, `scores.prepare`)."""
+    def stage(self, device) -> None:
+        """Before a forward that scores the candidates (`scores.prepare`): the scores accumulate
+        on `device` (the pool's), and the candidates' keys go there once, asynchronously."""
         self.scores = self.scores.to(device)
+        if self.k_device is None:
+            self.k_device, self.k_ready = host_tier.to_device(self.k, device)
+
+    def layer_keys(self, layer: int) -> torch.Tensor:
+        """``[c, H, D]`` the candidates' keys of `layer` on the pool's device; the first call waits
+        (on the device, not the host) for their copy."""
+        if self.k_ready is not None:
+            torch.cuda.current_stream().wait_event(self.k_ready)
+            self.k_ready = None
+        return self.k_device[:, layer]
 
     def score(self, mass: torch.Tensor, t0: float) -> None:
         """Add one layer's window mass on the candidates, ``[c]`` float32 (`scores.collect`, which

@@ -166,6 +166,31 @@ def offload(tier: HostTier, rows: list, k_buffers, v_buffers) -> None:
         start += m
 
 
+def to_device(host: torch.Tensor, device) -> tuple[torch.Tensor, object | None]:
+    """`host` on `device`: on CUDA copied asynchronously from pinned memory on a side stream, with
+    the event the stream that reads it must wait for (`torch.cuda.current_stream().wait_event`);
+    elsewhere `host` itself and None."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host.to(device), None
+    side = _side_stream(device)
+    with torch.cuda.stream(side):
+        out = (host if host.is_pinned() else host.pin_memory()).to(device, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(side)
+    out.record_stream(torch.cuda.current_stream(device))  # read there: not reused before
+    return out, ready
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device):
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
+
+
 def take_store(st) -> list[Chunk]:
     """Before a request's first prefill chunk (admission, then its first forward; once): it
     takes the store of the view it continues. Returns that store's chunks ([] when there is
