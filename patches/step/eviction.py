@@ -21,6 +21,7 @@ held by the request (see `held.py`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -102,10 +103,7 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
     rows = [_row(req, st, row_len) for req, st, row_len in due]
     d = decide(rows, view)
     if ctx.tier is not None and any(st.cfg.host.offload for _, st, _ in due):
-        host_tier.offload(ctx.tier, [(st, d.raw[b, :r.length][~d.keep[b, :r.length].to(d.raw.device)],
-                                      r.positions[~d.keep[b, :r.length]])
-                                     for b, ((_, st, _), r) in enumerate(zip(due, rows)) if st.cfg.host.offload],
-                          view.k_buffers, view.v_buffers)
+        _offload(ctx, d, [(b, st) for b, (_, st, _) in enumerate(due) if st.cfg.host.offload])
     copies, active = [], []
     for b, (req, st, row_len) in enumerate(due):
         w, n_copy, cpl = d.counts["whole"][b], d.counts["copies"][b], rows[b].cpl
@@ -129,6 +127,20 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
     ctx.counters.tokens_moved += out.moved
     ctx.counters.bytes_moved += out.moved * ctx.counters.bytes_per_token
     return evicted
+
+
+def _offload(ctx: StepContext, d, offloading: list) -> None:
+    """The victims of the rows `offloading` (``(b, state)``) go to the host tier before their
+    slots are freed or overwritten: their row entries are known on the host (`d.keep`), so one
+    index copy to the device gathers their slots, and the copies run on the stream that then
+    moves KV (no host synchronization)."""
+    w = d.keep.shape[1]
+    victims = [(~d.keep[b, :d.rows[b].length]).nonzero().flatten() for b, _ in offloading]
+    flat = torch.cat([b * w + v for (b, _), v in zip(offloading, victims)])
+    with ctx.stream or nullcontext():
+        slots = d.raw.flatten().index_select(0, flat.to(d.raw.device, non_blocking=True))
+        host_tier.offload(ctx.tier, [(st, d.rows[b].positions[v]) for (b, st), v in zip(offloading, victims)],
+                          slots, ctx.view.k_buffers, ctx.view.v_buffers)
 
 
 def _dropped(d, b: int, cpl: int) -> torch.Tensor:
