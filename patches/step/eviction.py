@@ -111,7 +111,8 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
         copies.append(d.raw[b, :0] if slots is None else slots)
         active.append(slots is not None)
         if slots is not None and st.holed and w != cpl:  # its view changed below cpl
-            st.reclaim.release_tree(ctx, req, st, partial(_dropped, d, b, cpl), d.counts["depth"][b])
+            dropped = rows[b].positions[:cpl][~d.keep[b, :cpl]]  # host: no device read
+            st.reclaim.release_tree(ctx, req, st, dropped, d.counts["depth"][b])
     out = apply(d, view, copies, active, move_stream=ctx.stream)
     freed_rows = iter(torch.split(out.freed, out.freed_counts))
     to_free, evicted = [], []
@@ -143,11 +144,6 @@ def _offload(ctx: StepContext, d, offloading: list) -> None:
                           slots, ctx.view.k_buffers, ctx.view.v_buffers)
 
 
-def _dropped(d, b: int, cpl: int) -> torch.Tensor:
-    """The tree-owned slots (row entries below `cpl`) that row `b` of decision `d` drops."""
-    return d.raw[b, :cpl][~d.keep[b, :cpl].to(d.raw.device)]
-
-
 def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
     accumulator, pinned = st.stats.accumulator, st.recall.pinned
     attn = accumulator.stats if accumulator is not None else None
@@ -157,7 +153,8 @@ def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
     return EvictRow(row=req.kv.req_pool_idx, length=row_len, positions=positions,
                     policy=st.policy, budget=st.cfg.budget, cpl=req.kv.cache_protected_len,
                     shared=not st.holed, rid=st.rid, step=st.row.steps, attn=attn,
-                    pinned=None if pinned is None else torch.isin(positions, pinned))
+                    pinned=None if pinned is None else torch.isin(positions, pinned),
+                    history=st.holed and st.prefix.hit is not None and st.cfg.page_size > 1)
 
 
 def _record(ctx: StepContext, st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tensor,
@@ -170,7 +167,7 @@ def _record(ctx: StepContext, st: ReqEvictState, req, row: EvictRow, d, b: int, 
     kept_pos = row.positions[keep]
     own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
     if st.holed:  # its stored history: free what nobody reaches
-        st.reclaim.release_history(ctx, req, st, ctx.view.req_to_token[kv.req_pool_idx, :new_len])
+        st.reclaim.release_history(ctx, req, st, partial(d.kept_tree_pages, b))
     st.reclaim.before_record(st, d.raw[b, :row.length], row.positions)
     freed = st.reclaim.to_free(ctx, req, st, kept_pos, int(row.positions[-1]) + 1, own, freed)
     to_free.append(freed)
