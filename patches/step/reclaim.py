@@ -87,7 +87,7 @@ class NaivePages(Pages):
         pass  # Naive-Evict keeps its lock on the shared pages: moved in `to_free`
 
     def to_free(self, ctx, req, st, kept_pos, next_pos, own, freed) -> torch.Tensor:
-        freed = held.hold_naive_pages(st, kept_pos, next_pos, own, freed.cpu())
+        freed = held.hold_naive_pages(st, kept_pos, next_pos, own, freed)
         if st.holed:
             ctx.tree.relock_shallower(req, st.naive.tree_lock)
         return freed
