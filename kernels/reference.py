@@ -140,8 +140,9 @@ def attn_lse_ref(
 
 
 def _logits(qb, k_buffer, slots, group, sm_scale):  # -> [Hq, n] fp32
-    k = k_buffer[slots.long()].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
-    return (qb.float()[None] * k).sum(-1).t() * sm_scale
+    k = k_buffer[slots.long()].float()  # [n, Hkv, D]; query head h reads KV head h // group
+    q = qb.float().view(k.shape[1], group, -1)  # [Hkv, group, D]
+    return torch.einsum("kgd,nkd->kgn", q, k).reshape(qb.shape[0], -1) * sm_scale
 
 
 def attn_scores_ref_(
@@ -166,16 +167,15 @@ def attn_scores_ref_(
     bs, hq, _ = q.shape
     hkv = k_buffer.shape[1]
     group = hq // hkv
-    if lse is None:
-        lse_ln = attn_lse_ref(q, k_buffer, kv_indptr, kv_indices, sm_scale)
-    else:
-        lse_ln = lse.float() * (LN2 if lse_base == "log2" else 1.0)
+    lse_ln = None if lse is None else lse.float() * (LN2 if lse_base == "log2" else 1.0)
     for b in range(bs):
         lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
         if hi <= lo:
             continue
         slots = kv_indices[lo:hi].long()
-        p = torch.exp(_logits(q[b], k_buffer, slots, group, sm_scale) - lse_ln[b][:, None])  # [Hq, n]
+        logits = _logits(q[b], k_buffer, slots, group, sm_scale)  # [Hq, n]
+        row_lse = torch.logsumexp(logits, dim=-1) if lse_ln is None else lse_ln[b]
+        p = torch.exp(logits - row_lse[:, None])
         p = p.view(hkv, group, -1).sum(1).t()  # [n, Hkv]
         if score.ndim == 1:
             p = p.sum(1)
