@@ -10,7 +10,8 @@ stand-ins (the model: random queries per layer, no attention output).
     server.finish(req)                            # stored as a history (release_kv_cache)
 
 The allocator hands out page-dense slots from a free list kept as a tensor, so its cost does not
-grow with the pool. What SGLang keeps on the device (the pool, the slot table, allocations,
+grow with the pool; the K/V pool is allocated untouched (only its first `init_tokens` slots, which
+the ascending free list hands out first, hold random values), so a 1M-token pool costs nothing. What SGLang keeps on the device (the pool, the slot table, allocations,
 sequence lengths, queries) is marked as such for `dispatch_count`; the stand-ins run `quiet()`.
 """
 
@@ -37,15 +38,15 @@ class Shape:
 class Allocator:
     """SGLang's token-to-KV-pool allocator at any page size, with the K/V pool (`get_kvcache`)."""
 
-    def __init__(self, pool_tokens: int, page_size: int, shape: Shape):
+    def __init__(self, pool_tokens: int, page_size: int, shape: Shape, init_tokens: int = 1 << 16):
         ps = self.page_size = page_size
         self.device, self.size = "cpu", pool_tokens
         self.free_pages = torch.arange(1, pool_tokens // ps + 1)  # page 0 is SGLang's padding page
         slots = (pool_tokens // ps + 1) * ps
-        buf = [torch.zeros(slots, shape.kv_heads, shape.head_dim, dtype=shape.dtype) for _ in range(2 * shape.layers)]
+        buf = [torch.empty(slots, shape.kv_heads, shape.head_dim, dtype=shape.dtype) for _ in range(2 * shape.layers)]
         g = torch.Generator().manual_seed(0)
-        for t in buf:  # the slots rows use first (the free list is ascending); the rest stays untouched
-            t[:1 << 16].normal_(generator=g)
+        for t in buf:  # the slots rows use first (the free list is ascending); the rest is never touched
+            t[:init_tokens].normal_(generator=g)
         self.pool = SimpleNamespace(k_buffer=buf[:shape.layers], v_buffer=buf[shape.layers:], layer_num=shape.layers,
                                     head_num=shape.kv_heads, get_key_buffer=lambda layer: buf[layer])
         mark(*buf)
@@ -92,7 +93,7 @@ class FakeServer:
     """One scheduler process: the real holed radix cache and hooks over `Allocator`."""
 
     def __init__(self, shape: Shape, *, pool_tokens: int, page_size: int, max_reqs: int = 256,
-                 max_ctx: int = 2048, host_tokens: int = 0):
+                 max_ctx: int = 2048, host_tokens: int = 0, init_tokens: int = 1 << 16):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
         from sgl_vtoken.patches.cache import host_tier, radix
@@ -100,7 +101,7 @@ class FakeServer:
         radix._active = True  # a `--kv-evict` server (the caller restores it)
         host_tier.install(host_tokens)
         self.shape, self.page_size = shape, page_size
-        self.alloc = Allocator(pool_tokens, page_size, shape)
+        self.alloc = Allocator(pool_tokens, page_size, shape, init_tokens)
         rtt = ReqToTokenPool(max_reqs, max_ctx)
         self.cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=rtt,
                                                            token_to_kv_pool_allocator=self.alloc,

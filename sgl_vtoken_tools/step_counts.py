@@ -54,10 +54,10 @@ class Scenario:
         return EvictConfig.from_dict(keys)
 
 
-def build(sc: Scenario, shape: Shape = Shape()) -> tuple[FakeServer, list]:
+def build(sc: Scenario, shape: Shape = Shape(), init_tokens: int = 1 << 16) -> tuple[FakeServer, list]:
     """The server and its batch, every row one decode short of its trigger."""
     server = FakeServer(shape, pool_tokens=sc.pool_tokens, page_size=sc.page_size, max_reqs=sc.batch + 8,
-                        host_tokens=1 << 20 if sc.offload else 0)
+                        host_tokens=1 << 20 if sc.offload else 0, init_tokens=init_tokens)
     g = torch.Generator().manual_seed(0)
     system = [torch.randint(1000, 2000, (2 * 16,), generator=g).tolist() for _ in range(-(-sc.batch // sc.group))]
     prompts = [system[i // sc.group] + torch.randint(2000, 30_000, (sc.budget + sc.interval,), generator=g).tolist()
