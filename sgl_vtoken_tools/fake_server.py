@@ -11,8 +11,9 @@ stand-ins (the model: random queries per layer, no attention output).
 
 The allocator hands out page-dense slots from a free list kept as a tensor, so its cost does not
 grow with the pool; the K/V pool is allocated untouched (only its first `init_tokens` slots, which
-the ascending free list hands out first, hold random values), so a 1M-token pool costs nothing. What SGLang keeps on the device (the pool, the slot table, allocations,
-sequence lengths, queries) is marked as such for `dispatch_count`; the stand-ins run `quiet()`.
+the ascending free list hands out first, hold random values), so a 1M-token pool costs nothing.
+What SGLang keeps on the device (the pool, the slot table, allocations, sequence lengths,
+queries) is marked as such for `dispatch_count`; the stand-ins run `quiet()`.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ class FakeServer:
         if host_tier.tier_of() is not None:
             host_recall.begin_turn(req, st)
         if st.stats.accumulator is not None:  # the prompt's observation window, any values
-            st.stats.accumulator.update(mark(torch.rand(1, n, self.shape.layers, self.shape.kv_heads, generator=self.gen)))
+            shape = (1, n, self.shape.layers, self.shape.kv_heads)
+            st.stats.accumulator.update(mark(torch.rand(shape, generator=self.gen)))
         return req
 
     def evict(self, reqs: list) -> None:
