@@ -11,6 +11,9 @@ and folds them into a per-slot buffer, summed over the query heads of each KV he
     decay == 1:  score[s] += sum_h p          (atomic: slots shared by several rows add up)
     decay != 1:  score[s]  = decay * score[s] + sum_h p     (each slot in at most one row)
 
+or, BY_ENTRY, into a buffer indexed like kv_indices (score[kv_indptr[b] + j] for row b's j-th
+key: each entry has one row, so rows sharing slots keep their own probabilities, no atomics).
+
 The work is a K read, so the kernel is built to stream K at the device's bandwidth:
 
 - Program (b, split) owns a contiguous range of row b's tokens and ALL its heads. A tile is
@@ -101,7 +104,8 @@ def _attn_scores_kernel(
     BLOCK_N: tl.constexpr,
     PASS: tl.constexpr,  # 0: LSE partials, 1: scores
     LSE_GIVEN: tl.constexpr,
-    PER_HEAD: tl.constexpr,  # score is [num_slots, HKV]
+    PER_HEAD: tl.constexpr,  # score is [num_slots, HKV] ([nnz, HKV] BY_ENTRY)
+    BY_ENTRY: tl.constexpr,  # score is indexed by kv_indices entry, not by slot
     MODE: tl.constexpr,  # 0: score += p (atomic), 1: score = decay*score + p, 2: score = p
     UPCAST: tl.constexpr,  # fp32 dot (interpreter, fp32 or mixed inputs)
     PRECISION: tl.constexpr,
@@ -164,11 +168,16 @@ def _attn_scores_kernel(
             p = tl.where(own & valid[:, None], tl.exp2(logits * qk_scale - lse2[None, :]), 0.0)
             p_row = tl.sum(p, axis=1)  # [BLOCK_R]: one (token, KV head), summed over its group
             if PER_HEAD:
+                if BY_ENTRY:
+                    slot = n0 + tl.arange(0, BLOCK_N * HKV_PAD) // HKV_PAD  # the rows' entries
                 _fold(score_ptr + slot * stride_ss + hk * stride_sh, p_row, valid, decay, MODE)
             else:
                 p_tok = tl.sum(tl.reshape(p_row, [BLOCK_N, HKV_PAD]), axis=1)  # [BLOCK_N]
                 offs_n = n0 + tl.arange(0, BLOCK_N)
-                slots = tl.load(kv_indices_ptr + offs_n, mask=offs_n < hi, other=0).to(tl.int64)
+                if BY_ENTRY:
+                    slots = offs_n
+                else:
+                    slots = tl.load(kv_indices_ptr + offs_n, mask=offs_n < hi, other=0).to(tl.int64)
                 _fold(score_ptr + slots * stride_ss, p_tok, offs_n < hi, decay, MODE)
 
 
@@ -210,7 +219,8 @@ def default_launch(
 
 
 def launch_attn_scores(q, k_buffer, kv_indptr, kv_indices, score, sm_scale: float, lse, lse_base: str,
-                       decay: float, *, block_n=None, num_splits=None, num_warps=None, num_stages=None) -> None:
+                       decay: float, *, by_entry=False, block_n=None, num_splits=None, num_warps=None,
+                       num_stages=None) -> None:
     """Launch on arguments `sgl_vtoken.kernels.attn_scores_` validated (its docstring gives the
     shapes, dtypes and tuning knobs); no host sync."""
     device = q.device
@@ -230,12 +240,12 @@ def launch_attn_scores(q, k_buffer, kv_indptr, kv_indices, score, sm_scale: floa
     hkv_pad = triton.next_power_of_2(hkv)
     block_n = max(block_n, triton.cdiv(16, hkv_pad))
     part = score if lse is not None else torch.empty(bs * num_splits * 2 * hq_pad, dtype=torch.float32, device=device)
-    mode = 0 if decay == 1.0 else (2 if decay == 0.0 else 1)
+    mode = 2 if decay == 0.0 else (1 if decay != 1.0 or by_entry else 0)  # entries: one row each
     meta = dict(
         HQ=hq, HKV=hkv, GROUP=hq // hkv, HQ_PAD=hq_pad, HKV_PAD=hkv_pad, D=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=block_n, LSE_GIVEN=lse is not None,
-        PER_HEAD=score.ndim == 2, MODE=mode, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
-        num_warps=num_warps,
+        PER_HEAD=score.ndim == 2, BY_ENTRY=by_entry, MODE=mode, UPCAST=upcast,
+        PRECISION="ieee" if upcast else "tf32", num_warps=num_warps,
     )  # fmt: skip
     if num_stages is not None:
         meta["num_stages"] = num_stages

@@ -140,8 +140,9 @@ def attn_lse_ref(
 
 
 def _logits(qb, k_buffer, slots, group, sm_scale):  # -> [Hq, n] fp32
-    k = k_buffer[slots.long()].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
-    return (qb.float()[None] * k).sum(-1).t() * sm_scale
+    k = k_buffer[slots.long()].float()  # [n, Hkv, D]; query head h reads KV head h // group
+    q = qb.float().view(k.shape[1], group, -1)  # [Hkv, group, D]
+    return torch.einsum("kgd,nkd->kgn", q, k).reshape(qb.shape[0], -1) * sm_scale
 
 
 def attn_scores_ref_(
@@ -154,9 +155,11 @@ def attn_scores_ref_(
     lse: torch.Tensor | None = None,  # [bs, Hq]
     lse_base: str = "ln",
     decay: float = 1.0,
+    by_entry: bool = False,  # score is [nnz] / [nnz, Hkv], indexed like kv_indices
 ) -> None:
     """score[s] = decay * score[s] + sum of softmax probabilities that the batch gives slot s
-    (decay 0 overwrites; decay != 1 assumes each slot is read by one row only).
+    (decay 0 overwrites; decay != 1 assumes each slot is read by one row only); `by_entry`:
+    score[e] the same for entry e of kv_indices (each entry belongs to one row).
 
     Probabilities are summed over the query heads of each KV head's group (score [num_slots, Hkv])
     or over all heads (score [num_slots]); a slot read by several rows gets every row's share.
@@ -164,22 +167,22 @@ def attn_scores_ref_(
     bs, hq, _ = q.shape
     hkv = k_buffer.shape[1]
     group = hq // hkv
-    if lse is None:
-        lse_ln = attn_lse_ref(q, k_buffer, kv_indptr, kv_indices, sm_scale)
-    else:
-        lse_ln = lse.float() * (LN2 if lse_base == "log2" else 1.0)
+    lse_ln = None if lse is None else lse.float() * (LN2 if lse_base == "log2" else 1.0)
     for b in range(bs):
         lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
         if hi <= lo:
             continue
         slots = kv_indices[lo:hi].long()
-        p = torch.exp(_logits(q[b], k_buffer, slots, group, sm_scale) - lse_ln[b][:, None])  # [Hq, n]
+        logits = _logits(q[b], k_buffer, slots, group, sm_scale)  # [Hq, n]
+        row_lse = torch.logsumexp(logits, dim=-1) if lse_ln is None else lse_ln[b]
+        p = torch.exp(logits - row_lse[:, None])
         p = p.view(hkv, group, -1).sum(1).t()  # [n, Hkv]
         if score.ndim == 1:
             p = p.sum(1)
+        at = torch.arange(lo, hi, device=score.device) if by_entry else slots
         if decay == 1.0:
-            score.index_add_(0, slots, p)
+            score.index_add_(0, at, p)
         elif decay == 0.0:  # overwrite: stale inf/nan scores must not leak through 0 * x
-            score[slots] = p
+            score[at] = p
         else:
-            score[slots] = decay * score[slots] + p
+            score[at] = decay * score[at] + p

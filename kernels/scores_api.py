@@ -27,6 +27,7 @@ def attn_scores_(
     lse: torch.Tensor | None = None,
     lse_base: str = "ln",
     decay: float = 1.0,
+    by_entry: bool = False,
     impl: str | None = None,
     check: bool = False,
     block_n: int | None = None,
@@ -39,19 +40,25 @@ def attn_scores_(
     For request b, query head h and slot s = kv_indices[kv_indptr[b] + j]:
     p = exp(sm_scale * q[b, h] . k_buffer[s, h // (Hq/Hkv)] - lse[b, h]); then
     score[s] = decay * score[s] + sum of p over the heads (and over rows reading s when decay == 1).
+    With `by_entry` the buffer is indexed like kv_indices instead: score[e] for e = kv_indptr[b] + j
+    (one row per entry, so rows reading the same slot keep their own probabilities, and the
+    buffer is sized by the batch's rows, not by the pool).
 
     Args:
         q: [bs, Hq, D] decode queries (float16/bfloat16/float32; last dim contiguous).
         k_buffer: [num_slots, Hkv, D] keys of one layer, same dtype family; Hq % Hkv == 0.
         kv_indptr: [bs+1] int32/int64 CSR offsets into kv_indices (token level, page size 1).
         kv_indices: [>= kv_indptr[-1]] int32/int64 slots (entries past kv_indptr[-1] are ignored).
-        score: [num_slots] (sum over all heads) or [num_slots, Hkv] (per KV head) float32.
+        score: [num_slots] (sum over all heads) or [num_slots, Hkv] (per KV head) float32; with
+            `by_entry`, [nnz] or [nnz, Hkv] where nnz = kv_indices.numel() (any strides).
         sm_scale: the attention's softmax scale (no logit soft-capping).
         lse: optional [bs, Hq] float32 log-sum-exp from the attention; computed when None.
         lse_base: "ln" (natural log) or "log2" (FlashInfer's default `return_lse` convention).
         decay: 1.0 accumulates (H2O); 0.0 overwrites with this step (TOVA); other values give an
             exponential moving sum. With decay != 1 every slot may appear in at most one row
-            (slots shared through the radix tree: keep decay 1); `check=True` verifies it.
+            (slots shared through the radix tree: keep decay 1, or use `by_entry`); `check=True`
+            verifies it.
+        by_entry: index `score` by kv_indices entry rather than by slot.
         impl: "triton", "torch", or None (Triton on CUDA, torch otherwise).
         block_n, num_splits, num_warps, num_stages: Triton tuning knobs (tokens per tile,
             programs per request, warps per program, software-pipelining depth); None takes
@@ -82,10 +89,9 @@ def attn_scores_(
     C.check_index_vector(kv_indices, "kv_indices", device, "q")
     C.check_dtype(score, "score", (torch.float32,))
     C.check_device(score, "score", device, "q")
-    if score.shape not in ((num_slots,), (num_slots, hkv)):
-        raise ValueError(
-            f"score must be [num_slots]={num_slots} or [num_slots, Hkv]=[{num_slots}, {hkv}], got {tuple(score.shape)}"
-        )
+    rows, what = (kv_indices.numel(), "nnz") if by_entry else (num_slots, "num_slots")
+    if score.shape not in ((rows,), (rows, hkv)):
+        raise ValueError(f"score must be [{what}]={rows} or [{what}, Hkv]=[{rows}, {hkv}], got {tuple(score.shape)}")
     C.check_no_self_overlap(score, "score")
     if lse is not None:
         C.check_tensor(lse, "lse")
@@ -101,12 +107,13 @@ def attn_scores_(
         raise ValueError(f"decay must be a finite float, got {decay!r}")
     impl = C.resolve_impl(impl, device)
     if check:
-        _check_score_rows(kv_indptr, kv_indices, num_slots, decay)
+        _check_score_rows(kv_indptr, kv_indices, num_slots, decay if not by_entry else 1.0)
     if impl == "torch":
-        ref.attn_scores_ref_(q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay))
+        ref.attn_scores_ref_(q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay),
+                             by_entry=by_entry)
         return
     C.triton_module("attn_scores").launch_attn_scores(
-        q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay),
+        q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay), by_entry=by_entry,
         block_n=block_n, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 

@@ -15,7 +15,8 @@ from sglang.srt.runtime_context import get_spec
 
 from sgl_vtoken.kernels import page_indices
 
-from .paged_kv import BACKEND_NAME, page_indptr_host, read_kv_as_pages
+from .paged_kv import BACKEND_NAME, lse_to, page_indptr_host, read_kv_as_pages
+from .step import scores
 
 
 def _unsupported(what: str) -> NotImplementedError:
@@ -165,6 +166,15 @@ class VTokenFlashInferAttnBackend(fb.FlashInferAttnBackend):
             self.indices_updater_prefill = PagedPrefillUpdater(model_runner, self)
         for w in self.decode_wrappers + self.prefill_wrappers_paged:
             read_kv_as_pages(w, self.page_size)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        """When this layer's decode is scored (H2O, TOVA, Scissorhands), FlashInfer also returns its
+        LSE, which the score launch reads instead of recomputing it (one read of K, not two)."""
+        if not scores.wants_lse(layer.layer_id):
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        wrapper = self.forward_metadata.decode_wrappers[self._get_wrapper_idx(layer)]
+        with lse_to(wrapper, lambda lse: scores.offer_lse(layer.layer_id, lse, "log2")):
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
 
     def _create_decode_wrappers(self, *args, **kwargs):
         return [read_kv_as_pages(w, self.page_size) for w in super()._create_decode_wrappers(*args, **kwargs)]

@@ -5,6 +5,7 @@ host index arrays shared by the backend's registration (`attention.py`) and its 
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 
 import torch
 
@@ -39,6 +40,27 @@ def read_kv_as_pages(wrapper, page_size: int):
     wrapper.run_return_lse = functools.partial(paged_run, return_lse=True)
     wrapper._vtoken_page_size = page_size
     return wrapper
+
+
+@contextmanager
+def lse_to(wrapper, sink):
+    """While in it, FlashInfer's decode `wrapper.run` also returns the log-sum-exp (``[bs, hq]``
+    float32, base 2), hands it to `sink(lse)` and returns the attention output as before."""
+    own, run = "run" in vars(wrapper), wrapper.run
+
+    def run_keeping_lse(*args, **kwargs):
+        out, lse = run(*args, return_lse=True, **kwargs)
+        sink(lse)
+        return out
+
+    wrapper.run = run_keeping_lse
+    try:
+        yield
+    finally:
+        if own:
+            wrapper.run = run
+        else:
+            del wrapper.run
 
 
 def page_indptr_host(seq_lens_cpu: torch.Tensor, page_size: int) -> torch.Tensor:

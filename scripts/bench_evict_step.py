@@ -4,12 +4,19 @@
     python scripts/bench_evict_step.py                        # CUDA: 8B and SmolLM2 shapes, bf16
     python scripts/bench_evict_step.py --device cpu           # CPU: SmolLM2 shapes, small rows
     python scripts/bench_evict_step.py --summarize run.jsonl  # the table of an earlier run
+    python scripts/bench_evict_step.py --full --device cpu    # the whole step (needs SGLang)
 
 For every shape x policy x interval x batch, both paths evict the same rows of `budget +
 interval` tokens down to `budget` (`sgl_vtoken_tools.bench.evict_step`): one JSON line per path with
 the median, min and max step time over `--repeats`, host synchronizations (CUDA's sync debug
 mode; null on CPU), repack launches, moved tokens and bytes; the batched line adds
 `speedup_vs_per_row`. A failing case is recorded as an `error` line and the run goes on.
+
+With `--full`, the whole step a server adds at the trigger instead, through the real `patches/`
+code on a server-shaped fake (`sgl_vtoken_tools.bench.full_step`: decode scoring of every layer,
+then the eviction hook with tree work, history release and offload), per shape x policy x case
+(`plain`, `history`, `history+offload`) x pool size x batch: one `evict_step_full` line each,
+with the device work of one step counted on the way (`host_syncs`, `score_launches`, ...).
 """
 
 from __future__ import annotations
@@ -42,7 +49,17 @@ def parse_args(argv=None):
     p.add_argument("--deadline-s", type=float, default=float("inf"), help="skip cases that would start later")
     p.add_argument("--out", default="-", help="JSONL path ('-' = stdout only)")
     p.add_argument("--summarize", metavar="JSONL", help="only print the table of an earlier run")
+    p.add_argument("--full", action="store_true", help="the whole step on a server-shaped fake (needs SGLang)")
+    p.add_argument("--pools", default="4096,1048576", help="--full: pool sizes in tokens")
+    p.add_argument("--cases", default="history+offload", help="--full: comma list of plain, history, history+offload")
     args = p.parse_args(argv)
+    if args.full:
+        from sgl_vtoken_tools.bench.full_step import SHAPES as FULL_SHAPES
+        args.shapes = args.shapes if args.shapes != p.get_default("shapes") else "llama8b"
+        for name in args.shapes.split(","):
+            if name not in FULL_SHAPES:
+                p.error(f"--shapes: unknown shape {name!r} for --full; choose from {sorted(FULL_SHAPES)}")
+        return args
     for name in args.shapes.split(","):
         if name not in SHAPES:
             p.error(f"--shapes: unknown shape {name!r}; choose from {sorted(SHAPES)}")
@@ -68,8 +85,37 @@ def summarize(lines: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def full(args) -> list[dict]:
+    """`--full`: one `evict_step_full` line per case (printed, and written to `--out`)."""
+    from sgl_vtoken_tools.bench.full_step import measure_full
+    from sgl_vtoken_tools.step_counts import Scenario
+
+    out, lines = (open(args.out, "w") if args.out != "-" else None), []
+    for shape in args.shapes.split(","):
+        for policy in args.policies.split(","):
+            for case in args.cases.split(","):
+                for pool in map(int, args.pools.split(",")):
+                    for batch in map(int, args.batches.split(",")):
+                        sc = Scenario(policy, args.page_size, history="history" in case, offload="offload" in case,
+                                      batch=batch, pool_tokens=pool, budget=64, interval=16)
+                        try:
+                            line = measure_full(sc, shape, args.repeats)
+                        except Exception as e:  # one case failing must not lose the others
+                            line = dict(bench="evict_step_full", shape=shape, policy=policy, case=case, pool_tokens=pool,
+                                        batch=batch, error=f"{type(e).__name__}: {e}")
+                        print(json.dumps(line), flush=True)
+                        if out:
+                            out.write(json.dumps(line) + "\n")
+                            out.flush()
+                        lines.append(line)
+    return lines
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.full:
+        full(args)
+        return 0
     if args.summarize:
         with open(args.summarize) as f:
             print(summarize([json.loads(line) for line in f if line.strip()]))

@@ -63,6 +63,8 @@ class EvictRow:
         shared: the tree-owned prefix must be kept (False: its victims leave the row's view).
         rid, step: seeded policies' keys.  attn: ``[L, layers, H]`` statistic (attention policies).
         pinned: ``[L] bool`` entries kept like sinks (recalled tokens), or None.
+        history: the row continues a stored history at page size > 1: `decide` also brings the
+            ids of the tree-owned pages it keeps to the host (`Decision.kept_tree_pages`).
     """
 
     row: int
@@ -76,6 +78,7 @@ class EvictRow:
     step: int = 0
     attn: torch.Tensor | None = None
     pinned: torch.Tensor | None = None
+    history: bool = False
 
 
 @dataclass
@@ -89,6 +92,12 @@ class Decision:
     raw: torch.Tensor            # [B, W] int64 slots before the step (device)
     lengths: torch.Tensor        # [B] int64 (device)
     cpl: torch.Tensor            # [B] int64 (device)
+    tree_pages: torch.Tensor | None = None  # [B, P] int64 host: kept whole tree page ids, else -1
+
+    def kept_tree_pages(self, b: int) -> torch.Tensor:
+        """Host ids of the tree-owned pages row `b` still references (rows with `history`)."""
+        ids = self.tree_pages[b]
+        return ids[ids >= 0]
 
     def keep_indices(self, b: int) -> torch.Tensor:
         """Ascending kept row indices of row `b` (host int64)."""
@@ -139,14 +148,19 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     keep = _top(scores.masked_fill(~valid, -torch.inf), lengths, torch.minimum(budget, lengths))
     plan = index_plan(keep, lengths, cpl, positions, ps)
     over = must.sum(1) - budget
-    host = torch.cat([keep.to(torch.int64), plan.summary, over[:, None]], dim=1).cpu()  # the sync
-    keep_h, summary_h, over_h = host[:, :w].bool(), host[:, w:-1], host[:, -1]
+    parts = [keep.to(torch.int64), plan.summary, over[:, None]]
+    if any(r.history for r in rows):  # whole kept tree pages: their first entry is whole
+        parts.append(torch.where(plan.whole[:, ::ps], raw[:, ::ps] // ps, -1))
+    host = torch.cat(parts, dim=1).cpu()  # the sync
+    s = w + plan.summary.shape[1]
+    keep_h, summary_h, over_h = host[:, :w].bool(), host[:, w:s], host[:, s]
+    tree_pages = host[:, s + 1:] if len(parts) > 3 else None
     if bool(over_h.gt(0).any()):
         b = int(over_h.gt(0).nonzero()[0])
         raise ValueError(f"budget {rows[b].budget} is smaller than the {rows[b].budget + int(over_h[b])} "
                          f"tokens policy {rows[b].policy.name!r} must keep (sinks, window, shared, recalled)")
     counts = dict(zip(SUMMARY, summary_h.t().tolist()))
-    return Decision(rows, keep_h, counts, plan, raw, lengths, cpl)
+    return Decision(rows, keep_h, counts, plan, raw, lengths, cpl, tree_pages)
 
 
 def apply(d: Decision, pool: KVPoolView, copy_slots: list[torch.Tensor] | None = None,

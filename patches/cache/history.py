@@ -41,7 +41,7 @@ class NodeRecord:
     """`node.vt` of a holed radix node (its value is -1 where a token was evicted)."""
 
     live: int                                  # live slots: value >= 0, or the slots of `pages`
-    pages: torch.Tensor | None = None          # page size > 1: slots of the whole pages it owns
+    pages: torch.Tensor | None = None          # page size > 1: slots of the whole pages it owns (host)
     view: StoredView | None = None             # the row that ended at this node
 
     def take(self, mask: torch.Tensor) -> torch.Tensor:
@@ -230,16 +230,22 @@ def hand_over(tree, req, st, node, row_len: int) -> None:
 
 
 def release_dropped(tree, req, dropped: torch.Tensor) -> int:
-    """Free the slots `req`'s eviction dropped from its row that lie in holed nodes only its row
-    can reach (its stored view, not continued by anyone, and that view's chain, locked only by
+    """Free the slots at the logical positions `dropped` (host int64: tree-owned entries `req`'s
+    eviction dropped from its row, so live ones: no device read) that lie in holed nodes only its
+    row can reach (its stored view, not continued by anyone, and that view's chain, locked only by
     it); their views become unusable. Returns the number of slots freed."""
     node, freed = req.last_node, 0
     if record_of(node) is None or node.lock_ref != 1 or node.children:
         return 0
+    end, a = 0, node
+    while a is not tree.root_node:
+        end, a = end + len(a.key), a.parent
     while record_of(node) is not None and node.lock_ref == 1 and len(node.children) <= 1:
+        start = end - len(node.key)
         drop_view(node)
-        freed += free_where(tree, node, torch.isin(node.value, dropped))
-        node = node.parent
+        here = dropped[(dropped >= start) & (dropped < end)] - start
+        freed += free_where(tree, node, here.to(node.value.device, non_blocking=True), len(here))
+        node, end = node.parent, start
     return freed
 
 
@@ -250,13 +256,15 @@ def drop_view(node) -> None:
         tier.detach(node)
 
 
-def free_where(tree, node, mask: torch.Tensor) -> int:
-    """Free the live slots of a locked holed node under `mask` (they become holes)."""
-    mask = mask & (node.value >= 0)
-    n = int(mask.sum())
+def free_where(tree, node, where: torch.Tensor, n: int | None = None) -> int:
+    """Free live slots of a locked holed node (they become holes): those under the mask `where`,
+    or, with `n`, the `n` live entries at the indices `where` (no device read). Returns `n`."""
+    if n is None:
+        where = where & (node.value >= 0)
+        n = int(where.sum())
     if n:
-        tree.token_to_kv_pool_allocator.free(node.value[mask])
-        node.value[mask] = -1
+        tree.token_to_kv_pool_allocator.free(node.value[where])
+        node.value[where] = -1
         node.vt.live -= n
         tree.protected_size_ -= n
     return n

@@ -9,8 +9,9 @@ value cannot say which slot holds which position. At page size > 1 a stored hist
                        continue with them (keys stay page-aligned, as SGLang's paged tree needs)
     node.value         all -1 (holes): no slot is owned per position
     node.vt.pages      slots of the whole pages the node owns (the row's private pages at
-                       finish); the view's other pages are owned by ancestors on its path (the
-                       hole-free prompt, earlier turns' views), which outlive it in the tree
+                       finish), kept on the host so that the eviction step frees them without
+                       reading the device; the view's other pages are owned by ancestors on
+                       its path (the hole-free prompt, earlier turns' views), which outlive it
     node.vt.view       the finished row (positions, slots, attach), as at page size 1
 
     row at finish  | tree-owned whole pages [0, cpl) | private pages [cpl, row_len) ...|
@@ -38,7 +39,7 @@ from .pool import alloc
 
 
 def owned(node) -> torch.Tensor | None:
-    """Slots of the whole pages `node` owns (page size > 1), or None (a per-position node)."""
+    """Slots of the whole pages `node` owns (page size > 1, host), or None (a per-position node)."""
     record = history.record_of(node)
     return None if record is None else record.pages
 
@@ -69,7 +70,7 @@ def insert(tree, req, st, row_len: int) -> None:
     on_path, reachable, a = set(), [torch.cat(values)] if values else [], last
     while a is not attach_node:
         on_path.add(a)
-        reachable.append(owned(a))
+        reachable.append(owned(a).to(row.device))
         a = a.parent
     reachable = torch.cat(reachable) // ps if reachable else row[:0]
     missing = torch.unique(row[:cpl] // ps)
@@ -81,7 +82,7 @@ def insert(tree, req, st, row_len: int) -> None:
     view = history.StoredView(st.row.positions(row_len).to(row.device), row.clone(), attach,
                               array("q", logical[end:total]))
     _, node = history.insert_view(tree, attach_node, key, value, req.priority or 0, view,
-                                  (pages[:, None] * ps + torch.arange(ps, device=row.device)).flatten())
+                                  (pages[:, None] * ps + torch.arange(ps, device=row.device)).flatten().cpu())
     history.hand_over(tree, req, st, node, row_len)
     punch(tree, node)
 
@@ -114,7 +115,7 @@ def rehome(tree, view_node, on_path: set, pages: torch.Tensor) -> bool:
 def punch(tree, node) -> None:
     """Free the pages of `node`'s holed ancestors that its view does not use and that no other
     row or view can reach (a chain locked only by `node`'s holder)."""
-    keep = torch.unique(node.vt.view.slots // tree.page_size)
+    keep = torch.unique(node.vt.view.slots // tree.page_size).cpu()
     a = node.parent
     while owned(a) is not None and a.lock_ref == 1 and len(a.children) == 1:
         history.drop_view(a)
@@ -122,28 +123,31 @@ def punch(tree, node) -> None:
         a = a.parent
 
 
-def release_unused(tree, req, row: torch.Tensor) -> int:
-    """After an eviction of `req`'s row (now the slots `row`): free the pages of the stored view
-    it continues, and of that view's chain, that the row no longer uses and that only it can
-    reach; those views become unusable. Returns the pages freed."""
+def release_unused(tree, req, kept_pages: torch.Tensor) -> int:
+    """After an eviction of `req`'s row: free the pages of the stored view it continues, and of
+    that view's chain, that only it can reach and that the row no longer uses; those views
+    become unusable. `kept_pages` (host): the tree-owned pages the row still references (the
+    chain's pages are never among its own or fresh pages). Host work only: no device read.
+    Returns the pages freed."""
     node, freed = req.last_node, 0
     if owned(node) is None or node.lock_ref != 1 or node.children:
         return 0
-    keep = torch.unique(row // tree.page_size)
     while owned(node) is not None and node.lock_ref == 1 and len(node.children) <= 1:
         history.drop_view(node)
-        freed += free_unused(tree, node, keep)
+        freed += free_unused(tree, node, kept_pages)
         node = node.parent
     return freed
 
 
 def free_unused(tree, node, keep_pages: torch.Tensor) -> int:
-    """Free the pages a locked node owns that are not in `keep_pages`. Returns the pages freed."""
+    """Free the pages a locked node owns that are not in `keep_pages` (host page ids). Returns
+    the pages freed."""
     ps, slots = tree.page_size, node.vt.pages
-    drop = ~torch.isin(slots // ps, keep_pages.to(slots.device))
-    n = int(drop.sum())
+    drop = ~torch.isin(slots // ps, keep_pages)
+    n = int(drop.sum())  # host tensors: no device read
     if n:
-        tree.token_to_kv_pool_allocator.free_page_ids(torch.unique(node.vt.take(drop) // ps))
+        pages = torch.unique(node.vt.take(drop) // ps)
+        tree.token_to_kv_pool_allocator.free_page_ids(pages.to(tree.device, non_blocking=True))
         tree.protected_size_ -= n
     return n // ps
 

@@ -38,7 +38,9 @@ class RecallPlan:
     """A turn's recall candidates: their logical positions ``candidates [c] int64``, ``k, v [c,
     layers, H, D]`` (host), their scores ``[c]`` float32 as the first chunk's window queries
     accumulate them (pool device), the row lengths where its prefill is cut
-    (`sgl_vtoken.recall.split`), and the seconds spent on it so far."""
+    (`sgl_vtoken.recall.split`), and the seconds spent on it so far. On the pool's device:
+    `k_device` (the candidates' keys, copied once) and, on CUDA, the events of that copy
+    (`k_ready`) and of the last layer scored (`scored`)."""
 
     candidates: torch.Tensor
     k: torch.Tensor
@@ -47,15 +49,32 @@ class RecallPlan:
     end: int
     back: int
     seconds: float = 0.0
+    k_device: torch.Tensor | None = None
+    k_ready: object | None = None
+    scored: object | None = None
 
-    def move_scores(self, device) -> None:
-        """The scores accumulate on `device` (the pool's, `scores.prepare`)."""
+    def stage(self, device) -> None:
+        """Before a forward that scores the candidates (`scores.prepare`): the scores accumulate
+        on `device` (the pool's), and the candidates' keys go there once, asynchronously."""
         self.scores = self.scores.to(device)
+        if self.k_device is None:
+            self.k_device, self.k_ready = host_tier.to_device(self.k, device)
+
+    def layer_keys(self, layer: int) -> torch.Tensor:
+        """``[c, H, D]`` the candidates' keys of `layer` on the pool's device; the first call waits
+        (on the device, not the host) for their copy."""
+        if self.k_ready is not None:
+            torch.cuda.current_stream().wait_event(self.k_ready)
+            self.k_ready = None
+        return self.k_device[:, layer]
 
     def score(self, mass: torch.Tensor, t0: float) -> None:
         """Add one layer's window mass on the candidates, ``[c]`` float32 (`scores.collect`, which
         started computing it at `time.perf_counter()` `t0`)."""
         self.scores += mass
+        if mass.is_cuda:  # what `recall_prompt` waits for before reading the scores
+            self.scored = torch.cuda.Event()
+            self.scored.record()
         self.seconds += time.perf_counter() - t0
 
 
@@ -82,6 +101,7 @@ def begin_turn(req, st) -> None:
     if not st.cfg.host.recall or not chunks:
         return
     t0 = time.perf_counter()
+    chunks = [c.wait() for c in chunks]  # offloaded long before: their copies have landed
     depth = st.row.offset + st.row.kept_pos.numel()
     positions = torch.cat([c.positions for c in chunks])
     idx = dedupe(positions, depth, st.row.kept_pos)
@@ -101,8 +121,8 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     the second chunk after the recalled entries at its logical positions. `alloc(n)`: n slots
     (whole pages) or None."""
     plan, st.recall.plan = st.recall.plan, None
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()  # overlap scheduler: the first chunk's forward has run
+    if plan.scored is not None:  # overlap scheduler: the first chunk's scoring has run
+        plan.scored.synchronize()
     t0 = time.perf_counter()
     sel = pick(plan.scores, st.cfg.host.recall, st.cfg.host.pool, st.cfg.host.gap)
     kv, end, back = req.kv, plan.end, plan.back
@@ -122,11 +142,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     if tail.numel():
         allocator.free_page_ids(tail[::ps] // ps)
     if n:
-        kvcache = allocator.get_kvcache()
-        k, v = plan.k[sel], plan.v[sel]
-        for layer, (kb, vb) in enumerate(zip(kvcache.k_buffer, kvcache.v_buffer)):
-            kb[slots] = k[:, layer].to(kb.device, kb.dtype, non_blocking=True)
-            vb[slots] = v[:, layer].to(vb.device, vb.dtype, non_blocking=True)
+        _write_kv(allocator.get_kvcache(), slots, plan.k[sel], plan.v[sel])
         req_to_token[kv.req_pool_idx, back:back + n] = slots.to(req_to_token.dtype)
     kv.kv_committed_len = kv.kv_allocated_len = back + n
     recalled = plan.candidates[sel]
@@ -145,6 +161,20 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     st.report.update(recalled_tokens=n, recall_ms=round(seconds * 1e3, 3), recalled_positions=recalled.tolist(),
                      recomputed_tokens=end - back)
     host_tier.tier_of().count_recall(n, seconds)
+
+
+def _write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write the recalled tokens' K/V (host ``[n, layers, H, D]``) at `slots` in every layer: one
+    asynchronous copy to the device for K and one for V, then one write per layer."""
+    device = kvcache.k_buffer[0].device
+    k, k_ready = host_tier.to_device(k, device)
+    v, v_ready = host_tier.to_device(v, device)
+    for ready in (k_ready, v_ready):
+        if ready is not None:
+            torch.cuda.current_stream().wait_event(ready)
+    for layer, (kb, vb) in enumerate(zip(kvcache.k_buffer, kvcache.v_buffer)):
+        kb[slots] = k[:, layer].to(kb.dtype)
+        vb[slots] = v[:, layer].to(vb.dtype)
 
 
 def _row_slots(scheduler, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:

@@ -3,8 +3,10 @@
 
 With `offload` an eviction copies its victims' K/V, every layer, to host memory
 before their slots are freed: one `Chunk` per row and step, gathered for all rows of the step
-at once and copied to the host in one transfer per K and V. Chunks are immutable and counted by
-reference; their owners are
+at once and copied to the host in one transfer per K and V. On CUDA the copies are asynchronous,
+into pinned memory, on the stream that then repacks (so they read the victims before any move
+or later forward overwrites them); a chunk's host tensors are read only after its event
+(`Chunk.wait`). Chunks are immutable and counted by reference; their owners are
 
     a running request      `st.host.chunks` (`HostChunks`): its history's chunks (taken at its
                            first forward, `take_store`), then its own evictions'
@@ -31,16 +33,25 @@ from ..state import state_of
 @dataclass(eq=False)
 class Chunk:
     """Victims of one eviction of one row: ``positions [m] int64``, ``k, v [m, layers, H, D]``
-    (host tensors), and how many owners hold it."""
+    (host tensors, pinned on CUDA), how many owners hold it, and the event after which `k` and
+    `v` hold the values (None: they do)."""
 
     positions: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     refs: int = 0
+    ready: object | None = None
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+    def wait(self) -> Chunk:
+        """Wait for its copy to the host (once); returns itself."""
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+        return self
 
 
 @dataclass
@@ -144,26 +155,64 @@ def tier_of() -> HostTier | None:
 
 
 # --- offload (eviction.py) ------------------------------------------------------------------
-def offload(tier: HostTier, rows: list, k_buffers, v_buffers) -> None:
-    """Copy the victims of `rows` (``(state, slots [m] device, positions [m] host)``) to the
-    host, before their slots are freed: one gather per layer and one host copy for K and V."""
-    slots = torch.cat([s for _, s, _ in rows])
+def offload(tier: HostTier, rows: list, slots: torch.Tensor, k_buffers, v_buffers) -> None:
+    """Copy the victims of `rows` (``(state, positions [m_b] host)`` each, in order) to the host
+    before their slots are freed. `slots`: all their slots, row after row (``[sum m_b]``, pool
+    device). One gather per layer, one copy to the host for K and one for V, asynchronous on CUDA
+    (pinned memory; run it on the stream that then moves KV): no host synchronization."""
     if not slots.numel():
         return
-    k = torch.stack([buf[slots] for buf in k_buffers], dim=1).cpu()
-    v = torch.stack([buf[slots] for buf in v_buffers], dim=1).cpu()
+    k, ready = to_host(torch.stack([buf[slots] for buf in k_buffers], dim=1))
+    v, ready = to_host(torch.stack([buf[slots] for buf in v_buffers], dim=1))
     start = 0
-    for st, s, positions in rows:
-        m = s.numel()
+    for st, positions in rows:
+        m = positions.numel()
         keep = tier.make_room(m)
         tier.dropped += m - keep
         tier.offloaded += keep
         st.report["offloaded_tokens"] = st.report.get("offloaded_tokens", 0) + keep
         if keep:
-            chunk = Chunk(positions[:keep].clone(), k[start:start + keep], v[start:start + keep])
+            chunk = Chunk(positions[:keep].clone(), k[start:start + keep], v[start:start + keep], ready=ready)
             tier.hold([chunk])
             st.host.chunks.append(chunk)
         start += m
+
+
+def to_host(t: torch.Tensor) -> tuple[torch.Tensor, object | None]:
+    """A host copy of `t` (pinned on CUDA), made asynchronously on the current stream, and the
+    CUDA event after which it holds the values (None off CUDA: the copy is done)."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+    host.copy_(t, non_blocking=True)
+    if not t.is_cuda:
+        return host, None
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
+def to_device(host: torch.Tensor, device) -> tuple[torch.Tensor, object | None]:
+    """`host` on `device`: on CUDA copied asynchronously from pinned memory on a side stream, with
+    the event the stream that reads it must wait for (`torch.cuda.current_stream().wait_event`);
+    elsewhere `host` itself and None."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host.to(device), None
+    side = _side_stream(device)
+    with torch.cuda.stream(side):
+        out = (host if host.is_pinned() else host.pin_memory()).to(device, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(side)
+    out.record_stream(torch.cuda.current_stream(device))  # read there: not reused before
+    return out, ready
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device):
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
 
 
 def take_store(st) -> list[Chunk]:

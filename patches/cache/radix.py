@@ -163,7 +163,7 @@ class HoledRadixCache(RadixCache):
                 evicted += len(x.value)
             else:
                 live = history_pages.owned(x)
-                live = x.value[x.value >= 0] if live is None else live
+                live = x.value[x.value >= 0] if live is None else live.to(self.device)
                 self.token_to_kv_pool_allocator.free(live)
                 evicted += int(live.numel())
             self._delete_leaf(x)
@@ -181,7 +181,7 @@ class HoledRadixCache(RadixCache):
         while stack:
             for child in stack.pop().children.values():
                 pages = history_pages.owned(child)
-                values.append(child.value[child.value >= 0] if pages is None else pages)
+                values.append(child.value[child.value >= 0] if pages is None else pages.to(self.device))
                 stack.append(child)
         return torch.cat(values)
 
@@ -263,13 +263,15 @@ class HoledRadixCache(RadixCache):
                 counters.history_tokens_reused += st.report["history_tokens"]
 
     def release_dropped(self, req, dropped: torch.Tensor) -> int:
-        """Free the slots `req`'s eviction dropped that only its row can reach (`history.py`)."""
+        """Free the slots at the logical positions `dropped` (host) that `req`'s eviction dropped
+        and only its row can reach (`history.py`)."""
         return history.release_dropped(self, req, dropped)
 
-    def release_unused_pages(self, req, row: torch.Tensor) -> int:
-        """Page size > 1: free the pages of `req`'s stored view that its row (now the slots `row`)
-        no longer uses and only it can reach (`history_pages.py`). Returns the pages freed."""
-        return history_pages.release_unused(self, req, row)
+    def release_unused_pages(self, req, kept_pages: torch.Tensor) -> int:
+        """Page size > 1: free the pages of `req`'s stored view that its row no longer uses (it
+        keeps the tree pages `kept_pages`, host) and only it can reach (`history_pages.py`).
+        Returns the pages freed."""
+        return history_pages.release_unused(self, req, kept_pages)
 
     def relock_shallower(self, req, need: int) -> None:
         """Move `req`'s lock on a hole-free path up to the shallowest node that still covers the

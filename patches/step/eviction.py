@@ -21,6 +21,7 @@ held by the request (see `held.py`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -103,10 +104,7 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
     rows = [_row(req, st, row_len) for req, st, row_len in due]
     d = decide(rows, view)
     if ctx.tier is not None and any(st.cfg.host.offload for _, st, _ in due):
-        host_tier.offload(ctx.tier, [(st, d.raw[b, :r.length][~d.keep[b, :r.length].to(d.raw.device)],
-                                      r.positions[~d.keep[b, :r.length]])
-                                     for b, ((_, st, _), r) in enumerate(zip(due, rows)) if st.cfg.host.offload],
-                          view.k_buffers, view.v_buffers)
+        _offload(ctx, d, [(b, st) for b, (_, st, _) in enumerate(due) if st.cfg.host.offload])
     copies, active = [], []
     for b, (req, st, row_len) in enumerate(due):
         w, n_copy, cpl = d.counts["whole"][b], d.counts["copies"][b], rows[b].cpl
@@ -114,7 +112,8 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
         copies.append(d.raw[b, :0] if slots is None else slots)
         active.append(slots is not None)
         if slots is not None and st.holed and w != cpl:  # its view changed below cpl
-            st.reclaim.release_tree(ctx, req, st, partial(_dropped, d, b, cpl), d.counts["depth"][b])
+            dropped = rows[b].positions[:cpl][~d.keep[b, :cpl]]  # host: no device read
+            st.reclaim.release_tree(ctx, req, st, dropped, d.counts["depth"][b])
     out = apply(d, view, copies, active, move_stream=ctx.stream)
     freed_rows = iter(torch.split(out.freed, out.freed_counts))
     to_free, evicted = [], []
@@ -132,9 +131,18 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
     return evicted
 
 
-def _dropped(d, b: int, cpl: int) -> torch.Tensor:
-    """The tree-owned slots (row entries below `cpl`) that row `b` of decision `d` drops."""
-    return d.raw[b, :cpl][~d.keep[b, :cpl].to(d.raw.device)]
+def _offload(ctx: StepContext, d, offloading: list) -> None:
+    """The victims of the rows `offloading` (``(b, state)``) go to the host tier before their
+    slots are freed or overwritten: their row entries are known on the host (`d.keep`), so one
+    index copy to the device gathers their slots, and the copies run on the stream that then
+    moves KV (no host synchronization)."""
+    w = d.keep.shape[1]
+    victims = [(~d.keep[b, :d.rows[b].length]).nonzero().flatten() for b, _ in offloading]
+    flat = torch.cat([b * w + v for (b, _), v in zip(offloading, victims)])
+    with ctx.stream or nullcontext():
+        slots = d.raw.flatten().index_select(0, flat.to(d.raw.device, non_blocking=True))
+        host_tier.offload(ctx.tier, [(st, d.rows[b].positions[v]) for (b, st), v in zip(offloading, victims)],
+                          slots, ctx.view.k_buffers, ctx.view.v_buffers)
 
 
 def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
@@ -146,7 +154,8 @@ def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
     return EvictRow(row=req.kv.req_pool_idx, length=row_len, positions=positions,
                     policy=st.policy, budget=st.cfg.budget, cpl=req.kv.cache_protected_len,
                     shared=not st.holed, rid=st.rid, step=st.row.steps, attn=attn,
-                    pinned=None if pinned is None else torch.isin(positions, pinned))
+                    pinned=None if pinned is None else torch.isin(positions, pinned),
+                    history=st.holed and st.prefix.hit is not None and st.cfg.page_size > 1)
 
 
 def _record(ctx: StepContext, st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tensor,
@@ -159,7 +168,7 @@ def _record(ctx: StepContext, st: ReqEvictState, req, row: EvictRow, d, b: int, 
     kept_pos = row.positions[keep]
     own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
     if st.holed:  # its stored history: free what nobody reaches
-        st.reclaim.release_history(ctx, req, st, ctx.view.req_to_token[kv.req_pool_idx, :new_len])
+        st.reclaim.release_history(ctx, req, st, partial(d.kept_tree_pages, b))
     st.reclaim.before_record(st, d.raw[b, :row.length], row.positions)
     freed = st.reclaim.to_free(ctx, req, st, kept_pos, int(row.positions[-1]) + 1, own, freed)
     to_free.append(freed)

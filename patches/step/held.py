@@ -38,7 +38,7 @@ from ..state import ReqEvictState, state_of
 class NaiveHold:
     """What the Naive-Evict emulation holds for a request (`st.naive`)."""
 
-    held: list[int] = field(default_factory=list)  # page ids held back from the pool
+    held: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # page ids held back
     tree_lock: int = 0                         # tree tokens its lock still covers
     excess: int = 0                            # pages held beyond Naive-Evict's own footprint
     tree_len: int = 0                          # row positions below were tree-owned at its first eviction
@@ -48,14 +48,14 @@ class NaiveHold:
         tree-owned (the shared prompt), which the accounting needs later."""
         self.tree_len = tree_len
 
-    def hold(self, pages: list[int], tree_lock: int, excess: int) -> None:
-        """The request now holds back `pages` (page ids), its lock covers the first `tree_lock`
+    def hold(self, pages: torch.Tensor, tree_lock: int, excess: int) -> None:
+        """The request now holds back `pages` (int64 page ids, any device), its lock covers the first `tree_lock`
         tree tokens, `excess`: pages held beyond Naive-Evict's."""
         self.held, self.tree_lock, self.excess = pages, tree_lock, excess
 
-    def release(self) -> list[int]:
+    def release(self) -> torch.Tensor:
         """The pages held back, which the caller returns to the pool; none are held after."""
-        pages, self.held = self.held, []
+        pages, self.held = self.held, self.held[:0]
         return pages
 
     def reset(self) -> None:
@@ -85,18 +85,18 @@ def hold_naive_pages(st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int, o
     tree_lock = int(kept_pos[tree].max()) + 1 if bool(tree.any()) else 0
     wanted = naive_page_count(kept_pos[~tree], next_pos, ps) - num_pages(own_len, ps)
     extra = max(0, wanted)
-    pool = torch.cat([torch.tensor(hold.held, dtype=torch.int64), freed.to(torch.int64)])
-    hold.hold(pool[:extra].tolist(), tree_lock, max(0, -wanted))
+    pool = torch.cat([hold.held.to(freed.device), freed.to(torch.int64)])  # counts known: no device read
+    hold.hold(pool[:extra], tree_lock, max(0, -wanted))
     return pool[extra:]
 
 
 def release_held(req, allocator) -> int:
     """Free every page `req` holds back (request release or retraction); returns the count."""
     st = state_of(req)
-    if st is None or not st.naive.held:
+    if st is None or not len(st.naive.held):
         return 0
     pages = st.naive.release()
-    allocator.free_page_ids(torch.tensor(pages, dtype=torch.int64, device=allocator.device))
+    allocator.free_page_ids(pages.to(allocator.device))
     return len(pages)
 
 

@@ -29,17 +29,17 @@ from .context import StepContext
 class Reclaim:
     """The interface; each method is one point of the step (`eviction.evict_rows`)."""
 
-    def release_tree(self, ctx: StepContext, req, st: ReqEvictState, dropped, depth: int) -> None:
+    def release_tree(self, ctx: StepContext, req, st: ReqEvictState, dropped: torch.Tensor, depth: int) -> None:
         """Before the repack, for a holed row whose view changed below its protected length:
-        `dropped()` gives the tree-owned slots it no longer uses, `depth` the tokens of the tree
-        path its kept entries still reach."""
+        `dropped` the logical positions (host) of the tree-owned entries it no longer uses,
+        `depth` the tokens of the tree path its kept entries still reach."""
 
     def before_record(self, st: ReqEvictState, slots: torch.Tensor, positions: torch.Tensor) -> None:
         """The row (`slots` at logical `positions`) is about to change in the request's state."""
 
-    def release_history(self, ctx: StepContext, req, st: ReqEvictState, row: torch.Tensor) -> None:
-        """After the repack, for a holed row (now the slots `row`): free what of its stored history
-        nobody reaches any more."""
+    def release_history(self, ctx: StepContext, req, st: ReqEvictState, kept_pages) -> None:
+        """After the repack, for a holed row: free what of its stored history nobody reaches any
+        more. `kept_pages()`: the host ids of the tree-owned pages the row still references."""
 
     def to_free(self, ctx: StepContext, req, st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int,
                 own: int, freed: torch.Tensor) -> torch.Tensor:
@@ -56,7 +56,7 @@ class Slots(Reclaim):
         if st.prefix.hit is None:
             ctx.tree.relock_shallower(req, depth)
             return
-        freed = ctx.tree.release_dropped(req, dropped().to(st.prefix.hit.slots.device))
+        freed = ctx.tree.release_dropped(req, dropped)
         ctx.counters.pages_freed += freed
         st.row.count_freed(freed)
 
@@ -76,10 +76,10 @@ class Pages(Reclaim):
         if st.holed:  # the repack moved kept tokens onto evicted ones: the row before is gone
             st.retract.lose_undo()
 
-    def release_history(self, ctx, req, st, row) -> None:
+    def release_history(self, ctx, req, st, kept_pages) -> None:
         if st.prefix.hit is None:
             return
-        freed = ctx.tree.release_unused_pages(req, row.to(torch.int64))
+        freed = ctx.tree.release_unused_pages(req, kept_pages())
         ctx.counters.pages_freed += freed
         st.row.count_freed(freed)
 
@@ -92,7 +92,7 @@ class NaivePages(Pages):
         pass  # Naive-Evict keeps its lock on the shared pages: moved in `to_free`
 
     def to_free(self, ctx, req, st, kept_pos, next_pos, own, freed) -> torch.Tensor:
-        freed = held.hold_naive_pages(st, kept_pos, next_pos, own, freed.cpu())
+        freed = held.hold_naive_pages(st, kept_pos, next_pos, own, freed)
         if st.holed:
             ctx.tree.relock_shallower(req, st.naive.tree_lock)
         return freed

@@ -259,7 +259,7 @@ def _insert_stash(tree, stash: RetractStash, req) -> TreeNode | None:
     if ps == 1:
         value[positions] = slots
     view = history.StoredView(positions, slots[:n], 0, array("q", stash.ids[end:]))
-    matched, node = history.insert_view(tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots)
+    matched, node = history.insert_view(tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu())
     assert matched == 0, "a fresh namespace cannot match"
     return node
 

@@ -5,7 +5,9 @@ into the cache), the probabilities of each scored request's queries over its row
 from the same post-RoPE q and cached keys, summed over the query heads of each KV group, and
 staged per request as ``[q, n, layers, kv_heads]``:
 
-    decode   the one new query over the row it attended to (kept tokens + itself)
+    decode   the one new query over the row it attended to (kept tokens + itself); the whole
+             batch at once, one score launch per scored layer into a buffer sized by the
+             batch's rows, each request's block a view of it (`sgl_vtoken.decode_scores`)
     prefill  the last `obs_window` prompt queries, causally (SnapKV-style observation window);
              with chunked prefill each chunk stages the window's queries that fall in it, over
              the row as far as the chunk reaches, and all blocks are folded in order
@@ -24,7 +26,9 @@ the eviction hook gathers all heads over the TP group first, so every rank sees 
 and evicts the same tokens. Blocks and statistics stay on the pool's device: nothing here or in
 the eviction step copies them to the host.
 
-CPU/torch path; on CUDA it runs eagerly, so decode CUDA graphs must be off (checked at start-up).
+The score kernel takes the attention's log-sum-exp where the backend offers it (`offer_lse`,
+`vtoken_flashinfer`) and recomputes it otherwise. On CUDA scoring runs eagerly, so decode CUDA
+graphs must be off (checked at start-up).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
 
-from sgl_vtoken.kernels import attn_scores_
+from sgl_vtoken.decode_scores import DecodeScoring
 from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.recall import candidate_mass, window_probs
 from sgl_vtoken.stats import RowStats
@@ -109,35 +113,54 @@ def scored_requests(batch) -> list:
 # backend holds `model_runner.token_to_kv_pool`), as `pool._vtoken_scored`.
 
 
+@dataclass
+class Scored:
+    """What the forward about to run scores (`pool._vtoken_scored`): a decode batch's requests at
+    once (`decode`), or a prefill's requests one by one (`prefill`, ``(batch index, block, score
+    layers, row, recall plan, queries, row length)`` each), over the slot table `req_to_token`."""
+
+    decode: DecodeScoring | None
+    prefill: list
+    req_to_token: torch.Tensor
+
+
 def prepare(forward_batch, scored: list, model_runner) -> None:
     """Allocate each scored request's staging block for this forward (row lengths known now).
 
-    Prefill: the observation window is the last `obs_window` queries of the whole prompt (with
-    `prefill_chunk`, of each chunk evicted after it: the row up to the prefill peak); a forward
-    stages those of its queries that fall in it (always a suffix of the forward)."""
+    Decode: one buffer for the batch, each request's block a view of it. Prefill: the observation
+    window is the last `obs_window` queries of the whole prompt (with `prefill_chunk`, of each
+    chunk evicted after it: the row up to the prefill peak); a forward stages those of its
+    queries that fall in it (always a suffix of the forward)."""
     pool = model_runner.token_to_kv_pool
     num_layers, device = pool.layer_num, pool.get_key_buffer(0).device
-    decode = forward_batch.forward_mode.is_decode()
     seq_lens = forward_batch.seq_lens_cpu.tolist()
+    req_to_token = model_runner.req_to_token_pool.req_to_token
+    if forward_batch.forward_mode.is_decode():  # recall plans score prefills only
+        batch = [(i, req, st) for i, req, st in scored if "attn" in st.policy.needs]
+        decode = DecodeScoring([i for i, _, _ in batch], [req.kv.req_pool_idx for _, req, _ in batch],
+                               [seq_lens[i] for i, _, _ in batch],
+                               [st.cfg.scoring.score_layers for _, _, st in batch],
+                               num_layers, pool.head_num, device) if batch else None
+        for k, (_, _, st) in enumerate(batch):
+            st.stats.staged.append(decode.block(k))
+        pool._vtoken_scored = Scored(decode, [], req_to_token)
+        return
     plan = []
     for i, req, st in scored:
-        n = seq_lens[i]
-        if decode:
-            q = 1
-        else:  # n: the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`
-            total = n if st.retract.resume_prefill else n + len(req.full_untruncated_fill_ids) - req.extend_end
-            if evicts_in_prefill(st, req):  # eviction during prefill: the window ends each chunk
-                total = min(total, st.cfg.prefill_peak)
-            pending = st.recall.plan
-            if pending is not None and n > pending.end:  # not cut where its recall needs it
-                st.report["recall_skipped_tokens"] = min(st.cfg.host.recall, int(pending.candidates.numel()))
-                host_tier.tier_of().count_skip()
-                shortage.note("recall_skipped", req.rid)
-                st.recall.reset()
-            if st.recall.plan is not None:  # a recalling turn: the window ends its first chunk
-                total = min(total, st.recall.plan.end)
-            q = max(0, n - max(total - st.cfg.scoring.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
-        recall = None if decode else st.recall.plan
+        n = seq_lens[i]  # the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`
+        total = n if st.retract.resume_prefill else n + len(req.full_untruncated_fill_ids) - req.extend_end
+        if evicts_in_prefill(st, req):  # eviction during prefill: the window ends each chunk
+            total = min(total, st.cfg.prefill_peak)
+        pending = st.recall.plan
+        if pending is not None and n > pending.end:  # not cut where its recall needs it
+            st.report["recall_skipped_tokens"] = min(st.cfg.host.recall, int(pending.candidates.numel()))
+            host_tier.tier_of().count_skip()
+            shortage.note("recall_skipped", req.rid)
+            st.recall.reset()
+        recall = st.recall.plan
+        if recall is not None:  # a recalling turn: the window ends its first chunk
+            total = min(total, recall.end)
+        q = max(0, n - max(total - st.cfg.scoring.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
         if q == 0 or ("attn" not in st.policy.needs and recall is None):
             continue
         block = None
@@ -145,9 +168,9 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             block = torch.zeros(q, n, num_layers, pool.head_num, device=device)  # where the KV lives
             st.stats.staged.append((block, torch.arange(n - q + 1, n + 1, device=device)))
         if recall is not None:
-            recall.move_scores(device)
+            recall.stage(device)
         plan.append((i, block, st.cfg.scoring.score_layers, req.kv.req_pool_idx, recall, q, n))
-    pool._vtoken_scored = (plan, model_runner.req_to_token_pool.req_to_token)
+    pool._vtoken_scored = Scored(None, plan, req_to_token)
 
 
 def clear(model_runner) -> None:
@@ -158,50 +181,49 @@ def clear(model_runner) -> None:
 def around_radix_attention_forward(original, layer, q, k, v, forward_batch, *args, **kwargs):
     """AROUND `RadixAttention.forward`: run attention, then stage the probabilities."""
     out = original(layer, q, k, v, forward_batch, *args, **kwargs)
-    pool = get_token_to_kv_pool()
-    current = getattr(pool, "_vtoken_scored", None)
-    if current is not None:
-        plan, req_to_token = current
-        collect(layer, q, forward_batch, plan, pool, req_to_token)
+    scored = getattr(get_token_to_kv_pool(), "_vtoken_scored", None)
+    if scored is not None:
+        collect(layer, q, forward_batch, scored, get_token_to_kv_pool())
     return out
 
 
+def offer_lse(layer_id: int, lse: torch.Tensor, base: str = "log2") -> None:
+    """For an attention backend that computed this decode layer's log-sum-exp ``[bs, hq]``
+    (FlashInfer's `return_lse`: base 2): the score launch uses it instead of recomputing it."""
+    scored = getattr(get_token_to_kv_pool(), "_vtoken_scored", None)
+    if scored is not None and scored.decode is not None and scored.decode.scores(layer_id):
+        scored.decode.offer_lse(layer_id, lse, base)
+
+
+def wants_lse(layer_id: int) -> bool:
+    """Whether this forward scores decode layer `layer_id` (`offer_lse` would be used)."""
+    scored = getattr(get_token_to_kv_pool(), "_vtoken_scored", None)
+    return scored is not None and scored.decode is not None and scored.decode.scores(layer_id)
+
+
 @torch.no_grad()
-def collect(layer, q: torch.Tensor, forward_batch, scored: list, pool, req_to_token) -> None:
+def collect(layer, q: torch.Tensor, forward_batch, scored: Scored, pool) -> None:
     """Stage this layer's probabilities for every scored request."""
     hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
     q = q.view(-1, hq, layer.qk_head_dim)
     k_buffer = pool.get_key_buffer(layer.layer_id)
-    if forward_batch.forward_mode.is_decode():
-        starts = list(range(forward_batch.batch_size))
-        ext = [1] * forward_batch.batch_size
-    else:
-        ext = forward_batch.extend_seq_lens_cpu
-        starts = [sum(ext[:i]) for i in range(len(ext))]
-    for i, block, score_layers, row, recall, nq, n in scored:
+    if scored.decode is not None:
+        scored.decode.score(layer.layer_id, q, k_buffer, scored.req_to_token, layer.scaling)
+    if not scored.prefill:
+        return
+    ext = forward_batch.extend_seq_lens_cpu
+    starts = [sum(ext[:i]) for i in range(len(ext))]
+    for i, block, score_layers, row, recall, nq, n in scored.prefill:
         if score_layers is not None and layer.layer_id not in score_layers:
             continue
-        slots = req_to_token[row, :n].to(torch.int64)
+        slots = scored.req_to_token[row, :n].to(torch.int64)
         first = starts[i] + ext[i] - nq
         lengths = torch.arange(n - nq + 1, n + 1)
-        if block is not None:
-            probs = _probs(q[first:first + nq], k_buffer, slots, lengths, layer.scaling, hq, hkv)
-            block[:, :, layer.layer_id, :] = probs.to(block.dtype)
+        window = q[first:first + nq]
+        if block is not None:  # [nq, hq, n] -> group-summed over the query heads of each KV head
+            p = window_probs(window, k_buffer[slots], lengths, layer.scaling)
+            block[:, :, layer.layer_id, :] = p.view(nq, hkv, hq // hkv, n).sum(dim=2).transpose(1, 2)
         if recall is not None:  # the window's attention over the row and the host candidates
             t0 = time.perf_counter()
-            recall.score(candidate_mass(q[first:first + nq].view(nq, hq, -1), k_buffer[slots], lengths,
-                                        recall.k[:, layer.layer_id], layer.scaling), t0)
-
-
-def _probs(q, k_buffer, slots, lengths, scale, hq, hkv) -> torch.Tensor:
-    """``[nq, n, hkv]`` probabilities of `nq` queries over the keys at `slots`; query j sees the
-    first ``lengths[j]`` keys (causal), group-summed over the query heads of each KV head."""
-    nq, n = q.shape[0], slots.numel()
-    if nq == 1:  # decode: the score kernel (Triton on CUDA, torch on CPU), per KV head
-        score = torch.zeros(k_buffer.shape[0], hkv, dtype=torch.float32, device=k_buffer.device)
-        indptr = torch.tensor([0, n], dtype=torch.int32, device=k_buffer.device)
-        attn_scores_(q, k_buffer, indptr, slots.to(torch.int32), score, scale, decay=0.0)
-        return score[slots].unsqueeze(0)
-    p = window_probs(q.view(nq, hq, -1), k_buffer[slots], lengths, scale)    # [nq, hq, n]
-    p = p.view(nq, hkv, hq // hkv, n).sum(dim=2)                             # [nq, hkv, n]
-    return p.transpose(1, 2)
+            recall.score(candidate_mass(window, k_buffer[slots], lengths, recall.layer_keys(layer.layer_id),
+                                        layer.scaling), t0)

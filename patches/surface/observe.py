@@ -21,7 +21,7 @@ def naive_held_requests(scheduler) -> int:
     retraction return them), so it is in the running batch or in the batch that ran last."""
     batches = (getattr(scheduler, "running_batch", None), getattr(scheduler, "last_batch", None))
     reqs = {id(r): r for b in batches if b is not None for r in b.reqs}
-    return sum(1 for r in reqs.values() if (st := state_of(r)) is not None and st.naive.held)
+    return sum(1 for r in reqs.values() if (st := state_of(r)) is not None and len(st.naive.held))
 
 
 def after_get_internal_state(result, scheduler, *args, **kwargs):

@@ -97,6 +97,28 @@ def test_read_kv_as_pages_wraps_run_and_run_return_lse():
     assert w.runs == [([(2, 4, 2, 16)] * 2, False), ([(2, 4, 2, 16)] * 2, True)]
 
 
+def test_lse_to_hands_flashinfers_lse_over_and_restores_run():
+    """The decode of a scored layer runs with `return_lse=True` (through the paged view too); the
+    LSE goes to the sink, the output back to SGLang, and `run` is the paged one again after."""
+
+    class Lse(_RecordingWrapper):
+        def run(self, q, paged_kv_cache, *args, return_lse=False, **kwargs):
+            super().run(q, paged_kv_cache, return_lse=return_lse)
+            return ("out", "lse") if return_lse else "out"
+
+    w = P.read_kv_as_pages(Lse(), 4)
+    paged, got = w.run, []
+    kv = (torch.zeros(8, 2, 16), torch.zeros(8, 2, 16))
+    with P.lse_to(w, got.append):
+        assert w.forward(None, kv) == "out"
+    assert got == ["lse"] and w.run is paged and w.forward(None, kv) == "out"
+    plain = Lse()
+    with P.lse_to(plain, got.append):
+        plain.forward(None, kv)
+    assert "run" not in vars(plain) and got == ["lse", "lse"]
+    assert [r[1] for r in w.runs + plain.runs] == [True, False, True]
+
+
 def _backend(page_size, table, max_bs=8):
     return SimpleNamespace(
         page_size=page_size,

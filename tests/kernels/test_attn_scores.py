@@ -96,6 +96,48 @@ def test_shared_slots_add_up_with_decay_one(device):
         attn_scores_(q, k, indptr, idx, got, 0.25, decay=0.5, check=True)
 
 
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("lse_mode", [None, "log2"])
+@pytest.mark.parametrize("decay", [1.0, 0.0, 0.5])
+def test_by_entry_matches_reference_and_keeps_shared_slots_apart(device, per_head, lse_mode, decay):
+    """by_entry: a buffer indexed like kv_indices. Rows 0 and 2 read the same prefix slots (radix
+    sharing); each entry gets only its own row's probability, whatever the decay."""
+    g = torch.Generator().manual_seed(11)
+    hq, hkv, dim = 6, 2, 32
+    q = torch.randn(3, hq, dim, generator=g).to(device)
+    k = torch.randn(40, hkv, dim, generator=g).to(device)
+    shared = torch.randperm(40, generator=g)[:12]
+    rows = [torch.cat([shared[:8], shared[8:9]]), torch.empty(0, dtype=torch.int64), torch.cat([shared[:8], shared[9:]])]
+    idx = torch.cat(rows).to(device)
+    indptr = torch.tensor([0, 9, 9, 20], device=device)
+    sm_scale = 0.2
+    lse = _lse(lse_mode, q, k, indptr, idx, sm_scale)
+    score0 = torch.rand((20, hkv) if per_head else (20,), generator=g).to(device)
+    expected, got = score0.clone(), score0.clone()
+    kw = dict(lse=lse, lse_base=lse_mode or "ln", decay=decay, by_entry=True, check=True)
+    attn_scores_(q, k, indptr, idx, expected, sm_scale, impl="torch", **kw)
+    attn_scores_(q, k, indptr, idx, got, sm_scale, impl="triton", num_splits=2, block_n=4, **kw)
+    torch.testing.assert_close(got, expected, **TOL)
+    for b in (0, 2):  # independent oracle: the row alone, slot-indexed, read back at its slots
+        lo, hi = int(indptr[b]), int(indptr[b + 1])
+        alone = torch.zeros((40, hkv) if per_head else (40,), device=device)
+        attn_scores_(q[b:b + 1], k, torch.tensor([0, hi - lo], device=device), idx[lo:hi], alone, sm_scale,
+                     impl="torch")
+        torch.testing.assert_close(got[lo:hi], decay * score0[lo:hi] + alone[idx[lo:hi].long()], **TOL)
+
+
+def test_by_entry_writes_a_strided_view(device):
+    """The server writes each layer's scores into column `layer` of a [nnz, layers, Hkv] buffer."""
+    g = torch.Generator().manual_seed(12)
+    q, k, indptr, idx = _batch([7, 20], 4, 2, 16, 48, g, device)
+    buf = torch.zeros(27, 3, 2, device=device)
+    expected = torch.zeros(27, 2, device=device)
+    attn_scores_(q, k, indptr, idx, expected, 0.3, decay=0.0, by_entry=True, impl="torch")
+    attn_scores_(q, k, indptr, idx, buf[:, 1], 0.3, decay=0.0, by_entry=True, impl="triton")
+    torch.testing.assert_close(buf[:, 1], expected, **TOL)
+    assert not buf[:, 0].any() and not buf[:, 2].any()
+
+
 def test_entries_past_the_batch_are_ignored(device):
     """Graph-mode index buffers are larger than the batch and hold stale slot ids past kv_indptr[-1]."""
     g = torch.Generator().manual_seed(4)
@@ -198,6 +240,7 @@ def test_offsets_beyond_2_pow_31(device):
         (dict(kv_indices=torch.zeros(4)), "kv_indices has dtype torch.float32"),
         (dict(score=torch.zeros(16, dtype=torch.float64)), "score has dtype torch.float64"),
         (dict(score=torch.zeros(15)), r"score must be \[num_slots\]=16 or \[num_slots, Hkv\]=\[16, 2\]"),
+        (dict(score=torch.zeros(16), by_entry=True), r"score must be \[nnz\]=4 or \[nnz, Hkv\]=\[4, 2\]"),
         (dict(lse=torch.zeros(2, 2)), r"lse must be \[bs, Hq\]=\[2, 4\]"),
         (dict(lse_base="e"), "lse_base must be one of"),
         (dict(decay=float("nan")), "decay must be a finite float"),

@@ -75,14 +75,17 @@ SCRIPT = textwrap.dedent(
     ATT = dict(q_ptr="*bf16", stride_qb="i32", stride_qh="i32", k_ptr="*bf16", stride_ks="i64", stride_kh="i32", kv_indptr_ptr="*i32", kv_indices_ptr="*i32")
     SC = dict(ATT, lse_ptr="*fp32", stride_lb="i32", stride_lh="i32", qk_scale="fp32", lse_scale="fp32", decay="fp32", num_splits="i32", part_ptr="*fp32", score_ptr="*fp32", stride_ss="i32", stride_sh="i32")
     SC_ALIGNED = ("q_ptr", "k_ptr", "stride_ks", "stride_kh", "kv_indices_ptr", "part_ptr", "score_ptr")
-    LLAMA8B = dict(HQ=32, HKV=8, GROUP=4, HQ_PAD=32, HKV_PAD=8, D=128, BLOCK_D=128, BLOCK_N=16, UPCAST=False, PRECISION="tf32")
+    LLAMA8B = dict(HQ=32, HKV=8, GROUP=4, HQ_PAD=32, HKV_PAD=8, D=128, BLOCK_D=128, BLOCK_N=16, UPCAST=False, PRECISION="tf32", BY_ENTRY=False)
     for per_head in (False, True):
         for mode in (0, 1, 2):
             out[f"scores_{int(per_head)}{mode}"] = compile_(_attn_scores_kernel, SC, dict(LLAMA8B, PASS=1, LSE_GIVEN=True, PER_HEAD=per_head, MODE=mode), SC_ALIGNED, num_warps=4)
     out["scores_lse_pass"] = compile_(_attn_scores_kernel, SC, dict(LLAMA8B, PASS=0, LSE_GIVEN=False, PER_HEAD=True, MODE=2), SC_ALIGNED, num_warps=4)
     out["scores_merged_lse"] = compile_(_attn_scores_kernel, SC, dict(LLAMA8B, PASS=1, LSE_GIVEN=False, PER_HEAD=True, MODE=2), SC_ALIGNED, num_warps=4)
     # SmolLM2-135M (3 KV heads padded to 4, head_dim 64), fp32 (ieee dot), odd head_dim 80 in fp16
-    out["scores_smollm2"] = compile_(_attn_scores_kernel, SC, dict(HQ=9, HKV=3, GROUP=3, HQ_PAD=16, HKV_PAD=4, D=64, BLOCK_D=64, BLOCK_N=64, PASS=1, LSE_GIVEN=True, PER_HEAD=True, MODE=2, UPCAST=False, PRECISION="tf32"), SC_ALIGNED, num_warps=4)
+    out["scores_smollm2"] = compile_(_attn_scores_kernel, SC, dict(HQ=9, HKV=3, GROUP=3, HQ_PAD=16, HKV_PAD=4, D=64, BLOCK_D=64, BLOCK_N=64, PASS=1, LSE_GIVEN=True, PER_HEAD=True, BY_ENTRY=False, MODE=2, UPCAST=False, PRECISION="tf32"), SC_ALIGNED, num_warps=4)
+    # the server's decode scoring: per KV head, indexed by entry (no atomics), with and without the LSE
+    out["scores_entry"] = compile_(_attn_scores_kernel, SC, dict(LLAMA8B, PASS=1, LSE_GIVEN=True, PER_HEAD=True, BY_ENTRY=True, MODE=2), SC_ALIGNED, num_warps=4)
+    out["scores_entry_merged_lse"] = compile_(_attn_scores_kernel, SC, dict(LLAMA8B, PASS=1, LSE_GIVEN=False, PER_HEAD=True, BY_ENTRY=True, MODE=2), SC_ALIGNED, num_warps=4)
     out["scores_fp32"] = compile_(_attn_scores_kernel, dict(SC, q_ptr="*fp32", k_ptr="*fp32"), dict(LLAMA8B, BLOCK_N=4, PASS=1, LSE_GIVEN=True, PER_HEAD=False, MODE=1, UPCAST=True, PRECISION="ieee"), SC_ALIGNED, num_warps=4)
     out["scores_d80_fp16"] = compile_(_attn_scores_kernel, dict(SC, q_ptr="*fp16", k_ptr="*fp16"), dict(LLAMA8B, D=80, BLOCK_N=16, PASS=1, LSE_GIVEN=True, PER_HEAD=True, MODE=0), (), num_warps=4)
     print("RESULT" + json.dumps(out))
@@ -106,7 +109,7 @@ def ptx_stats():
 
 
 def test_all_kernels_compile_for_sm90_without_spills(ptx_stats):
-    assert len(ptx_stats) == 22
+    assert len(ptx_stats) == 24
     for name, stats in ptx_stats.items():
         assert stats[r"ld\.local"] == 0, f"{name} spills registers to local memory"
         assert stats["stack"] <= 0, f"{name}: ptxas spills {stats['stack']} bytes to the stack"
@@ -131,9 +134,11 @@ def test_scores_accumulate_atomically_only_when_decay_is_one(ptx_stats):
         assert ptx_stats[f"scores_{per_head}0"][r"atom\."] > 0
         assert ptx_stats[f"scores_{per_head}1"][r"atom\."] == 0
         assert ptx_stats[f"scores_{per_head}2"][r"atom\."] == 0
+    assert ptx_stats["scores_entry"][r"atom\."] == 0
 
 
-@pytest.mark.parametrize("name", ["scores_00", "scores_11", "scores_lse_pass", "scores_merged_lse", "scores_smollm2"])
+@pytest.mark.parametrize("name", ["scores_00", "scores_11", "scores_lse_pass", "scores_merged_lse", "scores_smollm2",
+                                  "scores_entry", "scores_entry_merged_lse"])
 def test_score_logits_use_tensor_cores_and_async_copies(ptx_stats, name):
     """16-bit K: logits by mma/wgmma, K tiles gathered by cp.async into shared memory (pipelined)."""
     assert ptx_stats[name][r"mma"] > 0, ptx_stats[name]

@@ -31,7 +31,7 @@ def test_held_pages_are_counted_through_the_requests_kv_record():
     req.kv.kv_allocated_len = other.kv.kv_allocated_len = 40
     assert held.around_kv_private_tokens(original, req.kv, 16) == original(other.kv, 16) == 48
 
-    st.naive.hold([7, 9], tree_lock=0, excess=0)
+    st.naive.hold(torch.tensor([7, 9]), tree_lock=0, excess=0)
     assert held.around_kv_private_tokens(original, req.kv, 16) == 48 + 2 * 16
     assert held.around_kv_private_tokens(original, other.kv, 16) == 48  # a plain record: stock
 
@@ -45,7 +45,7 @@ def test_held_pages_are_counted_through_the_requests_kv_record():
     alloc = Allocator()
     req.vtoken = st
     assert held.release_held(req, alloc) == 2 and alloc.freed == [7, 9]
-    assert held.around_kv_private_tokens(original, req.kv, 16) == 48 and st.naive.held == []
+    assert held.around_kv_private_tokens(original, req.kv, 16) == 48 and st.naive.held.tolist() == []
 
 
 def test_hold_naive_pages_keeps_what_naive_evict_could_not_free():
@@ -55,4 +55,4 @@ def test_hold_naive_pages_keeps_what_naive_evict_could_not_free():
     freed = torch.tensor([5, 6, 8])
     really = held.hold_naive_pages(st, kept, 15, own_len=4, freed=freed)
     # Naive-Evict: 3 pages; compacted: 1 page -> 2 held back, the third really freed
-    assert st.naive.held == [5, 6] and really.tolist() == [8] and st.naive.excess == 0
+    assert st.naive.held.tolist() == [5, 6] and really.tolist() == [8] and st.naive.excess == 0

@@ -51,10 +51,12 @@ def test_offload_copies_every_layers_kv_of_the_victims_and_counts_drops():
     layers = [torch.arange(10 * 3, dtype=torch.float32).view(10, 1, 3) + 100 * i for i in range(2)]
     tier = HostTier(3)
     a, b = state(), state()
-    offload(tier, [(a, torch.tensor([4, 7]), torch.tensor([40, 70])), (b, torch.tensor([1, 2]), torch.tensor([10, 20]))],
+    expected = torch.stack([layers[0][[4, 7]], layers[1][[4, 7]]], dim=1)
+    offload(tier, [(a, torch.tensor([40, 70])), (b, torch.tensor([10, 20]))], torch.tensor([4, 7, 1, 2]),
             layers, [x + 0.5 for x in layers])
     ca, cb = a.host.chunks[0], b.host.chunks[0]
-    torch.testing.assert_close(ca.k, torch.stack([layers[0][[4, 7]], layers[1][[4, 7]]], dim=1))
+    layers[0][4] = -1.0  # a host copy: later writes to the pool do not reach it
+    torch.testing.assert_close(ca.k, expected)
     torch.testing.assert_close(ca.v, ca.k + 0.5)
     assert cb.positions.tolist() == [10] and tier.dropped == 1 and tier.offloaded == 3
     assert a.report["offloaded_tokens"] == 2 and b.report["offloaded_tokens"] == 1

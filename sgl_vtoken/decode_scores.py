@@ -1,0 +1,118 @@
+"""Decode attention statistics of a whole batch: one score launch per scored layer.
+
+The decode query of every scored request attends to its row; the probabilities it gives each
+row entry, summed over the query heads of each KV head, are what H2O, TOVA and Scissorhands
+accumulate. The rows are concatenated and scored by entry (`attn_scores_(by_entry=True)`), so
+the buffer is sized by the batch's rows, rows sharing prefix slots keep their own
+probabilities, and nothing depends on the pool's size::
+
+    entries  | request 0: n0 keys | request 1: n1 keys | ... |       nnz = n0 + n1 + ...
+    buf      [nnz, layers, kv_heads] float32, zero where a request does not score a layer
+    block k  buf[start_k : start_k + n_k][None]: request k's ``[1, n_k, layers, kv_heads]``
+
+Requests may score different layers (`score_layers`). Each layer is scored in one launch over
+the requests that score it: the whole batch when all of them do (written straight into the
+buffer), else that subset (its entries scattered into the buffer after the launch). The slot
+lists are gathered from `req_to_token` on the device at a group's first layer, during the
+forward; no host synchronization anywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_vtoken.kernels import attn_scores_
+
+
+class _Group:
+    """The requests that score one layer (`members`: their indices in the scoring, ascending)."""
+
+    def __init__(self, members: list[int], everyone: bool):
+        self.members, self.everyone = members, everyone
+        self.q_rows = self.indptr = self.kv_indices = self.entries = None
+
+
+class DecodeScoring:
+    """One decode forward's scored requests.
+
+    Args:
+        q_rows: each request's row in the forward's queries (its batch index).
+        rows: each request's `req_to_token` row.  lengths: its row length n (the keys its query sees).
+        layers: each request's scored layer ids (None: every layer).
+        num_layers, kv_heads: the pool's layers and KV heads (this rank's).
+        device: the pool's device.
+    """
+
+    def __init__(self, q_rows: list[int], rows: list[int], lengths: list[int], layers: list,
+                 num_layers: int, kv_heads: int, device):
+        self.q_rows, self.rows, self.lengths = q_rows, rows, lengths
+        self.starts = [0]
+        for n in lengths:
+            self.starts.append(self.starts[-1] + n)
+        self.device = device
+        self.buf = torch.zeros(self.starts[-1], num_layers, kv_heads, dtype=torch.float32, device=device)
+        # [B] keys seen by each query, one host-to-device copy; request k's is a view
+        self.key_counts = torch.tensor(lengths, dtype=torch.int64).to(device, non_blocking=True)
+        self.groups: dict[int, _Group] = {}
+        by_members: dict[tuple, _Group] = {}
+        for layer in range(num_layers):
+            members = tuple(k for k, ls in enumerate(layers) if ls is None or layer in ls)
+            if members:
+                group = by_members.setdefault(members, _Group(list(members), len(members) == len(rows)))
+                self.groups[layer] = group
+        self._lse: dict[int, tuple[torch.Tensor, str]] = {}
+
+    def block(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Request `k`'s staged block ``[1, n, layers, kv_heads]`` (a view of the buffer, filled as
+        the layers run) and its query's key count ``[1]`` int64."""
+        return self.buf[self.starts[k]:self.starts[k + 1]].unsqueeze(0), self.key_counts[k:k + 1]
+
+    def scores(self, layer: int) -> bool:
+        """Whether some request scores `layer`."""
+        return layer in self.groups
+
+    def offer_lse(self, layer: int, lse: torch.Tensor, base: str) -> None:
+        """The attention backend's log-sum-exp of this layer's decode queries, ``[bs, hq]`` float32
+        (every query of the forward; `base` "ln" or "log2"): the score launch then reads K once."""
+        self._lse[layer] = (lse, base)
+
+    def score(self, layer: int, q: torch.Tensor, k_buffer: torch.Tensor, req_to_token: torch.Tensor,
+              scale: float) -> None:
+        """Score `layer`: `q` ``[bs, hq, d]`` the forward's decode queries, `k_buffer` the layer's
+        ``[num_slots, hkv, d]`` keys. One `attn_scores_` launch (plus one scatter for a subset)."""
+        group = self.groups.get(layer)
+        lse, base = self._lse.pop(layer, (None, "ln"))
+        if group is None:
+            return
+        if group.kv_indices is None:
+            self._build(group, req_to_token)
+        q = q.index_select(0, group.q_rows)
+        if lse is not None:
+            lse = lse.index_select(0, group.q_rows).float()
+        out = self.buf[:, layer] if group.everyone else torch.empty(
+            group.kv_indices.numel(), self.buf.shape[2], dtype=torch.float32, device=self.device)
+        attn_scores_(q, k_buffer, group.indptr, group.kv_indices, out, scale, lse=lse, lse_base=base,
+                     decay=0.0, by_entry=True)
+        if not group.everyone:
+            self.buf[:, layer].index_copy_(0, group.entries, out)
+
+    def _build(self, group: _Group, req_to_token: torch.Tensor) -> None:
+        """The group's query rows, CSR offsets and slots (gathered from `req_to_token`), and its
+        entries' places in the buffer; host lists go over in one copy."""
+        m = group.members
+        lens = [self.lengths[k] for k in m]
+        indptr = [0]
+        for n in lens:
+            indptr.append(indptr[-1] + n)
+        nnz = indptr[-1]
+        host = torch.tensor([*(self.q_rows[k] for k in m), *(self.rows[k] for k in m), *lens, *indptr,
+                             *(self.starts[k] for k in m)], dtype=torch.int64)
+        dev = host.to(self.device, non_blocking=True)
+        b = len(m)
+        group.q_rows, rows, lens_d = dev[:b], dev[b:2 * b], dev[2 * b:3 * b]
+        group.indptr, first = dev[3 * b:4 * b + 1], dev[4 * b + 1:]
+        owner = torch.repeat_interleave(torch.arange(b, device=self.device), lens_d, output_size=nnz)
+        col = torch.arange(nnz, device=self.device) - group.indptr[owner]
+        group.kv_indices = req_to_token[rows[owner], col]
+        if not group.everyone:
+            group.entries = first[owner] + col
