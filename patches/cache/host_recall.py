@@ -135,7 +135,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     if slots is None:  # no free page: the turn goes on without them
         st.report["recall_skipped_tokens"] = int(sel.numel())
         host_tier.tier_of().count_skip()
-        shortage.note("recall_skipped", req.rid)
+        shortage.note("recall_skipped", req.rid, "page")
         sel, slots = sel[:0], row[:0]
     n, ps = int(sel.numel()), allocator.page_size
     tail = row[-(-back // ps) * ps:]  # whole pages past `back`'s page

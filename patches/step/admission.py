@@ -134,17 +134,18 @@ def adder_class(base: type) -> type:
             self.tree_cache.unlock(req.lock)
             req.lock = None
 
-        def _defer(self, req, st, what: str, has_chunked_req) -> None:
-            """`req` waits a round: no free page for `what` (counted, `shortage.py`); on an idle
-            pool it never gets one, and ends with HTTP 503."""
+        def _defer(self, req, st, what: str, page: str, has_chunked_req) -> None:
+            """`req` waits a round: no free page for `what` (`page`: a kind of `shortage.KINDS`;
+            counted, `shortage.py`); on an idle pool it never gets one, and ends with HTTP 503."""
             counters = getattr(self.tree_cache, "vt_counters", None)
             if counters is not None:
                 counters.deferred_admissions += 1
             st.report["deferred_admissions"] = st.report.get("deferred_admissions", 0) + 1
-            shortage.note("admission_deferred", req.rid)
+            shortage.note("admission_deferred", req.rid, page)
             if self._idle(has_chunked_req):
                 if counters is not None:
                     counters.shortage_aborts += 1
+                shortage.note("admission_aborted", req.rid, page)
                 _refuse(req, st, _no_page(what, self.token_to_kv_pool_allocator.size), HTTPStatus.SERVICE_UNAVAILABLE)
 
         def add_one_req(self, req, has_chunked_req, *args, **kwargs):
@@ -152,7 +153,7 @@ def adder_class(base: type) -> type:
 
             st = state_of(req)
             if st is not None and st.retract.blocked:  # its stashed row does not fit the pool yet
-                self._defer(req, st, "a retracted row written back", has_chunked_req)
+                self._defer(req, st, "a retracted row written back", "resume", has_chunked_req)
                 return AddReqResult.NO_TOKEN
             limit = chunk_limit(req)  # eviction during prefill: its first chunk ends at the peak
             forcing = limit is not None and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
@@ -179,7 +180,7 @@ def adder_class(base: type) -> type:
                 not history_pages.own_tail(self.tree_cache, req, st)
             if deferred:
                 self._take_back(req)
-                self._defer(req, st, "the copy of a stored view's last page", has_chunked_req)
+                self._defer(req, st, "the copy of a stored view's last page", "tail", has_chunked_req)
                 result = AddReqResult.NO_TOKEN
             elif result == AddReqResult.NO_TOKEN and req not in self.can_run_list and self._idle(has_chunked_req):
                 _refuse(req, st, _never_fits(req, self.token_to_kv_pool_allocator.size))

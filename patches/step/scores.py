@@ -155,7 +155,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         if pending is not None and n > pending.end:  # not cut where its recall needs it
             st.report["recall_skipped_tokens"] = min(st.cfg.host.recall, int(pending.candidates.numel()))
             host_tier.tier_of().count_skip()
-            shortage.note("recall_skipped", req.rid)
+            shortage.note("recall_skipped", req.rid, "cut")
             st.recall.reset()
         recall = st.recall.plan
         if recall is not None:  # a recalling turn: the window ends its first chunk

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..cache import host_tier
 from ..state import state_of
+from . import shortage
 from .counters import counters_of
 from .server_args import server_config
 
@@ -35,6 +36,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
         state["vtoken"] = {
             "config": server_config().to_dict(), **counters_of(scheduler).as_dict(),
             "naive_held_requests": naive_held_requests(scheduler),
+            "shortages": shortage.met(),  # by path, forced ones apart (shortage.py)
             # free == total after load: available + evictable (radix cache) == total
             "pool_total_tokens": int(scheduler.max_total_num_tokens),
             "pool_available_tokens": int(allocator.available_size()),

@@ -17,6 +17,10 @@ fields), per request (`meta_info["kv_evict"]`), and logged once per kind at warn
     recall_skipped     cache/host_recall.py,     the turn goes on without its      skipped_recalls (host tier),
                        step/scores.py            recalled tokens                   recall_skipped_tokens (request)
 
+Every shortage met is also tallied by where it was met (`PATHS`; `/get_server_info`'s
+`shortages`, e.g. `{"admission_deferred:tail": 3}`), with those forced for testing apart
+(`forced:` before the path), so a stress run shows which paths real pressure reached.
+
 Testing: with `VTOKEN_TEST_SHORTAGE=<prefix>` in a server's environment, every page the plugin
 asks for on behalf of a request whose id starts with `<prefix>` is refused (`refused`), so tests
 drive each path on demand, as SGLang's `SGLANG_TEST_RETRACT` does for retraction. An id
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +42,21 @@ MESSAGES = {
                        "prompt tokens it keeps; the request ends with an error",
     "admission_deferred": "an admission found no free KV page for the copy of a stored view's last page "
                           "or for a retracted row; the request waits",
+    "admission_aborted": "an admission found no free KV page for the copy of a stored view's last page "
+                         "or for a retracted row with nothing else in the pool; the request ends with an error",
     "recall_skipped": "a turn's recall found no free KV page (or its prefill was not cut where recall "
                       "needed); the turn goes on without the recalled tokens",
 }
 # What the plugin allocates pages for: copies of kept cached tokens (eviction), a stored view's
 # last page (admission), a retracted row written back (admission), recalled tokens (prefill).
 KINDS = ("copies", "tail", "resume", "recall")
+# Where a shortage is met: a kind of `MESSAGES`, refined by what lacked a page where one kind has
+# several (`note(kind, rid, detail)`).
+PATHS = ("eviction_deferred", "prefill_aborted", "admission_deferred:tail", "admission_deferred:resume",
+         "admission_aborted:tail", "admission_aborted:resume", "recall_skipped:page", "recall_skipped:cut")
 _warned: set[str] = set()
 _REFUSE = os.environ.get("VTOKEN_TEST_SHORTAGE") or None
+_met: Counter = Counter()  # path -> shortages met in this scheduler process
 
 
 def refused(req, kind: str) -> bool:
@@ -57,11 +69,22 @@ def refused(req, kind: str) -> bool:
     return not named or named[0] == kind
 
 
-def note(kind: str, rid) -> None:
-    """A shortage of `kind` (`MESSAGES`) met by request `rid`: logged at warning level the first
-    time per kind in this process (the counters count every time; the caller moves them)."""
+def note(kind: str, rid, detail: str | None = None) -> None:
+    """A shortage of `kind` (`MESSAGES`) met by request `rid` at `kind:detail` (`PATHS`): tallied,
+    and logged at warning level the first time per kind in this process (the caller moves the
+    counters of `/get_server_info` and the request's report)."""
+    path = f"{kind}:{detail}" if detail else kind
+    if path not in PATHS:
+        raise ValueError(f"unknown shortage path {path!r}; known: {PATHS}")
+    forced = _REFUSE is not None and str(rid).startswith(_REFUSE)
+    _met["forced:" + path if forced else path] += 1
     if kind in _warned:
         return
     _warned.add(kind)
     logger.warning("kv_evict shortage (%s, request %s): %s. Further ones are counted in /get_server_info "
                    "without a log line.", kind, rid, MESSAGES[kind])
+
+
+def met() -> dict[str, int]:
+    """Shortages met so far in this process, by path (`forced:<path>` for test-refused pages)."""
+    return dict(sorted(_met.items()))

@@ -35,6 +35,12 @@ class Client:
         return self.post("/generate", {"input_ids": input_ids, "sampling_params": params})
 
 
+def shortages_met(before: dict, after: dict) -> dict:
+    """The page shortages met between two `vtoken_state()` readings, by path (patches/surface/shortage.py)."""
+    b = before.get("shortages") or {}
+    return {k: n - b.get(k, 0) for k, n in (after.get("shortages") or {}).items() if n - b.get(k, 0)}
+
+
 # Requests whose id starts with SHORTAGE get no page the plugin asks for (patches/surface/shortage.py).
 SHORTAGE = "shortage-"
 # SGLang's own memory checkers, on in every test server unless a test asks otherwise; and the

@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from conftest import MEMORY_CHECKS, SHORTAGE
+from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken_tools.hf_reference import masked_greedy
 from test_eviction import generate, random_ids, wait_pool_free
@@ -126,6 +126,9 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(s
     st = wait_pool_free(client)
     assert st["deferred_admissions"] > before["deferred_admissions"]
     assert st["shortage_aborts"] == before["shortage_aborts"] + 1
+    assert shortages_met(before, st) == {"forced:admission_aborted:resume": 1,
+                                         "forced:admission_deferred:resume": st["deferred_admissions"]
+                                         - before["deferred_admissions"]}
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     log = client.server.log_text()
     assert "kv_evict shortage (admission_deferred" in log and "Traceback" not in log

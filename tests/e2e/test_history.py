@@ -9,7 +9,7 @@ import threading
 import pytest
 import requests
 
-from conftest import SHORTAGE
+from conftest import SHORTAGE, shortages_met
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.config import EvictConfig
 from test_eviction import generate, random_ids, wait_pool_free
@@ -124,6 +124,9 @@ def test_a_turn_without_a_page_for_its_views_last_page_waits_then_ends_with_503(
     st = client.vtoken_state()
     assert st["deferred_admissions"] > before["deferred_admissions"]
     assert st["shortage_aborts"] == before["shortage_aborts"] + 1
+    assert shortages_met(before, st) == {"forced:admission_aborted:tail": 1,
+                                         "forced:admission_deferred:tail": st["deferred_admissions"]
+                                         - before["deferred_admissions"]}
     report = generate(client, prompt, 8, "tail-1", kv)["meta_info"]["kv_evict"][0]
     assert report["history_tokens"] == len(first) + 23 and report["history_view_tokens"] % 16
     st = wait_pool_free(client)

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from conftest import SHORTAGE
+from conftest import SHORTAGE, shortages_met
 from sgl_vtoken.config import EvictConfig, HostTier
 from sgl_vtoken_tools.hf_reference import masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
@@ -110,6 +110,7 @@ def test_a_recall_without_free_pages_is_skipped_and_counted(client, hf_eager):
     assert all(r["recall_skipped_tokens"] > 0 and not r.get("recalled_tokens") for r in reports[1:])
     st = wait_pool_free(client)
     assert st["skipped_recalls"] - before["skipped_recalls"] == 2
+    assert shortages_met(before, st) == {"forced:recall_skipped:page": 2}
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     log = client.server.log_text()
     assert log.count("kv_evict shortage (recall_skipped") == 1 and "Traceback" not in log

@@ -10,7 +10,7 @@ import threading
 import pytest
 import requests
 
-from conftest import MEMORY_CHECKS, SHORTAGE
+from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
 from sgl_vtoken.config import EvictConfig, Prefill
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
@@ -163,6 +163,8 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     st = wait_pool_free(client)
     assert st["shortage_aborts"] == before["shortage_aborts"] + 1
     assert st["deferred_evictions"] - before["deferred_evictions"] == report["deferred_evictions"]
+    assert shortages_met(before, st) == {"forced:prefill_aborted": 1,
+                                         "forced:eviction_deferred": report["deferred_evictions"]}
     assert st["running_evicting_requests"] == st["live_tokens"] == st["retained_pages"] == 0  # idle now
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
