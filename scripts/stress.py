@@ -36,10 +36,11 @@ import sys
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
-from sgl_vtoken_tools.bench.stress_traffic import TrafficSpec
+from sgl_vtoken_tools.bench.stress_traffic import FORCED, TrafficSpec
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 REPO = Path(__file__).resolve().parent.parent
+SHORTAGE_KINDS = ("copies", "tail", "resume", "recall")  # patches/surface/shortage.py KINDS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "recall, each must hold sink + window + recall + 1")
     p.add_argument("--retract", action="store_true",
                    help="SGLang retracts running requests on purpose (SGLANG_TEST_RETRACT, every 25 steps)")
+    p.add_argument("--forced-shortages", default=None,
+                   help="comma-separated page kinds (copies, tail, resume, recall) a few requests are refused on "
+                        "purpose (VTOKEN_TEST_SHORTAGE), so every shortage path is met next to those real pressure "
+                        "reaches; the summary's shortages count those apart (forced:...)")
     p.add_argument("--progress-every", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=None, help="JSON lines file (besides stdout)")
     p.add_argument("--requests-out", type=Path, default=None, help="one JSON line per request")
@@ -98,15 +103,23 @@ def main(argv: list[str] | None = None) -> int:
             flags += ["--kv-evict-config", args.kv_evict_config] if args.kv_evict_config else []
             flags += ["--disable-overlap-schedule"] if args.disable_overlap_schedule else []
             env = {**MEMORY_CHECKS, **({"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "25"}
-                                       if args.retract else {})}
+                                       if args.retract else {}),
+                   **({"VTOKEN_TEST_SHORTAGE": FORCED} if args.forced_shortages else {})}
             server = ServerProcess(cpu_server_args(model, args.pool, args.page_size) + flags, env=env).start()
             emit({"kind": "server", "flags": flags, "page_size": args.page_size, "pool": args.pool,
                   "env": env, "startup_s": round(server.startup_seconds, 1)})
         try:
-            traffic = TrafficSpec(budgets=tuple(int(b) for b in args.budgets.split(","))) if args.budgets \
-                else TrafficSpec()
+            budgets = {"budgets": tuple(int(b) for b in args.budgets.split(","))} if args.budgets else {}
         except ValueError:
             parser.error(f"--budgets: comma-separated integers, got {args.budgets!r}")
+        server_cfg = json.loads(args.kv_evict_config or "{}")
+        # On a server with a host store requests vary offload and recall too.
+        host = {"recalls": (0, 16, 32)} if server_cfg.get("host_tokens") else {}
+        forced = tuple(k for k in (args.forced_shortages or "").split(",") if k)
+        unknown = sorted(set(forced) - set(SHORTAGE_KINDS))
+        if unknown:
+            parser.error(f"--forced-shortages: unknown page kind {unknown[0]!r}; choose from {list(SHORTAGE_KINDS)}")
+        traffic = TrafficSpec(**budgets, **host, shortages=forced)
         try:
             cfg = StressConfig(base_url=args.base_url or server.base_url, duration_s=args.duration,
                                workers=args.workers, seed=args.seed, progress_every_s=args.progress_every,

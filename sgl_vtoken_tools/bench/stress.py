@@ -26,7 +26,7 @@ import requests
 
 from sgl_vtoken_tools.bench import probe
 from sgl_vtoken_tools.bench.server_log import parse_log, read_from, tracebacks
-from sgl_vtoken_tools.bench.stress_traffic import KINDS, TrafficSpec, play
+from sgl_vtoken_tools.bench.stress_traffic import TrafficSpec, kinds, play
 
 # SGLang's own memory checkers, on in the server a stress run starts.
 MEMORY_CHECKS = {
@@ -34,7 +34,11 @@ MEMORY_CHECKS = {
     "SGLANG_DEBUG_MEMORY_POOL": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
 }
-EXPECTED = {"invalid": {"rejected"}, "abort": {"aborted", "ok"}, "disconnect": {"aborted", "ok"}}
+# An HTTP 503 naming a page shortage is the plugin's answer to a request it has no page for
+# (patches/surface/shortage.py): expected of every kind, and counted apart in the summary.
+EXPECTED = {"invalid": {"rejected"}, "abort": {"aborted", "ok", "unavailable"},
+            "disconnect": {"aborted", "ok", "unavailable"}}
+DEFAULT_EXPECTED = {"ok", "unavailable"}
 MAX_UNEXPECTED_LINES = 50  # the summary counts them all
 COUNTERS = ("evictions", "evicted_tokens", "pages_freed", "tokens_moved", "history_hits", "history_tokens_reused",
             # page shortages met and what was done instead (patches/surface/shortage.py)
@@ -61,7 +65,7 @@ class StressConfig:
 
 
 def expected(rec: dict) -> bool:
-    return rec["status"] in EXPECTED.get(rec["kind"], {"ok"})
+    return rec["status"] in EXPECTED.get(rec["kind"], DEFAULT_EXPECTED)
 
 
 def verdict(checks: dict) -> bool:
@@ -78,19 +82,21 @@ def tally(records: list[dict]) -> dict:
             "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(by_kind.items())},
             "by_evict": dict(sorted(Counter(r["evict"] for r in records).items())),
             "unexpected": sum(not expected(r) for r in records),
-            "aborted": sum(r["status"] == "aborted" for r in records)}
+            "aborted": sum(r["status"] == "aborted" for r in records),
+            "unavailable": sum(r["status"] == "unavailable" for r in records)}
 
 
 def _workers(cfg: StressConfig, model: str, deadline: float, on_record, down: threading.Event) -> list[threading.Thread]:
     """The request loops; each stops at the deadline, or as soon as the server stops answering
     (`down` set: a connection failure and a failed /health)."""
-    kinds, weights = list(KINDS), list(KINDS.values())
+    mix = kinds(cfg.traffic)
+    names, weights = list(mix), list(mix.values())
 
     def loop(w: int) -> None:
         rng = random.Random(f"{cfg.seed}-worker-{w}")
         n = 0
         while time.monotonic() < deadline and not down.is_set():
-            kind = rng.choices(kinds, weights)[0]
+            kind = rng.choices(names, weights)[0]
             recs = play(kind, cfg.base_url, rng, cfg.traffic, f"stress{cfg.seed}-w{w}-{n}", model)
             for rec in recs:
                 on_record(rec)
@@ -131,7 +137,7 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
     log_path = Path(cfg.server_log) if cfg.server_log else None
     log_offset = log_path.stat().st_size if log_path and log_path.exists() else 0
     emit({"kind": "config", **{k: v for k, v in asdict(cfg).items() if k != "traffic"},
-          "traffic": asdict(cfg.traffic), "kinds": KINDS, "server_config": st0.get("config"), "model": model})
+          "traffic": asdict(cfg.traffic), "kinds": kinds(cfg.traffic), "server_config": st0.get("config"), "model": model})
 
     records: list[dict] = []
     unexpected = [0]
@@ -193,6 +199,8 @@ def _summary(cfg, records, threads, drained, load_s, st0, m0, samples, log_path,
     log = read_from(log_path, log_offset) if log_path else None
     t = tally(records)
     counters = {k: st1.get(k, 0) - st0.get(k, 0) for k in COUNTERS} if st1 else None
+    shortages = None if st1 is None else {
+        k: n - (st0.get("shortages") or {}).get(k, 0) for k, n in (st1.get("shortages") or {}).items()}
     retracted = None
     if m1 is not None and m0 is not None and m1.get("retractions_exported"):
         retracted = int(m1["num_retracted_requests_total"] - m0["num_retracted_requests_total"])
@@ -211,6 +219,8 @@ def _summary(cfg, records, threads, drained, load_s, st0, m0, samples, log_path,
     }
     return {"kind": "summary", "ok": verdict(checks), "checks": checks,
             "load_s": round(load_s, 1), **t, "counters": counters, "retracted_requests": retracted,
+            # page shortages by the path that met them (patches/surface/shortage.py PATHS)
+            "shortages": {k: n for k, n in sorted((shortages or {}).items()) if n},
             "peak_running_sampled": max((s.get("running") or 0 for s in samples), default=None),
             "peak_waiting_sampled": max((s.get("waiting") or 0 for s in samples), default=None),
             "peak_running_plugin": (st1 or {}).get("peak_running_requests"),

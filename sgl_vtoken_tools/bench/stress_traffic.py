@@ -4,8 +4,15 @@ evictions, finish reason). `KINDS` lists them; `play(kind, ...)` runs one.
 
 Every request is greedy with `ignore_eos`, so a request that finished normally produced exactly
 its `max_new_tokens`. Outcomes: `ok` (finished), `aborted` (finish reason abort: only expected for
-`abort` and `disconnect`), `rejected` (HTTP 400: only expected for `invalid`), `error` (anything
-else: an unexpected status, a timeout, a short reply, a connection failure).
+`abort` and `disconnect`), `rejected` (HTTP 400: only expected for `invalid`), `unavailable` (HTTP
+503 naming a KV page shortage: the plugin's answer to a request it has no page for,
+patches/surface/shortage.py), `error` (anything else: an unexpected status, a timeout, a short
+reply, a connection failure).
+
+A request's `kv_evict` overrides any of the fields a request may carry (policy, budget, sink,
+window, interval, and on a server with a host store offload and recall), each drawn from the
+spec's values, which the caller keeps valid for the server (`TrafficSpec`); `invalid` requests
+send one bad value of one field (or an unknown field) and expect HTTP 400.
 """
 
 from __future__ import annotations
@@ -21,8 +28,12 @@ from sgl_vtoken_tools.bench.workload import prose
 
 KINDS = {  # kind -> weight
     "generate": 3, "generate_stream": 3, "chat": 2, "chat_stream": 2, "session": 2,
-    "abort": 1, "disconnect": 1, "invalid": 1,
+    "abort": 1, "disconnect": 1, "invalid": 1, "shortage": 0.25,
 }
+# A `shortage` request is a session whose request ids begin `<FORCED><page kind>-`: a server started
+# with VTOKEN_TEST_SHORTAGE=<FORCED> refuses it that kind of page (patches/surface/shortage.py), so
+# a stress run meets each shortage path on purpose next to the ones real pressure reaches.
+FORCED = "shortage-"
 SHARED_PREFIXES = 3    # a few common prompt heads, so prompts share radix-cache prefixes
 
 
@@ -31,6 +42,11 @@ class TrafficSpec:
     policies: tuple = ("streamingllm", "random", "knorm", "h2o", "tova", "scissorhands")
     budgets: tuple = (48, 64, 128, 256)
     windows: tuple = (0, 16)
+    sinks: tuple = (0, 4, 16)
+    intervals: tuple = (1, 8, 16)    # each below a server prefill_chunk
+    recalls: tuple = ()              # non-empty on a server with a host store: offload and recall vary too
+    shortages: tuple = ()            # page kinds `shortage` requests are refused (none: no such requests)
+    words_per_token: float = 0.5     # chat prompts: words of prose per token of the prompt lengths above
     short_prompt: tuple = (8, 64)
     long_prompt: tuple = (300, 1500)
     short_new: tuple = (1, 48)
@@ -39,14 +55,36 @@ class TrafficSpec:
     timeout: float = 300.0           # seconds per request
 
 
+# One bad value of one field each (or an unknown field): HTTP 400 naming it.
+INVALID = ({"policy": "streamingllm", "budget": 1}, {"policy": "bogus"}, {"policy": "random", "budget": "many"},
+           {"policy": "h2o", "budget": -5}, {"budget": 64.5}, {"sink": -1}, {"window": "wide"}, {"interval": 0},
+           {"offload": "yes"}, {"recall": -3}, {"budgets": 64}, [64])
+FIELD_SHARE = 0.6  # chance that an overriding request sets each optional field
+
+
+def kinds(spec: TrafficSpec) -> dict[str, float]:
+    """The kinds of request a run with `spec` sends, with their weights."""
+    return {k: w for k, w in KINDS.items() if k != "shortage" or spec.shortages}
+
+
 def evict_choice(rng: random.Random, spec: TrafficSpec) -> dict | None:
-    """None (the server's own setting), {"policy": "none"} or a random policy with budget and window."""
+    """None (the server's own setting), {"policy": "none"}, or a policy with each other field
+    (budget, sink, window, interval; offload and recall where `spec.recalls`) set or left to the
+    server's at random."""
     x = rng.random()
     if x < 0.2:
         return None
-    if x < 0.4:
+    if x < 0.35:
         return {"policy": "none"}
-    return {"policy": rng.choice(spec.policies), "budget": rng.choice(spec.budgets), "window": rng.choice(spec.windows)}
+    kv = {"policy": rng.choice(spec.policies), "budget": rng.choice(spec.budgets)}
+    for name, values in (("sink", spec.sinks), ("window", spec.windows), ("interval", spec.intervals)):
+        if rng.random() < FIELD_SHARE:
+            kv[name] = rng.choice(values)
+    if spec.recalls and rng.random() < FIELD_SHARE:
+        kv["offload"] = rng.random() < 0.8
+        if kv["offload"]:
+            kv["recall"] = rng.choice(spec.recalls)
+    return kv
 
 
 def prompt_ids(rng: random.Random, spec: TrafficSpec, long: bool) -> list[int]:
@@ -66,8 +104,24 @@ def _sampling(max_new: int, kv: dict | None) -> dict:
     return sp
 
 
-def _outcome(rec: dict, finish: str | None, completion: int, max_new: int) -> dict:
-    if finish == "abort":
+def _refusal(code: int, text: str) -> str:
+    """The outcome of a request the server answered with an error `code` and body `text`."""
+    if code == 400:
+        return "rejected"
+    return "unavailable" if code == 503 and "kv_evict" in text else "error"
+
+
+def _refused(rec: dict, r) -> dict:
+    return {**rec, "status": _refusal(r.status_code, r.text), "error": r.text[:300]}
+
+
+def _outcome(rec: dict, finish, completion: int, max_new: int) -> dict:
+    """`finish`: a finish reason's type, or /generate's finish-reason object."""
+    reason = finish if isinstance(finish, dict) else {}
+    finish = reason.get("type") if isinstance(finish, dict) else finish
+    if finish == "abort" and reason.get("status_code") == 503:  # a shortage the server answered
+        rec.update(status=_refusal(503, str(reason.get("message"))), error=str(reason.get("message"))[:300])
+    elif finish == "abort":
         rec["status"] = "aborted"
     elif completion != max_new:
         rec.update(status="error", error=f"{completion} tokens of {max_new}, finish reason {finish!r}")
@@ -89,12 +143,12 @@ def generate(base_url: str, rec: dict, ids: list[int], max_new: int, kv, stream:
     with requests.post(base_url + "/generate", json=body, stream=stream, timeout=timeout) as r:
         rec["http"] = r.status_code
         if r.status_code != 200:
-            return {**rec, "status": "rejected" if r.status_code == 400 else "error", "error": r.text[:300]}
+            return _refused(rec, r)
         if not stream:
             j = r.json()
             meta = j["meta_info"]
             rec["evicted_tokens"] = _evicted(meta)
-            return _outcome(rec, (meta.get("finish_reason") or {}).get("type"), meta["completion_tokens"], max_new)
+            return _outcome(rec, meta.get("finish_reason"), meta["completion_tokens"], max_new)
         last, chunks = None, 0
         for line in r.iter_lines():
             if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -110,7 +164,7 @@ def generate(base_url: str, rec: dict, ids: list[int], max_new: int, kv, stream:
         return {**rec, "status": "error", "error": "stream without data"}
     meta = last["meta_info"]
     rec["evicted_tokens"] = _evicted(meta)
-    return _outcome(rec, (meta.get("finish_reason") or {}).get("type"), meta["completion_tokens"], max_new)
+    return _outcome(rec, meta.get("finish_reason"), meta["completion_tokens"], max_new)
 
 
 def chat(base_url: str, rec: dict, messages: list[dict], max_new: int, kv, stream: bool,
@@ -125,7 +179,7 @@ def chat(base_url: str, rec: dict, messages: list[dict], max_new: int, kv, strea
     with requests.post(base_url + "/v1/chat/completions", json=body, stream=stream, timeout=timeout) as r:
         rec["http"] = r.status_code
         if r.status_code != 200:
-            return {**rec, "status": "rejected" if r.status_code == 400 else "error", "error": r.text[:300]}, ""
+            return _refused(rec, r), ""
         if not stream:
             j = r.json()
             c = j["choices"][0]
@@ -135,6 +189,10 @@ def chat(base_url: str, rec: dict, messages: list[dict], max_new: int, kv, strea
             if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
                 continue
             obj = json.loads(line[5:])
+            if obj.get("object") == "error" or "error" in obj:  # an error after the stream began
+                err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
+                return {**rec, "status": _refusal(int(err.get("code") or 0), json.dumps(err)),
+                        "error": json.dumps(err)[:300]}, ""
             for c in obj.get("choices") or []:
                 parts.append((c.get("delta") or {}).get("content") or "")
                 finish = c.get("finish_reason") or finish
@@ -146,14 +204,14 @@ def chat(base_url: str, rec: dict, messages: list[dict], max_new: int, kv, strea
 def play(kind: str, base_url: str, rng: random.Random, spec: TrafficSpec, rid: str,
          model: str = "default") -> list[dict]:
     """One request of `kind` (a `session` is several), drawn from `rng`; its records."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; choose from {sorted(KINDS)}")
+    if kind not in kinds(spec):
+        raise ValueError(f"unknown kind {kind!r}; choose from {sorted(kinds(spec))}")
     long = rng.random() < 0.3
     kv = evict_choice(rng, spec)
     lo, hi = spec.long_new if rng.random() < 0.3 else spec.short_new
     max_new = rng.randint(lo, hi)
-    rec = {"kind": kind, "rid": rid, "evict": "server" if kv is None else kv["policy"], "long_prompt": long,
-           "max_new": max_new, "error": None}
+    rec = {"kind": kind, "rid": rid, "evict": "server" if kv is None else kv["policy"], "kv_evict": kv,
+           "long_prompt": long, "max_new": max_new, "error": None}
     t0 = time.monotonic()
     try:
         if kind in ("generate", "generate_stream"):
@@ -164,13 +222,15 @@ def play(kind: str, base_url: str, rng: random.Random, spec: TrafficSpec, rid: s
                             stop_after=rng.randint(1, 8), abort=kind == "abort", timeout=spec.timeout)]
             out[0]["max_new"] = max(max_new, 64)
         elif kind == "invalid":
-            bad = rng.choice([{"policy": "streamingllm", "budget": 1}, {"policy": "bogus"},
-                              {"policy": "random", "budget": "many"}, {"policy": "h2o", "budget": -5}])
+            bad = rng.choice(INVALID)
             out = [generate(base_url, rec, prompt_ids(rng, spec, False), 4, bad, False, timeout=spec.timeout)]
         elif kind in ("chat", "chat_stream"):
-            msgs = [{"role": "system", "content": "You are terse."},
-                    {"role": "user", "content": prose(rng, rng.randint(*(spec.long_prompt if long else spec.short_prompt)))}]
+            words = int(rng.randint(*(spec.long_prompt if long else spec.short_prompt)) * spec.words_per_token)
+            msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": prose(rng, max(1, words))}]
             out = [chat(base_url, rec, msgs, max_new, kv, kind == "chat_stream", spec.timeout, model)[0]]
+        elif kind == "shortage":
+            rec.update(rid=f"{FORCED}{rng.choice(spec.shortages)}-{rid}")
+            out = _session(base_url, rng, spec, rec, kv, model)
         else:
             out = _session(base_url, rng, spec, rec, kv, model)
     except (requests.RequestException, ValueError, KeyError) as e:
@@ -185,7 +245,8 @@ def _session(base_url: str, rng: random.Random, spec: TrafficSpec, rec: dict, kv
     msgs = [{"role": "system", "content": "You are an agent. " + prose(random.Random("session-system"), 120)}]
     out = []
     for turn in range(rng.randint(2, 4)):
-        msgs.append({"role": "user", "content": prose(rng, rng.randint(*spec.short_prompt))})
+        msgs.append({"role": "user", "content": prose(rng, max(1, int(rng.randint(*spec.short_prompt)
+                                                                      * spec.words_per_token)))})
         r, text = chat(base_url, {**rec, "rid": f"{rec['rid']}-t{turn}", "turn": turn}, msgs,
                        rec["max_new"], kv, rng.random() < 0.5, spec.timeout, model)
         out.append(r)

@@ -5,7 +5,8 @@ import random
 import pytest
 
 from sgl_vtoken_tools.bench.stress import StressConfig, expected, tally, verdict
-from sgl_vtoken_tools.bench.stress_traffic import KINDS, TrafficSpec, evict_choice, play, prompt_ids
+from sgl_vtoken_tools.bench.stress_traffic import (KINDS, TrafficSpec, _outcome, _refusal, evict_choice, play,
+                                                   prompt_ids)
 
 SPEC = TrafficSpec()
 
@@ -16,7 +17,32 @@ def test_eviction_settings_cover_server_none_and_policies_deterministically():
     assert None in draws and {"policy": "none"} in draws
     chosen = [d for d in draws if d and d["policy"] != "none"]
     assert {d["policy"] for d in chosen} == set(SPEC.policies)
-    assert all(d["budget"] in SPEC.budgets and d["window"] in SPEC.windows for d in chosen)
+    assert all(d["budget"] in SPEC.budgets for d in chosen)
+    # Every other field a request may carry is overridden by some requests, left to the server by others.
+    for name, values in (("sink", SPEC.sinks), ("window", SPEC.windows), ("interval", SPEC.intervals)):
+        assert {d[name] for d in chosen if name in d} == set(values)
+        assert any(name not in d for d in chosen)
+    assert not any("offload" in d or "recall" in d for d in chosen)  # no host store: never asked for
+
+
+def test_a_server_with_a_host_store_gets_offload_and_recall_overrides():
+    spec = TrafficSpec(recalls=(0, 16, 32))
+    chosen = [d for i in range(300) if (d := evict_choice(random.Random(f"h{i}"), spec)) and d["policy"] != "none"]
+    assert {d["offload"] for d in chosen if "offload" in d} == {True, False}
+    assert {d["recall"] for d in chosen if "recall" in d} == set(spec.recalls)
+    assert all(d.get("offload") for d in chosen if "recall" in d)
+
+
+def test_a_503_naming_a_shortage_is_its_own_outcome_and_expected():
+    rec = {"kind": "generate", "rid": "r"}
+    reason = {"type": "abort", "status_code": 503, "message": "kv_evict prefill_chunk: no free KV page ..."}
+    out = _outcome(dict(rec), reason, 0, 8)
+    assert out["status"] == "unavailable" and expected(out)
+    # Any other abort of a request nobody aborted, or another 503, is not.
+    assert _outcome(dict(rec), {"type": "abort", "status_code": 500, "message": "x"}, 0, 8)["status"] == "aborted"
+    assert _refusal(503, "Service overloaded") == "error" and _refusal(400, "kv_evict.budget") == "rejected"
+    assert _outcome(dict(rec), {"type": "length"}, 8, 8)["status"] == "ok"
+    assert _outcome(dict(rec), "length", 7, 8)["status"] == "error"
 
 
 def test_prompts_within_bounds_and_sharing_heads():
