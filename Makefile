@@ -43,23 +43,43 @@ bench: $(STAMP)
 	rm -f docs/results/multiturn.jsonl
 	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
 
-# Mixed traffic against one evicting server per configuration users run (page sizes 1 and 16,
-# eviction during prefill, the host tier with recall, SGLang's forced retractions with and without the
-# overlap scheduler), STRESS_S seconds
-# each with SGLang's memory checkers on; fails unless every server ends healthy and leak-free
-# (docs/RESULTS.md quotes docs/results/stress*.jsonl).
-STRESS_S ?= 300
+# Mixed traffic against one evicting server per configuration users run, at page sizes 1 and 16:
+# plain (stored histories), eviction during prefill, the host tier with recall, SGLang's forced
+# retractions (and at page 16 without the overlap scheduler too); STRESS_S seconds each, pool
+# STRESS_POOL tokens (small enough that the tree evicts stored histories and pages run short),
+# SGLang's memory checkers on. A few requests are refused pages on purpose (--forced-shortages: the
+# page kinds that configuration asks for), so every shortage path is met; the summaries count real
+# and forced ones apart. Fails unless every server ends healthy and leak-free (docs/RESULTS.md
+# quotes docs/results/stress_*.jsonl). STRESS_JOBS runs that many at once (each server ~4.5 GB).
+STRESS_S ?= 600
+STRESS_POOL ?= 2048
+STRESS_JOBS ?= 1
+STRESS := $(PY) scripts/stress.py --duration $(STRESS_S) --pool $(STRESS_POOL)
+CHUNK := --kv-evict-config '{"prefill_chunk": 64}' --disable-overlap-schedule
+HOST := --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}' --budgets 128,256
+STRESS_RUNS := page16 page1 page16_prefill_chunk page1_prefill_chunk page16_host_tier page1_host_tier \
+	page16_retract page1_retract page16_retract_no_overlap
+.PHONY: $(addprefix stress-,$(STRESS_RUNS))
 stress: $(STAMP)
-	$(PY) scripts/stress.py --duration $(STRESS_S) --out docs/results/stress.jsonl
-	$(PY) scripts/stress.py --duration $(STRESS_S) --page-size 1 --out docs/results/stress_page1.jsonl
-	$(PY) scripts/stress.py --duration $(STRESS_S) --kv-evict-config '{"prefill_chunk": 64}' \
-		--disable-overlap-schedule --out docs/results/stress_page16_prefill_chunk.jsonl
-	$(PY) scripts/stress.py --duration $(STRESS_S) --kv-evict-config \
-		'{"host_tokens": 65536, "offload": true, "recall": 32}' --budgets 128,256 \
-		--out docs/results/stress_page16_host_tier.jsonl
-	$(PY) scripts/stress.py --duration $(STRESS_S) --page-size 1 --retract --out docs/results/stress_page1_retract.jsonl
-	$(PY) scripts/stress.py --duration $(STRESS_S) --retract --out docs/results/stress_page16_retract.jsonl
-	$(PY) scripts/stress.py --duration $(STRESS_S) --retract --disable-overlap-schedule \
+	$(MAKE) -j $(STRESS_JOBS) $(addprefix stress-,$(STRESS_RUNS))
+stress-page16:
+	$(STRESS) --forced-shortages copies,tail --out docs/results/stress_page16.jsonl
+stress-page1:
+	$(STRESS) --page-size 1 --out docs/results/stress_page1.jsonl
+stress-page16_prefill_chunk:
+	$(STRESS) $(CHUNK) --forced-shortages copies,tail --out docs/results/stress_page16_prefill_chunk.jsonl
+stress-page1_prefill_chunk:
+	$(STRESS) --page-size 1 $(CHUNK) --out docs/results/stress_page1_prefill_chunk.jsonl
+stress-page16_host_tier:
+	$(STRESS) $(HOST) --forced-shortages copies,tail,recall --out docs/results/stress_page16_host_tier.jsonl
+stress-page1_host_tier:
+	$(STRESS) --page-size 1 $(HOST) --forced-shortages recall --out docs/results/stress_page1_host_tier.jsonl
+stress-page16_retract:
+	$(STRESS) --retract --forced-shortages copies,tail,resume --out docs/results/stress_page16_retract.jsonl
+stress-page1_retract:
+	$(STRESS) --page-size 1 --retract --forced-shortages resume --out docs/results/stress_page1_retract.jsonl
+stress-page16_retract_no_overlap:
+	$(STRESS) --retract --disable-overlap-schedule --forced-shortages copies,tail,resume \
 		--out docs/results/stress_page16_retract_no_overlap.jsonl
 
 # Learned eviction (KVP) on CPU: collect K/V traces of the model on held-out-split text, train

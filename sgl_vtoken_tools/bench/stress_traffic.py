@@ -28,7 +28,7 @@ from sgl_vtoken_tools.bench.workload import prose
 
 KINDS = {  # kind -> weight
     "generate": 3, "generate_stream": 3, "chat": 2, "chat_stream": 2, "session": 2,
-    "abort": 1, "disconnect": 1, "invalid": 1, "shortage": 0.25,
+    "abort": 1, "disconnect": 1, "invalid": 1, "shortage": 0.5,
 }
 # A `shortage` request is a session whose request ids begin `<FORCED><page kind>-`: a server started
 # with VTOKEN_TEST_SHORTAGE=<FORCED> refuses it that kind of page (patches/surface/shortage.py), so
