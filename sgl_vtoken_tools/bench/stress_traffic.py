@@ -82,8 +82,8 @@ def evict_choice(rng: random.Random, spec: TrafficSpec) -> dict | None:
             kv[name] = rng.choice(values)
     if spec.recalls and rng.random() < FIELD_SHARE:
         kv["offload"] = rng.random() < 0.8
-        if kv["offload"]:
-            kv["recall"] = rng.choice(spec.recalls)
+        # recall needs offload: a request that turns offload off turns the server's recall off too
+        kv["recall"] = rng.choice(spec.recalls) if kv["offload"] else 0
     return kv
 
 
@@ -154,6 +154,10 @@ def generate(base_url: str, rec: dict, ids: list[int], max_new: int, kv, stream:
             if not line.startswith(b"data:") or line == b"data: [DONE]":
                 continue
             last = json.loads(line[5:])
+            if "error" in last:  # refused after the stream began (SGLang answers 200, then the error)
+                err = last["error"] if isinstance(last["error"], dict) else last
+                return {**rec, "status": _refusal(int(err.get("code") or 0), json.dumps(err)),
+                        "error": json.dumps(err)[:300]}
             chunks += 1
             if stop_after and chunks == stop_after:
                 if not abort:
