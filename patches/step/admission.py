@@ -63,8 +63,11 @@ def _refuse(req, st, message: str, status=HTTPStatus.BAD_REQUEST) -> None:
     back first, so that the abort's one-token prompt stays. Requests without eviction too: SGLang
     0.5.23 would refuse them at every pass (docs/upstream-admission-livelock.md)."""
     if st is not None:
+        retracted = st.retract.stash is not None
         st.restore_prompt(req)
         st.retract.drop()
+        if retracted:  # its statistics still described the stashed row: it starts over as a prompt
+            st.reset()
     req.set_finish_with_abort(message, status, "BadRequestError" if status == HTTPStatus.BAD_REQUEST
                               else "ServiceUnavailableError")
 
