@@ -36,11 +36,11 @@ import sys
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
+from sgl_vtoken.patches.surface.shortage import KINDS as SHORTAGE_KINDS
 from sgl_vtoken_tools.bench.stress_traffic import FORCED, TrafficSpec
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 REPO = Path(__file__).resolve().parent.parent
-SHORTAGE_KINDS = ("copies", "tail", "resume", "recall")  # patches/surface/shortage.py KINDS
 
 
 def build_parser() -> argparse.ArgumentParser:
