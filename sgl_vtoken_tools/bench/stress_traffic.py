@@ -28,7 +28,7 @@ from sgl_vtoken_tools.bench.workload import prose
 
 KINDS = {  # kind -> weight
     "generate": 3, "generate_stream": 3, "chat": 2, "chat_stream": 2, "session": 2,
-    "abort": 1, "disconnect": 1, "invalid": 1, "shortage": 0.5,
+    "abort": 1, "disconnect": 1, "invalid": 1, "shortage": 1,
 }
 # A `shortage` request is a session whose request ids begin `<FORCED><page kind>-`: a server started
 # with VTOKEN_TEST_SHORTAGE=<FORCED> refuses it that kind of page (patches/surface/shortage.py), so
@@ -233,8 +233,12 @@ def play(kind: str, base_url: str, rng: random.Random, spec: TrafficSpec, rid: s
             msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": prose(rng, max(1, words))}]
             out = [chat(base_url, rec, msgs, max_new, kv, kind == "chat_stream", spec.timeout, model)[0]]
         elif kind == "shortage":
-            rec.update(rid=f"{FORCED}{rng.choice(spec.shortages)}-{rid}")
-            out = _session(base_url, rng, spec, rec, kv, model)
+            page_kind = rng.choice(spec.shortages)
+            rec.update(rid=f"{FORCED}{page_kind}-{rid}")
+            if page_kind == "copies":
+                out = _cached_prompt_evicted(base_url, rng, spec, rec)
+            else:
+                out = _session(base_url, rng, spec, rec, kv, model)
         else:
             out = _session(base_url, rng, spec, rec, kv, model)
     except (requests.RequestException, ValueError, KeyError) as e:
@@ -242,6 +246,21 @@ def play(kind: str, base_url: str, rng: random.Random, spec: TrafficSpec, rid: s
     for r in out:
         r.setdefault("latency_s", round(time.monotonic() - t0, 3))
     return out
+
+
+def _cached_prompt_evicted(base_url: str, rng: random.Random, spec: TrafficSpec, rec: dict) -> list[dict]:
+    """A long prompt cached by a first request without eviction, then sent again (a prefix hit)
+    with Random eviction at a small budget: it keeps scattered tokens of the cached pages, so at
+    page size > 1 the partly kept ones need copies (the `copies` page kind) in the first eviction,
+    during prefill with a server `prefill_chunk`, else at decode."""
+    ids = prompt_ids(rng, spec, True)
+    first = generate(base_url, {**rec, "rid": f"{rec['rid']}-cache", "kv_evict": {"policy": "none"}},
+                     ids, 1, {"policy": "none"}, False, timeout=spec.timeout)
+    if first["status"] != "ok":
+        return [first]
+    kv = {"policy": "random", "budget": min(spec.budgets)}
+    again = {**rec, "rid": f"{rec['rid']}-hit", "evict": "random", "kv_evict": kv, "long_prompt": True, "max_new": 64}
+    return [first, generate(base_url, again, ids, 64, kv, False, timeout=spec.timeout)]
 
 
 def _session(base_url: str, rng: random.Random, spec: TrafficSpec, rec: dict, kv, model: str) -> list[dict]:
