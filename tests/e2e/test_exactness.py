@@ -97,17 +97,23 @@ def test_forced_retractions_resume_from_the_compacted_row_exactly(server_factory
     assert "Testing retraction" in log and "Traceback" not in log
 
 
-@pytest.mark.server_group("retract16")
+@pytest.mark.server_group("retract{page_size}")
+@pytest.mark.parametrize("page_size,overlap,policy", [(16, False, "h2o"), (1, True, "tova")],
+                         ids=["page16-no-overlap-h2o", "page1-tova"])
 def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(server_factory, hf_eager,
-                                                                                kvp_checkpoint):
-    """The resume pages refused to requests named SHORTAGE + "resume-" (`shortage.py`), page 16,
-    forced retractions: a request that evicted is retracted (it has decoded less than its
-    neighbour) and cannot write its row back. It waits (counted) while its neighbour runs, which
-    still equals the masked reference; once the pool is idle no page will come, so it ends with
-    HTTP 503 naming the shortage instead of holding up the queue. The pool is whole."""
+                                                                                kvp_checkpoint, page_size,
+                                                                                overlap, policy):
+    """The resume pages refused to requests named SHORTAGE + "resume-" (`shortage.py`), forced
+    retractions: a request that evicted is retracted (it has decoded less than its neighbour) and
+    cannot write its row back. It waits (counted) while its neighbour runs, which still equals the
+    masked reference; once the pool is idle no page will come, so it ends with HTTP 503 naming the
+    shortage instead of holding up the queue. The pool is whole, the server up. At page size 1
+    under the overlap scheduler, the ended request's attention statistics once still described the
+    stashed row, and the step SGLang runs an aborted request through took the server down."""
     env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "9"}
-    client = evict_server(server_factory, kvp_checkpoint, 16, "--disable-overlap-schedule", env=env)
-    kv = per_request("h2o", 16)
+    extra = () if overlap else ("--disable-overlap-schedule",)
+    client = evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=env)
+    kv = per_request(policy, 16)
     prompts = [random_ids(100, seed=1400 + k) for k in range(2)]
     before = client.vtoken_state()
     keeper = {}
@@ -122,7 +128,8 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(s
     thread.join(300)
     assert r.status_code == 503, r.text[:500]
     assert "no free KV page for a retracted row written back" in r.text
-    assert keeper["output_ids"] == expected_output(hf_eager, kvp_checkpoint, prompts[0], 200, "h2o", 16, 16, "keeper")
+    assert keeper["output_ids"] == expected_output(hf_eager, kvp_checkpoint, prompts[0], 200, policy, page_size, 16,
+                                                   "keeper")
     st = wait_pool_free(client)
     assert st["deferred_admissions"] > before["deferred_admissions"]
     assert st["shortage_aborts"] == before["shortage_aborts"] + 1
