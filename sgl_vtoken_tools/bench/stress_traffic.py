@@ -30,7 +30,8 @@ KINDS = {  # kind -> weight
     "generate": 3, "generate_stream": 3, "chat": 2, "chat_stream": 2, "session": 2,
     "abort": 1, "disconnect": 1, "invalid": 1, "shortage": 1,
 }
-# A `shortage` request is a session whose request ids begin `<FORCED><page kind>-`: a server started
+# A `shortage` request is a session (for `copies`: a cached prompt sent again, `_cached_prompt_evicted`)
+# whose request ids begin `<FORCED><page kind>-`: a server started
 # with VTOKEN_TEST_SHORTAGE=<FORCED> refuses it that kind of page (patches/surface/shortage.py), so
 # a stress run meets each shortage path on purpose next to the ones real pressure reaches.
 FORCED = "shortage-"
@@ -254,8 +255,9 @@ def _cached_prompt_evicted(base_url: str, rng: random.Random, spec: TrafficSpec,
     page size > 1 the partly kept ones need copies (the `copies` page kind) in the first eviction,
     during prefill with a server `prefill_chunk`, else at decode."""
     ids = prompt_ids(rng, spec, True)
-    first = generate(base_url, {**rec, "rid": f"{rec['rid']}-cache", "kv_evict": {"policy": "none"}},
-                     ids, 1, {"policy": "none"}, False, timeout=spec.timeout)
+    off = {"policy": "none"}
+    first = generate(base_url, {**rec, "rid": f"{rec['rid']}-cache", "kv_evict": off}, ids, 1, off, False,
+                     timeout=spec.timeout)
     if first["status"] != "ok":
         return [first]
     kv = {"policy": "random", "budget": min(spec.budgets)}
