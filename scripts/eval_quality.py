@@ -26,6 +26,7 @@ stderr (`--markdown FILE` writes them too), the plot with `--plot`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -56,7 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sink", type=int, default=16)
     p.add_argument("--interval", type=int, default=16)
     p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--tasks", nargs="+", default=["passkey", "recall", "lm"])
+    p.add_argument("--tasks", nargs="+", default=["passkey", "recall", "lm"],
+                   help="passkey recall lm (the quality run) and docqa session (the --split tasks of "
+                        "sgl_vtoken_tools/quality/splits.py)")
+    p.add_argument("--split", default="heldout", help="split of the docqa and session tasks: tuning "
+                   "(for choosing settings) or heldout (the one results quote)")
+    p.add_argument("--docqa-lengths", type=int, nargs="+", default=[1000, 2000],
+                   help="essay tokens of the docqa prompts (one trial per length x depth x phrasing)")
+    p.add_argument("--session-trials", type=int, default=12)
+    p.add_argument("--session-turns", type=int, default=4, help="user turns per session, the question last")
+    p.add_argument("--write-tasks", metavar="JSONL",
+                   help="write the docqa trials (token ids, answer, question_at) to this file and "
+                        "exit: the input of scripts/kvpress_eval.py")
     p.add_argument("--passkey-lengths", type=int, nargs="+", default=[1000, 2000, 4000],
                    help="haystack tokens (prompts are about 100 tokens longer)")
     p.add_argument("--passkey-depths", type=float, nargs="+", default=[0.1, 0.35, 0.6, 0.85])
@@ -107,6 +119,20 @@ def merge_runs(paths: list[str]) -> list[dict]:
     return out
 
 
+def write_tasks(plan: Plan, path: str) -> int:
+    """One JSON line per docqa trial of the plan's split: what another implementation needs."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(plan.model)
+    trials = build_tasks(dataclasses.replace(plan, tasks=("docqa",)), tok)["docqa"]
+    with open(path, "w") as f:
+        for t in trials:
+            f.write(json.dumps({"kind": "task", "task": t.task, "trial": t.id, "prompt": list(t.prompt),
+                                "answer": t.answer, "span": list(t.span), **t.meta}) + "\n")
+    print(f"{len(trials)} docqa trials ({plan.split}) -> {path}", file=sys.stderr)
+    return 0
+
+
 def plan_from_args(args) -> Plan:
     import shlex
 
@@ -140,7 +166,9 @@ def plan_from_args(args) -> Plan:
                     lm_greedy=args.lm_greedy, server_trials=args.server_trials,
                     server_budgets=tuple(args.server_budgets), server_args=tuple(shlex.split(args.server_args)),
                     server_threads=args.server_threads,
-                    seed=args.seed, wheel_dir=args.wheel_dir, tasks=tuple(args.tasks))
+                    seed=args.seed, wheel_dir=args.wheel_dir, tasks=tuple(args.tasks), split=args.split,
+                    docqa_lengths=tuple(args.docqa_lengths), session_trials=args.session_trials,
+                    session_turns=args.session_turns)
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
@@ -160,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         print(md)
         return 0
     plan = plan_from_args(args)
+    if args.write_tasks:
+        return write_tasks(plan, args.write_tasks)
     t0 = time.monotonic()
     with json_lines(args.out) as emit:
         import torch

@@ -15,9 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sgl_vtoken_tools.quality import report, tasks
+from sgl_vtoken_tools.quality import report, splits, tasks
 from sgl_vtoken_tools.quality.runner import Cell, Runner, make_cells
 from sgl_vtoken_tools.quality.settings import Setting, Sweep
+
+
+# passkey / recall / lm: the quality run's tasks; docqa / session: the split tasks (splits.py)
+TASKS = ("passkey", "recall", "lm", "docqa", "session")
 
 
 @dataclass(frozen=True)
@@ -43,12 +47,20 @@ class Plan:
     seed: int = 0
     wheel_dir: str | None = None
     tasks: tuple[str, ...] = ("passkey", "recall", "lm")
-    max_new: dict = field(default_factory=lambda: {"passkey": 12, "recall": 24})
+    split: str = "heldout"
+    docqa_lengths: tuple[int, ...] = (1000, 2000)
+    session_trials: int = 12
+    session_turns: int = 4
+    max_new: dict = field(default_factory=lambda: {"passkey": 12, "recall": 24, "docqa": 12, "session": 24})
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.tasks) - {"passkey", "recall", "lm"})
+        unknown = sorted(set(self.tasks) - set(TASKS))
         if unknown:
-            raise ValueError(f"--tasks: unknown {unknown}; choose from passkey, recall, lm")
+            raise ValueError(f"--tasks: unknown {unknown}; choose from {', '.join(TASKS)}")
+        if self.split not in splits.SPLITS:
+            raise ValueError(f"--split: {self.split!r}; choose from {', '.join(splits.SPLITS)}")
+        if self.session_turns < 2:
+            raise ValueError(f"--session-turns must be >= 2 (a fact and a question), got {self.session_turns}")
         if not self.budgets:
             raise ValueError("--budgets: give at least one budget")
         if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
@@ -72,6 +84,12 @@ def build_tasks(plan: Plan, tokenizer) -> dict[str, list]:
     if "recall" in plan.tasks and plan.recall_trials:
         out["recall"] = tasks.recall_trials(tokenizer, plan.recall_trials, plan.recall_fillers,
                                             seed=plan.seed, wheel_dir=plan.wheel_dir)
+    if "docqa" in plan.tasks:
+        out["docqa"] = splits.docqa_trials(tokenizer, plan.split, list(plan.docqa_lengths), plan.seed,
+                                           plan.wheel_dir)
+    if "session" in plan.tasks and plan.session_trials:
+        out["session"] = splits.session_trials(tokenizer, plan.split, plan.session_trials,
+                                               plan.session_turns, seed=plan.seed, wheel_dir=plan.wheel_dir)
     if "lm" in plan.tasks and plan.lm_windows:
         out["lm"] = tasks.lm_trials(tokenizer, plan.lm_windows, plan.lm_context, plan.lm_tokens,
                                     plan.seed, plan.wheel_dir)
@@ -98,10 +116,10 @@ def run_reference(plan: Plan, model, tokenizer, trials: dict, emit) -> list[dict
         runner = Runner(model, tokenizer, cells, keep, bar.update)
         for name, ts in trials.items():
             t0 = time.monotonic()
-            if name == "passkey":
-                runner.passkey(ts, plan.max_new["passkey"])
-            elif name == "recall":
-                runner.recall(ts, plan.max_new["recall"])
+            if name in ("passkey", "docqa"):
+                runner.passkey(ts, plan.max_new[name])
+            elif name in ("recall", "session"):
+                runner.recall(ts, plan.max_new[name])
             else:
                 runner.lm(ts, plan.lm_greedy)
             emit({"kind": "timing", "stage": f"reference/{name}", "cells": len(cells), "trials": len(ts),
@@ -170,10 +188,12 @@ def run_server(plan: Plan, tokenizer, trials: dict, records: list[dict], emit, p
             server = None if base_url else ServerProcess(server_flags(plan, options, pool), env=env).start()
             try:
                 check = ServerCheck(Client(base_url or server.base_url), tokenizer, ref, keep, bar.update)
-                if "passkey" in subset:
-                    check.passkey(subset["passkey"], cells, plan.max_new["passkey"])
-                if "recall" in subset:
-                    check.recall(subset["recall"], cells, plan.max_new["recall"])
+                for name in ("passkey", "docqa"):
+                    if name in subset:
+                        check.passkey(subset[name], cells, plan.max_new[name])
+                for name in ("recall", "session"):
+                    if name in subset:
+                        check.recall(subset[name], cells, plan.max_new[name])
                 if "lm" in subset:
                     check.lm(subset["lm"], cells, plan.lm_greedy)
             finally:

@@ -6,6 +6,8 @@ tables (``scripts/eval_quality.py --report FILE``). One ``summary`` record per c
     passkey   hits / trials (exact match of the pass key), needle_kept (mean fraction of the
               needle's tokens the first eviction kept)
     recall    hits / trials (the fact asked at the last turn)
+    docqa     hits / trials of the split's document questions (splits.py)
+    session   hits / trials of the split's conversations (the fact asked at the last turn)
     ppl       exp(sum nll / sum tokens) of the teacher-forced held-out continuations
     top1      fraction of those positions whose prediction equals the full cache's
     greedy    mean fraction of greedy continuation tokens equal to the full cache's
@@ -22,10 +24,13 @@ METRICS = {  # name: (title, higher is better)
     "passkey": ("passkey retrieval, exact match", True),
     "needle_kept": ("passkey: fraction of the needle's tokens the first eviction keeps", True),
     "recall": ("multi-turn recall, exact match", True),
+    "docqa": ("document question (split tasks), exact match", True),
+    "session": ("conversation recall (split tasks), exact match", True),
     "ppl": ("perplexity, held-out essays", False),
     "top1": ("top-1 agreement with the full cache", True),
     "greedy": ("greedy agreement with the full cache", True),
 }
+HIT_TASKS = ("passkey", "recall", "docqa", "session")  # scored by exact match
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -38,7 +43,7 @@ def summarize(records: list[dict]) -> list[dict]:
         c = cells.setdefault(key, {"policy": r["policy"], "acc": defaultdict(list)})
         acc = c["acc"]
         task = r["task"]
-        if task in ("passkey", "recall"):
+        if task in HIT_TASKS:
             acc[task].append(bool(r["hit"]))
             if task == "passkey" and r.get("needle_kept") is not None:
                 acc["needle_kept"].append(r["needle_kept"])
@@ -52,7 +57,7 @@ def summarize(records: list[dict]) -> list[dict]:
     for (setting, budget), c in cells.items():
         a = c["acc"]
         row = {"kind": "summary", "setting": setting, "policy": c["policy"], "budget": budget}
-        for task in ("passkey", "recall"):
+        for task in HIT_TASKS:
             if a[task]:
                 row[task] = round(sum(a[task]) / len(a[task]), 4)
                 row[f"{task}_hits"], row[f"{task}_trials"] = sum(a[task]), len(a[task])
@@ -74,7 +79,7 @@ def _fmt(row: dict, metric: str) -> str:
     v = row.get(metric)
     if v is None:
         return "-"
-    if metric in ("passkey", "recall"):
+    if metric in HIT_TASKS:
         return f"{row[metric + '_hits']}/{row[metric + '_trials']}"
     return f"{v:.2f}" if metric in ("ppl", "needle_kept") else f"{v:.3f}"
 

@@ -4,9 +4,9 @@ Each prompt is prefilled once and shared by every cell (a prefill is full attent
 the policy); a cell then decodes from it under its own eviction. One ``trial`` record per
 (task, trial, cell), emitted as soon as it is known:
 
-    passkey  hit, answer, output_ids, needle_kept (fraction of the needle's tokens the first
+    passkey  (and docqa) hit, answer, output_ids, needle_kept (fraction of the needle's tokens the first
              eviction kept), needle_live (... still live at the end)
-    recall   hit, answer, the replies of every turn, fact_kept (fraction of the fact's tokens
+    recall   (and session) hit, answer, the replies of every turn, fact_kept (fraction of the fact's tokens
              live when the question is answered)
     lm       nll and tokens of the teacher-forced continuation, top1 (positions where the
              prediction equals the full cache's), greedy_agree / greedy_prefix (free-running
@@ -83,7 +83,7 @@ class Runner:
                 req.start(prompt)
                 out = req.generate(max_new_tokens, stop=(self.eos,))
                 text = self.decode(out)
-                self.emit({"kind": "trial", "task": "passkey", **cell.key, "trial": t.id, **t.meta,
+                self.emit({"kind": "trial", "task": t.task, **cell.key, "trial": t.id, **t.meta,
                            "hit": exact_number(text, t.answer), "expected": t.answer, "answer": text,
                            "output_ids": out, "needle_kept": _frac(req.first_kept, t.span),
                            "needle_live": _frac(req.row.positions if req.steps else None, t.span),
@@ -110,7 +110,7 @@ class Runner:
                     out = req.generate(max_new_tokens, stop=(self.eos,))
                     replies.append(self.decode(out))
                     ids.append(out)
-                self.emit({"kind": "trial", "task": "recall", **cell.key, "trial": t.id, **t.meta,
+                self.emit({"kind": "trial", "task": t.task, **cell.key, "trial": t.id, **t.meta,
                            "hit": exact_number(replies[-1], t.answer), "expected": t.answer,
                            "answer": replies[-1], "replies": replies[:-1], "turn_ids": ids,
                            "fact_kept": _frac(req.row.positions, t.span),

@@ -72,17 +72,17 @@ class ServerCheck:
         for t in trials:
             for cell in cells:
                 t0 = time.monotonic()
-                ref = self.ref[("passkey", t.id, cell.setting.name, cell.budget)]
+                ref = self.ref[(t.task, t.id, cell.setting.name, cell.budget)]
                 out = self.client.generate(t.prompt, cell.rid(t.id), max_new_tokens,
                                            cell.setting.kv_evict(cell.cfg), stop=self.eos)
-                self._record("passkey", t, cell, ref["output_ids"], out["output_ids"], t0,
+                self._record(t.task, t, cell, ref["output_ids"], out["output_ids"], t0,
                              {"meta": out["meta_info"].get("kv_evict")})
 
     def recall(self, trials: list[Trial], cells: list[Cell], max_new_tokens: int) -> None:
         for t in trials:
             for cell in cells:
                 t0 = time.monotonic()
-                ref = self.ref[("recall", t.id, cell.setting.name, cell.budget)]
+                ref = self.ref[(t.task, t.id, cell.setting.name, cell.budget)]
                 prompt, got, hist = list(t.prompt), [], []
                 for turn in range(len(t.messages) + 1):
                     if turn:
@@ -93,7 +93,7 @@ class ServerCheck:
                     kv = (out["meta_info"].get("kv_evict") or [{}])[0]
                     hist.append(kv.get("history_tokens", 0))
                 flat = lambda turns: [x for ids in turns for x in _strip(ids, self.eos) + [-1]]
-                self._record("recall", t, cell, flat(ref["turn_ids"]), flat(got), t0,
+                self._record(t.task, t, cell, flat(ref["turn_ids"]), flat(got), t0,
                              {"history_tokens": hist})
 
     def lm(self, trials: list[Trial], cells: list[Cell], greedy_tokens: int) -> None:
