@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test bench stress kvp quality clean
+.PHONY: install demo test bench stress kvp quality kvpress kvpress-venv clean
 
 install: $(STAMP)
 
@@ -137,5 +137,37 @@ quality: $(STAMP)
 		--out docs/results/quality_smollm2.jsonl --markdown docs/results/quality_smollm2.md \
 		--plot docs/img/quality_smollm2.png --title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"
 
+# Our policies and NVIDIA kvpress side by side on SmolLM2-135M-Instruct: the held-out docqa trials
+# (sgl_vtoken_tools/quality/splits.py) written once as token ids, our settings through the fast
+# masked reference, kvpress's presses in their own environment (kvpress 0.5.5 pins
+# transformers<5.3, SGLang 0.5.23 needs a newer one) on the same ids and budgets; rewrites
+# docs/results/{docqa_heldout_smollm2,kvpress_smollm2}.jsonl and kvpress_smollm2.md (about 40
+# minutes on two cores: the presses run in two halves at once).
+KVPRESS_VENV := .venv-kvpress
+KVPRESS_STAMP := $(KVPRESS_VENV)/.kvpress-installed
+KVPRESS_TASKS := .cache/docqa_heldout.jsonl
+KVPRESS_RUN := OMP_NUM_THREADS=1 $(KVPRESS_VENV)/bin/python scripts/kvpress_eval.py --model .cache/smollm2 \
+	--tasks $(KVPRESS_TASKS) --budgets 128 256
+OURS_SETTINGS := streamingllm knorm h2o tova h2o:window=32,pool=5,$(UPPER) tova:pool=5,$(UPPER)
+# The torch SGLang 0.5.23 pins, then kvpress with the transformers it accepts.
+$(KVPRESS_STAMP):
+	$(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/pip install --upgrade pip
+	$(KVPRESS_VENV)/bin/pip install torch==2.14.1
+	$(KVPRESS_VENV)/bin/pip install kvpress==0.5.5 'transformers<5.3'
+	touch $@
+kvpress-venv: $(KVPRESS_STAMP)
+kvpress: $(STAMP) $(KVPRESS_STAMP)
+	$(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '.cache/smollm2'))"
+	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
+	$(KVPRESS_RUN) --presses streamingllm snapkv tova --out .cache/kvpress_a.jsonl & a=$$!; \
+	$(KVPRESS_RUN) --presses knorm observed_attention expected_attention --out .cache/kvpress_b.jsonl & b=$$!; \
+	OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 --tasks docqa \
+		--split heldout --server-trials 0 --budgets 128 256 --settings $(OURS_SETTINGS) \
+		--out docs/results/docqa_heldout_smollm2.jsonl; c=$$?; wait $$a && wait $$b && test $$c = 0
+	cat .cache/kvpress_a.jsonl .cache/kvpress_b.jsonl > docs/results/kvpress_smollm2.jsonl
+	$(PY) scripts/kvpress_eval.py --report docs/results/kvpress_smollm2.jsonl \
+		--ours docs/results/docqa_heldout_smollm2.jsonl --markdown docs/results/kvpress_smollm2.md
+
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(KVPRESS_VENV) .cache .pytest_cache .hypothesis

@@ -1,0 +1,76 @@
+"""scripts/kvpress_eval.py without kvpress: the budget -> compression ratio rule, the two prompt
+modes, the table and the StreamingLLM agreement oracle on hand-made records."""
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def kv(load_script):
+    return load_script("kvpress_eval")
+
+
+def test_ratio_keeps_exactly_the_budget(kv):
+    # kvpress 0.5.5 keeps max(1, int(n * (1 - ratio))) (utils.compute_n_kept); StreamingLLM prunes
+    # n - int(n * (1 - ratio)) tokens after its sinks
+    for n in range(20, 4200, 13):
+        for kept in {1, 16, 110, 128, 256, n - 1} - {k for k in (110, 128, 256) if k >= n}:
+            r = kv.ratio_for(n, kept)
+            assert 0 <= r < 1 and max(1, int(n * (1 - r))) == kept, (n, kept)
+    with pytest.raises(ValueError, match="budget must lie in"):
+        kv.ratio_for(100, 100)
+
+
+def test_modes_split_the_prompt_at_the_question(kv):
+    task = {"trial": "t", "prompt": list(range(300)), "question_at": 282}
+    assert kv.split_prompt(task, "aware", 128) == (task["prompt"], [], 128)
+    ctx, rest, keep = kv.split_prompt(task, "agnostic", 128)
+    assert ctx + rest == task["prompt"] and len(rest) == 18 and keep + len(rest) == 128
+    with pytest.raises(ValueError, match="smaller than the question"):
+        kv.split_prompt(task, "agnostic", 18)
+    with pytest.raises(ValueError, match="mode 'both'"):
+        kv.split_prompt(task, "both", 128)
+
+
+def _ours(setting, budget, trial, ids, hit):
+    return {"kind": "trial", "task": "docqa", "setting": setting, "budget": budget, "trial": trial,
+            "output_ids": ids, "hit": hit}
+
+
+def _press(press, mode, budget, trial, ids, hit):
+    return {"kind": "press", "press": press, "mode": mode, "budget": budget, "trial": trial,
+            "output_ids": ids, "hit": hit}
+
+
+RECORDS_OURS = [_ours("full", None, "a", [1, 2], True), _ours("full", None, "b", [3, 2], True),
+                _ours("streamingllm", 128, "a", [5, 2], False), _ours("streamingllm", 128, "b", [6, 2], False),
+                _ours("h2o", 128, "a", [1, 2], True), _ours("h2o", 128, "b", [7, 2], False)]
+RECORDS_PRESS = [_press("streamingllm", "aware", 128, "a", [5, 2], False),
+                 _press("streamingllm", "aware", 128, "b", [6, 9], False),
+                 _press("streamingllm", "agnostic", 128, "a", [5, 2], False),
+                 _press("snapkv", "aware", 128, "a", [1, 2], True),
+                 _press("snapkv", "aware", 128, "b", [3, 2], True)]
+
+
+def test_agreement_counts_equal_answers_per_budget(kv):
+    a, = kv.agreement(RECORDS_OURS, RECORDS_PRESS)
+    assert (a["budget"], a["equal"], a["trials"], a["differ"]) == (128, 1, 2, ["b"])
+
+
+def test_report_tables_both_sides(kv, tmp_path, capsys):
+    ours, press, md = tmp_path / "ours.jsonl", tmp_path / "press.jsonl", tmp_path / "t.md"
+    ours.write_text("".join(json.dumps(r) + "\n" for r in RECORDS_OURS))
+    press.write_text("".join(json.dumps(r) + "\n" for r in RECORDS_PRESS))
+    assert kv.main(["--report", str(press), "--ours", str(ours), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert text == capsys.readouterr().out.rstrip("\n") + "\n"
+    assert "full cache: 2/2" in text
+    assert "| ours `h2o` | 1/2 |" in text and "| kvpress `snapkv` (aware) | 2/2 |" in text
+    assert "| kvpress `streamingllm` (agnostic) | 0/1 |" in text
+    assert "budget 128 1/2" in text
+
+
+def test_run_needs_model_and_tasks(kv):
+    with pytest.raises(SystemExit):
+        kv.main(["--budgets", "128"])
