@@ -11,6 +11,12 @@ bytes) per turn. One JSON line per (setting, trial), then one summary line per s
     python scripts/eval_recall.py --trials 20 --recall 128,192 --out docs/results/recall_host_tier_gap8.jsonl
     python scripts/eval_recall.py --render docs/results/recall_host_tier_gap8.jsonl --plot docs/img/recall_host_tier.png
     python scripts/eval_recall.py --first 20 --trials 10 --recall 128,192 --out more.jsonl   # trials 20-29
+    python scripts/eval_recall.py --split heldout --recall-defaults --out heldout.jsonl     # see below
+
+`--split tuning|heldout` plays the split's sessions instead (`sgl_vtoken_tools.quality.splits`:
+a 5-digit fact stated once, in turn 1 or inside a later passage at the split's depths, in the
+split's phrasings; `--fillers + 2` turns). `--recall-defaults` leaves `recall_pool` and
+`recall_gap` to the server's defaults (the script's own defaults are 7 and 8).
 
 Trial i is the same conversation whatever `--trials` and `--first` are, so runs over disjoint
 ranges add up; `--render` prints one summary line per setting over all the files' trials.
@@ -26,6 +32,7 @@ from pathlib import Path
 
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 from sgl_vtoken_tools.quality.server_check import Client, _strip
+from sgl_vtoken_tools.quality.splits import SPLITS, session_trials
 from sgl_vtoken_tools.quality.tasks import exact_number, next_turn_ids, recall_trials
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +125,28 @@ def plot(records: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_trials(args, tok, wheel_dir=None) -> list:
+    """Trials `--first` .. `--first + --trials` of the recall task, or of `--split`'s sessions."""
+    n = args.first + args.trials
+    if args.split:
+        return session_trials(tok, args.split, n, turns=args.fillers + 2, passage_tokens=args.filler_tokens,
+                              seed=args.seed, wheel_dir=wheel_dir)[args.first:]
+    return recall_trials(tok, n, fillers=args.fillers, filler_tokens=args.filler_tokens, seed=args.seed,
+                         wheel_dir=wheel_dir)[args.first:]
+
+
+def server_config(args) -> dict:
+    """The server's --kv-evict-config: a large host tier, the recall rule unless --recall-defaults."""
+    config = {"host_tokens": 1 << 20}
+    if not args.recall_defaults:
+        config.update(recall_pool=args.recall_pool, recall_gap=args.recall_gap)
+    if args.score_layers:
+        lo, hi = map(int, args.score_layers.split("-"))
+        config["score_layers"] = list(range(lo, hi + 1))
+    return config
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(REPO / ".cache" / "smollm2"))
     ap.add_argument("--trials", type=int, default=12)
@@ -129,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--recall", type=_budgets, default=[128], help="comma-separated recall budgets, one setting each")
     ap.add_argument("--recall-pool", type=int, default=7)
     ap.add_argument("--recall-gap", type=int, default=8, help="recall_gap: holes between recalled candidates filled")
+    ap.add_argument("--recall-defaults", action="store_true",
+                    help="send neither --recall-pool nor --recall-gap: the server's defaults")
+    ap.add_argument("--split", choices=SPLITS, help="play this split's sessions (default: the recall task's)")
     ap.add_argument("--window", type=int, default=32, help="recent window of the non-positional policies")
     ap.add_argument("--policies", default="streamingllm")
     ap.add_argument("--sink", type=int, default=16)
@@ -142,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--render", nargs="+", default=None,
                     help="JSON lines of earlier runs (e.g. two trial ranges): print one summary line per "
                          "setting over all their trials, and plot them with --plot")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.first < 0 or args.trials < 1:
         ap.error(f"--first must be >= 0 and --trials >= 1 (got {args.first} and {args.trials})")
@@ -170,12 +206,8 @@ def main(argv: list[str] | None = None) -> None:
         model = str(ensure_model("smollm2", model))
     tok = AutoTokenizer.from_pretrained(model)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    trials = recall_trials(tok, args.first + args.trials, fillers=args.fillers, filler_tokens=args.filler_tokens,
-                           seed=args.seed)[args.first:]
-    config = {"host_tokens": 1 << 20, "recall_pool": args.recall_pool, "recall_gap": args.recall_gap}
-    if args.score_layers:
-        lo, hi = map(int, args.score_layers.split("-"))
-        config["score_layers"] = list(range(lo, hi + 1))
+    trials = build_trials(args, tok)
+    config = server_config(args)
     flags = cpu_server_args(model, args.pool, 1) + [
         "--kv-evict", "streamingllm", "--kv-budget", str(args.budget), "--kv-sink", str(args.sink),
         "--kv-evict-interval", str(args.interval), "--kv-evict-config", json.dumps(config),

@@ -1,5 +1,6 @@
 """scripts/eval_recall.py without a server: `--render` of several runs (trial ranges) gives one
-summary per setting over all their trials; bad ranges are refused naming the flags."""
+summary per setting over all their trials; bad ranges are refused naming the flags; `--split`
+plays that split's sessions and `--recall-defaults` leaves the recall rule to the server."""
 
 import json
 
@@ -50,3 +51,23 @@ def test_render_refuses_overlapping_trial_ranges(eval_recall, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         eval_recall.main(["--render", first, second])
     assert e.value.code == 2 and "'full' has recall-1 twice (overlapping trial ranges)" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_tok(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def test_split_plays_the_split_sessions_and_defaults_send_no_rule(eval_recall, tiny_tok, fake_essays):
+    args = eval_recall.build_parser().parse_args(["--split", "heldout", "--trials", "3", "--first", "1",
+                                                  "--fillers", "2", "--filler-tokens", "40", "--recall-defaults"])
+    trials = eval_recall.build_trials(args, tiny_tok, fake_essays)
+    assert [t.id for t in trials] == ["session-heldout-0-1", "session-heldout-0-2", "session-heldout-0-3"]
+    assert all(t.task == "session" and len(t.messages) == 3 for t in trials)  # fillers + 2 turns
+    assert eval_recall.server_config(args) == {"host_tokens": 1 << 20}
+    args = eval_recall.build_parser().parse_args(["--score-layers", "15-16"])
+    assert eval_recall.server_config(args) == {"host_tokens": 1 << 20, "recall_pool": 7, "recall_gap": 8,
+                                               "score_layers": [15, 16]}
+    assert eval_recall.build_trials(args, tiny_tok, fake_essays)[0].task == "recall"
