@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test bench stress kvp quality kvpress kvpress-venv clean
+.PHONY: install demo test bench bench-joint stress kvp quality kvpress kvpress-venv clean
 
 install: $(STAMP)
 
@@ -37,11 +37,20 @@ test: $(STAMP)
 # (about 15 to 30 minutes on two shared cores); then SGLang's own multi-turn chat benchmark,
 # stock vs streamingllm without and with eviction during prefill, at page sizes 1 and 16 (2 repeats,
 # about 35 minutes): rewrites
-# docs/results/multiturn.jsonl and the multiturn section of docs/RESULTS.md.
+# docs/results/multiturn.jsonl and the multiturn section of docs/RESULTS.md; then bench-joint.
 bench: $(STAMP)
 	$(PY) scripts/bench_matrix.py
 	rm -f docs/results/multiturn.jsonl
 	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
+	$(MAKE) bench-joint
+
+# Speed and answers in one run on SmolLM2-135M-Instruct (CPU): stock SGLang, the full cache and
+# eviction settings (scripts/bench_joint.py CELLS) on the same concurrent held-out conversations
+# (sessions that state a fact once and ask for it last, document questions), 3 repeats each;
+# rewrites docs/results/joint_smollm2.{jsonl,md} and docs/img/joint_smollm2.png.
+bench-joint: $(STAMP)
+	$(PY) scripts/bench_joint.py --out docs/results/joint_smollm2.jsonl \
+		--markdown docs/results/joint_smollm2.md --plot docs/img/joint_smollm2.png
 
 # Mixed traffic against one evicting server per configuration users run, at page sizes 1 and 16:
 # plain (stored histories), eviction during prefill, the host tier with recall, SGLang's forced

@@ -44,13 +44,15 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
 
     Returns `ttft` (first chunk with a choice: SGLang sends the role with the first token), `e2e`,
     `tpot` = (e2e - ttft) / (completion tokens - 1), `prompt_tokens`, `completion_tokens`,
-    `cached_tokens` (SGLang's `--enable-cache-report`), `finish_reason`, the reply `text`,
+    `cached_tokens` (SGLang's `--enable-cache-report`), `live_tokens` (device KV the request held
+    at its end, from ``usage.kv_evict`` when it evicted; None otherwise), `finish_reason`, the reply `text`,
     `t_start` (monotonic) and `error` (None, or the HTTP status / exception, 300 characters; a
     reply the server aborted is an error too).
     """
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
     rec = {"ttft": None, "e2e": None, "prompt_tokens": None, "completion_tokens": 0, "cached_tokens": None,
-           "history_tokens": 0, "history_view_tokens": 0, "finish_reason": None, "error": None}
+           "history_tokens": 0, "history_view_tokens": 0, "live_tokens": None, "finish_reason": None,
+           "error": None}
     parts: list[str] = []
     t0 = time.monotonic()
     rec["t_start"] = t0
@@ -85,6 +87,7 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
                     ev = usage.get("kv_evict") or {}  # a turn that continued a stored history
                     rec["history_tokens"] = ev.get("history_tokens", 0)
                     rec["history_view_tokens"] = ev.get("history_view_tokens", 0)
+                    rec["live_tokens"] = ev.get("live_tokens")
     except (requests.RequestException, ValueError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"[:300]
     if rec["error"] is None and rec["finish_reason"] == "abort":

