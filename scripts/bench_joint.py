@@ -126,7 +126,6 @@ def plot(cells: list[dict], path: str, title: str = "") -> None:
 
 
 def run(args) -> list[dict]:
-    import requests
     from transformers import AutoTokenizer
 
     from sgl_vtoken_tools.bench import probe
@@ -168,7 +167,7 @@ def run(args) -> list[dict]:
             with ServerProcess(base + (flags or []), env=stock_env if flags is None else env) as server:
                 served = (probe.get_json(server.base_url, "/v1/models") or {}).get("data") or [{}]
                 for rep in range(args.repeats):
-                    requests.post(server.base_url + "/flush_cache", timeout=60).raise_for_status()
+                    probe.flush_cache(server.base_url)
                     start = server.log_path.stat().st_size
                     reqs, answers, wall = play(server.base_url, served[0].get("id", "default"), convs,
                                                rid_prefix=f"joint-r{rep}",

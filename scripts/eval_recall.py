@@ -30,6 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.probe import flush_cache
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 from sgl_vtoken_tools.quality.server_check import Client, _strip
 from sgl_vtoken_tools.quality.splits import SPLITS, session_trials
@@ -50,9 +51,7 @@ def settings(policies: list[str], budget: int, recalls: list[int], window: int) 
 def run_trial(client: Client, tok, trial, label: str, kv: dict, max_new: int, eos: int) -> dict:
     """One conversation on an empty cache: no setting reuses another's KV (the full cache's
     turns would otherwise serve an evicting conversation's identical prompts hole-free)."""
-    import requests
-
-    requests.post(client.base_url + "/flush_cache", timeout=60).raise_for_status()
+    flush_cache(client.base_url)
     prompt, replies, turns, t0 = list(trial.prompt), [], [], time.monotonic()
     for turn in range(len(trial.messages) + 1):
         if turn:

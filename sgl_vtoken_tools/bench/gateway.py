@@ -21,14 +21,11 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from sgl_vtoken_tools.bench.multiturn import Workload
-from sgl_vtoken_tools.bench.probe import scrape_metrics
+from sgl_vtoken_tools.bench.probe import flush_cache, scrape_metrics
 from sgl_vtoken_tools.gateway import GatewayProcess
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
@@ -70,15 +67,6 @@ def start_replicas(model: str, n: int, pool: int, page_size: int, flags: tuple[s
     return servers
 
 
-def flush(base_url: str, timeout: float = 60.0) -> None:
-    """Empty the server's radix cache (SGLang refuses while requests are in flight: retry)."""
-    deadline = time.monotonic() + timeout
-    while requests.post(base_url + "/flush_cache", timeout=60).status_code != 200:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{base_url}: /flush_cache refused for {timeout:.0f} s")
-        time.sleep(0.5)
-
-
 def bench_serving(base_url: str, model: str, tokenizer: str, work: Workload, routing_key: bool,
                   timeout: float = 3600) -> dict:
     """bench_serving's multi-turn chat benchmark against `base_url`; its result line."""
@@ -107,7 +95,7 @@ def run_route(route: Route, replicas: list[ServerProcess], model: str, work: Wor
     """Flush every replica, play `work` along `route`, return the route's JSON line."""
     urls = [s.base_url for s in replicas]
     for url in urls:
-        flush(url)
+        flush_cache(url)
     before = [scrape_metrics(url) for url in urls]
     if route.policy is None:
         result = bench_serving(urls[0], model, model, work, routing_key=False)

@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import requests
 
 from sgl_vtoken_tools.bench.agent import AgentConfig, run_benchmark
 from sgl_vtoken_tools.bench.cells import MODE_NAMES, Cell, meets
+from sgl_vtoken_tools.bench.probe import flush_cache
 from sgl_vtoken_tools.bench.raw import RawLog
 from sgl_vtoken_tools.bench.workload import WorkloadSpec
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
@@ -115,18 +115,6 @@ def request_kv_evict(cell: Cell, cfg: MatrixConfig) -> dict | None:
     if cfg.server_per_cell:
         return None
     return {"policy": "none"} if cell.mode == "none" else {"policy": cell.policy, "budget": cell.budget}
-
-
-def flush_cache(base_url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if requests.post(base_url + "/flush_cache", timeout=10).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("/flush_cache did not succeed (requests still running?)")
 
 
 class MatrixRun:

@@ -64,6 +64,21 @@ def wait_pool_free(base_url: str, timeout: float = 30.0) -> dict | None:
         time.sleep(0.5)
 
 
+def flush_cache(base_url: str, timeout: float = 60.0) -> None:
+    """Empty the server's radix cache. SGLang answers 400 while requests are still in flight (a
+    stream the client finished may not have left the scheduler yet): retry until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if requests.post(base_url + "/flush_cache", timeout=10).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{base_url}: /flush_cache refused for {timeout:.0f} s (requests still running?)")
+        time.sleep(0.5)
+
+
 def loads(base_url: str) -> dict | None:
     """The first entry of /v1/loads (running, waiting requests, tokens in use); None if absent."""
     data = get_json(base_url, "/v1/loads")

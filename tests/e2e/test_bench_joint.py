@@ -3,10 +3,10 @@ conversation is answered, request ids are fixed, the full cache agrees with itse
 evicting conversation holds at most its budget (+ one interval) of device KV."""
 
 import pytest
-import requests
 
 from conftest import BENCH_FLAGS
 from sgl_vtoken_tools.bench import joint
+from sgl_vtoken_tools.bench.probe import flush_cache
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("bench16")]
 
@@ -28,7 +28,7 @@ def test_conversations_play_and_score(client, tiny_model, fake_essays):
     model = client.get("/v1/models")["data"][0]["id"]
     runs = {}
     for name, kv in (("full", {"policy": "none"}), ("evict", None)):  # None: the server's streamingllm b64
-        requests.post(client.base_url + "/flush_cache", timeout=60).raise_for_status()
+        flush_cache(client.base_url)
         runs[name] = joint.play(client.base_url, model, convs, kv, rid_prefix=name, reply_tokens=8)
     full_reqs, full_answers, _ = runs["full"]
     for name, (reqs, answers, wall) in runs.items():

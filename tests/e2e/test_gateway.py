@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from conftest import MEMORY_CHECKS
-from sgl_vtoken_tools.bench.gateway import flush
+from sgl_vtoken_tools.bench.probe import flush_cache
 from sgl_vtoken_tools.bench.probe import pool_whole
 from sgl_vtoken_tools.gateway import ROUTED_WORKER, GatewayProcess
 from test_eviction import wait_pool_free
@@ -113,7 +113,7 @@ def test_conversations_keep_their_replica_and_a_killed_one_loses_only_its_own(fl
     on_b = {k for k, (url, _) in enumerate(convs) if url == b.base_url}
     after_kill = {len(sent) - len(convs) + k for k in range(len(convs))}
 
-    flush(a.base_url)
+    flush_cache(a.base_url)
     ref = [figures(chat(a.base_url, gw.model, messages)) for _, messages, _ in sent]
     for i, ((k, _, got), want) in enumerate(zip(sent, ref)):
         if i in after_kill and k in on_b:
