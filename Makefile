@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test bench bench-joint stress kvp quality kvpress kvpress-venv clean
+.PHONY: install demo test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv clean
 
 install: $(STAMP)
 
@@ -146,18 +146,24 @@ quality: $(STAMP)
 		--out docs/results/quality_smollm2.jsonl --markdown docs/results/quality_smollm2.md \
 		--plot docs/img/quality_smollm2.png --title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"
 
-# Our policies and NVIDIA kvpress side by side on SmolLM2-135M-Instruct: the held-out docqa trials
-# (sgl_vtoken_tools/quality/splits.py) written once as token ids, our settings through the fast
-# masked reference, kvpress's presses in their own environment (kvpress 0.5.5 pins
-# transformers<5.3, SGLang 0.5.23 needs a newer one) on the same ids and budgets; rewrites
-# docs/results/{docqa_heldout_smollm2,kvpress_smollm2}.jsonl and kvpress_smollm2.md (about 40
-# minutes on two cores: the presses run in two halves at once).
+# Document questions of the split tasks (sgl_vtoken_tools/quality/splits.py) for our settings through
+# the fast masked reference: `make docqa-tuning` on the tuning split (where settings are chosen;
+# about 6 minutes); `make kvpress` on the held-out split (the one results quote) with NVIDIA
+# kvpress's presses on the same token ids and budgets, in their own environment (kvpress 0.5.5
+# pins transformers<5.3, SGLang 0.5.23 needs a newer one); rewrites
+# docs/results/{docqa_tuning_smollm2,docqa_heldout_smollm2,kvpress_smollm2}.jsonl and
+# kvpress_smollm2.md (about 40 minutes on two cores: the presses run in two halves at once).
+SPLIT_SETTINGS := streamingllm knorm h2o tova h2o:window=32 h2o:$(UPPER) h2o:pool=5,$(UPPER) \
+	h2o:window=32,pool=5,$(UPPER) h2o:window=32,pool=5,$(UPPER),aggregation=max \
+	tova:pool=5,$(UPPER) scissorhands:window=32,pool=5,$(UPPER)
+SPLIT_RUN := OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 \
+	--tasks docqa --server-trials 0 --budgets 128 256 --settings $(SPLIT_SETTINGS)
+SMOLLM2 := $(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '.cache/smollm2'))"
 KVPRESS_VENV := .venv-kvpress
 KVPRESS_STAMP := $(KVPRESS_VENV)/.kvpress-installed
 KVPRESS_TASKS := .cache/docqa_heldout.jsonl
 KVPRESS_RUN := OMP_NUM_THREADS=1 $(KVPRESS_VENV)/bin/python scripts/kvpress_eval.py --model .cache/smollm2 \
 	--tasks $(KVPRESS_TASKS) --budgets 128 256
-OURS_SETTINGS := streamingllm knorm h2o tova h2o:window=32,pool=5,$(UPPER) tova:pool=5,$(UPPER)
 # The torch SGLang 0.5.23 pins, then kvpress with the transformers it accepts.
 $(KVPRESS_STAMP):
 	$(PYTHON) -m venv $(KVPRESS_VENV)
@@ -166,14 +172,16 @@ $(KVPRESS_STAMP):
 	$(KVPRESS_VENV)/bin/pip install kvpress==0.5.5 'transformers<5.3'
 	touch $@
 kvpress-venv: $(KVPRESS_STAMP)
+docqa-tuning: $(STAMP)
+	$(SMOLLM2)
+	$(SPLIT_RUN) --split tuning --out docs/results/docqa_tuning_smollm2.jsonl
 kvpress: $(STAMP) $(KVPRESS_STAMP)
-	$(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '.cache/smollm2'))"
+	$(SMOLLM2)
 	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
 	$(KVPRESS_RUN) --presses streamingllm snapkv tova --out .cache/kvpress_a.jsonl & a=$$!; \
 	$(KVPRESS_RUN) --presses knorm observed_attention expected_attention --out .cache/kvpress_b.jsonl & b=$$!; \
-	OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 --tasks docqa \
-		--split heldout --server-trials 0 --budgets 128 256 --settings $(OURS_SETTINGS) \
-		--out docs/results/docqa_heldout_smollm2.jsonl; c=$$?; wait $$a && wait $$b && test $$c = 0
+	$(SPLIT_RUN) --split heldout --out docs/results/docqa_heldout_smollm2.jsonl; c=$$?; \
+	wait $$a && wait $$b && test $$c = 0
 	cat .cache/kvpress_a.jsonl .cache/kvpress_b.jsonl > docs/results/kvpress_smollm2.jsonl
 	$(PY) scripts/kvpress_eval.py --report docs/results/kvpress_smollm2.jsonl \
 		--ours docs/results/docqa_heldout_smollm2.jsonl --markdown docs/results/kvpress_smollm2.md
