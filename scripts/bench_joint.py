@@ -194,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)")
     p.add_argument("--cells", nargs="+", default=list(CELLS), help="cell names or name=flags")
-    p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens of every server")
+    p.add_argument("--pool", type=int, default=4096,
+                   help="--max-total-tokens of every server: small enough that stock queues, at least "
+                        "the longest conversation (about 2,200 tokens at the default sizes)")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--server-args", default="", help="extra flags for every server")
     p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
