@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -43,8 +42,8 @@ import time
 from pathlib import Path
 
 from sgl_vtoken_tools.bench import machine
-from sgl_vtoken_tools.bench.baseline import (SHIM_SOURCE, baseline_plugin_whitelist, group_cpu_seconds,
-                                       plugin_in_server, shim_applications, thread_env)
+from sgl_vtoken_tools.bench.baseline import (baseline_env, group_cpu_seconds, plugin_in_server,
+                                       shim_applications, thread_env)
 from sgl_vtoken_tools.bench.http_client import generate
 from sgl_vtoken_tools.bench.load import random_ids, run_load
 from sgl_vtoken_tools.bench.machine import loadavg
@@ -151,14 +150,11 @@ def overhead(args, model: Path, log_dir: Path) -> None:
     from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
     base = cpu_server_args(model, args.max_total_tokens, args.page_size) + ["--dtype", "float32"]
-    whitelist = baseline_plugin_whitelist(args.baseline_plugins)
-    baseline_name = (f"sglang without sgl-vtoken (SGLANG_PLUGINS={whitelist}) "
-                     "+ sitecustomize shim setting rotary_embedding.base._is_cpu")
-    with tempfile.TemporaryDirectory(prefix="bench-eviction-shim-") as shim_dir:
-        (Path(shim_dir) / "sitecustomize.py").write_text(SHIM_SOURCE)
-        pythonpath = os.pathsep.join(p for p in (shim_dir, os.environ.get("PYTHONPATH", "")) if p)
+    with baseline_env(args.baseline_plugins) as stock:
+        baseline_name = (f"sglang without sgl-vtoken (SGLANG_PLUGINS={stock['SGLANG_PLUGINS']}) "
+                         "+ sitecustomize shim setting rotary_embedding.base._is_cpu")
         servers = {
-            "baseline": (base, {**thread_env(args), "SGLANG_PLUGINS": whitelist, "PYTHONPATH": pythonpath}),
+            "baseline": (base, {**thread_env(args), **stock}),
             "plugin": (base + ["--kv-evict", "none"], thread_env(args)),
         }
         speeds: dict[str, list[float]] = {"baseline": [], "plugin": []}

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,7 +127,7 @@ def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
     from sgl_vtoken_tools.bench import probe
-    from sgl_vtoken_tools.bench.baseline import SHIM_SOURCE, baseline_plugin_whitelist
+    from sgl_vtoken_tools.bench.baseline import baseline_env, plugin_in_server
     from sgl_vtoken_tools.bench.joint import JointSpec, conversations, play, summarize
     from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
     from sgl_vtoken_tools.models import MODELS, ensure_model
@@ -158,13 +156,13 @@ def run(args) -> list[dict]:
         "--dtype", "float32", "--enable-cache-report", "--decode-log-interval", "1",
         "--disable-overlap-schedule", *args.server_args.split()]
     env = {"OMP_NUM_THREADS": str(args.server_threads)}
-    with tempfile.TemporaryDirectory(prefix="bench-joint-shim-") as shim:
-        (Path(shim) / "sitecustomize.py").write_text(SHIM_SOURCE)
-        stock_env = {**env, "SGLANG_PLUGINS": baseline_plugin_whitelist("others"),
-                     "PYTHONPATH": os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p)}
+    with baseline_env() as stock:
         full: dict[int, list[dict]] = {}
         for name, flags in cells:
-            with ServerProcess(base + (flags or []), env=stock_env if flags is None else env) as server:
+            with ServerProcess(base + (flags or []), env={**env, **stock} if flags is None else env) as server:
+                if plugin_in_server(server) != (flags is not None):
+                    raise RuntimeError(f"cell {name!r}: sgl-vtoken is {'' if flags is None else 'not '}loaded "
+                                       f"in its server (stock must run without it, every other cell with it)")
                 served = (probe.get_json(server.base_url, "/v1/models") or {}).get("data") or [{}]
                 for rep in range(args.repeats):
                     probe.flush_cache(server.base_url)

@@ -3,6 +3,7 @@
 
 - `baseline_plugin_whitelist`: `SGLANG_PLUGINS` that loads every other installed general plugin
   (or none), so the A/B differs by sgl-vtoken alone;
+- `baseline_env`: both of the above as a server environment (the shim in a temporary folder);
 - `SHIM_SOURCE`: a `sitecustomize.py`, put on the baseline's `PYTHONPATH`, that applies only the
   plugin's CPU fix (`rotary_embedding.base._is_cpu = True`) and prints one `SHIM_MARK` line per
   patched process (`shim_applications` counts them in the log);
@@ -13,6 +14,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
 PLUGIN_ENTRY_POINT = "sgl_vtoken"  # name in the sglang.srt.plugins entry-point group
 SHIM_MARK = "[bench_eviction shim]"
@@ -76,6 +80,17 @@ def baseline_plugin_whitelist(mode: str) -> str:
     names = sorted({ep.name for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
                    - {PLUGIN_ENTRY_POINT})
     return ",".join(names) or "__none__"
+
+
+@contextmanager
+def baseline_env(mode: str = "others"):
+    """Yields the environment of a server without sgl-vtoken: `SGLANG_PLUGINS` =
+    `baseline_plugin_whitelist(mode)` and the shim's folder first on `PYTHONPATH` (the folder
+    lives until the block ends)."""
+    with tempfile.TemporaryDirectory(prefix="vtoken-baseline-shim-") as shim:
+        (Path(shim) / "sitecustomize.py").write_text(SHIM_SOURCE)
+        yield {"SGLANG_PLUGINS": baseline_plugin_whitelist(mode),
+               "PYTHONPATH": os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def plugin_in_server(server) -> bool:

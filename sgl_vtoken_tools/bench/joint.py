@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import requests
 
 from sgl_vtoken_tools.bench.http_client import stream_chat
+from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials, session_trials
 from sgl_vtoken_tools.quality.tasks import first_number
 
@@ -139,8 +140,6 @@ def summarize(reqs: list[dict], answers: list[dict], wall: float, log: str | Non
               reference: list[dict] | None = None) -> dict:
     """One run's figures; `reference`: the full cache's answer records of the same conversations
     (agreement = the same first number in the last reply); `log`: the server's log of the run."""
-    from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
-
     ok = [r for r in reqs if r["error"] is None]
     out_tokens = sum(r["completion_tokens"] for r in ok)
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]

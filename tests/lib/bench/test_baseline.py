@@ -29,3 +29,17 @@ def test_baseline_whitelist_leaves_out_only_sgl_vtoken():
     assert baseline.baseline_plugin_whitelist("none") == "__none__"
     names = baseline.baseline_plugin_whitelist("others").split(",")
     assert baseline.PLUGIN_ENTRY_POINT not in names and all(names)
+
+
+def test_baseline_env_puts_the_shim_first_and_removes_it(monkeypatch):
+    import os
+    from pathlib import Path
+
+    from sgl_vtoken_tools.bench.baseline import SHIM_SOURCE, baseline_env
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    with baseline_env("none") as env:
+        shim, rest = env["PYTHONPATH"].split(os.pathsep)
+        assert (Path(shim) / "sitecustomize.py").read_text() == SHIM_SOURCE and rest == "/elsewhere"
+        assert env["SGLANG_PLUGINS"] == "__none__"
+    assert not Path(shim).exists()
