@@ -153,9 +153,10 @@ quality: $(STAMP)
 # pins transformers<5.3, SGLang 0.5.23 needs a newer one); rewrites
 # docs/results/{docqa_tuning_smollm2,docqa_heldout_smollm2,kvpress_smollm2}.jsonl and
 # kvpress_smollm2.md (about 40 minutes on two cores: the presses run in two halves at once).
-SPLIT_SETTINGS := streamingllm knorm h2o tova h2o:window=32 h2o:$(UPPER) h2o:pool=5,$(UPPER) \
-	h2o:window=32,pool=5,$(UPPER) h2o:window=32,pool=5,$(UPPER),aggregation=max \
-	tova:pool=5,$(UPPER) scissorhands:window=32,pool=5,$(UPPER)
+# The settings: the defaults of each policy, then h2o with each of its scoring defaults turned
+# off (the last one: the defaults before they were chosen, docs/RESULTS.md "Defaults that keep answers").
+SPLIT_SETTINGS := streamingllm knorm h2o tova scissorhands h2o:window=32 scissorhands:window=32 \
+	h2o:aggregation=sum h2o:pool=1 h2o:score_layers=all h2o:pool=1,aggregation=sum,score_layers=all
 SPLIT_RUN := OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 \
 	--tasks docqa --server-trials 0 --budgets 128 256 --settings $(SPLIT_SETTINGS)
 SMOLLM2 := $(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '.cache/smollm2'))"

@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--policies", default="streamingllm")
     ap.add_argument("--sink", type=int, default=16)
     ap.add_argument("--interval", type=int, default=16)
-    ap.add_argument("--score-layers", default=None, help="a-b: layers scoring attention and recall (default all)")
+    ap.add_argument("--score-layers", default=None, help="a-b: layers scoring attention and recall (default: the server's, the upper half of the layers)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--pool", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)

@@ -164,8 +164,9 @@ class EvictConfig:
 
     def policy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``make_policy(self.policy, **kwargs)``."""
-        kwargs = {"sink": self.sink_tokens, "window": self.window,
-                  "aggregation": self.scoring.aggregation, **self.params}
+        kwargs = {"sink": self.sink_tokens, "window": self.window, **self.params}
+        if self.scoring.aggregation is not None:  # None: the policy's own default
+            kwargs["aggregation"] = self.scoring.aggregation
         if "seed" in {f.name for f in fields(POLICIES[self.policy])}:
             kwargs.setdefault("seed", self.seed)
         return kwargs
@@ -184,7 +185,7 @@ class EvictConfig:
         """The settings by flat key (today's flag and JSON spellings); :meth:`from_dict` inverts it."""
         out = {k.key: k.get(self) for k in KEYS}
         out["params"] = dict(self.params)
-        if out["score_layers"] is not None:
+        if isinstance(out["score_layers"], tuple):
             out["score_layers"] = list(out["score_layers"])
         return out
 

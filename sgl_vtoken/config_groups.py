@@ -17,30 +17,51 @@ def _key(key: str, **meta: Any) -> dict[str, Any]:
     return {"key": key, **meta}
 
 
+LAYER_RULES = ("upper", "all")
+
+
 @dataclass(frozen=True)
 class Scoring:
     """How statistics become token scores.
 
     Attributes:
-        aggregation: how per-layer, per-head statistics become one score per token: sum or max.
+        aggregation: how per-layer, per-head statistics become one score per token: ``"sum"``,
+            ``"max"``, or None (the default): the policy's own (``max`` for H2O, ``sum`` for the
+            others).
         obs_window: attention policies: prompt queries whose attention seeds the statistics at
             prefill (the last `obs_window`, SnapKV-style).
-        score_layers: attention policies: layer ids whose attention is scored (None: all).
+        score_layers: attention policies: the layers whose attention is scored: ``"upper"`` (the
+            default: the upper half of the model's layers, ``num_layers // 2`` and up), ``"all"``
+            (or None), or a list of layer ids. A rule is resolved against the served model by
+            :meth:`layer_ids`.
     """
 
-    aggregation: str = field(default="sum", metadata=_key("aggregation"))
+    aggregation: str | None = field(default=None, metadata=_key("aggregation"))
     obs_window: int = field(default=16, metadata=_key("obs_window"))
-    score_layers: tuple[int, ...] | None = field(default=None, metadata=_key("score_layers"))
+    score_layers: tuple[int, ...] | str | None = field(default="upper", metadata=_key("score_layers"))
 
     def __post_init__(self) -> None:
-        check_choice("aggregation", self.aggregation, AGGREGATIONS)
+        if self.aggregation is not None:
+            check_choice("aggregation", self.aggregation, AGGREGATIONS, "or null (the policy's default)")
         check_int("obs_window", self.obs_window, 1)
-        if self.score_layers is not None:
-            if not isinstance(self.score_layers, (list, tuple)) or not self.score_layers or any(
-                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.score_layers):
-                raise ValueError(f"EvictConfig.score_layers must be a non-empty list of layer ids >= 0 "
-                                 f"or None (got {self.score_layers!r})")
-            object.__setattr__(self, "score_layers", tuple(sorted(set(self.score_layers))))
+        layers = self.score_layers
+        if layers == "all":
+            object.__setattr__(self, "score_layers", None)
+        elif layers is not None and layers not in LAYER_RULES:
+            if not isinstance(layers, (list, tuple)) or not layers or any(
+                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
+                raise ValueError(f"EvictConfig.score_layers must be \"upper\", \"all\" (or null) or a "
+                                 f"non-empty list of layer ids >= 0 (got {layers!r})")
+            object.__setattr__(self, "score_layers", tuple(sorted(set(layers))))
+
+    def layer_ids(self, num_layers: int) -> tuple[int, ...] | None:
+        """The scored layer ids of a model of `num_layers` layers (None: every layer)::
+
+            "upper", 30 layers  ->  (15, 16, ..., 29)      "all" -> None      [2, 5] -> (2, 5)
+        """
+        if self.score_layers == "upper":
+            return tuple(range(num_layers // 2, num_layers))
+        return self.score_layers
 
 
 @dataclass(frozen=True)
@@ -124,10 +145,12 @@ class HostTier:
                              "capacity (--kv-evict-config '{\"host_tokens\": N}')")
 
 
-def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    """ValueError naming `EvictConfig.<name>` unless `value` is one of `allowed`."""
+def check_choice(name: str, value: Any, allowed: tuple[str, ...], more: str = "") -> None:
+    """ValueError naming `EvictConfig.<name>` unless `value` is one of `allowed` (`more`: what
+    else the message names as allowed)."""
     if value not in allowed:
-        raise ValueError(f"EvictConfig.{name} must be one of {list(allowed)} (got {value!r})")
+        tail = f" {more}" if more else ""
+        raise ValueError(f"EvictConfig.{name} must be one of {list(allowed)}{tail} (got {value!r})")
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None, why: str = "") -> None:

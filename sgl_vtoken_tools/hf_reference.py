@@ -194,8 +194,9 @@ def _recall(res, queries, candidates: list[int], row: list[int], window: list[in
     """The `cfg.host.recall` candidates the window's queries recall (`sgl_vtoken.recall`), ascending."""
     scores = torch.zeros(len(candidates))
     lengths = torch.tensor([row.index(t) + 1 for t in window])
+    scored = cfg.scoring.layer_ids(len(queries))
     for layer, (q, scale) in enumerate(queries):
-        if cfg.scoring.score_layers is not None and layer not in cfg.scoring.score_layers:
+        if scored is not None and layer not in scored:
             continue
         keys = res.past_key_values.layers[layer].keys[0]                 # [hkv, T, d]
         scores += candidate_mass(q[0][:, window].transpose(0, 1), keys[:, row].transpose(0, 1), lengths,
@@ -212,10 +213,11 @@ def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: Ev
     group = config.num_attention_heads // hkv
     rows = [q - first for q in queries]
     per_layer = []
+    scored = cfg.scoring.layer_ids(len(attentions))
     for layer, a in enumerate(attentions):                      # a: [1, hq, T - first, T]
         p = a[0][:, rows][:, :, row].float()                      # [hq, q, n]
         p = p.view(hkv, group, len(queries), len(row)).sum(1)     # [hkv, q, n]
-        if cfg.scoring.score_layers is not None and layer not in cfg.scoring.score_layers:
+        if scored is not None and layer not in scored:
             p = torch.zeros_like(p)
         per_layer.append(p.permute(1, 2, 0))                      # [q, n, hkv]
     lengths = torch.tensor([sum(1 for r in row if r <= q) for q in queries])

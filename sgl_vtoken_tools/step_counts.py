@@ -43,7 +43,7 @@ class Scenario:
     budget: int = 64
     interval: int = 16
     group: int = 4
-    score_layers: tuple | None = None  # every other request scores only these layers
+    score_layers: tuple | None = None  # every other request scores only these layers (the rest: all)
     reclaim: str = "vtoken"
 
     def config(self, mixed: bool = False) -> EvictConfig:
@@ -51,8 +51,8 @@ class Scenario:
                     interval=self.interval, page_size=self.page_size, reclaim=self.reclaim)
         if self.offload:
             keys.update(offload=True, host_tokens=1 << 20)
-        if mixed and self.score_layers:
-            keys.update(score_layers=list(self.score_layers))
+        # every layer scored (the most launches a step can take), or the mixed requests' own
+        keys.update(score_layers=list(self.score_layers) if mixed and self.score_layers else "all")
         return EvictConfig.from_dict(keys)
 
 

@@ -139,7 +139,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         batch = [(i, req, st) for i, req, st in scored if "attn" in st.policy.needs]
         decode = DecodeScoring([i for i, _, _ in batch], [req.kv.req_pool_idx for _, req, _ in batch],
                                [seq_lens[i] for i, _, _ in batch],
-                               [st.cfg.scoring.score_layers for _, _, st in batch],
+                               [st.cfg.scoring.layer_ids(num_layers) for _, _, st in batch],
                                num_layers, pool.head_num, device) if batch else None
         for k, (_, _, st) in enumerate(batch):
             st.stats.staged.append(decode.block(k))
@@ -169,7 +169,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             st.stats.staged.append((block, torch.arange(n - q + 1, n + 1, device=device)))
         if recall is not None:
             recall.stage(device)
-        plan.append((i, block, st.cfg.scoring.score_layers, req.kv.req_pool_idx, recall, q, n))
+        plan.append((i, block, st.cfg.scoring.layer_ids(num_layers), req.kv.req_pool_idx, recall, q, n))
     pool._vtoken_scored = Scored(None, plan, req_to_token)
 
 

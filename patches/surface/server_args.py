@@ -78,7 +78,8 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
     g.add_argument("--kv-evict-config", type=str, default=None,
                    help="JSON object of policy parameters, e.g. '{\"seed\": 1}', "
                         "'{\"aggregation\": \"max\"}', '{\"history\": 16}' (scissorhands), "
-                        "'{\"obs_window\": 32, \"score_layers\": [0, 1]}' (attention policies), "
+                        "'{\"obs_window\": 32, \"score_layers\": [0, 1]}' (attention policies; score_layers "
+                        "\"upper\" by default: the upper half of the model's layers; \"all\"), "
                         "'{\"reuse_history\": false}' (no compacted-history reuse across turns), "
                         "'{\"prefill_chunk\": 256}' (evict during prefill, every 256 prompt tokens), "
                         "'{\"offload\": true, \"host_tokens\": 65536, \"recall\": 32}' (evicted KV to a "
@@ -210,7 +211,7 @@ def settings_problem(cfg: EvictConfig, context_len: int, num_layers: int, pool_t
         return (f"argument --kv-evict-config: prefill_chunk {cfg.prefill.chunk}: a prefill evicting "
                 f"request holds up to budget + prefill_chunk + page_size = "
                 f"{cfg.prefill_peak + cfg.page_size} KV tokens, more than the pool's {pool_tokens}")
-    layers = cfg.scoring.score_layers
+    layers = cfg.scoring.layer_ids(num_layers)
     if layers is not None and max(layers) >= num_layers:
         return (f"argument --kv-evict-config: score_layers {list(layers)} must be layer ids "
                 f"< {num_layers} (the model's layers)")

@@ -135,9 +135,11 @@ class EvictionPolicy:
 @dataclass
 class AttentionPolicy(EvictionPolicy):
     """Shared score of the attention policies (H2O, TOVA, Scissorhands): their accumulated
-    statistic, aggregated over layers and heads, smoothed over `pool` row neighbours (1: off)."""
+    statistic, aggregated over layers and heads, smoothed over `pool` row neighbours (1: off;
+    the default 5 is SnapKV's kernel: the digits of a number the statistic only partly marks
+    survive together, docs/RESULTS.md "Defaults that keep answers")."""
 
-    pool: int = 1
+    pool: int = 5
     needs: ClassVar[tuple[str, ...]] = ("attn",)
 
     def __post_init__(self) -> None:

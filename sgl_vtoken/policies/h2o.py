@@ -17,7 +17,11 @@ from sgl_vtoken.stats import AttentionSum
 
 @dataclass
 class H2O(AttentionPolicy):
-    """Score = aggregate(accumulated attention) over layers and heads."""
+    """Score = aggregate(accumulated attention) over layers and heads; by default the largest
+    over them (``max``: a token any scored head keeps returning to is kept, where ``sum`` lets
+    the many heads that attend broadly outvote it)."""
+
+    aggregation: str = "max"
 
     name: ClassVar[str] = "h2o"
     accumulator: ClassVar[type] = AttentionSum

@@ -199,9 +199,10 @@ class Request:
     def _observe(self, probs, lengths) -> None:
         if self.acc is None or probs is None:
             return
-        if self.cfg.scoring.score_layers is not None:
+        scored = self.cfg.scoring.layer_ids(probs.shape[2])
+        if scored is not None:
             probs = probs.clone()
-            off = [i for i in range(probs.shape[2]) if i not in self.cfg.scoring.score_layers]
+            off = [i for i in range(probs.shape[2]) if i not in scored]
             probs[:, :, off] = 0
         self.acc.update(probs, lengths)
 

@@ -51,7 +51,9 @@ def test_budget_required_when_enabled():
     ("policy", "lru", r"EvictConfig.policy must be one of \['none', 'h2o', 'knorm', 'kvp', 'random', "
                       r"'scissorhands', 'streamingllm', 'tova'\]"),
     ("reclaim", "eager", r"EvictConfig.reclaim must be one of \['vtoken', 'naive'\]"),
-    ("aggregation", "mean", r"EvictConfig.aggregation must be one of \['sum', 'max'\]"),
+    ("aggregation", "mean", r"EvictConfig.aggregation must be one of \['sum', 'max'\] or null"),
+    ("score_layers", "lower", r"EvictConfig.score_layers must be \"upper\", \"all\" \(or null\) or a non-empty"),
+    ("score_layers", [], r"EvictConfig.score_layers must be"),
     ("interval", 0, r"EvictConfig.interval must be >= 1"),
     ("page_size", 0, r"EvictConfig.page_size must be >= 1"),
     ("sink", -1, r"EvictConfig.sink must be >= 0"),
@@ -89,6 +91,25 @@ def test_groups_hold_the_flat_keys():
     # the radix namespace of stored histories reads the groups as it read the flat fields
     assert cfg.history_namespace() == ("vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):c32"
                                        ":off0:r0:rp3:rg0:{}")
+
+
+def test_scoring_defaults_resolve_against_the_model():
+    """Default scoring: the upper half of the served model's layers, the policy's aggregation."""
+    cfg = EvictConfig(policy="h2o", budget=64)
+    assert cfg.scoring.score_layers == "upper" and cfg.scoring.aggregation is None
+    assert cfg.scoring.layer_ids(30) == tuple(range(15, 30))
+    assert cfg.scoring.layer_ids(3) == (1, 2) and cfg.scoring.layer_ids(1) == (0,)
+    assert "aggregation" not in cfg.policy_kwargs() and policy_from_config(cfg).aggregation == "max"
+    assert policy_from_config(EvictConfig(policy="tova", budget=64)).aggregation == "sum"
+    assert policy_from_config(EvictConfig.from_dict(
+        {"policy": "h2o", "budget": 64, "aggregation": "sum"})).aggregation == "sum"
+    every = EvictConfig.from_dict({"policy": "h2o", "budget": 64, "score_layers": "all"})
+    assert every.scoring.score_layers is None and every.scoring.layer_ids(30) is None
+    assert Scoring(score_layers=[4, 2]).layer_ids(30) == (2, 4)
+    # a rule survives the trip through the environment, and so does "all" (as null)
+    for c in (cfg, every):
+        assert EvictConfig.from_json(c.to_json()) == c
+    assert cfg.to_dict()["score_layers"] == "upper" and every.to_dict()["score_layers"] is None
 
 
 def test_from_dict_rejects_unknown_keys_listing_fields():
