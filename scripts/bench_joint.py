@@ -63,13 +63,13 @@ def spread_lines(summaries: list[dict]) -> list[dict]:
     from sgl_vtoken_tools.bench.quantiles import spread
 
     cells = list(dict.fromkeys(s["cell"] for s in summaries))
-    keys = ("output_tokens_per_s", "mean_ttft_ms", "accuracy", "accuracy_session", "accuracy_docqa",
+    keys = ("output_tokens_per_s", "prefill_tokens", "mean_ttft_ms", "accuracy", "accuracy_session", "accuracy_docqa",
             "agreement", "kv_tokens_mean", "retractions", "peak_running", "wall_s", "failed")
     stock = {s["repeat"]: s["output_tokens_per_s"] for s in summaries if s["cell"] == "stock"}
     out = []
     for c in cells:
         rows = [s for s in summaries if s["cell"] == c]
-        line = {"kind": "cell", "cell": c, "repeats": len(rows), **{k: spread([r[k] for r in rows]) for k in keys}}
+        line = {"kind": "cell", "cell": c, "repeats": len(rows), **{k: spread([r.get(k) for r in rows]) for k in keys}}
         ratios = [r["output_tokens_per_s"] / stock[r["repeat"]] for r in rows
                   if stock.get(r["repeat"]) and r["output_tokens_per_s"] is not None]
         line["throughput_ratio"] = spread(ratios)
@@ -86,11 +86,12 @@ def _fmt(s: dict | None, digits: int = 1, pct: bool = False) -> str:
 
 def table(cells: list[dict]) -> str:
     """Markdown: medians over repeats with (min-max)."""
-    head = ("| cell | output tok/s | x stock | mean TTFT ms | accuracy % | sessions % | docqa % | "
-            "agree w/ full % | KV tokens / conv. | retractions | peak running |")
-    lines = [head, "|---|" + "---:|" * 10]
+    head = ("| cell | output tok/s | x stock | prompt tokens computed | mean TTFT ms | accuracy % | sessions % | "
+            "docqa % | agree w/ full % | KV tokens / conv. | retractions | peak running |")
+    lines = [head, "|---|" + "---:|" * 11]
     for c in cells:
         lines.append(f"| {c['cell']} | {_fmt(c['output_tokens_per_s'])} | {_fmt(c['throughput_ratio'], 2)} | "
+                     f"{_fmt(c.get('prefill_tokens'), 0)} | "
                      f"{_fmt(c['mean_ttft_ms'], 0)} | {_fmt(c['accuracy'], pct=True)} | "
                      f"{_fmt(c['accuracy_session'], pct=True)} | {_fmt(c['accuracy_docqa'], pct=True)} | "
                      f"{_fmt(c['agreement'], pct=True)} | {_fmt(c['kv_tokens_mean'], 0)} | "

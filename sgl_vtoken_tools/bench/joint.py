@@ -148,6 +148,8 @@ def summarize(reqs: list[dict], answers: list[dict], wall: float, log: str | Non
     kv = [a["kv_tokens"] for a in answers if not a["failed"]]
     return {"conversations": len(answers), "requests": len(reqs), "failed": len(reqs) - len(ok),
             "output_tokens": out_tokens, "wall_s": round(wall, 2),
+            # the prompt tokens the server computed: what neither its cache nor a history held
+            "prefill_tokens": sum((r["prompt_tokens"] or 0) - (r["cached_tokens"] or 0) for r in ok),
             "output_tokens_per_s": round(out_tokens / wall, 3) if wall > 0 else None,
             "mean_ttft_ms": round(1000 * statistics.mean(ttft), 1) if ttft else None,
             "accuracy": _rate([a["hit"] for a in answers]),

@@ -47,8 +47,9 @@ def test_spec_refuses_bad_sizes(kw, match):
         joint.JointSpec(**kw)
 
 
-def _req(conv, turn, tokens, ttft, error=None):
-    return {"conversation": conv, "turn": turn, "completion_tokens": tokens, "ttft": ttft, "error": error}
+def _req(conv, turn, tokens, ttft, error=None, prompt=100, cached=40):
+    return {"conversation": conv, "turn": turn, "completion_tokens": tokens, "ttft": ttft, "error": error,
+            "prompt_tokens": prompt, "cached_tokens": cached}
 
 
 def _ans(conv, task, number, hit, kv, failed=False):
@@ -56,7 +57,8 @@ def _ans(conv, task, number, hit, kv, failed=False):
 
 
 def test_summary_counts_tokens_answers_and_agreement():
-    reqs = [_req("a", 1, 10, 0.1), _req("a", 2, 6, 0.3), _req("b", 1, 4, 0.2), _req("c", 1, 0, None, "HTTP 503")]
+    reqs = [_req("a", 1, 10, 0.1), _req("a", 2, 6, 0.3, cached=None), _req("b", 1, 4, 0.2),
+            _req("c", 1, 0, None, "HTTP 503")]
     answers = [_ans("a", "session", "123", True, 300), _ans("b", "docqa", "9", False, 200),
                _ans("c", "docqa", None, False, 0, failed=True)]
     full = [_ans("a", "session", "123", True, 900), _ans("b", "docqa", "8", True, 800), _ans("c", "docqa", "7", True, 10)]
@@ -67,13 +69,15 @@ def test_summary_counts_tokens_answers_and_agreement():
     assert (s["accuracy"], s["accuracy_session"], s["accuracy_docqa"]) == (0.3333, 1.0, 0.0)
     assert s["agreement"] == 0.3333 and s["kv_tokens_mean"] == 250.0 and s["kv_tokens_max"] == 300
     assert (s["retractions"], s["peak_running"]) == (2, 3)
+    assert s["prefill_tokens"] == 60 + 100 + 60  # prompt minus cached, the failed request left out
     assert joint.summarize(reqs, answers, 4.0)["agreement"] is None
 
 
 def _summary(cell, rep, tps, acc):
     return {"kind": "summary", "cell": cell, "repeat": rep, "output_tokens_per_s": tps, "mean_ttft_ms": 10.0,
             "accuracy": acc, "accuracy_session": acc, "accuracy_docqa": acc, "agreement": None,
-            "kv_tokens_mean": 100.0, "retractions": 0, "peak_running": 4, "wall_s": 1.0, "failed": 0}
+            "kv_tokens_mean": 100.0, "retractions": 0, "peak_running": 4, "wall_s": 1.0, "failed": 0,
+            **({"prefill_tokens": 1000 * tps} if cell != "stock" else {})}  # a pilot's lines lack it
 
 
 def test_cells_quote_the_ratio_to_stock_of_the_same_repeat(bench, tmp_path, capsys):
@@ -86,7 +90,8 @@ def test_cells_quote_the_ratio_to_stock_of_the_same_repeat(bench, tmp_path, caps
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert bench.main(["--report", str(path), "--plot", str(tmp_path / "p.png")]) == 0
     out = capsys.readouterr().out
-    assert "| h2o | 32.5 (25.0-40.0) | 2.25 (2.00-2.50) |" in out and "| 62 (50-75) |" in out
+    assert "| h2o | 32.5 (25.0-40.0) | 2.25 (2.00-2.50) | 32500 (25000-40000) |" in out and "| 62 (50-75) |" in out
+    assert "| stock | 15.0 (10.0-20.0) | 1.00 | - |" in out
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
