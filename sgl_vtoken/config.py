@@ -120,9 +120,6 @@ class EvictConfig:
         if self.page_size > 1 and self.reclaim != "vtoken":
             raise ValueError(f"EvictConfig.offload needs reclaim 'vtoken' at page_size {self.page_size} "
                              f"(got {self.reclaim!r})")
-        if self.prefill.chunk is not None:
-            raise ValueError("EvictConfig.offload cannot run with prefill_chunk (the prompt's evicted "
-                             "tokens would not reach the host store)")
         if self.budget is not None and self.sink_tokens + self.window + host.recall + 1 > self.budget:
             raise ValueError(f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
                              f"recall + 1 = {self.sink_tokens} + {self.window} + {host.recall} + 1 > "
@@ -142,6 +139,13 @@ class EvictConfig:
     def prefill_peak(self) -> int | None:
         """Row length at which a prefill is evicted when prompt tokens remain, or None."""
         return None if self.prefill.chunk is None else self.budget + self.prefill.chunk
+
+    @property
+    def prefill_hold(self) -> int | None:
+        """KV tokens a request evicted during prefill holds at most: the prefill peak, plus the
+        tokens its last chunk recalls, plus the partly filled page after them; None without
+        `prefill_chunk`."""
+        return None if self.prefill.chunk is None else self.prefill_peak + self.host.recall + self.page_size
 
     @property
     def decode_peak(self) -> int:

@@ -107,14 +107,16 @@ class HostTier:
     Attributes:
         offload: evicted tokens' K/V (every layer) go to the host store owned by the request's
             stored history instead of being dropped (docs/design.md, "Host tier and recall").
-            Needs `host_tokens`; without `prefill_chunk`, and with reclaim ``"vtoken"`` at page
-            size > 1.
+            Needs `host_tokens`, and reclaim ``"vtoken"`` at page size > 1. With `prefill_chunk`
+            the tokens evicted during the prompt's prefill go there too.
         tokens (``host_tokens``): capacity of the server's host store in tokens (0: no host
             store). When full, the stores of the least recently used stored histories are
             released first.
         recall: tokens a new turn may bring back from its history's host store (0: offload
             only). Scored after the new message's prefill by its last `obs_window` queries; the
-            recalled tokens are kept for the rest of the turn, within `budget`.
+            recalled tokens are kept for the rest of the turn, within `budget`. With
+            `prefill_chunk` the prompt's last chunk scores and recalls, from the history's store
+            and from what the prefill itself evicted.
         pool (``recall_pool``): odd; each candidate's recall score is first averaged with its
             `recall_pool // 2` candidate neighbours on each side (SnapKV's pooling; 1: off).
         gap (``recall_gap``): candidates are recalled best first, each with the hole of at most

@@ -83,9 +83,8 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     row = [] if history is None else list(history[1])
     allowed = [] if history is None else [list(a) for a in history[0]]
     steps = 0
-    # Host tier: every token with KV that the view lacks was evicted and offloaded, so all of
+    # Host tier: every token with KV that the row lacks was evicted and offloaded, so all of
     # them are recall candidates (a host store large enough never drops one).
-    candidates = [p for p in range(start) if p not in set(row)] if cfg.enabled and cfg.host.recall else []
     pinned: list[int] = []
 
     def evict(res, row: list[int]) -> list[int]:
@@ -116,23 +115,31 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
         if acc is not None and window > 0:
             acc.update(*_group_probs(res.attentions, list(range(end - window, end)), row, model.config, cfg))
 
-    pos = start
-    cut = split(len(row), len(row) + len(prompt) - start, cfg.scoring.obs_window, cfg.page_size) if candidates else None
-    if cut is not None:  # recall: chunk 1 scores the candidates, chunk 2 is recomputed with them
-        end, back = (start + c - len(row) for c in cut)
-        first = [row + list(range(start, i + 1)) for i in range(start, end)]
-        with _queries(model, True) as queries:
-            res = model(torch.tensor([ids[:end]]), attention_mask=_mask(allowed + first, end), use_cache=True)
-        window = min(cfg.scoring.obs_window, end - max(start, cached))
-        pinned = _recall(res, queries, candidates, row + list(range(start, end)),
-                         list(range(end - window, end)), cfg)
-        allowed += first[:back - start]
-        row, pos = row + list(range(start, back)) + pinned, back
     # The prompt, chunk by chunk with `prefill_chunk`: the row is evicted to the budget whenever
-    # it reaches budget + prefill_chunk and prompt tokens remain.
+    # it reaches budget + prefill_chunk and prompt tokens remain. With recall, the last chunk is
+    # cut in two: its first part's window scores the candidates (every token with KV the row
+    # lacks, this prefill's victims included), the best join the row, and the rest is computed
+    # with them visible, without a further eviction.
+    pos, recalling = start, cfg.enabled and cfg.host.recall > 0
     while True:
-        end = len(prompt) if policy is None or cfg.prefill_peak is None else \
+        end = len(prompt) if policy is None or cfg.prefill_peak is None or pinned else \
             min(len(prompt), pos + cfg.prefill_peak - len(row))
+        if end == len(prompt) and recalling:
+            recalling = False
+            candidates = [p for p in range(pos) if p not in set(row)]
+            cut = split(len(row), len(row) + len(prompt) - pos, cfg.scoring.obs_window,
+                        cfg.page_size) if candidates else None
+            if cut is not None:
+                end, back = (pos + c - len(row) for c in cut)
+                first = [row + list(range(pos, i + 1)) for i in range(pos, end)]
+                with _queries(model, True) as queries:
+                    res = model(torch.tensor([ids[:end]]), attention_mask=_mask(allowed + first, end), use_cache=True)
+                window = min(cfg.scoring.obs_window, end - max(pos, cached))
+                pinned = _recall(res, queries, candidates, row + list(range(pos, end)),
+                                 list(range(end - window, end)), cfg)
+                allowed += first[:back - pos]
+                row, pos = row + list(range(pos, back)) + pinned, back
+                continue
         allowed += [row + list(range(pos, i + 1)) for i in range(pos, end)]
         row = row + list(range(pos, end))
         if end == len(prompt):

@@ -2,7 +2,8 @@
 the row of a turn that needs them.
 
 A turn continuing a view with a host store is prefilled in two chunks
-(`sgl_vtoken.recall.split`, forced at admission: `prefill.chunk_limit`). The first chunk's last
+(`sgl_vtoken.recall.split`, forced at admission: `prefill.chunk_limit`; with `prefill_chunk`, the
+prompt's last chunk is the one split, and this prefill's victims are candidates too). The first chunk's last
 `obs_window` queries score the store's candidates (`sgl_vtoken.recall`, in `scores.py`). Between
 the chunks (`recall_prompt`, after SGLang stashed the first) the best `recall` come back: slots
 (page-dense at page size > 1), K/V written from the host, joined to the row at their original
@@ -82,8 +83,9 @@ class RecallPlan:
 class Recall:
     """A request's recall state (`st.recall`)."""
 
-    plan: RecallPlan | None = None             # until its prefill's first chunk ends
+    plan: RecallPlan | None = None             # until the first part of its prompt's last chunk ends
     pinned: torch.Tensor | None = None         # [n] int64 positions recalled this turn: kept like sinks
+    planned: bool = False                      # its turn's candidates were looked at (`begin_turn`)
 
     def reset(self, unpin: bool = False) -> None:
         """No recall is pending (the turn's prefill starts over, is not cut where the plan needs,
@@ -94,19 +96,27 @@ class Recall:
 
 
 def begin_turn(req, st) -> None:
-    """Before a request's first prefill chunk (admission, then its first forward; once): it takes
-    its view's store (`host_tier.take_store`), and with `recall` its candidates are set up for
-    scoring (`scores.py`) and its prefill is cut (`RecallPlan.end`)."""
-    chunks = host_tier.take_store(st)
-    if not st.cfg.host.recall or not chunks:
+    """Before each prefill chunk of a turn (admission, then its forward): it takes its view's store
+    once (`host_tier.take_store`); with `recall`, at the prompt's last chunk (its first, unless
+    `prefill_chunk` evicts before it), the candidates (what the request's store holds below its
+    depth that its row lacks: its view's store and, with `prefill_chunk`, this prefill's victims)
+    are set up for scoring (`scores.py`) and the chunk is cut (`RecallPlan.end`). Once a turn."""
+    host_tier.take_store(st)
+    if not st.cfg.host.recall or st.recall.planned or req.output_ids:
+        return
+    total = len(req.full_untruncated_fill_ids)  # row coordinates
+    if st.cfg.prefill_peak is not None and total > st.cfg.prefill_peak:
+        return  # a chunk before the last: it is evicted at the peak, its victims become candidates
+    st.recall.planned = True
+    if not st.host.chunks:
         return
     t0 = time.perf_counter()
-    chunks = [c.wait() for c in chunks]  # offloaded long before: their copies have landed
+    chunks = [c.wait() for c in st.host.chunks]  # offloaded at an earlier step: their copies have landed
     depth = st.row.offset + st.row.kept_pos.numel()
     positions = torch.cat([c.positions for c in chunks])
     idx = dedupe(positions, depth, st.row.kept_pos)
     st.report["recall_candidates"] = int(idx.numel())
-    cut = split(req.prefix_len, len(req.full_untruncated_fill_ids), st.cfg.scoring.obs_window, st.cfg.page_size)
+    cut = split(req.prefix_len, total, st.cfg.scoring.obs_window, st.cfg.page_size)
     if not idx.numel() or cut is None:
         return
     st.recall.plan = RecallPlan(positions[idx], torch.cat([c.k for c in chunks])[idx],

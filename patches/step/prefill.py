@@ -14,7 +14,12 @@ positions (the position offset, splice rule 1)::
              0            budget      budget + prefill_chunk = e - offset before the eviction
 
 The chunk's attention statistics (its last `obs_window` queries, `scores.prepare`) are folded
-first, so attention policies score with them.
+first, so attention policies score with them. With `offload` the victims go to the host store
+(`eviction.py`), and with `recall` the prompt's last chunk is the recalling turn's two chunks
+(`host_recall.begin_turn`): its first part's window scores everything the request's store holds,
+this prefill's victims included, and the best `recall` join the row before the rest::
+
+    row   | kept (budget) | last chunk [budget, end) | -> | kept | [budget, back) | recalled | [back, total) |
 
 A request's ids in row coordinates (after such an eviction, a recall, or continuing a stored
 view) keep its logical prompt aside in its `Prompt` (`st.prompt`) until they go back.
@@ -77,8 +82,9 @@ class Prompt:
 
 def evicts_in_prefill(st, req) -> bool:
     """Whether `req`'s prefill is evicted in chunks (`prefill_chunk`): a prompt's, not the
-    re-prefill of a retracted request's outputs."""
-    return st.cfg.prefill_peak is not None and not req.output_ids
+    re-prefill of a retracted request's outputs, nor the rest of a last chunk that recalled (it
+    is prefilled whole, its scoring window at the prompt's end)."""
+    return st.cfg.prefill_peak is not None and not req.output_ids and st.recall.pinned is None
 
 
 def chunk_limit(req) -> int | None:

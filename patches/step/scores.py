@@ -87,10 +87,14 @@ class Stats:
 
     def recalled(self, back: int, n: int) -> None:
         """Recall: the row kept its first `back` entries, then `n` recalled ones joined it (their
-        statistic starts at zero)."""
-        if self.accumulator is not None and self.accumulator.state is not None:
-            self.accumulator.select(torch.arange(back, device=self.accumulator.state.device))
-            self.accumulator.append_rows(n)
+        statistic starts at zero). The statistics may cover fewer than `back` entries (the chunk
+        before `back` was not scored: a recalling chunk stages for recall only); the entries past
+        them start at zero, as they would when first attended."""
+        acc = self.accumulator
+        if acc is not None and acc.state is not None:
+            kept = min(back, acc.n)
+            acc.select(torch.arange(kept, device=acc.state.device))
+            acc.append_rows(back - kept + n)
 
     def reset(self, policy: EvictionPolicy | None = None) -> None:
         """Retraction: the staged blocks go; with `policy` the statistics start over."""

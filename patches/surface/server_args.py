@@ -83,7 +83,7 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
                         "'{\"reuse_history\": false}' (no compacted-history reuse across turns), "
                         "'{\"prefill_chunk\": 256}' (evict during prefill, every 256 prompt tokens), "
                         "'{\"offload\": true, \"host_tokens\": 65536, \"recall\": 32}' (evicted KV to a "
-                        "host store, recalled by later turns; page size 1).")
+                        "host store, recalled by later turns and, with prefill_chunk, by the prompt's last chunk).")
 
 
 def unsupported_reason(args) -> tuple[str, str] | None:
@@ -207,10 +207,10 @@ def settings_problem(cfg: EvictConfig, context_len: int, num_layers: int, pool_t
     if pool_tokens is not None and peak > pool_tokens:
         return (f"{budget_name}: an evicting request holds up to budget + interval + page_size = {peak} "
                 f"KV tokens, more than the pool's {pool_tokens}")
-    if pool_tokens is not None and cfg.prefill.chunk and cfg.prefill_peak + cfg.page_size > pool_tokens:
+    if pool_tokens is not None and cfg.prefill.chunk and cfg.prefill_hold > pool_tokens:
         return (f"argument --kv-evict-config: prefill_chunk {cfg.prefill.chunk}: a prefill evicting "
-                f"request holds up to budget + prefill_chunk + page_size = "
-                f"{cfg.prefill_peak + cfg.page_size} KV tokens, more than the pool's {pool_tokens}")
+                f"request holds up to budget + prefill_chunk + recall + page_size = "
+                f"{cfg.prefill_hold} KV tokens, more than the pool's {pool_tokens}")
     layers = cfg.scoring.layer_ids(num_layers)
     if layers is not None and max(layers) >= num_layers:
         return (f"argument --kv-evict-config: score_layers {list(layers)} must be layer ids "

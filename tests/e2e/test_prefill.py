@@ -1,7 +1,9 @@
 """Eviction during prefill (`--kv-evict-config '{"prefill_chunk": C}'`): a long prompt is prefilled
 chunk by chunk and evicted to the budget whenever its row reaches budget + C, token for token
 equal to the Hugging Face reference that masks the same way, at page sizes 1 and 16, for a fresh
-prompt, a cached one and a turn continuing from a stored history; SGLang's memory checkers on."""
+prompt, a cached one and a turn continuing from a stored history; with offload and recall the
+prompt's last chunk brings back what the prefill evicted, exactly as the reference that applies
+the same rule; SGLang's memory checkers on."""
 
 import json
 import random
@@ -11,18 +13,21 @@ import pytest
 import requests
 
 from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
-from sgl_vtoken.config import EvictConfig, Prefill
+from sgl_vtoken.config import EvictConfig, HostTier, Prefill
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("prefill{page_size}", page_size=16)]
 
 BUDGET, CHUNK, SINK = 64, 32, 4
+HOST_TOKENS, RECALL = 100_000, 16
 
 
 def prefill_server(server_factory, page_size):
+    """A host store too: requests may ask for offload and recall (`kv_evict`)."""
     flags = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-sink", str(SINK),
-             "--kv-evict-config", json.dumps({"prefill_chunk": CHUNK}), "--disable-overlap-schedule",
+             "--kv-evict-config", json.dumps({"prefill_chunk": CHUNK, "host_tokens": HOST_TOKENS}),
+             "--disable-overlap-schedule",
              "--chunked-prefill-size", "512")
     return server_factory(page_size=page_size, extra=flags, env=MEMORY_CHECKS)
 
@@ -166,5 +171,36 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     assert shortages_met(before, st) == {"forced:prefill_aborted": 1,
                                          "forced:eviction_deferred": report["deferred_evictions"]}
     assert st["running_evicting_requests"] == st["live_tokens"] == st["retained_pages"] == 0  # idle now
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in client.server.log_text()
+
+
+@pytest.mark.parametrize("page_size,policy", [(1, "h2o"), (16, "streamingllm")])
+def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(server_factory, hf_eager, page_size, policy):
+    """A 310-token prompt evicted chunk by chunk with offload + recall 16: its victims go to the
+    host store, and the last chunk's first part scores them and brings the best 16 back before
+    the rest (and the first output token) is computed. Two turns, the second continuing the
+    stored view and recalling from its store and its own prefill's victims; each equal to the
+    reference that applies the same rule, and different from the outputs without recall."""
+    client = prefill_server(server_factory, page_size)
+    rng = random.Random(77 + page_size)
+    window = 16 if policy == "h2o" else 0
+    kv = {"policy": policy, "window": window, "offload": True, "recall": RECALL}
+    cfg = config(policy, page_size, host=HostTier(offload=True, tokens=HOST_TOKENS, recall=RECALL))
+    plain_cfg = config(policy, page_size)
+    prompt, n, rid, history, plain_history = random_ids(310, seed=970 + page_size), 24, f"prefill-rc-{page_size}", None, None
+    for k in range(2):
+        out = generate(client, prompt, n, f"{rid}-{k}", kv)
+        expected, _, history = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history)
+        plain, _, plain_history = masked_turn(hf_eager, prompt, n, plain_cfg, rid=f"{rid}-{k}", history=plain_history)
+        assert out["output_ids"] == expected, f"turn {k}"
+        assert plain != expected, f"turn {k}: recall changed nothing"
+        report = out["meta_info"]["kv_evict"][0]
+        assert report["recalled_tokens"] == report["pinned_tokens"] == RECALL, f"turn {k}"
+        evicted = report["prefill_evicted_tokens"]
+        assert evicted > 0 and report["offloaded_tokens"] >= evicted, f"turn {k}"
+        assert len(set(report["recalled_positions"])) == RECALL and max(report["recalled_positions"]) < len(prompt)
+        prompt = prompt + out["output_ids"] + [rng.randrange(10, 2000) for _ in range(100)]
+    st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()

@@ -173,7 +173,6 @@ def test_prefill_chunk_ends_chunks_on_whole_pages():
     (dict(recall=8), "recall 8 needs offload"),
     (dict(offload=True), "offload needs host_tokens >= 1"),
     (dict(offload=True, host_tokens=100, page_size=16, budget=64, reclaim="naive"), "offload needs reclaim 'vtoken'"),
-    (dict(offload=True, host_tokens=100, prefill_chunk=32), "offload cannot run with prefill_chunk"),
     (dict(offload=True, host_tokens=100, recall=61), "recall must leave room in the budget"),
     (dict(offload="yes", host_tokens=100), "offload must be true or false"),
     (dict(offload=True, host_tokens=100, recall=8, recall_pool=4), "recall_pool must be odd"),

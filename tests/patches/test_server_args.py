@@ -82,7 +82,7 @@ def test_flags_build_the_config(parse):
     (["--kv-evict", "streamingllm", "--kv-budget", "64", "--max-total-tokens", "100", "--kv-evict-config",
       '{"prefill_chunk": 64}', "--disable-overlap-schedule"],
      "argument --kv-evict-config: prefill_chunk 64: a prefill evicting request holds up to budget + "
-     "prefill_chunk + page_size = 129 KV tokens, more than the pool's 100"),
+     "prefill_chunk + recall + page_size = 129 KV tokens, more than the pool's 100"),
 ])
 def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
     with pytest.raises(SystemExit) as e:
