@@ -31,18 +31,24 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# The h2o options chosen on the tuning split's document questions (docs/RESULTS.md, "Held-out
-# answers beside kvpress"): SmolLM2's upper 15 of 30 layers, scores pooled over 5, max over them.
-TUNED = json.dumps({"score_layers": list(range(15, 30)), "pool": 5, "window": 32, "aggregation": "max"})
+CHUNK = {"prefill_chunk": 64}
+RECALL = {**CHUNK, "offload": True, "host_tokens": 1 << 18, "recall": 64}
 CELLS = {
     "stock": None,
     "full": ["--kv-evict", "none"],
-    "streamingllm b256": ["--kv-evict", "streamingllm", "--kv-budget", "256"],
+    # h2o's defaults are the options chosen on the tuning split (docs/RESULTS.md, "Defaults that
+    # keep answers"): the upper half of the layers, scores pooled over 5, max over layers and heads
     "h2o b256": ["--kv-evict", "h2o", "--kv-budget", "256"],
-    "h2o b256 tuned": ["--kv-evict", "h2o", "--kv-budget", "256", "--kv-evict-config", TUNED],
-    "h2o b128 tuned": ["--kv-evict", "h2o", "--kv-budget", "128", "--kv-evict-config", TUNED],
-    "streamingllm b256 chunk 64": ["--kv-evict", "streamingllm", "--kv-budget", "256", "--kv-evict-config",
-                                   json.dumps({"prefill_chunk": 64})],
+    "h2o b128": ["--kv-evict", "h2o", "--kv-budget", "128"],
+    "streamingllm b256": ["--kv-evict", "streamingllm", "--kv-budget", "256"],
+    "streamingllm b256 chunk 64": ["--kv-evict", "streamingllm", "--kv-budget", "256",
+                                   "--kv-evict-config", json.dumps(CHUNK)],
+    "h2o b256 chunk 64": ["--kv-evict", "h2o", "--kv-budget", "256", "--kv-evict-config", json.dumps(CHUNK)],
+    # eviction during prefill with recall: the document's last chunk brings back 64 of its victims
+    "h2o b256 chunk 64 + recall 64": ["--kv-evict", "h2o", "--kv-budget", "256", "--kv-evict-config",
+                                      json.dumps(RECALL)],
+    "streamingllm b256 chunk 64 + recall 64": ["--kv-evict", "streamingllm", "--kv-budget", "256",
+                                               "--kv-evict-config", json.dumps(RECALL)],
 }
 
 
