@@ -114,16 +114,15 @@ class EvictConfig:
         self._check_offload()
 
     def _check_offload(self) -> None:
-        host = self.host
-        if not host.offload:
+        if not self.host.offload:
             return
         if self.page_size > 1 and self.reclaim != "vtoken":
             raise ValueError(f"EvictConfig.offload needs reclaim 'vtoken' at page_size {self.page_size} "
                              f"(got {self.reclaim!r})")
-        if self.budget is not None and self.sink_tokens + self.window + host.recall + 1 > self.budget:
+        recall = self.host.recall
+        if self.budget is not None and self.sink_tokens + self.window + recall + 1 > self.budget:
             raise ValueError(f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
-                             f"recall + 1 = {self.sink_tokens} + {self.window} + {host.recall} + 1 > "
-                             f"budget {self.budget}")
+                             f"recall + 1 = {self.sink_tokens} + {self.window} + {recall} + 1 > budget {self.budget}")
 
     def _check_prefill_chunk(self) -> None:
         c, ps = self.prefill.chunk, self.page_size
@@ -234,8 +233,7 @@ class EvictConfig:
     @classmethod
     def from_env(cls, var: str = ENV_VAR) -> "EvictConfig":
         """The config exported by the launcher, or the disabled default when `var` is unset."""
-        text = os.environ.get(var)
-        return cls() if text is None else cls.from_json(text)
+        return cls() if (text := os.environ.get(var)) is None else cls.from_json(text)
 
 
 @dataclass(frozen=True)
