@@ -136,6 +136,8 @@ endif
 # docs/results/quality_smollm2.{jsonl,md} and docs/img/quality_smollm2.png (about an hour on two
 # quiet cores). KVP_CKPT=path adds a kvp row. One torch thread: on a busy machine two threads
 # spin-wait on each other and a decode step becomes 10-50x slower.
+# The names run with today's scoring defaults; docs/RESULTS.md's quality section ran them with the
+# earlier ones (all layers, pool 1, sum) and says how to spell those.
 UPPER := score_layers=15-29
 QUALITY_SETTINGS := streamingllm random random:window=32 knorm knorm:window=32 \
 	h2o:window=32 h2o:window=32,pool=5,$(UPPER) tova tova:pool=5,$(UPPER) \
