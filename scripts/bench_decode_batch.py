@@ -11,6 +11,11 @@ records ("Decode batch, #running-req: B, ... gen throughput (token/s): X", one p
 `--decode-log-interval 1`) give the step time at exactly B running, ``1000 * B / X`` ms. One JSON
 line per (B, repeat) and one `scaling` line: step time and throughput against B = 1. If the step
 time grows nearly as fast as B, concurrency buys little throughput here, whatever frees memory.
+
+`--prefill-lengths L ...` also times prompts of L random ids sent alone with one output token
+(the prefill and one sample), `--repeats` each: a `prefill` line per length with the median
+seconds and prompt tokens per second. A workload's prompt tokens divided by that rate is the
+time no eviction setting saves (eviction frees KV after a prompt is computed, not the compute).
 """
 
 from __future__ import annotations
@@ -52,6 +57,13 @@ def scaling(lines: list[dict]) -> dict:
         for b, (s, t) in med.items()]}
 
 
+def prefill_line(length: int, seconds: list[float]) -> dict:
+    """The median of a prompt length's timings, in seconds and prompt tokens per second."""
+    med = statistics.median(seconds)
+    return {"kind": "prefill", "prompt_tokens": length, "runs": len(seconds), "seconds": round(med, 3),
+            "prefill_tok_s": round(length / med, 1)}
+
+
 def run(args) -> list[dict]:
     from sgl_vtoken_tools.bench import probe, server_log
     from sgl_vtoken_tools.bench.baseline import baseline_env, plugin_in_server
@@ -59,9 +71,9 @@ def run(args) -> list[dict]:
     from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
     from sgl_vtoken_tools.models import MODELS, ensure_model
 
-    need = max(args.batches) * (args.prompt_tokens + args.new_tokens)
+    need = max([max(args.batches) * (args.prompt_tokens + args.new_tokens)] + [n + 1 for n in args.prefill_lengths])
     if need > args.pool:
-        raise SystemExit(f"--pool {args.pool} is below the largest batch's {need} tokens: it would queue")
+        raise SystemExit(f"--pool {args.pool} is below the {need} tokens of the largest batch or prompt: it would queue")
     model = args.model
     if model in MODELS and not Path(model).exists():
         model = str(ensure_model(model, REPO / ".cache" / model))
@@ -100,6 +112,15 @@ def run(args) -> list[dict]:
                     wall = time.perf_counter() - t0
                     records = server_log.decode_throughput(server_log.read_from(server.log_path, start))
                     emit({"kind": "batch", "repeat": rep, "wall_s": round(wall, 2), **batch_line(records, b)})
+            for n in args.prefill_lengths:
+                seconds = []
+                for rep in range(args.repeats):
+                    probe.flush_cache(server.base_url)
+                    t0 = time.perf_counter()
+                    generate(server.base_url, [rng.randrange(100, 20000) for _ in range(n)], 1, 1800,
+                             rid=f"pf-r{rep}-{n}")
+                    seconds.append(time.perf_counter() - t0)
+                emit(prefill_line(n, seconds))
     emit(scaling([r for r in lines if r["kind"] == "batch"]))
     if out:
         out.close()
@@ -113,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24])
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--prefill-lengths", type=int, nargs="*", default=[],
+                   help="also time prompts of these lengths alone (one output token): prefill tokens/s")
     p.add_argument("--pool", type=int, default=8192, help="--max-total-tokens (every batch must fit)")
     p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
     p.add_argument("--repeats", type=int, default=2)
@@ -124,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if min(args.batches) < 1 or args.repeats < 1:
-        raise SystemExit("--batches and --repeats must be >= 1")
+    if min(args.batches) < 1 or args.repeats < 1 or min(args.prefill_lengths, default=1) < 1:
+        raise SystemExit("--batches, --prefill-lengths and --repeats must be >= 1")
     run(args)
     return 0
 

@@ -29,5 +29,15 @@ def test_scaling_is_relative_to_one_request(bench):
 
 
 def test_a_pool_too_small_for_the_largest_batch_is_refused(bench):
-    with pytest.raises(SystemExit, match="--pool 1000 is below the largest batch's 1152 tokens"):
+    with pytest.raises(SystemExit, match="--pool 1000 is below the 1152 tokens"):
         bench.run(bench.build_parser().parse_args(["--pool", "1000", "--batches", "4", "--prompt-tokens", "256"]))
+
+
+def test_prefill_line_is_the_median_run_in_prompt_tokens_per_second(bench):
+    assert bench.prefill_line(2000, [4.0, 5.0, 40.0]) == {
+        "kind": "prefill", "prompt_tokens": 2000, "runs": 3, "seconds": 5.0, "prefill_tok_s": 400.0}
+
+
+def test_a_pool_too_small_for_a_prefill_length_is_refused(bench):
+    with pytest.raises(SystemExit, match="--pool 1000 is below the 2001 tokens"):
+        bench.run(bench.build_parser().parse_args(["--pool", "1000", "--batches", "1", "--prefill-lengths", "2000"]))
