@@ -44,7 +44,7 @@ class JointSpec:
     docqa: int = 12
     docqa_lengths: tuple[int, ...] = (1000, 2000)
     seed: int = 0
-    reply_tokens: int = 24
+    reply_tokens: int = 128
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -112,7 +112,7 @@ def _conversation(base_url: str, model: str, conv: Conversation, kv_evict: dict 
 
 
 def play(base_url: str, model: str, convs: list[Conversation], kv_evict: dict | None = None,
-         rid_prefix: str = "joint", reply_tokens: int = 24, concurrency: int = 0,
+         rid_prefix: str = "joint", reply_tokens: int = 128, concurrency: int = 0,
          timeout: float = 1800.0) -> tuple[list[dict], list[dict], float]:
     """Play every conversation (at most `concurrency` at once; 0: all); returns the request
     records (time order), the answer records (conversation order) and the wall seconds."""
