@@ -47,8 +47,10 @@ def around_accept(original, acc, *args, req, **kwargs):
     finally:
         req.customized_info, req.stream = info, stream
     if len(acc.rids) > before and st.prompt.logical is not None:
-        hidden = len(st.prompt.logical) - len(req.origin_input_ids)  # evicted prompt tokens
-        cached = hidden - st.prompt.prefill_evicted  # a stored history's; those evicted in prefill ran
+        # evicted prompt tokens: a stored history's (not prefilled) and this prefill's (computed);
+        # the tokens a recall brought back sit in the row ids again, though none was prefilled now
+        hidden = len(st.prompt.logical) - len(req.origin_input_ids)
+        cached = hidden + st.report.get("pinned_tokens", 0) - st.prompt.prefill_evicted
         acc.prompt_tokens[-1] += hidden
         acc.cached_tokens[-1] += cached
         details = getattr(acc, "cached_tokens_details", None)  # Prometheus' cached_tokens_total

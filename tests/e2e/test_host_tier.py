@@ -58,6 +58,8 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1):
             prompt = prompt + out + messages[k - 1]
         got = generate(client, prompt, n, f"{rid}-{k}", kv)
         out = got["output_ids"]
+        if k:  # the logical tokens not prefilled: the whole history, the recalled ones included
+            assert got["meta_info"]["cached_tokens"] == len(history[0]), f"turn {k}"
         expected, _, history = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history)
         assert out == expected, f"turn {k}"
         reports.append(got["meta_info"]["kv_evict"][0])

@@ -191,6 +191,8 @@ def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(server_factory,
     prompt, n, rid, history, plain_history = random_ids(310, seed=970 + page_size), 24, f"prefill-rc-{page_size}", None, None
     for k in range(2):
         out = generate(client, prompt, n, f"{rid}-{k}", kv)
+        # cached_tokens: the logical prompt tokens not prefilled, the recalled ones included
+        assert out["meta_info"]["cached_tokens"] == (len(history[0]) if k else 0), f"turn {k}"
         expected, _, history = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history)
         plain, _, plain_history = masked_turn(hf_eager, prompt, n, plain_cfg, rid=f"{rid}-{k}", history=plain_history)
         assert out["output_ids"] == expected, f"turn {k}"
