@@ -82,7 +82,7 @@ def follow_up(k: int, turn: int) -> dict:
 
 
 def test_conversations_keep_their_replica_and_a_killed_one_loses_only_its_own(fleet, server_factory):
-    """Conversations opened until both replicas hold some (3 to 8), three turns each through the
+    """Conversations opened until both replicas hold some (3 to 16), three turns each through the
     gateway: every turn of a conversation goes to the replica of its first turn. Then replica b is
     killed and each conversation sends a fourth turn: all answer 200, a's continue from their
     histories, b's land on a and re-prefill (no history, at most a page cached). Reference: a's
@@ -100,8 +100,10 @@ def test_conversations_keep_their_replica_and_a_killed_one_loses_only_its_own(fl
         convs[k][1] += [{"role": "assistant", "content": got["reply"]}, follow_up(k, len(messages) // 2)]
         return r.headers[ROUTED_WORKER]
 
+    # smg places a new conversation by its own rules (prefix match, tree size, load, ties), so a
+    # run of openings may land on one replica (8 in a row failed one fresh-clone run, 2026-12-04)
     while len(convs) < 3 or len({url for url, _ in convs}) < 2:
-        assert len(convs) < 8, f"cache_aware placed {len(convs)} new conversations on one replica"
+        assert len(convs) < 16, f"cache_aware placed {len(convs)} new conversations on one replica"
         convs.append([None, opening(len(convs))])
         convs[-1][0] = turn(len(convs) - 1)
     for _ in range(2):
