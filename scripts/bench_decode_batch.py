@@ -71,9 +71,11 @@ def run(args) -> list[dict]:
     from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
     from sgl_vtoken_tools.models import MODELS, ensure_model
 
-    need = max([max(args.batches) * (args.prompt_tokens + args.new_tokens)] + [n + 1 for n in args.prefill_lengths])
+    batch = max(args.batches) * (args.prompt_tokens + args.new_tokens)
+    need = max([batch] + [n + 1 for n in args.prefill_lengths])
     if need > args.pool:
-        raise SystemExit(f"--pool {args.pool} is below the {need} tokens of the largest batch or prompt: it would queue")
+        raise SystemExit(f"--pool {args.pool} is below the {need} tokens of the largest batch or prompt: "
+                         "it would queue")
     model = args.model
     if model in MODELS and not Path(model).exists():
         model = str(ensure_model(model, REPO / ".cache" / model))

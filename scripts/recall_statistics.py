@@ -85,7 +85,9 @@ def session_lines(args, tok, model):
                 o = model(torch.tensor([[nxt]]), past_key_values=o.past_key_values, use_cache=True)
         return out
 
-    for t in session_trials(tok, args.split, args.trials, turns=5, passage_tokens=120, seed=0, wheel_dir=args.wheel_dir):
+    trials = session_trials(tok, args.split, args.trials, turns=5, passage_tokens=120, seed=0,
+                            wheel_dir=args.wheel_dir)
+    for t in trials:
         prompt, reply = list(t.prompt), []
         for m in t.messages:
             reply = greedy(prompt)
@@ -116,8 +118,8 @@ def docqa_lines(args, tok, model):
     from sgl_vtoken_tools.quality.splits import docqa_trials
     from sgl_vtoken_tools.quality.tasks import first_number
 
-    cfg = EvictConfig.from_dict({"policy": args.policy, "budget": 256, "sink": 16, "window": args.window, "interval": 16,
-                                 "prefill_chunk": 64, "offload": True, "host_tokens": 1 << 20,
+    cfg = EvictConfig.from_dict({"policy": args.policy, "budget": 256, "sink": 16, "window": args.window,
+                                 "interval": 16, "prefill_chunk": 64, "offload": True, "host_tokens": 1 << 20,
                                  "recall": args.recall or 64})
     seen: dict = {}
     original = ref._recall
@@ -128,15 +130,19 @@ def docqa_lines(args, tok, model):
         for layer, (q, scale) in enumerate(queries):
             keys = res.past_key_values.layers[layer].keys[0]
             rk, ck = keys[:, row].transpose(0, 1), keys[:, candidates].transpose(0, 1)
-            p = window_probs(q[0][:, window].transpose(0, 1), torch.cat([rk, ck]), lengths, scale, open_tail=ck.shape[0])
+            p = window_probs(q[0][:, window].transpose(0, 1), torch.cat([rk, ck]), lengths, scale,
+                             open_tail=ck.shape[0])
             per.append(p[:, :, rk.shape[0]:].sum(0))
         seen.update(per=torch.stack(per), cand=torch.tensor(candidates))
         return original(res, queries, candidates, row, window, cfg)
 
-    ref._recall = recording
     for t in docqa_trials(tok, args.split, [1000], 0, args.wheel_dir):
         seen.clear()
-        out, row, _ = ref.masked_turn(model, list(t.prompt), 12, cfg, rid=t.id)
+        ref._recall = recording  # the reference's own pick still decides; this only records the scores
+        try:
+            out, row, _ = ref.masked_turn(model, list(t.prompt), 12, cfg, rid=t.id)
+        finally:
+            ref._recall = original
         answer = tok.decode(out, skip_special_tokens=True)
         lo, hi = t.span
         line = {"trial": t.id, "hit": first_number(answer) == t.answer, "answer": answer[:60],
