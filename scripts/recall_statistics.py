@@ -124,7 +124,7 @@ def docqa_lines(args, tok, model):
     seen: dict = {}
     original = ref._recall
 
-    def recording(res, queries, candidates, row, window, cfg):
+    def recording(res, queries, candidates, row, window, cfg, k):
         lengths = torch.tensor([row.index(t) + 1 for t in window])
         per = []
         for layer, (q, scale) in enumerate(queries):
@@ -134,7 +134,7 @@ def docqa_lines(args, tok, model):
                              open_tail=ck.shape[0])
             per.append(p[:, :, rk.shape[0]:].sum(0))
         seen.update(per=torch.stack(per), cand=torch.tensor(candidates))
-        return original(res, queries, candidates, row, window, cfg)
+        return original(res, queries, candidates, row, window, cfg, k)
 
     for t in docqa_trials(tok, args.split, [1000], 0, args.wheel_dir):
         seen.clear()

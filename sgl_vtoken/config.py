@@ -181,7 +181,7 @@ class EvictConfig:
         return (f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
                 f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
                 f":o{sc.obs_window}:l{sc.score_layers}:c{self.prefill.chunk}"
-                f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:{params}")
+                f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:rr{host.rounds}:{params}")
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

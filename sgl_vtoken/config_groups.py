@@ -122,19 +122,25 @@ class HostTier:
         gap (``recall_gap``): candidates are recalled best first, each with the hole of at most
             `recall_gap` candidates between it and a recalled neighbour, within `recall` (a span
             whose ends score comes back whole; 0: off).
+        rounds (``recall_rounds``): the turn recalls in this many rounds of ``recall //
+            recall_rounds`` tokens (the last takes what is left); after each, the scoring window
+            is recomputed with what came back visible and scores the candidates left, so a fact
+            whose first token came back brings the rest (1: one round; at most `recall` rounds).
     """
 
     offload: bool = field(default=False, metadata=_key("offload", request=True))
     tokens: int = field(default=0, metadata=_key("host_tokens"))
     recall: int = field(default=0, metadata=_key("recall", request=True))
-    pool: int = field(default=1, metadata=_key("recall_pool"))
-    gap: int = field(default=0, metadata=_key("recall_gap"))
+    pool: int = field(default=5, metadata=_key("recall_pool"))
+    gap: int = field(default=8, metadata=_key("recall_gap"))
+    rounds: int = field(default=4, metadata=_key("recall_rounds", request=True))
 
     def __post_init__(self) -> None:
         check_int("host_tokens", self.tokens, 0)
         check_int("recall", self.recall, 0)
         check_int("recall_pool", self.pool, 1)
         check_int("recall_gap", self.gap, 0)
+        check_int("recall_rounds", self.rounds, 1)
         if self.pool % 2 == 0:
             raise ValueError(f"EvictConfig.recall_pool must be odd (got {self.pool})")
         if not isinstance(self.offload, bool):

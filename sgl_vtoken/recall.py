@@ -16,7 +16,9 @@ not hold) with the statistic SnapKV uses, but over both tiers at once::
 Candidates are never attended by the first chunk: the distribution is only a statistic. The
 recalled tokens then join the row, and the second chunk recomputes the scoring window (and the
 message's end) with them visible, so the question's own K/V and the first answer token see what
-it recalled, not only the tokens decoded after it. The server (`patches/step/scores.py`) and the Hugging Face reference
+it recalled, not only the tokens decoded after it. With `recall_rounds` the window, recomputed
+with what came back, scores the candidates left and recalls again (the server cuts the prefill
+once per round). The server (`patches/step/scores.py`) and the Hugging Face reference
 (`sgl_vtoken_tools.hf_reference`) call the same two functions.
 """
 

@@ -132,13 +132,21 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
             if cut is not None:
                 end, back = (pos + c - len(row) for c in cut)
                 first = [row + list(range(pos, i + 1)) for i in range(pos, end)]
-                with _queries(model, True) as queries:
-                    res = model(torch.tensor([ids[:end]]), attention_mask=_mask(allowed + first, end), use_cache=True)
                 window = min(cfg.scoring.obs_window, end - max(pos, cached))
-                pinned = _recall(res, queries, candidates, row + list(range(pos, end)),
-                                 list(range(end - window, end)), cfg)
+                head, rounds = row + list(range(pos, back)), min(cfg.host.rounds, cfg.host.recall)
+                for r in range(rounds):  # each round's window sees what the rounds before recalled
+                    masks = allowed + first[:back - pos] + [head + pinned + list(range(back, i + 1))
+                                                            for i in range(back, end)]
+                    with _queries(model, True) as queries:
+                        res = model(torch.tensor([ids[:end]]), attention_mask=_mask(masks, end), use_cache=True)
+                    quota = cfg.host.recall - len(pinned) if r == rounds - 1 else cfg.host.recall // rounds
+                    got = _recall(res, queries, [c for c in candidates if c not in set(pinned)],
+                                  head + pinned + list(range(back, end)), list(range(end - window, end)), cfg, quota)
+                    pinned = pinned + got
+                    if not got or len(pinned) == len(candidates):
+                        break
                 allowed += first[:back - pos]
-                row, pos = row + list(range(pos, back)) + pinned, back
+                row, pos = head + pinned, back
                 continue
         allowed += [row + list(range(pos, i + 1)) for i in range(pos, end)]
         row = row + list(range(pos, end))
@@ -197,8 +205,9 @@ def _queries(model, on: bool):
         mod.eager_attention_forward = original
 
 
-def _recall(res, queries, candidates: list[int], row: list[int], window: list[int], cfg: EvictConfig) -> list[int]:
-    """The `cfg.host.recall` candidates the window's queries recall (`sgl_vtoken.recall`), ascending."""
+def _recall(res, queries, candidates: list[int], row: list[int], window: list[int], cfg: EvictConfig,
+            k: int) -> list[int]:
+    """The `k` candidates the window's queries recall (`sgl_vtoken.recall`), ascending."""
     scores = torch.zeros(len(candidates))
     lengths = torch.tensor([row.index(t) + 1 for t in window])
     scored = cfg.scoring.layer_ids(len(queries))
@@ -208,7 +217,7 @@ def _recall(res, queries, candidates: list[int], row: list[int], window: list[in
         keys = res.past_key_values.layers[layer].keys[0]                 # [hkv, T, d]
         scores += candidate_mass(q[0][:, window].transpose(0, 1), keys[:, row].transpose(0, 1), lengths,
                                  keys[:, candidates].transpose(0, 1), scale)
-    return [candidates[i] for i in pick(scores, cfg.host.recall, cfg.host.pool, cfg.host.gap).tolist()]
+    return [candidates[i] for i in pick(scores, k, cfg.host.pool, cfg.host.gap).tolist()]
 
 
 def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig, first: int = 0):

@@ -13,6 +13,11 @@ chunk's tail from `back` on is dropped, and the second chunk recomputes it with 
     row before   | view | new [start, back) | new [back, end) |          (chunk 1, then stashed)
     row after    | view | new [start, back) | recalled | new [back, total) ...  (chunk 2)
 
+With `recall_rounds` R > 1 the second chunk ends again at the window's end (`n` entries later):
+its window, now computed with the recalled tokens visible, scores the candidates left, and the
+next ``recall // R`` join after the ones before (the last round takes what is left of `recall`),
+R cuts in all; a round that brings nothing back ends them.
+
 When the turn ends they leave the row before it is stored (`drop_recalled`). A request's part
 of this is its `Recall` (`st.recall`).
 """
@@ -49,6 +54,7 @@ class RecallPlan:
     scores: torch.Tensor
     end: int
     back: int
+    rounds: int = 1  # this round and the ones after it (`recall_rounds`)
     seconds: float = 0.0
     k_device: torch.Tensor | None = None
     k_ready: object | None = None
@@ -84,7 +90,7 @@ class Recall:
     """A request's recall state (`st.recall`)."""
 
     plan: RecallPlan | None = None             # until the first part of its prompt's last chunk ends
-    pinned: torch.Tensor | None = None         # [n] int64 positions recalled this turn: kept like sinks
+    pinned: torch.Tensor | None = None         # [n] int64 positions recalled this turn (ascending): kept like sinks
     planned: bool = False                      # its turn's candidates were looked at (`begin_turn`)
 
     def reset(self, unpin: bool = False) -> None:
@@ -120,7 +126,8 @@ def begin_turn(req, st) -> None:
     if not idx.numel() or cut is None:
         return
     st.recall.plan = RecallPlan(positions[idx], torch.cat([c.k for c in chunks])[idx],
-                                torch.cat([c.v for c in chunks])[idx], torch.zeros(idx.numel()), *cut)
+                                torch.cat([c.v for c in chunks])[idx], torch.zeros(idx.numel()), *cut,
+                                rounds=min(st.cfg.host.rounds, st.cfg.host.recall))
     st.recall.plan.seconds += time.perf_counter() - t0
 
 
@@ -134,7 +141,10 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     if plan.scored is not None:  # overlap scheduler: the first chunk's scoring has run
         plan.scored.synchronize()
     t0 = time.perf_counter()
-    sel = pick(plan.scores, st.cfg.host.recall, st.cfg.host.pool, st.cfg.host.gap)
+    host, before = st.cfg.host, st.recall.pinned
+    done = 0 if before is None else int(before.numel())  # recalled by this turn's earlier rounds
+    quota = host.recall - done if plan.rounds == 1 else host.recall // min(host.rounds, host.recall)
+    sel = pick(plan.scores, quota, host.pool, host.gap)
     kv, end, back = req.kv, plan.end, plan.back
     req_to_token = scheduler.req_to_token_pool.req_to_token
     allocator = scheduler.token_to_kv_pool_allocator
@@ -162,15 +172,25 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     # The row: its first `back` entries, then the recalled ones (kept for the rest of the turn);
     # the ids become row coordinates, and the next chunk continues at logical position `resume`.
     st.row.join(back, recalled, resume)
-    st.recall.pinned = recalled.cpu().clone()
+    pinned = recalled.cpu() if before is None else torch.cat([before, recalled.cpu()])
+    st.recall.pinned = pinned.sort().values
     st.stats.recalled(back, n)
     st.prompt.row_ids(req, ids)
-    st.report["pinned_tokens"] = n
     req.prefix_len = req.already_computed = back + n
     seconds = plan.seconds + time.perf_counter() - t0
-    st.report.update(recalled_tokens=n, recall_ms=round(seconds * 1e3, 3), recalled_positions=recalled.tolist(),
-                     recomputed_tokens=end - back)
+    rep, later = st.report, before is not None  # a later round adds to the turn's figures
+    rep.update(pinned_tokens=done + n, recalled_tokens=done + n, recalled_positions=st.recall.pinned.tolist(),
+               recall_rounds=later * rep.get("recall_rounds", 0) + 1,
+               recall_ms=round(later * rep.get("recall_ms", 0) + seconds * 1e3, 3),
+               recomputed_tokens=later * rep.get("recomputed_tokens", 0) + end - back)
     host_tier.tier_of().count_recall(n, seconds)
+    rest = torch.ones(plan.candidates.numel(), dtype=torch.bool)
+    rest[sel] = False
+    if plan.rounds > 1 and n and rest.any():
+        # The next round: the scoring window, recomputed after what this one recalled, ends a
+        # chunk again (row coordinates: `n` entries later) and scores the candidates left.
+        st.recall.plan = RecallPlan(plan.candidates[rest], plan.k[rest], plan.v[rest], torch.zeros(int(rest.sum())),
+                                    end + n, back + n, plan.rounds - 1)
 
 
 def _write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -38,9 +38,9 @@ def flush(client, timeout=30.0):
     assert r.status_code == 200, r.text
 
 
-def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1):
-    """One conversation with offload (and `recall`); asserts each turn equals the reference and
-    returns the per-turn reports."""
+def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1, rounds=1):
+    """One conversation with offload (and `recall` in `rounds`); asserts each turn equals the
+    reference and returns the per-turn reports."""
     rng = random.Random(sum(map(ord, rid)))
     prompt = random_ids(30 if page_size == 1 else 70, seed=300 + recall)
     messages = [[rng.randrange(10, 2000) for _ in range(rng.randrange(17, 24))] for _ in range(turns - 1)]
@@ -48,10 +48,10 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1):
     window = 16 if policy == "h2o" else window
     interval = 16 if page_size > 1 and policy == "streamingllm" else 1
     kv = {"policy": policy, "budget": budget, "offload": True, "recall": recall, "interval": interval,
-          "window": window}
+          "window": window, "recall_rounds": rounds}
     cfg = EvictConfig(policy=policy, budget=budget, sink=SINK, window=window, interval=interval,
                       page_size=page_size, host=HostTier(offload=True, tokens=HOST_TOKENS, recall=recall,
-                                                         gap=RECALL_GAP))
+                                                         gap=RECALL_GAP, rounds=rounds))
     history, reports, out = None, [], []
     for k in range(turns):
         if k:
@@ -89,6 +89,28 @@ def test_recall_turns_equal_the_reference_and_the_store_is_released(server_facto
     flush(client)
     st = wait_pool_free(client)
     assert st["host_tokens_held"] == 0 and st["host_bytes_held"] == 0
+    assert st["pool_available_tokens"] == st["pool_total_tokens"]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_recall_in_rounds_equals_the_reference(server_factory, kvp_checkpoint, hf_eager, page_size):
+    """`recall_rounds` 3 (per request), recall 8: each recalling turn's prefill is cut once per
+    round; the scoring window, recomputed with what the rounds before brought back visible,
+    recalls 2, 2, then the 4 left of the candidates left. Every turn equals HF replaying the same
+    rounds, and the report sums the rounds (all recalled positions, each round's recomputed
+    window)."""
+    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    flush(client)
+    reports = session(client, hf_eager, "h2o", f"rounds-{page_size}", RECALL, page_size=page_size, rounds=3)
+    full = [r for r in reports[1:] if r["recall_candidates"] >= RECALL]
+    assert full, reports
+    for r in full:
+        assert r["recall_rounds"] == 3 and r["recalled_tokens"] == r["pinned_tokens"] == RECALL
+        assert r["recalled_positions"] == sorted(set(r["recalled_positions"])) and len(r["recalled_positions"]) == RECALL
+        assert 3 <= r["recomputed_tokens"] <= 3 * 16
+    wait_pool_free(client)
+    flush(client)
+    st = wait_pool_free(client)
     assert st["pool_available_tokens"] == st["pool_total_tokens"]
 
 

@@ -175,20 +175,22 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     assert "Traceback" not in client.server.log_text()
 
 
-@pytest.mark.parametrize("page_size,policy", [(1, "h2o"), (16, "streamingllm")])
-def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(server_factory, hf_eager, page_size, policy):
+@pytest.mark.parametrize("page_size,policy,rounds", [(1, "h2o", 1), (16, "streamingllm", 1), (16, "h2o", 2)])
+def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(server_factory, hf_eager, page_size, policy, rounds):
     """A 310-token prompt evicted chunk by chunk with offload + recall 16: its victims go to the
     host store, and the last chunk's first part scores them and brings the best 16 back before
-    the rest (and the first output token) is computed. Two turns, the second continuing the
-    stored view and recalling from its store and its own prefill's victims; each equal to the
+    the rest (and the first output token) is computed (with `recall_rounds` 2: 8, then the
+    window recomputed with them scores again and brings 8 more). Two turns, the second continuing
+    the stored view and recalling from its store and its own prefill's victims; each equal to the
     reference that applies the same rule, and different from the outputs without recall."""
     client = prefill_server(server_factory, page_size)
     rng = random.Random(77 + page_size)
     window = 16 if policy == "h2o" else 0
-    kv = {"policy": policy, "window": window, "offload": True, "recall": RECALL}
-    cfg = config(policy, page_size, host=HostTier(offload=True, tokens=HOST_TOKENS, recall=RECALL))
+    kv = {"policy": policy, "window": window, "offload": True, "recall": RECALL, "recall_rounds": rounds}
+    cfg = config(policy, page_size, host=HostTier(offload=True, tokens=HOST_TOKENS, recall=RECALL, rounds=rounds))
     plain_cfg = config(policy, page_size)
-    prompt, n, rid, history, plain_history = random_ids(310, seed=970 + page_size), 24, f"prefill-rc-{page_size}", None, None
+    prompt, n, rid, history, plain_history = random_ids(310, seed=970 + page_size + 100 * rounds), 24, \
+        f"prefill-rc-{page_size}-{rounds}", None, None
     for k in range(2):
         out = generate(client, prompt, n, f"{rid}-{k}", kv)
         # cached_tokens: the logical prompt tokens not prefilled, the recalled ones included
@@ -199,6 +201,7 @@ def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(server_factory,
         assert plain != expected, f"turn {k}: recall changed nothing"
         report = out["meta_info"]["kv_evict"][0]
         assert report["recalled_tokens"] == report["pinned_tokens"] == RECALL, f"turn {k}"
+        assert report["recall_rounds"] == rounds, f"turn {k}"
         evicted = report["prefill_evicted_tokens"]
         assert evicted > 0 and report["offloaded_tokens"] >= evicted, f"turn {k}"
         assert len(set(report["recalled_positions"])) == RECALL and max(report["recalled_positions"]) < len(prompt)

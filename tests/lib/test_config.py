@@ -90,7 +90,7 @@ def test_groups_hold_the_flat_keys():
     assert EvictConfig.from_dict({"policy": "h2o", "budget": 64, "host": HostTier(pool=3)}).host.pool == 3
     # the radix namespace of stored histories reads the groups as it read the flat fields
     assert cfg.history_namespace() == ("vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):c32"
-                                       ":off0:r0:rp3:rg0:{}")
+                                       ":off0:r0:rp3:rg8:rr4:{}")
 
 
 def test_scoring_defaults_resolve_against_the_model():
@@ -117,7 +117,7 @@ def test_from_dict_rejects_unknown_keys_listing_fields():
         EvictConfig.from_dict({"kv_budget": 3})
     # settings the server never honoured are unknown fields, not silently accepted ones
     for name, value in (("trigger", "fragmentation"), ("frag_threshold", 0.25), ("free_watermark", 0.1)):
-        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall', 'recall_pool', 'recall_gap'\]"):
+        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall', 'recall_pool', 'recall_gap', 'recall_rounds'\]"):
             EvictConfig.from_dict({"policy": "none", name: value})
     with pytest.raises(ValueError, match="malformed"):
         EvictConfig.from_json("{policy:")
@@ -177,6 +177,8 @@ def test_prefill_chunk_ends_chunks_on_whole_pages():
     (dict(offload="yes", host_tokens=100), "offload must be true or false"),
     (dict(offload=True, host_tokens=100, recall=8, recall_pool=4), "recall_pool must be odd"),
     (dict(offload=True, host_tokens=100, recall=8, recall_gap=-1), "recall_gap must be >= 0"),
+    (dict(offload=True, host_tokens=100, recall=8, recall_rounds=0), "recall_rounds must be >= 1"),
+    (dict(offload=True, host_tokens=100, recall=8, recall_rounds=1.5), "recall_rounds must be an integer"),
 ])
 def test_offload_settings_are_validated_naming_the_field(kwargs, needle):
     base = dict(policy="streamingllm", budget=64, sink=4)

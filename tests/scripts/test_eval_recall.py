@@ -68,6 +68,6 @@ def test_split_plays_the_split_sessions_and_defaults_send_no_rule(eval_recall, t
     assert all(t.task == "session" and len(t.messages) == 3 for t in trials)  # fillers + 2 turns
     assert eval_recall.server_config(args) == {"host_tokens": 1 << 20}
     args = eval_recall.build_parser().parse_args(["--score-layers", "15-16"])
-    assert eval_recall.server_config(args) == {"host_tokens": 1 << 20, "recall_pool": 7, "recall_gap": 8,
-                                               "score_layers": [15, 16]}
+    assert eval_recall.server_config(args) == {"host_tokens": 1 << 20, "recall_pool": 5, "recall_gap": 8,
+                                               "recall_rounds": 4, "score_layers": [15, 16]}
     assert eval_recall.build_trials(args, tiny_tok, fake_essays)[0].task == "recall"
