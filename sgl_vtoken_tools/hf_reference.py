@@ -73,8 +73,9 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     are candidates, and the prompt is prefilled in two chunks (`sgl_vtoken.recall.split`): the
     first chunk's last `obs_window` queries score them, the best `recall` join the row and are
     kept for the rest of the turn, and the second chunk (the scoring window rounded to pages, and
-    the prompt's end) is computed with them visible. The view stored for the next turn leaves
-    them out (they stay candidates).
+    the prompt's end) is computed with them visible; with `recall_rounds` R the window is
+    recomputed after each of R rounds of ``recall // R`` (the last: what is left) and scores the
+    candidates left. The view stored for the next turn leaves them out (they stay candidates).
     """
     policy = policy_from_config(cfg) if cfg.enabled else None
     acc = policy.new_accumulator() if policy is not None else None
