@@ -115,6 +115,17 @@ def pick(scores: torch.Tensor, k: int, pool: int = 1, gap: int = 0) -> torch.Ten
     return torch.tensor(taken, dtype=torch.int64)
 
 
+def turn_rounds(recall: int, rounds: int) -> int:
+    """Rounds a turn recalls in: `recall_rounds`, at most one per recalled token."""
+    return min(rounds, recall)
+
+
+def round_quota(recall: int, rounds: int, done: int, last: bool) -> int:
+    """Tokens one round may recall: ``recall // turn_rounds``, the last round what the `done`
+    of the rounds before left of `recall`."""
+    return recall - done if last else recall // turn_rounds(recall, rounds)
+
+
 def dedupe(positions: torch.Tensor, below: int, exclude: torch.Tensor) -> torch.Tensor:
     """Indices into `positions` ``[m]`` of the candidates: the first occurrence of each position
     ``< below`` that is not in `exclude`, ordered by position."""

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from sgl_vtoken.config import EvictConfig, policy_from_config
-from sgl_vtoken.recall import candidate_mass, pick, split
+from sgl_vtoken.recall import candidate_mass, pick, round_quota, split, turn_rounds
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
 
@@ -134,14 +134,15 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
                 end, back = (pos + c - len(row) for c in cut)
                 first = [row + list(range(pos, i + 1)) for i in range(pos, end)]
                 window = min(cfg.scoring.obs_window, end - max(pos, cached))
-                head, rounds = row + list(range(pos, back)), min(cfg.host.rounds, cfg.host.recall)
+                head, rounds = row + list(range(pos, back)), turn_rounds(cfg.host.recall, cfg.host.rounds)
                 for r in range(rounds):  # each round's window sees what the rounds before recalled
                     masks = allowed + first[:back - pos] + [head + pinned + list(range(back, i + 1))
                                                             for i in range(back, end)]
                     with _queries(model, True) as queries:
                         res = model(torch.tensor([ids[:end]]), attention_mask=_mask(masks, end), use_cache=True)
-                    quota = cfg.host.recall - len(pinned) if r == rounds - 1 else cfg.host.recall // rounds
-                    got = _recall(res, queries, [c for c in candidates if c not in set(pinned)],
+                    quota = round_quota(cfg.host.recall, cfg.host.rounds, len(pinned), r == rounds - 1)
+                    taken = set(pinned)
+                    got = _recall(res, queries, [c for c in candidates if c not in taken],
                                   head + pinned + list(range(back, end)), list(range(end - window, end)), cfg, quota)
                     pinned = pinned + got
                     if not got or len(pinned) == len(candidates):

@@ -32,7 +32,7 @@ import torch
 
 from sgl_vtoken.kernels import repack_kv_
 from sgl_vtoken.planner import plan_eviction
-from sgl_vtoken.recall import dedupe, pick, split
+from sgl_vtoken.recall import dedupe, pick, round_quota, split, turn_rounds
 
 from ..state import state_of
 from ..surface import shortage
@@ -44,9 +44,11 @@ class RecallPlan:
     """A turn's recall candidates: their logical positions ``candidates [c] int64``, ``k, v [c,
     layers, H, D]`` (host), their scores ``[c]`` float32 as the first chunk's window queries
     accumulate them (pool device), the row lengths where its prefill is cut
-    (`sgl_vtoken.recall.split`), and the seconds spent on it so far. On the pool's device:
-    `k_device` (the candidates' keys, copied once) and, on CUDA, the events of that copy
-    (`k_ready`) and of the last layer scored (`scored`)."""
+    (`sgl_vtoken.recall.split`), and the seconds spent on it so far. A later round
+    (`recall_rounds`) shares the first round's tensors: `live` ``[m] int64`` indexes the
+    candidates still left (None: all), and `scores` is ``[m]``. On the pool's device: `k_device`
+    (the candidates' keys, copied once per turn) and, on CUDA, the events of that copy (`k_ready`)
+    and of the last layer scored (`scored`)."""
 
     candidates: torch.Tensor
     k: torch.Tensor
@@ -56,6 +58,7 @@ class RecallPlan:
     back: int
     rounds: int = 1  # this round and the ones after it (`recall_rounds`)
     seconds: float = 0.0
+    live: torch.Tensor | None = None
     k_device: torch.Tensor | None = None
     k_ready: object | None = None
     scored: object | None = None
@@ -66,14 +69,33 @@ class RecallPlan:
         self.scores = self.scores.to(device)
         if self.k_device is None:
             self.k_device, self.k_ready = host_tier.to_device(self.k, device)
+        if self.live is not None:
+            self.live = self.live.to(device)
 
     def layer_keys(self, layer: int) -> torch.Tensor:
-        """``[c, H, D]`` the candidates' keys of `layer` on the pool's device; the first call waits
-        (on the device, not the host) for their copy."""
+        """``[m, H, D]`` the keys of `layer` of the candidates left, on the pool's device; the
+        turn's first call waits (on the device, not the host) for their copy."""
         if self.k_ready is not None:
             torch.cuda.current_stream().wait_event(self.k_ready)
             self.k_ready = None
-        return self.k_device[:, layer]
+        keys = self.k_device[:, layer]
+        return keys if self.live is None else keys[self.live]
+
+    def chosen(self, sel: torch.Tensor) -> torch.Tensor:
+        """Indices into `candidates` of `sel` ``[n]`` (indices into the candidates left)."""
+        return sel if self.live is None else self.live.cpu()[sel]
+
+    def next_round(self, sel: torch.Tensor, n: int) -> RecallPlan | None:
+        """The plan of the round after this one recalled `sel` (``n`` of them joined the row, so
+        the cut moves ``n`` entries on), or None when no round is left, none joined, or no
+        candidate is left. Tensors are shared, not copied."""
+        rest = torch.ones(self.scores.numel(), dtype=torch.bool)
+        rest[sel] = False
+        if self.rounds == 1 or not n or not rest.any():
+            return None
+        live = (torch.arange(self.candidates.numel()) if self.live is None else self.live.cpu())[rest]
+        return RecallPlan(self.candidates, self.k, self.v, torch.zeros(live.numel()), self.end + n, self.back + n,
+                          self.rounds - 1, live=live, k_device=self.k_device)
 
     def score(self, mass: torch.Tensor, t0: float) -> None:
         """Add one layer's window mass on the candidates, ``[c]`` float32 (`scores.collect`, which
@@ -127,7 +149,7 @@ def begin_turn(req, st) -> None:
         return
     st.recall.plan = RecallPlan(positions[idx], torch.cat([c.k for c in chunks])[idx],
                                 torch.cat([c.v for c in chunks])[idx], torch.zeros(idx.numel()), *cut,
-                                rounds=min(st.cfg.host.rounds, st.cfg.host.recall))
+                                rounds=turn_rounds(st.cfg.host.recall, st.cfg.host.rounds))
     st.recall.plan.seconds += time.perf_counter() - t0
 
 
@@ -143,8 +165,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     t0 = time.perf_counter()
     host, before = st.cfg.host, st.recall.pinned
     done = 0 if before is None else int(before.numel())  # recalled by this turn's earlier rounds
-    quota = host.recall - done if plan.rounds == 1 else host.recall // min(host.rounds, host.recall)
-    sel = pick(plan.scores, quota, host.pool, host.gap)
+    sel = pick(plan.scores, round_quota(host.recall, host.rounds, done, plan.rounds == 1), host.pool, host.gap)
     kv, end, back = req.kv, plan.end, plan.back
     req_to_token = scheduler.req_to_token_pool.req_to_token
     allocator = scheduler.token_to_kv_pool_allocator
@@ -161,11 +182,12 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     tail = row[-(-back // ps) * ps:]  # whole pages past `back`'s page
     if tail.numel():
         allocator.free_page_ids(tail[::ps] // ps)
+    chosen = plan.chosen(sel)
     if n:
-        _write_kv(allocator.get_kvcache(), slots, plan.k[sel], plan.v[sel])
+        _write_kv(allocator.get_kvcache(), slots, plan.k[chosen], plan.v[chosen])
         req_to_token[kv.req_pool_idx, back:back + n] = slots.to(req_to_token.dtype)
     kv.kv_committed_len = kv.kv_allocated_len = back + n
-    recalled = plan.candidates[sel]
+    recalled = plan.candidates[chosen]
     logical = st.prompt.logical_ids(req)
     resume = int(positions[back])  # the first recomputed token
     ids = array("q", (logical[p] for p in torch.cat([positions[:back], recalled]).tolist())) + logical[resume:]
@@ -178,19 +200,15 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     st.prompt.row_ids(req, ids)
     req.prefix_len = req.already_computed = back + n
     seconds = plan.seconds + time.perf_counter() - t0
-    rep, later = st.report, before is not None  # a later round adds to the turn's figures
-    rep.update(pinned_tokens=done + n, recalled_tokens=done + n, recalled_positions=st.recall.pinned.tolist(),
-               recall_rounds=later * rep.get("recall_rounds", 0) + 1,
-               recall_ms=round(later * rep.get("recall_ms", 0) + seconds * 1e3, 3),
-               recomputed_tokens=later * rep.get("recomputed_tokens", 0) + end - back)
+    earlier = st.report if before is not None else {}  # a later round adds to the turn's figures
+    st.report.update(pinned_tokens=done + n, recalled_tokens=done + n, recalled_positions=st.recall.pinned.tolist(),
+                     recall_rounds=earlier.get("recall_rounds", 0) + 1,
+                     recall_ms=round(earlier.get("recall_ms", 0) + seconds * 1e3, 3),
+                     recomputed_tokens=earlier.get("recomputed_tokens", 0) + end - back)
     host_tier.tier_of().count_recall(n, seconds)
-    rest = torch.ones(plan.candidates.numel(), dtype=torch.bool)
-    rest[sel] = False
-    if plan.rounds > 1 and n and rest.any():
-        # The next round: the scoring window, recomputed after what this one recalled, ends a
-        # chunk again (row coordinates: `n` entries later) and scores the candidates left.
-        st.recall.plan = RecallPlan(plan.candidates[rest], plan.k[rest], plan.v[rest], torch.zeros(int(rest.sum())),
-                                    end + n, back + n, plan.rounds - 1)
+    # The next round: the scoring window, recomputed after what this one recalled, ends a chunk
+    # again and scores the candidates left.
+    st.recall.plan = plan.next_round(sel, n)
 
 
 def _write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

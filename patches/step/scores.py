@@ -157,7 +157,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             total = min(total, st.cfg.prefill_peak)
         pending = st.recall.plan
         if pending is not None and n > pending.end:  # not cut where its recall needs it
-            st.report["recall_skipped_tokens"] = min(st.cfg.host.recall, int(pending.candidates.numel()))
+            st.report["recall_skipped_tokens"] = min(st.cfg.host.recall, int(pending.scores.numel()))
             host_tier.tier_of().count_skip()
             shortage.note("recall_skipped", req.rid, "cut")
             st.recall.reset()

@@ -62,3 +62,15 @@ def test_dedupe_keeps_each_position_below_the_depth_once_and_not_the_views():
 ])
 def test_split_cuts_before_the_last_page_and_recomputes_the_window(prefix, total, page_size, expected):
     assert split(prefix, total, 16, page_size) == expected
+
+
+def test_round_quotas_add_up_to_recall_and_rounds_are_capped_by_it():
+    from sgl_vtoken.recall import round_quota, turn_rounds
+
+    done, quotas = 0, []
+    for r in range(turn_rounds(8, 3)):
+        quotas.append(round_quota(8, 3, done, r == 2))
+        done += quotas[-1]
+    assert quotas == [2, 2, 4]
+    assert turn_rounds(3, 4) == 3 and [round_quota(3, 4, d, d == 2) for d in range(3)] == [1, 1, 1]
+    assert round_quota(8, 3, 3, True) == 5  # an earlier round that took fewer leaves more to the last
