@@ -45,7 +45,7 @@ class RecallPlan:
     layers, H, D]`` (host), their scores ``[c]`` float32 as the first chunk's window queries
     accumulate them (pool device), the row lengths where its prefill is cut
     (`sgl_vtoken.recall.split`), and the seconds spent on it so far. A later round
-    (`recall_rounds`) shares the first round's tensors: `live` ``[m] int64`` indexes the
+    (`recall_rounds`) shares the first round's tensors: `unpicked` ``[m] int64`` indexes the
     candidates still left (None: all), and `scores` is ``[m]``. On the pool's device: `k_device`
     (the candidates' keys, copied once per turn) and, on CUDA, the events of that copy (`k_ready`)
     and of the last layer scored (`scored`)."""
@@ -58,7 +58,7 @@ class RecallPlan:
     back: int
     rounds: int = 1  # this round and the ones after it (`recall_rounds`)
     seconds: float = 0.0
-    live: torch.Tensor | None = None
+    unpicked: torch.Tensor | None = None
     k_device: torch.Tensor | None = None
     k_ready: object | None = None
     scored: object | None = None
@@ -69,8 +69,8 @@ class RecallPlan:
         self.scores = self.scores.to(device)
         if self.k_device is None:
             self.k_device, self.k_ready = host_tier.to_device(self.k, device)
-        if self.live is not None:
-            self.live = self.live.to(device)
+        if self.unpicked is not None:
+            self.unpicked = self.unpicked.to(device)
 
     def layer_keys(self, layer: int) -> torch.Tensor:
         """``[m, H, D]`` the keys of `layer` of the candidates left, on the pool's device; the
@@ -79,11 +79,11 @@ class RecallPlan:
             torch.cuda.current_stream().wait_event(self.k_ready)
             self.k_ready = None
         keys = self.k_device[:, layer]
-        return keys if self.live is None else keys[self.live]
+        return keys if self.unpicked is None else keys[self.unpicked]
 
     def chosen(self, sel: torch.Tensor) -> torch.Tensor:
         """Indices into `candidates` of `sel` ``[n]`` (indices into the candidates left)."""
-        return sel if self.live is None else self.live.cpu()[sel]
+        return sel if self.unpicked is None else self.unpicked.cpu()[sel]
 
     def next_round(self, sel: torch.Tensor, n: int) -> RecallPlan | None:
         """The plan of the round after this one recalled `sel` (``n`` of them joined the row, so
@@ -93,9 +93,9 @@ class RecallPlan:
         rest[sel] = False
         if self.rounds == 1 or not n or not rest.any():
             return None
-        live = (torch.arange(self.candidates.numel()) if self.live is None else self.live.cpu())[rest]
+        live = (torch.arange(self.candidates.numel()) if self.unpicked is None else self.unpicked.cpu())[rest]
         return RecallPlan(self.candidates, self.k, self.v, torch.zeros(live.numel()), self.end + n, self.back + n,
-                          self.rounds - 1, live=live, k_device=self.k_device)
+                          self.rounds - 1, unpicked=live, k_device=self.k_device)
 
     def score(self, mass: torch.Tensor, t0: float) -> None:
         """Add one layer's window mass on the candidates, ``[c]`` float32 (`scores.collect`, which
