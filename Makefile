@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv clean
+.PHONY: install demo lint test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv clean
 
 install: $(STAMP)
 
@@ -26,10 +26,15 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
+# Format and lint rules in pyproject.toml ([tool.ruff]); `make test` runs it first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
 # Two workers, one per core: each server group (tests/conftest.py GROUPS, costliest first) runs on
 # one worker, so each configuration starts once while the other worker serves or computes
 # references; the slowest tests and every server start-up are printed at the end.
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
 
 # No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model, 3 repeats): rewrites

@@ -7,8 +7,8 @@ first Triton call (set TRITON_INTERPRET=1 before that to run Triton on CPU tenso
 
 from .api import RopeShift, page_indices, repack_kv_
 from .buffer_set import clear_buffer_cache
-from .scores_api import attn_scores_
 from .reference import attn_lse_ref, attn_scores_ref_, page_indices_ref, repack_kv_ref_
+from .scores_api import attn_scores_
 
 __all__ = [
     "RopeShift",

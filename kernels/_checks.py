@@ -81,10 +81,14 @@ def check_ndim(t: torch.Tensor, name: str, ndim: int, shape_doc: str) -> None:
 
 def check_device(t: torch.Tensor, name: str, device: torch.device, ref_name: str) -> None:
     if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {device}; put them on one device")
+        raise ValueError(
+            f"{name} is on {t.device} but {ref_name} is on {device}; put them on one device"
+        )
 
 
-def check_index_vector(t, name: str, device: torch.device, ref_name: str, numel: int | None = None) -> None:
+def check_index_vector(
+    t, name: str, device: torch.device, ref_name: str, numel: int | None = None
+) -> None:
     check_tensor(t, name)
     check_ndim(t, name, 1, "[n]")
     check_dtype(t, name, INDEX_DTYPES)
@@ -111,7 +115,9 @@ def index_pair_ok(src, dst, device: torch.device) -> bool:
 
 def check_inner_contiguous(t: torch.Tensor, name: str) -> None:
     if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
+        raise ValueError(
+            f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}"
+        )
 
 
 def check_no_self_overlap(t: torch.Tensor, name: str) -> None:
@@ -136,7 +142,9 @@ def as_layer_list(buffers, name: str) -> list[torch.Tensor]:
             )
         return list(buffers.unbind(0))
     if not isinstance(buffers, Sequence) or isinstance(buffers, (str, bytes)):
-        raise TypeError(f"{name} must be a list/tuple of per-layer tensors or a 4-D tensor, got {type(buffers).__name__}")
+        raise TypeError(
+            f"{name} must be a list/tuple of per-layer tensors or a 4-D tensor, got {type(buffers).__name__}"
+        )
     if len(buffers) == 0:
         raise ValueError(f"{name} is empty; pass one [num_slots, H, D] tensor per layer")
     return [check_tensor(b, f"{name}[{i}]") for i, b in enumerate(buffers)]
@@ -157,7 +165,9 @@ def check_layer_group(layers: list[torch.Tensor], name: str, allowed_dtypes) -> 
             ("device", t.device, first.device),
         ):
             if a != b:
-                raise ValueError(f"{name}[{i}] has {what} {a} but {name}[0] has {b}; all layers must match")
+                raise ValueError(
+                    f"{name}[{i}] has {what} {a} but {name}[0] has {b}; all layers must match"
+                )
 
 
 def check_disjoint_buffers(named: list[tuple[str, torch.Tensor]]) -> None:
@@ -170,12 +180,16 @@ def check_disjoint_buffers(named: list[tuple[str, torch.Tensor]]) -> None:
         hi = lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
         spans.append((lo, hi, name, t))
     spans.sort(key=lambda x: x[0])
-    active: list[tuple[int, str, torch.Tensor]] = []  # buffers whose span reaches past the current start
+    active: list[
+        tuple[int, str, torch.Tensor]
+    ] = []  # buffers whose span reaches past the current start
     for lo, hi, name, t in spans:
         active = [a for a in active if a[0] > lo]
         for _, other_name, other in active:
             if _share_bytes(other, t):
-                raise ValueError(f"{other_name} and {name} overlap in memory; every K and V layer buffer must be distinct")
+                raise ValueError(
+                    f"{other_name} and {name} overlap in memory; every K and V layer buffer must be distinct"
+                )
         active.append((hi, name, t))
 
 
@@ -186,7 +200,9 @@ def _share_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     es = a.element_size()
     # byte offsets of a view's elements: sum(i_k * stride_k * es) + byte, nested (non-self-overlapping)
-    dims = sorted(((s * es, n) for s, n in zip(a.stride(), a.shape) if n > 1), reverse=True) + [(1, es)]
+    dims = sorted(((s * es, n) for s, n in zip(a.stride(), a.shape) if n > 1), reverse=True) + [
+        (1, es)
+    ]
     return _in_difference_set(abs(b.data_ptr() - a.data_ptr()), dims)
 
 
@@ -197,7 +213,9 @@ def _in_difference_set(delta: int, dims: list[tuple[int, int]]) -> bool:
         return delta == 0
     (stride, size), rest = dims[0], dims[1:]
     c = delta // stride
-    return any(abs(cc) < size and _in_difference_set(delta - cc * stride, rest) for cc in (c, c + 1))
+    return any(
+        abs(cc) < size and _in_difference_set(delta - cc * stride, rest) for cc in (c, c + 1)
+    )
 
 
 def check_moves(src: torch.Tensor, dst: torch.Tensor, num_slots: int) -> None:
@@ -216,7 +234,9 @@ def check_moves(src: torch.Tensor, dst: torch.Tensor, num_slots: int) -> None:
         if lo < 0 or hi >= num_slots:
             raise ValueError(f"{name} holds slot ids in [{lo}, {hi}], outside [0, {num_slots})")
     if torch.unique(d).numel() != n:
-        raise ValueError("dst repeats a slot: each destination slot may be written by one move only")
+        raise ValueError(
+            "dst repeats a slot: each destination slot may be written by one move only"
+        )
     writer = torch.full((num_slots,), n, dtype=torch.long, device=d.device)
     writer[d] = torch.arange(n, device=d.device)
     bad = writer[s] < torch.arange(n, device=s.device)

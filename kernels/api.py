@@ -92,7 +92,10 @@ def repack_kv_(
     if check:
         C.check_moves(src, dst, bufs.num_slots)
     if impl == "torch":
-        keys, values = C.as_layer_list(k_buffers, "k_buffers"), C.as_layer_list(v_buffers, "v_buffers")
+        keys, values = (
+            C.as_layer_list(k_buffers, "k_buffers"),
+            C.as_layer_list(v_buffers, "v_buffers"),
+        )
         ref.repack_kv_ref_(keys, values, src, dst, rope)
         return
     require_disjoint(bufs, k_buffers, v_buffers)
@@ -105,7 +108,9 @@ def _check_rope(rope: RopeShift, bufs: KVBufferSet, num_moves: int, check: bool)
     if not isinstance(rope, RopeShift):
         raise TypeError(f"rope must be a RopeShift or None, got {type(rope).__name__}")
     if bufs.k_dtype not in C.FLOAT_DTYPES:
-        raise ValueError(f"k_buffers[0] (with rope) has dtype {bufs.k_dtype}; allowed: {C.names(C.FLOAT_DTYPES)}")
+        raise ValueError(
+            f"k_buffers[0] (with rope) has dtype {bufs.k_dtype}; allowed: {C.names(C.FLOAT_DTYPES)}"
+        )
     C.check_index_vector(rope.delta, "rope.delta", bufs.device, "k_buffers[0]", numel=num_moves)
     cs = C.check_tensor(rope.cos_sin_cache, "rope.cos_sin_cache")
     C.check_ndim(cs, "rope.cos_sin_cache", 2, "[max_pos, rot_dim]")
@@ -114,9 +119,13 @@ def _check_rope(rope: RopeShift, bufs: KVBufferSet, num_moves: int, check: bool)
     C.check_inner_contiguous(cs, "rope.cos_sin_cache")
     rot_dim, head_dim = cs.shape[1], bufs.k_shape[2]
     if rot_dim % 2 or not 2 <= rot_dim <= head_dim:
-        raise ValueError(f"rope.cos_sin_cache has rot_dim {rot_dim}; it must be even and in [2, head_dim={head_dim}]")
+        raise ValueError(
+            f"rope.cos_sin_cache has rot_dim {rot_dim}; it must be even and in [2, head_dim={head_dim}]"
+        )
     if check and num_moves and int(rope.delta.abs().max()) >= cs.shape[0]:
-        raise ValueError(f"rope.delta reaches |{int(rope.delta.abs().max())}|, beyond cos_sin_cache's {cs.shape[0]} rows")
+        raise ValueError(
+            f"rope.delta reaches |{int(rope.delta.abs().max())}|, beyond cos_sin_cache's {cs.shape[0]} rows"
+        )
 
 
 def page_indices(
@@ -166,7 +175,9 @@ def page_indices(
         C.check_dtype(kv_indices_out, "kv_indices_out", (torch.int32,))
         C.check_device(kv_indices_out, "kv_indices_out", device, "req_to_token")
         if kv_indices_out.numel() > 1 and kv_indices_out.stride(0) != 1:
-            raise ValueError(f"kv_indices_out must be contiguous, got stride {kv_indices_out.stride(0)}")
+            raise ValueError(
+                f"kv_indices_out must be contiguous, got stride {kv_indices_out.stride(0)}"
+            )
     impl = C.resolve_impl(impl, device)
     if check:
         _check_rows(req_to_token, req_pool_indices, seq_lens, page_size)
@@ -174,20 +185,32 @@ def page_indices(
         num_pages = int(((seq_lens.long() + page_size - 1) // page_size).sum())  # host sync
     if kv_indices_out is not None:
         if num_pages is not None and kv_indices_out.numel() < num_pages:
-            raise ValueError(f"kv_indices_out holds {kv_indices_out.numel()} entries but the batch has {num_pages} pages")
+            raise ValueError(
+                f"kv_indices_out holds {kv_indices_out.numel()} entries but the batch has {num_pages} pages"
+            )
         kv_indices = kv_indices_out
     else:
         kv_indices = torch.empty(num_pages, dtype=torch.int32, device=device)
     if impl == "torch":
-        indptr, ids, last = ref.page_indices_ref(req_to_token, req_pool_indices, seq_lens, page_size)
+        indptr, ids, last = ref.page_indices_ref(
+            req_to_token, req_pool_indices, seq_lens, page_size
+        )
         if ids.numel() > kv_indices.numel():
-            raise ValueError(f"kv_indices_out holds {kv_indices.numel()} entries but the batch has {ids.numel()} pages")
+            raise ValueError(
+                f"kv_indices_out holds {kv_indices.numel()} entries but the batch has {ids.numel()} pages"
+            )
         kv_indices[: ids.numel()] = ids
     else:
         indptr = torch.empty(bs + 1, dtype=torch.int32, device=device)
         last = torch.empty(bs, dtype=torch.int32, device=device)
         C.triton_module("page_index").launch_page_indices(
-            req_to_token, req_pool_indices.contiguous(), seq_lens.contiguous(), page_size, indptr, kv_indices, last
+            req_to_token,
+            req_pool_indices.contiguous(),
+            seq_lens.contiguous(),
+            page_size,
+            indptr,
+            kv_indices,
+            last,
         )
     if kv_indices_out is not None and num_pages is not None:
         kv_indices = kv_indices[:num_pages]
@@ -199,7 +222,9 @@ def _check_rows(req_to_token, req_pool_indices, seq_lens, page_size) -> None:
     if req_pool_indices.numel():
         lo, hi = int(req_pool_indices.min()), int(req_pool_indices.max())
         if lo < 0 or hi >= max_reqs:
-            raise ValueError(f"req_pool_indices holds rows in [{lo}, {hi}], outside [0, {max_reqs})")
+            raise ValueError(
+                f"req_pool_indices holds rows in [{lo}, {hi}], outside [0, {max_reqs})"
+            )
         lo, hi = int(seq_lens.min()), int(seq_lens.max())
         if lo < 0 or hi > max_ctx:
             raise ValueError(f"seq_lens holds lengths in [{lo}, {hi}], outside [0, {max_ctx}]")

@@ -148,7 +148,9 @@ def _attn_scores_kernel(
         tl.store(part_row + split * (2 * HQ_PAD) + HQ_PAD + hq, s)
     else:
         if LSE_GIVEN:
-            lse = tl.load(lse_ptr + b.to(tl.int64) * stride_lb + hq * stride_lh, mask=hq < HQ, other=0.0)
+            lse = tl.load(
+                lse_ptr + b.to(tl.int64) * stride_lb + hq * stride_lh, mask=hq < HQ, other=0.0
+            )
             lse2 = lse.to(tl.float32) * lse_scale
         else:  # merge the row's partials: lse2 = M + log2(sum_i s_i * 2^(m_i - M))
             mx = tl.full([HQ_PAD], float("-inf"), tl.float32)
@@ -197,7 +199,15 @@ def _num_sms(device: torch.device) -> int:
 
 
 def default_launch(
-    bs: int, hq: int, hkv: int, head_dim: int, elem: int, tokens: int, *, num_sms: int | None, lse_given: bool = True
+    bs: int,
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    elem: int,
+    tokens: int,
+    *,
+    num_sms: int | None,
+    lse_given: bool = True,
 ) -> tuple[int, int, int]:
     """(block_n, num_splits, num_warps); num_sms None means the interpreter.
 
@@ -214,13 +224,32 @@ def default_launch(
     rows = min(_TILE_BYTES // (block_d * elem), _MAX_LOGITS // hq_pad)
     block_n = triton.next_power_of_2(max(1, rows // hkv_pad))
     block_n = max(block_n, triton.cdiv(16, hkv_pad))  # tl.dot needs >= 16 rows
-    splits = max(1, min(256 if lse_given else 64, triton.cdiv(4 * num_sms, max(bs, 1)), tokens // (2 * block_n)))
+    splits = max(
+        1,
+        min(
+            256 if lse_given else 64, triton.cdiv(4 * num_sms, max(bs, 1)), tokens // (2 * block_n)
+        ),
+    )
     return block_n, splits, 4
 
 
-def launch_attn_scores(q, k_buffer, kv_indptr, kv_indices, score, sm_scale: float, lse, lse_base: str,
-                       decay: float, *, by_entry=False, block_n=None, num_splits=None, num_warps=None,
-                       num_stages=None) -> None:
+def launch_attn_scores(
+    q,
+    k_buffer,
+    kv_indptr,
+    kv_indices,
+    score,
+    sm_scale: float,
+    lse,
+    lse_base: str,
+    decay: float,
+    *,
+    by_entry=False,
+    block_n=None,
+    num_splits=None,
+    num_warps=None,
+    num_stages=None,
+) -> None:
     """Launch on arguments `sgl_vtoken.kernels.attn_scores_` validated (its docstring gives the
     shapes, dtypes and tuning knobs); no host sync."""
     device = q.device
@@ -239,7 +268,11 @@ def launch_attn_scores(q, k_buffer, kv_indptr, kv_indices, score, sm_scale: floa
     hq_pad = max(16, triton.next_power_of_2(hq))
     hkv_pad = triton.next_power_of_2(hkv)
     block_n = max(block_n, triton.cdiv(16, hkv_pad))
-    part = score if lse is not None else torch.empty(bs * num_splits * 2 * hq_pad, dtype=torch.float32, device=device)
+    part = (
+        score
+        if lse is not None
+        else torch.empty(bs * num_splits * 2 * hq_pad, dtype=torch.float32, device=device)
+    )
     mode = 2 if decay == 0.0 else (1 if decay != 1.0 or by_entry else 0)  # entries: one row each
     meta = dict(
         HQ=hq, HKV=hkv, GROUP=hq // hkv, HQ_PAD=hq_pad, HKV_PAD=hkv_pad, D=head_dim,

@@ -51,7 +51,9 @@ class KVBufferSet:
     v_dtype: torch.dtype
     device: torch.device
     disjoint: bool = False  # pairwise disjointness verified (first Triton use)
-    launch_cache: dict = field(default_factory=dict)  # per launch-config data of the Triton launcher
+    launch_cache: dict = field(
+        default_factory=dict
+    )  # per launch-config data of the Triton launcher
 
     @property
     def num_slots(self) -> int:
@@ -85,12 +87,18 @@ def buffer_set(k_buffers, v_buffers, *, revalidate: bool = False) -> KVBufferSet
     """
     key = (id(k_buffers), id(v_buffers))
     entry = None if revalidate else _cache.get(key)
-    if entry is not None and _same(k_buffers, entry.k_refs, entry.k_ptrs) and _same(v_buffers, entry.v_refs, entry.v_ptrs):
+    if (
+        entry is not None
+        and _same(k_buffers, entry.k_refs, entry.k_ptrs)
+        and _same(v_buffers, entry.v_refs, entry.v_ptrs)
+    ):
         return entry.bufs
     bufs = validate(k_buffers, v_buffers)
     if len(_cache) >= _MAX_ENTRIES:
         _purge()
-    _cache[key] = _Entry(_refs(k_buffers), _refs(v_buffers), _ptrs(k_buffers), _ptrs(v_buffers), bufs)
+    _cache[key] = _Entry(
+        _refs(k_buffers), _refs(v_buffers), _ptrs(k_buffers), _ptrs(v_buffers), bufs
+    )
     return bufs
 
 
@@ -131,7 +139,8 @@ def require_disjoint(bufs: KVBufferSet, k_buffers, v_buffers) -> None:
     keys = C.as_layer_list(k_buffers, "k_buffers")
     values = C.as_layer_list(v_buffers, "v_buffers")
     C.check_disjoint_buffers(
-        [(f"k_buffers[{i}]", t) for i, t in enumerate(keys)] + [(f"v_buffers[{i}]", t) for i, t in enumerate(values)]
+        [(f"k_buffers[{i}]", t) for i, t in enumerate(keys)]
+        + [(f"v_buffers[{i}]", t) for i, t in enumerate(values)]
     )
     bufs.disjoint = True
 

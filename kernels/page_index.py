@@ -88,7 +88,9 @@ def launch_page_indices(
     interpreted = C.interpreted(_page_ids_kernel, device, "page_index")
     bs = req_pool_indices.numel()
     block_b = 1024 if not interpreted else 16
-    _page_indptr_kernel[(1,)](seq_lens, bs, kv_indptr, kv_last_page_len, PAGE=page_size, BLOCK_B=block_b)
+    _page_indptr_kernel[(1,)](
+        seq_lens, bs, kv_indptr, kv_last_page_len, PAGE=page_size, BLOCK_B=block_b
+    )
     if bs == 0:
         return
     if splits is None:

@@ -33,7 +33,9 @@ def rope_cos_sin_ref(
     return cos, torch.where((delta < 0)[:, None], -sin, sin)
 
 
-def rope_rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+def rope_rotate_ref(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool
+) -> torch.Tensor:
     """Rotate the first 2*cos.shape[-1] dims of x [n, H, D] (fp32); the rest pass through."""
     rot = 2 * cos.shape[-1]
     c, s = cos[:, None, :], sin[:, None, :]
@@ -91,15 +93,23 @@ def page_indices_ref(
     kv_indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=dev)
     kv_indptr[1:] = torch.cumsum(num_pages, 0).to(torch.int32)
     pages = [
-        req_to_token[int(r), 0 : int(n) : page_size] // page_size for r, n in zip(req_pool_indices.tolist(), lens.tolist())
+        req_to_token[int(r), 0 : int(n) : page_size] // page_size
+        for r, n in zip(req_pool_indices.tolist(), lens.tolist())
     ]
-    kv_indices = torch.cat(pages).to(torch.int32) if pages else torch.empty(0, dtype=torch.int32, device=dev)
-    last = torch.where(lens > 0, lens - (num_pages - 1) * page_size, torch.zeros_like(lens)).to(torch.int32)
+    kv_indices = (
+        torch.cat(pages).to(torch.int32) if pages else torch.empty(0, dtype=torch.int32, device=dev)
+    )
+    last = torch.where(lens > 0, lens - (num_pages - 1) * page_size, torch.zeros_like(lens)).to(
+        torch.int32
+    )
     return kv_indptr, kv_indices, last
 
 
 def check_page_dense(
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
 ) -> None:
     """Every page of every row starts at a page boundary and holds consecutive slots (syncs)."""
     for b, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
@@ -135,7 +145,9 @@ def attn_lse_ref(
     for b in range(bs):
         lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
         if hi > lo:
-            out[b] = torch.logsumexp(_logits(q[b], k_buffer, kv_indices[lo:hi], group, sm_scale), dim=-1)
+            out[b] = torch.logsumexp(
+                _logits(q[b], k_buffer, kv_indices[lo:hi], group, sm_scale), dim=-1
+            )
     return out
 
 

@@ -107,7 +107,9 @@ def _repack_kernel(
             sin = tl.load(cs_row + HALF, mask=cs_mask, other=0.0).to(tl.float32)
             sin = tl.where((delta < 0)[:, None], -sin, sin)  # sin(-x) = -sin(x)
             x = k.to(tl.float32)
-            xp = tl.load(k_src + (partner - offs_d)[None, :], mask=mask & rotated[None, :], other=0.0)
+            xp = tl.load(
+                k_src + (partner - offs_d)[None, :], mask=mask & rotated[None, :], other=0.0
+            )
             prod = xp.to(tl.float32) * sin
             y = tl.where(first[None, :], x * cos - prod, x * cos + prod)
             k = tl.where(rotated[None, :], y, x).to(K_DTYPE)
@@ -142,23 +144,35 @@ def launch_repack(
             "the repack kernel reads per-layer addresses from a table, which the Triton interpreter cannot "
             "map to device memory: run it compiled (TRITON_INTERPRET unset) or pass CPU tensors"
         )
-    rope_key = None if rope is None else (rope.cos_sin_cache.shape[1], bool(rope.neox), rope.cos_sin_cache.dtype)
+    rope_key = (
+        None
+        if rope is None
+        else (rope.cos_sin_cache.shape[1], bool(rope.neox), rope.cos_sin_cache.dtype)
+    )
     key = (rope_key, block_moves, num_warps, col_block)
     launches = bufs.launch_cache.get(key)
     if launches is None:
         if col_block is not None and (col_block < 1 or col_block & (col_block - 1)):
             raise ValueError(f"col_block must be a power of 2, got {col_block}")
-        launches = bufs.launch_cache[key] = _prepare(bufs, rope_key, block_moves, num_warps, col_block, interpreted)
+        launches = bufs.launch_cache[key] = _prepare(
+            bufs, rope_key, block_moves, num_warps, col_block, interpreted
+        )
     n = src.numel()
     if n == 0:
         return
     src, dst = src.contiguous(), dst.contiguous()
     for grid, k_table, v_table, strides, meta in launches:
         if meta["ROPE"]:
-            delta, cos_sin, stride_cs = rope.delta.contiguous(), rope.cos_sin_cache, rope.cos_sin_cache.stride(0)
+            delta, cos_sin, stride_cs = (
+                rope.delta.contiguous(),
+                rope.cos_sin_cache,
+                rope.cos_sin_cache.stride(0),
+            )
         else:
             delta, cos_sin, stride_cs = src, k_table, 0  # unused
-        _repack_kernel[grid](k_table, v_table, src, dst, n, *strides, delta, cos_sin, stride_cs, **meta)
+        _repack_kernel[grid](
+            k_table, v_table, src, dst, n, *strides, delta, cos_sin, stride_cs, **meta
+        )
 
 
 def default_launch(
@@ -178,7 +192,9 @@ def default_launch(
     if not rope:  # a rotation pairs columns across the whole rotary span: never split then
         while col * elem > _MAX_ROW_BYTES:
             col //= 2
-        while heads * num_layers * triton.cdiv(head_dim, col) < num_sms and (col // 2) * elem >= 128:
+        while (
+            heads * num_layers * triton.cdiv(head_dim, col) < num_sms and (col // 2) * elem >= 128
+        ):
             col //= 2
     rows = _CHUNK_BYTES // (col * elem)
     if rope:
@@ -207,7 +223,9 @@ def _prepare(bufs: KVBufferSet, rope_key, block_moves, num_warps, col_block, int
         )
         _, heads, head_dim = shape
         elem = torch.empty(0, dtype=dtype).element_size()
-        bm, nw, cb = default_launch(head_dim, elem, heads, len(ptrs), rope=rk is not None, num_sms=num_sms)
+        bm, nw, cb = default_launch(
+            head_dim, elem, heads, len(ptrs), rope=rk is not None, num_sms=num_sms
+        )
         bm, nw = block_moves or bm, num_warps or nw
         if rk is not None:
             cb = triton.next_power_of_2(head_dim)
@@ -215,7 +233,9 @@ def _prepare(bufs: KVBufferSet, rope_key, block_moves, num_warps, col_block, int
             cb = min(col_block, triton.next_power_of_2(head_dim))
         parts = triton.cdiv(head_dim, cb)
         table = torch.tensor(ptrs, dtype=torch.int64, device=bufs.device)
-        v_table = torch.tensor(bufs.v_ptrs, dtype=torch.int64, device=bufs.device) if with_v else table
+        v_table = (
+            torch.tensor(bufs.v_ptrs, dtype=torch.int64, device=bufs.device) if with_v else table
+        )
         v_strides = bufs.v_strides if with_v else strides
         v_elem = torch.empty(0, dtype=bufs.v_dtype).element_size() if with_v else elem
         meta = dict(
@@ -235,5 +255,7 @@ def _prepare(bufs: KVBufferSet, rope_key, block_moves, num_warps, col_block, int
             enable_fp_fusion=False,
         )
         grid = (heads * parts, len(ptrs))
-        launches.append((grid, table, v_table, (strides[0], strides[1], v_strides[0], v_strides[1]), meta))
+        launches.append(
+            (grid, table, v_table, (strides[0], strides[1], v_strides[0], v_strides[1]), meta)
+        )
     return launches

@@ -91,7 +91,9 @@ def attn_scores_(
     C.check_device(score, "score", device, "q")
     rows, what = (kv_indices.numel(), "nnz") if by_entry else (num_slots, "num_slots")
     if score.shape not in ((rows,), (rows, hkv)):
-        raise ValueError(f"score must be [{what}]={rows} or [{what}, Hkv]=[{rows}, {hkv}], got {tuple(score.shape)}")
+        raise ValueError(
+            f"score must be [{what}]={rows} or [{what}, Hkv]=[{rows}, {hkv}], got {tuple(score.shape)}"
+        )
     C.check_no_self_overlap(score, "score")
     if lse is not None:
         C.check_tensor(lse, "lse")
@@ -109,8 +111,18 @@ def attn_scores_(
     if check:
         _check_score_rows(kv_indptr, kv_indices, num_slots, decay if not by_entry else 1.0)
     if impl == "torch":
-        ref.attn_scores_ref_(q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay),
-                             by_entry=by_entry)
+        ref.attn_scores_ref_(
+            q,
+            k_buffer,
+            kv_indptr,
+            kv_indices,
+            score,
+            float(sm_scale),
+            lse,
+            lse_base,
+            float(decay),
+            by_entry=by_entry,
+        )
         return
     C.triton_module("attn_scores").launch_attn_scores(
         q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay), by_entry=by_entry,
@@ -121,11 +133,15 @@ def attn_scores_(
 def _check_score_rows(kv_indptr, kv_indices, num_slots, decay) -> None:
     ptr = kv_indptr.long()
     if bool((ptr[1:] < ptr[:-1]).any()) or int(ptr[0]) < 0 or int(ptr[-1]) > kv_indices.numel():
-        raise ValueError(f"kv_indptr must be non-decreasing within [0, {kv_indices.numel()}], got {ptr.tolist()[:8]}...")
+        raise ValueError(
+            f"kv_indptr must be non-decreasing within [0, {kv_indices.numel()}], got {ptr.tolist()[:8]}..."
+        )
     slots = kv_indices[int(ptr[0]) : int(ptr[-1])].long()
     if slots.numel():
         lo, hi = int(slots.min()), int(slots.max())
         if lo < 0 or hi >= num_slots:
             raise ValueError(f"kv_indices holds slots in [{lo}, {hi}], outside [0, {num_slots})")
         if decay != 1.0 and torch.unique(slots).numel() != slots.numel():
-            raise ValueError("with decay != 1 each slot may be read by one row only, but kv_indices repeats a slot")
+            raise ValueError(
+                "with decay != 1 each slot may be read by one row only, but kv_indices repeats a slot"
+            )

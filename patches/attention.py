@@ -26,7 +26,10 @@ from .paged_kv import BACKEND_NAME
 
 def register_attention_backend() -> None:
     """Register `vtoken_flashinfer` in SGLang's backend registry and CLI choices (idempotent)."""
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.arg_groups.choices import (
+        ATTENTION_BACKEND_CHOICES,
+        add_attention_backend_choices,
+    )
     from sglang.srt.layers.attention import attention_registry
 
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
@@ -37,7 +40,11 @@ def register_attention_backend() -> None:
 def create_vtoken_flashinfer_backend(runner):
     """Registry factory: SGLang calls it with the ModelRunner."""
     if runner.use_mla_backend:
-        raise ValueError(f"--attention-backend {BACKEND_NAME} supports MHA models only; use 'flashinfer' for MLA")
-    from .flashinfer_backend import VTokenFlashInferAttnBackend  # slow, needs FlashInfer: see its docstring
+        raise ValueError(
+            f"--attention-backend {BACKEND_NAME} supports MHA models only; use 'flashinfer' for MLA"
+        )
+    from .flashinfer_backend import (
+        VTokenFlashInferAttnBackend,
+    )  # slow, needs FlashInfer: see its docstring
 
     return VTokenFlashInferAttnBackend(runner, init_new_workspace=runner.init_new_workspace)

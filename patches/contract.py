@@ -23,34 +23,82 @@ HOOKED_PARAMS = {
     "sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens": ("self", "req"),
     "sglang.srt.managers.schedule_batch.Req.__init__": ("self", "rid"),
     "sglang.srt.managers.schedule_batch.Req.reset_for_retract": ("self",),
-    "sglang.srt.managers.schedule_batch.release_req": ("req", "remaing_req_count", "req_to_token_pool",
-                                                       "token_to_kv_pool_allocator", "tree_cache"),
+    "sglang.srt.managers.schedule_batch.release_req": (
+        "req",
+        "remaing_req_count",
+        "req_to_token_pool",
+        "token_to_kv_pool_allocator",
+        "tree_cache",
+    ),
     "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend": ("self",),
     "sglang.srt.mem_cache.common.release_kv_cache": ("req", "tree_cache", "checkpoint"),
-    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("cls", "batch", "model_runner"),
-    "sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens": ("kv", "page_size"),
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": (
+        "cls",
+        "batch",
+        "model_runner",
+    ),
+    "sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens": (
+        "kv",
+        "page_size",
+    ),
     "sglang.srt.managers.scheduler.Scheduler.get_internal_state": ("self", "recv_req"),
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("self", "key"),
     "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len": ("self", "input_len"),
-    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept": ("self", "req"),
-    "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": ("self", "obj", "request"),
-    "sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_response_usage": ("responses", "n_choices"),
+    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept": (
+        "self",
+        "req",
+    ),
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": (
+        "self",
+        "obj",
+        "request",
+    ),
+    "sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_response_usage": (
+        "responses",
+        "n_choices",
+    ),
     "sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_streaming_usage": (
-        "prompt_tokens", "reasoning_tokens", "completion_tokens", "cached_tokens", "n_choices"),
-    "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object": ("self", "obj"),
-    "sglang.srt.layers.radix_attention.RadixAttention.forward": ("self", "q", "k", "v", "forward_batch"),
+        "prompt_tokens",
+        "reasoning_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "n_choices",
+    ),
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object": (
+        "self",
+        "obj",
+    ),
+    "sglang.srt.layers.radix_attention.RadixAttention.forward": (
+        "self",
+        "q",
+        "k",
+        "v",
+        "forward_batch",
+    ),
 }
 # ... and of every SGLang function our hooks call or override.
 CALLED_PARAMS = {
     "sglang.srt.managers.scheduler.Scheduler._reqs_finishing_inflight": ("self", "batch"),
-    "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort": ("self",),  # prefill.py
+    "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort": (
+        "self",
+    ),  # prefill.py
     "sglang.srt.managers.schedule_policy.AddReqResult": (),
-    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("self", "req", "has_chunked_req"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": (
+        "self",
+        "req",
+        "has_chunked_req",
+    ),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("self", "req"),
-    "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": ("self", "req"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": (
+        "self",
+        "req",
+    ),
     "sglang.srt.managers.schedule_policy.PrefillAdder._check_prefill_budget": ("self", "req"),
-    "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": ("self", "page_ids"),
+    "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids": (
+        "self",
+        "page_ids",
+    ),
     # radix.py: the RadixCache methods HoledRadixCache overrides or calls, and the registry
     "sglang.srt.mem_cache.registry.register_radix_cache_backend": ("name", "factory"),
     "sglang.srt.mem_cache.radix_cache.RadixCache.match_prefix": ("self", "params"),
@@ -58,8 +106,20 @@ CALLED_PARAMS = {
     "sglang.srt.mem_cache.radix_cache.RadixCache.evict": ("self", "params"),
     "sglang.srt.mem_cache.radix_cache.RadixCache.inc_lock_ref": ("self", "node"),
     "sglang.srt.mem_cache.radix_cache.RadixCache.dec_lock_ref": ("self", "node", "params"),
-    "sglang.srt.mem_cache.radix_cache.RadixCache._insert_helper": ("self", "node", "key", "value", "priority", "inserted_len"),
-    "sglang.srt.mem_cache.radix_cache.RadixCache._split_node": ("self", "key", "child", "split_len"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache._insert_helper": (
+        "self",
+        "node",
+        "key",
+        "value",
+        "priority",
+        "inserted_len",
+    ),
+    "sglang.srt.mem_cache.radix_cache.RadixCache._split_node": (
+        "self",
+        "key",
+        "child",
+        "split_len",
+    ),
     "sglang.srt.mem_cache.radix_cache.RadixCache._delete_leaf": ("self", "node"),
     "sglang.srt.mem_cache.radix_cache.RadixCache._match_prefix_helper": ("self", "node", "key"),
     "sglang.srt.mem_cache.radix_cache.RadixCache.all_values_flatten": ("self",),
@@ -76,7 +136,11 @@ EXPECTED_GLOBALS = (("sglang.srt.layers.rotary_embedding.base", "_is_cpu"),)
 def _raw(target: str):
     owner_path, attr = target.rsplit(".", 1)
     owner = pkgutil.resolve_name(owner_path)
-    raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+    raw = (
+        owner.__dict__[attr]
+        if isinstance(owner, type) and attr in owner.__dict__
+        else getattr(owner, attr)
+    )
     return raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
 
 

@@ -67,7 +67,9 @@ class PagedDecodeUpdater(fb.FlashInferIndicesUpdaterDecode):
         if wrapper.is_cuda_graph_enabled:
             out = wrapper._paged_kv_indices_buf  # sized for tokens >= pages
         else:
-            out = torch.empty(max(paged_kernel_lens_sum, 1), dtype=torch.int32, device=paged_kernel_lens.device)
+            out = torch.empty(
+                max(paged_kernel_lens_sum, 1), dtype=torch.int32, device=paged_kernel_lens.device
+            )
         kv_indptr, kv_indices, last = _fill_paged_indices(
             self, req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, kv_indptr, out
         )
@@ -78,8 +80,13 @@ class PagedDecodeUpdater(fb.FlashInferIndicesUpdaterDecode):
             fixed_split_size=fixed_split_size,
             disable_split_kv=disable_split_kv if disable_split_kv is not None else False,
         )
-        if getattr(wrapper.begin_forward, "func", None) is fast_decode_plan and seq_lens_cpu is not None:
-            kwargs["global_override_indptr_cpu"] = page_indptr_host(seq_lens_cpu, self.attn_backend.page_size)
+        if (
+            getattr(wrapper.begin_forward, "func", None) is fast_decode_plan
+            and seq_lens_cpu is not None
+        ):
+            kwargs["global_override_indptr_cpu"] = page_indptr_host(
+                seq_lens_cpu, self.attn_backend.page_size
+            )
         wrapper.begin_forward(
             kv_indptr, kv_indices, last, self.num_qo_heads, self.num_kv_heads, self.head_dim,
             self.attn_backend.page_size, **kwargs,
@@ -136,7 +143,13 @@ class PagedPrefillUpdater(fb.FlashInferIndicesUpdaterPrefill):
                 q_data_type=self.q_data_type,
             )  # fmt: skip
         wrapper_paged.begin_forward(
-            qo_indptr, kv_indptr, kv_indices, last, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            last,
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.head_dim,
             self.attn_backend.page_size,
             q_data_type=self.q_data_type,
             kv_data_type=self.data_type,
@@ -156,7 +169,10 @@ class VTokenFlashInferAttnBackend(fb.FlashInferAttnBackend):
             (get_spec().speculative_algorithm is not None, "speculative decoding"),
             (self.is_dllm_model, "dLLM models"),
             (self.enable_mis, "multi-item scoring"),
-            (self.prefill_uses_dequant_workspace or self.decode_uses_dequant_workspace, "dequantizing KV caches"),
+            (
+                self.prefill_uses_dequant_workspace or self.decode_uses_dequant_workspace,
+                "dequantizing KV caches",
+            ),
             (self.kv_index_translator.is_translating, "translated KV indices (unified allocators)"),
         ):
             if bad:
@@ -177,10 +193,19 @@ class VTokenFlashInferAttnBackend(fb.FlashInferAttnBackend):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
 
     def _create_decode_wrappers(self, *args, **kwargs):
-        return [read_kv_as_pages(w, self.page_size) for w in super()._create_decode_wrappers(*args, **kwargs)]
+        return [
+            read_kv_as_pages(w, self.page_size)
+            for w in super()._create_decode_wrappers(*args, **kwargs)
+        ]
 
     def _create_prefill_wrappers(self, *args, **kwargs):
-        return [read_kv_as_pages(w, self.page_size) for w in super()._create_prefill_wrappers(*args, **kwargs)]
+        return [
+            read_kv_as_pages(w, self.page_size)
+            for w in super()._create_prefill_wrappers(*args, **kwargs)
+        ]
 
     def _create_full_cg_prefill_wrappers(self, *args, **kwargs):
-        return [read_kv_as_pages(w, self.page_size) for w in super()._create_full_cg_prefill_wrappers(*args, **kwargs)]
+        return [
+            read_kv_as_pages(w, self.page_size)
+            for w in super()._create_full_cg_prefill_wrappers(*args, **kwargs)
+        ]

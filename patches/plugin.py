@@ -24,26 +24,61 @@ HOOKS = (
     (f"{REQ}.__init__", runtime.after_req_init, A),
     (f"{REQ}.reset_for_retract", runtime.after_reset_for_retract, A),
     ("sglang.srt.managers.schedule_batch.release_req", retraction.before_release_req, B),
-    ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", retraction.after_prepare_for_extend, A),
+    (
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend",
+        retraction.after_prepare_for_extend,
+        A,
+    ),
     (f"{REQ}._compute_max_prefix_len", admission.around_compute_max_prefix_len, R),
-    ("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
-     request_options.before_create_tokenized_object, B),
+    (
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
+        request_options.before_create_tokenized_object,
+        B,
+    ),
     ("sglang.srt.mem_cache.common.release_kv_cache", runtime.before_release_kv_cache, B),
     ("sglang.srt.mem_cache.common.release_kv_cache", runtime.after_release_kv_cache, A),
-    ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", runtime.after_forward_batch_init, A),
-    ("sglang.srt.layers.radix_attention.RadixAttention.forward", scores.around_radix_attention_forward, R),
-    ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens",
-     held.around_kv_private_tokens, R),
+    (
+        "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new",
+        runtime.after_forward_batch_init,
+        A,
+    ),
+    (
+        "sglang.srt.layers.radix_attention.RadixAttention.forward",
+        scores.around_radix_attention_forward,
+        R,
+    ),
+    (
+        "sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens",
+        held.around_kv_private_tokens,
+        R,
+    ),
     (f"{SCHED}.get_internal_state", observe.after_get_internal_state, A),
-    ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
-     ".is_request_level_customized_info_key", observe.around_is_request_level_key, R),
-    ("sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept",
-     usage.around_accept, R),
-    ("sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request", usage.around_generate_request, R),
-    ("sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_response_usage",
-     usage.around_calculate_response_usage, R),
-    ("sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_streaming_usage",
-     usage.around_calculate_streaming_usage, R),
+    (
+        "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+        ".is_request_level_customized_info_key",
+        observe.around_is_request_level_key,
+        R,
+    ),
+    (
+        "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept",
+        usage.around_accept,
+        R,
+    ),
+    (
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
+        usage.around_generate_request,
+        R,
+    ),
+    (
+        "sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_response_usage",
+        usage.around_calculate_response_usage,
+        R,
+    ),
+    (
+        "sglang.srt.entrypoints.openai.usage_processor.UsageProcessor.calculate_streaming_usage",
+        usage.around_calculate_streaming_usage,
+        R,
+    ),
 )
 
 _registered = False

@@ -14,8 +14,8 @@ from sgl_vtoken.rng import stable_id
 from .cache import host_recall, host_tier, radix
 from .state import ReqEvictState, Row, state_of
 from .step import held, prefill, retraction, scores
-from .step.reclaim import reclaim_for
 from .step.eviction import evict_batch
+from .step.reclaim import reclaim_for
 from .surface import metrics, observe
 from .surface.counters import counters_of
 from .surface.model_support import kv_bytes_per_token, unsupported_pool_reason
@@ -27,13 +27,30 @@ def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:
     """Fresh state of a request `rid` evicting under `cfg`; `holed`: served by the holed radix
     cache's paths (`radix.tree_mode(cfg)`)."""
     policy = policy_from_config(cfg)
-    report = dict(policy=cfg.policy, budget=cfg.budget, evicted_tokens=0, live_tokens=None, pages_freed=0,
-                  evictions=0)
-    return ReqEvictState(cfg=cfg, policy=policy, rid=stable_id(rid), holed=holed, reclaim=reclaim_for(cfg),
-                         report=report, row=Row(),
-                         stats=scores.Stats(policy.new_accumulator()), prefix=radix.Prefix(),
-                         naive=held.NaiveHold(), retract=retraction.Retraction(), prompt=prefill.Prompt(),
-                         host=host_tier.HostChunks(), recall=host_recall.Recall())
+    report = dict(
+        policy=cfg.policy,
+        budget=cfg.budget,
+        evicted_tokens=0,
+        live_tokens=None,
+        pages_freed=0,
+        evictions=0,
+    )
+    return ReqEvictState(
+        cfg=cfg,
+        policy=policy,
+        rid=stable_id(rid),
+        holed=holed,
+        reclaim=reclaim_for(cfg),
+        report=report,
+        row=Row(),
+        stats=scores.Stats(policy.new_accumulator()),
+        prefix=radix.Prefix(),
+        naive=held.NaiveHold(),
+        retract=retraction.Retraction(),
+        prompt=prefill.Prompt(),
+        host=host_tier.HostChunks(),
+        recall=host_recall.Recall(),
+    )
 
 
 def after_req_init(result, req, rid, *args, **kwargs):
@@ -115,16 +132,20 @@ def after_scheduler_init(result, scheduler, *args, **kwargs):
         reason = unsupported_pool_reason(pool)
         peak = cfg.budget + cfg.interval + cfg.page_size
         if not reason and peak > scheduler.max_total_num_tokens:
-            reason = (f"--kv-budget {cfg.budget}: an evicting request holds up to budget + interval + "
-                      f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}")
+            reason = (
+                f"--kv-budget {cfg.budget}: an evicting request holds up to budget + interval + "
+                f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}"
+            )
         if not reason and cfg.prefill.chunk is not None:
             reason = prefill.unsupported_reason(scheduler)
         if reason:
             raise ValueError(f"--kv-evict {cfg.policy}: {reason}")
         counters_of(scheduler).bytes_per_token = kv_bytes_per_token(pool)
     if cfg.host.tokens and not isinstance(scheduler.tree_cache, radix.HoledRadixCache):
-        raise ValueError("--kv-evict-config host_tokens: the host store keeps stored histories' evicted "
-                         "tokens, which needs the holed radix cache (a policy with reuse_history)")
+        raise ValueError(
+            "--kv-evict-config host_tokens: the host store keeps stored histories' evicted "
+            "tokens, which needs the holed radix cache (a policy with reuse_history)"
+        )
     host_tier.install(cfg.host.tokens)
     if isinstance(scheduler.tree_cache, radix.HoledRadixCache):
         scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits

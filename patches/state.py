@@ -33,7 +33,6 @@ from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies.base import EvictionPolicy
 
 
-
 def state_of(req) -> ReqEvictState | None:
     """The eviction state of `req` (an SGLang `Req`), or None when it does not evict."""
     return getattr(req, "vtoken", None)
@@ -44,10 +43,12 @@ class Row:
     """Where the row's entries sit in the logical sequence: entry j is at ``kept_pos[j]`` for the
     entries the last eviction kept, at ``j + offset`` after them."""
 
-    kept_pos: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # [m] int64, CPU
-    offset: int = 0                            # tokens evicted so far: logical - row position
-    steps: int = 0                             # evictions so far (seeded policies hash it)
-    freed: int = 0                             # pages of its KV freed so far
+    kept_pos: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, dtype=torch.int64)
+    )  # [m] int64, CPU
+    offset: int = 0  # tokens evicted so far: logical - row position
+    steps: int = 0  # evictions so far (seeded policies hash it)
+    freed: int = 0  # pages of its KV freed so far
 
     def positions(self, row_len: int) -> torch.Tensor:
         """``[row_len] int64`` logical position of every live row entry."""
@@ -95,7 +96,12 @@ class Row:
 
     def restore(self, saved: Row) -> None:
         """Back to the positions and counts of `saved` (`snapshot`)."""
-        self.kept_pos, self.offset, self.steps, self.freed = saved.kept_pos, saved.offset, saved.steps, saved.freed
+        self.kept_pos, self.offset, self.steps, self.freed = (
+            saved.kept_pos,
+            saved.offset,
+            saved.steps,
+            saved.freed,
+        )
 
 
 @dataclass
@@ -105,10 +111,10 @@ class ReqEvictState:
 
     cfg: EvictConfig
     policy: EvictionPolicy
-    rid: int                                   # stable 32-bit identity (seeded policies)
-    holed: bool                                # served by the holed radix cache (radix.tree_mode)
-    reclaim: Reclaim                           # how its row gives memory back (step/reclaim.py)
-    report: dict                               # meta_info["kv_evict"][0], updated in place
+    rid: int  # stable 32-bit identity (seeded policies)
+    holed: bool  # served by the holed radix cache (radix.tree_mode)
+    reclaim: Reclaim  # how its row gives memory back (step/reclaim.py)
+    report: dict  # meta_info["kv_evict"][0], updated in place
     row: Row
     stats: Stats
     prefix: Prefix

@@ -96,35 +96,82 @@ def parse_rate(value: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:30000")
-    p.add_argument("--model", default=None, help="model name for the API (default: the first of /v1/models)")
+    p.add_argument(
+        "--model", default=None, help="model name for the API (default: the first of /v1/models)"
+    )
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--rate", type=parse_rate, default=math.inf, help="session arrivals per second (Poisson); inf = all at once")
-    p.add_argument("--max-concurrency", type=int, default=0,
-                   help="sessions in flight at once (0: no limit; 1 with --rate inf: the unloaded baseline)")
+    p.add_argument(
+        "--rate",
+        type=parse_rate,
+        default=math.inf,
+        help="session arrivals per second (Poisson); inf = all at once",
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=0,
+        help="sessions in flight at once (0: no limit; 1 with --rate inf: the unloaded baseline)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--system-tokens", type=int, default=256, help="shared system prompt incl. the tool schema")
+    p.add_argument(
+        "--system-tokens", type=int, default=256, help="shared system prompt incl. the tool schema"
+    )
     p.add_argument("--user-tokens", type=int, default=40, help="median length of the user task")
     p.add_argument("--tool-tokens", type=int, default=300, help="median length of a tool output")
     p.add_argument("--tool-min", type=int, default=32)
     p.add_argument("--tool-max", type=int, default=1024)
-    p.add_argument("--reply-tokens", type=int, default=64, help="assistant reply length (every turn)")
-    p.add_argument("--think-time", type=float, default=0.0, help="seconds between a reply and the next turn")
+    p.add_argument(
+        "--reply-tokens", type=int, default=64, help="assistant reply length (every turn)"
+    )
+    p.add_argument(
+        "--think-time", type=float, default=0.0, help="seconds between a reply and the next turn"
+    )
     p.add_argument("--tool-role", choices=("tool", "user"), default="tool")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="do not send ignore_eos (servers without that extension; replies may be shorter)")
-    p.add_argument("--kv-evict-json", type=json.loads, default=None,
-                   help="per-request kv_evict object sent in custom_params, e.g. '{\"policy\": \"random\", \"budget\": 128}'")
-    p.add_argument("--rid-prefix", default="agent",
-                   help="request ids are PREFIX-s{session}-t{turn} ('': the server assigns them)")
-    p.add_argument("--server-log", default=None, help="the server's log file, read for running requests and retractions")
-    p.add_argument("--page-size", type=int, default=None, help="page size for pages-in-use figures (default: from the server)")
-    p.add_argument("--sample-interval", type=float, default=0.5, help="seconds between server samples (0: none)")
-    p.add_argument("--no-samples", dest="samples", action="store_false", help="do not write sample lines")
+    p.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="do not send ignore_eos (servers without that extension; replies may be shorter)",
+    )
+    p.add_argument(
+        "--kv-evict-json",
+        type=json.loads,
+        default=None,
+        help='per-request kv_evict object sent in custom_params, e.g. \'{"policy": "random", "budget": 128}\'',
+    )
+    p.add_argument(
+        "--rid-prefix",
+        default="agent",
+        help="request ids are PREFIX-s{session}-t{turn} ('': the server assigns them)",
+    )
+    p.add_argument(
+        "--server-log",
+        default=None,
+        help="the server's log file, read for running requests and retractions",
+    )
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        help="page size for pages-in-use figures (default: from the server)",
+    )
+    p.add_argument(
+        "--sample-interval",
+        type=float,
+        default=0.5,
+        help="seconds between server samples (0: none)",
+    )
+    p.add_argument(
+        "--no-samples", dest="samples", action="store_false", help="do not write sample lines"
+    )
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--label", default=None, help="a name carried into every summary line")
     p.add_argument("--out", default=None, help="JSON lines file (default: stdout)")
@@ -134,16 +181,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
     """The parsed command line as an AgentConfig (ValueError naming the field when out of range)."""
-    workload = WorkloadSpec(sessions=args.sessions, turns=args.turns, rate=args.rate, seed=args.seed,
-                            system_tokens=args.system_tokens, user_tokens=args.user_tokens,
-                            tool_tokens=args.tool_tokens, tool_min=args.tool_min, tool_max=args.tool_max)
-    return AgentConfig(base_url=args.base_url, workload=workload, model=args.model,
-                       max_concurrency=args.max_concurrency, reply_tokens=args.reply_tokens,
-                       think_time=args.think_time, tool_role=args.tool_role, temperature=args.temperature,
-                       ignore_eos=args.ignore_eos, kv_evict=args.kv_evict_json,
-                       rid_prefix=args.rid_prefix or None, server_log=args.server_log,
-                       page_size=args.page_size, sample_interval=args.sample_interval,
-                       write_samples=args.samples, request_timeout=args.request_timeout, label=args.label)
+    workload = WorkloadSpec(
+        sessions=args.sessions,
+        turns=args.turns,
+        rate=args.rate,
+        seed=args.seed,
+        system_tokens=args.system_tokens,
+        user_tokens=args.user_tokens,
+        tool_tokens=args.tool_tokens,
+        tool_min=args.tool_min,
+        tool_max=args.tool_max,
+    )
+    return AgentConfig(
+        base_url=args.base_url,
+        workload=workload,
+        model=args.model,
+        max_concurrency=args.max_concurrency,
+        reply_tokens=args.reply_tokens,
+        think_time=args.think_time,
+        tool_role=args.tool_role,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        kv_evict=args.kv_evict_json,
+        rid_prefix=args.rid_prefix or None,
+        server_log=args.server_log,
+        page_size=args.page_size,
+        sample_interval=args.sample_interval,
+        write_samples=args.samples,
+        request_timeout=args.request_timeout,
+        label=args.label,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

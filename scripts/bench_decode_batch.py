@@ -38,8 +38,13 @@ def batch_line(records: list[tuple[int, float]], batch: int) -> dict:
     if not rates:
         return {"batch": batch, "records": 0, "decode_tok_s": None, "step_ms": None}
     tput = statistics.median(rates)
-    return {"batch": batch, "records": len(rates), "decode_tok_s": round(tput, 2),
-            "step_ms": round(1000 * batch / tput, 2), "per_request_tok_s": round(tput / batch, 3)}
+    return {
+        "batch": batch,
+        "records": len(rates),
+        "decode_tok_s": round(tput, 2),
+        "step_ms": round(1000 * batch / tput, 2),
+        "per_request_tok_s": round(tput / batch, 3),
+    }
 
 
 def scaling(lines: list[dict]) -> dict:
@@ -48,20 +53,42 @@ def scaling(lines: list[dict]) -> dict:
     for r in lines:
         if r.get("step_ms") is not None:
             by_b.setdefault(r["batch"], []).append(r)
-    med = {b: (statistics.median(r["step_ms"] for r in rs), statistics.median(r["decode_tok_s"] for r in rs))
-           for b, rs in sorted(by_b.items())}
+    med = {
+        b: (
+            statistics.median(r["step_ms"] for r in rs),
+            statistics.median(r["decode_tok_s"] for r in rs),
+        )
+        for b, rs in sorted(by_b.items())
+    }
     base = med.get(1)
-    return {"kind": "scaling", "batches": [
-        {"batch": b, "step_ms": round(s, 2), "decode_tok_s": round(t, 2),
-         **({"step_vs_b1": round(s / base[0], 2), "throughput_vs_b1": round(t / base[1], 2)} if base else {})}
-        for b, (s, t) in med.items()]}
+    return {
+        "kind": "scaling",
+        "batches": [
+            {
+                "batch": b,
+                "step_ms": round(s, 2),
+                "decode_tok_s": round(t, 2),
+                **(
+                    {"step_vs_b1": round(s / base[0], 2), "throughput_vs_b1": round(t / base[1], 2)}
+                    if base
+                    else {}
+                ),
+            }
+            for b, (s, t) in med.items()
+        ],
+    }
 
 
 def prefill_line(length: int, seconds: list[float]) -> dict:
     """The median of a prompt length's timings, in seconds and prompt tokens per second."""
     med = statistics.median(seconds)
-    return {"kind": "prefill", "prompt_tokens": length, "runs": len(seconds), "seconds": round(med, 3),
-            "prefill_tok_s": round(length / med, 1)}
+    return {
+        "kind": "prefill",
+        "prompt_tokens": length,
+        "runs": len(seconds),
+        "seconds": round(med, 3),
+        "prefill_tok_s": round(length / med, 1),
+    }
 
 
 def run(args) -> list[dict]:
@@ -74,13 +101,21 @@ def run(args) -> list[dict]:
     batch = max(args.batches) * (args.prompt_tokens + args.new_tokens)
     need = max([batch] + [n + 1 for n in args.prefill_lengths])
     if need > args.pool:
-        raise SystemExit(f"--pool {args.pool} is below the {need} tokens of the largest batch or prompt: "
-                         "it would queue")
+        raise SystemExit(
+            f"--pool {args.pool} is below the {need} tokens of the largest batch or prompt: "
+            "it would queue"
+        )
     model = args.model
     if model in MODELS and not Path(model).exists():
         model = str(ensure_model(model, REPO / ".cache" / model))
-    flags = cpu_server_args(model, args.pool) + ["--dtype", "float32", "--decode-log-interval", "1",
-                                                 "--max-running-requests", str(max(args.batches))]
+    flags = cpu_server_args(model, args.pool) + [
+        "--dtype",
+        "float32",
+        "--decode-log-interval",
+        "1",
+        "--max-running-requests",
+        str(max(args.batches)),
+    ]
     if args.plugin:
         flags += ["--kv-evict", "none"]
     env = {"OMP_NUM_THREADS": str(args.server_threads)}
@@ -99,28 +134,65 @@ def run(args) -> list[dict]:
         with ServerProcess(flags, env=env if args.plugin else {**env, **stock}) as server:
             if plugin_in_server(server) != args.plugin:
                 raise RuntimeError("the server's plugin state is not the one asked for (--plugin)")
-            emit({"kind": "config", "model": model, "pool": args.pool, "plugin": args.plugin,
-                  "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-                  "server_threads": args.server_threads, "batches": args.batches, "repeats": args.repeats})
+            emit(
+                {
+                    "kind": "config",
+                    "model": model,
+                    "pool": args.pool,
+                    "plugin": args.plugin,
+                    "prompt_tokens": args.prompt_tokens,
+                    "new_tokens": args.new_tokens,
+                    "server_threads": args.server_threads,
+                    "batches": args.batches,
+                    "repeats": args.repeats,
+                }
+            )
             for rep in range(args.repeats):
                 for b in args.batches:
                     probe.flush_cache(server.base_url)
-                    prompts = [[rng.randrange(100, 20000) for _ in range(args.prompt_tokens)] for _ in range(b)]
+                    prompts = [
+                        [rng.randrange(100, 20000) for _ in range(args.prompt_tokens)]
+                        for _ in range(b)
+                    ]
                     start = server.log_path.stat().st_size
                     t0 = time.perf_counter()
                     with ThreadPoolExecutor(b) as ex:
-                        list(ex.map(lambda ip: generate(server.base_url, ip[1], args.new_tokens, 1800,
-                                                        rid=f"db-r{rep}-b{b}-{ip[0]}"), enumerate(prompts)))
+                        list(
+                            ex.map(
+                                lambda ip: generate(
+                                    server.base_url,
+                                    ip[1],
+                                    args.new_tokens,
+                                    1800,
+                                    rid=f"db-r{rep}-b{b}-{ip[0]}",
+                                ),
+                                enumerate(prompts),
+                            )
+                        )
                     wall = time.perf_counter() - t0
-                    records = server_log.decode_throughput(server_log.read_from(server.log_path, start))
-                    emit({"kind": "batch", "repeat": rep, "wall_s": round(wall, 2), **batch_line(records, b)})
+                    records = server_log.decode_throughput(
+                        server_log.read_from(server.log_path, start)
+                    )
+                    emit(
+                        {
+                            "kind": "batch",
+                            "repeat": rep,
+                            "wall_s": round(wall, 2),
+                            **batch_line(records, b),
+                        }
+                    )
             for n in args.prefill_lengths:
                 seconds = []
                 for rep in range(args.repeats):
                     probe.flush_cache(server.base_url)
                     t0 = time.perf_counter()
-                    generate(server.base_url, [rng.randrange(100, 20000) for _ in range(n)], 1, 1800,
-                             rid=f"pf-r{rep}-{n}")
+                    generate(
+                        server.base_url,
+                        [rng.randrange(100, 20000) for _ in range(n)],
+                        1,
+                        1800,
+                        rid=f"pf-r{rep}-{n}",
+                    )
                     seconds.append(time.perf_counter() - t0)
                 emit(prefill_line(n, seconds))
     emit(scaling([r for r in lines if r["kind"] == "batch"]))
@@ -130,18 +202,34 @@ def run(args) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)"
+    )
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24])
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--prefill-lengths", type=int, nargs="*", default=[],
-                   help="also time prompts of these lengths alone (one output token): prefill tokens/s")
-    p.add_argument("--pool", type=int, default=8192, help="--max-total-tokens (every batch must fit)")
+    p.add_argument(
+        "--prefill-lengths",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time prompts of these lengths alone (one output token): prefill tokens/s",
+    )
+    p.add_argument(
+        "--pool", type=int, default=8192, help="--max-total-tokens (every batch must fit)"
+    )
     p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--plugin", action="store_true", help="the plugin loaded with --kv-evict none (default: stock)")
+    p.add_argument(
+        "--plugin",
+        action="store_true",
+        help="the plugin loaded with --kv-evict none (default: stock)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="JSON lines file")
     return p

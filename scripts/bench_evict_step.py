@@ -37,8 +37,11 @@ def parse_args(argv=None):
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if cuda else "cpu")
-    p.add_argument("--shapes", default="llama8b,smollm2" if cuda else "smollm2",
-                   help=f"comma list of {sorted(SHAPES)}")
+    p.add_argument(
+        "--shapes",
+        default="llama8b,smollm2" if cuda else "smollm2",
+        help=f"comma list of {sorted(SHAPES)}",
+    )
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16" if cuda else "fp32")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--batches", default="1,16,64,256" if cuda else "1,16,64")
@@ -46,19 +49,30 @@ def parse_args(argv=None):
     p.add_argument("--intervals", default="1,16")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--deadline-s", type=float, default=float("inf"), help="skip cases that would start later")
+    p.add_argument(
+        "--deadline-s", type=float, default=float("inf"), help="skip cases that would start later"
+    )
     p.add_argument("--out", default="-", help="JSONL path ('-' = stdout only)")
     p.add_argument("--summarize", metavar="JSONL", help="only print the table of an earlier run")
-    p.add_argument("--full", action="store_true", help="the whole step on a server-shaped fake (needs SGLang)")
+    p.add_argument(
+        "--full", action="store_true", help="the whole step on a server-shaped fake (needs SGLang)"
+    )
     p.add_argument("--pools", default="4096,1048576", help="--full: pool sizes in tokens")
-    p.add_argument("--cases", default="history+offload", help="--full: comma list of plain, history, history+offload")
+    p.add_argument(
+        "--cases",
+        default="history+offload",
+        help="--full: comma list of plain, history, history+offload",
+    )
     args = p.parse_args(argv)
     if args.full:
         from sgl_vtoken_tools.bench.full_step import SHAPES as FULL_SHAPES
+
         args.shapes = args.shapes if args.shapes != p.get_default("shapes") else "llama8b"
         for name in args.shapes.split(","):
             if name not in FULL_SHAPES:
-                p.error(f"--shapes: unknown shape {name!r} for --full; choose from {sorted(FULL_SHAPES)}")
+                p.error(
+                    f"--shapes: unknown shape {name!r} for --full; choose from {sorted(FULL_SHAPES)}"
+                )
         return args
     for name in args.shapes.split(","):
         if name not in SHAPES:
@@ -70,18 +84,25 @@ def parse_args(argv=None):
 
 
 def summarize(lines: list[dict]) -> str:
-    rows = ["| shape | policy | interval | batch | batched ms | per-row ms | speedup | syncs | launches |",
-            "|---|---|---:|---:|---:|---:|---:|---|---|"]
-    per_row = {(x["shape"], x["policy"], x["interval"], x["batch"]): x for x in lines
-               if x.get("path") == "per_row"}
+    rows = [
+        "| shape | policy | interval | batch | batched ms | per-row ms | speedup | syncs | launches |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    per_row = {
+        (x["shape"], x["policy"], x["interval"], x["batch"]): x
+        for x in lines
+        if x.get("path") == "per_row"
+    }
     for x in lines:
         if x.get("path") != "batched":
             continue
         key = (x["shape"], x["policy"], x["interval"], x["batch"])
         y = per_row.get(key, {})
-        rows.append(f"| {x['shape']} | {x['policy']} | {x['interval']} | {x['batch']} | {x['ms_median']} | "
-                    f"{y.get('ms_median')} | {x['speedup_vs_per_row']}x | {x['host_syncs']} vs {y.get('host_syncs')} | "
-                    f"{x['repack_launches']} vs {y.get('repack_launches')} |")
+        rows.append(
+            f"| {x['shape']} | {x['policy']} | {x['interval']} | {x['batch']} | {x['ms_median']} | "
+            f"{y.get('ms_median')} | {x['speedup_vs_per_row']}x | {x['host_syncs']} vs {y.get('host_syncs')} | "
+            f"{x['repack_launches']} vs {y.get('repack_launches')} |"
+        )
     return "\n".join(rows)
 
 
@@ -96,13 +117,28 @@ def full(args) -> list[dict]:
             for case in args.cases.split(","):
                 for pool in map(int, args.pools.split(",")):
                     for batch in map(int, args.batches.split(",")):
-                        sc = Scenario(policy, args.page_size, history="history" in case, offload="offload" in case,
-                                      batch=batch, pool_tokens=pool, budget=64, interval=16)
+                        sc = Scenario(
+                            policy,
+                            args.page_size,
+                            history="history" in case,
+                            offload="offload" in case,
+                            batch=batch,
+                            pool_tokens=pool,
+                            budget=64,
+                            interval=16,
+                        )
                         try:
                             line = measure_full(sc, shape, args.repeats)
                         except Exception as e:  # one case failing must not lose the others
-                            line = dict(bench="evict_step_full", shape=shape, policy=policy, case=case, pool_tokens=pool,
-                                        batch=batch, error=f"{type(e).__name__}: {e}")
+                            line = dict(
+                                bench="evict_step_full",
+                                shape=shape,
+                                policy=policy,
+                                case=case,
+                                pool_tokens=pool,
+                                batch=batch,
+                                error=f"{type(e).__name__}: {e}",
+                            )
                         print(json.dumps(line), flush=True)
                         if out:
                             out.write(json.dumps(line) + "\n")
@@ -126,15 +162,29 @@ def main(argv=None) -> int:
         for policy in args.policies.split(","):
             for interval in map(int, args.intervals.split(",")):
                 for batch in map(int, args.batches.split(",")):
-                    case = Case(shape, DTYPES[args.dtype], args.device, policy, batch, args.budget,
-                                interval, args.page_size)
+                    case = Case(
+                        shape,
+                        DTYPES[args.dtype],
+                        args.device,
+                        policy,
+                        batch,
+                        args.budget,
+                        interval,
+                        args.page_size,
+                    )
                     if time.monotonic() - start > args.deadline_s:
                         got = [dict(bench="evict_step", skipped="deadline", **_key(case))]
                     else:
                         try:
                             got = measure(case, args.repeats)
                         except Exception as e:  # one case failing must not lose the others
-                            got = [dict(bench="evict_step", error=f"{type(e).__name__}: {e}", **_key(case))]
+                            got = [
+                                dict(
+                                    bench="evict_step",
+                                    error=f"{type(e).__name__}: {e}",
+                                    **_key(case),
+                                )
+                            ]
                         finally:
                             if args.device.startswith("cuda"):
                                 torch.cuda.empty_cache()
@@ -150,8 +200,14 @@ def main(argv=None) -> int:
 
 
 def _key(case: Case) -> dict:
-    return dict(shape=case.shape, policy=case.policy, batch=case.batch, interval=case.interval,
-                budget=case.budget, device=case.device)
+    return dict(
+        shape=case.shape,
+        policy=case.policy,
+        batch=case.batch,
+        interval=case.interval,
+        budget=case.budget,
+        device=case.device,
+    )
 
 
 if __name__ == "__main__":

@@ -42,13 +42,23 @@ import time
 from pathlib import Path
 
 from sgl_vtoken_tools.bench import machine
-from sgl_vtoken_tools.bench.baseline import (baseline_env, group_cpu_seconds, plugin_in_server,
-                                       shim_applications, thread_env)
+from sgl_vtoken_tools.bench.baseline import (
+    baseline_env,
+    group_cpu_seconds,
+    plugin_in_server,
+    shim_applications,
+    thread_env,
+)
 from sgl_vtoken_tools.bench.http_client import generate
 from sgl_vtoken_tools.bench.load import random_ids, run_load
 from sgl_vtoken_tools.bench.machine import loadavg
 from sgl_vtoken_tools.bench.probe import wait_pool_free
-from sgl_vtoken_tools.bench.server_log import count_retractions, error_lines, peak_running_from_log, retracted_requests
+from sgl_vtoken_tools.bench.server_log import (
+    count_retractions,
+    error_lines,
+    peak_running_from_log,
+    retracted_requests,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,23 +85,50 @@ def capacity(args, model: Path, log_dir: Path) -> None:
     from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
     base = cpu_server_args(model, args.max_total_tokens, args.page_size) + [
-        "--dtype", "float32", "--decode-log-interval", str(args.decode_log_interval)]
+        "--dtype",
+        "float32",
+        "--decode-log-interval",
+        str(args.decode_log_interval),
+    ]
     configs = [("stock", ["--kv-evict", "none"])]
     for interval in args.intervals:
-        configs.append((f"streamingllm-b{args.budget}-i{interval}", [
-            "--kv-evict", "streamingllm", "--kv-budget", str(args.budget), "--kv-evict-interval", str(interval)]))
+        configs.append(
+            (
+                f"streamingllm-b{args.budget}-i{interval}",
+                [
+                    "--kv-evict",
+                    "streamingllm",
+                    "--kv-budget",
+                    str(args.budget),
+                    "--kv-evict-interval",
+                    str(interval),
+                ],
+            )
+        )
 
     for name, extra in configs:
         log_path = log_dir / f"capacity-{name}.log"
         wait_for_quiet(args.wait_load, args.wait_load_timeout)
         log(f"capacity {name}: starting server (log {log_path})")
-        with ServerProcess(base + extra, env=thread_env(args), log_path=log_path,
-                           startup_timeout=args.startup_timeout) as server:
-            generate(server.base_url, random_ids(args.prompt_len, seed=10_000), 16, args.request_timeout)  # warm-up
+        with ServerProcess(
+            base + extra,
+            env=thread_env(args),
+            log_path=log_path,
+            startup_timeout=args.startup_timeout,
+        ) as server:
+            generate(
+                server.base_url, random_ids(args.prompt_len, seed=10_000), 16, args.request_timeout
+            )  # warm-up
             load_avg_before = loadavg()
             log(f"capacity {name}: {args.requests} requests x {args.new_tokens} tokens")
             cpu0 = group_cpu_seconds(server.proc.pid)
-            load = run_load(server.base_url, args.requests, args.prompt_len, args.new_tokens, args.request_timeout)
+            load = run_load(
+                server.base_url,
+                args.requests,
+                args.prompt_len,
+                args.new_tokens,
+                args.request_timeout,
+            )
             cpu = group_cpu_seconds(server.proc.pid) - cpu0
             evicting = extra[1] != "none"
             state = wait_pool_free(server.base_url) if evicting else None
@@ -100,30 +137,45 @@ def capacity(args, model: Path, log_dir: Path) -> None:
             startup = server.startup_seconds
         peak_log = peak_running_from_log(text)
         record = {
-            "part": "capacity", "config": name, "flags": extra,
-            "requests": args.requests, "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens,
-            "max_total_tokens": args.max_total_tokens, "page_size": args.page_size,
+            "part": "capacity",
+            "config": name,
+            "flags": extra,
+            "requests": args.requests,
+            "prompt_tokens": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "max_total_tokens": args.max_total_tokens,
+            "page_size": args.page_size,
             "decode_log_interval": args.decode_log_interval,
             **load,
             "server_cpu_s": round(cpu, 2),
             "output_tokens_per_cpu_s": round(load["output_tokens"] / cpu, 1) if cpu > 0 else None,
             "peak_running_requests_log": peak_log,
-            "retractions": count_retractions(text), "retracted_requests": retracted_requests(text),
+            "retractions": count_retractions(text),
+            "retracted_requests": retracted_requests(text),
             "startup_s": round(startup, 1) if startup else None,
-            "loadavg_1m_before": load_avg_before, "log": str(log_path), "log_errors": error_lines(text),
+            "loadavg_1m_before": load_avg_before,
+            "log": str(log_path),
+            "log_errors": error_lines(text),
         }
         if state is not None:
             counter = state["peak_running_requests"]
-            record.update({
-                "peak_running_requests_counter": counter,
-                "peak_running_agree": counter == peak_log if args.decode_log_interval == 1 else None,
-                "pool_whole_after": state["pool_available_tokens"] + state["pool_evictable_tokens"]
-                == state["pool_total_tokens"],
-                "vtoken": {k: v for k, v in state.items() if k != "config"},
-            })
+            record.update(
+                {
+                    "peak_running_requests_counter": counter,
+                    "peak_running_agree": counter == peak_log
+                    if args.decode_log_interval == 1
+                    else None,
+                    "pool_whole_after": state["pool_available_tokens"]
+                    + state["pool_evictable_tokens"]
+                    == state["pool_total_tokens"],
+                    "vtoken": {k: v for k, v in state.items() if k != "config"},
+                }
+            )
         emit(record)
-        log(f"capacity {name}: peak running {peak_log}, {record['retractions']} retractions, "
-            f"{record['output_tokens_per_s']} tok/s, {record['wall_s']} s")
+        log(
+            f"capacity {name}: peak running {peak_log}, {record['retractions']} retractions, "
+            f"{record['output_tokens_per_s']} tok/s, {record['wall_s']} s"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,8 +203,10 @@ def overhead(args, model: Path, log_dir: Path) -> None:
 
     base = cpu_server_args(model, args.max_total_tokens, args.page_size) + ["--dtype", "float32"]
     with baseline_env(args.baseline_plugins) as stock:
-        baseline_name = (f"sglang without sgl-vtoken (SGLANG_PLUGINS={stock['SGLANG_PLUGINS']}) "
-                         "+ sitecustomize shim setting rotary_embedding.base._is_cpu")
+        baseline_name = (
+            f"sglang without sgl-vtoken (SGLANG_PLUGINS={stock['SGLANG_PLUGINS']}) "
+            "+ sitecustomize shim setting rotary_embedding.base._is_cpu"
+        )
         servers = {
             "baseline": (base, {**thread_env(args), **stock}),
             "plugin": (base + ["--kv-evict", "none"], thread_env(args)),
@@ -160,13 +214,19 @@ def overhead(args, model: Path, log_dir: Path) -> None:
         speeds: dict[str, list[float]] = {"baseline": [], "plugin": []}
         cpu_per_tok: dict[str, list[float]] = {"baseline": [0.0, 0], "plugin": [0.0, 0]}
         for rnd in range(args.rounds):
-            order = ("baseline", "plugin") if rnd % 2 == 0 else ("plugin", "baseline")  # ABBA over rounds
+            order = (
+                ("baseline", "plugin") if rnd % 2 == 0 else ("plugin", "baseline")
+            )  # ABBA over rounds
             for which in order:
                 flags, env = servers[which]
                 log_path = log_dir / f"overhead-{which}-r{rnd}.log"
                 wait_for_quiet(args.wait_load, args.wait_load_timeout)
-                log(f"overhead {which} (round {rnd + 1}/{args.rounds}): starting server (log {log_path})")
-                with ServerProcess(flags, env=env, log_path=log_path, startup_timeout=args.startup_timeout) as server:
+                log(
+                    f"overhead {which} (round {rnd + 1}/{args.rounds}): starting server (log {log_path})"
+                )
+                with ServerProcess(
+                    flags, env=env, log_path=log_path, startup_timeout=args.startup_timeout
+                ) as server:
                     la = loadavg()
                     runs, tokens, cpu = single_stream(server, args)
                     plugin_loaded = plugin_in_server(server)
@@ -176,14 +236,22 @@ def overhead(args, model: Path, log_dir: Path) -> None:
                 cpu_per_tok[which][0] += cpu
                 cpu_per_tok[which][1] += tokens
                 record = {
-                    "part": "overhead", "server": which, "round": rnd,
-                    "what": baseline_name if which == "baseline" else "sgl-vtoken plugin installed, --kv-evict none",
+                    "part": "overhead",
+                    "server": which,
+                    "round": rnd,
+                    "what": baseline_name
+                    if which == "baseline"
+                    else "sgl-vtoken plugin installed, --kv-evict none",
                     "median_tokens_per_s": round(statistics.median(runs), 1),
                     "best_tokens_per_s": round(max(runs), 1),
-                    "runs": [round(s, 1) for s in runs], "new_tokens": args.overhead_tokens,
+                    "runs": [round(s, 1) for s in runs],
+                    "new_tokens": args.overhead_tokens,
                     "server_cpu_ms_per_token": round(1000 * cpu / tokens, 3) if tokens else None,
-                    "prompt_tokens": args.prompt_len, "page_size": args.page_size,
-                    "loadavg_1m_before": la, "log": str(log_path), "log_errors": error_lines(text),
+                    "prompt_tokens": args.prompt_len,
+                    "page_size": args.page_size,
+                    "loadavg_1m_before": la,
+                    "log": str(log_path),
+                    "log_errors": error_lines(text),
                     "plugin_loaded": plugin_loaded,
                 }
                 if which == "baseline":
@@ -193,62 +261,112 @@ def overhead(args, model: Path, log_dir: Path) -> None:
                     if record["shim_applied_in_processes"] == 0:
                         log("WARNING: the baseline shim left no trace in the server log")
                 emit(record)
-                log(f"overhead {which}: median {record['median_tokens_per_s']} tok/s {record['runs']}")
+                log(
+                    f"overhead {which}: median {record['median_tokens_per_s']} tok/s {record['runs']}"
+                )
 
     b, p = statistics.median(speeds["baseline"]), statistics.median(speeds["plugin"])
     rel = (p - b) / b
     spread = {k: round((max(v) - min(v)) / statistics.median(v), 3) for k, v in speeds.items()}
-    cpu_b, cpu_p = (1000 * c / n if n else float("nan") for c, n in (cpu_per_tok["baseline"], cpu_per_tok["plugin"]))
-    emit({
-        "part": "overhead", "summary": True, "baseline": baseline_name,
-        "baseline_median_tokens_per_s": round(b, 1), "plugin_median_tokens_per_s": round(p, 1),
-        "relative_diff": round(rel, 4), "plugin_slower_pct": round(-100 * rel, 2),
-        "within_1pct": abs(rel) <= 0.01,
-        "baseline_best_tokens_per_s": round(max(speeds["baseline"]), 1),
-        "plugin_best_tokens_per_s": round(max(speeds["plugin"]), 1),
-        "baseline_cpu_ms_per_token": round(cpu_b, 3), "plugin_cpu_ms_per_token": round(cpu_p, 3),
-        "cpu_per_token_relative_diff": round((cpu_p - cpu_b) / cpu_b, 4),
-        "runs_per_server": args.runs * args.rounds, "rounds": args.rounds,
-        "relative_spread": spread, "new_tokens": args.overhead_tokens,
-    })
+    cpu_b, cpu_p = (
+        1000 * c / n if n else float("nan")
+        for c, n in (cpu_per_tok["baseline"], cpu_per_tok["plugin"])
+    )
+    emit(
+        {
+            "part": "overhead",
+            "summary": True,
+            "baseline": baseline_name,
+            "baseline_median_tokens_per_s": round(b, 1),
+            "plugin_median_tokens_per_s": round(p, 1),
+            "relative_diff": round(rel, 4),
+            "plugin_slower_pct": round(-100 * rel, 2),
+            "within_1pct": abs(rel) <= 0.01,
+            "baseline_best_tokens_per_s": round(max(speeds["baseline"]), 1),
+            "plugin_best_tokens_per_s": round(max(speeds["plugin"]), 1),
+            "baseline_cpu_ms_per_token": round(cpu_b, 3),
+            "plugin_cpu_ms_per_token": round(cpu_p, 3),
+            "cpu_per_token_relative_diff": round((cpu_p - cpu_b) / cpu_b, 4),
+            "runs_per_server": args.runs * args.rounds,
+            "rounds": args.rounds,
+            "relative_spread": spread,
+            "new_tokens": args.overhead_tokens,
+        }
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--part", choices=("capacity", "overhead", "all"), default="all")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: capacity 512 tokens and interval 16 only; overhead 64 tokens x 2 runs, 1 round")
-    p.add_argument("--model-path", default=None, help="default: the tiny model, built into .cache/tiny-llama")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: capacity 512 tokens and interval 16 only; overhead 64 tokens x 2 runs, 1 round",
+    )
+    p.add_argument(
+        "--model-path", default=None, help="default: the tiny model, built into .cache/tiny-llama"
+    )
     p.add_argument("--max-total-tokens", type=int, default=4096)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=48)
     p.add_argument("--requests", type=int, default=16, help="capacity: concurrent requests")
-    p.add_argument("--new-tokens", type=int, default=1024, help="capacity: generated tokens per request")
+    p.add_argument(
+        "--new-tokens", type=int, default=1024, help="capacity: generated tokens per request"
+    )
     p.add_argument("--budget", type=int, default=128, help="capacity: --kv-budget")
-    p.add_argument("--intervals", default="16,1", help="capacity: --kv-evict-interval values, comma-separated")
-    p.add_argument("--decode-log-interval", type=int, default=1,
-                   help="capacity: SGLang's --decode-log-interval (1 = every step, exact peak from the log)")
+    p.add_argument(
+        "--intervals", default="16,1", help="capacity: --kv-evict-interval values, comma-separated"
+    )
+    p.add_argument(
+        "--decode-log-interval",
+        type=int,
+        default=1,
+        help="capacity: SGLang's --decode-log-interval (1 = every step, exact peak from the log)",
+    )
     p.add_argument("--runs", type=int, default=5, help="overhead: timed requests per server")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="overhead: server pairs, order alternating (baseline, plugin, plugin, baseline, ...)")
-    p.add_argument("--baseline-plugins", choices=("others", "none"), default="others",
-                   help="overhead baseline: load every other installed SGLang general plugin (only "
-                        "sgl-vtoken differs) or none (SGLANG_PLUGINS=__none__)")
-    p.add_argument("--overhead-tokens", type=int, default=256, help="overhead: generated tokens per request")
-    p.add_argument("--server-threads", type=int, default=1,
-                   help="OMP_NUM_THREADS for every server (0: unset, torch uses every core). 1 because on a "
-                        "shared machine OpenMP threads spin-wait on descheduled peers: with 2 threads under "
-                        "load, server CPU per token rose ~10x and tok/s varied 20x between identical runs")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="overhead: server pairs, order alternating (baseline, plugin, plugin, baseline, ...)",
+    )
+    p.add_argument(
+        "--baseline-plugins",
+        choices=("others", "none"),
+        default="others",
+        help="overhead baseline: load every other installed SGLang general plugin (only "
+        "sgl-vtoken differs) or none (SGLANG_PLUGINS=__none__)",
+    )
+    p.add_argument(
+        "--overhead-tokens", type=int, default=256, help="overhead: generated tokens per request"
+    )
+    p.add_argument(
+        "--server-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS for every server (0: unset, torch uses every core). 1 because on a "
+        "shared machine OpenMP threads spin-wait on descheduled peers: with 2 threads under "
+        "load, server CPU per token rose ~10x and tok/s varied 20x between identical runs",
+    )
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--startup-timeout", type=float, default=240.0)
-    p.add_argument("--wait-load", type=float, default=None,
-                   help="before each server start, wait until the 1-minute load average is below this")
-    p.add_argument("--wait-load-timeout", type=float, default=600.0, help="longest wait for --wait-load, s")
-    p.add_argument("--log-dir", default=None, help="where server logs go (default: a new temporary directory)")
+    p.add_argument(
+        "--wait-load",
+        type=float,
+        default=None,
+        help="before each server start, wait until the 1-minute load average is below this",
+    )
+    p.add_argument(
+        "--wait-load-timeout", type=float, default=600.0, help="longest wait for --wait-load, s"
+    )
+    p.add_argument(
+        "--log-dir", default=None, help="where server logs go (default: a new temporary directory)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.new_tokens = min(args.new_tokens, 512)
@@ -266,8 +384,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
-    model = Path(args.model_path) if args.model_path else ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="bench-eviction-logs-"))
+    model = (
+        Path(args.model_path)
+        if args.model_path
+        else ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+    )
+    log_dir = (
+        Path(args.log_dir)
+        if args.log_dir
+        else Path(tempfile.mkdtemp(prefix="bench-eviction-logs-"))
+    )
     log_dir.mkdir(parents=True, exist_ok=True)
     log(f"model {model}; server logs in {log_dir}")
     meta = machine.provenance(REPO)

@@ -38,15 +38,22 @@ def spread(values, digits=0, scale=1.0) -> str:
 
 def table(lines: list[dict]) -> str:
     """Per route the median over repeats (range in brackets when repeated)."""
-    out = ["| route | history hit rate (%) | prompt tokens | cached tokens | prefilled tokens | "
-           "requests per replica | completed | mean TTFT (ms) |", "|---" * 8 + "|"]
+    out = [
+        "| route | history hit rate (%) | prompt tokens | cached tokens | prefilled tokens | "
+        "requests per replica | completed | mean TTFT (ms) |",
+        "|---" * 8 + "|",
+    ]
     for label in dict.fromkeys(line["route"] for line in lines):
         rs = [r for r in lines if r["route"] == label]
-        per = " / ".join(spread([r["per_replica"][i]["requests"] for r in rs]) for i in range(rs[0]["replicas"]))
-        out.append(f"| {label} | {spread([r['hit_rate'] for r in rs], 1, 100)} | "
-                   f"{spread([r['prompt'] for r in rs])} | {spread([r['cached'] for r in rs])} | "
-                   f"{spread([r['prefilled'] for r in rs])} | {per} | {spread([r['completed'] for r in rs])} | "
-                   f"{spread([r['mean_ttft_ms'] for r in rs])} |")
+        per = " / ".join(
+            spread([r["per_replica"][i]["requests"] for r in rs]) for i in range(rs[0]["replicas"])
+        )
+        out.append(
+            f"| {label} | {spread([r['hit_rate'] for r in rs], 1, 100)} | "
+            f"{spread([r['prompt'] for r in rs])} | {spread([r['cached'] for r in rs])} | "
+            f"{spread([r['prefilled'] for r in rs])} | {per} | {spread([r['completed'] for r in rs])} | "
+            f"{spread([r['mean_ttft_ms'] for r in rs])} |"
+        )
     return "\n".join(out)
 
 
@@ -54,7 +61,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--policies", default="cache_aware,round_robin,manual", help="smg --policy values")
+    p.add_argument(
+        "--policies", default="cache_aware,round_robin,manual", help="smg --policy values"
+    )
     p.add_argument("--smg-flags", default="", help="more smg flags for every gateway (one string)")
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--pool", type=int, default=16384, help="--max-total-tokens of every replica")
@@ -69,10 +78,23 @@ def main() -> None:
     p.add_argument("--out", default=None, help="append the JSON lines here too")
     args = p.parse_args()
     model = args.model or str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
-    work = Workload(args.groups, args.prompts_per_group, args.system_len, args.question_len, args.output_len,
-                    args.turns)
-    flags = ("--kv-evict", "streamingllm", "--kv-budget", str(args.budget),
-             "--kv-evict-interval", str(args.page_size), "--disable-overlap-schedule")
+    work = Workload(
+        args.groups,
+        args.prompts_per_group,
+        args.system_len,
+        args.question_len,
+        args.output_len,
+        args.turns,
+    )
+    flags = (
+        "--kv-evict",
+        "streamingllm",
+        "--kv-budget",
+        str(args.budget),
+        "--kv-evict-interval",
+        str(args.page_size),
+        "--disable-overlap-schedule",
+    )
     plan = routes(args.policies.split(","), tuple(args.smg_flags.split()))
     replicas = start_replicas(model, args.replicas, args.pool, args.page_size, flags)
     lines = []
@@ -80,8 +102,13 @@ def main() -> None:
         for repeat in range(args.repeats):
             for route in plan:
                 print(f"[bench_gateway] repeat {repeat}: {route.label}", file=sys.stderr)
-                line = {"repeat": repeat, "pool": args.pool, "page": args.page_size, "server_flags": list(flags),
-                        **run_route(route, replicas, model, work)}
+                line = {
+                    "repeat": repeat,
+                    "pool": args.pool,
+                    "page": args.page_size,
+                    "server_flags": list(flags),
+                    **run_route(route, replicas, model, work),
+                }
                 lines.append(line)
                 print(json.dumps(line), flush=True)
                 if args.out:

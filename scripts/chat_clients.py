@@ -75,7 +75,7 @@ def prose(rng: random.Random, n: int) -> str:
     out, i = [], 0
     while i < len(words):  # sentences of 6-20 words
         k = rng.randint(6, 20)
-        s = " ".join(words[i:i + k])
+        s = " ".join(words[i : i + k])
         out.append(s[:1].upper() + s[1:] + ".")
         i += k
     return " ".join(out)
@@ -147,12 +147,18 @@ def client_loop(cid: int, args, stats: Stats, stop: threading.Event) -> None:
     conv, turn = 0, 0
     while not stop.is_set():
         if not history:
-            history = [{"role": "system", "content": f"You are assistant number {cid}. " + prose(rng, 20)}]
+            history = [
+                {"role": "system", "content": f"You are assistant number {cid}. " + prose(rng, 20)}
+            ]
             conv, turn = conv + 1, 0
         user = {"role": "user", "content": prose(rng, rng.randint(10, 400))}
         messages = history + [user]
-        body = {"model": "m", "messages": messages, "max_tokens": rng.randint(16, 128),
-                "temperature": rng.choice((0.0, 0.7, 1.0))}
+        body = {
+            "model": "m",
+            "messages": messages,
+            "max_tokens": rng.randint(16, 128),
+            "temperature": rng.choice((0.0, 0.7, 1.0)),
+        }
         kind = "plain"
         r = rng.random()
         if r < args.invalid_rate:
@@ -171,7 +177,9 @@ def client_loop(cid: int, args, stats: Stats, stop: threading.Event) -> None:
         t0 = time.monotonic()
         stats.start()
         try:
-            status, reply, usage, note = one_request(args.base_url, body, stream, close_after, args.timeout)
+            status, reply, usage, note = one_request(
+                args.base_url, body, stream, close_after, args.timeout
+            )
         except Exception as e:  # noqa: BLE001 (a timeout or a dropped connection is an outcome)
             status, reply, usage, note = -1, "", None, f"{type(e).__name__}: {e}"[:200]
         lat = time.monotonic() - t0
@@ -179,13 +187,27 @@ def client_loop(cid: int, args, stats: Stats, stop: threading.Event) -> None:
         if note == "closed_early":
             outcome = "closed_early"
         stats.finish(outcome if not kind.startswith("invalid") else f"{kind}->{outcome}")
-        emit({"type": "request", "client": cid, "conv": conv, "turn": turn, "kind": kind,
-              "stream": stream, "status": status, "outcome": outcome, "latency_s": round(lat, 3),
-              "messages": len(messages), "prompt_tokens": (usage or {}).get("prompt_tokens"),
-              "completion_tokens": (usage or {}).get("completion_tokens"),
-              "cached_tokens": ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens"),
-              "history_tokens": (((usage or {}).get("kv_evict") or {}).get("history_tokens")),
-              **({"note": note} if note and note != "closed_early" else {})})
+        emit(
+            {
+                "type": "request",
+                "client": cid,
+                "conv": conv,
+                "turn": turn,
+                "kind": kind,
+                "stream": stream,
+                "status": status,
+                "outcome": outcome,
+                "latency_s": round(lat, 3),
+                "messages": len(messages),
+                "prompt_tokens": (usage or {}).get("prompt_tokens"),
+                "completion_tokens": (usage or {}).get("completion_tokens"),
+                "cached_tokens": ((usage or {}).get("prompt_tokens_details") or {}).get(
+                    "cached_tokens"
+                ),
+                "history_tokens": (((usage or {}).get("kv_evict") or {}).get("history_tokens")),
+                **({"note": note} if note and note != "closed_early" else {}),
+            }
+        )
         if kind.startswith("invalid"):
             continue  # the conversation goes on without it
         if status == 200:
@@ -202,8 +224,17 @@ def server_figures(base: str) -> dict:
         info = requests.get(base + "/get_server_info", timeout=10).json()
         st = info["internal_states"][0]
         vt = st.get("vtoken", {})
-        return {k: vt.get(k) for k in ("pool_total_tokens", "pool_available_tokens", "pool_evictable_tokens",
-                                       "running_evicting_requests", "evictions", "history_hits")}
+        return {
+            k: vt.get(k)
+            for k in (
+                "pool_total_tokens",
+                "pool_available_tokens",
+                "pool_evictable_tokens",
+                "running_evicting_requests",
+                "evictions",
+                "history_hits",
+            )
+        }
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
@@ -224,8 +255,10 @@ def main(argv=None) -> int:
     args.base_url = args.base_url.rstrip("/")
 
     stats, stop = Stats(), threading.Event()
-    threads = [threading.Thread(target=client_loop, args=(i, args, stats, stop), daemon=True)
-               for i in range(args.clients)]
+    threads = [
+        threading.Thread(target=client_loop, args=(i, args, stats, stop), daemon=True)
+        for i in range(args.clients)
+    ]
     t0 = time.monotonic()
     for t in threads:
         t.start()
@@ -236,8 +269,16 @@ def main(argv=None) -> int:
         with stats.lock:
             done, fl, idle = stats.done, stats.in_flight, now - stats.last_done
         figures = server_figures(args.base_url)
-        emit({"type": "progress", "t": round(now - t0, 1), "done": done, "in_flight": fl,
-              "since_last_done_s": round(idle, 1), **figures})
+        emit(
+            {
+                "type": "progress",
+                "t": round(now - t0, 1),
+                "done": done,
+                "in_flight": fl,
+                "since_last_done_s": round(idle, 1),
+                **figures,
+            }
+        )
         errors = errors + 1 if "error" in figures else 0
         if errors >= 3:  # the server is gone
             emit({"type": "server_gone", "t": round(now - t0, 1), "done": done})
@@ -249,8 +290,12 @@ def main(argv=None) -> int:
             break
     stop.set()
     with stats.lock:
-        summary = {"t": round(time.monotonic() - t0, 1), "done": stats.done, "in_flight": stats.in_flight,
-                   "outcomes": dict(stats.outcomes)}
+        summary = {
+            "t": round(time.monotonic() - t0, 1),
+            "done": stats.done,
+            "in_flight": stats.in_flight,
+            "outcomes": dict(stats.outcomes),
+        }
     emit({"type": "stuck" if stuck else "summary", **summary, **server_figures(args.base_url)})
     if not stuck:
         for t in threads:

@@ -35,36 +35,63 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     tok, fast = load(args.model, args.threads)
-    from sgl_vtoken_tools import hf_reference
     from sgl_vtoken.config import EvictConfig
     from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
+    from sgl_vtoken_tools import hf_reference
     from sgl_vtoken_tools.quality import data
     from sgl_vtoken_tools.quality.fastref import fast_greedy
 
     eager = hf_reference.load_model(args.model)
     ids = tok(data.heldout_texts()[0], add_special_tokens=False)["input_ids"]
     idt = ModelIdentity.from_hf_config(eager.config.to_dict())
-    kvp = str(save_checkpoint(KVPScorer(idt, hidden=8, seed=0), Path(tempfile.mkdtemp()) / "kvp.safetensors"))
+    kvp = str(
+        save_checkpoint(
+            KVPScorer(idt, hidden=8, seed=0), Path(tempfile.mkdtemp()) / "kvp.safetensors"
+        )
+    )
     ok = True
     with json_lines(args.out) as emit:
         for case in args.cases:
             page, interval = map(int, case.split(":"))
             for k, policy in enumerate(args.policies):
-                prompt = ids[k * 50: k * 50 + args.prompt_tokens]
-                cfg = EvictConfig(policy=policy, budget=args.budget, sink=4, page_size=page, interval=interval,
-                                  window=args.window if policy in ("h2o", "scissorhands", "knorm") else 0,
-                                  params={"checkpoint": kvp} if policy == "kvp" else {})
+                prompt = ids[k * 50 : k * 50 + args.prompt_tokens]
+                cfg = EvictConfig(
+                    policy=policy,
+                    budget=args.budget,
+                    sink=4,
+                    page_size=page,
+                    interval=interval,
+                    window=args.window if policy in ("h2o", "scissorhands", "knorm") else 0,
+                    params={"checkpoint": kvp} if policy == "kvp" else {},
+                )
                 t0 = time.monotonic()
-                a, _ = hf_reference.masked_greedy(eager, prompt, args.new_tokens, cfg, rid=f"check-{policy}")
+                a, _ = hf_reference.masked_greedy(
+                    eager, prompt, args.new_tokens, cfg, rid=f"check-{policy}"
+                )
                 t1 = time.monotonic()
                 b, _ = fast_greedy(fast, prompt, args.new_tokens, cfg, rid=f"check-{policy}")
                 t2 = time.monotonic()
-                diff = None if a == b else next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                diff = (
+                    None
+                    if a == b
+                    else next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                )
                 ok &= a == b
-                emit({"kind": "fastref_check", "policy": policy, "page_size": page, "interval": interval,
-                      "prompt_tokens": len(prompt), "new_tokens": len(a), "budget": args.budget,
-                      "equal": a == b, "first_diff": diff, "oracle_seconds": round(t1 - t0, 2),
-                      "fast_seconds": round(t2 - t1, 2)})
+                emit(
+                    {
+                        "kind": "fastref_check",
+                        "policy": policy,
+                        "page_size": page,
+                        "interval": interval,
+                        "prompt_tokens": len(prompt),
+                        "new_tokens": len(a),
+                        "budget": args.budget,
+                        "equal": a == b,
+                        "first_diff": diff,
+                        "oracle_seconds": round(t1 - t0, 2),
+                        "fast_seconds": round(t2 - t1, 2),
+                    }
+                )
     return 0 if ok else 1
 
 

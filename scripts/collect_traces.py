@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
+from sgl_vtoken.kvp import ModelIdentity
 from sgl_vtoken_tools.corpus import text_windows
 from sgl_vtoken_tools.hf_reference import load_model
-from sgl_vtoken.kvp import ModelIdentity
 from sgl_vtoken_tools.kvp_traces import collect, cut_points, trace_mb
 
 
@@ -35,8 +35,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="Hugging Face model folder")
     p.add_argument("--out", required=True)
-    p.add_argument("--text", default=None, help="'stdlib' (default), 'pydoc' or a plain-text file; see "
-                   "sgl_vtoken_tools.corpus")
+    p.add_argument(
+        "--text",
+        default=None,
+        help="'stdlib' (default), 'pydoc' or a plain-text file; see sgl_vtoken_tools.corpus",
+    )
     p.add_argument("--heldout-every", type=int, default=10, help="every N-th document is held out")
     p.add_argument("--split", choices=("train", "heldout"), default="train")
     p.add_argument("--num-seqs", type=int, default=48)
@@ -56,20 +59,51 @@ def main(argv=None) -> None:
         p.error(f"no cut point: --min-cut {args.min_cut} > --seq-len - --horizon")
     mb = trace_mb(identity, args.num_seqs, args.seq_len, cuts.numel())
     if mb > args.max_mb:
-        p.error(f"the traces would take {mb:.0f} MB > --max-mb {args.max_mb:.0f}; use fewer "
-                "--num-seqs, a shorter --seq-len or a larger --cut-every")
+        p.error(
+            f"the traces would take {mb:.0f} MB > --max-mb {args.max_mb:.0f}; use fewer "
+            "--num-seqs, a shorter --seq-len or a larger --cut-every"
+        )
     t0 = time.perf_counter()
-    seqs = text_windows(args.model, args.text, args.split, args.num_seqs, args.seq_len, args.seed,
-                        args.heldout_every)
-    tr = collect(model, seqs, cuts, args.horizon,
-                 meta={"model": str(args.model), "split": args.split, "text": args.text or "stdlib",
-                       "seed": args.seed, "heldout_every": args.heldout_every})
+    seqs = text_windows(
+        args.model,
+        args.text,
+        args.split,
+        args.num_seqs,
+        args.seq_len,
+        args.seed,
+        args.heldout_every,
+    )
+    tr = collect(
+        model,
+        seqs,
+        cuts,
+        args.horizon,
+        meta={
+            "model": str(args.model),
+            "split": args.split,
+            "text": args.text or "stdlib",
+            "seed": args.seed,
+            "heldout_every": args.heldout_every,
+        },
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     tr.save(args.out)
-    print(json.dumps({"event": "traces", "out": args.out, "split": args.split, "num_seqs": args.num_seqs,
-                      "seq_len": args.seq_len, "cuts": cuts.tolist(), "horizon": args.horizon,
-                      "mb": round(Path(args.out).stat().st_size / 2**20, 1),
-                      "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "traces",
+                "out": args.out,
+                "split": args.split,
+                "num_seqs": args.num_seqs,
+                "seq_len": args.seq_len,
+                "cuts": cuts.tolist(),
+                "horizon": args.horizon,
+                "mb": round(Path(args.out).stat().st_size / 2**20, 1),
+                "elapsed_s": round(time.perf_counter() - t0, 1),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

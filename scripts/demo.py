@@ -62,10 +62,22 @@ def build_model(args) -> Path:
 
 
 def server_flags(args, model: Path) -> list[str]:
-    flags = cpu_server_args(model, args.max_total_tokens, args.page_size) + ["--enable-cache-report"]
+    flags = cpu_server_args(model, args.max_total_tokens, args.page_size) + [
+        "--enable-cache-report"
+    ]
     if args.kv_evict != "none":
-        flags += ["--kv-evict", args.kv_evict, "--kv-budget", str(args.kv_budget), "--kv-sink", str(args.kv_sink),
-                  "--kv-window", str(args.kv_window), "--kv-evict-interval", str(args.kv_evict_interval)]
+        flags += [
+            "--kv-evict",
+            args.kv_evict,
+            "--kv-budget",
+            str(args.kv_budget),
+            "--kv-sink",
+            str(args.kv_sink),
+            "--kv-window",
+            str(args.kv_window),
+            "--kv-evict-interval",
+            str(args.kv_evict_interval),
+        ]
     return flags
 
 
@@ -80,46 +92,75 @@ def report_turn(turn: int, reply, dt: float, args, bytes_per_token: int | None) 
     ev = (usage.model_extra or {}).get("kv_evict")  # the plugin's figures, next to the usage
     prompt, prefilled = usage.prompt_tokens, usage.prompt_tokens - cached
     history = (ev or {}).get("history_tokens")
-    source = (f"the stored compacted history of the previous turns: {history} tokens, "
-              f"{ev['history_view_tokens']} of them still live KV" if history else "the prefix cache")
-    say(f"[turn {turn}] tokens: prompt {prompt} (the conversation so far), {cached} not prefilled again "
-        f"({source}), {prefilled} prefilled; generated {usage.completion_tokens} in {dt:.1f} s")
+    source = (
+        f"the stored compacted history of the previous turns: {history} tokens, "
+        f"{ev['history_view_tokens']} of them still live KV"
+        if history
+        else "the prefix cache"
+    )
+    say(
+        f"[turn {turn}] tokens: prompt {prompt} (the conversation so far), {cached} not prefilled again "
+        f"({source}), {prefilled} prefilled; generated {usage.completion_tokens} in {dt:.1f} s"
+    )
     if ev is None:
         return
     total = prompt + usage.completion_tokens
     if not ev["evictions"]:
-        say(f"[turn {turn}] KV: no eviction yet ({ev.get('live_tokens') or total} live tokens < budget "
-            f"{args.kv_budget} + interval {args.kv_evict_interval})")
+        say(
+            f"[turn {turn}] KV: no eviction yet ({ev.get('live_tokens') or total} live tokens < budget "
+            f"{args.kv_budget} + interval {args.kv_evict_interval})"
+        )
         return
     earlier = history - ev["history_view_tokens"] if history else 0
     live = total - earlier - ev["evicted_tokens"]
-    say(f"[turn {turn}] KV: {ev['evictions']} evictions ({args.kv_evict}) dropped {ev['evicted_tokens']} tokens; "
+    say(
+        f"[turn {turn}] KV: {ev['evictions']} evictions ({args.kv_evict}) dropped {ev['evicted_tokens']} tokens; "
         f"{live} of the {total} tokens are live at the end of the turn (budget {args.kv_budget} + tokens "
-        f"decoded since the last eviction), {earlier + ev['evicted_tokens']} evicted in this and earlier turns")
+        f"decoded since the last eviction), {earlier + ev['evicted_tokens']} evicted in this and earlier turns"
+    )
     freed = ev["pages_freed"] * args.page_size
     kept_in_cache = ev["evicted_tokens"] - freed
-    say(f"[turn {turn}] KV: {freed} slots returned to the pool at once"
+    say(
+        f"[turn {turn}] KV: {freed} slots returned to the pool at once"
         + (f" ({freed * bytes_per_token / 1024:.0f} KiB)" if bytes_per_token else "")
-        + (f"; {kept_in_cache} evicted tokens belong to the radix cache (an earlier turn's cached prompt): "
-           "dropped from this request's view, reclaimable when the cache needs room" if kept_in_cache > 0 else ""))
+        + (
+            f"; {kept_in_cache} evicted tokens belong to the radix cache (an earlier turn's cached prompt): "
+            "dropped from this request's view, reclaimable when the cache needs room"
+            if kept_in_cache > 0
+            else ""
+        )
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model-path", default=None, help="any model folder (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--tiny", action="store_true", help="the embedded tiny model instead (fast, gibberish)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--model-path", default=None, help="any model folder (default: SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="the embedded tiny model instead (fast, gibberish)"
+    )
     parser.add_argument("--max-total-tokens", type=int, default=4096, help="KV pool size in tokens")
-    parser.add_argument("--page-size", type=int, default=1, help="1 keeps compacted histories between turns")
+    parser.add_argument(
+        "--page-size", type=int, default=1, help="1 keeps compacted histories between turns"
+    )
     parser.add_argument("--max-tokens", type=int, default=96, help="tokens per reply")
-    parser.add_argument("--kv-evict", default="streamingllm", help="eviction policy ('none': stock SGLang)")
+    parser.add_argument(
+        "--kv-evict", default="streamingllm", help="eviction policy ('none': stock SGLang)"
+    )
     parser.add_argument("--kv-budget", type=int, default=128, help="live KV tokens per request")
     parser.add_argument("--kv-sink", type=int, default=4)
     parser.add_argument("--kv-window", type=int, default=0)
     parser.add_argument("--kv-evict-interval", type=int, default=16)
-    parser.add_argument("--server-threads", type=int, default=1,
-                        help="OMP_NUM_THREADS of the server (0: torch's default). 1 because on a busy machine "
-                             "OpenMP threads spin-wait on descheduled peers and a decode step gets 10x slower")
+    parser.add_argument(
+        "--server-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of the server (0: torch's default). 1 because on a busy machine "
+        "OpenMP threads spin-wait on descheduled peers and a decode step gets 10x slower",
+    )
     parser.add_argument("--turns", type=int, default=len(QUESTIONS), help=f"1..{len(QUESTIONS)}")
     args = parser.parse_args()
     if not 1 <= args.turns <= len(QUESTIONS):
@@ -137,12 +178,13 @@ def main() -> None:
         messages = [{"role": "system", "content": SYSTEM}]
         evicting = args.kv_evict != "none"
         bytes_per_token = vtoken_counters(server.base_url)["bytes_per_token"] if evicting else None
-        for turn, question in enumerate(QUESTIONS[:args.turns], 1):
+        for turn, question in enumerate(QUESTIONS[: args.turns], 1):
             messages.append({"role": "user", "content": question})
             say(f"[turn {turn}] user: {question}")
             t0 = time.monotonic()
-            reply = client.chat.completions.create(model="default", messages=messages, max_tokens=args.max_tokens,
-                                                   temperature=0)
+            reply = client.chat.completions.create(
+                model="default", messages=messages, max_tokens=args.max_tokens, temperature=0
+            )
             dt = time.monotonic() - t0
             text = reply.choices[0].message.content
             messages.append({"role": "assistant", "content": text})
@@ -151,9 +193,11 @@ def main() -> None:
             say()
         if evicting:
             c = vtoken_counters(server.base_url)
-            say(f"[demo] server totals: {c['evictions']} evictions, {c['evicted_tokens']} tokens evicted, "
+            say(
+                f"[demo] server totals: {c['evictions']} evictions, {c['evicted_tokens']} tokens evicted, "
                 f"{c['history_hits']} turns continued from a stored history "
-                f"({c['history_tokens_reused']} tokens not prefilled again)")
+                f"({c['history_tokens_reused']} tokens not prefilled again)"
+            )
     say(f"[demo] server stopped; {time.monotonic() - t_start:.0f} s in all")
 
 

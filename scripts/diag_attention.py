@@ -43,18 +43,26 @@ def main(argv=None) -> int:
         for t in tasks.passkey_trials(tok, args.lengths, args.depths):
             n = len(t.prompt)
             digits = [i for i in range(*t.span) if tok.decode([t.prompt[i]]).strip().isdigit()]
-            probs = prefill(model, list(t.prompt), args.obs_window).probs.sum(0)   # [n, L, H]
+            probs = prefill(model, list(t.prompt), args.obs_window).probs.sum(0)  # [n, L, H]
             cand = torch.zeros(n, dtype=torch.bool)
-            cand[args.sink:n - args.window] = True
+            cand[args.sink : n - args.window] = True
             for layer in range(probs.shape[1]):
                 ranks = []
                 for h in range(probs.shape[2]):
                     s = probs[:, layer, h].masked_fill(~cand, -1.0)
                     order = s.argsort(descending=True).argsort()
                     ranks.append(int(order[digits].min()))
-                emit({"kind": "layer", "trial": t.id, "layer": layer,
-                      "sink_mass": round(float(probs[:args.sink, layer].sum()) / args.obs_window, 3),
-                      "best_digit_rank": ranks})
+                emit(
+                    {
+                        "kind": "layer",
+                        "trial": t.id,
+                        "layer": layer,
+                        "sink_mass": round(
+                            float(probs[: args.sink, layer].sum()) / args.obs_window, 3
+                        ),
+                        "best_digit_rank": ranks,
+                    }
+                )
 
             def kept(score):
                 top = set(score.masked_fill(~cand, -1.0).topk(args.keep).indices.tolist())
@@ -62,11 +70,19 @@ def main(argv=None) -> int:
 
             all_sum = probs.flatten(1).sum(1)
             k_all, top_all = kept(all_sum)
-            k_up, _ = kept(probs[:, lo_l:hi_l + 1].flatten(1).sum(1))
+            k_up, _ = kept(probs[:, lo_l : hi_l + 1].flatten(1).sum(1))
             common = sorted(top_all, key=lambda i: -float(all_sum[i]))[:20]
-            emit({"kind": "trial", "trial": t.id, "prompt_tokens": n, "digits": len(digits),
-                  "kept_all_layers": k_all, f"kept_layers_{args.upper}": k_up,
-                  "top_tokens_all_layers": [tok.decode([t.prompt[i]]) for i in common]})
+            emit(
+                {
+                    "kind": "trial",
+                    "trial": t.id,
+                    "prompt_tokens": n,
+                    "digits": len(digits),
+                    "kept_all_layers": k_all,
+                    f"kept_layers_{args.upper}": k_up,
+                    "top_tokens_all_layers": [tok.decode([t.prompt[i]]) for i in common],
+                }
+            )
     return 0
 
 

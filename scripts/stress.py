@@ -35,8 +35,8 @@ import signal
 import sys
 from pathlib import Path
 
-from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken.patches.surface.shortage import KINDS as SHORTAGE_KINDS
+from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken_tools.bench.stress_traffic import FORCED, TrafficSpec
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
@@ -44,30 +44,50 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--duration", type=float, default=300.0, help="seconds of traffic")
     p.add_argument("--workers", type=int, default=8, help="concurrent request loops")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--base-url", default=None, help="stress this running server instead of starting one")
-    p.add_argument("--server-log", default=None, help="with --base-url: its log file, checked for tracebacks")
-    p.add_argument("--model-path", default=None, help="default: the tiny model in .cache/tiny-llama")
+    p.add_argument(
+        "--base-url", default=None, help="stress this running server instead of starting one"
+    )
+    p.add_argument(
+        "--server-log", default=None, help="with --base-url: its log file, checked for tracebacks"
+    )
+    p.add_argument(
+        "--model-path", default=None, help="default: the tiny model in .cache/tiny-llama"
+    )
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens")
     p.add_argument("--policy", default="streamingllm", help="the server's --kv-evict")
     p.add_argument("--budget", type=int, default=128, help="the server's --kv-budget")
     p.add_argument("--interval", type=int, default=16, help="the server's --kv-evict-interval")
     p.add_argument("--kv-evict-config", default=None, help="the server's --kv-evict-config (JSON)")
-    p.add_argument("--disable-overlap-schedule", action="store_true", help="(prefill_chunk needs it)")
-    p.add_argument("--budgets", default=None,
-                   help="comma-separated budgets a request may ask for (default 48,64,128,256); with a server "
-                        "recall, each must hold sink + window + recall + 1")
-    p.add_argument("--retract", action="store_true",
-                   help="SGLang retracts running requests on purpose (SGLANG_TEST_RETRACT, every 25 steps)")
-    p.add_argument("--forced-shortages", default=None,
-                   help="comma-separated page kinds (copies, tail, resume, recall) a few requests are refused on "
-                        "purpose (VTOKEN_TEST_SHORTAGE), so every shortage path is met next to those real pressure "
-                        "reaches; the summary's shortages count those apart (forced:...)")
+    p.add_argument(
+        "--disable-overlap-schedule", action="store_true", help="(prefill_chunk needs it)"
+    )
+    p.add_argument(
+        "--budgets",
+        default=None,
+        help="comma-separated budgets a request may ask for (default 48,64,128,256); with a server "
+        "recall, each must hold sink + window + recall + 1",
+    )
+    p.add_argument(
+        "--retract",
+        action="store_true",
+        help="SGLang retracts running requests on purpose (SGLANG_TEST_RETRACT, every 25 steps)",
+    )
+    p.add_argument(
+        "--forced-shortages",
+        default=None,
+        help="comma-separated page kinds (copies, tail, resume, recall) a few requests are refused on "
+        "purpose (VTOKEN_TEST_SHORTAGE), so every shortage path is met next to those real pressure "
+        "reaches; the summary's shortages count those apart (forced:...)",
+    )
     p.add_argument("--progress-every", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=None, help="JSON lines file (besides stdout)")
     p.add_argument("--requests-out", type=Path, default=None, help="one JSON line per request")
@@ -78,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.server_log and not args.base_url:
-        parser.error("--server-log goes with --base-url (a server this script starts logs to its own file)")
+        parser.error(
+            "--server-log goes with --base-url (a server this script starts logs to its own file)"
+        )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the server is stopped
     outs = [sys.stdout] + [open(p, "w") for p in (args.out,) if p]
     per_request = open(args.requests_out, "w") if args.requests_out else None
@@ -98,18 +120,45 @@ def main(argv: list[str] | None = None) -> int:
             from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
             model = args.model_path or ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-            flags = ["--dtype", "float32", "--enable-metrics", "--kv-evict", args.policy,
-                     "--kv-budget", str(args.budget), "--kv-evict-interval", str(args.interval)]
+            flags = [
+                "--dtype",
+                "float32",
+                "--enable-metrics",
+                "--kv-evict",
+                args.policy,
+                "--kv-budget",
+                str(args.budget),
+                "--kv-evict-interval",
+                str(args.interval),
+            ]
             flags += ["--kv-evict-config", args.kv_evict_config] if args.kv_evict_config else []
             flags += ["--disable-overlap-schedule"] if args.disable_overlap_schedule else []
-            env = {**MEMORY_CHECKS, **({"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "25"}
-                                       if args.retract else {}),
-                   **({"VTOKEN_TEST_SHORTAGE": FORCED} if args.forced_shortages else {})}
-            server = ServerProcess(cpu_server_args(model, args.pool, args.page_size) + flags, env=env).start()
-            emit({"kind": "server", "flags": flags, "page_size": args.page_size, "pool": args.pool,
-                  "env": env, "startup_s": round(server.startup_seconds, 1)})
+            env = {
+                **MEMORY_CHECKS,
+                **(
+                    {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "25"}
+                    if args.retract
+                    else {}
+                ),
+                **({"VTOKEN_TEST_SHORTAGE": FORCED} if args.forced_shortages else {}),
+            }
+            server = ServerProcess(
+                cpu_server_args(model, args.pool, args.page_size) + flags, env=env
+            ).start()
+            emit(
+                {
+                    "kind": "server",
+                    "flags": flags,
+                    "page_size": args.page_size,
+                    "pool": args.pool,
+                    "env": env,
+                    "startup_s": round(server.startup_seconds, 1),
+                }
+            )
         try:
-            budgets = {"budgets": tuple(int(b) for b in args.budgets.split(","))} if args.budgets else {}
+            budgets = (
+                {"budgets": tuple(int(b) for b in args.budgets.split(","))} if args.budgets else {}
+            )
         except ValueError:
             parser.error(f"--budgets: comma-separated integers, got {args.budgets!r}")
         server_cfg = json.loads(args.kv_evict_config or "{}")
@@ -118,13 +167,20 @@ def main(argv: list[str] | None = None) -> int:
         forced = tuple(k for k in (args.forced_shortages or "").split(",") if k)
         unknown = sorted(set(forced) - set(SHORTAGE_KINDS))
         if unknown:
-            parser.error(f"--forced-shortages: unknown page kind {unknown[0]!r}; choose from {list(SHORTAGE_KINDS)}")
+            parser.error(
+                f"--forced-shortages: unknown page kind {unknown[0]!r}; choose from {list(SHORTAGE_KINDS)}"
+            )
         traffic = TrafficSpec(**budgets, **host, shortages=forced)
         try:
-            cfg = StressConfig(base_url=args.base_url or server.base_url, duration_s=args.duration,
-                               workers=args.workers, seed=args.seed, progress_every_s=args.progress_every,
-                               server_log=args.server_log or (str(server.log_path) if server else None),
-                               traffic=traffic)
+            cfg = StressConfig(
+                base_url=args.base_url or server.base_url,
+                duration_s=args.duration,
+                workers=args.workers,
+                seed=args.seed,
+                progress_every_s=args.progress_every,
+                server_log=args.server_log or (str(server.log_path) if server else None),
+                traffic=traffic,
+            )
         except ValueError as e:
             parser.error(f"--duration/--workers: {e}")
         summary = run_stress(cfg, emit, on_request)
@@ -134,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         for f in outs[1:] + ([per_request] if per_request else []):
             f.close()
     failed = [k for k, v in summary["checks"].items() if v is False]
-    print(("stress: every check passed" if summary["ok"] else f"stress: FAILED {', '.join(failed)}")
-          + (f" (server log {server.log_path})" if server else ""), file=sys.stderr)
+    print(
+        ("stress: every check passed" if summary["ok"] else f"stress: FAILED {', '.join(failed)}")
+        + (f" (server log {server.log_path})" if server else ""),
+        file=sys.stderr,
+    )
     return 0 if summary["ok"] else 1
 
 

@@ -28,7 +28,9 @@ RUNTIME = ("sgl_vtoken/", "patches/", "kernels/")  # the installed runtime's sou
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policy", default="streamingllm", help="a policy that needs no attention statistics")
+    ap.add_argument(
+        "--policy", default="streamingllm", help="a policy that needs no attention statistics"
+    )
     ap.add_argument("--reclaim", default="vtoken", choices=("vtoken", "naive"))
     args = ap.parse_args()
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -40,12 +42,29 @@ def main() -> None:
     ps, prompt_len = 16, 128
     radix._active = True
     alloc = PagedAllocator(64, ps)
-    cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
-                                                  token_to_kv_pool_allocator=alloc, page_size=ps))
-    scheduler = type("Scheduler", (), {
-        "tree_cache": cache, "req_to_token_pool": cache.req_to_token_pool, "token_to_kv_pool_allocator": alloc,
-        "max_total_num_tokens": 64 * ps, "page_size": ps, "_reqs_finishing_inflight": lambda self, b: []})()
-    cfg = EvictConfig(policy=args.policy, budget=96, sink=16, interval=16, page_size=ps, reclaim=args.reclaim)
+    cache = radix.HoledRadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToToken(),
+            token_to_kv_pool_allocator=alloc,
+            page_size=ps,
+        )
+    )
+    scheduler = type(
+        "Scheduler",
+        (),
+        {
+            "tree_cache": cache,
+            "req_to_token_pool": cache.req_to_token_pool,
+            "token_to_kv_pool_allocator": alloc,
+            "max_total_num_tokens": 64 * ps,
+            "page_size": ps,
+            "_reqs_finishing_inflight": lambda self, b: [],
+        },
+    )()
+    cfg = EvictConfig(
+        policy=args.policy, budget=96, sink=16, interval=16, page_size=ps, reclaim=args.reclaim
+    )
     st = runtime.new_state(cfg, "r0", holed=radix.tree_mode(cfg))
     req = Req(list(range(1000, 1000 + prompt_len)), st)
     req.kv.kv_committed_len = req.kv.kv_allocated_len = prompt_len
@@ -75,8 +94,18 @@ def main() -> None:
     sys.setprofile(None)
     if req.kv.kv_committed_len >= n:
         raise SystemExit("the traced step did not evict")
-    print(json.dumps({"policy": args.policy, "reclaim": args.reclaim, "stays": len(route), "files": len(set(route)),
-                      "returns": len(route) - len(set(route)), "route": route}))
+    print(
+        json.dumps(
+            {
+                "policy": args.policy,
+                "reclaim": args.reclaim,
+                "stays": len(route),
+                "files": len(set(route)),
+                "returns": len(route) - len(set(route)),
+                "route": route,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

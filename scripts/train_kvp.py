@@ -52,8 +52,10 @@ def main(argv=None) -> None:
     held = Traces.load(args.heldout) if args.heldout else None
     scorer = KVPScorer(tr.identity, hidden=args.hidden, seed=args.seed)
     fit_feature_stats(scorer, tr, args.sink)
-    before = {"train": evaluate(scorer, tr, args.sink),
-              "heldout": evaluate(scorer, held, args.sink) if held else None}
+    before = {
+        "train": evaluate(scorer, tr, args.sink),
+        "heldout": evaluate(scorer, held, args.sink) if held else None,
+    }
     bar = tqdm(total=args.steps, desc="train kvp", file=sys.stderr, mininterval=2)
     window: list[float] = []
 
@@ -62,25 +64,64 @@ def main(argv=None) -> None:
         bar.update(1)
         bar.set_postfix(reward=f"{rec['reward']:.3f}", refresh=False)
         if (step + 1) % args.log_every == 0:
-            print(json.dumps({"event": "step", "step": step + 1, "reward": round(sum(window) / len(window), 4),
-                              "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "event": "step",
+                        "step": step + 1,
+                        "reward": round(sum(window) / len(window), 4),
+                        "elapsed_s": round(time.perf_counter() - t0, 1),
+                    }
+                ),
+                flush=True,
+            )
             window.clear()
 
-    train(scorer, tr, args.steps, seed=args.seed, batch=args.batch, num_samples=args.samples,
-          lr=args.lr, sink=args.sink, progress=progress)
+    train(
+        scorer,
+        tr,
+        args.steps,
+        seed=args.seed,
+        batch=args.batch,
+        num_samples=args.samples,
+        lr=args.lr,
+        sink=args.sink,
+        progress=progress,
+    )
     bar.close()
-    after = {"train": evaluate(scorer, tr, args.sink),
-             "heldout": evaluate(scorer, held, args.sink) if held else None}
-    extra = {"traces": tr.meta, "horizon": tr.horizon, "steps": args.steps, "seed": args.seed,
-             "sink": args.sink, "objective": "plackett-luce-reinforce-loo"}
+    after = {
+        "train": evaluate(scorer, tr, args.sink),
+        "heldout": evaluate(scorer, held, args.sink) if held else None,
+    }
+    extra = {
+        "traces": tr.meta,
+        "horizon": tr.horizon,
+        "steps": args.steps,
+        "seed": args.seed,
+        "sink": args.sink,
+        "objective": "plackett-luce-reinforce-loo",
+    }
     path = save_checkpoint(scorer, args.out, extra=extra)
-    baselines = {h: evaluate(scorer, held or tr, args.sink, rank_by=h) for h in ("recency", "knorm")}
-    print(json.dumps({"event": "done", "out": str(path), "identity": vars(tr.identity),
-                      "reward_before": before, "reward_after": after,
-                      "heuristics_reward": {"traces": "heldout" if held else "train", **baselines},
-                      "steps": args.steps,
-                      "seed": args.seed, "train_s": round(time.perf_counter() - t0, 1),
-                      "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}), flush=True)
+    baselines = {
+        h: evaluate(scorer, held or tr, args.sink, rank_by=h) for h in ("recency", "knorm")
+    }
+    print(
+        json.dumps(
+            {
+                "event": "done",
+                "out": str(path),
+                "identity": vars(tr.identity),
+                "reward_before": before,
+                "reward_after": after,
+                "heuristics_reward": {"traces": "heldout" if held else "train", **baselines},
+                "steps": args.steps,
+                "seed": args.seed,
+                "train_s": round(time.perf_counter() - t0, 1),
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def windows(ids: torch.Tensor, seq_len: int, num: int, gen: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, ids.numel() - seq_len - 1, (num,), generator=gen)
-    return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
+    return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
 
 
 @torch.no_grad()
@@ -40,7 +40,7 @@ def perplexity(model, ids: torch.Tensor, seq_len: int, max_windows: int) -> floa
     """Teacher-forced perplexity over consecutive non-overlapping windows of held-out tokens."""
     nll, count = 0.0, 0
     for w in range(min(max_windows, ids.numel() // seq_len)):
-        x = ids[w * seq_len:(w + 1) * seq_len][None]
+        x = ids[w * seq_len : (w + 1) * seq_len][None]
         loss = model(x, labels=x).loss
         nll += float(loss) * (seq_len - 1)
         count += seq_len - 1
@@ -50,8 +50,12 @@ def perplexity(model, ids: torch.Tensor, seq_len: int, max_windows: int) -> floa
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(REPO / ".cache" / "tiny-lm"), help="model folder to write")
-    p.add_argument("--text", default=None, help="'stdlib' (the default: the stdlib's .py files), 'pydoc' "
-                   "(Python's documentation topics) or a plain-text file")
+    p.add_argument(
+        "--text",
+        default=None,
+        help="'stdlib' (the default: the stdlib's .py files), 'pydoc' "
+        "(Python's documentation topics) or a plain-text file",
+    )
     p.add_argument("--heldout-every", type=int, default=10)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--steps", type=int, default=1200)
@@ -67,20 +71,34 @@ def main(argv=None) -> None:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = build_tiny_model(args.out, TinyModelSpec(num_hidden_layers=args.layers, seed=args.seed,
-                                                   initializer_range=0.02))
+    out = build_tiny_model(
+        args.out,
+        TinyModelSpec(num_hidden_layers=args.layers, seed=args.seed, initializer_range=0.02),
+    )
     tok = AutoTokenizer.from_pretrained(out)
     train_docs, held_docs = corpus(args.text, args.heldout_every)
     train_ids, held_ids = tokenize(tok, train_docs), tokenize(tok, held_docs)
-    print(json.dumps({"event": "data", "train_tokens": train_ids.numel(), "heldout_tokens": held_ids.numel()}),
-          flush=True)
+    print(
+        json.dumps(
+            {"event": "data", "train_tokens": train_ids.numel(), "heldout_tokens": held_ids.numel()}
+        ),
+        flush=True,
+    )
     torch.manual_seed(args.seed)
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, attn_implementation="sdpa"
+    )
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(i, args.steps) / args.steps)))
+        opt,
+        lambda i: (
+            min(1.0, (i + 1) / warm)
+            * 0.5
+            * (1 + math.cos(math.pi * min(i, args.steps) / args.steps))
+        ),
+    )
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
     bar = tqdm(range(args.steps), desc="train tiny LM", file=sys.stderr, mininterval=5)
@@ -94,16 +112,32 @@ def main(argv=None) -> None:
         sched.step()
         bar.set_postfix(loss=f"{float(loss):.3f}", refresh=False)
         if (step + 1) % args.log_every == 0:
-            print(json.dumps({"event": "step", "step": step + 1, "loss": round(float(loss), 4),
-                              "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "event": "step",
+                        "step": step + 1,
+                        "loss": round(float(loss), 4),
+                        "elapsed_s": round(time.perf_counter() - t0, 1),
+                    }
+                ),
+                flush=True,
+            )
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
     ppl = perplexity(model, held_ids, args.seq_len, args.eval_windows)
     ppl_train = perplexity(model, train_ids, args.seq_len, args.eval_windows)
-    result = {"event": "done", "out": str(out), "layers": args.layers, "steps": args.steps,
-              "seed": args.seed, "heldout_ppl": round(ppl, 3), "train_ppl": round(ppl_train, 3),
-              "train_s": round(time.perf_counter() - t0, 1),
-              "params": sum(p.numel() for p in model.parameters())}
+    result = {
+        "event": "done",
+        "out": str(out),
+        "layers": args.layers,
+        "steps": args.steps,
+        "seed": args.seed,
+        "heldout_ppl": round(ppl, 3),
+        "train_ppl": round(ppl_train, 3),
+        "train_s": round(time.perf_counter() - t0, 1),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
     (Path(out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result), flush=True)
 

@@ -13,5 +13,17 @@ from sgl_vtoken.types import TokenView
 
 __version__ = "0.1.0"
 
-__all__ = ["EvictConfig", "EvictionPolicy", "History", "HostTier", "POLICIES", "Prefill", "RepackPlan", "Scoring",
-           "TokenView", "make_policy", "plan_eviction", "policy_from_config"]
+__all__ = [
+    "EvictConfig",
+    "EvictionPolicy",
+    "History",
+    "HostTier",
+    "POLICIES",
+    "Prefill",
+    "RepackPlan",
+    "Scoring",
+    "TokenView",
+    "make_policy",
+    "plan_eviction",
+    "policy_from_config",
+]

@@ -22,16 +22,28 @@ import functools
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from sgl_vtoken.config_groups import History, HostTier, Prefill, Scoring, check_choice, check_int
 from sgl_vtoken.planner import RECLAIM_MODES
 from sgl_vtoken.policies import POLICIES, EvictionPolicy, SharingAware, make_policy
 
-__all__ = ["DISABLED", "ENV_VAR", "KEYS", "EvictConfig", "History", "HostTier", "Prefill", "Scoring",
-           "SettingKey", "flag_of", "setting_keys"]
+__all__ = [
+    "DISABLED",
+    "ENV_VAR",
+    "KEYS",
+    "EvictConfig",
+    "History",
+    "HostTier",
+    "Prefill",
+    "Scoring",
+    "SettingKey",
+    "flag_of",
+    "setting_keys",
+]
 
 ENV_VAR = "VTOKEN_CONFIG"
 DISABLED = "none"
@@ -96,8 +108,10 @@ class EvictConfig:
         check_int("seed", self.seed, 0, 2**32 - 1)
         for f in _GROUP_FIELDS:
             if not isinstance(getattr(self, f.name), f.metadata["group"]):
-                raise ValueError(f"EvictConfig.{f.name} must be a {f.metadata['group'].__name__} "
-                                 f"(got {getattr(self, f.name)!r})")
+                raise ValueError(
+                    f"EvictConfig.{f.name} must be a {f.metadata['group'].__name__} "
+                    f"(got {getattr(self, f.name)!r})"
+                )
         if not isinstance(self.params, Mapping):
             raise ValueError(f"EvictConfig.params must be a JSON object (got {self.params!r})")
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
@@ -106,9 +120,13 @@ class EvictConfig:
         floor = self.sink_tokens + self.window + self.page_size
         if self.budget is None:
             raise ValueError(f"EvictConfig.budget is required when policy={self.policy!r}")
-        check_int("budget", self.budget, floor,  # before any arithmetic on it (prefill, host tier)
-                   why=f"sink_tokens + window + page_size = {self.sink_tokens} + {self.window} "
-                       f"+ {self.page_size}")
+        check_int(
+            "budget",
+            self.budget,
+            floor,  # before any arithmetic on it (prefill, host tier)
+            why=f"sink_tokens + window + page_size = {self.sink_tokens} + {self.window} "
+            f"+ {self.page_size}",
+        )
         if self.prefill.chunk is not None:
             self._check_prefill_chunk()
         self._check_offload()
@@ -117,22 +135,30 @@ class EvictConfig:
         if not self.host.offload:
             return
         if self.page_size > 1 and self.reclaim != "vtoken":
-            raise ValueError(f"EvictConfig.offload needs reclaim 'vtoken' at page_size {self.page_size} "
-                             f"(got {self.reclaim!r})")
+            raise ValueError(
+                f"EvictConfig.offload needs reclaim 'vtoken' at page_size {self.page_size} "
+                f"(got {self.reclaim!r})"
+            )
         recall = self.host.recall
         if self.budget is not None and self.sink_tokens + self.window + recall + 1 > self.budget:
-            raise ValueError(f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
-                             f"recall + 1 = {self.sink_tokens} + {self.window} + {recall} + 1 > budget {self.budget}")
+            raise ValueError(
+                f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
+                f"recall + 1 = {self.sink_tokens} + {self.window} + {recall} + 1 > budget {self.budget}"
+            )
 
     def _check_prefill_chunk(self) -> None:
         c, ps = self.prefill.chunk, self.page_size
         if c % ps or c <= self.interval:
-            raise ValueError(f"EvictConfig.prefill_chunk must be a multiple of page_size {ps} and "
-                             f"> interval {self.interval} (got {c})")
+            raise ValueError(
+                f"EvictConfig.prefill_chunk must be a multiple of page_size {ps} and "
+                f"> interval {self.interval} (got {c})"
+            )
         if self.budget is not None and self.budget % ps:
-            raise ValueError(f"EvictConfig.budget must be a multiple of page_size {ps} with "
-                             f"prefill_chunk (got {self.budget}): chunks end at row budget + prefill_chunk, "
-                             "which must be page-aligned")
+            raise ValueError(
+                f"EvictConfig.budget must be a multiple of page_size {ps} with "
+                f"prefill_chunk (got {self.budget}): chunks end at row budget + prefill_chunk, "
+                "which must be page-aligned"
+            )
 
     @property
     def prefill_peak(self) -> int | None:
@@ -144,7 +170,11 @@ class EvictConfig:
         """KV tokens a request evicted during prefill holds at most: the prefill peak, plus the
         tokens its last chunk recalls, plus the partly filled page after them; None without
         `prefill_chunk`."""
-        return None if self.prefill.chunk is None else self.prefill_peak + self.host.recall + self.page_size
+        return (
+            None
+            if self.prefill.chunk is None
+            else self.prefill_peak + self.host.recall + self.page_size
+        )
 
     @property
     def decode_peak(self) -> int:
@@ -178,10 +208,12 @@ class EvictConfig:
         """Radix-cache namespace of compacted histories: every setting that changes their KV."""
         params = json.dumps(dict(self.params), sort_keys=True)
         sc, host = self.scoring, self.host
-        return (f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
-                f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
-                f":o{sc.obs_window}:l{sc.score_layers}:c{self.prefill.chunk}"
-                f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:rr{host.rounds}:{params}")
+        return (
+            f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
+            f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
+            f":o{sc.obs_window}:l{sc.score_layers}:c{self.prefill.chunk}"
+            f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:rr{host.rounds}:{params}"
+        )
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -193,7 +225,7 @@ class EvictConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "EvictConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> EvictConfig:
         """The config of a dict of flat keys (:meth:`to_dict`); a group may also be given whole,
         as its object (``{"host": HostTier(...)}``) or a dict of its own field names."""
         allowed = [k.key for k in KEYS]
@@ -221,7 +253,7 @@ class EvictConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "EvictConfig":
+    def from_json(cls, text: str) -> EvictConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -231,7 +263,7 @@ class EvictConfig:
         return cls.from_dict(data)
 
     @classmethod
-    def from_env(cls, var: str = ENV_VAR) -> "EvictConfig":
+    def from_env(cls, var: str = ENV_VAR) -> EvictConfig:
         """The config exported by the launcher, or the disabled default when `var` is unset."""
         return cls() if (text := os.environ.get(var)) is None else cls.from_json(text)
 
@@ -257,9 +289,14 @@ class SettingKey:
 
 _GROUP_FIELDS = tuple(f for f in fields(EvictConfig) if "group" in f.metadata)
 KEYS: tuple[SettingKey, ...] = tuple(
-    SettingKey(f.name, None, f.name, f.metadata) for f in fields(EvictConfig) if "group" not in f.metadata
-) + tuple(SettingKey(g.metadata["key"], f.name, g.name, g.metadata)
-          for f in _GROUP_FIELDS for g in fields(f.metadata["group"]))
+    SettingKey(f.name, None, f.name, f.metadata)
+    for f in fields(EvictConfig)
+    if "group" not in f.metadata
+) + tuple(
+    SettingKey(g.metadata["key"], f.name, g.name, g.metadata)
+    for f in _GROUP_FIELDS
+    for g in fields(f.metadata["group"])
+)
 _BY_KEY = {k.key: k for k in KEYS}
 
 
@@ -267,9 +304,14 @@ def setting_keys(**where: Any) -> tuple[str, ...]:
     """Flat keys whose field metadata has every ``name=value`` of `where` (``request=True``:
     what a request may override); ``json=True``: the server settings that ``--kv-evict-config``
     carries besides policy parameters."""
+
     def match(k: SettingKey) -> bool:
-        meta = {**k.metadata, "json": k.flag == "--kv-evict-config" and not k.metadata.get("params")}
+        meta = {
+            **k.metadata,
+            "json": k.flag == "--kv-evict-config" and not k.metadata.get("params"),
+        }
         return all(meta.get(n, False) == v for n, v in where.items())
+
     return tuple(k.key for k in KEYS if match(k))
 
 
@@ -294,6 +336,7 @@ def policy_from_config(cfg: EvictConfig) -> EvictionPolicy:
     try:
         policy = make_policy(cfg.policy, **cfg.policy_kwargs())
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"EvictConfig.params {dict(cfg.params)} do not fit policy "
-                         f"{cfg.policy!r}: {exc}") from None
+        raise ValueError(
+            f"EvictConfig.params {dict(cfg.params)} do not fit policy {cfg.policy!r}: {exc}"
+        ) from None
     return SharingAware(policy, mode="never")

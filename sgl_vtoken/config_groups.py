@@ -38,26 +38,35 @@ class Scoring:
 
     aggregation: str | None = field(default=None, metadata=_key("aggregation"))
     obs_window: int = field(default=16, metadata=_key("obs_window"))
-    score_layers: tuple[int, ...] | str | None = field(default="upper", metadata=_key("score_layers"))
+    score_layers: tuple[int, ...] | str | None = field(
+        default="upper", metadata=_key("score_layers")
+    )
 
     def __post_init__(self) -> None:
         if self.aggregation is not None:
-            check_choice("aggregation", self.aggregation, AGGREGATIONS, "or null (the policy's default)")
+            check_choice(
+                "aggregation", self.aggregation, AGGREGATIONS, "or null (the policy's default)"
+            )
         check_int("obs_window", self.obs_window, 1)
         layers = self.score_layers
         if layers == "all":
             object.__setattr__(self, "score_layers", None)
         elif layers is not None and layers not in LAYER_RULES:
-            if not isinstance(layers, (list, tuple)) or not layers or any(
-                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
-                raise ValueError(f"EvictConfig.score_layers must be \"upper\", \"all\" (or null) or a "
-                                 f"non-empty list of layer ids >= 0 (got {layers!r})")
+            if (
+                not isinstance(layers, (list, tuple))
+                or not layers
+                or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers)
+            ):
+                raise ValueError(
+                    f'EvictConfig.score_layers must be "upper", "all" (or null) or a '
+                    f"non-empty list of layer ids >= 0 (got {layers!r})"
+                )
             object.__setattr__(self, "score_layers", tuple(sorted(set(layers))))
 
     def layer_ids(self, num_layers: int) -> tuple[int, ...] | None:
         """The scored layer ids of a model of `num_layers` layers (None: every layer)::
 
-            "upper", 30 layers  ->  (15, 16, ..., 29)      "all" -> None      [2, 5] -> (2, 5)
+        "upper", 30 layers  ->  (15, 16, ..., 29)      "all" -> None      [2, 5] -> (2, 5)
         """
         if self.score_layers == "upper":
             return tuple(range(num_layers // 2, num_layers))
@@ -97,7 +106,9 @@ class History:
 
     def __post_init__(self) -> None:
         if not isinstance(self.reuse, bool):
-            raise ValueError(f"EvictConfig.reuse_history must be true or false (got {self.reuse!r})")
+            raise ValueError(
+                f"EvictConfig.reuse_history must be true or false (got {self.reuse!r})"
+            )
 
 
 @dataclass(frozen=True)
@@ -146,11 +157,15 @@ class HostTier:
         if not isinstance(self.offload, bool):
             raise ValueError(f"EvictConfig.offload must be true or false (got {self.offload!r})")
         if self.recall and not self.offload:
-            raise ValueError(f"EvictConfig.recall {self.recall} needs offload: true (recalled tokens come "
-                             "from the host store)")
+            raise ValueError(
+                f"EvictConfig.recall {self.recall} needs offload: true (recalled tokens come "
+                "from the host store)"
+            )
         if self.offload and self.tokens < 1:
-            raise ValueError("EvictConfig.offload needs host_tokens >= 1: the server's host store "
-                             "capacity (--kv-evict-config '{\"host_tokens\": N}')")
+            raise ValueError(
+                "EvictConfig.offload needs host_tokens >= 1: the server's host store "
+                "capacity (--kv-evict-config '{\"host_tokens\": N}')"
+            )
 
 
 def check_choice(name: str, value: Any, allowed: tuple[str, ...], more: str = "") -> None:

@@ -43,14 +43,24 @@ class DecodeScoring:
         device: the pool's device.
     """
 
-    def __init__(self, q_rows: list[int], rows: list[int], lengths: list[int], layers: list,
-                 num_layers: int, kv_heads: int, device):
+    def __init__(
+        self,
+        q_rows: list[int],
+        rows: list[int],
+        lengths: list[int],
+        layers: list,
+        num_layers: int,
+        kv_heads: int,
+        device,
+    ):
         self.q_rows, self.rows, self.lengths = q_rows, rows, lengths
         self.starts = [0]
         for n in lengths:
             self.starts.append(self.starts[-1] + n)
         self.device = device
-        self.buf = torch.zeros(self.starts[-1], num_layers, kv_heads, dtype=torch.float32, device=device)
+        self.buf = torch.zeros(
+            self.starts[-1], num_layers, kv_heads, dtype=torch.float32, device=device
+        )
         # [B] keys seen by each query, one host-to-device copy; request k's is a view
         self.key_counts = torch.tensor(lengths, dtype=torch.int64).to(device, non_blocking=True)
         self.groups: dict[int, _Group] = {}
@@ -58,14 +68,18 @@ class DecodeScoring:
         for layer in range(num_layers):
             members = tuple(k for k, ls in enumerate(layers) if ls is None or layer in ls)
             if members:
-                group = by_members.setdefault(members, _Group(list(members), len(members) == len(rows)))
+                group = by_members.setdefault(
+                    members, _Group(list(members), len(members) == len(rows))
+                )
                 self.groups[layer] = group
         self._lse: dict[int, tuple[torch.Tensor, str]] = {}
 
     def block(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Request `k`'s staged block ``[1, n, layers, kv_heads]`` (a view of the buffer, filled as
         the layers run) and its query's key count ``[1]`` int64."""
-        return self.buf[self.starts[k]:self.starts[k + 1]].unsqueeze(0), self.key_counts[k:k + 1]
+        return self.buf[self.starts[k] : self.starts[k + 1]].unsqueeze(0), self.key_counts[
+            k : k + 1
+        ]
 
     def scores(self, layer: int) -> bool:
         """Whether some request scores `layer`."""
@@ -76,8 +90,14 @@ class DecodeScoring:
         (every query of the forward; `base` "ln" or "log2"): the score launch then reads K once."""
         self._lse[layer] = (lse, base)
 
-    def score(self, layer: int, q: torch.Tensor, k_buffer: torch.Tensor, req_to_token: torch.Tensor,
-              scale: float) -> None:
+    def score(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        req_to_token: torch.Tensor,
+        scale: float,
+    ) -> None:
         """Score `layer`: `q` ``[bs, hq, d]`` the forward's decode queries, `k_buffer` the layer's
         ``[num_slots, hkv, d]`` keys. One `attn_scores_` launch (plus one scatter for a subset)."""
         group = self.groups.get(layer)
@@ -89,10 +109,25 @@ class DecodeScoring:
         q = q.index_select(0, group.q_rows)
         if lse is not None:
             lse = lse.index_select(0, group.q_rows).float()
-        out = self.buf[:, layer] if group.everyone else torch.empty(
-            group.kv_indices.numel(), self.buf.shape[2], dtype=torch.float32, device=self.device)
-        attn_scores_(q, k_buffer, group.indptr, group.kv_indices, out, scale, lse=lse, lse_base=base,
-                     decay=0.0, by_entry=True)
+        out = (
+            self.buf[:, layer]
+            if group.everyone
+            else torch.empty(
+                group.kv_indices.numel(), self.buf.shape[2], dtype=torch.float32, device=self.device
+            )
+        )
+        attn_scores_(
+            q,
+            k_buffer,
+            group.indptr,
+            group.kv_indices,
+            out,
+            scale,
+            lse=lse,
+            lse_base=base,
+            decay=0.0,
+            by_entry=True,
+        )
         if not group.everyone:
             self.buf[:, layer].index_copy_(0, group.entries, out)
 
@@ -105,13 +140,23 @@ class DecodeScoring:
         for n in lens:
             indptr.append(indptr[-1] + n)
         nnz = indptr[-1]
-        host = torch.tensor([*(self.q_rows[k] for k in m), *(self.rows[k] for k in m), *lens, *indptr,
-                             *(self.starts[k] for k in m)], dtype=torch.int64)
+        host = torch.tensor(
+            [
+                *(self.q_rows[k] for k in m),
+                *(self.rows[k] for k in m),
+                *lens,
+                *indptr,
+                *(self.starts[k] for k in m),
+            ],
+            dtype=torch.int64,
+        )
         dev = host.to(self.device, non_blocking=True)
         b = len(m)
-        group.q_rows, rows, lens_d = dev[:b], dev[b:2 * b], dev[2 * b:3 * b]
-        group.indptr, first = dev[3 * b:4 * b + 1], dev[4 * b + 1:]
-        owner = torch.repeat_interleave(torch.arange(b, device=self.device), lens_d, output_size=nnz)
+        group.q_rows, rows, lens_d = dev[:b], dev[b : 2 * b], dev[2 * b : 3 * b]
+        group.indptr, first = dev[3 * b : 4 * b + 1], dev[4 * b + 1 :]
+        owner = torch.repeat_interleave(
+            torch.arange(b, device=self.device), lens_d, output_size=nnz
+        )
         col = torch.arange(nnz, device=self.device) - group.indptr[owner]
         group.kv_indices = req_to_token[rows[owner], col]
         if not group.everyone:

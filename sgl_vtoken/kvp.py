@@ -43,17 +43,24 @@ class ModelIdentity:
                 raise ValueError(f"ModelIdentity.{name} must be an integer >= 1 (got {v!r})")
 
     @classmethod
-    def from_hf_config(cls, config: dict) -> "ModelIdentity":
+    def from_hf_config(cls, config: dict) -> ModelIdentity:
         """From a Hugging Face ``config.json`` dict (``head_dim`` or hidden / attention heads)."""
         heads = config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        return cls(model_type=str(config.get("model_type", "")), num_layers=config["num_hidden_layers"],
-                   num_kv_heads=config.get("num_key_value_heads") or heads, head_dim=head_dim)
+        return cls(
+            model_type=str(config.get("model_type", "")),
+            num_layers=config["num_hidden_layers"],
+            num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+        )
 
-    def check(self, served: "ModelIdentity", what: str = "checkpoint") -> None:
+    def check(self, served: ModelIdentity, what: str = "checkpoint") -> None:
         """Raise ValueError naming every field where `served` differs from this identity."""
-        diff = [f"{k}: {what} {v!r}, model {getattr(served, k)!r}"
-                for k, v in asdict(self).items() if getattr(served, k) != v]
+        diff = [
+            f"{k}: {what} {v!r}, model {getattr(served, k)!r}"
+            for k, v in asdict(self).items()
+            if getattr(served, k) != v
+        ]
         if diff:
             raise ValueError(f"KVP {what} is for another model ({'; '.join(diff)})")
 
@@ -75,28 +82,32 @@ class KVPScorer(torch.nn.Module):
         self.extra: dict = {}  # training provenance, from the checkpoint
         g_num, f_num = identity.num_layers * identity.num_kv_heads, 2 * identity.head_dim + 2
         gen = torch.Generator().manual_seed(seed)
-        self.w1 = torch.nn.Parameter(torch.randn(g_num, f_num, hidden, generator=gen) / f_num ** 0.5)
+        self.w1 = torch.nn.Parameter(torch.randn(g_num, f_num, hidden, generator=gen) / f_num**0.5)
         self.b1 = torch.nn.Parameter(torch.zeros(g_num, hidden))
-        self.w2 = torch.nn.Parameter(torch.randn(g_num, hidden, generator=gen) / hidden ** 0.5)
+        self.w2 = torch.nn.Parameter(torch.randn(g_num, hidden, generator=gen) / hidden**0.5)
         self.b2 = torch.nn.Parameter(torch.zeros(g_num))
         self.register_buffer("feat_mean", torch.zeros(g_num, f_num))
         self.register_buffer("feat_std", torch.ones(g_num, f_num))
 
-    def features(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def features(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """Raw features ``[..., n, G, F]`` float32 of ``keys``/``values`` ``[..., n, L, H, D]`` and
         ``positions`` ``[..., n]`` (ascending; the newest token is ``positions[..., -1]``)."""
         idt = self.identity
         expect = (idt.num_layers, idt.num_kv_heads, idt.head_dim)
         for name, t in (("keys", keys), ("values", values)):
             if tuple(t.shape[-3:]) != expect:
-                raise ValueError(f"KVP scorer for {idt} got {name} of shape {tuple(t.shape)}; "
-                                 f"expected [n, {idt.num_layers}, {idt.num_kv_heads}, {idt.head_dim}]")
+                raise ValueError(
+                    f"KVP scorer for {idt} got {name} of shape {tuple(t.shape)}; "
+                    f"expected [n, {idt.num_layers}, {idt.num_kv_heads}, {idt.head_dim}]"
+                )
         pos = positions.to(torch.float32)
         t = pos[..., -1:]
         age = torch.log1p((t - pos).clamp_min(0.0))
         rel = pos / (t + 1.0)
         g_num = idt.num_layers * idt.num_kv_heads
-        k = keys.to(torch.float32).flatten(-3, -2)                                 # [..., n, G, D]
+        k = keys.to(torch.float32).flatten(-3, -2)  # [..., n, G, D]
         v = values.to(torch.float32).flatten(-3, -2)
         extra = torch.stack([age, rel], dim=-1).unsqueeze(-2).expand(*k.shape[:-1], 2)
         assert k.shape[-2] == g_num, f"{k.shape=} {g_num=}"
@@ -108,7 +119,9 @@ class KVPScorer(torch.nn.Module):
         h = torch.relu(torch.einsum("...gf,gfk->...gk", x, self.w1) + self.b1)
         return (h * self.w2).sum(-1) + self.b2
 
-    def forward(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """``[n, L, H]`` float32 scores (higher = keep) of one row; newest = ``positions[-1]``."""
         s = self.forward_features(self.features(keys, values, positions))
         return s.view(*s.shape[:-1], self.identity.num_layers, self.identity.num_kv_heads)
@@ -118,10 +131,17 @@ def save_checkpoint(scorer: KVPScorer, path: str | Path, extra: dict | None = No
     """Write `scorer` as safetensors with its identity in the metadata; deterministic bytes."""
     from safetensors.torch import save_file
 
-    tensors = {k: v.detach().to(torch.float32).contiguous().clone() for k, v in scorer.state_dict().items()}
+    tensors = {
+        k: v.detach().to(torch.float32).contiguous().clone() for k, v in scorer.state_dict().items()
+    }
     # One metadata key: safetensors writes a multi-key metadata map in no fixed order.
-    meta = {"format": FORMAT, "identity": asdict(scorer.identity), "features": list(FEATURES),
-            "hidden": scorer.hidden, "extra": extra or {}}
+    meta = {
+        "format": FORMAT,
+        "identity": asdict(scorer.identity),
+        "features": list(FEATURES),
+        "hidden": scorer.hidden,
+        "extra": extra or {},
+    }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"kvp": json.dumps(meta, sort_keys=True)})
@@ -160,7 +180,9 @@ def load_checkpoint(path: str | Path, expect: ModelIdentity | None = None) -> KV
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: malformed metadata ({e})") from None
     if features != FEATURES:
-        raise ValueError(f"{where}: features {list(features)}, this version computes {list(FEATURES)}")
+        raise ValueError(
+            f"{where}: features {list(features)}, this version computes {list(FEATURES)}"
+        )
     try:
         scorer.load_state_dict(tensors, strict=True)
     except RuntimeError as e:

@@ -40,11 +40,14 @@ def is_dense(slots: torch.Tensor, page_size: int) -> bool:
         return True
     idx = torch.arange(n, device=slots.device)
     first = slots[idx - idx % page_size]
-    return bool(((slots % page_size == idx % page_size) & (slots // page_size == first // page_size)).all())
+    return bool(
+        ((slots % page_size == idx % page_size) & (slots // page_size == first // page_size)).all()
+    )
 
 
-def page_utilization(live_slots: torch.Tensor, page_size: int,
-                     held_pages: torch.Tensor | None = None) -> torch.Tensor:
+def page_utilization(
+    live_slots: torch.Tensor, page_size: int, held_pages: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[P] float64`` fraction of each held page's slots that hold a live token.
 
     `held_pages` defaults to the pages of `live_slots`; pass it to count fully dead held pages.
@@ -55,8 +58,9 @@ def page_utilization(live_slots: torch.Tensor, page_size: int,
     return counts.to(torch.float64) / page_size
 
 
-def fragmentation(live_slots: torch.Tensor, page_size: int,
-                  held_pages: torch.Tensor | None = None) -> float:
+def fragmentation(
+    live_slots: torch.Tensor, page_size: int, held_pages: torch.Tensor | None = None
+) -> float:
     """The paper's intra-page waste ``F = 1 - mean_i(u_i)`` over held pages (0 when none)."""
     u = page_utilization(live_slots, page_size, held_pages)
     return 0.0 if u.numel() == 0 else float(1.0 - u.mean())

@@ -84,8 +84,15 @@ class RepackPlan:
         return self.old_len - self.new_len
 
 
-def plan_eviction(row: torch.Tensor, keep: torch.Tensor, *, cpl: int = 0, page_size: int = 1,
-                  reclaim: str = "vtoken", shift_dead_pages: bool = True) -> RepackPlan:
+def plan_eviction(
+    row: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    cpl: int = 0,
+    page_size: int = 1,
+    reclaim: str = "vtoken",
+    shift_dead_pages: bool = True,
+) -> RepackPlan:
     """Plan the reclamation of one request's row after its policy chose `keep`.
 
     Args:
@@ -105,9 +112,9 @@ def plan_eviction(row: torch.Tensor, keep: torch.Tensor, *, cpl: int = 0, page_s
     row, keep = row.to(torch.int64), keep.to(torch.int64)
     L, ps = row.numel(), page_size
     _check_keep(keep, L, cpl, ps)
-    priv = keep[keep >= cpl]                                    # [n] kept private row positions
+    priv = keep[keep >= cpl]  # [n] kept private row positions
     n = priv.numel()
-    pages = row_pages(row[cpl:], ps)                            # [P] held private pages, in order
+    pages = row_pages(row[cpl:], ps)  # [P] held private pages, in order
     sorted_pages, perm = pages.sort()
     slot_page = perm[torch.searchsorted(sorted_pages, row[priv] // ps)]  # [n] index into pages
     live = torch.zeros(pages.numel(), dtype=torch.bool, device=row.device)
@@ -117,23 +124,34 @@ def plan_eviction(row: torch.Tensor, keep: torch.Tensor, *, cpl: int = 0, page_s
         keep_page = live
         new_private, src, dst = row[priv], empty, empty
     else:
-        order = live.nonzero().flatten() if shift_dead_pages else torch.arange(
-            pages.numel(), device=row.device)                   # page list after the shift
+        order = (
+            live.nonzero().flatten()
+            if shift_dead_pages
+            else torch.arange(pages.numel(), device=row.device)
+        )  # page list after the shift
         shifted = torch.full_like(live, -1, dtype=torch.int64)
         shifted[order] = torch.arange(order.numel(), device=row.device)
         k = torch.arange(n, device=row.device)
-        o = shifted[slot_page] * ps + row[priv] % ps            # [n] offset in the page list
-        new_private = pages[order[k // ps]] * ps + k % ps       # slot of offset k
+        o = shifted[slot_page] * ps + row[priv] % ps  # [n] offset in the page list
+        new_private = pages[order[k // ps]] * ps + k % ps  # slot of offset k
         moved = o != k
         src, dst = row[priv][moved], new_private[moved]
         keep_page = torch.zeros_like(live)
         keep_page[order[: -(-n // ps)]] = True
-    old_private = row[cpl:cpl + n]
+    old_private = row[cpl : cpl + n]
     diff = (new_private != old_private).nonzero()
     first = int(diff[0]) if diff.numel() else n
-    return RepackPlan(src=src, dst=dst, row_start=cpl + first, row_slots=new_private[first:],
-                      old_len=L, new_len=cpl + n, freed_pages=pages[~keep_page], page_size=ps,
-                      dense=reclaim == "vtoken" or ps == 1)
+    return RepackPlan(
+        src=src,
+        dst=dst,
+        row_start=cpl + first,
+        row_slots=new_private[first:],
+        old_len=L,
+        new_len=cpl + n,
+        freed_pages=pages[~keep_page],
+        page_size=ps,
+        dense=reclaim == "vtoken" or ps == 1,
+    )
 
 
 def _check_keep(keep: torch.Tensor, L: int, cpl: int, ps: int) -> None:
@@ -149,12 +167,15 @@ def _check_keep(keep: torch.Tensor, L: int, cpl: int, ps: int) -> None:
         if keep.numel() > 1 and not bool((keep[1:] > keep[:-1]).all()):
             raise ValueError("keep indices must be strictly ascending")
     if int((keep < cpl).sum()) != cpl:
-        raise ValueError(f"keep must include every tree-owned row [0, {cpl}): a request may not "
-                         f"free or move slots it does not own")
+        raise ValueError(
+            f"keep must include every tree-owned row [0, {cpl}): a request may not "
+            f"free or move slots it does not own"
+        )
 
 
-def drop_tree_rows(row: torch.Tensor, keep: torch.Tensor, cpl: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
+def drop_tree_rows(
+    row: torch.Tensor, keep: torch.Tensor, cpl: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Drop tree-owned victims from a row's view before planning (page size 1 only).
 
     Tree-owned slots are never freed by the request (the radix tree owns them): a tree-owned
@@ -170,7 +191,11 @@ def drop_tree_rows(row: torch.Tensor, keep: torch.Tensor, cpl: int
     new_cpl = int(tree_keep.numel())
     view = torch.cat([row[tree_keep], row[cpl:]])
     priv = keep[keep >= cpl] - cpl + new_cpl
-    return view, torch.cat([torch.arange(new_cpl, device=keep.device, dtype=keep.dtype), priv]), new_cpl
+    return (
+        view,
+        torch.cat([torch.arange(new_cpl, device=keep.device, dtype=keep.dtype), priv]),
+        new_cpl,
+    )
 
 
 @dataclass(frozen=True)
@@ -208,7 +233,7 @@ def split_tree_pages(keep: torch.Tensor, cpl: int, page_size: int) -> TreeSplit:
     counts = torch.bincount(tree_keep // ps, minlength=cpl // ps)
     partial = ((counts > 0) & (counts < ps)).nonzero().flatten()
     first_partial = int(partial[0]) if partial.numel() else cpl // ps
-    full = ((counts == ps).nonzero().flatten())
+    full = (counts == ps).nonzero().flatten()
     full = full[full < first_partial]
     whole = (full[:, None] * ps + torch.arange(ps, device=keep.device)).flatten()
     copy = tree_keep[tree_keep >= first_partial * ps]

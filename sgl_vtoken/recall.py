@@ -31,8 +31,9 @@ import torch
 from sgl_vtoken.policies.base import ranking, smooth
 
 
-def window_probs(q: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, scale: float,
-                 open_tail: int = 0) -> torch.Tensor:
+def window_probs(
+    q: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, scale: float, open_tail: int = 0
+) -> torch.Tensor:
     """``[nq, hq, n]`` float32 softmax of each query over `keys` (query head h reads KV head
     ``h // (hq // hkv)``): query j sees the first ``lengths[j]`` keys and the last `open_tail`
     keys (the candidates, seen by every query); the rest are masked.
@@ -43,15 +44,22 @@ def window_probs(q: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, sca
         lengths: ``[nq]`` int64, each ``<= n - open_tail``.
     """
     n, g = keys.shape[0], q.shape[1] // keys.shape[1]
-    logits = torch.einsum("qhd,nhd->qhn", q.float(), keys.float().repeat_interleave(g, dim=1)) * scale
+    logits = (
+        torch.einsum("qhd,nhd->qhn", q.float(), keys.float().repeat_interleave(g, dim=1)) * scale
+    )
     hidden = torch.arange(n, device=q.device)[None, :] >= lengths.to(q.device)[:, None]
     if open_tail:
-        hidden[:, n - open_tail:] = False
+        hidden[:, n - open_tail :] = False
     return torch.softmax(logits.masked_fill(hidden[:, None, :], float("-inf")), dim=-1)
 
 
-def candidate_mass(q: torch.Tensor, row_keys: torch.Tensor, lengths: torch.Tensor,
-                   cand_keys: torch.Tensor, scale: float) -> torch.Tensor:
+def candidate_mass(
+    q: torch.Tensor,
+    row_keys: torch.Tensor,
+    lengths: torch.Tensor,
+    cand_keys: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """``[c] float32``: the probability mass each candidate gets from the queries, in one
     distribution with the row (`window_probs` over row + candidates).
 
@@ -64,7 +72,7 @@ def candidate_mass(q: torch.Tensor, row_keys: torch.Tensor, lengths: torch.Tenso
     """
     keys = torch.cat([row_keys, cand_keys.to(row_keys.device)])
     probs = window_probs(q, keys, lengths, scale, open_tail=cand_keys.shape[0])
-    return probs[:, :, row_keys.shape[0]:].sum(dim=(0, 1))
+    return probs[:, :, row_keys.shape[0] :].sum(dim=(0, 1))
 
 
 def split(prefix: int, total: int, window: int, page_size: int) -> tuple[int, int] | None:

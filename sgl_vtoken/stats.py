@@ -21,9 +21,13 @@ def attention_sum_update(acc: torch.Tensor, probs: torch.Tensor) -> torch.Tensor
     return acc + probs.sum(dim=0).to(acc.dtype)
 
 
-def low_importance_update(bits: torch.Tensor, probs: torch.Tensor, history: int,
-                          threshold: float = 1.0,
-                          lengths: torch.Tensor | None = None) -> torch.Tensor:
+def low_importance_update(
+    bits: torch.Tensor,
+    probs: torch.Tensor,
+    history: int,
+    threshold: float = 1.0,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Scissorhands counter as a shift register: bit i set = low importance i queries ago.
 
     A key is low-importance for a query when ``prob < threshold / num_attended``; keys a query
@@ -38,11 +42,11 @@ def low_importance_update(bits: torch.Tensor, probs: torch.Tensor, history: int,
     if lengths is None:
         lengths = torch.full((q,), n, dtype=torch.int64, device=probs.device)
     take = min(q, history)
-    probs, lengths = probs[q - take:], lengths[q - take:]
+    probs, lengths = probs[q - take :], lengths[q - take :]
     idx = torch.arange(n, device=probs.device)
-    attended = idx[None, :] < lengths[:, None]                                   # [take, n]
-    limit = threshold / lengths.clamp(min=1).to(probs.dtype)                     # [take]
-    low = (probs < limit.view(-1, 1, 1, 1)) & attended.view(take, n, 1, 1)      # [take, n, L, H]
+    attended = idx[None, :] < lengths[:, None]  # [take, n]
+    limit = threshold / lengths.clamp(min=1).to(probs.dtype)  # [take]
+    low = (probs < limit.view(-1, 1, 1, 1)) & attended.view(take, n, 1, 1)  # [take, n, L, H]
     shifts = torch.arange(take - 1, -1, -1, device=probs.device).view(-1, 1, 1, 1)
     new = (low.to(torch.int64) << shifts).sum(dim=0)
     survivors = bits & ((1 << (history - take)) - 1)  # bits that stay inside the window
@@ -149,8 +153,9 @@ class LowImportanceCount(RowStats):
 
     def update(self, probs, lengths=None):
         probs = _as_block(probs)
-        self.state = low_importance_update(self._grow(probs), probs, self.history,
-                                           self.threshold, lengths)
+        self.state = low_importance_update(
+            self._grow(probs), probs, self.history, self.threshold, lengths
+        )
 
     @property
     def stats(self):
@@ -161,5 +166,6 @@ class LowImportanceCount(RowStats):
     def check_integrity(self):
         super().check_integrity()
         if self.state is not None:
-            assert bool((self.state >= 0).all() and (self.state < (1 << self.history)).all()), \
+            assert bool((self.state >= 0).all() and (self.state < (1 << self.history)).all()), (
                 "register bits beyond history"
+            )

@@ -86,12 +86,12 @@ class Decision:
     """What `decide` chose; host values unless noted. Per row b: ``keep[b, :length]``."""
 
     rows: list[EvictRow]
-    keep: torch.Tensor           # [B, W] bool, host
+    keep: torch.Tensor  # [B, W] bool, host
     counts: dict[str, list[int]]  # SUMMARY column -> one value per row
-    plan: IndexPlan              # device
-    raw: torch.Tensor            # [B, W] int64 slots before the step (device)
-    lengths: torch.Tensor        # [B] int64 (device)
-    cpl: torch.Tensor            # [B] int64 (device)
+    plan: IndexPlan  # device
+    raw: torch.Tensor  # [B, W] int64 slots before the step (device)
+    lengths: torch.Tensor  # [B] int64 (device)
+    cpl: torch.Tensor  # [B] int64 (device)
     tree_pages: torch.Tensor | None = None  # [B, P] int64 host: kept whole tree page ids, else -1
 
     def kept_tree_pages(self, b: int) -> torch.Tensor:
@@ -101,7 +101,7 @@ class Decision:
 
     def keep_indices(self, b: int) -> torch.Tensor:
         """Ascending kept row indices of row `b` (host int64)."""
-        return self.keep[b, :self.rows[b].length].nonzero().flatten()
+        return self.keep[b, : self.rows[b].length].nonzero().flatten()
 
     def new_length(self, b: int) -> int:
         c = self.counts
@@ -129,8 +129,23 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     for r in rows:
         if "attn" in r.policy.needs and r.attn is None:
             raise ValueError(f"policy {r.policy.name!r} needs TokenView.attn (got None)")
-    meta = torch.tensor([(r.length, r.cpl, r.row, r.policy.sink, r.policy.window, r.cpl if r.shared else 0,
-                          r.budget, r.rid, r.step) for r in rows], dtype=torch.int64)
+    meta = torch.tensor(
+        [
+            (
+                r.length,
+                r.cpl,
+                r.row,
+                r.policy.sink,
+                r.policy.window,
+                r.cpl if r.shared else 0,
+                r.budget,
+                r.rid,
+                r.step,
+            )
+            for r in rows
+        ],
+        dtype=torch.int64,
+    )
     lengths, cpl, idx, sink, window, shared, budget, rid, steps = _to(meta, dev).unbind(1)
     positions = _to(pad_sequence([r.positions for r in rows], batch_first=True), dev)
     w = positions.shape[1]
@@ -138,11 +153,17 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     valid = j < lengths[:, None]
     raw = pool.req_to_token[idx, :w].to(torch.int64)  # beyond a row: written back unchanged
     scores = _scores(rows, pool, positions, valid, raw, rid, steps)
-    must = valid & ((positions < sink[:, None]) | (j >= (lengths - window)[:, None])
-                    | (j < shared[:, None]))
+    must = valid & (
+        (positions < sink[:, None]) | (j >= (lengths - window)[:, None]) | (j < shared[:, None])
+    )
     if any(r.pinned is not None for r in rows):
-        pinned = pad_sequence([torch.zeros(r.length, dtype=torch.bool) if r.pinned is None else r.pinned
-                               for r in rows], batch_first=True)
+        pinned = pad_sequence(
+            [
+                torch.zeros(r.length, dtype=torch.bool) if r.pinned is None else r.pinned
+                for r in rows
+            ],
+            batch_first=True,
+        )
         must |= _to(pinned, dev) & valid
     scores = torch.nan_to_num(scores, nan=-torch.inf).masked_fill(must, torch.inf)
     keep = _top(scores.masked_fill(~valid, -torch.inf), lengths, torch.minimum(budget, lengths))
@@ -154,17 +175,24 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     host = torch.cat(parts, dim=1).cpu()  # the sync
     s = w + plan.summary.shape[1]
     keep_h, summary_h, over_h = host[:, :w].bool(), host[:, w:s], host[:, s]
-    tree_pages = host[:, s + 1:] if len(parts) > 3 else None
+    tree_pages = host[:, s + 1 :] if len(parts) > 3 else None
     if bool(over_h.gt(0).any()):
         b = int(over_h.gt(0).nonzero()[0])
-        raise ValueError(f"budget {rows[b].budget} is smaller than the {rows[b].budget + int(over_h[b])} "
-                         f"tokens policy {rows[b].policy.name!r} must keep (sinks, window, shared, recalled)")
+        raise ValueError(
+            f"budget {rows[b].budget} is smaller than the {rows[b].budget + int(over_h[b])} "
+            f"tokens policy {rows[b].policy.name!r} must keep (sinks, window, shared, recalled)"
+        )
     counts = dict(zip(SUMMARY, summary_h.t().tolist()))
     return Decision(rows, keep_h, counts, plan, raw, lengths, cpl, tree_pages)
 
 
-def apply(d: Decision, pool: KVPoolView, copy_slots: list[torch.Tensor] | None = None,
-          active: list[bool] | None = None, move_stream=None) -> Applied:
+def apply(
+    d: Decision,
+    pool: KVPoolView,
+    copy_slots: list[torch.Tensor] | None = None,
+    active: list[bool] | None = None,
+    move_stream=None,
+) -> Applied:
     """Carry out the decision for the `active` rows (default all): one repack launch (on
     `move_stream` when given), one row write. `copy_slots[b]`: the fresh pages (slots, on the
     pool's device) for row b's ``counts["copies"][b]`` copies, whole pages."""
@@ -179,8 +207,11 @@ def apply(d: Decision, pool: KVPoolView, copy_slots: list[torch.Tensor] | None =
         raw, lengths, cpl = raw[pick], lengths[pick], cpl[pick]
     c = {k: [v[b] for b in sel] for k, v in d.counts.items()}
     copies = [copy_slots[b] for b in sel] if copy_slots is not None else []
-    slots = (pad_sequence([t.to(dev, torch.int64) for t in copies], batch_first=True)
-             if any(t.numel() for t in copies) else raw.new_zeros(len(sel), 0))
+    slots = (
+        pad_sequence([t.to(dev, torch.int64) for t in copies], batch_first=True)
+        if any(t.numel() for t in copies)
+        else raw.new_zeros(len(sel), 0)
+    )
     if slots.shape[1] == 0:
         slots = raw.new_zeros(len(sel), ps)
     num_moves = sum(c["copies"]) + sum(c["moved"])
@@ -190,7 +221,9 @@ def apply(d: Decision, pool: KVPoolView, copy_slots: list[torch.Tensor] | None =
             repack_kv_(pool.k_buffers, pool.v_buffers, sp.src, sp.dst)
     idx = _to(torch.tensor([d.rows[b].row for b in sel], dtype=torch.int64), dev)
     w = raw.shape[1]
-    pool.req_to_token[idx[:, None], torch.arange(w, device=dev)] = sp.new_rows.to(pool.req_to_token.dtype)
+    pool.req_to_token[idx[:, None], torch.arange(w, device=dev)] = sp.new_rows.to(
+        pool.req_to_token.dtype
+    )
     return Applied(sp.freed, c["freed"], num_moves)
 
 
@@ -203,7 +236,9 @@ def _top(scores: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> torch.
     j = torch.arange(w, device=scores.device).expand(b, w)
     flip = torch.where(j < lengths[:, None], lengths[:, None] - 1 - j, j)
     order = scores.gather(1, flip).sort(dim=1, descending=True, stable=True).indices
-    return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, flip.gather(1, order), j < k[:, None])
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(
+        1, flip.gather(1, order), j < k[:, None]
+    )
 
 
 def _to(t: torch.Tensor, device) -> torch.Tensor:
@@ -219,10 +254,19 @@ def _scores(rows, pool: KVPoolView, positions, valid, raw, rid, steps) -> torch.
         groups.setdefault(id(r.policy), []).append(b)
     for members in groups.values():
         pol = rows[members[0]].policy
-        pick = slice(None) if len(members) == len(rows) else _to(torch.tensor(members), positions.device)
+        pick = (
+            slice(None)
+            if len(members) == len(rows)
+            else _to(torch.tensor(members), positions.device)
+        )
         sub = raw[pick]
-        batch = RowBatch(positions[pick], valid[pick], rid[pick], steps[pick],
-                         key_norms=lambda sub=sub: _key_norms(pool, sub))
+        batch = RowBatch(
+            positions[pick],
+            valid[pick],
+            rid[pick],
+            steps[pick],
+            key_norms=lambda sub=sub: _key_norms(pool, sub),
+        )
         s = pol.score_rows(batch)
         if s is not None:
             out[pick] = s.to(torch.float64)
@@ -233,16 +277,25 @@ def _scores(rows, pool: KVPoolView, positions, valid, raw, rid, steps) -> torch.
     return out
 
 
-def row_view(r: EvictRow, pool: KVPoolView, slots: torch.Tensor, positions: torch.Tensor) -> TokenView:
+def row_view(
+    r: EvictRow, pool: KVPoolView, slots: torch.Tensor, positions: torch.Tensor
+) -> TokenView:
     """The `TokenView` of one row, read on the pool's device (keys and values only if needed)."""
+
     def gather(buffers):
         return pool.gather_heads(torch.stack([buf[slots] for buf in buffers], dim=1), dim=2)
 
     needs = r.policy.needs
     shared = torch.arange(r.length, device=slots.device) < r.cpl if r.shared else None
-    return TokenView(positions=positions, keys=gather(pool.k_buffers) if "keys" in needs else None,
-                     values=gather(pool.v_buffers) if "values" in needs else None,
-                     attn=r.attn, shared=shared, rid=r.rid, step=r.step)
+    return TokenView(
+        positions=positions,
+        keys=gather(pool.k_buffers) if "keys" in needs else None,
+        values=gather(pool.v_buffers) if "values" in needs else None,
+        attn=r.attn,
+        shared=shared,
+        rid=r.rid,
+        step=r.step,
+    )
 
 
 def _key_norms(pool: KVPoolView, slots: torch.Tensor) -> torch.Tensor:

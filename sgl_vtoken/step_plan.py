@@ -36,13 +36,13 @@ SUMMARY = ("whole", "copies", "kept_private", "moved", "depth", "freed")
 class IndexPlan(NamedTuple):
     """Slot-independent half of a batched plan (device tensors, ``[B, W]`` unless noted)."""
 
-    whole: torch.Tensor      # bool: kept tree rows the row keeps referencing (whole pages)
-    copy: torch.Tensor       # bool: kept tree rows copied to fresh private pages
+    whole: torch.Tensor  # bool: kept tree rows the row keeps referencing (whole pages)
+    copy: torch.Tensor  # bool: kept tree rows copied to fresh private pages
     kept_priv: torch.Tensor  # bool: kept private rows
-    moved: torch.Tensor      # bool: kept private rows whose KV moves
-    live: torch.Tensor       # [B, P] bool: private row pages holding a kept token
-    rank: torch.Tensor       # [B, P] int64: rank of each live private page among them
-    summary: torch.Tensor    # [B, len(SUMMARY)] int64, columns named by SUMMARY
+    moved: torch.Tensor  # bool: kept private rows whose KV moves
+    live: torch.Tensor  # [B, P] bool: private row pages holding a kept token
+    rank: torch.Tensor  # [B, P] int64: rank of each live private page among them
+    summary: torch.Tensor  # [B, len(SUMMARY)] int64, columns named by SUMMARY
 
 
 def _pages(mask: torch.Tensor, ps: int) -> torch.Tensor:
@@ -54,8 +54,9 @@ def _pages(mask: torch.Tensor, ps: int) -> torch.Tensor:
     return padded.view(b, p, ps).sum(-1)
 
 
-def index_plan(keep: torch.Tensor, lengths: torch.Tensor, cpl: torch.Tensor,
-               positions: torch.Tensor, ps: int) -> IndexPlan:
+def index_plan(
+    keep: torch.Tensor, lengths: torch.Tensor, cpl: torch.Tensor, positions: torch.Tensor, ps: int
+) -> IndexPlan:
     """Plan every row's eviction from its keep mask (no slot values needed).
 
     Args:
@@ -94,13 +95,21 @@ class SlotPlan(NamedTuple):
     """Slot half of a batched plan (device tensors)."""
 
     new_rows: torch.Tensor  # [B, W] int64: row entries after the step (beyond new_len: unchanged)
-    src: torch.Tensor       # [moves] int64: KV moves kv[dst] = kv[src], row by row, row order
+    src: torch.Tensor  # [moves] int64: KV moves kv[dst] = kv[src], row by row, row order
     dst: torch.Tensor
-    freed: torch.Tensor     # [pages] int64 page ids (slots at page size 1), row by row
+    freed: torch.Tensor  # [pages] int64 page ids (slots at page size 1), row by row
 
 
-def slot_plan(ip: IndexPlan, raw: torch.Tensor, lengths: torch.Tensor, cpl: torch.Tensor,
-              copy_slots: torch.Tensor, ps: int, num_moves: int, num_freed: int) -> SlotPlan:
+def slot_plan(
+    ip: IndexPlan,
+    raw: torch.Tensor,
+    lengths: torch.Tensor,
+    cpl: torch.Tensor,
+    copy_slots: torch.Tensor,
+    ps: int,
+    num_moves: int,
+    num_freed: int,
+) -> SlotPlan:
     """The slots of `ip`: `raw` ``[B, W]`` is each row's slots (padding: any valid slot),
     `copy_slots` ``[B, C]`` the fresh pages of each row's copies (C >= 1, whole pages, padded),
     `num_moves` / `num_freed` the totals of the summary's ``copies + moved`` / ``freed``."""
@@ -108,20 +117,25 @@ def slot_plan(ip: IndexPlan, raw: torch.Tensor, lengths: torch.Tensor, cpl: torc
     j = torch.arange(w, device=raw.device)
     nw, nc, npriv = ip.summary[:, 0:1], ip.summary[:, 1:2], ip.summary[:, 2:3]
     nnew = (nc + ps - 1) // ps
-    page_ids = raw[:, ::ps] // ps                                            # [B, P]
+    page_ids = raw[:, ::ps] // ps  # [B, P]
     p = page_ids.shape[1]
-    live_ids = raw.new_zeros(b, p + 1)                                       # column p: dummy
+    live_ids = raw.new_zeros(b, p + 1)  # column p: dummy
     live_ids.scatter_(1, torch.where(ip.live, ip.rank, p), page_ids)
-    fresh = copy_slots[:, ::ps] // ps                                        # [B, C / ps]
-    k = nc + ip.kept_priv.cumsum(1) - 1                                      # offset in live list
+    fresh = copy_slots[:, ::ps] // ps  # [B, C / ps]
+    k = nc + ip.kept_priv.cumsum(1) - 1  # offset in live list
     r = k // ps
-    page = torch.where(r >= nnew, live_ids.gather(1, (r - nnew).clamp(0, p - 1)),
-                       fresh.gather(1, r.clamp(0, fresh.shape[1] - 1)))
+    page = torch.where(
+        r >= nnew,
+        live_ids.gather(1, (r - nnew).clamp(0, p - 1)),
+        fresh.gather(1, r.clamp(0, fresh.shape[1] - 1)),
+    )
     priv_slot = page * ps + k % ps
     copy_dst = copy_slots.gather(1, (ip.copy.cumsum(1) - 1).clamp(0, copy_slots.shape[1] - 1))
-    t = torch.where(ip.whole, ip.whole.cumsum(1) - 1,
-                    torch.where(ip.copy, nw + ip.copy.cumsum(1) - 1,
-                                torch.where(ip.kept_priv, k + nw, w)))
+    t = torch.where(
+        ip.whole,
+        ip.whole.cumsum(1) - 1,
+        torch.where(ip.copy, nw + ip.copy.cumsum(1) - 1, torch.where(ip.kept_priv, k + nw, w)),
+    )
     val = torch.where(ip.whole, raw, torch.where(ip.copy, copy_dst, priv_slot))
     new_rows = raw.new_zeros(b, w + 1).scatter_(1, t, val)[:, :w]
     new_rows = torch.where(j < (nw + nc + npriv), new_rows, raw)

@@ -39,13 +39,17 @@ class TokenView:
 
     def __post_init__(self) -> None:
         if self.positions.dim() != 1:
-            raise ValueError(f"TokenView.positions must be 1-D [n] (got {tuple(self.positions.shape)})")
+            raise ValueError(
+                f"TokenView.positions must be 1-D [n] (got {tuple(self.positions.shape)})"
+            )
         n = self.positions.shape[0]
         for name, dims in (("keys", 4), ("values", 4), ("attn", 3), ("shared", 1), ("agreed", 1)):
             t = getattr(self, name)
             if t is not None and (t.dim() != dims or t.shape[0] != n):
-                raise ValueError(f"TokenView.{name} must have {dims} dims and first dim n={n} "
-                                 f"(got {tuple(t.shape)})")
+                raise ValueError(
+                    f"TokenView.{name} must have {dims} dims and first dim n={n} "
+                    f"(got {tuple(t.shape)})"
+                )
 
     @property
     def n(self) -> int:

@@ -34,8 +34,10 @@ def corpus(text: str | None, heldout_every: int) -> tuple[list[str], list[str]]:
         body = Path(text).read_text(encoding="utf-8", errors="replace")
         cut = int(len(body) * 0.9)
         return [body[:cut]], [body[cut:]]
-    return ([d for i, d in enumerate(docs) if i % heldout_every],
-            [d for i, d in enumerate(docs) if i % heldout_every == 0])
+    return (
+        [d for i, d in enumerate(docs) if i % heldout_every],
+        [d for i, d in enumerate(docs) if i % heldout_every == 0],
+    )
 
 
 def tokenize(tok, docs: list[str]) -> torch.Tensor:
@@ -46,14 +48,23 @@ def tokenize(tok, docs: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64)
 
 
-def text_windows(model_path: str, text: str | None, split: str, num: int, seq_len: int,
-                 seed: int, heldout_every: int = 10) -> torch.Tensor:
+def text_windows(
+    model_path: str,
+    text: str | None,
+    split: str,
+    num: int,
+    seq_len: int,
+    seed: int,
+    heldout_every: int = 10,
+) -> torch.Tensor:
     """``[num, seq_len]`` windows of the ``"train"`` or ``"heldout"`` split, at start offsets
     drawn from a generator seeded with `seed`."""
     from transformers import AutoTokenizer
 
     train_docs, held_docs = corpus(text, heldout_every)
-    ids = tokenize(AutoTokenizer.from_pretrained(model_path), train_docs if split == "train" else held_docs)
+    ids = tokenize(
+        AutoTokenizer.from_pretrained(model_path), train_docs if split == "train" else held_docs
+    )
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, ids.numel() - seq_len, (num,), generator=gen).tolist()
-    return torch.stack([ids[s:s + seq_len] for s in starts])
+    return torch.stack([ids[s : s + seq_len] for s in starts])

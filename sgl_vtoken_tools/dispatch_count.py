@@ -34,14 +34,41 @@ from torch.utils._pytree import tree_flatten
 
 _ACTIVE: DeviceCounter | None = None
 _RUNTIME = ("sgl_vtoken/", "patches/", "kernels/", "sglang/")
-_HOST_READS = {"tolist", "cpu", "numpy", "__array__"}  # no dispatch on CPU; `.item()`, `int()`, ... do
-_FACTORIES = {"zeros", "ones", "empty", "full", "arange", "tensor", "rand", "randn", "randint", "randperm",
-              "linspace", "as_tensor", "zeros_like", "ones_like", "empty_like", "full_like"}
+_HOST_READS = {
+    "tolist",
+    "cpu",
+    "numpy",
+    "__array__",
+}  # no dispatch on CPU; `.item()`, `int()`, ... do
+_FACTORIES = {
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "arange",
+    "tensor",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "linspace",
+    "as_tensor",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+}
 _INDEXING = ("aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default")
-_READS = {"aten._local_scalar_dense.default": "item", "aten.equal.default": "equal",
-          "aten.is_nonzero.default": "bool", "aten.nonzero.default": "nonzero", "aten._unique2.default": "unique",
-          "aten.unique_dim.default": "unique", "aten.unique_consecutive.default": "unique",
-          "aten.masked_select.default": "masked_select"}
+_READS = {
+    "aten._local_scalar_dense.default": "item",
+    "aten.equal.default": "equal",
+    "aten.is_nonzero.default": "bool",
+    "aten.nonzero.default": "nonzero",
+    "aten._unique2.default": "unique",
+    "aten.unique_dim.default": "unique",
+    "aten.unique_consecutive.default": "unique",
+    "aten.masked_select.default": "masked_select",
+}
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -78,10 +105,17 @@ class DeviceCounter:
 
     # --- results ------------------------------------------------------------------------------
     def summary(self) -> dict:
-        return dict(host_syncs=len(self.syncs), launches=self.launches, allocs=len(self.allocs),
-                    alloc_bytes=sum(self.allocs), max_alloc_bytes=max(self.allocs, default=0),
-                    h2d=self.h2d, d2h_async=self.d2h, calls=dict(self.calls),
-                    sync_sites=dict(Counter(f"{kind} {site}" for kind, site in self.syncs)))
+        return dict(
+            host_syncs=len(self.syncs),
+            launches=self.launches,
+            allocs=len(self.allocs),
+            alloc_bytes=sum(self.allocs),
+            max_alloc_bytes=max(self.allocs, default=0),
+            h2d=self.h2d,
+            d2h_async=self.d2h,
+            calls=dict(self.calls),
+            sync_sites=dict(Counter(f"{kind} {site}" for kind, site in self.syncs)),
+        )
 
     def _sync(self, kind: str) -> None:
         self.syncs.append((kind, _site()))
@@ -115,9 +149,11 @@ class _Functions(TorchFunctionMode):
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         on_device = c._any_device((args, kwargs))
-        moved = name in ("to", "cuda") and (any(isinstance(a, (torch.device, str)) for a in args[1:])
-                                            or "device" in kwargs
-                                            or any(isinstance(a, torch.Tensor) and c.is_device(a) for a in args[1:]))
+        moved = name in ("to", "cuda") and (
+            any(isinstance(a, (torch.device, str)) for a in args[1:])
+            or "device" in kwargs
+            or any(isinstance(a, torch.Tensor) and c.is_device(a) for a in args[1:])
+        )
         made = name in _FACTORIES and kwargs.get("device") is not None
         if on_device and name in _HOST_READS:
             c._sync(name)
@@ -129,7 +165,9 @@ class _Functions(TorchFunctionMode):
         finally:
             c._device_call -= on_device or moved or made
         if out is (args[0] if args else None) and (moved or name == "cpu"):
-            c._quiet += 1  # a no-op move on CPU returns its input: give the other side its own tensor
+            c._quiet += (
+                1  # a no-op move on CPU returns its input: give the other side its own tensor
+            )
             try:
                 with torch._C.DisableTorchFunction():
                     out = out.view_as(out)
@@ -173,7 +211,11 @@ class _Dispatch(TorchDispatchMode):
         if not func.is_view:
             c.launches += 1
             ptrs = {t.untyped_storage().data_ptr() for t in inputs}
-            c.allocs += [t.untyped_storage().nbytes() for t in outs if t.untyped_storage().data_ptr() not in ptrs]
+            c.allocs += [
+                t.untyped_storage().nbytes()
+                for t in outs
+                if t.untyped_storage().data_ptr() not in ptrs
+            ]
         c.mark(*outs)
         return out
 
@@ -185,7 +227,7 @@ def _site() -> str:
         path = f.f_code.co_filename.replace("\\", "/")
         hit = next((p for p in _RUNTIME if f"/{p}" in path), None)
         if hit and "/sgl_vtoken_tools/" not in path and "/torch/" not in path:
-            return path[path.index(f"/{hit}") + 1:] + f":{f.f_lineno}"
+            return path[path.index(f"/{hit}") + 1 :] + f":{f.f_lineno}"
         f = f.f_back
     return "?"
 
@@ -229,6 +271,7 @@ def count_calls(module, *names: str):
             c.launches += 1
             with quiet():
                 return real[n](*args, **kwargs)
+
         return counted
 
     for n in names:

@@ -53,8 +53,19 @@ class Req:
     def __init__(self, ids, st=None, idx=0):
         self.origin_input_ids, self.output_ids = array("q", ids), array("q")
         self.full_untruncated_fill_ids = array("q")
-        self.vtoken, self.kv, self.extra_key, self.cache_salt, self.priority = st, KV(idx), None, None, 0
-        self.return_logprob, self.logprob_start_len, self.lock, self.last_node = False, -1, None, None
+        self.vtoken, self.kv, self.extra_key, self.cache_salt, self.priority = (
+            st,
+            KV(idx),
+            None,
+            None,
+            0,
+        )
+        self.return_logprob, self.logprob_start_len, self.lock, self.last_node = (
+            False,
+            -1,
+            None,
+            None,
+        )
         self.done = False
 
     def refresh_fill_ids(self):
@@ -74,8 +85,15 @@ class PagedAllocator(Allocator):
         super().__init__(pages * page_size)
         self.page_size = page_size
         self.free_slots = list(range(page_size, (pages + 1) * page_size))  # page 0 is reserved
-        self.pool = type("Pool", (), {"layer_num": 1, "k_buffer": [torch.zeros(pages * page_size + page_size, 1, 2)],
-                                      "v_buffer": [torch.zeros(pages * page_size + page_size, 1, 2)]})()
+        self.pool = type(
+            "Pool",
+            (),
+            {
+                "layer_num": 1,
+                "k_buffer": [torch.zeros(pages * page_size + page_size, 1, 2)],
+                "v_buffer": [torch.zeros(pages * page_size + page_size, 1, 2)],
+            },
+        )()
         self.pool.get_key_buffer = lambda layer: self.pool.k_buffer[layer]
 
     def get_kvcache(self):

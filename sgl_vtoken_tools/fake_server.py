@@ -44,12 +44,22 @@ class Allocator:
         self.device, self.size = "cpu", pool_tokens
         self.free_pages = torch.arange(1, pool_tokens // ps + 1)  # page 0 is SGLang's padding page
         slots = (pool_tokens // ps + 1) * ps
-        buf = [torch.empty(slots, shape.kv_heads, shape.head_dim, dtype=shape.dtype) for _ in range(2 * shape.layers)]
+        buf = [
+            torch.empty(slots, shape.kv_heads, shape.head_dim, dtype=shape.dtype)
+            for _ in range(2 * shape.layers)
+        ]
         g = torch.Generator().manual_seed(0)
-        for t in buf:  # the slots rows use first (the free list is ascending); the rest is never touched
+        for t in (
+            buf
+        ):  # the slots rows use first (the free list is ascending); the rest is never touched
             t[:init_tokens].normal_(generator=g)
-        self.pool = SimpleNamespace(k_buffer=buf[:shape.layers], v_buffer=buf[shape.layers:], layer_num=shape.layers,
-                                    head_num=shape.kv_heads, get_key_buffer=lambda layer: buf[layer])
+        self.pool = SimpleNamespace(
+            k_buffer=buf[: shape.layers],
+            v_buffer=buf[shape.layers :],
+            layer_num=shape.layers,
+            head_num=shape.kv_heads,
+            get_key_buffer=lambda layer: buf[layer],
+        )
         mark(*buf)
 
     def get_kvcache(self):
@@ -93,8 +103,17 @@ class ReqToTokenPool:
 class FakeServer:
     """One scheduler process: the real holed radix cache and hooks over `Allocator`."""
 
-    def __init__(self, shape: Shape, *, pool_tokens: int, page_size: int, max_reqs: int = 256,
-                 max_ctx: int = 2048, host_tokens: int = 0, init_tokens: int = 1 << 16):
+    def __init__(
+        self,
+        shape: Shape,
+        *,
+        pool_tokens: int,
+        page_size: int,
+        max_reqs: int = 256,
+        max_ctx: int = 2048,
+        host_tokens: int = 0,
+        init_tokens: int = 1 << 16,
+    ):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
         from sgl_vtoken.patches.cache import host_tier, radix
@@ -104,16 +123,33 @@ class FakeServer:
         self.shape, self.page_size = shape, page_size
         self.alloc = Allocator(pool_tokens, page_size, shape, init_tokens)
         rtt = ReqToTokenPool(max_reqs, max_ctx)
-        self.cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=rtt,
-                                                           token_to_kv_pool_allocator=self.alloc,
-                                                           page_size=page_size))
-        self.scheduler = SimpleNamespace(tree_cache=self.cache, req_to_token_pool=rtt, page_size=page_size,
-                                         token_to_kv_pool_allocator=self.alloc, max_total_num_tokens=pool_tokens,
-                                         _reqs_finishing_inflight=lambda batch: [])
+        self.cache = radix.HoledRadixCache(
+            CacheInitParams(
+                disable=False,
+                req_to_token_pool=rtt,
+                token_to_kv_pool_allocator=self.alloc,
+                page_size=page_size,
+            )
+        )
+        self.scheduler = SimpleNamespace(
+            tree_cache=self.cache,
+            req_to_token_pool=rtt,
+            page_size=page_size,
+            token_to_kv_pool_allocator=self.alloc,
+            max_total_num_tokens=pool_tokens,
+            _reqs_finishing_inflight=lambda batch: [],
+        )
         self.model_runner = SimpleNamespace(token_to_kv_pool=self.alloc.pool, req_to_token_pool=rtt)
-        self.layers = [SimpleNamespace(layer_id=i, tp_q_head_num=shape.q_heads, tp_k_head_num=shape.kv_heads,
-                                       qk_head_dim=shape.head_dim, scaling=shape.head_dim ** -0.5)
-                       for i in range(shape.layers)]
+        self.layers = [
+            SimpleNamespace(
+                layer_id=i,
+                tp_q_head_num=shape.q_heads,
+                tp_k_head_num=shape.kv_heads,
+                qk_head_dim=shape.head_dim,
+                scaling=shape.head_dim**-0.5,
+            )
+            for i in range(shape.layers)
+        ]
         self.rows = list(range(max_reqs - 1, -1, -1))  # free req_to_token rows
         self._q: dict[int, list[torch.Tensor]] = {}
         self.gen = torch.Generator().manual_seed(0)
@@ -136,16 +172,20 @@ class FakeServer:
         req = Req(ids, st, idx=self.rows.pop())
         req.rid = rid
         req.refresh_fill_ids()
-        result = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids, None),
-                                                           req=req))
+        result = self.cache.match_prefix(
+            MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids, None), req=req)
+        )
         req.last_node, req.prefix_len = result.last_device_node, result.device_prefix_len
         req.lock = self.cache.lock(req.last_node)
         prefix = self.cache.prefix_device_indices(req).to(torch.int64)
         n = len(req.full_untruncated_fill_ids)
         row = torch.cat([prefix, self._slots(prefix, n - prefix.numel())])
         self.req_to_token[req.kv.req_pool_idx, :n] = row.to(torch.int32)
-        req.kv.cache_protected_len = result.cache_protected_len if result.cache_protected_len is not None \
+        req.kv.cache_protected_len = (
+            result.cache_protected_len
+            if result.cache_protected_len is not None
             else result.device_prefix_len
+        )
         req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end = n
         req.kv.swa_evict_floor, req.kv.holds_kv = 0, True
         if host_tier.tier_of() is not None:
@@ -178,8 +218,12 @@ class FakeServer:
         from sgl_vtoken.patches.step import scores
 
         batch = self._batch(reqs)
-        fb = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True), batch_size=len(reqs),
-                             seq_lens_cpu=batch.seq_lens_cpu, extend_seq_lens_cpu=None)
+        fb = SimpleNamespace(
+            forward_mode=SimpleNamespace(is_decode=lambda: True),
+            batch_size=len(reqs),
+            seq_lens_cpu=batch.seq_lens_cpu,
+            extend_seq_lens_cpu=None,
+        )
         scored = scores.scored_requests(batch)
         if not scored:
             scores.clear(self.model_runner)
@@ -188,7 +232,9 @@ class FakeServer:
         real, scores.get_token_to_kv_pool = scores.get_token_to_kv_pool, lambda: self.alloc.pool
         try:
             for layer, q in zip(self.layers, self._queries(len(reqs))):
-                scores.around_radix_attention_forward(lambda *a, **k: None, layer, q, None, None, fb)
+                scores.around_radix_attention_forward(
+                    lambda *a, **k: None, layer, q, None, None, fb
+                )
         finally:
             scores.get_token_to_kv_pool = real
 
@@ -219,9 +265,15 @@ class FakeServer:
             tree = set((self.cache.all_values_flatten() // ps).tolist())
             rows = set()  # with the pages a Naive-Evict emulation holds back
             for r in reqs:
-                rows |= set((self.req_to_token[r.kv.req_pool_idx, :r.kv.kv_committed_len].long() // ps).tolist())
+                rows |= set(
+                    (
+                        self.req_to_token[r.kv.req_pool_idx, : r.kv.kv_committed_len].long() // ps
+                    ).tolist()
+                )
                 rows |= set(r.vtoken.naive.held.tolist())
-            assert not (tree | rows) & set(free), f"free pages in use: {sorted((tree | rows) & set(free))[:8]}"
+            assert not (tree | rows) & set(free), (
+                f"free pages in use: {sorted((tree | rows) & set(free))[:8]}"
+            )
             lost = set(range(1, self.alloc.size // ps + 1)) - set(free) - tree - rows
             assert not lost, f"{len(lost)} pages leaked, e.g. {sorted(lost)[:8]}"
 
@@ -246,6 +298,8 @@ class FakeServer:
         if bs not in self._q:
             g = torch.Generator().manual_seed(bs)
             s = self.shape
-            self._q[bs] = [mark(torch.randn(bs, s.q_heads * s.head_dim, generator=g).to(s.dtype))
-                           for _ in range(s.layers)]
+            self._q[bs] = [
+                mark(torch.randn(bs, s.q_heads * s.head_dim, generator=g).to(s.dtype))
+                for _ in range(s.layers)
+            ]
         return self._q[bs]

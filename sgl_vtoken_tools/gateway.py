@@ -35,28 +35,61 @@ ROUTING_KEY = "X-SMG-Routing-Key"  # request header the `manual` policy pins to 
 class GatewayProcess:
     """One `smg launch` over `worker_urls` with `policy`; `extra`: more smg flags."""
 
-    def __init__(self, worker_urls: list[str], policy: str = "cache_aware", extra: tuple[str, ...] = (),
-                 startup_timeout: float = 60.0, log_path: str | Path | None = None):
+    def __init__(
+        self,
+        worker_urls: list[str],
+        policy: str = "cache_aware",
+        extra: tuple[str, ...] = (),
+        startup_timeout: float = 60.0,
+        log_path: str | Path | None = None,
+    ):
         self.worker_urls = list(worker_urls)
         self.port, self.metrics_port = free_port(), free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(self.port),
-                     "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-                     "--worker-urls", *self.worker_urls, "--policy", policy, "--log-level", "warn", *extra]
+        self.args = [
+            sys.executable,
+            "-m",
+            "smg",
+            "launch",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.metrics_port),
+            "--worker-urls",
+            *self.worker_urls,
+            "--policy",
+            policy,
+            "--log-level",
+            "warn",
+            *extra,
+        ]
         self.policy = policy
         self.startup_timeout = startup_timeout
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="smg-", suffix=".log")[1])
+        self.log_path = (
+            Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="smg-", suffix=".log")[1])
+        )
         self.proc: subprocess.Popen | None = None
         self.model: str | None = None
 
-    def start(self) -> "GatewayProcess":
+    def start(self) -> GatewayProcess:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"smg exited with code {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"smg exited with code {self.proc.returncode}:\n{self.log_tail()}"
+                )
             if self._ready():
                 return self
             time.sleep(0.25)
@@ -89,7 +122,7 @@ class GatewayProcess:
             return
         self.proc.wait(10)
 
-    def __enter__(self) -> "GatewayProcess":
+    def __enter__(self) -> GatewayProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

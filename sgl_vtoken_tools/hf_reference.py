@@ -32,7 +32,9 @@ def load_model(path):
     """fp32 causal LM from `path` with eager attention (attention probabilities returned)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 def _mask(allowed: list[list[int]], n: int, first: int = 0, dtype=torch.float32) -> torch.Tensor:
@@ -44,8 +46,15 @@ def _mask(allowed: list[list[int]], n: int, first: int = 0, dtype=torch.float32)
 
 
 @torch.no_grad()
-def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
-                  rid: str = "", tree_owned: int = 0, cached: int = 0) -> tuple[list[int], list[int]]:
+def masked_greedy(
+    model,
+    prompt: list[int],
+    max_new_tokens: int,
+    cfg: EvictConfig,
+    rid: str = "",
+    tree_owned: int = 0,
+    cached: int = 0,
+) -> tuple[list[int], list[int]]:
     """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions).
 
     Mirrors the server's convention: before decoding the token at position t the row (positions
@@ -59,8 +68,16 @@ def masked_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfi
 
 
 @torch.no_grad()
-def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig, rid: str = "",
-                tree_owned: int = 0, history: tuple | None = None, cached: int = 0):
+def masked_turn(
+    model,
+    prompt: list[int],
+    max_new_tokens: int,
+    cfg: EvictConfig,
+    rid: str = "",
+    tree_owned: int = 0,
+    history: tuple | None = None,
+    cached: int = 0,
+):
     """:func:`masked_greedy` for one turn of a conversation; returns (tokens, row, history).
 
     `history` is the previous turn's return value: the per-token masks of every token with KV,
@@ -102,8 +119,15 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
             values = v[:, :, row].permute(2, 0, 1, 3)
         pos = torch.tensor(row)
         shared = (pos < tree_owned) | torch.isin(pos, torch.tensor(pinned, dtype=torch.int64))
-        view = TokenView(positions=pos, keys=keys, attn=acc.stats if acc is not None else None,
-                         shared=shared, rid=stable_id(rid), step=steps, values=values)
+        view = TokenView(
+            positions=pos,
+            keys=keys,
+            attn=acc.stats if acc is not None else None,
+            shared=shared,
+            rid=stable_id(rid),
+            step=steps,
+            values=values,
+        )
         keep = policy.keep(view, cfg.budget)
         if acc is not None:
             acc.select(keep)
@@ -114,7 +138,11 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
         """Fold the attention of the observation window of the prompt chunk `[first, end)`."""
         window = min(cfg.scoring.obs_window, end - max(first, cached))
         if acc is not None and window > 0:
-            acc.update(*_group_probs(res.attentions, list(range(end - window, end)), row, model.config, cfg))
+            acc.update(
+                *_group_probs(
+                    res.attentions, list(range(end - window, end)), row, model.config, cfg
+                )
+            )
 
     # The prompt, chunk by chunk with `prefill_chunk`: the row is evicted to the budget whenever
     # it reaches budget + prefill_chunk and prompt tokens remain. With recall, the last chunk is
@@ -123,53 +151,91 @@ def masked_turn(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
     # with them visible, without a further eviction.
     pos, recalling = start, cfg.enabled and cfg.host.recall > 0
     while True:
-        end = len(prompt) if policy is None or cfg.prefill_peak is None or pinned else \
-            min(len(prompt), pos + cfg.prefill_peak - len(row))
+        end = (
+            len(prompt)
+            if policy is None or cfg.prefill_peak is None or pinned
+            else min(len(prompt), pos + cfg.prefill_peak - len(row))
+        )
         if end == len(prompt) and recalling:
             recalling = False
             candidates = [p for p in range(pos) if p not in set(row)]
-            cut = split(len(row), len(row) + len(prompt) - pos, cfg.scoring.obs_window,
-                        cfg.page_size) if candidates else None
+            cut = (
+                split(len(row), len(row) + len(prompt) - pos, cfg.scoring.obs_window, cfg.page_size)
+                if candidates
+                else None
+            )
             if cut is not None:
                 end, back = (pos + c - len(row) for c in cut)
                 first = [row + list(range(pos, i + 1)) for i in range(pos, end)]
                 window = min(cfg.scoring.obs_window, end - max(pos, cached))
-                head, rounds = row + list(range(pos, back)), turn_rounds(cfg.host.recall, cfg.host.rounds)
+                head, rounds = (
+                    row + list(range(pos, back)),
+                    turn_rounds(cfg.host.recall, cfg.host.rounds),
+                )
                 for r in range(rounds):  # each round's window sees what the rounds before recalled
-                    masks = allowed + first[:back - pos] + [head + pinned + list(range(back, i + 1))
-                                                            for i in range(back, end)]
+                    masks = (
+                        allowed
+                        + first[: back - pos]
+                        + [head + pinned + list(range(back, i + 1)) for i in range(back, end)]
+                    )
                     with _queries(model, True) as queries:
-                        res = model(torch.tensor([ids[:end]]), attention_mask=_mask(masks, end), use_cache=True)
-                    quota = round_quota(cfg.host.recall, cfg.host.rounds, len(pinned), r == rounds - 1)
+                        res = model(
+                            torch.tensor([ids[:end]]),
+                            attention_mask=_mask(masks, end),
+                            use_cache=True,
+                        )
+                    quota = round_quota(
+                        cfg.host.recall, cfg.host.rounds, len(pinned), r == rounds - 1
+                    )
                     taken = set(pinned)
-                    got = _recall(res, queries, [c for c in candidates if c not in taken],
-                                  head + pinned + list(range(back, end)), list(range(end - window, end)), cfg, quota)
+                    got = _recall(
+                        res,
+                        queries,
+                        [c for c in candidates if c not in taken],
+                        head + pinned + list(range(back, end)),
+                        list(range(end - window, end)),
+                        cfg,
+                        quota,
+                    )
                     pinned = pinned + got
                     if not got or len(pinned) == len(candidates):
                         break
-                allowed += first[:back - pos]
+                allowed += first[: back - pos]
                 row, pos = head + pinned, back
                 continue
         allowed += [row + list(range(pos, i + 1)) for i in range(pos, end)]
         row = row + list(range(pos, end))
         if end == len(prompt):
             break
-        res = model(torch.tensor([ids[:end]]), attention_mask=_mask(allowed, end), use_cache=True,
-                    output_attentions=acc is not None)
+        res = model(
+            torch.tensor([ids[:end]]),
+            attention_mask=_mask(allowed, end),
+            use_cache=True,
+            output_attentions=acc is not None,
+        )
         observe(res, pos, end)
         row = evict(res, row)
         pos = end
     out = []
     for k in range(max_new_tokens):
         if k == 0:  # the whole prompt; its last chunk's observation window
-            res = model(torch.tensor([ids]), attention_mask=_mask(allowed, len(ids)), use_cache=True,
-                        output_attentions=acc is not None)
+            res = model(
+                torch.tensor([ids]),
+                attention_mask=_mask(allowed, len(ids)),
+                use_cache=True,
+                output_attentions=acc is not None,
+            )
             observe(res, pos, len(prompt))
         else:  # the new token alone, over the cached K/V of every earlier token (each computed
             t = len(ids) - 1  # once, under its own step's mask, as the server computes it)
-            res = model(torch.tensor([[ids[t]]]), attention_mask=_mask([allowed[t]], t + 1, first=t),
-                        past_key_values=res.past_key_values, position_ids=torch.tensor([[t]]),
-                        use_cache=True, output_attentions=acc is not None)
+            res = model(
+                torch.tensor([[ids[t]]]),
+                attention_mask=_mask([allowed[t]], t + 1, first=t),
+                past_key_values=res.past_key_values,
+                position_ids=torch.tensor([[t]]),
+                use_cache=True,
+                output_attentions=acc is not None,
+            )
             if acc is not None:  # the new token's query
                 acc.update(*_group_probs(res.attentions, [t], row, model.config, cfg, first=t))
         nxt = int(res.logits[0, -1].argmax())
@@ -207,8 +273,9 @@ def _queries(model, on: bool):
         mod.eager_attention_forward = original
 
 
-def _recall(res, queries, candidates: list[int], row: list[int], window: list[int], cfg: EvictConfig,
-            k: int) -> list[int]:
+def _recall(
+    res, queries, candidates: list[int], row: list[int], window: list[int], cfg: EvictConfig, k: int
+) -> list[int]:
     """The `k` candidates the window's queries recall (`sgl_vtoken.recall`), ascending."""
     scores = torch.zeros(len(candidates))
     lengths = torch.tensor([row.index(t) + 1 for t in window])
@@ -216,13 +283,20 @@ def _recall(res, queries, candidates: list[int], row: list[int], window: list[in
     for layer, (q, scale) in enumerate(queries):
         if scored is not None and layer not in scored:
             continue
-        keys = res.past_key_values.layers[layer].keys[0]                 # [hkv, T, d]
-        scores += candidate_mass(q[0][:, window].transpose(0, 1), keys[:, row].transpose(0, 1), lengths,
-                                 keys[:, candidates].transpose(0, 1), scale)
+        keys = res.past_key_values.layers[layer].keys[0]  # [hkv, T, d]
+        scores += candidate_mass(
+            q[0][:, window].transpose(0, 1),
+            keys[:, row].transpose(0, 1),
+            lengths,
+            keys[:, candidates].transpose(0, 1),
+            scale,
+        )
     return [candidates[i] for i in pick(scores, k, cfg.host.pool, cfg.host.gap).tolist()]
 
 
-def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: EvictConfig, first: int = 0):
+def _group_probs(
+    attentions, queries: list[int], row: list[int], config, cfg: EvictConfig, first: int = 0
+):
     """``[q, n, layers, kv_heads]`` probabilities of `queries` (positions; the attentions' query
     rows start at position `first`) over the `row` positions, summed over the query heads of each
     KV head (HF's GQA maps query head h to KV head h // group), and ``[q]`` keys attended per
@@ -232,11 +306,11 @@ def _group_probs(attentions, queries: list[int], row: list[int], config, cfg: Ev
     rows = [q - first for q in queries]
     per_layer = []
     scored = cfg.scoring.layer_ids(len(attentions))
-    for layer, a in enumerate(attentions):                      # a: [1, hq, T - first, T]
-        p = a[0][:, rows][:, :, row].float()                      # [hq, q, n]
-        p = p.view(hkv, group, len(queries), len(row)).sum(1)     # [hkv, q, n]
+    for layer, a in enumerate(attentions):  # a: [1, hq, T - first, T]
+        p = a[0][:, rows][:, :, row].float()  # [hq, q, n]
+        p = p.view(hkv, group, len(queries), len(row)).sum(1)  # [hkv, q, n]
         if scored is not None and layer not in scored:
             p = torch.zeros_like(p)
-        per_layer.append(p.permute(1, 2, 0))                      # [q, n, hkv]
+        per_layer.append(p.permute(1, 2, 0))  # [q, n, hkv]
     lengths = torch.tensor([sum(1 for r in row if r <= q) for q in queries])
     return torch.stack(per_layer, dim=2), lengths

@@ -108,7 +108,6 @@ def copy_gbps(timers: Timers, nbytes: int) -> tuple[float, float]:
     src = torch.empty(nbytes, dtype=torch.uint8, device=timers.device)
     dst = torch.empty_like(src)
     t = timers.median_us(lambda: dst.copy_(src))
-    del src, dst
     return t, 2 * nbytes / (t * 1e-6) / 1e9
 
 
@@ -147,7 +146,10 @@ def no_launch(module):
     def ctx():
         names = [n for n in ("_repack_kernel", "_attn_scores_kernel") if hasattr(module, n)]
         saved = {n: getattr(module, n) for n in names}
-        stubs = {n: type(type(k).__name__, (), {"__getitem__": lambda self, grid: _noop}) for n, k in saved.items()}
+        stubs = {
+            n: type(type(k).__name__, (), {"__getitem__": lambda self, grid: _noop})
+            for n, k in saved.items()
+        }
         try:
             for n in names:
                 setattr(module, n, stubs[n]())
@@ -163,7 +165,9 @@ def _noop(*args, **kwargs) -> None:
     return None
 
 
-def repack_host_overhead(layers: int, heads: int, head_dim: int, dtype, device, reps: int = 2000) -> dict:
+def repack_host_overhead(
+    layers: int, heads: int, head_dim: int, dtype, device, reps: int = 2000
+) -> dict:
     """Per-call host cost of `repack_kv_` outside Triton's launch (kernel stubbed), in us:
     `cached` (a validated buffer set, the steady state) and `first_call` (validation included,
     what every call cost before buffer sets were cached)."""

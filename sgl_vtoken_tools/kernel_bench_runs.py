@@ -27,7 +27,12 @@ def _sweeps(args) -> dict:
     if args.cpu_smoke:
         return dict(repack=REPACK_SWEEP[:2], repack_tokens=(max(args.tokens),), scores=[(16, 4, 1), (32, 4, 1)],
                     score_shape=args.score_shapes[0])  # fmt: skip
-    return dict(repack=REPACK_SWEEP, repack_tokens=REPACK_SWEEP_TOKENS, scores=SCORE_SWEEP, score_shape=(64, 2048))
+    return dict(
+        repack=REPACK_SWEEP,
+        repack_tokens=REPACK_SWEEP_TOKENS,
+        scores=SCORE_SWEEP,
+        score_shape=(64, 2048),
+    )
 
 
 def _timings(timers, fn, floor_us: float, full: bool) -> dict:
@@ -62,27 +67,48 @@ def repack_part(args, timers, dtype, g, measure) -> None:
 
         def run_copy():
             copy["us"], copy["gbps"] = copy_gbps(timers, tokens * bytes_per_token)
-            return dict(time_us=copy["us"], gbps=copy["gbps"], bytes_rw=2 * tokens * bytes_per_token)
+            return dict(
+                time_us=copy["us"], gbps=copy["gbps"], bytes_rw=2 * tokens * bytes_per_token
+            )
 
         measure(dict(kernel="d2d_copy", tokens=tokens), run_copy)
         if "us" not in copy:
             continue
         floor_us = copy["us"]  # a copy moves the same bytes the repack must read and write
         for pattern in args.patterns:
-            src, dst = (t.to(device) for t in repack_moves(pattern, tokens, num_slots, args.page_size, g))
-            configs = [] if args.sweep_only else [("triton", None, None, None), ("torch", None, None, None)]
+            src, dst = (
+                t.to(device) for t in repack_moves(pattern, tokens, num_slots, args.page_size, g)
+            )
+            configs = (
+                []
+                if args.sweep_only
+                else [("triton", None, None, None), ("torch", None, None, None)]
+            )
             if args.sweep and tokens in sweeps["repack_tokens"] and pattern == "compaction":
                 configs += [("triton", *c) for c in sweeps["repack"]]
             if not configs:
                 continue
             for impl, bm, nw, cb in configs:
+
                 def fn(impl=impl, bm=bm, nw=nw, cb=cb):
-                    repack_kv_(keys, values, src, dst, impl=impl, block_moves=bm, num_warps=nw, col_block=cb)
+                    repack_kv_(
+                        keys,
+                        values,
+                        src,
+                        dst,
+                        impl=impl,
+                        block_moves=bm,
+                        num_warps=nw,
+                        col_block=cb,
+                    )
 
                 full = impl == "triton" and bm is None
                 what = dict(common, impl=impl, pattern=pattern, tokens=tokens, block_moves=bm, num_warps=nw,
                             col_block=cb, sweep=bm is not None, copy_gbps=copy["gbps"])  # fmt: skip
-                measure(what, lambda fn=fn, full=full: _repack_record(timers, fn, floor_us, tokens, full))
+                measure(
+                    what,
+                    lambda fn=fn, full=full: _repack_record(timers, fn, floor_us, tokens, full),
+                )
 
 
 def _repack_record(timers, fn, floor_us, tokens, full) -> dict:
@@ -101,7 +127,12 @@ def page_index_part(args, timers, g, measure) -> None:
     bs, ctx = (4, 64) if args.cpu_smoke else (256, 4096)
     pages_per_row = ctx // page
     perm = torch.randperm(bs * pages_per_row + 1, generator=g)[: bs * pages_per_row] + 1
-    table = (perm.view(bs, pages_per_row, 1) * page + torch.arange(page)).view(bs, ctx).to(torch.int32).to(device)
+    table = (
+        (perm.view(bs, pages_per_row, 1) * page + torch.arange(page))
+        .view(bs, ctx)
+        .to(torch.int32)
+        .to(device)
+    )
     rpi = torch.arange(bs, dtype=torch.int64, device=device)
     lens = torch.randint(ctx // 2, ctx + 1, (bs,), generator=g).to(device)
     num_pages = int(((lens + page - 1) // page).sum())
@@ -119,7 +150,11 @@ def score_part(args, timers, dtype, g, measure) -> None:
 
     def run_copy():  # the floor: K bytes read at the copy bandwidth of a large copy
         copy["us"], copy["gbps"] = copy_gbps(timers, (1 << 20) if args.cpu_smoke else (1 << 30))
-        return dict(time_us=copy["us"], gbps=copy["gbps"], bytes_rw=2 * ((1 << 20) if args.cpu_smoke else (1 << 30)))
+        return dict(
+            time_us=copy["us"],
+            gbps=copy["gbps"],
+            bytes_rw=2 * ((1 << 20) if args.cpu_smoke else (1 << 30)),
+        )
 
     measure(dict(kernel="d2d_copy", part="score_floor"), run_copy)
     if "gbps" not in copy:
@@ -133,12 +168,22 @@ def score_part(args, timers, dtype, g, measure) -> None:
 
         def setup(bs=bs, ctx=ctx):
             num_slots = bs * ctx + 1
-            state["q"] = torch.randn(bs, args.q_heads, args.head_dim, generator=g).to(qk_dtype).to(device)
-            gd = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=g)))
-            state["k"] = torch.randn(num_slots, args.kv_heads, args.head_dim, generator=gd, device=device).to(qk_dtype)
+            state["q"] = (
+                torch.randn(bs, args.q_heads, args.head_dim, generator=g).to(qk_dtype).to(device)
+            )
+            gd = torch.Generator(device=device).manual_seed(
+                int(torch.randint(0, 2**62, (1,), generator=g))
+            )
+            state["k"] = torch.randn(
+                num_slots, args.kv_heads, args.head_dim, generator=gd, device=device
+            ).to(qk_dtype)
             state["indptr"] = torch.arange(0, bs * ctx + 1, ctx, dtype=torch.int32, device=device)
-            state["idx"] = (torch.randperm(num_slots - 1, generator=g) + 1).to(torch.int32).to(device)
-            state["lse"] = attn_lse_ref(state["q"], state["k"], state["indptr"], state["idx"], sm_scale)
+            state["idx"] = (
+                (torch.randperm(num_slots - 1, generator=g) + 1).to(torch.int32).to(device)
+            )
+            state["lse"] = attn_lse_ref(
+                state["q"], state["k"], state["indptr"], state["idx"], sm_scale
+            )
             state["k_bytes"] = bs * ctx * args.kv_heads * args.head_dim * state["k"].element_size()
             state["floor_us"] = state["k_bytes"] / (copy["gbps"] * 1e9) * 1e6
             return dict(k_bytes=state["k_bytes"], floor_us=state["floor_us"])
@@ -148,7 +193,11 @@ def score_part(args, timers, dtype, g, measure) -> None:
         measure(dict(what, part="setup"), setup)
         if "floor_us" not in state:
             continue
-        runs = [] if args.sweep_only else [(lse, False, 1.0, None) for lse in (True, False)] + [(True, True, 0.0, None)]
+        runs = (
+            []
+            if args.sweep_only
+            else [(lse, False, 1.0, None) for lse in (True, False)] + [(True, True, 0.0, None)]
+        )
         if args.sweep and (bs, ctx) == sweeps["score_shape"]:
             runs += [(True, False, 1.0, c) for c in sweeps["scores"]]
         for lse_given, per_head, decay, cfg in runs:
@@ -164,7 +213,9 @@ def score_part(args, timers, dtype, g, measure) -> None:
             rec = dict(what, impl="triton", lse_given=lse_given, per_head=per_head, decay=decay, block_n=bn,
                        num_warps=nw, num_stages=ns, sweep=cfg is not None, k_bytes=state["k_bytes"],
                        floor_us=state["floor_us"], copy_gbps=copy["gbps"])  # fmt: skip
-            measure(rec, lambda fn=fn, full=cfg is None: _timings(timers, fn, state["floor_us"], full))
+            measure(
+                rec, lambda fn=fn, full=cfg is None: _timings(timers, fn, state["floor_us"], full)
+            )
         state.clear()
 
 

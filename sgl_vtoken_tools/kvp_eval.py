@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from sgl_vtoken.config import EvictConfig, Scoring, policy_from_config
-from sgl_vtoken_tools.kvp_traces import hf_trace
 from sgl_vtoken.types import TokenView
+from sgl_vtoken_tools.kvp_traces import hf_trace
 
 POLICIES = ("kvp", "streamingllm", "h2o", "tova", "knorm", "random", "oracle")
 
@@ -51,15 +51,21 @@ def replay(setup: Setup, policy_name: str, budget: int, keys, values, probs, fut
     params = {"checkpoint": setup.checkpoint} if policy_name == "kvp" else {}
     name = "streamingllm" if policy_name == "oracle" else policy_name
     window = int(budget * setup.h2o_window) if policy_name == "h2o" else 0
-    cfg = EvictConfig(policy=name, budget=budget, sink=setup.sink, window=window, params=params,
-                      scoring=Scoring(obs_window=setup.obs_window))
+    cfg = EvictConfig(
+        policy=name,
+        budget=budget,
+        sink=setup.sink,
+        window=window,
+        params=params,
+        scoring=Scoring(obs_window=setup.obs_window),
+    )
     policy = policy_from_config(cfg)
     acc = policy.new_accumulator()
     scale = probs.new_tensor(float(group))
     prompt, sink = setup.prompt, setup.sink
 
     def observe(queries, row):
-        p = probs[:, :, queries][:, :, :, row]                                  # [L, H, q, n]
+        p = probs[:, :, queries][:, :, :, row]  # [L, H, q, n]
         p = p / p.sum(-1, keepdim=True).clamp_min(1e-12) * scale
         acc.update(p.permute(2, 3, 0, 1).contiguous(), torch.tensor([len(row)] * len(queries)))
 
@@ -72,11 +78,25 @@ def replay(setup: Setup, policy_name: str, budget: int, keys, values, probs, fut
             pos = torch.tensor(row)
             if policy_name == "oracle":
                 score = future[t][pos].sum((1, 2)) if t in future else pos.double()
-                keep = torch.cat([torch.arange(min(sink, len(row))),
-                                  sink + score[sink:].topk(budget - sink).indices]).sort().values
+                keep = (
+                    torch.cat(
+                        [
+                            torch.arange(min(sink, len(row))),
+                            sink + score[sink:].topk(budget - sink).indices,
+                        ]
+                    )
+                    .sort()
+                    .values
+                )
             else:
-                view = TokenView(positions=pos, keys=keys[pos], values=values[pos],
-                                 attn=acc.stats if acc is not None else None, rid=0, step=t)
+                view = TokenView(
+                    positions=pos,
+                    keys=keys[pos],
+                    values=values[pos],
+                    attn=acc.stats if acc is not None else None,
+                    rid=0,
+                    step=t,
+                )
                 t0 = time.perf_counter()
                 keep = policy.keep(view, budget)
                 keep_s.append(time.perf_counter() - t0)
@@ -95,7 +115,10 @@ def future_masses(probs: torch.Tensor, start: int, horizon: int) -> dict[int, to
     pay to each token, from the probabilities ``[L, H, T, T]``."""
     T = probs.shape[-1]
     csum = torch.cat([torch.zeros_like(probs[:, :, :1]), probs.cumsum(2)], dim=2)
-    return {t: (csum[:, :, t + horizon] - csum[:, :, t]).permute(2, 0, 1) for t in range(start, T - horizon + 1)}
+    return {
+        t: (csum[:, :, t + horizon] - csum[:, :, t]).permute(2, 0, 1)
+        for t in range(start, T - horizon + 1)
+    }
 
 
 def retained(rows, future, prompt) -> float:
@@ -123,22 +146,29 @@ def masked_nll(model, ids, rows, prompt) -> tuple[float, int]:
     return float(nll), T - 1
 
 
-def evaluate_sequence(model, ids: torch.Tensor, setup: Setup, policies, budgets,
-                      ppl_budgets) -> tuple[float, int, list[dict]]:
+def evaluate_sequence(
+    model, ids: torch.Tensor, setup: Setup, policies, budgets, ppl_budgets
+) -> tuple[float, int, list[dict]]:
     """One held-out sequence ``ids [T]``: the full-attention NLL and token count, and a record
     ``{policy, budget, retained_mass, keep_ms[, nll, tokens]}`` per policy and budget of
     `budgets` or `ppl_budgets` (the NLL only at `ppl_budgets`)."""
-    keys, values, probs = hf_trace(model, ids)                                  # probs [L, H, T, T]
+    keys, values, probs = hf_trace(model, ids)  # probs [L, H, T, T]
     future = future_masses(probs, setup.prompt, setup.horizon)
     group = model.config.num_attention_heads // model.config.num_key_value_heads
     T = ids.numel()
-    full_nll, count = masked_nll(model, ids, [list(range(t)) for t in range(setup.prompt, T)], setup.prompt)
+    full_nll, count = masked_nll(
+        model, ids, [list(range(t)) for t in range(setup.prompt, T)], setup.prompt
+    )
     records = []
     for pol in policies:
         for b in sorted(set(budgets) | set(ppl_budgets)):
             rows, keep_s = replay(setup, pol, b, keys, values, probs, future, group)
-            rec = {"policy": pol, "budget": b, "retained_mass": retained(rows, future, setup.prompt),
-                   "keep_ms": round(1e3 * keep_s, 3)}
+            rec = {
+                "policy": pol,
+                "budget": b,
+                "retained_mass": retained(rows, future, setup.prompt),
+                "keep_ms": round(1e3 * keep_s, 3),
+            }
             if b in ppl_budgets:
                 rec["nll"], rec["tokens"] = masked_nll(model, ids, rows, setup.prompt)
             records.append(rec)

@@ -40,7 +40,7 @@ def hf_trace(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 def future_mass(probs: torch.Tensor, cut: int, horizon: int) -> torch.Tensor:
     """``[T, L, H]`` attention mass each token j < cut receives from queries [cut, cut + horizon)."""
-    m = probs[:, :, cut:cut + horizon].sum(2)                                    # [L, H, T]
+    m = probs[:, :, cut : cut + horizon].sum(2)  # [L, H, T]
     m[:, :, cut:] = 0.0
     return m.permute(2, 0, 1)
 
@@ -64,6 +64,13 @@ def collect(model, seqs: torch.Tensor, cuts: torch.Tensor, horizon: int, meta: d
         keys.append(k.half())
         values.append(v.half())
         targets.append(torch.stack([future_mass(probs, int(c), horizon) for c in cuts]))
-    return Traces(identity=ModelIdentity.from_hf_config(model.config.to_dict()), keys=torch.stack(keys),
-                  values=torch.stack(values), positions=torch.arange(seqs.shape[1]), cuts=cuts,
-                  targets=torch.stack(targets), horizon=horizon, meta=meta)
+    return Traces(
+        identity=ModelIdentity.from_hf_config(model.config.to_dict()),
+        keys=torch.stack(keys),
+        values=torch.stack(values),
+        positions=torch.arange(seqs.shape[1]),
+        cuts=cuts,
+        targets=torch.stack(targets),
+        horizon=horizon,
+        meta=meta,
+    )

@@ -45,24 +45,30 @@ class Traces:
     meta: dict
 
     def save(self, path) -> None:
-        d = {k: getattr(self, k) for k in ("keys", "values", "positions", "cuts", "targets", "horizon", "meta")}
+        d = {
+            k: getattr(self, k)
+            for k in ("keys", "values", "positions", "cuts", "targets", "horizon", "meta")
+        }
         torch.save({**d, "identity": vars(self.identity)}, path)
 
     @classmethod
-    def load(cls, path) -> "Traces":
+    def load(cls, path) -> Traces:
         d = torch.load(path, weights_only=True)
         return cls(identity=ModelIdentity(**d.pop("identity")), **d)
 
 
-def ranking_loss(scores: torch.Tensor, mass: torch.Tensor, num_samples: int,
-                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def ranking_loss(
+    scores: torch.Tensor, mass: torch.Tensor, num_samples: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE loss and mean reward for scores and target masses ``[..., n]``.
 
     Returns ``(loss, reward)``: a scalar to minimize, and the mean reward of the sampled
     rankings (in [-1, 0]; 0 = oracle).
     """
-    noise = -torch.log(-torch.log(torch.rand((num_samples, *scores.shape), generator=gen).clamp_min(1e-20)))
-    pi = torch.argsort(scores.detach() + noise, dim=-1, descending=True)     # [K, ..., n] keep order
+    noise = -torch.log(
+        -torch.log(torch.rand((num_samples, *scores.shape), generator=gen).clamp_min(1e-20))
+    )
+    pi = torch.argsort(scores.detach() + noise, dim=-1, descending=True)  # [K, ..., n] keep order
     s_pi = torch.gather(scores.expand_as(pi), -1, pi)
     logp = (s_pi - torch.logcumsumexp(s_pi.flip(-1), dim=-1).flip(-1)).sum(-1)
     reward = normalized_reward(torch.gather(mass.expand_as(pi), -1, pi), mass)
@@ -81,16 +87,18 @@ def normalized_reward(mass_in_order: torch.Tensor, mass: torch.Tensor) -> torch.
 def _problem(scorer: KVPScorer, tr: Traces, seqs: torch.Tensor, c: int, sink: int):
     t = int(tr.cuts[c])
     x = scorer.features(tr.keys[seqs, sink:t], tr.values[seqs, sink:t], tr.positions[sink:t])
-    m = tr.targets[seqs, c, sink:t].flatten(-2)                                   # [B, n, G]
-    return x, m.transpose(-1, -2).to(torch.float32)                              # [B, G, n]
+    m = tr.targets[seqs, c, sink:t].flatten(-2)  # [B, n, G]
+    return x, m.transpose(-1, -2).to(torch.float32)  # [B, G, n]
 
 
 @torch.no_grad()
 def fit_feature_stats(scorer: KVPScorer, tr: Traces, sink: int) -> None:
     """Set the scorer's feature standardization from every problem of `tr`."""
-    xs = [_problem(scorer, tr, torch.arange(tr.keys.shape[0]), c, sink)[0].flatten(0, 1)
-          for c in range(len(tr.cuts))]
-    x = torch.cat(xs)                                                           # [N, G, F]
+    xs = [
+        _problem(scorer, tr, torch.arange(tr.keys.shape[0]), c, sink)[0].flatten(0, 1)
+        for c in range(len(tr.cuts))
+    ]
+    x = torch.cat(xs)  # [N, G, F]
     scorer.feat_mean.copy_(x.mean(0))
     scorer.feat_std.copy_(x.std(0).clamp_min(1e-6))
 
@@ -107,15 +115,24 @@ def evaluate(scorer: KVPScorer, tr: Traces, sink: int, rank_by: str = "scorer") 
         elif rank_by == "recency":
             s = torch.arange(m.shape[-1], dtype=torch.float32).expand_as(m)
         elif rank_by == "knorm":
-            s = -x[..., :scorer.identity.head_dim].norm(dim=-1).transpose(-1, -2)
+            s = -x[..., : scorer.identity.head_dim].norm(dim=-1).transpose(-1, -2)
         else:
             raise ValueError(f"rank_by must be 'scorer', 'recency' or 'knorm' (got {rank_by!r})")
         rewards.append(normalized_reward(torch.gather(m, -1, s.argsort(-1, descending=True)), m))
     return float(torch.cat([r.flatten() for r in rewards]).mean())
 
 
-def train(scorer: KVPScorer, tr: Traces, steps: int, seed: int = 0, batch: int = 8,
-          num_samples: int = 8, lr: float = 3e-3, sink: int = 4, progress=None) -> list[dict]:
+def train(
+    scorer: KVPScorer,
+    tr: Traces,
+    steps: int,
+    seed: int = 0,
+    batch: int = 8,
+    num_samples: int = 8,
+    lr: float = 3e-3,
+    sink: int = 4,
+    progress=None,
+) -> list[dict]:
     """Train `scorer` in place on `tr`; returns one dict per step (loss, sampled reward).
 
     Deterministic for a given seed on CPU. `progress`, if given, is called as
@@ -125,13 +142,17 @@ def train(scorer: KVPScorer, tr: Traces, steps: int, seed: int = 0, batch: int =
     fit_feature_stats(scorer, tr, sink)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(scorer.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * i / steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: 0.5 * (1 + math.cos(math.pi * i / steps))
+    )
     num_seqs, history = tr.keys.shape[0], []
     for step in range(steps):
         c = int(torch.randint(len(tr.cuts), (1,), generator=gen))
         seqs = torch.randperm(num_seqs, generator=gen)[:batch]
         x, m = _problem(scorer, tr, seqs, c, sink)
-        loss, reward = ranking_loss(scorer.forward_features(x).transpose(-1, -2), m, num_samples, gen)
+        loss, reward = ranking_loss(
+            scorer.forward_features(x).transpose(-1, -2), m, num_samples, gen
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()

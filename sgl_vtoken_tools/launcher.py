@@ -33,20 +33,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_server_args(model_path: str | Path, max_total_tokens: int = 4096, page_size: int = 1) -> list[str]:
+def cpu_server_args(
+    model_path: str | Path, max_total_tokens: int = 4096, page_size: int = 1
+) -> list[str]:
     """The flags every CPU server needs: torch-native attention, a capped KV pool, and an idle
     scheduler that sleeps (a busy-polling idle server takes a core from the others)."""
     return [
-        "--model-path", str(model_path), "--device", "cpu", "--attention-backend", "torch_native",
-        "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size), "--sleep-on-idle",
+        "--model-path",
+        str(model_path),
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--max-total-tokens",
+        str(max_total_tokens),
+        "--page-size",
+        str(page_size),
+        "--sleep-on-idle",
     ]
 
 
 class ServerProcess:
     """One SGLang HTTP server. Use as a context manager, or call `start()` and `stop()`."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, startup_timeout: float = 240.0,
-                 log_path: str | Path | None = None, entry: tuple[str, ...] = ("-m", "sglang.launch_server")):
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 240.0,
+        log_path: str | Path | None = None,
+        entry: tuple[str, ...] = ("-m", "sglang.launch_server"),
+    ):
         """`entry`: how the interpreter runs the launcher (default SGLang's own; tests pass a
         script that runs it with forked children)."""
         self.port = free_port()
@@ -55,11 +72,15 @@ class ServerProcess:
         self.env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         self.env.update(env or {})
         self.startup_timeout = startup_timeout
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        self.log_path = (
+            Path(log_path)
+            if log_path
+            else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        )
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
 
-    def start(self, attempts: int = 3) -> "ServerProcess":
+    def start(self, attempts: int = 3) -> ServerProcess:
         """Launch and wait for /health. The port is free when chosen, but another process (SGLang's
         own internal ports included) may take it before the HTTP server binds it; SGLang then
         logs the bind error and keeps running without answering: relaunch on a new port, up to
@@ -67,12 +88,20 @@ class ServerProcess:
         t0 = time.monotonic()
         for attempt in range(attempts):
             with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    self.args,
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             while time.monotonic() - t0 < self.startup_timeout:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with code {self.proc.returncode} during start-up:\n"
-                                       f"{self.log_tail()}")
+                    raise RuntimeError(
+                        f"server exited with code {self.proc.returncode} during start-up:\n"
+                        f"{self.log_tail()}"
+                    )
                 if self.healthy():
                     self.startup_seconds = time.monotonic() - t0
                     return self
@@ -84,7 +113,9 @@ class ServerProcess:
             else:
                 break
         self.stop()
-        raise TimeoutError(f"server not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+        raise TimeoutError(
+            f"server not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}"
+        )
 
     def _set_port(self, port: int) -> None:
         self.port = port
@@ -110,7 +141,9 @@ class ServerProcess:
         takes about 5 s)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        steps = ((signal.SIGKILL, 5.0),) if kill else ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0))
+        steps = (
+            ((signal.SIGKILL, 5.0),) if kill else ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0))
+        )
         for sig, wait in steps:
             try:
                 os.killpg(self.proc.pid, sig)
@@ -127,7 +160,7 @@ class ServerProcess:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

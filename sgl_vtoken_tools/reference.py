@@ -12,7 +12,7 @@ them.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -21,13 +21,17 @@ from sgl_vtoken.pages import PageAllocator
 from sgl_vtoken.planner import RepackPlan
 
 
-def apply_plan_ref(plan: RepackPlan, buffers: Sequence[torch.Tensor], row: torch.Tensor,
-                   allocator: PageAllocator | None = None) -> int:
+def apply_plan_ref(
+    plan: RepackPlan,
+    buffers: Sequence[torch.Tensor],
+    row: torch.Tensor,
+    allocator: PageAllocator | None = None,
+) -> int:
     """Apply `plan` to slot-indexed `buffers` (every layer's K and V), the request's 1-D
     `row` of ``req_to_token`` (rewritten in place) and `allocator`; returns the new length."""
     repack_kv_ref_(list(buffers), [], plan.src, plan.dst)  # the KV move, gather then scatter
     if plan.row_slots.numel():
-        row[plan.row_start:plan.new_len] = plan.row_slots.to(row.dtype)
+        row[plan.row_start : plan.new_len] = plan.row_slots.to(row.dtype)
     if allocator is not None and plan.num_freed_pages:
         allocator.free(plan.freed_pages)
     return plan.new_len
@@ -38,31 +42,46 @@ def _expand_gqa(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
     return x.repeat_interleave(num_q_heads // x.shape[1], dim=1)
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  keep: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Decode attention of one query ``q [Hq, D]`` over ``k, v [n, Hkv, D]`` in fp32.
 
     `keep` ``[n] bool`` masks evicted keys (False = masked). Returns ``[Hq, D]`` float32.
     """
     hq, d = q.shape
-    scale = d ** -0.5 if scale is None else scale
-    kk, vv = _expand_gqa(k.float(), hq), _expand_gqa(v.float(), hq)       # [n, Hq, D]
-    logits = torch.einsum("hd,nhd->hn", q.float(), kk) * scale            # [Hq, n]
+    scale = d**-0.5 if scale is None else scale
+    kk, vv = _expand_gqa(k.float(), hq), _expand_gqa(v.float(), hq)  # [n, Hq, D]
+    logits = torch.einsum("hd,nhd->hn", q.float(), kk) * scale  # [Hq, n]
     if keep is not None:
         logits = logits.masked_fill(~keep.unsqueeze(0), float("-inf"))
     return torch.einsum("hn,nhd->hd", logits.softmax(dim=-1), vv)
 
 
-def row_attention_ref(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                      slots: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def row_attention_ref(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Attention over the tokens at `slots` of a token-level pool ``k_buf [num_slots, Hkv, D]``."""
     return attention_ref(q, k_buf[slots], v_buf[slots], scale=scale)
 
 
-def paged_decode_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                               kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                               kv_last_page_len: torch.Tensor,
-                               scale: float | None = None) -> torch.Tensor:
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Batched decode attention through FlashInfer's CSR triple.
 
     Args:
@@ -74,7 +93,7 @@ def paged_decode_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: 
     ps = k_pages.shape[1]
     out = []
     for b in range(q.shape[0]):
-        pages = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
+        pages = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
         n = max(pages.numel() - 1, 0) * ps + int(kv_last_page_len[b])
         k = k_pages[pages].reshape(-1, *k_pages.shape[2:])[:n]
         v = v_pages[pages].reshape(-1, *v_pages.shape[2:])[:n]

@@ -10,7 +10,7 @@ the simulator and the property tests drive it through appends and evictions::
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -21,8 +21,8 @@ from sgl_vtoken_tools.reference import apply_plan_ref
 
 class RequestRow:
     """Args:
-        allocator: the pool the private pages come from.
-        tree_slots: ``[cpl] int64`` slots of the tree-owned prefix (not allocated by this row).
+    allocator: the pool the private pages come from.
+    tree_slots: ``[cpl] int64`` slots of the tree-owned prefix (not allocated by this row).
     """
 
     def __init__(self, allocator: PageAllocator, tree_slots: torch.Tensor | None = None) -> None:
@@ -42,7 +42,7 @@ class RequestRow:
 
     def held_pages(self) -> torch.Tensor:
         """``[P]`` private pages held, in allocation order."""
-        return row_pages(self.slots[self.cpl:], self.page_size, self.cursor)
+        return row_pages(self.slots[self.cpl :], self.page_size, self.cursor)
 
     def append(self, count: int) -> torch.Tensor:
         """Allocate and append `count` new tokens; returns their ``[count]`` slots."""
@@ -50,21 +50,30 @@ class RequestRow:
         if count:
             self.cursor = int(new[-1])
         self.slots = torch.cat([self.slots, new])
-        self.positions = torch.cat([self.positions,
-                                    torch.arange(self.next_pos, self.next_pos + count)])
+        self.positions = torch.cat(
+            [self.positions, torch.arange(self.next_pos, self.next_pos + count)]
+        )
         self.next_pos += count
         return new
 
-    def plan(self, keep: torch.Tensor, reclaim: str = "vtoken",
-             shift_dead_pages: bool = True) -> RepackPlan:
-        return plan_eviction(self.slots, keep, cpl=self.cpl, page_size=self.page_size,
-                             reclaim=reclaim, shift_dead_pages=shift_dead_pages)
+    def plan(
+        self, keep: torch.Tensor, reclaim: str = "vtoken", shift_dead_pages: bool = True
+    ) -> RepackPlan:
+        return plan_eviction(
+            self.slots,
+            keep,
+            cpl=self.cpl,
+            page_size=self.page_size,
+            reclaim=reclaim,
+            shift_dead_pages=shift_dead_pages,
+        )
 
-    def apply(self, plan: RepackPlan, keep: torch.Tensor,
-              buffers: Sequence[torch.Tensor] = ()) -> None:
+    def apply(
+        self, plan: RepackPlan, keep: torch.Tensor, buffers: Sequence[torch.Tensor] = ()
+    ) -> None:
         """Apply `plan` (made from `keep`) to the buffers, this row and the allocator."""
         apply_plan_ref(plan, buffers, self.slots, self.allocator)
-        self.slots = self.slots[:plan.new_len].clone()
+        self.slots = self.slots[: plan.new_len].clone()
         self.positions = self.positions[keep]
         freed = set(plan.freed_pages.tolist())
         if plan.dense:
@@ -80,9 +89,11 @@ class RequestRow:
             assert bool((self.positions[1:] > self.positions[:-1]).all()), "positions not ascending"
         held = self.held_pages()
         assert num_pages(self.num_private, self.page_size) <= held.numel(), "too few pages held"
-        assert set(held.tolist()) <= self.allocator.used_pages, "row holds a page the allocator thinks is free"
+        assert set(held.tolist()) <= self.allocator.used_pages, (
+            "row holds a page the allocator thinks is free"
+        )
 
 
 def is_dense_row(row: RequestRow) -> bool:
     """True when the private region is page-dense (always after a vtoken plan)."""
-    return is_dense(row.slots[row.cpl:], row.page_size)
+    return is_dense(row.slots[row.cpl :], row.page_size)

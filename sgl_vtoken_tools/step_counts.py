@@ -43,12 +43,21 @@ class Scenario:
     budget: int = 64
     interval: int = 16
     group: int = 4
-    score_layers: tuple | None = None  # every other request scores only these layers (the rest: all)
+    score_layers: tuple | None = (
+        None  # every other request scores only these layers (the rest: all)
+    )
     reclaim: str = "vtoken"
 
     def config(self, mixed: bool = False) -> EvictConfig:
-        keys = dict(policy=self.policy, budget=self.budget, sink=4, window=WINDOW.get(self.policy, 0),
-                    interval=self.interval, page_size=self.page_size, reclaim=self.reclaim)
+        keys = dict(
+            policy=self.policy,
+            budget=self.budget,
+            sink=4,
+            window=WINDOW.get(self.policy, 0),
+            interval=self.interval,
+            page_size=self.page_size,
+            reclaim=self.reclaim,
+        )
         if self.offload:
             keys.update(offload=True, host_tokens=1 << 20)
         # every layer scored (the most launches a step can take), or the mixed requests' own
@@ -56,14 +65,28 @@ class Scenario:
         return EvictConfig.from_dict(keys)
 
 
-def build(sc: Scenario, shape: Shape = Shape(), init_tokens: int = 1 << 16) -> tuple[FakeServer, list]:
+def build(
+    sc: Scenario, shape: Shape = Shape(), init_tokens: int = 1 << 16
+) -> tuple[FakeServer, list]:
     """The server and its batch, every row one decode short of its trigger."""
-    server = FakeServer(shape, pool_tokens=sc.pool_tokens, page_size=sc.page_size, max_reqs=sc.batch + 8,
-                        host_tokens=1 << 20 if sc.offload else 0, init_tokens=init_tokens)
+    server = FakeServer(
+        shape,
+        pool_tokens=sc.pool_tokens,
+        page_size=sc.page_size,
+        max_reqs=sc.batch + 8,
+        host_tokens=1 << 20 if sc.offload else 0,
+        init_tokens=init_tokens,
+    )
     g = torch.Generator().manual_seed(0)
-    system = [torch.randint(1000, 2000, (2 * 16,), generator=g).tolist() for _ in range(-(-sc.batch // sc.group))]
-    prompts = [system[i // sc.group] + torch.randint(2000, 30_000, (sc.budget + sc.interval,), generator=g).tolist()
-               for i in range(sc.batch)]
+    system = [
+        torch.randint(1000, 2000, (2 * 16,), generator=g).tolist()
+        for _ in range(-(-sc.batch // sc.group))
+    ]
+    prompts = [
+        system[i // sc.group]
+        + torch.randint(2000, 30_000, (sc.budget + sc.interval,), generator=g).tolist()
+        for i in range(sc.batch)
+    ]
     reqs = _start(server, sc, prompts, "t1")
     if sc.history:  # the first turn decodes past its prompt, evicts, decodes a token and ends
         _decode(server, reqs, sc.interval)
@@ -73,9 +96,13 @@ def build(sc: Scenario, shape: Shape = Shape(), init_tokens: int = 1 << 16) -> t
         for req in reqs:
             server.finish(req)
             logical.append(list(req.vtoken.prompt.logical_ids(req)))
-        message = [torch.randint(2000, 30_000, (sc.interval - 3,), generator=g).tolist() for _ in reqs]
-        reqs = [server.admit(sc.config(mixed=i % 2 == 1), ids + m, f"t2-{i}")
-                for i, (ids, m) in enumerate(zip(logical, message))]
+        message = [
+            torch.randint(2000, 30_000, (sc.interval - 3,), generator=g).tolist() for _ in reqs
+        ]
+        reqs = [
+            server.admit(sc.config(mixed=i % 2 == 1), ids + m, f"t2-{i}")
+            for i, (ids, m) in enumerate(zip(logical, message))
+        ]
     else:
         _decode(server, reqs, sc.interval - 1)
     server.decode(reqs, forward=False)
@@ -84,10 +111,10 @@ def build(sc: Scenario, shape: Shape = Shape(), init_tokens: int = 1 << 16) -> t
 
 def count_step(sc: Scenario, shape: Shape = Shape()) -> dict:
     """``{"forward": ..., "evict": ...}``: the counted decode forward and eviction of `sc`."""
-    from sgl_vtoken.patches.cache import radix
-    from sgl_vtoken.patches.step import scores
     import sgl_vtoken.decode_scores as decode_scores
     import sgl_vtoken.step as step
+    from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.step import scores
 
     active = radix._active
     try:
@@ -160,7 +187,9 @@ def main(argv=None) -> None:
     import argparse
     import json
 
-    p = argparse.ArgumentParser(description="count the device work of one decode step at the trigger")
+    p = argparse.ArgumentParser(
+        description="count the device work of one decode step at the trigger"
+    )
     p.add_argument("--pools", default="65536,1048576", help="pool sizes in tokens")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--code", default="", help="a label for the code measured (its commit)")
@@ -169,12 +198,29 @@ def main(argv=None) -> None:
         for pool in map(int, args.pools.split(",")):
             o = count_step(with_pool(sc, pool))
             keep = ("host_syncs", "launches", "allocs", "alloc_bytes", "max_alloc_bytes", "h2d")
-            fwd = {k: o["forward"][k] for k in keep} | {"score_launches": o["forward"]["calls"].get("attn_scores_", 0)}
+            fwd = {k: o["forward"][k] for k in keep} | {
+                "score_launches": o["forward"]["calls"].get("attn_scores_", 0)
+            }
             ev = {k: o["evict"][k] for k in (*keep, "d2h_async", "sync_sites")}
-            print(json.dumps(dict(code=args.code, policy=sc.policy, page_size=sc.page_size, history=sc.history,
-                                  offload=sc.offload, batch=sc.batch, pool_tokens=pool, layers=Shape().layers,
-                                  forward=fwd, evict=ev, history_freed=o["history_freed"],
-                                  evicted_rows=o["evicted_rows"])), flush=True)
+            print(
+                json.dumps(
+                    dict(
+                        code=args.code,
+                        policy=sc.policy,
+                        page_size=sc.page_size,
+                        history=sc.history,
+                        offload=sc.offload,
+                        batch=sc.batch,
+                        pool_tokens=pool,
+                        layers=Shape().layers,
+                        forward=fwd,
+                        evict=ev,
+                        history_freed=o["history_freed"],
+                        evicted_rows=o["evicted_rows"],
+                    )
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ class RowResult(NamedTuple):
     depth: int
 
 
-def evict_row_ref(r: EvictRow, pool: KVPoolView,
-                  alloc: Callable[[int], torch.Tensor | None] = lambda n: None) -> RowResult | None:
+def evict_row_ref(
+    r: EvictRow, pool: KVPoolView, alloc: Callable[[int], torch.Tensor | None] = lambda n: None
+) -> RowResult | None:
     """Evict row `r` in place (KV moves and row rewrite; the caller frees `freed`). `alloc(n)`
     gives `n` fresh slots (whole pages) for copies of kept tree tokens; None when it cannot
     (then nothing changes and None is returned)."""
@@ -68,7 +69,15 @@ def evict_row_ref(r: EvictRow, pool: KVPoolView,
     src, dst = torch.cat([copy_src, plan.src]), torch.cat([copy_dst, plan.dst])
     if src.numel():
         repack_kv_(pool.k_buffers, pool.v_buffers, src, dst)
-    new_row = torch.cat([row[:plan.row_start], plan.row_slots])
-    table[r.row, :plan.new_len] = new_row.to(table.dtype)
-    return RowResult(keep.cpu(), plan.new_len, plan.freed_pages.cpu(), src.cpu(), dst.cpu(),
-                     w, int(copy_src.numel()), depth)
+    new_row = torch.cat([row[: plan.row_start], plan.row_slots])
+    table[r.row, : plan.new_len] = new_row.to(table.dtype)
+    return RowResult(
+        keep.cpu(),
+        plan.new_len,
+        plan.freed_pages.cpu(),
+        src.cpu(),
+        dst.cpu(),
+        w,
+        int(copy_src.numel()),
+        depth,
+    )

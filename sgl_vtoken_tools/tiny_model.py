@@ -17,10 +17,24 @@ from pathlib import Path
 
 # Standard-library sources the tokenizer is trained on, in a fixed order.
 CORPUS_MODULES = (
-    "argparse.py", "textwrap.py", "string.py", "json/__init__.py", "json/decoder.py",
-    "json/encoder.py", "email/message.py", "http/client.py", "logging/__init__.py",
-    "dataclasses.py", "functools.py", "collections/__init__.py", "pathlib.py", "shutil.py",
-    "difflib.py", "pprint.py", "calendar.py", "csv.py",
+    "argparse.py",
+    "textwrap.py",
+    "string.py",
+    "json/__init__.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "email/message.py",
+    "http/client.py",
+    "logging/__init__.py",
+    "dataclasses.py",
+    "functools.py",
+    "collections/__init__.py",
+    "pathlib.py",
+    "shutil.py",
+    "difflib.py",
+    "pprint.py",
+    "calendar.py",
+    "csv.py",
 )
 SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -47,16 +61,26 @@ class TinyModelSpec:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"TinyModelSpec.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("TinyModelSpec.hidden_size must be a multiple of num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("TinyModelSpec.num_attention_heads must be a multiple of num_key_value_heads")
+            raise ValueError(
+                "TinyModelSpec.num_attention_heads must be a multiple of num_key_value_heads"
+            )
         if self.vocab_size < 256 + len(SPECIAL_TOKENS):
-            raise ValueError(f"TinyModelSpec.vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (byte alphabet)")
+            raise ValueError(
+                f"TinyModelSpec.vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (byte alphabet)"
+            )
 
 
 def _corpus() -> list[str]:
@@ -73,13 +97,19 @@ def _build_tokenizer(spec: TinyModelSpec, out: Path) -> None:
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        vocab_size=spec.vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=SPECIAL_TOKENS[0], eos_token=SPECIAL_TOKENS[3],
-        pad_token=SPECIAL_TOKENS[1], unk_token=None, chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tok,
+        bos_token=SPECIAL_TOKENS[0],
+        eos_token=SPECIAL_TOKENS[3],
+        pad_token=SPECIAL_TOKENS[1],
+        unk_token=None,
+        chat_template=CHAT_TEMPLATE,
     )
     fast.save_pretrained(out)
 
@@ -89,16 +119,26 @@ def _build_weights(spec: TinyModelSpec, out: Path, bos_id: int, eos_id: int, pad
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.initializer_range,
-        bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id, tie_word_embeddings=False,
-        rope_theta=10000.0, torch_dtype="float32",
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        torch_dtype="float32",
     )
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config).to(torch.float32).eval()
-    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id
+    )
     model.save_pretrained(out, safe_serialization=True)
 
 
@@ -114,8 +154,12 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     _build_tokenizer(spec, out)
     tok = json.loads((out / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
-    _build_weights(spec, out, ids[SPECIAL_TOKENS[0]], ids[SPECIAL_TOKENS[3]], ids[SPECIAL_TOKENS[1]])
-    (out / "tiny_model_spec.json").write_text(json.dumps(asdict(spec), indent=2, sort_keys=True) + "\n")
+    _build_weights(
+        spec, out, ids[SPECIAL_TOKENS[0]], ids[SPECIAL_TOKENS[3]], ids[SPECIAL_TOKENS[1]]
+    )
+    (out / "tiny_model_spec.json").write_text(
+        json.dumps(asdict(spec), indent=2, sort_keys=True) + "\n"
+    )
     return out
 
 
@@ -144,7 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--layers", type=int, default=TinyModelSpec.num_hidden_layers)
     args = parser.parse_args(argv)
-    out = build_tiny_model(args.out_dir, TinyModelSpec(seed=args.seed, num_hidden_layers=args.layers))
+    out = build_tiny_model(
+        args.out_dir, TinyModelSpec(seed=args.seed, num_hidden_layers=args.layers)
+    )
     print(f"{out} sha256={folder_digest(out)}")
 
 

@@ -29,8 +29,22 @@ HAS_GPU = torch.cuda.is_available()
 # each server configuration starts once per group and two groups run at a time; ungrouped tests
 # fill the gaps at the end. A group may hold several configurations (the exactness matrix, the
 # histories and the host tier share the holed servers of one page size).
-GROUPS = ("real", "stock", "bench16", "holed1", "holed16", "reclaim16", "bench16-640", "sharing16",
-          "chunked16", "gateway16", "retract16", "prefill1", "retract1", "prefill16")
+GROUPS = (
+    "real",
+    "stock",
+    "bench16",
+    "holed1",
+    "holed16",
+    "reclaim16",
+    "bench16-640",
+    "sharing16",
+    "chunked16",
+    "gateway16",
+    "retract16",
+    "prefill1",
+    "retract1",
+    "prefill16",
+)
 
 
 def group_of(item) -> str | None:
@@ -42,7 +56,9 @@ def group_of(item) -> str | None:
     params = getattr(item, "callspec", None)
     name = mark.args[0].format(**{**mark.kwargs, **(params.params if params else {})})
     if name not in GROUPS:
-        raise pytest.UsageError(f"{item.nodeid}: server group {name!r} is not in tests/conftest.py GROUPS")
+        raise pytest.UsageError(
+            f"{item.nodeid}: server group {name!r} is not in tests/conftest.py GROUPS"
+        )
     return name
 
 
@@ -81,8 +97,14 @@ def startup_log():
     import json
 
     def log(server, model, page_size, extra, spawn):
-        line = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "model": model, "page_size": page_size,
-                "spawn": spawn, "startup_s": round(server.startup_seconds, 1), "flags": " ".join(extra)}
+        line = {
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "model": model,
+            "page_size": page_size,
+            "spawn": spawn,
+            "startup_s": round(server.startup_seconds, 1),
+            "flags": " ".join(extra),
+        }
         with open(os.environ[STARTUP_LOG], "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -98,11 +120,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         lines = [json.loads(line) for line in f]
     if not lines:
         return
-    terminalreporter.section(f"server start-ups: {len(lines)}, {sum(x['startup_s'] for x in lines):.0f} s in all")
+    terminalreporter.section(
+        f"server start-ups: {len(lines)}, {sum(x['startup_s'] for x in lines):.0f} s in all"
+    )
     for x in lines:
         how = "spawn" if x["spawn"] else "fork"
-        terminalreporter.write_line(f"{x['startup_s']:6.1f} s  {x['worker']:>4}  {how:5}  {x['model']} "
-                                    f"page {x['page_size']}  {x['flags'][:150]}")
+        terminalreporter.write_line(
+            f"{x['startup_s']:6.1f} s  {x['worker']:>4}  {how:5}  {x['model']} "
+            f"page {x['page_size']}  {x['flags'][:150]}"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -139,8 +165,10 @@ def smollm2_model():
         return ensure_model("smollm2", cache / "smollm2")
 
 
-WORDS = ("the founders startup idea users money work hard people city school time good "
-         "program language investors company growth market build think write").split()
+WORDS = (
+    "the founders startup idea users money work hard people city school time good "
+    "program language investors company growth market build think write"
+).split()
 
 
 def fake_essay(rng, sentences: int) -> str:

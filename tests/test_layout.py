@@ -1,6 +1,7 @@
 """The installed runtime (`sgl_vtoken/`, `kernels/`, `patches/`) never imports the tooling
 (`sgl_vtoken_tools`): not at module level, not inside a function, not through importlib. And no
-module outside the tests grows past 300 lines (one concept per module)."""
+module outside the tests grows past 500 lines: modules are split by concept, and one heading past
+~400 lines is a candidate for splitting in review (docs/design.md, "Layout")."""
 
 import ast
 from pathlib import Path
@@ -31,21 +32,33 @@ def tools_imports(source: str) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and _is_tools(node.module):
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            func = (
+                node.func.attr
+                if isinstance(node.func, ast.Attribute)
+                else getattr(node.func, "id", None)
+            )
             if func in ("import_module", "__import__") and _is_tools(node.args[0].value):
                 found.append((node.lineno, node.args[0].value))
     return found
 
 
 def test_the_runtime_never_imports_the_tooling():
-    bad = [f"{path.relative_to(REPO)}:{line}: {name}"
-           for path in runtime_files() for line, name in tools_imports(path.read_text())]
+    bad = [
+        f"{path.relative_to(REPO)}:{line}: {name}"
+        for path in runtime_files()
+        for line, name in tools_imports(path.read_text())
+    ]
     assert not bad, "the runtime imports sgl_vtoken_tools:\n" + "\n".join(bad)
 
 
 def test_the_runtime_files_are_the_runtime():
     names = {str(p.relative_to(REPO)) for p in runtime_files()}
-    assert {"patches/plugin.py", "kernels/api.py", "sgl_vtoken/step.py", "sgl_vtoken/policies/base.py"} <= names
+    assert {
+        "patches/plugin.py",
+        "kernels/api.py",
+        "sgl_vtoken/step.py",
+        "sgl_vtoken/policies/base.py",
+    } <= names
     assert not any(n.startswith(TOOLS) for n in names)
 
 
@@ -65,12 +78,16 @@ class C:
         import importlib
         return importlib.import_module("sgl_vtoken_tools.sim"), __import__("sgl_vtoken_tools")
 '''
-    assert sorted(tools_imports(planted)) == [(3, "sgl_vtoken_tools.bench"), (9, "sgl_vtoken_tools.launcher"),
-                                              (14, "sgl_vtoken_tools"), (14, "sgl_vtoken_tools.sim")]
+    assert sorted(tools_imports(planted)) == [
+        (3, "sgl_vtoken_tools.bench"),
+        (9, "sgl_vtoken_tools.launcher"),
+        (14, "sgl_vtoken_tools"),
+        (14, "sgl_vtoken_tools.sim"),
+    ]
     assert tools_imports("import sgl_vtoken\nfrom sgl_vtoken.patches import register\n") == []
 
 
-def test_no_module_outside_the_tests_is_over_300_lines():
+def test_no_module_outside_the_tests_is_over_500_lines():
     files = {p.resolve() for d in (*RUNTIME, TOOLS, "scripts") for p in (REPO / d).rglob("*.py")}
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in files}
-    assert len(sizes) > 100 and {name: n for name, n in sizes.items() if n > 300} == {}
+    assert len(sizes) > 100 and {name: n for name, n in sizes.items() if n > 500} == {}

@@ -40,9 +40,9 @@ class StoredView(NamedTuple):
 class NodeRecord:
     """`node.vt` of a holed radix node (its value is -1 where a token was evicted)."""
 
-    live: int                                  # live slots: value >= 0, or the slots of `pages`
-    pages: torch.Tensor | None = None          # page size > 1: slots of the whole pages it owns (host)
-    view: StoredView | None = None             # the row that ended at this node
+    live: int  # live slots: value >= 0, or the slots of `pages`
+    pages: torch.Tensor | None = None  # page size > 1: slots of the whole pages it owns (host)
+    view: StoredView | None = None  # the row that ended at this node
 
     def take(self, mask: torch.Tensor) -> torch.Tensor:
         """Page size > 1: the owned slots under `mask` (``[len(pages)] bool``) leave the node;
@@ -78,8 +78,15 @@ def _count(node) -> int:
     return int((node.value >= 0).sum())
 
 
-def insert_view(tree, parent, key: RadixKey, value: torch.Tensor, priority: int, view: StoredView,
-                pages: torch.Tensor | None = None):
+def insert_view(
+    tree,
+    parent,
+    key: RadixKey,
+    value: torch.Tensor,
+    priority: int,
+    view: StoredView,
+    pages: torch.Tensor | None = None,
+):
     """Insert the holed `key` below `parent` (`value`: a slot per position, -1 a hole) and
     store `view` at the node where it ends. A new node gets its record and counts only its live
     slots (the slots of its `pages` at page size > 1). Returns ``(matched, node)`` as
@@ -140,10 +147,13 @@ def find_view(tree, last, logical: array, limit: int, ns: str):
             m = child.key.match(key)
             if m < len(child.key):
                 if m and d + m < limit and (cut is None or d + m > cut[1]):
-                    cut = (child, d + m)  # a differing id (not the end of the prompt) inside the key
+                    cut = (
+                        child,
+                        d + m,
+                    )  # a differing id (not the end of the prompt) inside the key
                 break
             child.last_access_time = now
-            d, key, node = d + len(child.key), key[len(child.key):], child
+            d, key, node = d + len(child.key), key[len(child.key) :], child
             if view_of(node) is None:
                 continue
             tail = node.vt.view.tail
@@ -193,9 +203,14 @@ def insert_history(tree, req, st, row_len: int) -> None:
     slots = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64)
     positions = st.row.positions(row_len).to(slots.device)
     total = row_len + st.row.offset
-    head_key = RadixKey(logical[:min(st.prefix.attach, total)], req.extra_key, cache_salt=req.cache_salt)
-    values, attach_node = (tree._match_prefix_helper(tree.root_node, head_key) if len(head_key)
-                           else ([], tree.root_node))
+    head_key = RadixKey(
+        logical[: min(st.prefix.attach, total)], req.extra_key, cache_salt=req.cache_salt
+    )
+    values, attach_node = (
+        tree._match_prefix_helper(tree.root_node, head_key)
+        if len(head_key)
+        else ([], tree.root_node)
+    )
     attach = sum(len(v) for v in values)
     if attach >= total:
         return
@@ -211,8 +226,14 @@ def insert_history(tree, req, st, row_len: int) -> None:
         return  # another row's KV or holes at these positions: keep the row private
     value = torch.full((total - attach,), -1, dtype=torch.int64, device=slots.device)
     value[positions[~head] - attach] = slots[~head]
-    _, node = insert_view(tree, attach_node, key, value, req.priority or 0,
-                          StoredView(positions.clone(), slots.clone(), attach, array("q")))
+    _, node = insert_view(
+        tree,
+        attach_node,
+        key,
+        value,
+        req.priority or 0,
+        StoredView(positions.clone(), slots.clone(), attach, array("q")),
+    )
     hand_over(tree, req, st, node, row_len)
     punch(tree, node)
 

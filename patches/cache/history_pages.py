@@ -57,8 +57,9 @@ def insert(tree, req, st, row_len: int) -> None:
     total = row_len + st.row.offset
     head = min(st.prefix.attach, total) // ps * ps
     head_key = RadixKey(logical[:head], req.extra_key, cache_salt=req.cache_salt)
-    values, attach_node = (tree._match_prefix_helper(tree.root_node, head_key) if head
-                           else ([], tree.root_node))
+    values, attach_node = (
+        tree._match_prefix_helper(tree.root_node, head_key) if head else ([], tree.root_node)
+    )
     attach = sum(len(v) for v in values)
     end = attach + (total - attach) // ps * ps
     if end == attach:
@@ -75,14 +76,27 @@ def insert(tree, req, st, row_len: int) -> None:
     reachable = torch.cat(reachable) // ps if reachable else row[:0]
     missing = torch.unique(row[:cpl] // ps)
     missing = missing[~torch.isin(missing, reachable)]
-    if missing.numel() and not rehome(tree, st.prefix.hit.node if st.prefix.hit else None, on_path, missing):
+    if missing.numel() and not rehome(
+        tree, st.prefix.hit.node if st.prefix.hit else None, on_path, missing
+    ):
         return  # the row uses pages the new node's path does not hold
     pages = row[cpl:row_len:ps] // ps
     value = torch.full((len(key),), -1, dtype=torch.int64, device=row.device)
-    view = history.StoredView(st.row.positions(row_len).to(row.device), row.clone(), attach,
-                              array("q", logical[end:total]))
-    _, node = history.insert_view(tree, attach_node, key, value, req.priority or 0, view,
-                                  (pages[:, None] * ps + torch.arange(ps, device=row.device)).flatten().cpu())
+    view = history.StoredView(
+        st.row.positions(row_len).to(row.device),
+        row.clone(),
+        attach,
+        array("q", logical[end:total]),
+    )
+    _, node = history.insert_view(
+        tree,
+        attach_node,
+        key,
+        value,
+        req.priority or 0,
+        view,
+        (pages[:, None] * ps + torch.arange(ps, device=row.device)).flatten().cpu(),
+    )
     history.hand_over(tree, req, st, node, row_len)
     punch(tree, node)
 

@@ -93,9 +93,20 @@ class RecallPlan:
         rest[sel] = False
         if self.rounds == 1 or not n or not rest.any():
             return None
-        live = (torch.arange(self.candidates.numel()) if self.unpicked is None else self.unpicked.cpu())[rest]
-        return RecallPlan(self.candidates, self.k, self.v, torch.zeros(live.numel()), self.end + n, self.back + n,
-                          self.rounds - 1, unpicked=live, k_device=self.k_device)
+        live = (
+            torch.arange(self.candidates.numel()) if self.unpicked is None else self.unpicked.cpu()
+        )[rest]
+        return RecallPlan(
+            self.candidates,
+            self.k,
+            self.v,
+            torch.zeros(live.numel()),
+            self.end + n,
+            self.back + n,
+            self.rounds - 1,
+            unpicked=live,
+            k_device=self.k_device,
+        )
 
     def score(self, mass: torch.Tensor, t0: float) -> None:
         """Add one layer's window mass on the candidates, ``[c]`` float32 (`scores.collect`, which
@@ -111,9 +122,11 @@ class RecallPlan:
 class Recall:
     """A request's recall state (`st.recall`)."""
 
-    plan: RecallPlan | None = None             # until the first part of its prompt's last chunk ends
-    pinned: torch.Tensor | None = None         # [n] int64 positions recalled this turn (ascending): kept like sinks
-    planned: bool = False                      # its turn's candidates were looked at (`begin_turn`)
+    plan: RecallPlan | None = None  # until the first part of its prompt's last chunk ends
+    pinned: torch.Tensor | None = (
+        None  # [n] int64 positions recalled this turn (ascending): kept like sinks
+    )
+    planned: bool = False  # its turn's candidates were looked at (`begin_turn`)
 
     def reset(self, unpin: bool = False) -> None:
         """No recall is pending (the turn's prefill starts over, is not cut where the plan needs,
@@ -139,7 +152,9 @@ def begin_turn(req, st) -> None:
     if not st.host.chunks:
         return
     t0 = time.perf_counter()
-    chunks = [c.wait() for c in st.host.chunks]  # offloaded at an earlier step: their copies have landed
+    chunks = [
+        c.wait() for c in st.host.chunks
+    ]  # offloaded at an earlier step: their copies have landed
     depth = st.row.offset + st.row.kept_pos.numel()
     positions = torch.cat([c.positions for c in chunks])
     idx = dedupe(positions, depth, st.row.kept_pos)
@@ -147,9 +162,14 @@ def begin_turn(req, st) -> None:
     cut = split(req.prefix_len, total, st.cfg.scoring.obs_window, st.cfg.page_size)
     if not idx.numel() or cut is None:
         return
-    st.recall.plan = RecallPlan(positions[idx], torch.cat([c.k for c in chunks])[idx],
-                                torch.cat([c.v for c in chunks])[idx], torch.zeros(idx.numel()), *cut,
-                                rounds=turn_rounds(st.cfg.host.recall, st.cfg.host.rounds))
+    st.recall.plan = RecallPlan(
+        positions[idx],
+        torch.cat([c.k for c in chunks])[idx],
+        torch.cat([c.v for c in chunks])[idx],
+        torch.zeros(idx.numel()),
+        *cut,
+        rounds=turn_rounds(st.cfg.host.recall, st.cfg.host.rounds),
+    )
     st.recall.plan.seconds += time.perf_counter() - t0
 
 
@@ -165,32 +185,39 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     t0 = time.perf_counter()
     host, before = st.cfg.host, st.recall.pinned
     done = 0 if before is None else int(before.numel())  # recalled by this turn's earlier rounds
-    sel = pick(plan.scores, round_quota(host.recall, host.rounds, done, plan.rounds == 1), host.pool, host.gap)
+    sel = pick(
+        plan.scores,
+        round_quota(host.recall, host.rounds, done, plan.rounds == 1),
+        host.pool,
+        host.gap,
+    )
     kv, end, back = req.kv, plan.end, plan.back
     req_to_token = scheduler.req_to_token_pool.req_to_token
     allocator = scheduler.token_to_kv_pool_allocator
     row = req_to_token[kv.req_pool_idx, :end].to(torch.int64)
     positions = st.row.positions(end)
-    slots = _row_slots(scheduler, row[:back], int(sel.numel()), alloc) \
-        if sel.numel() else row[:0]
+    slots = _row_slots(scheduler, row[:back], int(sel.numel()), alloc) if sel.numel() else row[:0]
     if slots is None:  # no free page: the turn goes on without them
         st.report["recall_skipped_tokens"] = int(sel.numel())
         host_tier.tier_of().count_skip()
         shortage.note("recall_skipped", req.rid, "page")
         sel, slots = sel[:0], row[:0]
     n, ps = int(sel.numel()), allocator.page_size
-    tail = row[-(-back // ps) * ps:]  # whole pages past `back`'s page
+    tail = row[-(-back // ps) * ps :]  # whole pages past `back`'s page
     if tail.numel():
         allocator.free_page_ids(tail[::ps] // ps)
     chosen = plan.chosen(sel)
     if n:
         _write_kv(allocator.get_kvcache(), slots, plan.k[chosen], plan.v[chosen])
-        req_to_token[kv.req_pool_idx, back:back + n] = slots.to(req_to_token.dtype)
+        req_to_token[kv.req_pool_idx, back : back + n] = slots.to(req_to_token.dtype)
     kv.kv_committed_len = kv.kv_allocated_len = back + n
     recalled = plan.candidates[chosen]
     logical = st.prompt.logical_ids(req)
     resume = int(positions[back])  # the first recomputed token
-    ids = array("q", (logical[p] for p in torch.cat([positions[:back], recalled]).tolist())) + logical[resume:]
+    ids = (
+        array("q", (logical[p] for p in torch.cat([positions[:back], recalled]).tolist()))
+        + logical[resume:]
+    )
     # The row: its first `back` entries, then the recalled ones (kept for the rest of the turn);
     # the ids become row coordinates, and the next chunk continues at logical position `resume`.
     st.row.join(back, recalled, resume)
@@ -201,10 +228,14 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     req.prefix_len = req.already_computed = back + n
     seconds = plan.seconds + time.perf_counter() - t0
     earlier = st.report if before is not None else {}  # a later round adds to the turn's figures
-    st.report.update(pinned_tokens=done + n, recalled_tokens=done + n, recalled_positions=st.recall.pinned.tolist(),
-                     recall_rounds=earlier.get("recall_rounds", 0) + 1,
-                     recall_ms=round(earlier.get("recall_ms", 0) + seconds * 1e3, 3),
-                     recomputed_tokens=earlier.get("recomputed_tokens", 0) + end - back)
+    st.report.update(
+        pinned_tokens=done + n,
+        recalled_tokens=done + n,
+        recalled_positions=st.recall.pinned.tolist(),
+        recall_rounds=earlier.get("recall_rounds", 0) + 1,
+        recall_ms=round(earlier.get("recall_ms", 0) + seconds * 1e3, 3),
+        recomputed_tokens=earlier.get("recomputed_tokens", 0) + end - back,
+    )
     host_tier.tier_of().count_recall(n, seconds)
     # The next round: the scoring window, recomputed after what this one recalled, ends a chunk
     # again and scores the candidates left.
@@ -232,7 +263,11 @@ def _row_slots(scheduler, row: torch.Tensor, n: int, alloc) -> torch.Tensor | No
     if ps == 1:
         return alloc(n)
     room = min(n, (ps - row.numel() % ps) % ps)
-    head = int(row[-1]) + 1 + torch.arange(room, device=row.device) if room else row[:0].to(torch.int64)
+    head = (
+        int(row[-1]) + 1 + torch.arange(room, device=row.device)
+        if room
+        else row[:0].to(torch.int64)
+    )
     rest = n - room
     if not rest:
         return head.to(torch.int64)
@@ -263,9 +298,13 @@ def drop_recalled(req, tree) -> None:
     allocator = tree.token_to_kv_pool_allocator
     if plan.num_moved:
         kvcache = allocator.get_kvcache()
-        repack_kv_(kvcache.k_buffer, kvcache.v_buffer, plan.src.to(row.device), plan.dst.to(row.device))
+        repack_kv_(
+            kvcache.k_buffer, kvcache.v_buffer, plan.src.to(row.device), plan.dst.to(row.device)
+        )
     if plan.row_slots.numel():
-        req_to_token[kv.req_pool_idx, plan.row_start:plan.new_len] = plan.row_slots.to(req_to_token)
+        req_to_token[kv.req_pool_idx, plan.row_start : plan.new_len] = plan.row_slots.to(
+            req_to_token
+        )
     if plan.num_freed_pages:
         freed = plan.freed_pages.to(row.device)
         (allocator.free if ps == 1 else allocator.free_page_ids)(freed)

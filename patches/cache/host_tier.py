@@ -59,7 +59,7 @@ class HostChunks:
     """The host chunks a request holds (`st.host`)."""
 
     chunks: list[Chunk] = field(default_factory=list)  # its view's store, then its own evictions'
-    taken: bool = False                        # it took its view's store (`take_store`, once)
+    taken: bool = False  # it took its view's store (`take_store`, once)
 
 
 class HostTier:
@@ -69,7 +69,7 @@ class HostTier:
         self.cap, self.tokens, self.bytes, self.peak_bytes = cap, 0, 0, 0
         self.offloaded = self.dropped = self.recalled = self.recalls = self.skipped_recalls = 0
         self.recall_seconds = 0.0
-        self.nodes: dict[int, tuple] = {}    # id -> (radix node, the chunks its view's store holds)
+        self.nodes: dict[int, tuple] = {}  # id -> (radix node, the chunks its view's store holds)
 
     def hold(self, chunks) -> None:
         for c in chunks:
@@ -132,11 +132,18 @@ class HostTier:
         self.skipped_recalls += 1
 
     def as_dict(self) -> dict:
-        return {"host_tokens_cap": self.cap, "host_tokens_held": self.tokens, "host_bytes_held": self.bytes,
-                "peak_host_bytes": self.peak_bytes, "offloaded_tokens": self.offloaded,
-                "offload_dropped_tokens": self.dropped, "recalled_tokens": self.recalled,
-                "recalls": self.recalls, "recall_seconds": round(self.recall_seconds, 6),
-                "skipped_recalls": self.skipped_recalls}
+        return {
+            "host_tokens_cap": self.cap,
+            "host_tokens_held": self.tokens,
+            "host_bytes_held": self.bytes,
+            "peak_host_bytes": self.peak_bytes,
+            "offloaded_tokens": self.offloaded,
+            "offload_dropped_tokens": self.dropped,
+            "recalled_tokens": self.recalled,
+            "recalls": self.recalls,
+            "recall_seconds": round(self.recall_seconds, 6),
+            "skipped_recalls": self.skipped_recalls,
+        }
 
 
 # The host store of this scheduler process (`install`, at scheduler start when the server's
@@ -172,7 +179,12 @@ def offload(tier: HostTier, rows: list, slots: torch.Tensor, k_buffers, v_buffer
         tier.offloaded += keep
         st.report["offloaded_tokens"] = st.report.get("offloaded_tokens", 0) + keep
         if keep:
-            chunk = Chunk(positions[:keep].clone(), k[start:start + keep], v[start:start + keep], ready=ready)
+            chunk = Chunk(
+                positions[:keep].clone(),
+                k[start : start + keep],
+                v[start : start + keep],
+                ready=ready,
+            )
             tier.hold([chunk])
             st.host.chunks.append(chunk)
         start += m

@@ -34,9 +34,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefResult, EvictResult,
-                                                     IncLockRefResult, MatchPrefixParams,
-                                                     MatchResult)
+from sglang.srt.mem_cache.base_prefix_cache import (
+    DecLockRefResult,
+    EvictResult,
+    IncLockRefResult,
+    MatchPrefixParams,
+    MatchResult,
+)
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
 from ..state import state_of
@@ -74,7 +78,9 @@ class Prefix:
     hit: ViewHit | None = None
     attach: int = 0
 
-    def continue_from(self, node, slots: torch.Tensor | None, attach: int, copied: bool = False) -> None:
+    def continue_from(
+        self, node, slots: torch.Tensor | None, attach: int, copied: bool = False
+    ) -> None:
         """The row starts as the stored view at radix `node`, whose KV is at `slots` (`node`
         None: no view); `attach`: the logical prefix whose KV is hole-free; `copied`: `slots` end
         in the request's own copy of the view's partial last page (page size > 1)."""
@@ -94,9 +100,11 @@ class Prefix:
 def factory(ctx):
     """`register_radix_cache_backend` factory."""
     global _active
-    for bad, why in ((ctx.disable_radix_cache, "--disable-radix-cache"),
-                     (ctx.is_hybrid_swa or ctx.is_hybrid_ssm, "hybrid SWA / Mamba models"),
-                     (ctx.enable_hierarchical_cache, "--enable-hierarchical-cache")):
+    for bad, why in (
+        (ctx.disable_radix_cache, "--disable-radix-cache"),
+        (ctx.is_hybrid_swa or ctx.is_hybrid_ssm, "hybrid SWA / Mamba models"),
+        (ctx.enable_hierarchical_cache, "--enable-hierarchical-cache"),
+    ):
         if bad:
             raise ValueError(f"--radix-cache-backend {NAME} cannot run with {why}")
     _active = True
@@ -181,7 +189,9 @@ class HoledRadixCache(RadixCache):
         while stack:
             for child in stack.pop().children.values():
                 pages = history_pages.owned(child)
-                values.append(child.value[child.value >= 0] if pages is None else pages.to(self.device))
+                values.append(
+                    child.value[child.value >= 0] if pages is None else pages.to(self.device)
+                )
                 stack.append(child)
         return torch.cat(values)
 
@@ -198,10 +208,15 @@ class HoledRadixCache(RadixCache):
         st.prefix.continue_from(None, None, len(logical))  # no view yet: a plain prefill
         if st.retract.stash is not None:  # retracted after evicting: resume from its row
             return retraction.resume(self, req, st, logical, limit, result)
-        if (not st.cfg.history.reuse or req.output_ids
-                or (req.return_logprob and req.logprob_start_len >= 0)):
+        if (
+            not st.cfg.history.reuse
+            or req.output_ids
+            or (req.return_logprob and req.logprob_start_len >= 0)
+        ):
             return self._observed(result, key, st)  # retracted (re-prefilled whole) or logprobs
-        found = history.find_view(self, result.last_device_node, logical, limit, history.namespace(req, st))
+        found = history.find_view(
+            self, result.last_device_node, logical, limit, history.namespace(req, st)
+        )
         if found is None or found[1] <= result.device_prefix_len:
             return self._observed(result, key, st)
         node, depth = found
@@ -209,9 +224,13 @@ class HoledRadixCache(RadixCache):
         history.adopt(req, st, logical, positions, depth)
         st.prefix.continue_from(node, slots, node.vt.view.attach)
         # At page size > 1 the view's partial last page becomes the request's own (own_tail).
-        return MatchResult(device_prefix_len=len(positions), last_device_node=node,
-                           last_host_node=node, best_match_node=node,
-                           cache_protected_len=len(positions) // self.page_size * self.page_size)
+        return MatchResult(
+            device_prefix_len=len(positions),
+            last_device_node=node,
+            last_host_node=node,
+            best_match_node=node,
+            cache_protected_len=len(positions) // self.page_size * self.page_size,
+        )
 
     def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:
         """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
@@ -226,13 +245,23 @@ class HoledRadixCache(RadixCache):
         if attn:
             cap = min(cap, len(key.token_ids) - st.cfg.scoring.obs_window)
         if st.cfg.prefill_peak is not None:
-            cap = min(cap, st.cfg.prefill_peak - (st.cfg.scoring.obs_window if attn else st.cfg.page_size))
+            cap = min(
+                cap, st.cfg.prefill_peak - (st.cfg.scoring.obs_window if attn else st.cfg.page_size)
+            )
         cap = max(0, cap)
         if result.device_prefix_len <= cap:
             return result
-        return super().match_prefix(MatchPrefixParams(key=RadixKey(
-            key.token_ids, key.extra_key, is_bigram=key.is_bigram, limit=cap,
-            cache_salt=key.cache_salt)))
+        return super().match_prefix(
+            MatchPrefixParams(
+                key=RadixKey(
+                    key.token_ids,
+                    key.extra_key,
+                    is_bigram=key.is_bigram,
+                    limit=cap,
+                    cache_salt=key.cache_salt,
+                )
+            )
+        )
 
     def prefix_device_indices(self, req) -> torch.Tensor:
         st = state_of(req)

@@ -44,7 +44,9 @@ def _clipped(reqs):
         row = req.kv.kv_committed_len if req.kv.holds_kv else len(req.origin_input_ids) + done
         # Under the holed radix cache tree-owned tokens (a cached prompt, a stored history's view)
         # leave the row as it evicts and its own tokens replace them, up to the cap.
-        tree = (req.kv.cache_protected_len if req.kv.holds_kv else req.prefix_len) if st.holed else 0
+        tree = (
+            (req.kv.cache_protected_len if req.kv.holds_kv else req.prefix_len) if st.holed else 0
+        )
         room = max(0, st.cfg.decode_peak - (row - tree))
         clipped = done + min(req.sampling_params.max_new_tokens - done, room)
         if clipped < req.sampling_params.max_new_tokens:
@@ -68,15 +70,20 @@ def _refuse(req, st, message: str, status=HTTPStatus.BAD_REQUEST) -> None:
         st.retract.drop()
         if retracted:  # its statistics still described the stashed row: it starts over as a prompt
             st.reset()
-    req.set_finish_with_abort(message, status, "BadRequestError" if status == HTTPStatus.BAD_REQUEST
-                              else "ServiceUnavailableError")
+    req.set_finish_with_abort(
+        message,
+        status,
+        "BadRequestError" if status == HTTPStatus.BAD_REQUEST else "ServiceUnavailableError",
+    )
 
 
 def _never_fits(req, pool_tokens: int) -> str:
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-    return (f"this request can never be scheduled: its prefill of {extend} tokens (past a cached prefix of "
-            f"{req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV pool holds with nothing "
-            f"else in it; send a shorter prompt, or evict during prefill (kv_evict prefill_chunk)")
+    return (
+        f"this request can never be scheduled: its prefill of {extend} tokens (past a cached prefix of "
+        f"{req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV pool holds with nothing "
+        f"else in it; send a shorter prompt, or evict during prefill (kv_evict prefill_chunk)"
+    )
 
 
 def _no_page(what: str, pool_tokens: int) -> str:
@@ -149,7 +156,12 @@ def adder_class(base: type) -> type:
                 if counters is not None:
                     counters.shortage_aborts += 1
                 shortage.note("admission_aborted", req.rid, page)
-                _refuse(req, st, _no_page(what, self.token_to_kv_pool_allocator.size), HTTPStatus.SERVICE_UNAVAILABLE)
+                _refuse(
+                    req,
+                    st,
+                    _no_page(what, self.token_to_kv_pool_allocator.size),
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                )
 
         def add_one_req(self, req, has_chunked_req, *args, **kwargs):
             from sglang.srt.managers.schedule_policy import AddReqResult
@@ -159,7 +171,9 @@ def adder_class(base: type) -> type:
                 self._defer(req, st, "a retracted row written back", "resume", has_chunked_req)
                 return AddReqResult.NO_TOKEN
             limit = chunk_limit(req)  # eviction during prefill: its first chunk ends at the peak
-            forcing = limit is not None and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
+            forcing = (
+                limit is not None and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
+            )
             if forcing and (has_chunked_req or self.new_chunked_req is not None):
                 return AddReqResult.OTHER  # SGLang carries one chunked request at a time
             saved, exact = self.rem_chunk_tokens, getattr(self, "exact_chunk_fill", False)
@@ -179,15 +193,28 @@ def adder_class(base: type) -> type:
                 if forcing:  # what the request took comes off the real chunk budget
                     self.rem_chunk_tokens = saved - (min(saved, limit) - self.rem_chunk_tokens)
                     self.exact_chunk_fill = exact
-            deferred = req in self.can_run_list and st is not None and \
-                not history_pages.own_tail(self.tree_cache, req, st)
+            deferred = (
+                req in self.can_run_list
+                and st is not None
+                and not history_pages.own_tail(self.tree_cache, req, st)
+            )
             if deferred:
                 self._take_back(req)
-                self._defer(req, st, "the copy of a stored view's last page", "tail", has_chunked_req)
+                self._defer(
+                    req, st, "the copy of a stored view's last page", "tail", has_chunked_req
+                )
                 result = AddReqResult.NO_TOKEN
-            elif result == AddReqResult.NO_TOKEN and req not in self.can_run_list and self._idle(has_chunked_req):
+            elif (
+                result == AddReqResult.NO_TOKEN
+                and req not in self.can_run_list
+                and self._idle(has_chunked_req)
+            ):
                 _refuse(req, st, _never_fits(req, self.token_to_kv_pool_allocator.size))
-            if st is not None and st.retract.real_outputs is not None and req not in self.can_run_list:
+            if (
+                st is not None
+                and st.retract.real_outputs is not None
+                and req not in self.can_run_list
+            ):
                 st.retract.restore_outputs(req)  # not admitted this round: its real outputs back
             return result
 
@@ -223,7 +250,8 @@ def around_init_req_max_new_tokens(original, scheduler, req):
     if peak > scheduler.max_total_num_tokens:
         req.set_finish_with_abort(
             f"kv_evict.budget {st.cfg.budget}: an evicting request holds up to budget + interval + "
-            f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}")
+            f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}"
+        )
         return
     input_len = len(req.origin_input_ids)
     value = (1 << 30) if requested is None else requested

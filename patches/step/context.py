@@ -75,8 +75,11 @@ class StepContext:
             cpl = req.kv.cache_protected_len
             live += req.kv.kv_committed_len
             # its own pages, the tree pages its row (or Naive-Evict's lock) references, held-back pages
-            pages += (num_pages(req.kv.kv_committed_len - cpl, ps) + num_pages(max(cpl, st.naive.tree_lock), ps)
-                      + len(st.naive.held))
+            pages += (
+                num_pages(req.kv.kv_committed_len - cpl, ps)
+                + num_pages(max(cpl, st.naive.tree_lock), ps)
+                + len(st.naive.held)
+            )
             excess += st.naive.excess
         c.running_evicting_requests, c.live_tokens, c.retained_pages = running, live, pages
         c.naive_excess_pages = excess
@@ -106,11 +109,22 @@ def context_of(scheduler) -> StepContext:
     if tp_group is not None and tp_group.world_size == 1:
         tp_group = None
     req_to_token = scheduler.req_to_token_pool.req_to_token
-    view = KVPoolView(req_to_token, kvcache.k_buffer, kvcache.v_buffer, allocator.page_size,
-                      tp_gather=None if tp_group is None else lambda t, dim: tp_gather(t, tp_group, dim))
+    view = KVPoolView(
+        req_to_token,
+        kvcache.k_buffer,
+        kvcache.v_buffer,
+        allocator.page_size,
+        tp_gather=None if tp_group is None else lambda t, dim: tp_gather(t, tp_group, dim),
+    )
     ctx = scheduler._vtoken_step = StepContext(
-        tree=scheduler.tree_cache, allocator=allocator, view=view, page_size=allocator.page_size, counters=counters,
+        tree=scheduler.tree_cache,
+        allocator=allocator,
+        view=view,
+        page_size=allocator.page_size,
+        counters=counters,
         stream=getattr(scheduler, "forward_stream_ctx", None) if req_to_token.is_cuda else None,
-        tp_group=tp_group, tier=host_tier.tier_of(),
-        total_tokens=int(getattr(scheduler, "max_total_num_tokens", 0)))
+        tp_group=tp_group,
+        tier=host_tier.tier_of(),
+        total_tokens=int(getattr(scheduler, "max_total_num_tokens", 0)),
+    )
     return ctx

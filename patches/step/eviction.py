@@ -38,8 +38,9 @@ def evict_batch(scheduler, batch, skip: set) -> StepContext | None:
     """Evict every request of `batch` whose row reached its trigger, in one pass
     (`sgl_vtoken.step`); update the batch lengths. Returns the scheduler's step context, or None
     when the batch holds no evicting request."""
-    evicting = [(i, req, st) for i, req in enumerate(batch.reqs)
-                if (st := state_of(req)) is not None]
+    evicting = [
+        (i, req, st) for i, req in enumerate(batch.reqs) if (st := state_of(req)) is not None
+    ]
     if not evicting:
         return None
     ctx = context_of(scheduler)
@@ -80,7 +81,9 @@ def _shift_lens(batch, delta: torch.Tensor) -> None:
     in-flight forward (overlap scheduler) keeps reading the old ones."""
     batch.seq_lens_cpu = batch.seq_lens_cpu - delta
     batch.seq_lens = batch.seq_lens - delta.to(batch.seq_lens.device, batch.seq_lens.dtype)
-    batch.orig_seq_lens = batch.orig_seq_lens - delta.to(batch.orig_seq_lens.device, batch.orig_seq_lens.dtype)
+    batch.orig_seq_lens = batch.orig_seq_lens - delta.to(
+        batch.orig_seq_lens.device, batch.orig_seq_lens.dtype
+    )
     batch.seq_lens_sum = None
 
 
@@ -100,7 +103,8 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
             st.naive.mark_tree_owned(req.kv.cache_protected_len)
         kv = req.kv
         assert kv.kv_committed_len == row_len == kv.kv_allocated_len, (
-            f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}")
+            f"row {row_len} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}"
+        )
     rows = [_row(req, st, row_len) for req, st, row_len in due]
     d = decide(rows, view)
     if ctx.tier is not None and any(st.cfg.host.offload for _, st, _ in due):
@@ -137,12 +141,17 @@ def _offload(ctx: StepContext, d, offloading: list) -> None:
     index copy to the device gathers their slots, and the copies run on the stream that then
     moves KV (no host synchronization)."""
     w = d.keep.shape[1]
-    victims = [(~d.keep[b, :d.rows[b].length]).nonzero().flatten() for b, _ in offloading]
+    victims = [(~d.keep[b, : d.rows[b].length]).nonzero().flatten() for b, _ in offloading]
     flat = torch.cat([b * w + v for (b, _), v in zip(offloading, victims)])
     with ctx.stream or nullcontext():
         slots = d.raw.flatten().index_select(0, flat.to(d.raw.device, non_blocking=True))
-        host_tier.offload(ctx.tier, [(st, d.rows[b].positions[v]) for (b, st), v in zip(offloading, victims)],
-                          slots, ctx.view.k_buffers, ctx.view.v_buffers)
+        host_tier.offload(
+            ctx.tier,
+            [(st, d.rows[b].positions[v]) for (b, st), v in zip(offloading, victims)],
+            slots,
+            ctx.view.k_buffers,
+            ctx.view.v_buffers,
+        )
 
 
 def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
@@ -151,15 +160,32 @@ def _row(req, st: ReqEvictState, row_len: int) -> EvictRow:
     if attn is not None and attn.shape[0] != row_len:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {row_len}")
     positions = st.row.positions(row_len)
-    return EvictRow(row=req.kv.req_pool_idx, length=row_len, positions=positions,
-                    policy=st.policy, budget=st.cfg.budget, cpl=req.kv.cache_protected_len,
-                    shared=not st.holed, rid=st.rid, step=st.row.steps, attn=attn,
-                    pinned=None if pinned is None else torch.isin(positions, pinned),
-                    history=st.holed and st.prefix.hit is not None and st.cfg.page_size > 1)
+    return EvictRow(
+        row=req.kv.req_pool_idx,
+        length=row_len,
+        positions=positions,
+        policy=st.policy,
+        budget=st.cfg.budget,
+        cpl=req.kv.cache_protected_len,
+        shared=not st.holed,
+        rid=st.rid,
+        step=st.row.steps,
+        attn=attn,
+        pinned=None if pinned is None else torch.isin(positions, pinned),
+        history=st.holed and st.prefix.hit is not None and st.cfg.page_size > 1,
+    )
 
 
-def _record(ctx: StepContext, st: ReqEvictState, req, row: EvictRow, d, b: int, freed: torch.Tensor,
-            to_free: list) -> int:
+def _record(
+    ctx: StepContext,
+    st: ReqEvictState,
+    req,
+    row: EvictRow,
+    d,
+    b: int,
+    freed: torch.Tensor,
+    to_free: list,
+) -> int:
     """Row `b` of decision `d` was applied: its strategy releases what its stored history no
     longer needs and says what of `freed` to return now (added to `to_free`); the request's
     state follows. Returns the tokens evicted."""
@@ -169,7 +195,7 @@ def _record(ctx: StepContext, st: ReqEvictState, req, row: EvictRow, d, b: int, 
     own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
     if st.holed:  # its stored history: free what nobody reaches
         st.reclaim.release_history(ctx, req, st, partial(d.kept_tree_pages, b))
-    st.reclaim.before_record(st, d.raw[b, :row.length], row.positions)
+    st.reclaim.before_record(st, d.raw[b, : row.length], row.positions)
     freed = st.reclaim.to_free(ctx, req, st, kept_pos, int(row.positions[-1]) + 1, own, freed)
     to_free.append(freed)
     st.stats.select(keep)
@@ -177,8 +203,12 @@ def _record(ctx: StepContext, st: ReqEvictState, req, row: EvictRow, d, b: int, 
         kv.cache_protected_len = w
     evicted = row.length - new_len
     st.row.record(kept_pos, evicted, int(freed.numel()))
-    st.report.update(evicted_tokens=st.report["evicted_tokens"] + evicted, live_tokens=int(kept_pos.numel()),
-                     pages_freed=st.row.freed, evictions=st.row.steps)
+    st.report.update(
+        evicted_tokens=st.report["evicted_tokens"] + evicted,
+        live_tokens=int(kept_pos.numel()),
+        pages_freed=st.row.freed,
+        evictions=st.row.steps,
+    )
     kv.kv_committed_len -= evicted
     kv.kv_allocated_len -= evicted
     return evicted

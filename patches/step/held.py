@@ -38,10 +38,12 @@ from ..state import ReqEvictState, state_of
 class NaiveHold:
     """What the Naive-Evict emulation holds for a request (`st.naive`)."""
 
-    held: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # page ids held back
-    tree_lock: int = 0                         # tree tokens its lock still covers
-    excess: int = 0                            # pages held beyond Naive-Evict's own footprint
-    tree_len: int = 0                          # row positions below were tree-owned at its first eviction
+    held: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, dtype=torch.int64)
+    )  # page ids held back
+    tree_lock: int = 0  # tree tokens its lock still covers
+    excess: int = 0  # pages held beyond Naive-Evict's own footprint
+    tree_len: int = 0  # row positions below were tree-owned at its first eviction
 
     def mark_tree_owned(self, tree_len: int) -> None:
         """First eviction under the holed cache: the row's first `tree_len` positions are
@@ -65,12 +67,15 @@ class NaiveHold:
 
 def naive_page_count(kept_pos: torch.Tensor, next_pos: int, page_size: int) -> int:
     """Pages a Naive-Evict cache holds for live tokens at `kept_pos` whose next token is `next_pos`."""
-    pages = torch.unique(torch.cat([kept_pos // page_size, kept_pos.new_tensor([(next_pos - 1) // page_size])]))
+    pages = torch.unique(
+        torch.cat([kept_pos // page_size, kept_pos.new_tensor([(next_pos - 1) // page_size])])
+    )
     return int(pages.numel())
 
 
-def hold_naive_pages(st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int, own_len: int,
-                     freed: torch.Tensor) -> torch.Tensor:
+def hold_naive_pages(
+    st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int, own_len: int, freed: torch.Tensor
+) -> torch.Tensor:
     """Keep back the pages Naive-Evict could not free; return those to really free now.
 
     Positions below `tree_len` were tree-owned when the request first evicted: Naive-Evict
@@ -85,7 +90,9 @@ def hold_naive_pages(st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int, o
     tree_lock = int(kept_pos[tree].max()) + 1 if bool(tree.any()) else 0
     wanted = naive_page_count(kept_pos[~tree], next_pos, ps) - num_pages(own_len, ps)
     extra = max(0, wanted)
-    pool = torch.cat([hold.held.to(freed.device), freed.to(torch.int64)])  # counts known: no device read
+    pool = torch.cat(
+        [hold.held.to(freed.device), freed.to(torch.int64)]
+    )  # counts known: no device read
     hold.hold(pool[:extra], tree_lock, max(0, -wanted))
     return pool[extra:]
 
@@ -108,6 +115,7 @@ def count_held(req, st: ReqEvictState) -> None:
     request creation) becomes the same record with a `held_for` slot."""
     base = type(req.kv)
     if base not in _KV_CLASSES:
+
         @dataclass(slots=True, kw_only=True)
         class HeldKvInfo(base):
             held_for: ReqEvictState | None = field(default=None, repr=False, compare=False)

@@ -102,8 +102,10 @@ def chunk_limit(req) -> int | None:
         return None
     limit = st.cfg.prefill_peak - req.prefix_len
     if limit <= 0:  # the row reached the peak with prompt left, unevicted: a splice bug
-        raise RuntimeError(f"request {req.rid}: its row holds {req.prefix_len} tokens, the prefill "
-                           f"peak is {st.cfg.prefill_peak}")
+        raise RuntimeError(
+            f"request {req.rid}: its row holds {req.prefix_len} tokens, the prefill "
+            f"peak is {st.cfg.prefill_peak}"
+        )
     return limit
 
 
@@ -136,7 +138,9 @@ def around_stash_chunked_request(original, scheduler, req):
         return
     # The ids become row coordinates: the kept entries' ids, then the prompt's remaining ids.
     logical = st.prompt.logical_ids(req)
-    st.prompt.row_ids(req, array("q", (logical[p] for p in st.row.kept_pos.tolist())) + logical[done:])
+    st.prompt.row_ids(
+        req, array("q", (logical[p] for p in st.row.kept_pos.tolist())) + logical[done:]
+    )
     st.prompt.prefill_evicted += evicted
     st.report["prefill_evicted_tokens"] = st.prompt.prefill_evicted
     # The next chunk continues after the kept entries; none of them counts as a cache hit.
@@ -155,7 +159,9 @@ def _end_short(scheduler, ctx, req) -> None:
     shortage.note("prefill_aborted", req.rid)
     req.discard_output_reason = FINISH_ABORT(
         f"kv_evict prefill_chunk: no free KV page for the copies of the cached prompt tokens this request "
-        f"keeps (the {ctx.total_tokens}-token pool is full); retry later", HTTPStatus.SERVICE_UNAVAILABLE)
+        f"keeps (the {ctx.total_tokens}-token pool is full); retry later",
+        HTTPStatus.SERVICE_UNAVAILABLE,
+    )
     scheduler._pending_chunked_abort_req = req
     scheduler.process_pending_chunked_abort()
 

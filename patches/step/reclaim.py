@@ -29,20 +29,32 @@ from .context import StepContext
 class Reclaim:
     """The interface; each method is one point of the step (`eviction.evict_rows`)."""
 
-    def release_tree(self, ctx: StepContext, req, st: ReqEvictState, dropped: torch.Tensor, depth: int) -> None:
+    def release_tree(
+        self, ctx: StepContext, req, st: ReqEvictState, dropped: torch.Tensor, depth: int
+    ) -> None:
         """Before the repack, for a holed row whose view changed below its protected length:
         `dropped` the logical positions (host) of the tree-owned entries it no longer uses,
         `depth` the tokens of the tree path its kept entries still reach."""
 
-    def before_record(self, st: ReqEvictState, slots: torch.Tensor, positions: torch.Tensor) -> None:
+    def before_record(
+        self, st: ReqEvictState, slots: torch.Tensor, positions: torch.Tensor
+    ) -> None:
         """The row (`slots` at logical `positions`) is about to change in the request's state."""
 
     def release_history(self, ctx: StepContext, req, st: ReqEvictState, kept_pages) -> None:
         """After the repack, for a holed row: free what of its stored history nobody reaches any
         more. `kept_pages()`: the host ids of the tree-owned pages the row still references."""
 
-    def to_free(self, ctx: StepContext, req, st: ReqEvictState, kept_pos: torch.Tensor, next_pos: int,
-                own: int, freed: torch.Tensor) -> torch.Tensor:
+    def to_free(
+        self,
+        ctx: StepContext,
+        req,
+        st: ReqEvictState,
+        kept_pos: torch.Tensor,
+        next_pos: int,
+        own: int,
+        freed: torch.Tensor,
+    ) -> torch.Tensor:
         """Of `freed` (the slots or pages the repack released), those to return now; the row
         keeps entries at logical `kept_pos`, its next token is at `next_pos`, `own` of its
         entries are its own (not tree-owned)."""

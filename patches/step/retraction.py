@@ -94,13 +94,13 @@ class StepUndo(NamedTuple):
 class Retraction:
     """A request's retraction state (`st.retract`)."""
 
-    stash: RetractStash | None = None          # its row while retracted
-    resume_node: TreeNode | None = None        # the radix node its stash was written back to
-    real_outputs: array | None = None          # a resumed request's outputs while its prefill is set up
-    undo: StepUndo | None = None               # this step's state before its fold and eviction
-    resume_prefill: bool = False               # its prefill is a resume's (the row ends there)
+    stash: RetractStash | None = None  # its row while retracted
+    resume_node: TreeNode | None = None  # the radix node its stash was written back to
+    real_outputs: array | None = None  # a resumed request's outputs while its prefill is set up
+    undo: StepUndo | None = None  # this step's state before its fold and eviction
+    resume_prefill: bool = False  # its prefill is a resume's (the row ends there)
     retractions: int = 0
-    blocked: bool = False                      # retracted, and its view does not fit the pool yet
+    blocked: bool = False  # retracted, and its view does not fit the pool yet
 
     def start_step(self, stats: torch.Tensor | None) -> None:
         """A step starts for this request (a decode step, or a prefill chunk's eviction): a
@@ -113,10 +113,14 @@ class Retraction:
         """The request will not resume (it ends): its stash goes."""
         self.stash, self.resume_node, self.blocked = None, None, False
 
-    def save_undo(self, slots: torch.Tensor, positions: torch.Tensor, row: Row, report: dict) -> None:
+    def save_undo(
+        self, slots: torch.Tensor, positions: torch.Tensor, row: Row, report: dict
+    ) -> None:
         """Before an eviction (holed, page size 1): remember the row (`slots` at logical
         `positions`), `row`'s positions and counts and the `report` as they are, for `undo_step`."""
-        self.undo = self.undo._replace(before=RowBefore(slots, positions, row.snapshot(), dict(report)))
+        self.undo = self.undo._replace(
+            before=RowBefore(slots, positions, row.snapshot(), dict(report))
+        )
 
     def lose_undo(self) -> None:
         """This step evicts in place (page size > 1): the row before it cannot come back."""
@@ -135,7 +139,12 @@ def before_release_req(*args, req, tree_cache, **kwargs):
     """BEFORE `schedule_batch.release_req` (retraction only): stash an evicting request's row;
     without a stash it is re-prefilled with full attention, which the report says."""
     st = state_of(req)
-    if st is None or req.finished() or not req.kv.holds_kv or not (st.row.steps or st.prefix.hit is not None):
+    if (
+        st is None
+        or req.finished()
+        or not req.kv.holds_kv
+        or not (st.row.steps or st.prefix.hit is not None)
+    ):
         return None
     # Without the holed cache, or with Naive-Evict's held pages: re-prefilled, stash None.
     resumable = st.holed and (st.cfg.page_size == 1 or st.cfg.reclaim == "vtoken")
@@ -155,7 +164,7 @@ def undo_step(st) -> tuple[torch.Tensor, torch.Tensor] | None:
     its next step (just resumed) has nothing left to undo. Returns the row before that eviction,
     ``(slots, positions)``, or None when the step did not evict."""
     undo, st.retract.undo = st.retract.undo, None  # consumed: a second retraction before the
-    if undo is None:                                # next step finds the state already undone
+    if undo is None:  # next step finds the state already undone
         return None
     st.stats.restore(undo.stats)
     if undo.before is None:
@@ -189,18 +198,28 @@ def stash_row(req, st, tree_cache) -> RetractStash | None:
         slots, positions = before
     else:
         req_to_token = tree_cache.req_to_token_pool.req_to_token
-        slots, positions = req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64), st.row.positions(row_len)
+        slots, positions = (
+            req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64),
+            st.row.positions(row_len),
+        )
     if depth < tree_cache.page_size:
         return None  # no whole page of logical ids to key its view by
     live = int((positions < depth).sum())  # positions ascend: the kept entries are a row prefix
     index = slots[:live].to(tree_cache.token_to_kv_pool_allocator.device)
     pool = tree_cache.token_to_kv_pool_allocator.get_kvcache()
     keys = torch.stack([pool.get_key_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
-    values = torch.stack([pool.get_value_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
+    values = torch.stack(
+        [pool.get_value_buffer(layer)[index] for layer in range(pool.layer_num)]
+    ).cpu()
     serial = st.retract.retractions + 1  # `before_release_req` counts this retraction
     namespace = f"{req.extra_key or ''}|{st.cfg.history_namespace()}|retract:{req.rid}:{serial}"
-    return RetractStash(ids=ids[:depth], positions=positions[:live].cpu(), keys=keys, values=values,
-                        namespace=namespace)
+    return RetractStash(
+        ids=ids[:depth],
+        positions=positions[:live].cpu(),
+        keys=keys,
+        values=values,
+        namespace=namespace,
+    )
 
 
 def write_back(tree_cache, stash: RetractStash, req) -> torch.Tensor | None:
@@ -228,8 +247,12 @@ def resume(tree, req, st, logical: array, limit: int, result: MatchResult) -> Ma
     if stash.depth > limit:  # no longer its ids (it was aborted: a one-token prompt)
         st.retract.drop()
         return result
-    if node is None or node.parent is None or history.view_of(node) is None or \
-            node.parent.children.get(node.key.child_key(tree.page_size)) is not node:
+    if (
+        node is None
+        or node.parent is None
+        or history.view_of(node) is None
+        or node.parent.children.get(node.key.child_key(tree.page_size)) is not node
+    ):
         node = _insert_stash(tree, stash, req)
     st.retract.resume_node, st.retract.blocked = node, node is None
     if node is None:
@@ -239,8 +262,13 @@ def resume(tree, req, st, logical: array, limit: int, result: MatchResult) -> Ma
     st.prefix.continue_from(node, view.slots, 0)
     # At page size > 1 the view's partial last page becomes the request's own (`own_tail`).
     n = len(view.positions)
-    return MatchResult(device_prefix_len=n, last_device_node=node, last_host_node=node, best_match_node=node,
-                       cache_protected_len=n // tree.page_size * tree.page_size)
+    return MatchResult(
+        device_prefix_len=n,
+        last_device_node=node,
+        last_host_node=node,
+        best_match_node=node,
+        cache_protected_len=n // tree.page_size * tree.page_size,
+    )
 
 
 def _insert_stash(tree, stash: RetractStash, req) -> TreeNode | None:
@@ -259,7 +287,9 @@ def _insert_stash(tree, stash: RetractStash, req) -> TreeNode | None:
     if ps == 1:
         value[positions] = slots
     view = history.StoredView(positions, slots[:n], 0, array("q", stash.ids[end:]))
-    matched, node = history.insert_view(tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu())
+    matched, node = history.insert_view(
+        tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu()
+    )
     assert matched == 0, "a fresh namespace cannot match"
     return node
 

@@ -106,8 +106,12 @@ class Stats:
 def scored_requests(batch) -> list:
     """(batch index, request, state) of the requests of `batch` whose policy reads attention or
     whose turn scores recall candidates (`host_tier.py`)."""
-    return [(i, r, st) for i, r in enumerate(batch.reqs)
-            if (st := state_of(r)) is not None and ("attn" in st.policy.needs or st.recall.plan is not None)]
+    return [
+        (i, r, st)
+        for i, r in enumerate(batch.reqs)
+        if (st := state_of(r)) is not None
+        and ("attn" in st.policy.needs or st.recall.plan is not None)
+    ]
 
 
 # The scored requests of the forward about to run, set when its ForwardBatch is built. The model
@@ -141,39 +145,64 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
     req_to_token = model_runner.req_to_token_pool.req_to_token
     if forward_batch.forward_mode.is_decode():  # recall plans score prefills only
         batch = [(i, req, st) for i, req, st in scored if "attn" in st.policy.needs]
-        decode = DecodeScoring([i for i, _, _ in batch], [req.kv.req_pool_idx for _, req, _ in batch],
-                               [seq_lens[i] for i, _, _ in batch],
-                               [st.cfg.scoring.layer_ids(num_layers) for _, _, st in batch],
-                               num_layers, pool.head_num, device) if batch else None
+        decode = (
+            DecodeScoring(
+                [i for i, _, _ in batch],
+                [req.kv.req_pool_idx for _, req, _ in batch],
+                [seq_lens[i] for i, _, _ in batch],
+                [st.cfg.scoring.layer_ids(num_layers) for _, _, st in batch],
+                num_layers,
+                pool.head_num,
+                device,
+            )
+            if batch
+            else None
+        )
         for k, (_, _, st) in enumerate(batch):
             st.stats.staged.append(decode.block(k))
         pool._vtoken_scored = Scored(decode, [], req_to_token)
         return
     plan = []
     for i, req, st in scored:
-        n = seq_lens[i]  # the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`
-        total = n if st.retract.resume_prefill else n + len(req.full_untruncated_fill_ids) - req.extend_end
+        n = seq_lens[
+            i
+        ]  # the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`
+        total = (
+            n
+            if st.retract.resume_prefill
+            else n + len(req.full_untruncated_fill_ids) - req.extend_end
+        )
         if evicts_in_prefill(st, req):  # eviction during prefill: the window ends each chunk
             total = min(total, st.cfg.prefill_peak)
         pending = st.recall.plan
         if pending is not None and n > pending.end:  # not cut where its recall needs it
-            st.report["recall_skipped_tokens"] = min(st.cfg.host.recall, int(pending.scores.numel()))
+            st.report["recall_skipped_tokens"] = min(
+                st.cfg.host.recall, int(pending.scores.numel())
+            )
             host_tier.tier_of().count_skip()
             shortage.note("recall_skipped", req.rid, "cut")
             st.recall.reset()
         recall = st.recall.plan
         if recall is not None:  # a recalling turn: the window ends its first chunk
             total = min(total, recall.end)
-        q = max(0, n - max(total - st.cfg.scoring.obs_window, n - forward_batch.extend_seq_lens_cpu[i]))
+        q = max(
+            0, n - max(total - st.cfg.scoring.obs_window, n - forward_batch.extend_seq_lens_cpu[i])
+        )
         if q == 0 or ("attn" not in st.policy.needs and recall is None):
             continue
         block = None
-        if "attn" in st.policy.needs and recall is None:  # the first chunk's window only scores recall
-            block = torch.zeros(q, n, num_layers, pool.head_num, device=device)  # where the KV lives
+        if (
+            "attn" in st.policy.needs and recall is None
+        ):  # the first chunk's window only scores recall
+            block = torch.zeros(
+                q, n, num_layers, pool.head_num, device=device
+            )  # where the KV lives
             st.stats.staged.append((block, torch.arange(n - q + 1, n + 1, device=device)))
         if recall is not None:
             recall.stage(device)
-        plan.append((i, block, st.cfg.scoring.layer_ids(num_layers), req.kv.req_pool_idx, recall, q, n))
+        plan.append(
+            (i, block, st.cfg.scoring.layer_ids(num_layers), req.kv.req_pool_idx, recall, q, n)
+        )
     pool._vtoken_scored = Scored(None, plan, req_to_token)
 
 
@@ -223,11 +252,21 @@ def collect(layer, q: torch.Tensor, forward_batch, scored: Scored, pool) -> None
         slots = scored.req_to_token[row, :n].to(torch.int64)
         first = starts[i] + ext[i] - nq
         lengths = torch.arange(n - nq + 1, n + 1)
-        window = q[first:first + nq]
+        window = q[first : first + nq]
         if block is not None:  # [nq, hq, n] -> group-summed over the query heads of each KV head
             p = window_probs(window, k_buffer[slots], lengths, layer.scaling)
-            block[:, :, layer.layer_id, :] = p.view(nq, hkv, hq // hkv, n).sum(dim=2).transpose(1, 2)
+            block[:, :, layer.layer_id, :] = (
+                p.view(nq, hkv, hq // hkv, n).sum(dim=2).transpose(1, 2)
+            )
         if recall is not None:  # the window's attention over the row and the host candidates
             t0 = time.perf_counter()
-            recall.score(candidate_mass(window, k_buffer[slots], lengths, recall.layer_keys(layer.layer_id),
-                                        layer.scaling), t0)
+            recall.score(
+                candidate_mass(
+                    window,
+                    k_buffer[slots],
+                    lengths,
+                    recall.layer_keys(layer.layer_id),
+                    layer.scaling,
+                ),
+                t0,
+            )

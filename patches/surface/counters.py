@@ -14,24 +14,26 @@ class VTokenCounters:
     pages_freed: int = 0
     tokens_moved: int = 0
     bytes_moved: int = 0
-    bytes_per_token: int = 0          # K and V of every layer of one token
+    bytes_per_token: int = 0  # K and V of every layer of one token
     running_evicting_requests: int = 0  # running requests under eviction (last step)
-    live_tokens: int = 0              # live KV tokens of running evicting requests
-    retained_pages: int = 0           # pages those requests hold
-    fragmentation: float = 0.0        # 1 - live / (retained pages * page size)
-    naive_excess_pages: int = 0       # --kv-reclaim naive: pages held beyond Naive-Evict's own
-    peak_running_requests: int = 0    # largest decode batch seen
-    peak_retained_pages: int = 0      # most pages evicting requests held at once
-    peak_pool_held_tokens: int = 0    # most pool slots held at once (rows, locked radix nodes)
-    history_hits: int = 0             # finished requests that continued from a stored history
-    history_tokens_reused: int = 0    # logical tokens those requests did not prefill again
-    deferred_evictions: int = 0       # decode evictions put off a step: no free page (shortage.py)
-    deferred_admissions: int = 0      # admissions put off a round: no free page (shortage.py)
-    shortage_aborts: int = 0          # requests ended: no free page, and none would come
+    live_tokens: int = 0  # live KV tokens of running evicting requests
+    retained_pages: int = 0  # pages those requests hold
+    fragmentation: float = 0.0  # 1 - live / (retained pages * page size)
+    naive_excess_pages: int = 0  # --kv-reclaim naive: pages held beyond Naive-Evict's own
+    peak_running_requests: int = 0  # largest decode batch seen
+    peak_retained_pages: int = 0  # most pages evicting requests held at once
+    peak_pool_held_tokens: int = 0  # most pool slots held at once (rows, locked radix nodes)
+    history_hits: int = 0  # finished requests that continued from a stored history
+    history_tokens_reused: int = 0  # logical tokens those requests did not prefill again
+    deferred_evictions: int = 0  # decode evictions put off a step: no free page (shortage.py)
+    deferred_admissions: int = 0  # admissions put off a round: no free page (shortage.py)
+    shortage_aborts: int = 0  # requests ended: no free page, and none would come
 
     def no_running(self) -> None:
         """No evicting request runs: the last-step gauges go to zero (peaks stay)."""
-        self.running_evicting_requests = self.live_tokens = self.retained_pages = self.naive_excess_pages = 0
+        self.running_evicting_requests = self.live_tokens = self.retained_pages = (
+            self.naive_excess_pages
+        ) = 0
         self.fragmentation = 0.0
 
     def as_dict(self) -> dict:

@@ -43,8 +43,12 @@ class PrometheusExport:
 
         self.labels = {k: str(v) for k, v in labels.items()}
         self.gauges = {
-            f.name: Gauge(name=f"sglang:vtoken_{f.name}", documentation=HELP[f.name],
-                          labelnames=list(self.labels), multiprocess_mode="mostrecent")
+            f.name: Gauge(
+                name=f"sglang:vtoken_{f.name}",
+                documentation=HELP[f.name],
+                labelnames=list(self.labels),
+                multiprocess_mode="mostrecent",
+            )
             for f in fields(VTokenCounters)
         }
 

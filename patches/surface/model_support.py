@@ -32,7 +32,9 @@ def unsupported_model_reason(model_config) -> str:
         return f"{name} is a hybrid sliding-window model"
     sliding = _non_full_layers(model_config.hf_text_config)
     if sliding:
-        return f"{name} has {sliding} layers (a window counted in row entries changes under eviction)"
+        return (
+            f"{name} has {sliding} layers (a window counted in row entries changes under eviction)"
+        )
     if getattr(model_config, "model_is_mrope", False):
         return f"{name} uses multimodal rotary positions (M-RoPE)"
     if is_encoder_decoder_model(archs):
@@ -65,9 +67,16 @@ def server_model_config(server_args):
 def unsupported_pool_reason(pool) -> str:
     """Why eviction cannot compact rows of this KV pool ("" when it can)."""
     k, v = getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None)
-    if not isinstance(k, (list, tuple)) or not isinstance(v, (list, tuple)) or len(k) != len(v) or not k:
-        return (f"the KV pool {type(pool).__name__} has no per-layer k_buffer/v_buffer lists "
-                "(eviction compacts MHATokenToKVPool rows)")
+    if (
+        not isinstance(k, (list, tuple))
+        or not isinstance(v, (list, tuple))
+        or len(k) != len(v)
+        or not k
+    ):
+        return (
+            f"the KV pool {type(pool).__name__} has no per-layer k_buffer/v_buffer lists "
+            "(eviction compacts MHATokenToKVPool rows)"
+        )
     return ""
 
 

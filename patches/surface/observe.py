@@ -34,7 +34,8 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
             counters_of(scheduler).no_running()
         allocator = scheduler.token_to_kv_pool_allocator
         state["vtoken"] = {
-            "config": server_config().to_dict(), **counters_of(scheduler).as_dict(),
+            "config": server_config().to_dict(),
+            **counters_of(scheduler).as_dict(),
             "naive_held_requests": naive_held_requests(scheduler),
             "shortages": shortage.met(),  # by path, forced ones apart (shortage.py)
             # free == total after load: available + evictable (radix cache) == total

@@ -18,8 +18,14 @@ import re
 from sgl_vtoken.config import EvictConfig, policy_from_config, setting_keys
 
 from .model_support import unsupported_model_reason
-from .server_args import (ATTENTION_POLICIES, ATTN_REFUSE_ENV_VAR, KV_EVICT_CHOICES, REFUSE_ENV_VAR, server_config,
-                          settings_problem)
+from .server_args import (
+    ATTENTION_POLICIES,
+    ATTN_REFUSE_ENV_VAR,
+    KV_EVICT_CHOICES,
+    REFUSE_ENV_VAR,
+    server_config,
+    settings_problem,
+)
 
 KEY = "kv_evict"
 # The flat keys a request may override (field metadata `request`).
@@ -87,8 +93,9 @@ def check_fits_model(manager, cfg: EvictConfig) -> None:
         reason = manager._vtoken_model_reason = unsupported_model_reason(model_config)
     if reason:
         raise ValueError(f"{KEY}.policy: eviction is not available for this model: {reason}")
-    problem = settings_problem(cfg, manager.context_len, model_config.num_hidden_layers, None,
-                               budget_name=f"{KEY}.budget")
+    problem = settings_problem(
+        cfg, manager.context_len, model_config.num_hidden_layers, None, budget_name=f"{KEY}.budget"
+    )
     if problem:
         raise ValueError(problem)
 

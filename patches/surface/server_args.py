@@ -44,18 +44,41 @@ SERVER_PARAMS = setting_keys(json=True)
 # (server-args attribute, predicate of an unsupported value, flag, why) checked with eviction on.
 UNSUPPORTED = (
     ("enable_mixed_chunk", bool, "--enable-mixed-chunk", "mixed batches bypass the eviction hook"),
-    ("speculative_algorithm", lambda v: v is not None, "--speculative-algorithm",
-     "speculative decoding is not supported with eviction"),
+    (
+        "speculative_algorithm",
+        lambda v: v is not None,
+        "--speculative-algorithm",
+        "speculative decoding is not supported with eviction",
+    ),
     ("attn_dp_size", lambda v: (v or 1) > 1, "--attn-dp-size", "DP attention is not supported"),
     ("enable_dp_attention", bool, "--enable-dp-attention", "DP attention is not supported"),
     ("pp_size", lambda v: (v or 1) > 1, "--pp-size", "pipeline parallelism is not supported"),
-    ("dcp_size", lambda v: (v or 1) > 1, "--dcp-size", "decode context parallelism is not supported"),
-    ("disaggregation_mode", lambda v: v not in (None, "null"), "--disaggregation-mode",
-     "PD disaggregation is not supported"),
+    (
+        "dcp_size",
+        lambda v: (v or 1) > 1,
+        "--dcp-size",
+        "decode context parallelism is not supported",
+    ),
+    (
+        "disaggregation_mode",
+        lambda v: v not in (None, "null"),
+        "--disaggregation-mode",
+        "PD disaggregation is not supported",
+    ),
     ("enable_hierarchical_cache", bool, "--enable-hierarchical-cache", "HiCache is not supported"),
     ("enable_lmcache", bool, "--enable-lmcache", "LMCache is not supported"),
-    ("enable_two_batch_overlap", bool, "--enable-two-batch-overlap", "two-batch overlap is not supported"),
-    ("enable_streaming_session", bool, "--enable-streaming-session", "streaming sessions are not supported"),
+    (
+        "enable_two_batch_overlap",
+        bool,
+        "--enable-two-batch-overlap",
+        "two-batch overlap is not supported",
+    ),
+    (
+        "enable_streaming_session",
+        bool,
+        "--enable-streaming-session",
+        "streaming sessions are not supported",
+    ),
     ("enable_hisparse", bool, "--enable-hisparse", "HiSparse is not supported"),
 )
 
@@ -63,27 +86,55 @@ UNSUPPORTED = (
 def add_cli_args(result, parser: argparse.ArgumentParser):
     """AFTER `ServerArgs.add_cli_args(parser)` (a staticmethod)."""
     g = parser.add_argument_group("sgl-vtoken (token-level KV eviction)")
-    g.add_argument("--kv-evict", type=str, default="none", choices=KV_EVICT_CHOICES,
-                   help="Token eviction policy applied to every request's KV ('none' = stock SGLang).")
-    g.add_argument("--kv-budget", type=int, default=None,
-                   help="Live KV tokens a request keeps after each eviction (required with --kv-evict).")
-    g.add_argument("--kv-sink", type=int, default=4,
-                   help="Attention-sink tokens always kept (rounded up to whole pages). Default 4.")
-    g.add_argument("--kv-window", type=int, default=0, help="Most recent tokens always kept. Default 0.")
-    g.add_argument("--kv-evict-interval", type=int, default=1,
-                   help="Evict when a row reaches budget + interval tokens (1 = every step). Default 1.")
-    g.add_argument("--kv-reclaim", type=str, default="vtoken", choices=RECLAIM_MODES,
-                   help="'vtoken': compact survivors and free pages; 'naive': free a page only when "
-                        "all its tokens are dead (the Naive-Evict baseline). Default vtoken.")
-    g.add_argument("--kv-evict-config", type=str, default=None,
-                   help="JSON object of policy parameters, e.g. '{\"seed\": 1}', "
-                        "'{\"aggregation\": \"max\"}', '{\"history\": 16}' (scissorhands), "
-                        "'{\"obs_window\": 32, \"score_layers\": [0, 1]}' (attention policies; score_layers "
-                        "\"upper\" by default: the upper half of the model's layers; \"all\"), "
-                        "'{\"reuse_history\": false}' (no compacted-history reuse across turns), "
-                        "'{\"prefill_chunk\": 256}' (evict during prefill, every 256 prompt tokens), "
-                        "'{\"offload\": true, \"host_tokens\": 65536, \"recall\": 32}' (evicted KV to a "
-                        "host store, recalled by later turns and, with prefill_chunk, by the prompt's last chunk).")
+    g.add_argument(
+        "--kv-evict",
+        type=str,
+        default="none",
+        choices=KV_EVICT_CHOICES,
+        help="Token eviction policy applied to every request's KV ('none' = stock SGLang).",
+    )
+    g.add_argument(
+        "--kv-budget",
+        type=int,
+        default=None,
+        help="Live KV tokens a request keeps after each eviction (required with --kv-evict).",
+    )
+    g.add_argument(
+        "--kv-sink",
+        type=int,
+        default=4,
+        help="Attention-sink tokens always kept (rounded up to whole pages). Default 4.",
+    )
+    g.add_argument(
+        "--kv-window", type=int, default=0, help="Most recent tokens always kept. Default 0."
+    )
+    g.add_argument(
+        "--kv-evict-interval",
+        type=int,
+        default=1,
+        help="Evict when a row reaches budget + interval tokens (1 = every step). Default 1.",
+    )
+    g.add_argument(
+        "--kv-reclaim",
+        type=str,
+        default="vtoken",
+        choices=RECLAIM_MODES,
+        help="'vtoken': compact survivors and free pages; 'naive': free a page only when "
+        "all its tokens are dead (the Naive-Evict baseline). Default vtoken.",
+    )
+    g.add_argument(
+        "--kv-evict-config",
+        type=str,
+        default=None,
+        help="JSON object of policy parameters, e.g. '{\"seed\": 1}', "
+        '\'{"aggregation": "max"}\', \'{"history": 16}\' (scissorhands), '
+        '\'{"obs_window": 32, "score_layers": [0, 1]}\' (attention policies; score_layers '
+        '"upper" by default: the upper half of the model\'s layers; "all"), '
+        "'{\"reuse_history\": false}' (no compacted-history reuse across turns), "
+        "'{\"prefill_chunk\": 256}' (evict during prefill, every 256 prompt tokens), "
+        '\'{"offload": true, "host_tokens": 65536, "recall": 32}\' (evicted KV to a '
+        "host store, recalled by later turns and, with prefill_chunk, by the prompt's last chunk).",
+    )
 
 
 def unsupported_reason(args) -> tuple[str, str] | None:
@@ -99,9 +150,13 @@ def attention_unsupported_reason(args) -> str:
     are collected eagerly next to each attention layer, outside any CUDA graph."""
     if getattr(args, "device", None) in (None, "cpu") and not _has_cuda():
         return ""
-    graphs_off = getattr(args, "disable_cuda_graph", False) or \
-        getattr(args, "cuda_graph_backend_decode", None) == "disabled"
-    return "" if graphs_off else "needs decode CUDA graphs off (--cuda-graph-backend-decode disabled)"
+    graphs_off = (
+        getattr(args, "disable_cuda_graph", False)
+        or getattr(args, "cuda_graph_backend_decode", None) == "disabled"
+    )
+    return (
+        "" if graphs_off else "needs decode CUDA graphs off (--cuda-graph-backend-decode disabled)"
+    )
 
 
 def _has_cuda() -> bool:
@@ -133,9 +188,14 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
             _fail("argument --kv-evict-config: needs --kv-evict other than 'none'")
         # No eviction by default; the other flags are the defaults of per-request `kv_evict`.
         try:
-            return EvictConfig(budget=args.kv_budget, sink=args.kv_sink, window=args.kv_window,
-                               interval=args.kv_evict_interval, reclaim=args.kv_reclaim,
-                               page_size=page_size)
+            return EvictConfig(
+                budget=args.kv_budget,
+                sink=args.kv_sink,
+                window=args.kv_window,
+                interval=args.kv_evict_interval,
+                reclaim=args.kv_reclaim,
+                page_size=page_size,
+            )
         except ValueError as e:
             _fail_naming_flag(e)
     problem = unsupported_reason(args)
@@ -146,17 +206,28 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
     if args.kv_budget is None:
         _fail(f"argument --kv-budget: required with --kv-evict {policy}")
     try:
-        cfg = EvictConfig.from_dict(dict(policy=policy, budget=args.kv_budget, sink=args.kv_sink,
-                                         window=args.kv_window, interval=args.kv_evict_interval,
-                                         reclaim=args.kv_reclaim, page_size=page_size,
-                                         params=params, **top))
+        cfg = EvictConfig.from_dict(
+            dict(
+                policy=policy,
+                budget=args.kv_budget,
+                sink=args.kv_sink,
+                window=args.kv_window,
+                interval=args.kv_evict_interval,
+                reclaim=args.kv_reclaim,
+                page_size=page_size,
+                params=params,
+                **top,
+            )
+        )
         policy_from_config(cfg)  # the policy's parameters: validated once, here
     except ValueError as e:
         _fail_naming_flag(e)
     check_policy_fits_model(cfg, args)
     if cfg.prefill.chunk is not None:
-        problem = prefill_chunk_problem(getattr(args, "chunked_prefill_size", None),
-                                        getattr(args, "disable_overlap_schedule", False))
+        problem = prefill_chunk_problem(
+            getattr(args, "chunked_prefill_size", None),
+            getattr(args, "disable_overlap_schedule", False),
+        )
         if problem:
             _fail(f"argument --kv-evict-config: {problem}")
     return cfg
@@ -187,34 +258,53 @@ def check_model_supported(cfg: EvictConfig, server_args) -> None:
     try:
         model_config = server_model_config(server_args)
     except Exception as e:  # no config, no eviction: refuse rather than guess
-        _fail(f"argument --kv-evict: cannot read the config of --model-path {path!r} to check that "
-              f"{cfg.policy} can serve it ({type(e).__name__}: {e})")
+        _fail(
+            f"argument --kv-evict: cannot read the config of --model-path {path!r} to check that "
+            f"{cfg.policy} can serve it ({type(e).__name__}: {e})"
+        )
     reason = unsupported_model_reason(model_config)
     if reason:
         _fail(f"argument --kv-evict: {cfg.policy} cannot serve --model-path {path!r}: {reason}")
-    problem = settings_problem(cfg, model_config.context_len, model_config.num_hidden_layers,
-                               getattr(server_args, "max_total_tokens", None))
+    problem = settings_problem(
+        cfg,
+        model_config.context_len,
+        model_config.num_hidden_layers,
+        getattr(server_args, "max_total_tokens", None),
+    )
     if problem:
         _fail(problem)
 
 
-def settings_problem(cfg: EvictConfig, context_len: int, num_layers: int, pool_tokens: int | None,
-                     budget_name: str = "argument --kv-budget") -> str:
+def settings_problem(
+    cfg: EvictConfig,
+    context_len: int,
+    num_layers: int,
+    pool_tokens: int | None,
+    budget_name: str = "argument --kv-budget",
+) -> str:
     """Why `cfg` cannot run on this model and pool ("" when it can)."""
     if cfg.budget > context_len:
-        return f"{budget_name}: must be <= the model's context length {context_len} (got {cfg.budget})"
+        return (
+            f"{budget_name}: must be <= the model's context length {context_len} (got {cfg.budget})"
+        )
     peak = cfg.decode_peak
     if pool_tokens is not None and peak > pool_tokens:
-        return (f"{budget_name}: an evicting request holds up to budget + interval + page_size = {peak} "
-                f"KV tokens, more than the pool's {pool_tokens}")
+        return (
+            f"{budget_name}: an evicting request holds up to budget + interval + page_size = {peak} "
+            f"KV tokens, more than the pool's {pool_tokens}"
+        )
     if pool_tokens is not None and cfg.prefill.chunk and cfg.prefill_hold > pool_tokens:
-        return (f"argument --kv-evict-config: prefill_chunk {cfg.prefill.chunk}: a prefill evicting "
-                f"request holds up to budget + prefill_chunk + recall + page_size = "
-                f"{cfg.prefill_hold} KV tokens, more than the pool's {pool_tokens}")
+        return (
+            f"argument --kv-evict-config: prefill_chunk {cfg.prefill.chunk}: a prefill evicting "
+            f"request holds up to budget + prefill_chunk + recall + page_size = "
+            f"{cfg.prefill_hold} KV tokens, more than the pool's {pool_tokens}"
+        )
     layers = cfg.scoring.layer_ids(num_layers)
     if layers is not None and max(layers) >= num_layers:
-        return (f"argument --kv-evict-config: score_layers {list(layers)} must be layer ids "
-                f"< {num_layers} (the model's layers)")
+        return (
+            f"argument --kv-evict-config: score_layers {list(layers)} must be layer ids "
+            f"< {num_layers} (the model's layers)"
+        )
     return ""
 
 
@@ -226,12 +316,17 @@ def check_policy_fits_model(cfg: EvictConfig, args) -> None:
     try:
         from transformers import AutoConfig
 
-        hf = AutoConfig.from_pretrained(args.model_path, trust_remote_code=getattr(args, "trust_remote_code", False),
-                                        revision=getattr(args, "revision", None))
+        hf = AutoConfig.from_pretrained(
+            args.model_path,
+            trust_remote_code=getattr(args, "trust_remote_code", False),
+            revision=getattr(args, "revision", None),
+        )
         model_config = {**hf.get_text_config().to_dict(), "model_type": hf.model_type}
     except Exception as e:  # any reason the config cannot be read: refuse rather than guess
-        _fail(f"argument --kv-evict-config: cannot read the config of --model-path {args.model_path!r} "
-              f"to check the {cfg.policy} checkpoint against it ({type(e).__name__}: {e})")
+        _fail(
+            f"argument --kv-evict-config: cannot read the config of --model-path {args.model_path!r} "
+            f"to check the {cfg.policy} checkpoint against it ({type(e).__name__}: {e})"
+        )
     try:
         check(model_config)
     except ValueError as e:
@@ -244,7 +339,9 @@ def select_radix_backend(server_args, cfg: EvictConfig) -> None:
     backend = getattr(server_args, "radix_cache_backend", None)
     if backend == radix.NAME:
         if getattr(server_args, "disable_radix_cache", False):
-            _fail(f"argument --radix-cache-backend: {radix.NAME} cannot run with --disable-radix-cache")
+            _fail(
+                f"argument --radix-cache-backend: {radix.NAME} cannot run with --disable-radix-cache"
+            )
     elif backend is None and cfg.enabled and not getattr(server_args, "disable_radix_cache", False):
         server_args.radix_cache_backend = radix.NAME
 
@@ -257,12 +354,19 @@ def from_cli_args(result, cls, args: argparse.Namespace):
     select_radix_backend(result, cfg)
     missing = contract.check_hooks_applied()
     if missing and cfg.enabled:
-        _fail(f"--kv-evict {cfg.policy}: sgl-vtoken hooks are not in place ({'; '.join(missing)}); "
-              "refusing to serve stock SGLang under an eviction flag")
+        _fail(
+            f"--kv-evict {cfg.policy}: sgl-vtoken hooks are not in place ({'; '.join(missing)}); "
+            "refusing to serve stock SGLang under an eviction flag"
+        )
     # Why per-request `kv_evict` must be refused on this server, if it must ("" if not).
     problem = unsupported_reason(args)
-    refuse = (f"hooks not in place: {'; '.join(missing)}" if missing else
-              f"the server runs with {problem[0]} ({problem[1]})" if problem else "")
+    refuse = (
+        f"hooks not in place: {'; '.join(missing)}"
+        if missing
+        else f"the server runs with {problem[0]} ({problem[1]})"
+        if problem
+        else ""
+    )
     os.environ[REFUSE_ENV_VAR] = refuse
     os.environ[ATTN_REFUSE_ENV_VAR] = attention_unsupported_reason(args)
     os.environ[ENV_VAR] = cfg.to_json()

@@ -37,23 +37,31 @@ logger = logging.getLogger(__name__)
 
 MESSAGES = {
     "eviction_deferred": "a decode eviction found no free KV page for the copies of the cached prompt "
-                         "tokens it keeps; the row is evicted at a later step",
+    "tokens it keeps; the row is evicted at a later step",
     "prefill_aborted": "an eviction during prefill found no free KV page for the copies of the cached "
-                       "prompt tokens it keeps; the request ends with an error",
+    "prompt tokens it keeps; the request ends with an error",
     "admission_deferred": "an admission found no free KV page for the copy of a stored view's last page "
-                          "or for a retracted row; the request waits",
+    "or for a retracted row; the request waits",
     "admission_aborted": "an admission found no free KV page for the copy of a stored view's last page "
-                         "or for a retracted row with nothing else in the pool; the request ends with an error",
+    "or for a retracted row with nothing else in the pool; the request ends with an error",
     "recall_skipped": "a turn's recall found no free KV page (or its prefill was not cut where recall "
-                      "needed); the turn goes on without the recalled tokens",
+    "needed); the turn goes on without the recalled tokens",
 }
 # What the plugin allocates pages for: copies of kept cached tokens (eviction), a stored view's
 # last page (admission), a retracted row written back (admission), recalled tokens (prefill).
 KINDS = ("copies", "tail", "resume", "recall")
 # Where a shortage is met: a kind of `MESSAGES`, refined by what lacked a page where one kind has
 # several (`note(kind, rid, detail)`).
-PATHS = ("eviction_deferred", "prefill_aborted", "admission_deferred:tail", "admission_deferred:resume",
-         "admission_aborted:tail", "admission_aborted:resume", "recall_skipped:page", "recall_skipped:cut")
+PATHS = (
+    "eviction_deferred",
+    "prefill_aborted",
+    "admission_deferred:tail",
+    "admission_deferred:resume",
+    "admission_aborted:tail",
+    "admission_aborted:resume",
+    "recall_skipped:page",
+    "recall_skipped:cut",
+)
 _warned: set[str] = set()
 _REFUSE = os.environ.get("VTOKEN_TEST_SHORTAGE") or None
 _met: Counter = Counter()  # path -> shortages met in this scheduler process
@@ -81,8 +89,13 @@ def note(kind: str, rid, detail: str | None = None) -> None:
     if kind in _warned:
         return
     _warned.add(kind)
-    logger.warning("kv_evict shortage (%s, request %s): %s. Further ones are counted in /get_server_info "
-                   "without a log line.", kind, rid, MESSAGES[kind])
+    logger.warning(
+        "kv_evict shortage (%s, request %s): %s. Further ones are counted in /get_server_info "
+        "without a log line.",
+        kind,
+        rid,
+        MESSAGES[kind],
+    )
 
 
 def met() -> dict[str, int]:

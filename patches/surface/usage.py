@@ -21,9 +21,22 @@ from contextvars import ContextVar
 from ..state import state_of
 from .observe import META_KEY
 
-SUMMED = ("evicted_tokens", "live_tokens", "pages_freed", "evictions", "history_tokens",
-          "history_view_tokens", "prefill_evicted_tokens", "offloaded_tokens", "recall_candidates",
-          "recalled_tokens", "recomputed_tokens", "pinned_tokens", "recall_ms", "host_bytes")
+SUMMED = (
+    "evicted_tokens",
+    "live_tokens",
+    "pages_freed",
+    "evictions",
+    "history_tokens",
+    "history_view_tokens",
+    "prefill_evicted_tokens",
+    "offloaded_tokens",
+    "recall_candidates",
+    "recalled_tokens",
+    "recomputed_tokens",
+    "pinned_tokens",
+    "recall_ms",
+    "host_bytes",
+)
 # The eviction figures a streamed request has seen so far, by request id (one dict per request:
 # the streaming response runs in its own task, whose context starts without it).
 _STREAMED: ContextVar[dict | None] = ContextVar("vtoken_streamed_kv_evict", default=None)
@@ -100,8 +113,11 @@ def _with_figures(usage, reports: list[dict]):
 
 def around_calculate_response_usage(original, responses, *args, **kwargs):
     """AROUND `UsageProcessor.calculate_response_usage` (non-streamed responses)."""
-    reports = [r["meta_info"][META_KEY][0] for r in responses
-               if isinstance(r, dict) and (r.get("meta_info") or {}).get(META_KEY)]
+    reports = [
+        r["meta_info"][META_KEY][0]
+        for r in responses
+        if isinstance(r, dict) and (r.get("meta_info") or {}).get(META_KEY)
+    ]
     if reports:
         _allow_usage_extras()
     return _with_figures(original(responses, *args, **kwargs), reports)
@@ -130,6 +146,10 @@ def _allow_usage_extras() -> None:
     usage_cls.model_rebuild(force=True)
     module = sys.modules[usage_cls.__module__]
     for parent in vars(module).values():
-        if (isinstance(parent, type) and issubclass(parent, pydantic.BaseModel) and parent is not usage_cls
-                and any(usage_cls.__name__ in str(f.annotation) for f in parent.model_fields.values())):
+        if (
+            isinstance(parent, type)
+            and issubclass(parent, pydantic.BaseModel)
+            and parent is not usage_cls
+            and any(usage_cls.__name__ in str(f.annotation) for f in parent.model_fields.values())
+        ):
             parent.model_rebuild(force=True)

@@ -34,6 +34,18 @@ def make_policy(name: str, **kwargs) -> EvictionPolicy:
     return cls(**kwargs)
 
 
-__all__ = ["POLICIES", "EvictionPolicy", "H2O", "KNorm", "KVP", "RandomPolicy", "Scissorhands",
-           "SharingAware", "StreamingLLM", "TOVA", "aggregate", "make_policy",
-           "top_budget"]
+__all__ = [
+    "POLICIES",
+    "EvictionPolicy",
+    "H2O",
+    "KNorm",
+    "KVP",
+    "RandomPolicy",
+    "Scissorhands",
+    "SharingAware",
+    "StreamingLLM",
+    "TOVA",
+    "aggregate",
+    "make_policy",
+    "top_budget",
+]

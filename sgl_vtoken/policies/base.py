@@ -42,8 +42,9 @@ def smooth(scores: torch.Tensor, kernel: int) -> torch.Tensor:
     if kernel <= 1 or scores.numel() == 0:
         return scores
     x = scores.to(torch.float64)[None, None]
-    return torch.nn.functional.avg_pool1d(x, kernel, stride=1, padding=kernel // 2,
-                                          count_include_pad=False)[0, 0]
+    return torch.nn.functional.avg_pool1d(
+        x, kernel, stride=1, padding=kernel // 2, count_include_pad=False
+    )[0, 0]
 
 
 def ranking(scores: torch.Tensor) -> torch.Tensor:
@@ -83,8 +84,10 @@ class EvictionPolicy:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{type(self).__name__}.{f} must be an integer >= 0 (got {v!r})")
         if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"{type(self).__name__}.aggregation must be one of "
-                             f"{list(AGGREGATIONS)} (got {self.aggregation!r})")
+            raise ValueError(
+                f"{type(self).__name__}.aggregation must be one of "
+                f"{list(AGGREGATIONS)} (got {self.aggregation!r})"
+            )
 
     def score(self, view: TokenView) -> torch.Tensor:
         """``[n]`` float scores, higher = keep. Protected tokens are handled by the caller."""
@@ -99,7 +102,7 @@ class EvictionPolicy:
         """``[n] bool``: tokens kept regardless of score (sinks and the recent window)."""
         mask = view.positions < self.sink
         if self.window:
-            mask[-self.window:] = True
+            mask[-self.window :] = True
         return mask
 
     def must_keep(self, view: TokenView) -> torch.Tensor:
@@ -114,16 +117,20 @@ class EvictionPolicy:
         """
         for need in self.needs:
             if getattr(view, need) is None:
-                raise ValueError(f"policy {self.name!r} needs TokenView.{need} "
-                                 f"(got None); the server must collect it for this policy")
+                raise ValueError(
+                    f"policy {self.name!r} needs TokenView.{need} "
+                    f"(got None); the server must collect it for this policy"
+                )
         n = view.n
         if n <= budget:
             return torch.arange(n, device=view.positions.device)
         must = self.must_keep(view)
         num_must = int(must.sum())
         if num_must > budget:
-            raise ValueError(f"budget {budget} is smaller than the {num_must} tokens policy "
-                             f"{self.name!r} must keep (sinks, window, shared)")
+            raise ValueError(
+                f"budget {budget} is smaller than the {num_must} tokens policy "
+                f"{self.name!r} must keep (sinks, window, shared)"
+            )
         scores = self.score(view).to(torch.float64).masked_fill(must, math.inf)
         return top_budget(scores, budget)
 
@@ -144,9 +151,15 @@ class AttentionPolicy(EvictionPolicy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 1 \
-                or self.pool % 2 == 0:
-            raise ValueError(f"{type(self).__name__}.pool must be an odd integer >= 1 (got {self.pool!r})")
+        if (
+            isinstance(self.pool, bool)
+            or not isinstance(self.pool, int)
+            or self.pool < 1
+            or self.pool % 2 == 0
+        ):
+            raise ValueError(
+                f"{type(self).__name__}.pool must be an odd integer >= 1 (got {self.pool!r})"
+            )
 
     def score(self, view: TokenView) -> torch.Tensor:
         return smooth(aggregate(view.attn, self.aggregation), self.pool)

@@ -29,5 +29,5 @@ class KNorm(EvictionPolicy):
     def score_rows(self, batch: RowBatch) -> torch.Tensor | None:
         if batch.key_norms is None:
             return None
-        norms = batch.key_norms()                                   # [B, W, L, H]
+        norms = batch.key_norms()  # [B, W, L, H]
         return aggregate(-norms.flatten(0, 1), self.aggregation).view(norms.shape[:2])

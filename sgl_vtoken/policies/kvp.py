@@ -30,8 +30,10 @@ class KVP(EvictionPolicy):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.checkpoint, str) or not self.checkpoint:
-            raise ValueError("KVP.checkpoint is required: the path of a scorer trained by "
-                             f"scripts/train_kvp.py, e.g. {{\"checkpoint\": PATH}} (got {self.checkpoint!r})")
+            raise ValueError(
+                "KVP.checkpoint is required: the path of a scorer trained by "
+                f'scripts/train_kvp.py, e.g. {{"checkpoint": PATH}} (got {self.checkpoint!r})'
+            )
         load_scorer(self.checkpoint)  # fails now, naming the path, not at the first eviction
 
     @property
@@ -44,6 +46,8 @@ class KVP(EvictionPolicy):
 
     def score(self, view: TokenView) -> torch.Tensor:
         with torch.no_grad():
-            scorer = self.scorer.to(view.keys.device)  # scores where the KV lives (no-op after once)
+            scorer = self.scorer.to(
+                view.keys.device
+            )  # scores where the KV lives (no-op after once)
             s = scorer(view.keys, view.values, view.positions).to(torch.float64)
         return aggregate(torch.softmax(s, dim=0), self.aggregation)

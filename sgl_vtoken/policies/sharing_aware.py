@@ -42,7 +42,10 @@ class SharingAware(EvictionPolicy):
         return f"SharingAware({self.inner!r}, mode={self.mode!r})"
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, SharingAware) and (self.inner, self.mode) == (other.inner, other.mode)
+        return isinstance(other, SharingAware) and (self.inner, self.mode) == (
+            other.inner,
+            other.mode,
+        )
 
     # Everything but the must-keep set is the inner policy's.
     name = property(lambda self: f"{self.inner.name}+sharing")

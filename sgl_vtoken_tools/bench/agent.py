@@ -32,21 +32,23 @@ class AgentConfig:
 
     base_url: str
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    model: str | None = None            # API model name (None: the first of /v1/models)
-    max_concurrency: int = 0            # sessions in flight at once (0: no limit)
-    reply_tokens: int = 64              # every reply exactly this long (max_tokens + ignore_eos)
-    think_time: float = 0.0             # seconds between a reply and the next turn
-    tool_role: str = "tool"             # role of tool outputs: "tool" or "user"
+    model: str | None = None  # API model name (None: the first of /v1/models)
+    max_concurrency: int = 0  # sessions in flight at once (0: no limit)
+    reply_tokens: int = 64  # every reply exactly this long (max_tokens + ignore_eos)
+    think_time: float = 0.0  # seconds between a reply and the next turn
+    tool_role: str = "tool"  # role of tool outputs: "tool" or "user"
     temperature: float = 0.0
-    ignore_eos: bool = True             # an SGLang extension; off for other servers
-    kv_evict: dict | None = None        # per-request `custom_params.kv_evict` (None: server's flags)
-    rid_prefix: str | None = None       # fixed request ids "{prefix}-s{session}-t{turn}" (None: server's)
-    server_log: str | None = None       # the server's log file, read for decode batches and retractions
-    page_size: int | None = None        # for pages-in-use figures (None: from the server)
-    sample_interval: float = 0.5        # seconds between server samples (0: none)
-    write_samples: bool = True          # `sample` lines in the output
+    ignore_eos: bool = True  # an SGLang extension; off for other servers
+    kv_evict: dict | None = None  # per-request `custom_params.kv_evict` (None: server's flags)
+    rid_prefix: str | None = (
+        None  # fixed request ids "{prefix}-s{session}-t{turn}" (None: server's)
+    )
+    server_log: str | None = None  # the server's log file, read for decode batches and retractions
+    page_size: int | None = None  # for pages-in-use figures (None: from the server)
+    sample_interval: float = 0.5  # seconds between server samples (0: none)
+    write_samples: bool = True  # `sample` lines in the output
     request_timeout: float = 600.0
-    label: str | None = None            # carried into the turn and summary lines
+    label: str | None = None  # carried into the turn and summary lines
 
     def __post_init__(self):
         self.base_url = self.base_url.rstrip("/")
@@ -56,16 +58,28 @@ class AgentConfig:
             raise ValueError(f"reply_tokens must be >= 1 (got {self.reply_tokens})")
 
 
-def _config_line(cfg: AgentConfig, exact: bool, system_tokens: int | None, st0: dict | None, sessions) -> dict:
+def _config_line(
+    cfg: AgentConfig, exact: bool, system_tokens: int | None, st0: dict | None, sessions
+) -> dict:
     w = cfg.workload
-    return {"kind": "config", "base_url": cfg.base_url, "model": cfg.model,
-            **{k: v for k, v in asdict(w).items() if k != "rate"},
-            "rate": None if math.isinf(w.rate) else w.rate, "max_concurrency": cfg.max_concurrency,
-            "system_tokens_actual": system_tokens, "reply_tokens": cfg.reply_tokens,
-            "think_time": cfg.think_time, "tool_role": cfg.tool_role, "kv_evict": cfg.kv_evict,
-            "rid_prefix": cfg.rid_prefix, "exact_token_lengths": exact,
-            "server_vtoken_config": (st0 or {}).get("config"), "label": cfg.label,
-            "session_starts": [round(s.start, 3) for s in sessions]}
+    return {
+        "kind": "config",
+        "base_url": cfg.base_url,
+        "model": cfg.model,
+        **{k: v for k, v in asdict(w).items() if k != "rate"},
+        "rate": None if math.isinf(w.rate) else w.rate,
+        "max_concurrency": cfg.max_concurrency,
+        "system_tokens_actual": system_tokens,
+        "reply_tokens": cfg.reply_tokens,
+        "think_time": cfg.think_time,
+        "tool_role": cfg.tool_role,
+        "kv_evict": cfg.kv_evict,
+        "rid_prefix": cfg.rid_prefix,
+        "exact_token_lengths": exact,
+        "server_vtoken_config": (st0 or {}).get("config"),
+        "label": cfg.label,
+        "session_starts": [round(s.start, 3) for s in sessions],
+    }
 
 
 def run_benchmark(cfg: AgentConfig, out=None, progress: bool = True) -> dict:
@@ -74,21 +88,30 @@ def run_benchmark(cfg: AgentConfig, out=None, progress: bool = True) -> dict:
     if cfg.model is None:
         models = probe.get_json(cfg.base_url, "/v1/models") or {}
         cfg.model = (models.get("data") or [{}])[0].get("id", "default")
-    emit = (lambda rec: out.write(json.dumps(rec) + "\n")) if out is not None else (lambda rec: None)
+    emit = (
+        (lambda rec: out.write(json.dumps(rec) + "\n")) if out is not None else (lambda rec: None)
+    )
 
     fitter = TokenFitter(cfg.base_url, cfg.model)
     work = build_workload(cfg.workload, fitter)
     info0 = probe.server_info(cfg.base_url) or {}
     st0 = probe.vtoken_state(cfg.base_url, info0)
     server_cfg = (st0 or {}).get("config") or {}
-    evicting = (cfg.kv_evict or {}).get("policy", server_cfg.get("policy", "none")) not in (None, "none")
+    evicting = (cfg.kv_evict or {}).get("policy", server_cfg.get("policy", "none")) not in (
+        None,
+        "none",
+    )
     emit(_config_line(cfg, fitter.exact, work.system_tokens, st0, work.sessions))
 
     log_path = Path(cfg.server_log) if cfg.server_log else None
     log_offset = log_path.stat().st_size if log_path and log_path.exists() else 0
     m0 = probe.scrape_metrics(cfg.base_url)
     t0 = time.monotonic()
-    sampler = probe.Sampler(cfg.base_url, cfg.sample_interval, t0, evicting) if cfg.sample_interval > 0 else None
+    sampler = (
+        probe.Sampler(cfg.base_url, cfg.sample_interval, t0, evicting)
+        if cfg.sample_interval > 0
+        else None
+    )
     if sampler:
         sampler.start()
     recs = _play(cfg, work, t0, progress)
@@ -107,15 +130,33 @@ def run_benchmark(cfg: AgentConfig, out=None, progress: bool = True) -> dict:
             emit({"kind": "sample", **s})
     turns = []
     for turn in range(1, cfg.workload.turns + 1):
-        t = {"kind": "turn", "label": cfg.label, "turn": turn, **summarize([r for r in recs if r["turn"] == turn])}
+        t = {
+            "kind": "turn",
+            "label": cfg.label,
+            "turn": turn,
+            **summarize([r for r in recs if r["turn"] == turn]),
+        }
         turns.append(t)
         emit(t)
 
     log = parse_log(read_from(log_path, log_offset)) if log_path and log_path.exists() else None
     budget = (cfg.kv_evict or {}).get("budget") or server_cfg.get("budget")
-    summary = {"kind": "summary", "label": cfg.label, "system_prompt_tokens": work.system_tokens,
-               **run_summary(recs, duration, samples, cfg.page_size or info0.get("page_size"), log,
-                             (m0, m1), (st0, st1), budget, evicting)}
+    summary = {
+        "kind": "summary",
+        "label": cfg.label,
+        "system_prompt_tokens": work.system_tokens,
+        **run_summary(
+            recs,
+            duration,
+            samples,
+            cfg.page_size or info0.get("page_size"),
+            log,
+            (m0, m1),
+            (st0, st1),
+            budget,
+            evicting,
+        ),
+    }
     emit(summary)
     if out is not None:
         out.flush()
@@ -127,8 +168,14 @@ def _play(cfg: AgentConfig, work, t0: float, progress: bool) -> list[dict]:
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(work.sessions) * cfg.workload.turns, desc=cfg.label or "agent", unit="req",
-                   file=sys.stderr, leave=False)
+
+        bar = tqdm(
+            total=len(work.sessions) * cfg.workload.turns,
+            desc=cfg.label or "agent",
+            unit="req",
+            file=sys.stderr,
+            leave=False,
+        )
     lock = threading.Lock()
 
     def on_done(rec):
@@ -139,7 +186,9 @@ def _play(cfg: AgentConfig, work, t0: float, progress: bool) -> list[dict]:
     recs: list[dict] = []
     slots = threading.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     with ThreadPoolExecutor(max_workers=max(1, len(work.sessions))) as pool:
-        futures = [pool.submit(run_session, s, work.system, cfg, t0, on_done, slots) for s in work.sessions]
+        futures = [
+            pool.submit(run_session, s, work.system, cfg, t0, on_done, slots) for s in work.sessions
+        ]
         for f in futures:
             recs.extend(f.result())
     if bar is not None:
@@ -150,17 +199,27 @@ def _play(cfg: AgentConfig, work, t0: float, progress: bool) -> list[dict]:
 def print_table(result: dict, stream=sys.stderr) -> None:
     """The run's turn table and headline figures, for a terminal."""
     s = result["summary"]
-    print(f"{'turn':>5} {'n':>4} {'ttft p50/p95 ms':>18} {'tpot p50 ms':>12} {'e2e p95 ms':>11} {'prompt':>8} {'cached':>7}",
-          file=stream)
+    print(
+        f"{'turn':>5} {'n':>4} {'ttft p50/p95 ms':>18} {'tpot p50 ms':>12} {'e2e p95 ms':>11} {'prompt':>8} {'cached':>7}",
+        file=stream,
+    )
     for t in result["turns"] + [dict(s, turn="all")]:
         n = max(1, t["completed"])
         cached = "-" if t["cached_tokens"] is None else t["cached_tokens"] // n
-        print(f"{t['turn']:>5} {t['completed']:>4} {str(t['ttft_ms']['p50']) + ' / ' + str(t['ttft_ms']['p95']):>18} "
-              f"{str(t['tpot_ms']['p50']):>12} {str(t['e2e_ms']['p95']):>11} {t['prompt_tokens'] // n:>8} {cached:>7}",
-              file=stream)
+        print(
+            f"{t['turn']:>5} {t['completed']:>4} {str(t['ttft_ms']['p50']) + ' / ' + str(t['ttft_ms']['p95']):>18} "
+            f"{str(t['tpot_ms']['p50']):>12} {str(t['e2e_ms']['p95']):>11} {t['prompt_tokens'] // n:>8} {cached:>7}",
+            file=stream,
+        )
     vt = s["vtoken"] or {}
-    print(f"output tok/s {s['output_tokens_per_s']}, peak running {s['peak_running']} "
-          f"(log {s['peak_running_log']}, sampled {s['peak_running_sampled']}), retractions {s['retractions']} "
-          f"({s['retractions_source']}), failed {s['failed']}, KV pages/running req {s['kv_pages_per_running_req']}"
-          + (f", vToken evicted {vt['delta']['evicted_tokens']}, retained pages/req {vt['retained_pages_per_req']}"
-             if vt else ""), file=stream)
+    print(
+        f"output tok/s {s['output_tokens_per_s']}, peak running {s['peak_running']} "
+        f"(log {s['peak_running_log']}, sampled {s['peak_running_sampled']}), retractions {s['retractions']} "
+        f"({s['retractions_source']}), failed {s['failed']}, KV pages/running req {s['kv_pages_per_running_req']}"
+        + (
+            f", vToken evicted {vt['delta']['evicted_tokens']}, retained pages/req {vt['retained_pages_per_req']}"
+            if vt
+            else ""
+        ),
+        file=stream,
+    )

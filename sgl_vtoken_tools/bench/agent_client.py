@@ -27,8 +27,12 @@ def output_hash(text: str) -> str:
 
 def chat_payload(cfg, messages: list[dict], rid: str | None) -> dict:
     """The chat completion body of one turn under an `agent.AgentConfig`."""
-    payload = {"model": cfg.model, "messages": messages, "max_tokens": cfg.reply_tokens,
-               "temperature": cfg.temperature}
+    payload = {
+        "model": cfg.model,
+        "messages": messages,
+        "max_tokens": cfg.reply_tokens,
+        "temperature": cfg.temperature,
+    }
     if cfg.ignore_eos:
         payload["ignore_eos"] = True
     if cfg.kv_evict is not None:
@@ -38,8 +42,9 @@ def chat_payload(cfg, messages: list[dict], rid: str | None) -> dict:
     return payload
 
 
-def run_session(sess: Session, system: str, cfg, t0: float, on_done,
-                slots: threading.Semaphore | None) -> list[dict]:
+def run_session(
+    sess: Session, system: str, cfg, t0: float, on_done, slots: threading.Semaphore | None
+) -> list[dict]:
     """Wait for the session's start, then play its turns (holding one of `slots`, if given)."""
     delay = t0 + sess.start - time.monotonic()
     if delay > 0:
@@ -66,8 +71,15 @@ def _session_turns(sess: Session, system: str, cfg, t0: float, on_done) -> list[
         rid = request_id(cfg.rid_prefix, sess.index, turn)
         rec = stream_chat(http, cfg.base_url, chat_payload(cfg, messages, rid), cfg.request_timeout)
         text = rec.pop("text")
-        rec.update(kind="request", session=sess.index, turn=turn, rid=rid, output_hash=output_hash(text),
-                   t_start=round(rec["t_start"] - t0, 4), t_end=round(time.monotonic() - t0, 4))
+        rec.update(
+            kind="request",
+            session=sess.index,
+            turn=turn,
+            rid=rid,
+            output_hash=output_hash(text),
+            t_start=round(rec["t_start"] - t0, 4),
+            t_end=round(time.monotonic() - t0, 4),
+        )
         out.append(rec)
         on_done(rec)
         if rec["error"] is not None:

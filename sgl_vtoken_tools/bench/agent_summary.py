@@ -29,7 +29,9 @@ def summarize(recs: list[dict]) -> dict:
     ok = [r for r in recs if r["error"] is None]
     cached = [r["cached_tokens"] for r in ok]
     return {
-        "requests": len(recs), "completed": len(ok), "failed": len(recs) - len(ok),
+        "requests": len(recs),
+        "completed": len(ok),
+        "failed": len(recs) - len(ok),
         "ttft_ms": percentiles([r["ttft"] for r in ok], 1000),
         "tpot_ms": percentiles([r["tpot"] for r in ok], 1000, 2),
         "e2e_ms": percentiles([r["e2e"] for r in ok], 1000),
@@ -48,13 +50,19 @@ def delta(after: dict | None, before: dict | None, keys) -> dict | None:
 def concurrency(samples: list[dict], page: int | None) -> dict:
     running = [s["running"] for s in samples if s.get("running") is not None]
     busy = [s for s in samples if s.get("running")]
-    out = {"samples": len(samples), "peak_running_sampled": max(running, default=None),
-           "mean_running_sampled": round(sum(s["running"] for s in busy) / len(busy), 2) if busy else None,
-           "kv_pages_per_running_req": None,
-           "peak_kv_used_tokens": max((s.get("kv_used_tokens") or 0 for s in busy), default=None)}
+    out = {
+        "samples": len(samples),
+        "peak_running_sampled": max(running, default=None),
+        "mean_running_sampled": round(sum(s["running"] for s in busy) / len(busy), 2)
+        if busy
+        else None,
+        "kv_pages_per_running_req": None,
+        "peak_kv_used_tokens": max((s.get("kv_used_tokens") or 0 for s in busy), default=None),
+    }
     if busy and page and all(s.get("kv_used_tokens") is not None for s in busy):
         out["kv_pages_per_running_req"] = round(
-            sum(s["kv_used_tokens"] / page / s["running"] for s in busy) / len(busy), 2)
+            sum(s["kv_used_tokens"] / page / s["running"] for s in busy) / len(busy), 2
+        )
     return out
 
 
@@ -69,29 +77,49 @@ def retractions(metrics_after: dict | None, metrics_delta: dict | None, log: dic
 
 def vtoken_figures(st0: dict | None, st1: dict, samples: list[dict], budget: int | None) -> dict:
     busy = [s for s in samples if s.get("running")]
-    retained = [s["retained_pages"] / (s["live_tokens"] // budget) for s in busy
-                if budget and s.get("retained_pages") and (s.get("live_tokens") or 0) >= budget]
+    retained = [
+        s["retained_pages"] / (s["live_tokens"] // budget)
+        for s in busy
+        if budget and s.get("retained_pages") and (s.get("live_tokens") or 0) >= budget
+    ]
     return {
         "delta": delta(st1, st0, VTOKEN_CUMULATIVE),
         "peak_running_requests": st1.get("peak_running_requests"),
         "peak_retained_pages": st1.get("peak_retained_pages"),
         "after": {k: v for k, v in st1.items() if k != "config"},
         "retained_pages_per_req": round(sum(retained) / len(retained), 2) if retained else None,
-        "peak_retained_pages_sampled": max((s.get("retained_pages") or 0 for s in samples), default=None),
+        "peak_retained_pages_sampled": max(
+            (s.get("retained_pages") or 0 for s in samples), default=None
+        ),
     }
 
 
-def run_summary(recs: list[dict], duration: float, samples: list[dict], page: int | None,
-                log: dict | None, metrics: tuple, states: tuple, budget: int | None, evicting: bool) -> dict:
+def run_summary(
+    recs: list[dict],
+    duration: float,
+    samples: list[dict],
+    page: int | None,
+    log: dict | None,
+    metrics: tuple,
+    states: tuple,
+    budget: int | None,
+    evicting: bool,
+) -> dict:
     """The summary fields of a run. `metrics` and `states`: (before, after) of `scrape_metrics`
     and `vtoken_state`; `log`: `server_log.parse_log` of the run's log text, or None."""
     overall = summarize(recs)
     ok_end = max((r["t_end"] for r in recs if r["error"] is None), default=duration)
-    s = {**overall, "duration_s": round(duration, 3),
-         "output_tokens_per_s": round(overall["completion_tokens"] / ok_end, 2) if ok_end > 0 else None,
-         "requests_per_s": round(overall["completed"] / ok_end, 3) if ok_end > 0 else None,
-         **concurrency(samples, page), "log": log,
-         "peak_running_log": log["peak_running_requests"] if log is not None else None}
+    s = {
+        **overall,
+        "duration_s": round(duration, 3),
+        "output_tokens_per_s": round(overall["completion_tokens"] / ok_end, 2)
+        if ok_end > 0
+        else None,
+        "requests_per_s": round(overall["completed"] / ok_end, 3) if ok_end > 0 else None,
+        **concurrency(samples, page),
+        "log": log,
+        "peak_running_log": log["peak_running_requests"] if log is not None else None,
+    }
     m0, m1 = metrics
     s["metrics_delta"] = delta(m1, m0, METRIC_COUNTERS)
     cpu = (s["metrics_delta"] or {}).get("scheduler_process_cpu_seconds_total")
@@ -99,7 +127,9 @@ def run_summary(recs: list[dict], duration: float, samples: list[dict], page: in
     s["output_tokens_per_cpu_s"] = round(overall["completion_tokens"] / cpu, 1) if cpu else None
     s["retractions"], s["retractions_source"] = retractions(m1, s["metrics_delta"], log)
     st0, st1 = states
-    s["vtoken"] = vtoken_figures(st0, st1, samples, budget) if evicting and st1 is not None else None
+    s["vtoken"] = (
+        vtoken_figures(st0, st1, samples, budget) if evicting and st1 is not None else None
+    )
     peaks = [p for p in (s["peak_running_log"], s["peak_running_sampled"]) if p is not None]
     s["peak_running"] = max(peaks) if peaks else None
     return s

@@ -23,7 +23,8 @@ SHIM_MARK = "[bench_eviction shim]"
 
 # Written into a temporary directory put on PYTHONPATH of the baseline server only. Every Python
 # process of the server (launcher, scheduler, detokenizer) runs it at start-up.
-SHIM_SOURCE = '''\
+SHIM_SOURCE = (
+    '''\
 """Written by sgl_vtoken_tools.bench.baseline: SGLang on CPU *without* the sgl-vtoken plugin.
 
 Applies only the CPU fix of sgl-vtoken's patches/cpu.py: right after
@@ -62,7 +63,9 @@ class _RopeCpuFinder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _RopeCpuFinder())
-''' % SHIM_MARK
+'''
+    % SHIM_MARK
+)
 
 
 def shim_applications(text: str) -> int:
@@ -77,8 +80,10 @@ def baseline_plugin_whitelist(mode: str) -> str:
 
     if mode == "none":
         return "__none__"
-    names = sorted({ep.name for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
-                   - {PLUGIN_ENTRY_POINT})
+    names = sorted(
+        {ep.name for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
+        - {PLUGIN_ENTRY_POINT}
+    )
     return ",".join(names) or "__none__"
 
 
@@ -89,8 +94,10 @@ def baseline_env(mode: str = "others"):
     lives until the block ends)."""
     with tempfile.TemporaryDirectory(prefix="vtoken-baseline-shim-") as shim:
         (Path(shim) / "sitecustomize.py").write_text(SHIM_SOURCE)
-        yield {"SGLANG_PLUGINS": baseline_plugin_whitelist(mode),
-               "PYTHONPATH": os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p)}
+        yield {
+            "SGLANG_PLUGINS": baseline_plugin_whitelist(mode),
+            "PYTHONPATH": os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p),
+        }
 
 
 def plugin_in_server(server) -> bool:
@@ -115,7 +122,9 @@ def group_cpu_seconds(pgid: int) -> float:
                 stat = f.read()
         except OSError:
             continue
-        rest = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp session ... utime(11) stime(12)
+        rest = stat[
+            stat.rfind(")") + 2 :
+        ].split()  # state ppid pgrp session ... utime(11) stime(12)
         if int(rest[2]) == pgid:
             total += int(rest[11]) + int(rest[12])
     return total / tick

@@ -23,8 +23,8 @@ class Cell:
     budget: int | None
     page: int
     pool: int
-    repeats: list[dict] = field(default_factory=list)   # per repeat: run name -> run
-    skipped: list[list] = field(default_factory=list)   # per repeat: ladder rates not run
+    repeats: list[dict] = field(default_factory=list)  # per repeat: run name -> run
+    skipped: list[list] = field(default_factory=list)  # per repeat: ladder rates not run
     ladder_done: list[bool] = field(default_factory=list)
 
     def __post_init__(self):
@@ -59,20 +59,29 @@ def run_figures(run: dict, pool: int, page: int) -> dict:
     d = vt.get("delta") or {}
     pages = s["kv_pages_per_running_req"]
     return {
-        "peak_running": s["peak_running_log"] if s["peak_running_log"] is not None else s["peak_running"],
+        "peak_running": s["peak_running_log"]
+        if s["peak_running_log"] is not None
+        else s["peak_running"],
         "mean_running": s["mean_running_sampled"],
         "retained_pages_per_req": vt.get("retained_pages_per_req"),
         "kv_pages_per_running_req": pages,
         "peak_kv_used_tokens": s["peak_kv_used_tokens"],
         "pool_capacity": pool / page / pages if pages else None,
         "out_tok_s": s["output_tokens_per_s"],
-        "scheduler_cpu_s": s.get("scheduler_cpu_s"), "out_tok_per_cpu_s": s.get("output_tokens_per_cpu_s"),
-        "ttft_p50": s["ttft_ms"]["p50"], "ttft_p95": s["ttft_ms"]["p95"],
-        "tpot_p50": s["tpot_ms"]["p50"], "e2e_p95": s["e2e_ms"]["p95"],
-        "duration_s": s["duration_s"], "retractions": s["retractions"],
-        "prompt_tokens": s["prompt_tokens"], "cached_tokens": s["cached_tokens"],
-        "evicted_tokens": d.get("evicted_tokens"), "pages_freed": d.get("pages_freed"),
-        "tokens_moved": d.get("tokens_moved"), "failed": s["failed"],
+        "scheduler_cpu_s": s.get("scheduler_cpu_s"),
+        "out_tok_per_cpu_s": s.get("output_tokens_per_cpu_s"),
+        "ttft_p50": s["ttft_ms"]["p50"],
+        "ttft_p95": s["ttft_ms"]["p95"],
+        "tpot_p50": s["tpot_ms"]["p50"],
+        "e2e_p95": s["e2e_ms"]["p95"],
+        "duration_s": s["duration_s"],
+        "retractions": s["retractions"],
+        "prompt_tokens": s["prompt_tokens"],
+        "cached_tokens": s["cached_tokens"],
+        "evicted_tokens": d.get("evicted_tokens"),
+        "pages_freed": d.get("pages_freed"),
+        "tokens_moved": d.get("tokens_moved"),
+        "failed": s["failed"],
     }
 
 
@@ -119,7 +128,12 @@ def groups(cells: list[Cell]) -> list[tuple]:
         keys = sorted({(c.policy, c.budget) for c in cells if c.page == page and c.mode != "none"})
         for policy, budget in keys:
             by_mode = {"none": none}
-            by_mode.update({c.mode: c for c in cells
-                            if c.page == page and c.policy == policy and c.budget == budget})
+            by_mode.update(
+                {
+                    c.mode: c
+                    for c in cells
+                    if c.page == page and c.policy == policy and c.budget == budget
+                }
+            )
             out.append((page, policy, budget, by_mode))
     return out

@@ -19,7 +19,9 @@ def _requests(cell: Cell) -> dict:
 
 
 def _runs(cell: Cell) -> dict:
-    return {(r, name): run["summary"] for r, rep in enumerate(cell.repeats) for name, run in rep.items()}
+    return {
+        (r, name): run["summary"] for r, rep in enumerate(cell.repeats) for name, run in rep.items()
+    }
 
 
 def compare_cells(a: Cell, b: Cell) -> dict:
@@ -56,11 +58,18 @@ def compare_cells(a: Cell, b: Cell) -> dict:
         return ((s.get("vtoken") or {}).get("delta") or {}).get("evicted_tokens")
 
     return {
-        "requests": len(pairs), "identical": len(pairs) - len(differ),
-        "same_rids": sum(x.get("rid") is not None and x.get("rid") == y.get("rid") for _, x, y in pairs),
-        "unpaired": unpaired, "first_difference": first, "runs": len(both),
+        "requests": len(pairs),
+        "identical": len(pairs) - len(differ),
+        "same_rids": sum(
+            x.get("rid") is not None and x.get("rid") == y.get("rid") for _, x, y in pairs
+        ),
+        "unpaired": unpaired,
+        "first_difference": first,
+        "runs": len(both),
         "one_sided_runs": len(set(ra) ^ set(rb)),
-        "evicted_equal": sum(evicted(ra[k]) is not None and evicted(ra[k]) == evicted(rb[k]) for k in both),
+        "evicted_equal": sum(
+            evicted(ra[k]) is not None and evicted(ra[k]) == evicted(rb[k]) for k in both
+        ),
         "cached": [sum(rs[k]["cached_tokens"] or 0 for k in both) for rs in (ra, rb)],
     }
 
@@ -71,7 +80,7 @@ def repeat_consistency(cell: Cell) -> list[int]:
     so a difference means timing changed what a request attended to)."""
     outs: dict[tuple, set] = {}
     count: dict[tuple, int] = {}
-    for (r, name, session, turn), q in _requests(cell).items():
+    for (_r, name, session, turn), q in _requests(cell).items():
         if q["error"] is None:
             outs.setdefault((name, session, turn), set()).add(q.get("output_hash"))
             count[(name, session, turn)] = count.get((name, session, turn), 0) + 1
@@ -82,8 +91,13 @@ def repeat_consistency(cell: Cell) -> list[int]:
 def fair(check: dict) -> bool:
     """Every request paired, sent with the same id and answered identically; every run evicted
     the same number of tokens on both sides."""
-    return (check["unpaired"] == 0 and check["requests"] > 0 and check["identical"] == check["requests"]
-            and check["same_rids"] == check["requests"] and check["evicted_equal"] == check["runs"])
+    return (
+        check["unpaired"] == 0
+        and check["requests"] > 0
+        and check["identical"] == check["requests"]
+        and check["same_rids"] == check["requests"]
+        and check["evicted_equal"] == check["runs"]
+    )
 
 
 def fairness_checks(cells: list[Cell]) -> list[dict]:
@@ -91,7 +105,14 @@ def fairness_checks(cells: list[Cell]) -> list[dict]:
     out = []
     for page, policy, budget, by_mode in groups(cells):
         if "naive" in by_mode and "vtoken" in by_mode:
-            out.append({"kind": "check", "page": page, "policy": policy, "budget": budget,
-                        **compare_cells(by_mode["naive"], by_mode["vtoken"]),
-                        "repeat_consistency": {m: repeat_consistency(c) for m, c in by_mode.items()}})
+            out.append(
+                {
+                    "kind": "check",
+                    "page": page,
+                    "policy": policy,
+                    "budget": budget,
+                    **compare_cells(by_mode["naive"], by_mode["vtoken"]),
+                    "repeat_consistency": {m: repeat_consistency(c) for m, c in by_mode.items()},
+                }
+            )
     return out

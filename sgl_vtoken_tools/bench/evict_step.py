@@ -55,22 +55,44 @@ class FakePool:
         def buf():
             return torch.empty(slots, heads, dim, dtype=case.dtype, device=case.device)
 
-        pages = 1 + torch.arange(case.batch * pages_per_row, device=case.device).view(case.batch, -1)
-        rows = (pages[:, :, None] * ps + torch.arange(ps, device=case.device)).flatten(1)[:, :length]
+        pages = 1 + torch.arange(case.batch * pages_per_row, device=case.device).view(
+            case.batch, -1
+        )
+        rows = (pages[:, :, None] * ps + torch.arange(ps, device=case.device)).flatten(1)[
+            :, :length
+        ]
         table = torch.zeros(case.batch, length + 1, dtype=torch.int32, device=case.device)
         table[:, :length] = rows
         self.initial = table.clone()
-        self.view = KVPoolView(table, [buf() for _ in range(layers)], [buf() for _ in range(layers)], ps)
+        self.view = KVPoolView(
+            table, [buf() for _ in range(layers)], [buf() for _ in range(layers)], ps
+        )
         self.free_pages = torch.zeros(0, dtype=torch.int64, device=case.device)
         self.reset()
-        self.bytes_per_token = 2 * layers * heads * dim * torch.empty(0, dtype=case.dtype).element_size()
+        self.bytes_per_token = (
+            2 * layers * heads * dim * torch.empty(0, dtype=case.dtype).element_size()
+        )
         policy = SharingAware(make_policy(case.policy, sink=4))
         offset = 1000  # tokens evicted before: positions need not start at the row index
         positions = torch.cat([torch.arange(4), torch.arange(4, length) + offset])
-        stats = (torch.rand(length, layers, heads, generator=self.gen, device=case.device)
-                 if "attn" in policy.needs else None)
-        self.rows = [EvictRow(row=b, length=length, positions=positions, policy=policy,
-                              budget=case.budget, rid=b, step=3, attn=stats) for b in range(case.batch)]
+        stats = (
+            torch.rand(length, layers, heads, generator=self.gen, device=case.device)
+            if "attn" in policy.needs
+            else None
+        )
+        self.rows = [
+            EvictRow(
+                row=b,
+                length=length,
+                positions=positions,
+                policy=policy,
+                budget=case.budget,
+                rid=b,
+                step=3,
+                attn=stats,
+            )
+            for b in range(case.batch)
+        ]
 
     def reset(self) -> None:
         """The pool as built: slot table, free list and K/V contents (key policies read them)."""
@@ -155,11 +177,27 @@ def measure(case: Case, repeats: int = 5) -> list[dict]:
             moved = fn()
             _sync(case.device)
             times.append((time.perf_counter() - t0) * 1e3)
-        lines.append(dict(bench="evict_step", path=path, shape=case.shape, dtype=str(case.dtype).removeprefix("torch."),
-                          device=case.device, policy=case.policy, batch=case.batch, budget=case.budget,
-                          interval=case.interval, page_size=case.page_size, repeats=repeats,
-                          ms_median=round(statistics.median(times), 3), ms_min=round(min(times), 3),
-                          ms_max=round(max(times), 3), host_syncs=syncs, repack_launches=launches,
-                          moved_tokens=moved, bytes_moved=moved * pool.bytes_per_token))
+        lines.append(
+            dict(
+                bench="evict_step",
+                path=path,
+                shape=case.shape,
+                dtype=str(case.dtype).removeprefix("torch."),
+                device=case.device,
+                policy=case.policy,
+                batch=case.batch,
+                budget=case.budget,
+                interval=case.interval,
+                page_size=case.page_size,
+                repeats=repeats,
+                ms_median=round(statistics.median(times), 3),
+                ms_min=round(min(times), 3),
+                ms_max=round(max(times), 3),
+                host_syncs=syncs,
+                repack_launches=launches,
+                moved_tokens=moved,
+                bytes_moved=moved * pool.bytes_per_token,
+            )
+        )
     lines[0]["speedup_vs_per_row"] = round(lines[1]["ms_median"] / lines[0]["ms_median"], 2)
     return lines

@@ -23,9 +23,11 @@ from sgl_vtoken_tools.dispatch_count import DeviceCounter, count_calls
 from sgl_vtoken_tools.fake_server import Shape
 from sgl_vtoken_tools.step_counts import Scenario, build
 
-SHAPES = {"llama8b": Shape(layers=32, kv_heads=8, q_heads=32, head_dim=128, dtype=torch.bfloat16),
-          "smollm2": Shape(layers=30, kv_heads=3, q_heads=9, head_dim=64, dtype=torch.float32),
-          "tiny": Shape()}
+SHAPES = {
+    "llama8b": Shape(layers=32, kv_heads=8, q_heads=32, head_dim=128, dtype=torch.bfloat16),
+    "smollm2": Shape(layers=30, kv_heads=3, q_heads=9, head_dim=64, dtype=torch.float32),
+    "tiny": Shape(),
+}
 
 
 def measure_full(sc: Scenario, shape: str, repeats: int = 3, init_tokens: int = 8192) -> dict:
@@ -58,14 +60,31 @@ def measure_full(sc: Scenario, shape: str, repeats: int = 3, init_tokens: int = 
     finally:
         radix._active = active
     step_ms = [a + b for a, b in zip(fwd, ev)]
-    return dict(bench="evict_step_full", shape=shape, dtype=str(SHAPES[shape].dtype).removeprefix("torch."),
-                policy=sc.policy, page_size=sc.page_size, history=sc.history, offload=sc.offload,
-                pool_tokens=sc.pool_tokens, batch=sc.batch, budget=sc.budget, interval=sc.interval,
-                repeats=repeats, forward_ms=_stats(fwd), evict_ms=_stats(ev), step_ms=_stats(step_ms),
-                host_syncs=counts["host_syncs"], score_launches=counts["calls"].get("attn_scores_", 0),
-                launches=counts["launches"], alloc_bytes=counts["alloc_bytes"],
-                max_alloc_bytes=counts["max_alloc_bytes"])
+    return dict(
+        bench="evict_step_full",
+        shape=shape,
+        dtype=str(SHAPES[shape].dtype).removeprefix("torch."),
+        policy=sc.policy,
+        page_size=sc.page_size,
+        history=sc.history,
+        offload=sc.offload,
+        pool_tokens=sc.pool_tokens,
+        batch=sc.batch,
+        budget=sc.budget,
+        interval=sc.interval,
+        repeats=repeats,
+        forward_ms=_stats(fwd),
+        evict_ms=_stats(ev),
+        step_ms=_stats(step_ms),
+        host_syncs=counts["host_syncs"],
+        score_launches=counts["calls"].get("attn_scores_", 0),
+        launches=counts["launches"],
+        alloc_bytes=counts["alloc_bytes"],
+        max_alloc_bytes=counts["max_alloc_bytes"],
+    )
 
 
 def _stats(ms: list[float]) -> dict:
-    return dict(median=round(statistics.median(ms), 3), min=round(min(ms), 3), max=round(max(ms), 3))
+    return dict(
+        median=round(statistics.median(ms), 3), min=round(min(ms), 3), max=round(max(ms), 3)
+    )

@@ -29,8 +29,16 @@ from sgl_vtoken_tools.bench.probe import flush_cache, scrape_metrics
 from sgl_vtoken_tools.gateway import GatewayProcess
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
-KEEP = ("completed", "duration", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
-        "total_input_tokens", "total_output_tokens")
+KEEP = (
+    "completed",
+    "duration",
+    "output_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "total_input_tokens",
+    "total_output_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,16 @@ def routes(policies: list[str], smg_flags: tuple[str, ...] = ()) -> list[Route]:
     return [Route("one replica")] + [Route(f"smg {p}", p, tuple(smg_flags)) for p in policies]
 
 
-def start_replicas(model: str, n: int, pool: int, page_size: int, flags: tuple[str, ...]) -> list[ServerProcess]:
+def start_replicas(
+    model: str, n: int, pool: int, page_size: int, flags: tuple[str, ...]
+) -> list[ServerProcess]:
     """`n` CPU servers of one configuration, with metrics and the cache report, one OpenMP thread
     each; stopped again if one fails to start."""
     args = cpu_server_args(model, max_total_tokens=pool, page_size=page_size) + [
-        "--enable-metrics", "--enable-cache-report", *flags]
+        "--enable-metrics",
+        "--enable-cache-report",
+        *flags,
+    ]
     servers = []
     try:
         for _ in range(n):
@@ -67,23 +80,50 @@ def start_replicas(model: str, n: int, pool: int, page_size: int, flags: tuple[s
     return servers
 
 
-def bench_serving(base_url: str, model: str, tokenizer: str, work: Workload, routing_key: bool,
-                  timeout: float = 3600) -> dict:
+def bench_serving(
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    work: Workload,
+    routing_key: bool,
+    timeout: float = 3600,
+) -> dict:
     """bench_serving's multi-turn chat benchmark against `base_url`; its result line."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.jsonl"
-        cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat",
-               "--base-url", base_url, "--model", model, "--tokenizer", tokenizer, "--request-rate", "inf",
-               "--disable-tqdm", "--output-file", str(out), *work.args(),
-               "--extra-request-body", json.dumps({"ignore_eos": True, "temperature": 0}),
-               *(["--gsp-send-routing-key"] if routing_key else [])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.bench_serving",
+            "--backend",
+            "sglang-oai-chat",
+            "--base-url",
+            base_url,
+            "--model",
+            model,
+            "--tokenizer",
+            tokenizer,
+            "--request-rate",
+            "inf",
+            "--disable-tqdm",
+            "--output-file",
+            str(out),
+            *work.args(),
+            "--extra-request-body",
+            json.dumps({"ignore_eos": True, "temperature": 0}),
+            *(["--gsp-send-routing-key"] if routing_key else []),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"bench_serving failed: {proc.stderr[-2000:]}")
         return json.loads(out.read_text().strip().splitlines()[-1])
 
 
-COUNTERS = {"requests": "num_requests_total", "prompt": "prompt_tokens_total", "cached": "cached_tokens_total"}
+COUNTERS = {
+    "requests": "num_requests_total",
+    "prompt": "prompt_tokens_total",
+    "cached": "cached_tokens_total",
+}
 
 
 def replica_figures(before: dict, after: dict) -> dict:
@@ -104,7 +144,14 @@ def run_route(route: Route, replicas: list[ServerProcess], model: str, work: Wor
             result = bench_serving(gw.base_url, gw.model, model, work, route.routing_key)
     per = [replica_figures(b, scrape_metrics(url)) for b, url in zip(before, urls)]
     total = {key: sum(p[key] for p in per) for key in per[0]}
-    return {"route": route.label, "policy": route.policy, "smg_flags": list(route.smg_flags),
-            "replicas": len(urls), "workload": work.__dict__, **{k: result.get(k) for k in KEEP},
-            **total, "hit_rate": round(total["cached"] / max(total["prompt"], 1), 4),
-            "per_replica": per}
+    return {
+        "route": route.label,
+        "policy": route.policy,
+        "smg_flags": list(route.smg_flags),
+        "replicas": len(urls),
+        "workload": work.__dict__,
+        **{k: result.get(k) for k in KEEP},
+        **total,
+        "hit_rate": round(total["cached"] / max(total["prompt"], 1), 4),
+        "per_replica": per,
+    }

@@ -10,12 +10,15 @@ import time
 import requests
 
 
-def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout: float,
-             rid: str | None = None) -> dict:
+def generate(
+    base_url: str, input_ids: list[int], max_new_tokens: int, timeout: float, rid: str | None = None
+) -> dict:
     """One greedy `/generate` of `max_new_tokens` tokens (`ignore_eos`); the response JSON.
     Raises `requests.HTTPError` on a non-2xx answer."""
-    payload = {"input_ids": input_ids, "sampling_params": {
-        "temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    payload = {
+        "input_ids": input_ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+    }
     if rid:
         payload["rid"] = rid
     r = requests.post(base_url + "/generate", json=payload, timeout=timeout)
@@ -27,8 +30,12 @@ def stream_generate(base_url: str, ids: list[int], n: int, rid: str, timeout: fl
     """One streamed greedy `/generate`: output ids, TTFT (first chunk) and the final meta_info."""
     t0 = time.perf_counter()
     ttft, last = None, None
-    body = {"rid": rid, "input_ids": ids, "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
+    body = {
+        "rid": rid,
+        "input_ids": ids,
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True},
+    }
     with requests.post(base_url + "/generate", json=body, stream=True, timeout=timeout) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -50,18 +57,32 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
     reply the server aborted is an error too).
     """
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
-    rec = {"ttft": None, "e2e": None, "prompt_tokens": None, "completion_tokens": 0, "cached_tokens": None,
-           "history_tokens": 0, "history_view_tokens": 0, "live_tokens": None, "finish_reason": None,
-           "error": None}
+    rec = {
+        "ttft": None,
+        "e2e": None,
+        "prompt_tokens": None,
+        "completion_tokens": 0,
+        "cached_tokens": None,
+        "history_tokens": 0,
+        "history_view_tokens": 0,
+        "live_tokens": None,
+        "finish_reason": None,
+        "error": None,
+    }
     parts: list[str] = []
     t0 = time.monotonic()
     rec["t_start"] = t0
     try:
-        with http.post(base_url + "/v1/chat/completions", json=payload, stream=True,
-                       timeout=(10, timeout)) as r:
+        with http.post(
+            base_url + "/v1/chat/completions", json=payload, stream=True, timeout=(10, timeout)
+        ) as r:
             if r.status_code != 200:
-                rec.update(error=f"HTTP {r.status_code}: {r.text[:300]}", e2e=time.monotonic() - t0,
-                           tpot=None, text="")
+                rec.update(
+                    error=f"HTTP {r.status_code}: {r.text[:300]}",
+                    e2e=time.monotonic() - t0,
+                    tpot=None,
+                    text="",
+                )
                 return rec
             # chunk_size=None: yield each chunk as it arrives (a fixed size would wait to fill it).
             for line in r.iter_lines(chunk_size=None):
@@ -83,7 +104,9 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
                 if usage:
                     rec["prompt_tokens"] = usage.get("prompt_tokens")
                     rec["completion_tokens"] = usage.get("completion_tokens") or 0
-                    rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                    rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get(
+                        "cached_tokens"
+                    )
                     ev = usage.get("kv_evict") or {}  # a turn that continued a stored history
                     rec["history_tokens"] = ev.get("history_tokens", 0)
                     rec["history_view_tokens"] = ev.get("history_view_tokens", 0)
@@ -94,6 +117,8 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
         rec["error"] = "aborted by the server (finish_reason abort)"
     rec["e2e"] = time.monotonic() - t0
     n = rec["completion_tokens"]
-    rec["tpot"] = (rec["e2e"] - rec["ttft"]) / (n - 1) if rec["ttft"] is not None and n > 1 else None
+    rec["tpot"] = (
+        (rec["e2e"] - rec["ttft"]) / (n - 1) if rec["ttft"] is not None and n > 1 else None
+    )
     rec["text"] = "".join(parts)
     return rec

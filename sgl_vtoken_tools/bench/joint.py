@@ -54,10 +54,17 @@ class JointSpec:
                 raise ValueError(f"JointSpec.{name} must be >= 0 (got {getattr(self, name)})")
         if self.sessions + self.docqa < 1:
             raise ValueError("JointSpec: give at least one session or document question")
-        if self.turns < 2 or self.reply_tokens < 1 or self.passage_tokens < 1 or not self.docqa_lengths:
-            raise ValueError(f"JointSpec: turns >= 2, reply_tokens >= 1, passage_tokens >= 1 and a docqa "
-                             f"length are needed (got {self.turns}, {self.reply_tokens}, "
-                             f"{self.passage_tokens}, {list(self.docqa_lengths)})")
+        if (
+            self.turns < 2
+            or self.reply_tokens < 1
+            or self.passage_tokens < 1
+            or not self.docqa_lengths
+        ):
+            raise ValueError(
+                f"JointSpec: turns >= 2, reply_tokens >= 1, passage_tokens >= 1 and a docqa "
+                f"length are needed (got {self.turns}, {self.reply_tokens}, "
+                f"{self.passage_tokens}, {list(self.docqa_lengths)})"
+            )
 
 
 @dataclass(frozen=True)
@@ -71,49 +78,102 @@ class Conversation:
 
 def conversations(tok, spec: JointSpec, wheel_dir=None) -> list[Conversation]:
     """The sessions, then the document questions (evenly spaced over lengths, depths, phrasings)."""
-    out = [Conversation(t.id, "session", (t.user, *t.messages), t.answer, t.meta)
-           for t in session_trials(tok, spec.split, spec.sessions, spec.turns, spec.passage_tokens,
-                                   spec.seed, wheel_dir)] if spec.sessions else []
+    out = (
+        [
+            Conversation(t.id, "session", (t.user, *t.messages), t.answer, t.meta)
+            for t in session_trials(
+                tok,
+                spec.split,
+                spec.sessions,
+                spec.turns,
+                spec.passage_tokens,
+                spec.seed,
+                wheel_dir,
+            )
+        ]
+        if spec.sessions
+        else []
+    )
     if spec.docqa:
         docs = docqa_trials(tok, spec.split, list(spec.docqa_lengths), spec.seed, wheel_dir)
         if spec.docqa > len(docs):
-            raise ValueError(f"JointSpec.docqa: the split has {len(docs)} document questions at lengths "
-                             f"{list(spec.docqa_lengths)} (asked {spec.docqa})")
+            raise ValueError(
+                f"JointSpec.docqa: the split has {len(docs)} document questions at lengths "
+                f"{list(spec.docqa_lengths)} (asked {spec.docqa})"
+            )
         picked = [docs[i * len(docs) // spec.docqa] for i in range(spec.docqa)]
         out += [Conversation(t.id, "docqa", (t.user,), t.answer, t.meta) for t in picked]
     return out
 
 
-def _conversation(base_url: str, model: str, conv: Conversation, kv_evict: dict | None, rid_prefix: str,
-                  reply_tokens: int, timeout: float, t0: float) -> tuple[list[dict], dict]:
+def _conversation(
+    base_url: str,
+    model: str,
+    conv: Conversation,
+    kv_evict: dict | None,
+    rid_prefix: str,
+    reply_tokens: int,
+    timeout: float,
+    t0: float,
+) -> tuple[list[dict], dict]:
     http = requests.Session()
     messages, recs, reply, kv = [], [], "", 0
     for turn, text in enumerate(conv.messages, start=1):
         messages.append({"role": "user", "content": text})
-        payload = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0,
-                   "rid": f"{rid_prefix}-{conv.id}-t{turn}"}
+        payload = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": reply_tokens,
+            "temperature": 0,
+            "rid": f"{rid_prefix}-{conv.id}-t{turn}",
+        }
         if kv_evict is not None:
             payload["custom_params"] = {"kv_evict": kv_evict}
         rec = stream_chat(http, base_url, payload, timeout)
         reply = rec.pop("text")
-        rec.update(kind="request", conversation=conv.id, turn=turn, rid=payload["rid"],
-                   t_start=round(rec["t_start"] - t0, 4), t_end=round(time.monotonic() - t0, 4))
+        rec.update(
+            kind="request",
+            conversation=conv.id,
+            turn=turn,
+            rid=payload["rid"],
+            t_start=round(rec["t_start"] - t0, 4),
+            t_end=round(time.monotonic() - t0, 4),
+        )
         recs.append(rec)
         if rec["error"] is not None:
             break
-        held = rec["live_tokens"] if rec["live_tokens"] is not None else \
-            (rec["prompt_tokens"] or 0) + rec["completion_tokens"]
+        held = (
+            rec["live_tokens"]
+            if rec["live_tokens"] is not None
+            else (rec["prompt_tokens"] or 0) + rec["completion_tokens"]
+        )
         kv = max(kv, held)
         messages.append({"role": "assistant", "content": reply})
     failed = any(r["error"] is not None for r in recs)
-    return recs, {"kind": "answer", "conversation": conv.id, "task": conv.task, "expected": conv.answer,
-                  "reply": reply, "number": first_number(reply), "hit": not failed and first_number(reply) == conv.answer,
-                  "failed": failed, "kv_tokens": kv, **{k: conv.meta.get(k) for k in ("depth", "fact_turn", "length")}}
+    return recs, {
+        "kind": "answer",
+        "conversation": conv.id,
+        "task": conv.task,
+        "expected": conv.answer,
+        "reply": reply,
+        "number": first_number(reply),
+        "hit": not failed and first_number(reply) == conv.answer,
+        "failed": failed,
+        "kv_tokens": kv,
+        **{k: conv.meta.get(k) for k in ("depth", "fact_turn", "length")},
+    }
 
 
-def play(base_url: str, model: str, convs: list[Conversation], kv_evict: dict | None = None,
-         rid_prefix: str = "joint", reply_tokens: int = 128, concurrency: int = 0,
-         timeout: float = 1800.0) -> tuple[list[dict], list[dict], float]:
+def play(
+    base_url: str,
+    model: str,
+    convs: list[Conversation],
+    kv_evict: dict | None = None,
+    rid_prefix: str = "joint",
+    reply_tokens: int = 128,
+    concurrency: int = 0,
+    timeout: float = 1800.0,
+) -> tuple[list[dict], list[dict], float]:
     """Play every conversation (at most `concurrency` at once; 0: all); returns the request
     records (time order), the answer records (conversation order) and the wall seconds."""
     slots = threading.Semaphore(concurrency) if concurrency else None
@@ -121,9 +181,13 @@ def play(base_url: str, model: str, convs: list[Conversation], kv_evict: dict | 
 
     def one(conv):
         if slots is None:
-            return _conversation(base_url, model, conv, kv_evict, rid_prefix, reply_tokens, timeout, t0)
+            return _conversation(
+                base_url, model, conv, kv_evict, rid_prefix, reply_tokens, timeout, t0
+            )
         with slots:
-            return _conversation(base_url, model, conv, kv_evict, rid_prefix, reply_tokens, timeout, t0)
+            return _conversation(
+                base_url, model, conv, kv_evict, rid_prefix, reply_tokens, timeout, t0
+            )
 
     with ThreadPoolExecutor(max_workers=max(1, len(convs))) as pool:
         results = list(pool.map(one, convs))
@@ -136,8 +200,13 @@ def _rate(hits: list[bool]) -> float | None:
     return round(sum(hits) / len(hits), 4) if hits else None
 
 
-def summarize(reqs: list[dict], answers: list[dict], wall: float, log: str | None = None,
-              reference: list[dict] | None = None) -> dict:
+def summarize(
+    reqs: list[dict],
+    answers: list[dict],
+    wall: float,
+    log: str | None = None,
+    reference: list[dict] | None = None,
+) -> dict:
     """One run's figures; `reference`: the full cache's answer records of the same conversations
     (agreement = the same first number in the last reply); `log`: the server's log of the run."""
     ok = [r for r in reqs if r["error"] is None]
@@ -146,17 +215,22 @@ def summarize(reqs: list[dict], answers: list[dict], wall: float, log: str | Non
     ref = {a["conversation"]: a["number"] for a in reference or []}
     agree = [a["number"] == ref[a["conversation"]] for a in answers if a["conversation"] in ref]
     kv = [a["kv_tokens"] for a in answers if not a["failed"]]
-    return {"conversations": len(answers), "requests": len(reqs), "failed": len(reqs) - len(ok),
-            "output_tokens": out_tokens, "wall_s": round(wall, 2),
-            # the prompt tokens the server computed: what neither its cache nor a history held
-            "prefill_tokens": sum((r["prompt_tokens"] or 0) - (r["cached_tokens"] or 0) for r in ok),
-            "output_tokens_per_s": round(out_tokens / wall, 3) if wall > 0 else None,
-            "mean_ttft_ms": round(1000 * statistics.mean(ttft), 1) if ttft else None,
-            "accuracy": _rate([a["hit"] for a in answers]),
-            "accuracy_session": _rate([a["hit"] for a in answers if a["task"] == "session"]),
-            "accuracy_docqa": _rate([a["hit"] for a in answers if a["task"] == "docqa"]),
-            "agreement": _rate(agree) if reference is not None else None,
-            "kv_tokens_mean": round(statistics.mean(kv), 1) if kv else None,
-            "kv_tokens_max": max(kv) if kv else None,
-            "retractions": retracted_requests(log) if log is not None else None,
-            "peak_running": peak_running_from_log(log) if log is not None else None}
+    return {
+        "conversations": len(answers),
+        "requests": len(reqs),
+        "failed": len(reqs) - len(ok),
+        "output_tokens": out_tokens,
+        "wall_s": round(wall, 2),
+        # the prompt tokens the server computed: what neither its cache nor a history held
+        "prefill_tokens": sum((r["prompt_tokens"] or 0) - (r["cached_tokens"] or 0) for r in ok),
+        "output_tokens_per_s": round(out_tokens / wall, 3) if wall > 0 else None,
+        "mean_ttft_ms": round(1000 * statistics.mean(ttft), 1) if ttft else None,
+        "accuracy": _rate([a["hit"] for a in answers]),
+        "accuracy_session": _rate([a["hit"] for a in answers if a["task"] == "session"]),
+        "accuracy_docqa": _rate([a["hit"] for a in answers if a["task"] == "docqa"]),
+        "agreement": _rate(agree) if reference is not None else None,
+        "kv_tokens_mean": round(statistics.mean(kv), 1) if kv else None,
+        "kv_tokens_max": max(kv) if kv else None,
+        "retractions": retracted_requests(log) if log is not None else None,
+        "peak_running": peak_running_from_log(log) if log is not None else None,
+    }

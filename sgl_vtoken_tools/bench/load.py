@@ -26,8 +26,13 @@ def run_load(base_url: str, num: int, prompt_len: int, max_new_tokens: int, time
     def one(i: int) -> None:
         t0 = time.perf_counter()
         try:
-            out = generate(base_url, random_ids(prompt_len, seed=i), max_new_tokens, timeout, rid=f"bench-{i}")
-            results[i] = {"tokens": out["meta_info"]["completion_tokens"], "latency": time.perf_counter() - t0}
+            out = generate(
+                base_url, random_ids(prompt_len, seed=i), max_new_tokens, timeout, rid=f"bench-{i}"
+            )
+            results[i] = {
+                "tokens": out["meta_info"]["completion_tokens"],
+                "latency": time.perf_counter() - t0,
+            }
         except Exception as e:  # noqa: BLE001 - reported in the result
             errors.append(f"request {i}: {type(e).__name__}: {e}"[:300])
 
@@ -42,10 +47,13 @@ def run_load(base_url: str, num: int, prompt_len: int, max_new_tokens: int, time
     out_tokens = sum(r["tokens"] for r in done)
     lat = sorted(r["latency"] for r in done)
     return {
-        "completed": len(done), "full_length": sum(r["tokens"] == max_new_tokens for r in done),
-        "output_tokens": out_tokens, "wall_s": round(wall, 2),
+        "completed": len(done),
+        "full_length": sum(r["tokens"] == max_new_tokens for r in done),
+        "output_tokens": out_tokens,
+        "wall_s": round(wall, 2),
         "output_tokens_per_s": round(out_tokens / wall, 1) if wall > 0 else None,
         "latency_median_s": round(statistics.median(lat), 2) if lat else None,
         "latency_max_s": round(lat[-1], 2) if lat else None,
-        "request_errors": errors[:5], "num_request_errors": len(errors),
+        "request_errors": errors[:5],
+        "num_request_errors": len(errors),
     }

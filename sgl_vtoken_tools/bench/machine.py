@@ -50,17 +50,26 @@ def provenance(repo: Path) -> dict:
     src = Path(sgl_vtoken.__file__).resolve().parent
 
     def git(*a: str) -> str:
-        out = subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "-C", str(repo), *a], capture_output=True, text=True, timeout=30
+        )
         return out.stdout.strip()
 
-    info = {"part": "meta", "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "sglang": importlib.metadata.version("sglang"),
-            "repo_commit": git("rev-parse", "--short", "HEAD"), "sgl_vtoken_source": str(src)}
+    info = {
+        "part": "meta",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "sglang": importlib.metadata.version("sglang"),
+        "repo_commit": git("rev-parse", "--short", "HEAD"),
+        "sgl_vtoken_source": str(src),
+    }
     if src.parent == Path(repo).resolve():
         dirty = git("status", "--porcelain", "--", "sgl_vtoken", "patches", "kernels")
         info["plugin_code"] = "working tree, " + ("with uncommitted changes" if dirty else "clean")
     else:
         marker = src.parent / "COMMIT"  # written by whoever made the snapshot, if anyone
         info["plugin_code"] = "outside the repository" + (
-            f", snapshot of {marker.read_text().strip()}" if marker.exists() else "")
+            f", snapshot of {marker.read_text().strip()}" if marker.exists() else ""
+        )
     return info

@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-
 from sgl_vtoken_tools.bench.agent import AgentConfig, run_benchmark
 from sgl_vtoken_tools.bench.cells import MODE_NAMES, Cell, meets
 from sgl_vtoken_tools.bench.probe import flush_cache
@@ -70,7 +69,7 @@ class MatrixConfig:
     baseline_sessions: int = 2
     sample_interval: float = 0.15
     repeats: int = 3
-    quick: bool = False                 # burst runs only (no baseline, no ladder)
+    quick: bool = False  # burst runs only (no baseline, no ladder)
     progress: bool = True
 
     def __post_init__(self):
@@ -90,7 +89,9 @@ def build_cells(cfg: MatrixConfig) -> list[Cell]:
         cells.append(Cell("none", None, None, page, cfg.pool))
         for policy in cfg.policies:
             for budget in cfg.budgets:
-                cells += [Cell(mode, policy, budget, page, cfg.pool) for mode in ("naive", "vtoken")]
+                cells += [
+                    Cell(mode, policy, budget, page, cfg.pool) for mode in ("naive", "vtoken")
+                ]
     return cells
 
 
@@ -105,16 +106,36 @@ def server_flags(cell: Cell, cfg: MatrixConfig) -> list[str]:
     if cfg.server_per_cell:
         if cell.mode == "none":
             return ["--kv-evict", "none"]
-        return ["--kv-evict", cell.policy, "--kv-budget", str(cell.budget), "--kv-reclaim", cell.mode, *common]
+        return [
+            "--kv-evict",
+            cell.policy,
+            "--kv-budget",
+            str(cell.budget),
+            "--kv-reclaim",
+            cell.mode,
+            *common,
+        ]
     reclaim = "naive" if cell.mode == "naive" else "vtoken"
-    return ["--kv-evict", cfg.policies[0], "--kv-budget", str(cfg.budgets[0]), "--kv-reclaim", reclaim, *common]
+    return [
+        "--kv-evict",
+        cfg.policies[0],
+        "--kv-budget",
+        str(cfg.budgets[0]),
+        "--kv-reclaim",
+        reclaim,
+        *common,
+    ]
 
 
 def request_kv_evict(cell: Cell, cfg: MatrixConfig) -> dict | None:
     """The per-request `kv_evict` object of a cell (None: the server's own settings)."""
     if cfg.server_per_cell:
         return None
-    return {"policy": "none"} if cell.mode == "none" else {"policy": cell.policy, "budget": cell.budget}
+    return (
+        {"policy": "none"}
+        if cell.mode == "none"
+        else {"policy": cell.policy, "budget": cell.budget}
+    )
 
 
 class MatrixRun:
@@ -129,16 +150,36 @@ class MatrixRun:
 
     def agent_config(self, server: ServerProcess, cell: Cell, name: str, **workload) -> AgentConfig:
         c = self.cfg
-        spec = WorkloadSpec(sessions=c.sessions, turns=c.turns, seed=c.seed, system_tokens=c.system_tokens,
-                            user_tokens=c.user_tokens, tool_tokens=c.tool_tokens, tool_min=c.tool_min,
-                            tool_max=c.tool_max)
-        return AgentConfig(base_url=server.base_url, workload=replace(spec, **workload),
-                           reply_tokens=c.reply_tokens, kv_evict=request_kv_evict(cell, c), rid_prefix=name,
-                           server_log=str(server.log_path), sample_interval=c.sample_interval,
-                           label=f"{cell.name}-{name}")
+        spec = WorkloadSpec(
+            sessions=c.sessions,
+            turns=c.turns,
+            seed=c.seed,
+            system_tokens=c.system_tokens,
+            user_tokens=c.user_tokens,
+            tool_tokens=c.tool_tokens,
+            tool_min=c.tool_min,
+            tool_max=c.tool_max,
+        )
+        return AgentConfig(
+            base_url=server.base_url,
+            workload=replace(spec, **workload),
+            reply_tokens=c.reply_tokens,
+            kv_evict=request_kv_evict(cell, c),
+            rid_prefix=name,
+            server_log=str(server.log_path),
+            sample_interval=c.sample_interval,
+            label=f"{cell.name}-{name}",
+        )
 
-    def run_one(self, server: ServerProcess, cell: Cell, r: int, name: str, max_concurrency: int = 0,
-                **workload) -> dict:
+    def run_one(
+        self,
+        server: ServerProcess,
+        cell: Cell,
+        r: int,
+        name: str,
+        max_concurrency: int = 0,
+        **workload,
+    ) -> dict:
         ended = self.ids_used.get((server.base_url, name))
         if ended is not None:
             time.sleep(max(0.0, ended + RID_REUSE_GAP_S - time.monotonic()))
@@ -151,12 +192,26 @@ class MatrixRun:
         (self.raw_dir / f"{cell.name}-r{r}-{name}.jsonl").write_text(buf.getvalue())
         self.raw.run(cell, r, name, buf.getvalue())
         s = result["summary"]
-        print(json.dumps({"run": cfg.label, "repeat": r, "completed": s["completed"], "failed": s["failed"],
-                          "ttft_p95_ms": s["ttft_ms"]["p95"], "out_tok_s": s["output_tokens_per_s"],
-                          "peak_running": s["peak_running"], "retractions": s["retractions"],
-                          "duration_s": s["duration_s"]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "run": cfg.label,
+                    "repeat": r,
+                    "completed": s["completed"],
+                    "failed": s["failed"],
+                    "ttft_p95_ms": s["ttft_ms"]["p95"],
+                    "out_tok_s": s["output_tokens_per_s"],
+                    "peak_running": s["peak_running"],
+                    "retractions": s["retractions"],
+                    "duration_s": s["duration_s"],
+                }
+            ),
+            flush=True,
+        )
         if s["failed"]:
-            print(f"warning: {cfg.label} (repeat {r}): {s['failed']} requests failed", file=sys.stderr)
+            print(
+                f"warning: {cfg.label} (repeat {r}): {s['failed']} requests failed", file=sys.stderr
+            )
         run = {k: result[k] for k in ("summary", "turns", "requests", "samples")}
         cell.repeat(r)[name] = run
         return run
@@ -165,7 +220,9 @@ class MatrixRun:
         """The burst run and (unless quick) the unloaded baseline of one cell and repeat."""
         self.run_one(server, cell, r, "burst")
         if not self.cfg.quick:
-            self.run_one(server, cell, r, "unloaded", max_concurrency=1, sessions=self.cfg.baseline_sessions)
+            self.run_one(
+                server, cell, r, "unloaded", max_concurrency=1, sessions=self.cfg.baseline_sessions
+            )
 
     def run_ladder_step(self, server: ServerProcess, cell: Cell, r: int, rate: float) -> None:
         """One rate of the cell's ladder in repeat `r`, unless its ladder stopped or the deadline passed."""
@@ -174,7 +231,11 @@ class MatrixRun:
             return
         if time.monotonic() > self.deadline:
             cell.skipped[r].append(rate)
-            print(f"# {cell.name} repeat {r}: rate {rate:g} skipped (deadline)", file=sys.stderr, flush=True)
+            print(
+                f"# {cell.name} repeat {r}: rate {rate:g} skipped (deadline)",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         run = self.run_one(server, cell, r, f"rate{rate:g}", rate=rate)
         run["rate"] = rate
@@ -184,12 +245,24 @@ class MatrixRun:
     def start(self, key: tuple, group: list[Cell]) -> ServerProcess:
         flags = server_flags(group[0], self.cfg)
         args = cpu_server_args(self.cfg.model, self.cfg.pool, group[0].page) + [
-            "--dtype", "float32", "--enable-metrics", "--enable-cache-report", "--decode-log-interval", "1", *flags]
+            "--dtype",
+            "float32",
+            "--enable-metrics",
+            "--enable-cache-report",
+            "--decode-log-interval",
+            "1",
+            *flags,
+        ]
         log = self.raw_dir / ("server-" + "-".join(str(k) for k in key) + ".log")
         print(f"# server {key}: {' '.join(flags)}", file=sys.stderr, flush=True)
         server = ServerProcess(args, log_path=log).start()
-        print(json.dumps({"server": list(key), "startup_s": round(server.startup_seconds, 1)}), flush=True)
-        self.servers_described.append(f"`{' '.join(flags)}` ({', '.join(MODE_NAMES[c.mode] for c in group)})")
+        print(
+            json.dumps({"server": list(key), "startup_s": round(server.startup_seconds, 1)}),
+            flush=True,
+        )
+        self.servers_described.append(
+            f"`{' '.join(flags)}` ({', '.join(MODE_NAMES[c.mode] for c in group)})"
+        )
         return server
 
     def repeat_all(self, servers: dict, cells: list[Cell], r: int) -> None:

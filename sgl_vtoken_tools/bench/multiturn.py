@@ -40,17 +40,40 @@ class Workload:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("groups", "prompts_per_group", "system_len", "question_len", "output_len", "turns"):
+        for name in (
+            "groups",
+            "prompts_per_group",
+            "system_len",
+            "question_len",
+            "output_len",
+            "turns",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Workload.{name} must be >= 1 (got {getattr(self, name)})")
 
     def args(self) -> list[str]:
-        return ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(self.groups),
-                "--gsp-prompts-per-group", str(self.prompts_per_group),
-                "--gsp-system-prompt-len", str(self.system_len), "--gsp-question-len", str(self.question_len),
-                "--gsp-output-len", str(self.output_len), "--gsp-num-turns", str(self.turns),
-                "--gsp-range-ratio", "1.0", "--num-prompts", str(self.groups * self.prompts_per_group),
-                "--seed", str(self.seed)]
+        return [
+            "--dataset-name",
+            "generated-shared-prefix",
+            "--gsp-num-groups",
+            str(self.groups),
+            "--gsp-prompts-per-group",
+            str(self.prompts_per_group),
+            "--gsp-system-prompt-len",
+            str(self.system_len),
+            "--gsp-question-len",
+            str(self.question_len),
+            "--gsp-output-len",
+            str(self.output_len),
+            "--gsp-num-turns",
+            str(self.turns),
+            "--gsp-range-ratio",
+            "1.0",
+            "--num-prompts",
+            str(self.groups * self.prompts_per_group),
+            "--seed",
+            str(self.seed),
+        ]
 
 
 NO_OVERLAP = ("--disable-overlap-schedule",)
@@ -73,16 +96,30 @@ def cells(budget: int, page_sizes: tuple[int, ...], prefill_chunk: int | None = 
     out = []
     for ps in page_sizes:
         out.append(Cell(f"stock, page {ps}", ps, NO_OVERLAP))
-        evict = ("--kv-evict", "streamingllm", "--kv-budget", str(budget),
-                 "--kv-evict-interval", str(1 if ps == 1 else ps), *NO_OVERLAP)
+        evict = (
+            "--kv-evict",
+            "streamingllm",
+            "--kv-budget",
+            str(budget),
+            "--kv-evict-interval",
+            str(1 if ps == 1 else ps),
+            *NO_OVERLAP,
+        )
         out.append(Cell(f"streamingllm b{budget}, page {ps}", ps, evict))
         if prefill_chunk:
-            out.append(Cell(f"streamingllm b{budget} + prefill chunk {prefill_chunk}, page {ps}", ps,
-                            (*evict, "--kv-evict-config", json.dumps({"prefill_chunk": prefill_chunk}))))
+            out.append(
+                Cell(
+                    f"streamingllm b{budget} + prefill chunk {prefill_chunk}, page {ps}",
+                    ps,
+                    (*evict, "--kv-evict-config", json.dumps({"prefill_chunk": prefill_chunk})),
+                )
+            )
     return out
 
 
-def run_bench(base_url: str, model: str, tokenizer: str, work: Workload, timeout: float = 3600) -> dict:
+def run_bench(
+    base_url: str, model: str, tokenizer: str, work: Workload, timeout: float = 3600
+) -> dict:
     """Run bench_serving's multi-turn chat benchmark against the server at `base_url` (started with
     `--enable-metrics`); returns bench_serving's figures and the server's prompt totals."""
     before = scrape_metrics(base_url)
@@ -90,31 +127,77 @@ def run_bench(base_url: str, model: str, tokenizer: str, work: Workload, timeout
         raise RuntimeError(f"{base_url} has no /metrics: start it with --enable-metrics")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.jsonl"
-        cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat",
-               "--base-url", base_url, "--model", model, "--tokenizer", tokenizer,
-               "--request-rate", "inf", "--disable-tqdm", "--output-file", str(out),
-               "--extra-request-body", json.dumps({"ignore_eos": True, "temperature": 0}), *work.args()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.bench_serving",
+            "--backend",
+            "sglang-oai-chat",
+            "--base-url",
+            base_url,
+            "--model",
+            model,
+            "--tokenizer",
+            tokenizer,
+            "--request-rate",
+            "inf",
+            "--disable-tqdm",
+            "--output-file",
+            str(out),
+            "--extra-request-body",
+            json.dumps({"ignore_eos": True, "temperature": 0}),
+            *work.args(),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"bench_serving failed: {proc.stderr[-2000:]}")
         result = json.loads(out.read_text().strip().splitlines()[-1])
     after = scrape_metrics(base_url)
-    d = {k: after[k] - before[k] for k in ("prompt_tokens_total", "cached_tokens_total",
-                                           "num_aborted_requests_total")}
-    keep = ("completed", "duration", "output_throughput", "input_throughput", "request_throughput",
-            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
-            "total_input_tokens", "total_output_tokens")
-    return {"workload": work.__dict__, **{k: result.get(k) for k in keep},
-            "prefilled_tokens": int(d["prompt_tokens_total"] - d["cached_tokens_total"]),
-            "cached_tokens": int(d["cached_tokens_total"]), "aborted": int(d["num_aborted_requests_total"])}
+    d = {
+        k: after[k] - before[k]
+        for k in ("prompt_tokens_total", "cached_tokens_total", "num_aborted_requests_total")
+    }
+    keep = (
+        "completed",
+        "duration",
+        "output_throughput",
+        "input_throughput",
+        "request_throughput",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "median_tpot_ms",
+        "total_input_tokens",
+        "total_output_tokens",
+    )
+    return {
+        "workload": work.__dict__,
+        **{k: result.get(k) for k in keep},
+        "prefilled_tokens": int(d["prompt_tokens_total"] - d["cached_tokens_total"]),
+        "cached_tokens": int(d["cached_tokens_total"]),
+        "aborted": int(d["num_aborted_requests_total"]),
+    }
 
 
 def run_cell(cell: Cell, model: str, tokenizer: str, work: Workload, pool: int) -> dict:
     """Start `cell`'s server, run bench_serving against it, return the cell's JSON line."""
     args = cpu_server_args(model, max_total_tokens=pool, page_size=cell.page_size) + [
-        "--enable-metrics", "--enable-cache-report", "--decode-log-interval", "1", *cell.flags]
+        "--enable-metrics",
+        "--enable-cache-report",
+        "--decode-log-interval",
+        "1",
+        *cell.flags,
+    ]
     with ServerProcess(args, env={"OMP_NUM_THREADS": "1"}) as server:
         figures = run_bench(server.base_url, model, tokenizer, work)
         log = server.log_text()
-    return {"cell": cell.label, "page": cell.page_size, "flags": list(cell.flags), "pool": pool, **figures,
-            "retractions": retracted_requests(log), "peak_running": peak_running_from_log(log)}
+    return {
+        "cell": cell.label,
+        "page": cell.page_size,
+        "flags": list(cell.flags),
+        "pool": pool,
+        **figures,
+        "retractions": retracted_requests(log),
+        "peak_running": peak_running_from_log(log),
+    }

@@ -15,9 +15,15 @@ import time
 
 import requests
 
-METRIC_COUNTERS = ("num_requests_total", "prompt_tokens_total", "generation_tokens_total",
-                   "cached_tokens_total", "num_retracted_requests_total", "num_aborted_requests_total",
-                   "scheduler_process_cpu_seconds_total")
+METRIC_COUNTERS = (
+    "num_requests_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "cached_tokens_total",
+    "num_retracted_requests_total",
+    "num_aborted_requests_total",
+    "scheduler_process_cpu_seconds_total",
+)
 
 
 def get_json(base_url: str, path: str, timeout: float = 10.0):
@@ -51,7 +57,10 @@ def vtoken_state(base_url: str, info: dict | None = None, strict: bool = False) 
 
 def pool_whole(state: dict) -> bool:
     """Every KV slot of the pool is free or reclaimable from the radix cache (no slot leaked)."""
-    return state["pool_available_tokens"] + state["pool_evictable_tokens"] == state["pool_total_tokens"]
+    return (
+        state["pool_available_tokens"] + state["pool_evictable_tokens"]
+        == state["pool_total_tokens"]
+    )
 
 
 def wait_pool_free(base_url: str, timeout: float = 30.0) -> dict | None:
@@ -75,7 +84,9 @@ def flush_cache(base_url: str, timeout: float = 60.0) -> None:
         except requests.RequestException:
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{base_url}: /flush_cache refused for {timeout:.0f} s (requests still running?)")
+            raise TimeoutError(
+                f"{base_url}: /flush_cache refused for {timeout:.0f} s (requests still running?)"
+            )
         time.sleep(0.5)
 
 
@@ -98,7 +109,7 @@ def parse_metrics(text: str) -> dict | None:
     for line in text.splitlines():
         if not line.startswith("sglang:"):
             continue
-        name = line.split("{", 1)[0].split(" ", 1)[0][len("sglang:"):]
+        name = line.split("{", 1)[0].split(" ", 1)[0][len("sglang:") :]
         if name in out:
             out[name] += float(line.rsplit(" ", 1)[1])
     out["retractions_exported"] = "sglang:num_retracted_reqs" in text
@@ -120,7 +131,12 @@ class Sampler(threading.Thread):
 
     def __init__(self, base_url: str, interval: float, t0: float, with_vtoken: bool):
         super().__init__(daemon=True)
-        self.base_url, self.interval, self.t0, self.with_vtoken = base_url, interval, t0, with_vtoken
+        self.base_url, self.interval, self.t0, self.with_vtoken = (
+            base_url,
+            interval,
+            t0,
+            with_vtoken,
+        )
         self.samples: list[dict] = []
         self._halt = threading.Event()
 
@@ -129,12 +145,17 @@ class Sampler(threading.Thread):
             s = {"t": round(time.monotonic() - self.t0, 3)}
             ld = loads(self.base_url)
             if ld is not None:
-                s.update(running=ld.get("num_running_reqs"), waiting=ld.get("num_waiting_reqs"),
-                         kv_used_tokens=ld.get("num_used_tokens"))
+                s.update(
+                    running=ld.get("num_running_reqs"),
+                    waiting=ld.get("num_waiting_reqs"),
+                    kv_used_tokens=ld.get("num_used_tokens"),
+                )
             if self.with_vtoken:
                 st = vtoken_state(self.base_url)
                 if st is not None:
-                    s.update(retained_pages=st.get("retained_pages"), live_tokens=st.get("live_tokens"))
+                    s.update(
+                        retained_pages=st.get("retained_pages"), live_tokens=st.get("live_tokens")
+                    )
             self.samples.append(s)
             self._halt.wait(self.interval)
 

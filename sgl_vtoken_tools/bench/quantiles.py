@@ -19,8 +19,10 @@ def percentiles(values: list[float | None], scale: float = 1.0, digits: int = 1)
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return {"p50": None, "p95": None, "p99": None, "mean": None}
-    return {**{f"p{int(p * 100)}": round(quantile(vals, p) * scale, digits) for p in (0.5, 0.95, 0.99)},
-            "mean": round(sum(vals) / len(vals) * scale, digits)}
+    return {
+        **{f"p{int(p * 100)}": round(quantile(vals, p) * scale, digits) for p in (0.5, 0.95, 0.99)},
+        "mean": round(sum(vals) / len(vals) * scale, digits),
+    }
 
 
 def spread(values: list[float | None]) -> dict | None:
@@ -29,5 +31,11 @@ def spread(values: list[float | None]) -> dict | None:
     vals = sorted(float(v) for v in values if v is not None)
     if not vals:
         return None
-    return {"n": len(vals), "min": vals[0], "median": statistics.median(vals), "max": vals[-1],
-            "mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+    return {
+        "n": len(vals),
+        "min": vals[0],
+        "median": statistics.median(vals),
+        "max": vals[-1],
+        "mean": statistics.fmean(vals),
+        "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+    }

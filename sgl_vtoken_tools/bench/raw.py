@@ -32,8 +32,15 @@ class RawLog:
 
     def run(self, cell: Cell, repeat: int, name: str, text: str) -> None:
         """The JSON lines of one agent run (`text`), each tagged with where it belongs."""
-        tag = {"cell": cell.name, "mode": cell.mode, "policy": cell.policy, "budget": cell.budget,
-               "page": cell.page, "repeat": repeat, "run": name}
+        tag = {
+            "cell": cell.name,
+            "mode": cell.mode,
+            "policy": cell.policy,
+            "budget": cell.budget,
+            "page": cell.page,
+            "repeat": repeat,
+            "run": name,
+        }
         for line in text.splitlines():
             if line.strip():
                 self._f.write(json.dumps({**tag, **json.loads(line)}) + "\n")
@@ -68,7 +75,11 @@ def _add(cells: dict, rec: dict, pool: int) -> None:
         cells[name] = Cell(rec["mode"], rec["policy"], rec["budget"], rec["page"], pool)
     rep = cells[name].repeat(rec["repeat"])
     run = rep.setdefault(rec["run"], {"summary": None, "turns": [], "requests": [], "samples": []})
-    body = {k: v for k, v in rec.items() if k not in ("cell", "mode", "policy", "budget", "page", "repeat", "run")}
+    body = {
+        k: v
+        for k, v in rec.items()
+        if k not in ("cell", "mode", "policy", "budget", "page", "repeat", "run")
+    }
     kind = body["kind"]
     if kind == "config":
         if body.get("rate") is not None and rec["run"].startswith("rate"):

@@ -9,7 +9,15 @@ import os
 from pathlib import Path
 
 from sgl_vtoken_tools.bench import report_text
-from sgl_vtoken_tools.bench.cells import MODE_NAMES, MODES, Cell, figure_spread, groups, sla_spread, turn_spread
+from sgl_vtoken_tools.bench.cells import (
+    MODE_NAMES,
+    MODES,
+    Cell,
+    figure_spread,
+    groups,
+    sla_spread,
+    turn_spread,
+)
 from sgl_vtoken_tools.bench.quantiles import spread
 
 ROWS = [
@@ -17,7 +25,11 @@ ROWS = [
     ("mean running requests", "mean_running", 2),
     ("retained pages per request (plugin gauge)", "retained_pages_per_req", 2),
     ("KV pages in use per running request (pool)", "kv_pages_per_running_req", 2),
-    ("requests the pool holds at that footprint (pool pages / KV pages per request)", "pool_capacity", 1),
+    (
+        "requests the pool holds at that footprint (pool pages / KV pages per request)",
+        "pool_capacity",
+        1,
+    ),
     ("peak KV tokens in use", "peak_kv_used_tokens", 0),
     ("output tokens/s", "out_tok_s", 1),
     ("scheduler CPU seconds", "scheduler_cpu_s", 2),
@@ -34,8 +46,15 @@ ROWS = [
     ("tokens moved (compaction)", "tokens_moved", 0),
 ]
 HEADING = "## Agent benchmark (server, CPU)"
-HEADLINE_ROWS = ("retained_pages_per_req", "kv_pages_per_running_req", "mean_running", "out_tok_s",
-                 "out_tok_per_cpu_s", "ttft_p95", "cached_tokens")
+HEADLINE_ROWS = (
+    "retained_pages_per_req",
+    "kv_pages_per_running_req",
+    "mean_running",
+    "out_tok_s",
+    "out_tok_per_cpu_s",
+    "ttft_p95",
+    "cached_tokens",
+)
 
 
 def fmt(v, digits: int = 1) -> str:
@@ -47,7 +66,7 @@ def fmt(v, digits: int = 1) -> str:
 
 
 def fmt_spread(sp: dict | None, digits: int = 1) -> str:
-    """"median (min-max)"; the median alone when every repeat agrees; "-" without values."""
+    """ "median (min-max)"; the median alone when every repeat agrees; "-" without values."""
     if sp is None:
         return "-"
     mid = fmt(sp["median"], digits)
@@ -74,60 +93,94 @@ def headline_table(by_mode: dict, settings: dict) -> list[str]:
     present = [m for m in MODES if m in by_mode]
     titles = {k: t for t, k, _ in ROWS}
     digits = {k: d for _, k, d in ROWS}
-    L = ["| burst run, median (min-max) | " + " | ".join(MODE_NAMES[m] for m in present)
-         + " | vToken vs Naive-Evict |", "|---|" + "---|" * (len(present) + 1)]
+    L = [
+        "| burst run, median (min-max) | "
+        + " | ".join(MODE_NAMES[m] for m in present)
+        + " | vToken vs Naive-Evict |",
+        "|---|" + "---|" * (len(present) + 1),
+    ]
     for key in HEADLINE_ROWS:
         sp = {m: figure_spread(by_mode[m], key) for m in present}
-        L.append(f"| {titles[key]} | " + " | ".join(fmt_spread(sp[m], digits[key]) for m in present)
-                 + f" | {change(sp.get('vtoken'), sp.get('naive'))} |")
+        L.append(
+            f"| {titles[key]} | "
+            + " | ".join(fmt_spread(sp[m], digits[key]) for m in present)
+            + f" | {change(sp.get('vtoken'), sp.get('naive'))} |"
+        )
     if not settings["quick"]:
         f = max(settings["sla_factors"])
         sp = {m: sla_spread(by_mode[m], f) for m in present}
-        L.append(f"| max session rate with p95 TTFT <= {f:g} x unloaded | "
-                 + " | ".join(sla_text(sp[m], settings["rates"]) for m in present) + " | |")
+        L.append(
+            f"| max session rate with p95 TTFT <= {f:g} x unloaded | "
+            + " | ".join(sla_text(sp[m], settings["rates"]) for m in present)
+            + " | |"
+        )
     return L
 
 
 def full_table(by_mode: dict, settings: dict) -> list[str]:
     present = [m for m in MODES if m in by_mode]
-    L = ["| burst run, median (min-max) | " + " | ".join(MODE_NAMES[m] for m in present) + " |",
-         "|---|" + "---|" * len(present)]
+    L = [
+        "| burst run, median (min-max) | " + " | ".join(MODE_NAMES[m] for m in present) + " |",
+        "|---|" + "---|" * len(present),
+    ]
     for title, key, digits in ROWS:
-        L.append(f"| {title} | " + " | ".join(fmt_spread(figure_spread(by_mode[m], key), digits)
-                                             for m in present) + " |")
+        L.append(
+            f"| {title} | "
+            + " | ".join(fmt_spread(figure_spread(by_mode[m], key), digits) for m in present)
+            + " |"
+        )
     if not settings["quick"]:
         for f in settings["sla_factors"]:
-            L.append(f"| max rate with p95 TTFT <= {f:g} x unloaded (sessions/s) | "
-                     + " | ".join(sla_text(sla_spread(by_mode[m], f), settings["rates"]) for m in present) + " |")
+            L.append(
+                f"| max rate with p95 TTFT <= {f:g} x unloaded (sessions/s) | "
+                + " | ".join(
+                    sla_text(sla_spread(by_mode[m], f), settings["rates"]) for m in present
+                )
+                + " |"
+            )
     return L
 
 
 def turn_table(by_mode: dict, settings: dict) -> list[str]:
     present = [m for m in MODES if m in by_mode]
-    L = ["TTFT p50 per turn (ms), median (min-max) over repeats:", "",
-         "| turn | prompt tokens (mean) | " + " | ".join(MODE_NAMES[m] for m in present) + " |",
-         "|---|---|" + "---|" * len(present)]
+    L = [
+        "TTFT p50 per turn (ms), median (min-max) over repeats:",
+        "",
+        "| turn | prompt tokens (mean) | " + " | ".join(MODE_NAMES[m] for m in present) + " |",
+        "|---|---|" + "---|" * len(present),
+    ]
     for i in range(settings["turns"]):
         first = by_mode["none"].runs_named("burst")[0]["turns"][i]
         prompt = first["prompt_tokens"] / max(1, first["completed"])
-        L.append(f"| {i + 1} | {prompt:.0f} | "
-                 + " | ".join(fmt_spread(turn_spread(by_mode[m], i), 0) for m in present) + " |")
+        L.append(
+            f"| {i + 1} | {prompt:.0f} | "
+            + " | ".join(fmt_spread(turn_spread(by_mode[m], i), 0) for m in present)
+            + " |"
+        )
     return L
 
 
 def ladder_table(by_mode: dict, settings: dict) -> list[str]:
     present = [m for m in MODES if m in by_mode]
     rates = sorted(settings["rates"])
-    L = ["Rate ladder: p95 TTFT (ms) at each Poisson session rate, median (min-max) over the repeats "
-         f"that ran it; a repeat's ladder stops after the first rate over {max(settings['sla_factors']):g} x "
-         "its unloaded p95 (empty: no repeat ran it).", "",
-         "| | unloaded p95 | " + " | ".join(f"{r:g}/s" for r in rates) + " |", "|---|---|" + "---|" * len(rates)]
+    L = [
+        "Rate ladder: p95 TTFT (ms) at each Poisson session rate, median (min-max) over the repeats "
+        f"that ran it; a repeat's ladder stops after the first rate over {max(settings['sla_factors']):g} x "
+        "its unloaded p95 (empty: no repeat ran it).",
+        "",
+        "| | unloaded p95 | " + " | ".join(f"{r:g}/s" for r in rates) + " |",
+        "|---|---|" + "---|" * len(rates),
+    ]
     for m in present:
         c = by_mode[m]
         cols = []
         for r in rates:
             runs = c.runs_named(f"rate{r:g}")
-            cols.append(fmt_spread(spread([v["summary"]["ttft_ms"]["p95"] for v in runs]), 0) if runs else "")
+            cols.append(
+                fmt_spread(spread([v["summary"]["ttft_ms"]["p95"] for v in runs]), 0)
+                if runs
+                else ""
+            )
         base = spread([v["summary"]["ttft_ms"]["p95"] for v in c.runs_named("unloaded")])
         L.append(f"| {MODE_NAMES[m]} | {fmt_spread(base, 0)} | " + " | ".join(cols) + " |")
     return L
@@ -137,12 +190,25 @@ def render(meta: dict, cells: list[Cell], checks: list[dict], plots: list[str]) 
     """The whole section: provenance, setup, what the columns isolate with the run's own checks,
     then per group the headline table, the full table, TTFT per turn and the ladder; plots; notes."""
     settings = meta["settings"]
-    L = [report_text.provenance(meta), "", report_text.setup(meta), "", report_text.isolation(checks), ""]
+    L = [
+        report_text.provenance(meta),
+        "",
+        report_text.setup(meta),
+        "",
+        report_text.isolation(checks),
+        "",
+    ]
     for page, policy, budget, by_mode in groups(cells):
         n = max(len(c.runs_named("burst")) for c in by_mode.values())
         L += [f"**{policy}, budget {budget}, page size {page}: headline ({n} repeats).**", ""]
         L += headline_table(by_mode, settings) + [""]
-        L += ["All figures:", ""] + full_table(by_mode, settings) + [""] + turn_table(by_mode, settings) + [""]
+        L += (
+            ["All figures:", ""]
+            + full_table(by_mode, settings)
+            + [""]
+            + turn_table(by_mode, settings)
+            + [""]
+        )
         if not settings["quick"]:
             L += ladder_table(by_mode, settings) + [""]
     L += [f"![{p}](img/{p})" for p in plots]

@@ -9,7 +9,9 @@ import re
 
 # sglang/srt/managers/scheduler_components/metrics_reporter.py: "Decode batch[ [iter]], #running-req: N, ..."
 DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+)")
-THROUGHPUT_RE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)")
+THROUGHPUT_RE = re.compile(
+    r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)"
+)
 RETRACT_LINE = "KV cache pool is full. Retract requests."
 RETRACTED_RE = re.compile(r"#retracted_reqs: (\d+)")
 ERROR_KEYS = ("Traceback", " ERROR ", "Error:", "Exception")
@@ -58,15 +60,19 @@ def tracebacks(text: str) -> list[str]:
         j = i + 1
         while j < len(lines) and lines[j].startswith(" "):
             j += 1
-        out.append("\n".join(lines[i:j + 1]))
+        out.append("\n".join(lines[i : j + 1]))
     return out
 
 
 def parse_log(text: str) -> dict:
     """Peak running requests (0 without decode lines), decode steps, retraction events and requests."""
     running = [int(m.group(1)) for m in DECODE_RE.finditer(text)]
-    return {"peak_running_requests": max(running, default=0), "decode_steps": len(running),
-            "retraction_events": count_retractions(text), "retracted_requests": retracted_requests(text)}
+    return {
+        "peak_running_requests": max(running, default=0),
+        "decode_steps": len(running),
+        "retraction_events": count_retractions(text),
+        "retracted_requests": retracted_requests(text),
+    }
 
 
 def read_from(path, offset: int) -> str:

@@ -36,14 +36,28 @@ MEMORY_CHECKS = {
 }
 # An HTTP 503 naming a page shortage is the plugin's answer to a request it has no page for
 # (patches/surface/shortage.py): expected of every kind, and counted apart in the summary.
-EXPECTED = {"invalid": {"rejected"}, "abort": {"aborted", "ok", "unavailable"},
-            "disconnect": {"aborted", "ok", "unavailable"}}
+EXPECTED = {
+    "invalid": {"rejected"},
+    "abort": {"aborted", "ok", "unavailable"},
+    "disconnect": {"aborted", "ok", "unavailable"},
+}
 DEFAULT_EXPECTED = {"ok", "unavailable"}
 MAX_UNEXPECTED_LINES = 50  # the summary counts them all
-COUNTERS = ("evictions", "evicted_tokens", "pages_freed", "tokens_moved", "history_hits", "history_tokens_reused",
-            # page shortages met and what was done instead (patches/surface/shortage.py)
-            "deferred_evictions", "deferred_admissions", "shortage_aborts", "skipped_recalls", "recalls",
-            "offloaded_tokens")
+COUNTERS = (
+    "evictions",
+    "evicted_tokens",
+    "pages_freed",
+    "tokens_moved",
+    "history_hits",
+    "history_tokens_reused",
+    # page shortages met and what was done instead (patches/surface/shortage.py)
+    "deferred_evictions",
+    "deferred_admissions",
+    "shortage_aborts",
+    "skipped_recalls",
+    "recalls",
+    "offloaded_tokens",
+)
 
 
 @dataclass
@@ -56,12 +70,14 @@ class StressConfig:
     progress_every_s: float = 30.0
     drain_timeout_s: float = 300.0
     sample_interval: float = 1.0
-    server_log: str | None = None     # the server's log file: checked for tracebacks
+    server_log: str | None = None  # the server's log file: checked for tracebacks
 
     def __post_init__(self):
         self.base_url = self.base_url.rstrip("/")
         if self.duration_s <= 0 or self.workers < 1:
-            raise ValueError(f"duration_s must be > 0 and workers >= 1 (got {self.duration_s}, {self.workers})")
+            raise ValueError(
+                f"duration_s must be > 0 and workers >= 1 (got {self.duration_s}, {self.workers})"
+            )
 
 
 def expected(rec: dict) -> bool:
@@ -78,15 +94,19 @@ def tally(records: list[dict]) -> dict:
     by_kind: dict[str, Counter] = {}
     for r in records:
         by_kind.setdefault(r["kind"], Counter())[r["status"]] += 1
-    return {"requests": len(records),
-            "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(by_kind.items())},
-            "by_evict": dict(sorted(Counter(r["evict"] for r in records).items())),
-            "unexpected": sum(not expected(r) for r in records),
-            "aborted": sum(r["status"] == "aborted" for r in records),
-            "unavailable": sum(r["status"] == "unavailable" for r in records)}
+    return {
+        "requests": len(records),
+        "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(by_kind.items())},
+        "by_evict": dict(sorted(Counter(r["evict"] for r in records).items())),
+        "unexpected": sum(not expected(r) for r in records),
+        "aborted": sum(r["status"] == "aborted" for r in records),
+        "unavailable": sum(r["status"] == "unavailable" for r in records),
+    }
 
 
-def _workers(cfg: StressConfig, model: str, deadline: float, on_record, down: threading.Event) -> list[threading.Thread]:
+def _workers(
+    cfg: StressConfig, model: str, deadline: float, on_record, down: threading.Event
+) -> list[threading.Thread]:
     """The request loops; each stops at the deadline, or as soon as the server stops answering
     (`down` set: a connection failure and a failed /health)."""
     mix = kinds(cfg.traffic)
@@ -100,11 +120,16 @@ def _workers(cfg: StressConfig, model: str, deadline: float, on_record, down: th
             recs = play(kind, cfg.base_url, rng, cfg.traffic, f"stress{cfg.seed}-w{w}-{n}", model)
             for rec in recs:
                 on_record(rec)
-            if any((r.get("error") or "").startswith("ConnectionError") for r in recs) and not healthy(cfg.base_url):
+            if any(
+                (r.get("error") or "").startswith("ConnectionError") for r in recs
+            ) and not healthy(cfg.base_url):
                 down.set()
             n += 1
 
-    return [threading.Thread(target=loop, args=(w,), daemon=True, name=f"stress-{w}") for w in range(cfg.workers)]
+    return [
+        threading.Thread(target=loop, args=(w,), daemon=True, name=f"stress-{w}")
+        for w in range(cfg.workers)
+    ]
 
 
 def wait_idle(base_url: str, timeout: float) -> bool:
@@ -132,12 +157,22 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
     model = (models.get("data") or [{}])[0].get("id", "default")
     st0 = probe.vtoken_state(cfg.base_url, strict=True)
     if st0 is None:
-        raise RuntimeError(f"{cfg.base_url} reports no vToken state: is sgl-vtoken installed in that server?")
+        raise RuntimeError(
+            f"{cfg.base_url} reports no vToken state: is sgl-vtoken installed in that server?"
+        )
     m0 = probe.scrape_metrics(cfg.base_url)
     log_path = Path(cfg.server_log) if cfg.server_log else None
     log_offset = log_path.stat().st_size if log_path and log_path.exists() else 0
-    emit({"kind": "config", **{k: v for k, v in asdict(cfg).items() if k != "traffic"},
-          "traffic": asdict(cfg.traffic), "kinds": kinds(cfg.traffic), "server_config": st0.get("config"), "model": model})
+    emit(
+        {
+            "kind": "config",
+            **{k: v for k, v in asdict(cfg).items() if k != "traffic"},
+            "traffic": asdict(cfg.traffic),
+            "kinds": kinds(cfg.traffic),
+            "server_config": st0.get("config"),
+            "model": model,
+        }
+    )
 
     records: list[dict] = []
     unexpected = [0]
@@ -169,9 +204,16 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
             with lock:
                 snapshot = tally(records)
             ld = probe.loads(cfg.base_url) or {}
-            emit({"kind": "progress", "t": round(time.monotonic() - t0, 1), **snapshot,
-                  "pool": _pool(probe.vtoken_state(cfg.base_url)), "running": ld.get("num_running_reqs"),
-                  "waiting": ld.get("num_waiting_reqs")})
+            emit(
+                {
+                    "kind": "progress",
+                    "t": round(time.monotonic() - t0, 1),
+                    **snapshot,
+                    "pool": _pool(probe.vtoken_state(cfg.base_url)),
+                    "running": ld.get("num_running_reqs"),
+                    "waiting": ld.get("num_waiting_reqs"),
+                }
+            )
         if time.monotonic() > deadline + cfg.traffic.timeout + 60:
             break  # a request loop hangs past its own timeout: reported as stuck workers
     load_s = time.monotonic() - t0
@@ -179,7 +221,9 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
         emit({"kind": "server_down", "t": round(load_s, 1)})
     drained = wait_idle(cfg.base_url, cfg.drain_timeout_s)
     sampler.stop()
-    summary = _summary(cfg, records, threads, drained, load_s, st0, m0, sampler.samples, log_path, log_offset)
+    summary = _summary(
+        cfg, records, threads, drained, load_s, st0, m0, sampler.samples, log_path, log_offset
+    )
     emit(summary)
     return summary
 
@@ -187,10 +231,14 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
 def _pool(st: dict | None) -> dict | None:
     if st is None:
         return None
-    return {k: st[k] for k in ("pool_total_tokens", "pool_available_tokens", "pool_evictable_tokens")}
+    return {
+        k: st[k] for k in ("pool_total_tokens", "pool_available_tokens", "pool_evictable_tokens")
+    }
 
 
-def _summary(cfg, records, threads, drained, load_s, st0, m0, samples, log_path, log_offset) -> dict:
+def _summary(
+    cfg, records, threads, drained, load_s, st0, m0, samples, log_path, log_offset
+) -> dict:
     up = healthy(cfg.base_url)
     st1 = probe.wait_pool_free(cfg.base_url, timeout=60) if up else None
     flushed = up and requests.post(cfg.base_url + "/flush_cache", timeout=60).status_code == 200
@@ -199,8 +247,14 @@ def _summary(cfg, records, threads, drained, load_s, st0, m0, samples, log_path,
     log = read_from(log_path, log_offset) if log_path else None
     t = tally(records)
     counters = {k: st1.get(k, 0) - st0.get(k, 0) for k in COUNTERS} if st1 else None
-    shortages = None if st1 is None else {
-        k: n - (st0.get("shortages") or {}).get(k, 0) for k, n in (st1.get("shortages") or {}).items()}
+    shortages = (
+        None
+        if st1 is None
+        else {
+            k: n - (st0.get("shortages") or {}).get(k, 0)
+            for k, n in (st1.get("shortages") or {}).items()
+        }
+    )
     retracted = None
     if m1 is not None and m0 is not None and m1.get("retractions_exported"):
         retracted = int(m1["num_retracted_requests_total"] - m0["num_retracted_requests_total"])
@@ -213,17 +267,30 @@ def _summary(cfg, records, threads, drained, load_s, st0, m0, samples, log_path,
         "server_healthy": up,
         "no_traceback_in_log": None if log is None else not tracebacks(log),
         "pool_whole_after_drain": st1 is not None and probe.pool_whole(st1),
-        "pool_free_after_flush": bool(flushed and st2 and st2["pool_available_tokens"] == st2["pool_total_tokens"]),
+        "pool_free_after_flush": bool(
+            flushed and st2 and st2["pool_available_tokens"] == st2["pool_total_tokens"]
+        ),
         "evicted": bool(counters and counters["evicted_tokens"] > 0),
         "aborted": t["aborted"] > 0,
     }
-    return {"kind": "summary", "ok": verdict(checks), "checks": checks,
-            "load_s": round(load_s, 1), **t, "counters": counters, "retracted_requests": retracted,
-            # page shortages by the path that met them (patches/surface/shortage.py PATHS)
-            "shortages": {k: n for k, n in sorted((shortages or {}).items()) if n},
-            "peak_running_sampled": max((s.get("running") or 0 for s in samples), default=None),
-            "peak_waiting_sampled": max((s.get("waiting") or 0 for s in samples), default=None),
-            "peak_running_plugin": (st1 or {}).get("peak_running_requests"),
-            "pool_after_drain": _pool(st1), "pool_after_flush": _pool(st2),
-            "tracebacks": [tb.splitlines()[0][:200] + " ... " + tb.splitlines()[-1] for tb in tracebacks(log)[:3]]
-            if log else []}
+    return {
+        "kind": "summary",
+        "ok": verdict(checks),
+        "checks": checks,
+        "load_s": round(load_s, 1),
+        **t,
+        "counters": counters,
+        "retracted_requests": retracted,
+        # page shortages by the path that met them (patches/surface/shortage.py PATHS)
+        "shortages": {k: n for k, n in sorted((shortages or {}).items()) if n},
+        "peak_running_sampled": max((s.get("running") or 0 for s in samples), default=None),
+        "peak_waiting_sampled": max((s.get("waiting") or 0 for s in samples), default=None),
+        "peak_running_plugin": (st1 or {}).get("peak_running_requests"),
+        "pool_after_drain": _pool(st1),
+        "pool_after_flush": _pool(st2),
+        "tracebacks": [
+            tb.splitlines()[0][:200] + " ... " + tb.splitlines()[-1] for tb in tracebacks(log)[:3]
+        ]
+        if log
+        else [],
+    }

@@ -27,15 +27,22 @@ import requests
 from sgl_vtoken_tools.bench.workload import prose
 
 KINDS = {  # kind -> weight
-    "generate": 3, "generate_stream": 3, "chat": 2, "chat_stream": 2, "session": 2,
-    "abort": 1, "disconnect": 1, "invalid": 1, "shortage": 1,
+    "generate": 3,
+    "generate_stream": 3,
+    "chat": 2,
+    "chat_stream": 2,
+    "session": 2,
+    "abort": 1,
+    "disconnect": 1,
+    "invalid": 1,
+    "shortage": 1,
 }
 # A `shortage` request is a session (for `copies`: a cached prompt sent again, `_cached_prompt_evicted`)
 # whose request ids begin `<FORCED><page kind>-`: a server started
 # with VTOKEN_TEST_SHORTAGE=<FORCED> refuses it that kind of page (patches/surface/shortage.py), so
 # a stress run meets each shortage path on purpose next to the ones real pressure reaches.
 FORCED = "shortage-"
-SHARED_PREFIXES = 3    # a few common prompt heads, so prompts share radix-cache prefixes
+SHARED_PREFIXES = 3  # a few common prompt heads, so prompts share radix-cache prefixes
 
 
 @dataclass(frozen=True)
@@ -44,22 +51,35 @@ class TrafficSpec:
     budgets: tuple = (48, 64, 128, 256)
     windows: tuple = (0, 16)
     sinks: tuple = (0, 4, 16)
-    intervals: tuple = (1, 8, 16)    # each below a server prefill_chunk
-    recalls: tuple = ()              # non-empty on a server with a host store: offload and recall vary too
-    shortages: tuple = ()            # page kinds `shortage` requests are refused (none: no such requests)
-    words_per_token: float = 0.5     # chat prompts: words of prose per token of the prompt lengths above
+    intervals: tuple = (1, 8, 16)  # each below a server prefill_chunk
+    recalls: tuple = ()  # non-empty on a server with a host store: offload and recall vary too
+    shortages: tuple = ()  # page kinds `shortage` requests are refused (none: no such requests)
+    words_per_token: float = (
+        0.5  # chat prompts: words of prose per token of the prompt lengths above
+    )
     short_prompt: tuple = (8, 64)
     long_prompt: tuple = (300, 1500)
     short_new: tuple = (1, 48)
     long_new: tuple = (96, 384)
-    vocab: tuple = (10, 2000)        # token ids of random prompts
-    timeout: float = 300.0           # seconds per request
+    vocab: tuple = (10, 2000)  # token ids of random prompts
+    timeout: float = 300.0  # seconds per request
 
 
 # One bad value of one field each (or an unknown field): HTTP 400 naming it.
-INVALID = ({"policy": "streamingllm", "budget": 1}, {"policy": "bogus"}, {"policy": "random", "budget": "many"},
-           {"policy": "h2o", "budget": -5}, {"budget": 64.5}, {"sink": -1}, {"window": "wide"}, {"interval": 0},
-           {"offload": "yes"}, {"recall": -3}, {"budgets": 64}, [64])
+INVALID = (
+    {"policy": "streamingllm", "budget": 1},
+    {"policy": "bogus"},
+    {"policy": "random", "budget": "many"},
+    {"policy": "h2o", "budget": -5},
+    {"budget": 64.5},
+    {"sink": -1},
+    {"window": "wide"},
+    {"interval": 0},
+    {"offload": "yes"},
+    {"recall": -3},
+    {"budgets": 64},
+    [64],
+)
 FIELD_SHARE = 0.6  # chance that an overriding request sets each optional field
 
 
@@ -78,7 +98,11 @@ def evict_choice(rng: random.Random, spec: TrafficSpec) -> dict | None:
     if x < 0.35:
         return {"policy": "none"}
     kv = {"policy": rng.choice(spec.policies), "budget": rng.choice(spec.budgets)}
-    for name, values in (("sink", spec.sinks), ("window", spec.windows), ("interval", spec.intervals)):
+    for name, values in (
+        ("sink", spec.sinks),
+        ("window", spec.windows),
+        ("interval", spec.intervals),
+    ):
         if rng.random() < FIELD_SHARE:
             kv[name] = rng.choice(values)
     if spec.recalls and rng.random() < FIELD_SHARE:
@@ -121,11 +145,15 @@ def _outcome(rec: dict, finish, completion: int, max_new: int) -> dict:
     reason = finish if isinstance(finish, dict) else {}
     finish = reason.get("type") if isinstance(finish, dict) else finish
     if finish == "abort" and reason.get("status_code") == 503:  # a shortage the server answered
-        rec.update(status=_refusal(503, str(reason.get("message"))), error=str(reason.get("message"))[:300])
+        rec.update(
+            status=_refusal(503, str(reason.get("message"))), error=str(reason.get("message"))[:300]
+        )
     elif finish == "abort":
         rec["status"] = "aborted"
     elif completion != max_new:
-        rec.update(status="error", error=f"{completion} tokens of {max_new}, finish reason {finish!r}")
+        rec.update(
+            status="error", error=f"{completion} tokens of {max_new}, finish reason {finish!r}"
+        )
     else:
         rec["status"] = "ok"
     rec.update(finish_reason=finish, completion_tokens=completion)
@@ -136,11 +164,25 @@ def _evicted(meta: dict) -> int:
     return sum(e.get("evicted_tokens") or 0 for e in (meta.get("kv_evict") or []))
 
 
-def generate(base_url: str, rec: dict, ids: list[int], max_new: int, kv, stream: bool, stop_after: int = 0,
-             abort: bool = False, timeout: float = 300.0) -> dict:
+def generate(
+    base_url: str,
+    rec: dict,
+    ids: list[int],
+    max_new: int,
+    kv,
+    stream: bool,
+    stop_after: int = 0,
+    abort: bool = False,
+    timeout: float = 300.0,
+) -> dict:
     """/generate; with `stop_after` > 0 (streaming), after that many chunks either POST
     /abort_request (`abort`) or drop the connection (a client disconnect)."""
-    body = {"rid": rec["rid"], "input_ids": ids, "sampling_params": _sampling(max_new, kv), "stream": stream}
+    body = {
+        "rid": rec["rid"],
+        "input_ids": ids,
+        "sampling_params": _sampling(max_new, kv),
+        "stream": stream,
+    }
     with requests.post(base_url + "/generate", json=body, stream=stream, timeout=timeout) as r:
         rec["http"] = r.status_code
         if r.status_code != 200:
@@ -155,10 +197,15 @@ def generate(base_url: str, rec: dict, ids: list[int], max_new: int, kv, stream:
             if not line.startswith(b"data:") or line == b"data: [DONE]":
                 continue
             last = json.loads(line[5:])
-            if "error" in last:  # refused after the stream began (SGLang answers 200, then the error)
+            if (
+                "error" in last
+            ):  # refused after the stream began (SGLang answers 200, then the error)
                 err = last["error"] if isinstance(last["error"], dict) else last
-                return {**rec, "status": _refusal(int(err.get("code") or 0), json.dumps(err)),
-                        "error": json.dumps(err)[:300]}
+                return {
+                    **rec,
+                    "status": _refusal(int(err.get("code") or 0), json.dumps(err)),
+                    "error": json.dumps(err)[:300],
+                }
             chunks += 1
             if stop_after and chunks == stop_after:
                 if not abort:
@@ -172,23 +219,42 @@ def generate(base_url: str, rec: dict, ids: list[int], max_new: int, kv, stream:
     return _outcome(rec, meta.get("finish_reason"), meta["completion_tokens"], max_new)
 
 
-def chat(base_url: str, rec: dict, messages: list[dict], max_new: int, kv, stream: bool,
-         timeout: float = 300.0, model: str = "default") -> tuple[dict, str]:
+def chat(
+    base_url: str,
+    rec: dict,
+    messages: list[dict],
+    max_new: int,
+    kv,
+    stream: bool,
+    timeout: float = 300.0,
+    model: str = "default",
+) -> tuple[dict, str]:
     """One chat completion; returns the record and the reply text."""
-    body = {"rid": rec["rid"], "model": model, "messages": messages, "max_tokens": max_new,
-            "temperature": 0, "ignore_eos": True, "stream": stream}
+    body = {
+        "rid": rec["rid"],
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_new,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if kv is not None:
         body["custom_params"] = {"kv_evict": kv}
     if stream:
         body["stream_options"] = {"include_usage": True}
-    with requests.post(base_url + "/v1/chat/completions", json=body, stream=stream, timeout=timeout) as r:
+    with requests.post(
+        base_url + "/v1/chat/completions", json=body, stream=stream, timeout=timeout
+    ) as r:
         rec["http"] = r.status_code
         if r.status_code != 200:
             return _refused(rec, r), ""
         if not stream:
             j = r.json()
             c = j["choices"][0]
-            return _outcome(rec, c["finish_reason"], j["usage"]["completion_tokens"], max_new), c["message"]["content"] or ""
+            return _outcome(rec, c["finish_reason"], j["usage"]["completion_tokens"], max_new), c[
+                "message"
+            ]["content"] or ""
         parts, finish, completion = [], None, None
         for line in r.iter_lines():
             if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
@@ -196,8 +262,11 @@ def chat(base_url: str, rec: dict, messages: list[dict], max_new: int, kv, strea
             obj = json.loads(line[5:])
             if obj.get("object") == "error" or "error" in obj:  # an error after the stream began
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
-                return {**rec, "status": _refusal(int(err.get("code") or 0), json.dumps(err)),
-                        "error": json.dumps(err)[:300]}, ""
+                return {
+                    **rec,
+                    "status": _refusal(int(err.get("code") or 0), json.dumps(err)),
+                    "error": json.dumps(err)[:300],
+                }, ""
             for c in obj.get("choices") or []:
                 parts.append((c.get("delta") or {}).get("content") or "")
                 finish = c.get("finish_reason") or finish
@@ -206,8 +275,14 @@ def chat(base_url: str, rec: dict, messages: list[dict], max_new: int, kv, strea
     return _outcome(rec, finish, completion, max_new), "".join(parts)
 
 
-def play(kind: str, base_url: str, rng: random.Random, spec: TrafficSpec, rid: str,
-         model: str = "default") -> list[dict]:
+def play(
+    kind: str,
+    base_url: str,
+    rng: random.Random,
+    spec: TrafficSpec,
+    rid: str,
+    model: str = "default",
+) -> list[dict]:
     """One request of `kind` (a `session` is several), drawn from `rng`; its records."""
     if kind not in kinds(spec):
         raise ValueError(f"unknown kind {kind!r}; choose from {sorted(kinds(spec))}")
@@ -215,24 +290,65 @@ def play(kind: str, base_url: str, rng: random.Random, spec: TrafficSpec, rid: s
     kv = evict_choice(rng, spec)
     lo, hi = spec.long_new if rng.random() < 0.3 else spec.short_new
     max_new = rng.randint(lo, hi)
-    rec = {"kind": kind, "rid": rid, "evict": "server" if kv is None else kv["policy"], "kv_evict": kv,
-           "long_prompt": long, "max_new": max_new, "error": None}
+    rec = {
+        "kind": kind,
+        "rid": rid,
+        "evict": "server" if kv is None else kv["policy"],
+        "kv_evict": kv,
+        "long_prompt": long,
+        "max_new": max_new,
+        "error": None,
+    }
     t0 = time.monotonic()
     try:
         if kind in ("generate", "generate_stream"):
-            out = [generate(base_url, rec, prompt_ids(rng, spec, long), max_new, kv, kind == "generate_stream",
-                            timeout=spec.timeout)]
+            out = [
+                generate(
+                    base_url,
+                    rec,
+                    prompt_ids(rng, spec, long),
+                    max_new,
+                    kv,
+                    kind == "generate_stream",
+                    timeout=spec.timeout,
+                )
+            ]
         elif kind in ("abort", "disconnect"):
-            out = [generate(base_url, rec, prompt_ids(rng, spec, long), max(max_new, 64), kv, True,
-                            stop_after=rng.randint(1, 8), abort=kind == "abort", timeout=spec.timeout)]
+            out = [
+                generate(
+                    base_url,
+                    rec,
+                    prompt_ids(rng, spec, long),
+                    max(max_new, 64),
+                    kv,
+                    True,
+                    stop_after=rng.randint(1, 8),
+                    abort=kind == "abort",
+                    timeout=spec.timeout,
+                )
+            ]
             out[0]["max_new"] = max(max_new, 64)
         elif kind == "invalid":
             bad = rng.choice(INVALID)
-            out = [generate(base_url, rec, prompt_ids(rng, spec, False), 4, bad, False, timeout=spec.timeout)]
+            out = [
+                generate(
+                    base_url, rec, prompt_ids(rng, spec, False), 4, bad, False, timeout=spec.timeout
+                )
+            ]
         elif kind in ("chat", "chat_stream"):
-            words = int(rng.randint(*(spec.long_prompt if long else spec.short_prompt)) * spec.words_per_token)
-            msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": prose(rng, max(1, words))}]
-            out = [chat(base_url, rec, msgs, max_new, kv, kind == "chat_stream", spec.timeout, model)[0]]
+            words = int(
+                rng.randint(*(spec.long_prompt if long else spec.short_prompt))
+                * spec.words_per_token
+            )
+            msgs = [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": prose(rng, max(1, words))},
+            ]
+            out = [
+                chat(base_url, rec, msgs, max_new, kv, kind == "chat_stream", spec.timeout, model)[
+                    0
+                ]
+            ]
         elif kind == "shortage":
             page_kind = rng.choice(spec.shortages)
             rec.update(rid=f"{FORCED}{page_kind}-{rid}")
@@ -249,31 +365,68 @@ def play(kind: str, base_url: str, rng: random.Random, spec: TrafficSpec, rid: s
     return out
 
 
-def _cached_prompt_evicted(base_url: str, rng: random.Random, spec: TrafficSpec, rec: dict) -> list[dict]:
+def _cached_prompt_evicted(
+    base_url: str, rng: random.Random, spec: TrafficSpec, rec: dict
+) -> list[dict]:
     """A long prompt cached by a first request without eviction, then sent again (a prefix hit)
     with Random eviction at a small budget: it keeps scattered tokens of the cached pages, so at
     page size > 1 the partly kept ones need copies (the `copies` page kind) in the first eviction,
     during prefill with a server `prefill_chunk`, else at decode."""
     ids = prompt_ids(rng, spec, True)
     off = {"policy": "none"}
-    first = generate(base_url, {**rec, "rid": f"{rec['rid']}-cache", "kv_evict": off}, ids, 1, off, False,
-                     timeout=spec.timeout)
+    first = generate(
+        base_url,
+        {**rec, "rid": f"{rec['rid']}-cache", "kv_evict": off},
+        ids,
+        1,
+        off,
+        False,
+        timeout=spec.timeout,
+    )
     if first["status"] != "ok":
         return [first]
     kv = {"policy": "random", "budget": min(spec.budgets)}
-    again = {**rec, "rid": f"{rec['rid']}-hit", "evict": "random", "kv_evict": kv, "long_prompt": True, "max_new": 64}
+    again = {
+        **rec,
+        "rid": f"{rec['rid']}-hit",
+        "evict": "random",
+        "kv_evict": kv,
+        "long_prompt": True,
+        "max_new": 64,
+    }
     return [first, generate(base_url, again, ids, 64, kv, False, timeout=spec.timeout)]
 
 
-def _session(base_url: str, rng: random.Random, spec: TrafficSpec, rec: dict, kv, model: str) -> list[dict]:
+def _session(
+    base_url: str, rng: random.Random, spec: TrafficSpec, rec: dict, kv, model: str
+) -> list[dict]:
     """2 to 4 turns of chat, each re-sending the history (same eviction settings every turn)."""
-    msgs = [{"role": "system", "content": "You are an agent. " + prose(random.Random("session-system"), 120)}]
+    msgs = [
+        {
+            "role": "system",
+            "content": "You are an agent. " + prose(random.Random("session-system"), 120),
+        }
+    ]
     out = []
     for turn in range(rng.randint(2, 4)):
-        msgs.append({"role": "user", "content": prose(rng, max(1, int(rng.randint(*spec.short_prompt)
-                                                                      * spec.words_per_token)))})
-        r, text = chat(base_url, {**rec, "rid": f"{rec['rid']}-t{turn}", "turn": turn}, msgs,
-                       rec["max_new"], kv, rng.random() < 0.5, spec.timeout, model)
+        msgs.append(
+            {
+                "role": "user",
+                "content": prose(
+                    rng, max(1, int(rng.randint(*spec.short_prompt) * spec.words_per_token))
+                ),
+            }
+        )
+        r, text = chat(
+            base_url,
+            {**rec, "rid": f"{rec['rid']}-t{turn}", "turn": turn},
+            msgs,
+            rec["max_new"],
+            kv,
+            rng.random() < 0.5,
+            spec.timeout,
+            model,
+        )
         out.append(r)
         if r["status"] != "ok":
             break

@@ -15,7 +15,9 @@ class TokenFitter:
         self.exact = self._probe()
 
     def _post(self, path: str, payload: dict) -> dict:
-        r = requests.post(self.base_url + path, json={"model": self.model, **payload}, timeout=self.timeout)
+        r = requests.post(
+            self.base_url + path, json={"model": self.model, **payload}, timeout=self.timeout
+        )
         r.raise_for_status()
         return r.json()
 
@@ -34,16 +36,19 @@ class TokenFitter:
         if not self.exact:
             return approx_fit(texts, targets, keep)
         kept = [i for i, k in enumerate(keep) if k]
-        toks = self._post("/v1/tokenize", {"prompt": texts + [keep[i] for i in kept],
-                                           "add_special_tokens": False})["tokens"]
+        toks = self._post(
+            "/v1/tokenize", {"prompt": texts + [keep[i] for i in kept], "add_special_tokens": False}
+        )["tokens"]
         floors = [0] * len(texts)
-        for i, ids in zip(kept, toks[len(texts):]):
+        for i, ids in zip(kept, toks[len(texts) :]):
             floors[i] = len(ids)
-        cut = [ids[:max(n, floor)] for ids, n, floor in zip(toks, targets, floors)]
+        cut = [ids[: max(n, floor)] for ids, n, floor in zip(toks, targets, floors)]
         return self._post("/v1/detokenize", {"tokens": cut, "skip_special_tokens": True})["text"]
 
 
 def approx_fit(texts: list[str], targets: list[int], keep: list[str]) -> list[str]:
     """Word-count cut (one word ~ 1.3 tokens), never shorter than `keep[i]`'s words."""
-    return [" ".join(t.split(" ")[: max(len(k.split(" ")), round(n / 1.3))])
-            for t, n, k in zip(texts, targets, keep)]
+    return [
+        " ".join(t.split(" ")[: max(len(k.split(" ")), round(n / 1.3))])
+        for t, n, k in zip(texts, targets, keep)
+    ]

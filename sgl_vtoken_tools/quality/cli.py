@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:

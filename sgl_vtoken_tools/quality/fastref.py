@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from sgl_vtoken.config import EvictConfig, policy_from_config
-from sgl_vtoken_tools.quality import probe
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
+from sgl_vtoken_tools.quality import probe
 
 MAX_CHUNK = 1024  # teacher-forced tokens per forward without eviction (memory bound)
 
@@ -39,8 +39,9 @@ def load_model(path):
     from transformers import AutoModelForCausalLM
 
     name = probe.register()
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                attn_implementation=name).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation=name
+    ).eval()
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,13 @@ class Row:
     def n(self) -> int:
         return self.positions.numel()
 
-    def select(self, keep: torch.Tensor) -> "Row":
-        return Row(self.positions[keep], tuple(k[:, :, keep] for k in self.keys),
-                   tuple(v[:, :, keep] for v in self.values), self.length)
+    def select(self, keep: torch.Tensor) -> Row:
+        return Row(
+            self.positions[keep],
+            tuple(k[:, :, keep] for k in self.keys),
+            tuple(v[:, :, keep] for v in self.values),
+            self.length,
+        )
 
     def stacked(self, which: str) -> torch.Tensor:
         """``[n, layers, hkv, d]``: the layout of ``TokenView.keys`` / ``values``."""
@@ -95,13 +100,23 @@ def extend(model, row: Row, ids: list[int], num_probe: int = 0, num_logits: int 
     if p is not None:
         p.__enter__()
     try:
-        res = model(input_ids=torch.tensor([ids]), position_ids=pos[None], attention_mask=mask,
-                    past_key_values=cache, use_cache=True, logits_to_keep=num_logits)
+        res = model(
+            input_ids=torch.tensor([ids]),
+            position_ids=pos[None],
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=num_logits,
+        )
     finally:
         if p is not None:
             p.__exit__()
-    new = Row(torch.cat([row.positions, pos]), tuple(layer.keys for layer in cache.layers),
-              tuple(layer.values for layer in cache.layers), start + c)
+    new = Row(
+        torch.cat([row.positions, pos]),
+        tuple(layer.keys for layer in cache.layers),
+        tuple(layer.values for layer in cache.layers),
+        start + c,
+    )
     probs = lengths = None
     if p is not None:
         probs = p.block()
@@ -126,7 +141,9 @@ class Prompt:
 
 
 def prefill(model, ids: list[int], obs_window: int = 16) -> Prompt:
-    logits, row, probs, lengths = extend(model, EMPTY, list(ids), num_probe=min(obs_window, len(ids)))
+    logits, row, probs, lengths = extend(
+        model, EMPTY, list(ids), num_probe=min(obs_window, len(ids))
+    )
     return Prompt(tuple(ids), row, logits[-1], probs, lengths)
 
 
@@ -140,8 +157,10 @@ class Request:
 
     def __init__(self, model, cfg: EvictConfig, rid: str = "", history: Row = EMPTY) -> None:
         if cfg.prefill.chunk is not None:
-            raise ValueError(f"EvictConfig.prefill_chunk {cfg.prefill.chunk}: the fast reference prefills "
-                             "whole prompts; eviction during prefill is defined by sgl_vtoken_tools.hf_reference")
+            raise ValueError(
+                f"EvictConfig.prefill_chunk {cfg.prefill.chunk}: the fast reference prefills "
+                "whole prompts; eviction during prefill is defined by sgl_vtoken_tools.hf_reference"
+            )
         self.model, self.cfg, self.rid = model, cfg, stable_id(rid)
         self.policy = policy_from_config(cfg) if cfg.enabled else None
         self.acc = self.policy.new_accumulator() if self.policy is not None else None
@@ -175,10 +194,11 @@ class Request:
             room = MAX_CHUNK
             if self.policy is not None:
                 room = self.cfg.budget + self.cfg.interval - self.row.n
-            chunk = ids[i:i + min(room, MAX_CHUNK)]
+            chunk = ids[i : i + min(room, MAX_CHUNK)]
             probe_n = len(chunk) if self.acc is not None else 0
-            logits, self.row, probs, lengths = extend(self.model, self.row, chunk, num_probe=probe_n,
-                                                      num_logits=len(chunk))
+            logits, self.row, probs, lengths = extend(
+                self.model, self.row, chunk, num_probe=probe_n, num_logits=len(chunk)
+            )
             self._observe(probs, lengths)
             out.append(logits)
             i += len(chunk)
@@ -210,11 +230,14 @@ class Request:
         if self.policy is None or not self.cfg.should_evict(self.row.n):
             return
         needs = self.policy.needs
-        view = TokenView(positions=self.row.positions,
-                         keys=self.row.stacked("keys") if "keys" in needs else None,
-                         values=self.row.stacked("values") if "values" in needs else None,
-                         attn=self.acc.stats if self.acc is not None else None,
-                         rid=self.rid, step=self.steps)
+        view = TokenView(
+            positions=self.row.positions,
+            keys=self.row.stacked("keys") if "keys" in needs else None,
+            values=self.row.stacked("values") if "values" in needs else None,
+            attn=self.acc.stats if self.acc is not None else None,
+            rid=self.rid,
+            step=self.steps,
+        )
         keep = self.policy.keep(view, self.cfg.budget)
         if self.acc is not None:
             self.acc.select(keep)
@@ -225,8 +248,9 @@ class Request:
         self.steps += 1
 
 
-def fast_greedy(model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig,
-                rid: str = "") -> tuple[list[int], list[int]]:
+def fast_greedy(
+    model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig, rid: str = ""
+) -> tuple[list[int], list[int]]:
     """:func:`sgl_vtoken_tools.hf_reference.masked_greedy` computed incrementally: (tokens, row), the
     row being the logical positions the last forward attended to (itself included)."""
     req = Request(model, cfg, rid)

@@ -32,7 +32,7 @@ class Probe:
         self.num = num
         self.layers: dict[int, torch.Tensor] = {}
 
-    def __enter__(self) -> "Probe":
+    def __enter__(self) -> Probe:
         _local.probe = self
         return self
 
@@ -41,13 +41,23 @@ class Probe:
 
     def block(self) -> torch.Tensor:
         if not self.layers:
-            raise RuntimeError(f"no layer ran through {NAME!r}: load the model with "
-                               f"sgl_vtoken_tools.quality.fastref.load_model")
+            raise RuntimeError(
+                f"no layer ran through {NAME!r}: load the model with "
+                f"sgl_vtoken_tools.quality.fastref.load_model"
+            )
         return torch.stack([self.layers[i] for i in sorted(self.layers)], dim=2)
 
 
-def probe_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-                    scaling: float | None = None, **kwargs):
+def probe_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+):
     """SDPA attention, plus the probed rows' probabilities when a :class:`Probe` is active.
 
     Shapes (HF convention): query ``[1, hq, q, d]``, key/value ``[1, hkv, k, d]`` (not repeated
@@ -55,8 +65,9 @@ def probe_attention(module, query, key, value, attention_mask, dropout: float = 
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                 scaling=scaling, **kwargs)
+    out = sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )
     probe = getattr(_local, "probe", None)
     if probe is not None:
         probe.layers[module.layer_idx] = _probs(query, key, attention_mask, scaling, probe.num)
@@ -69,18 +80,18 @@ def _probs(query, key, mask, scaling, num) -> torch.Tensor:
     hkv, k = key.shape[1], key.shape[2]
     num = min(num, q)
     g = hq // hkv
-    scale = d ** -0.5 if scaling is None else scaling
-    qs = query[0, :, q - num:].float().view(hkv, g, num, d)                   # [hkv, g, num, d]
-    logits = torch.einsum("hgqd,hkd->hgqk", qs, key[0].float()) * scale     # [hkv, g, num, k]
+    scale = d**-0.5 if scaling is None else scaling
+    qs = query[0, :, q - num :].float().view(hkv, g, num, d)  # [hkv, g, num, d]
+    logits = torch.einsum("hgqd,hkd->hgqk", qs, key[0].float()) * scale  # [hkv, g, num, k]
     if mask is not None and mask.dtype == torch.bool:  # True = attend
-        logits = logits.masked_fill(~mask[0, 0, q - num:], float("-inf"))
+        logits = logits.masked_fill(~mask[0, 0, q - num :], float("-inf"))
     elif mask is not None:
-        logits = logits + mask[0, 0, q - num:].float()
+        logits = logits + mask[0, 0, q - num :].float()
     else:  # causal: query i of the q new ones sees keys < k - q + i + 1
         limit = torch.arange(k - num + 1, k + 1)
         logits = logits.masked_fill(torch.arange(k)[None, :] >= limit[:, None], float("-inf"))
-    p = torch.softmax(logits, dim=-1).sum(dim=1)                             # [hkv, num, k]
-    return p.permute(1, 2, 0).contiguous()                                   # [num, k, hkv]
+    p = torch.softmax(logits, dim=-1).sum(dim=1)  # [hkv, num, k]
+    return p.permute(1, 2, 0).contiguous()  # [num, k, hkv]
 
 
 def register() -> str:

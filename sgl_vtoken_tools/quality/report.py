@@ -95,10 +95,14 @@ def markdown(summaries: list[dict], metrics: tuple[str, ...] = tuple(METRICS)) -
         if not any(m in s for s in summaries):
             continue
         title, higher = METRICS[m]
-        head = f"**{title}** ({'higher' if higher else 'lower'} is better; full cache: " \
-               f"{_fmt(full, m) if full else '-'})\n\n"
-        lines = ["| setting | " + " | ".join(f"budget {b}" for b in budgets) + " |",
-                 "|---|" + "---:|" * len(budgets)]
+        head = (
+            f"**{title}** ({'higher' if higher else 'lower'} is better; full cache: "
+            f"{_fmt(full, m) if full else '-'})\n\n"
+        )
+        lines = [
+            "| setting | " + " | ".join(f"budget {b}" for b in budgets) + " |",
+            "|---|" + "---:|" * len(budgets),
+        ]
         for name in settings:
             cells = [_fmt(by[(name, b)], m) if (name, b) in by else "-" for b in budgets]
             lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
@@ -142,7 +146,7 @@ def plot(summaries: list[dict], path, title: str = "") -> None:
         ax.set_title(METRICS[m][0], fontsize=9)
         if m == "ppl":
             ax.set_yscale("log")
-    for ax in list(axes.flat)[len(metrics):]:
+    for ax in list(axes.flat)[len(metrics) :]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)

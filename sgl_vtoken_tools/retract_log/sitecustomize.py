@@ -9,7 +9,13 @@ locked (`protected`) tokens, and per running request its prompt and output lengt
 (`committed`), tree-owned row entries (`cpl`), the depth and `lock_ref` of the radix node it
 locks, whether it continues a stored view (`hit`) and its position offset. A debugging aid for
 benchmarks, never loaded by the plugin."""
-import importlib.abc, importlib.machinery, json, os, sys, time
+
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import time
 
 LOG = os.environ.get("RETRACT_LOG", "retract.jsonl")
 TARGET = "sglang.srt.managers.schedule_batch"
@@ -18,7 +24,8 @@ TARGET = "sglang.srt.managers.schedule_batch"
 def _depth(tree, node):
     d = 0
     while node is not None and node is not tree.root_node:
-        d += len(node.key); node = node.parent
+        d += len(node.key)
+        node = node.parent
     return d
 
 
@@ -29,19 +36,34 @@ def _picture(batch, tag):
     for r in batch.reqs:
         st = getattr(r, "vtoken", None)
         kv = r.kv
-        rows.append({"rid": str(r.rid)[-12:], "inp": len(r.origin_input_ids), "out": len(r.output_ids),
-                     "max_new": r.sampling_params.max_new_tokens,
-                     "committed": kv.kv_committed_len, "cpl": kv.cache_protected_len,
-                     "prefix_len": r.prefix_len,
-                     "lock_depth": _depth(tree, r.last_node),
-                     "lock_ref": getattr(r.last_node, "lock_ref", None),
-                     "hit": None if st is None else (st.prefix.hit is not None),
-                     "offset": None if st is None else st.row.offset})
-    rec = {"t": time.time(), "tag": tag, "pid": os.getpid(), "bs": len(batch.reqs),
-           "available": alloc.available_size(), "evictable": tree.evictable_size(),
-           "protected": tree.protected_size(), "size": alloc.size,
-           "sum_committed": sum(x["committed"] for x in rows), "sum_cpl": sum(x["cpl"] for x in rows),
-           "rows": rows}
+        rows.append(
+            {
+                "rid": str(r.rid)[-12:],
+                "inp": len(r.origin_input_ids),
+                "out": len(r.output_ids),
+                "max_new": r.sampling_params.max_new_tokens,
+                "committed": kv.kv_committed_len,
+                "cpl": kv.cache_protected_len,
+                "prefix_len": r.prefix_len,
+                "lock_depth": _depth(tree, r.last_node),
+                "lock_ref": getattr(r.last_node, "lock_ref", None),
+                "hit": None if st is None else (st.prefix.hit is not None),
+                "offset": None if st is None else st.row.offset,
+            }
+        )
+    rec = {
+        "t": time.time(),
+        "tag": tag,
+        "pid": os.getpid(),
+        "bs": len(batch.reqs),
+        "available": alloc.available_size(),
+        "evictable": tree.evictable_size(),
+        "protected": tree.protected_size(),
+        "size": alloc.size,
+        "sum_committed": sum(x["committed"] for x in rows),
+        "sum_cpl": sum(x["cpl"] for x in rows),
+        "rows": rows,
+    }
     with open(LOG, "a") as f:
         f.write(json.dumps(rec) + "\n")
 
@@ -57,6 +79,7 @@ def _patch(mod):
             with open(LOG, "a") as f:
                 f.write(json.dumps({"error": repr(e)}) + "\n")
         return orig(self, *a, **k)
+
     cls.retract_decode = retract_decode
 
 
@@ -72,9 +95,11 @@ class _Finder(importlib.abc.MetaPathFinder):
         def exec_module(module):
             orig_exec(module)
             _patch(module)
+
         loader.exec_module = exec_module
         return spec
 
 
 import importlib.util  # noqa
+
 sys.meta_path.insert(0, _Finder())

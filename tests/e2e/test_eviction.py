@@ -8,10 +8,10 @@ import time
 
 import pytest
 import requests
-
-from sgl_vtoken_tools.hf_reference import masked_greedy
-from sgl_vtoken.config import EvictConfig
 from conftest import BENCH_FLAGS, MEMORY_CHECKS
+
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken_tools.hf_reference import masked_greedy
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("stock")]
 
@@ -53,7 +53,9 @@ WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters pl
 
 @pytest.mark.parametrize("policy", ["random", "h2o"])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_per_request_eviction_on_a_stock_cache_is_exact(server_factory, hf_eager, policy, page_size):
+def test_per_request_eviction_on_a_stock_cache_is_exact(
+    server_factory, hf_eager, policy, page_size
+):
     """A `--kv-evict none` server keeps SGLang's own radix cache; a request asking for eviction
     (`kv_evict`) is exact there too: fp32, interval 1, 200 tokens, token for token equal to HF
     attending exactly to the kept keys at their original positions, and not equal to full
@@ -81,11 +83,11 @@ def test_shared_prefix_is_pinned_and_capped(server_factory, hf_eager):
     (capped at budget - window tokens) and evicts only its own tokens, exactly."""
     client = server_factory(page_size=1)
     shared = random_ids(100, seed=42)
-    generate(client, shared + [7, 8, 9], 4, "owner")            # inserted into the radix cache
+    generate(client, shared + [7, 8, 9], 4, "owner")  # inserted into the radix cache
     prompt = shared + [11, 12, 13, 14]
     kv = {"policy": "streamingllm", "budget": 64, "window": 16}
     out = generate(client, prompt, 80, "pinned", kv)
-    assert out["meta_info"]["cached_tokens"] == 48               # budget - window
+    assert out["meta_info"]["cached_tokens"] == 48  # budget - window
     cfg = EvictConfig(policy="streamingllm", budget=64, window=16)
     expected, _ = masked_greedy(hf_eager, prompt, 80, cfg, rid="pinned", tree_owned=48)
     assert out["output_ids"] == expected
@@ -93,27 +95,50 @@ def test_shared_prefix_is_pinned_and_capped(server_factory, hf_eager):
 
 def test_invalid_request_settings_are_rejected_naming_the_field(server_factory):
     client = server_factory(page_size=1)
-    cases = [({"policy": "bogus"}, "kv_evict.policy must be one of"),
-             ({"policy": "streamingllm", "budget": 2}, "kv_evict.budget must be >="),
-             ({"policy": "streamingllm"}, "kv_evict.budget is required"),
-             ({"policy": "random", "budget": 64, "temperature": 1}, "kv_evict.temperature: unknown field"),
-             ({"policy": "random", "budget": 64.5}, "kv_evict.budget must be an integer"),
-             ({"policy": "random", "budget": True}, "kv_evict.budget must be an integer"),
-             ({"policy": "random", "budget": None}, "kv_evict.budget is required"),
-             ({"policy": "random", "budget": 64, "sink": -1}, "kv_evict.sink must be >= 0"),
-             ({"policy": "random", "budget": 64, "interval": 0}, "kv_evict.interval must be >= 1"),
-             ({"policy": "random", "budget": 40000}, "kv_evict.budget: must be <= the model's context length"),
-             ({"policy": "random", "budget": 5000},  # fits the context, not the 4096-token pool
-              "kv_evict.budget 5000: an evicting request holds up to budget + interval + page_size = 5002"),
-             ("streamingllm", "kv_evict must be a JSON object")]
+    cases = [
+        ({"policy": "bogus"}, "kv_evict.policy must be one of"),
+        ({"policy": "streamingllm", "budget": 2}, "kv_evict.budget must be >="),
+        ({"policy": "streamingllm"}, "kv_evict.budget is required"),
+        (
+            {"policy": "random", "budget": 64, "temperature": 1},
+            "kv_evict.temperature: unknown field",
+        ),
+        ({"policy": "random", "budget": 64.5}, "kv_evict.budget must be an integer"),
+        ({"policy": "random", "budget": True}, "kv_evict.budget must be an integer"),
+        ({"policy": "random", "budget": None}, "kv_evict.budget is required"),
+        ({"policy": "random", "budget": 64, "sink": -1}, "kv_evict.sink must be >= 0"),
+        ({"policy": "random", "budget": 64, "interval": 0}, "kv_evict.interval must be >= 1"),
+        (
+            {"policy": "random", "budget": 40000},
+            "kv_evict.budget: must be <= the model's context length",
+        ),
+        (
+            {"policy": "random", "budget": 5000},  # fits the context, not the 4096-token pool
+            "kv_evict.budget 5000: an evicting request holds up to budget + interval + page_size = 5002",
+        ),
+        ("streamingllm", "kv_evict must be a JSON object"),
+    ]
     for kv, needle in cases:
-        r = requests.post(client.base_url + "/generate", timeout=60, json={"input_ids": [1, 2, 3], "sampling_params": {
-            "max_new_tokens": 2, "custom_params": {"kv_evict": kv}}})
+        r = requests.post(
+            client.base_url + "/generate",
+            timeout=60,
+            json={
+                "input_ids": [1, 2, 3],
+                "sampling_params": {"max_new_tokens": 2, "custom_params": {"kv_evict": kv}},
+            },
+        )
         assert r.status_code == 400 and needle in r.text, (kv, r.status_code, r.text)
     assert generate(client, [1, 2, 3], 2, "still-serving")["output_ids"]  # the server still serves
-    r = requests.post(client.base_url + "/v1/chat/completions", timeout=60, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-        "custom_params": {"kv_evict": {"policy": "knorm", "budget": 1}}})
+    r = requests.post(
+        client.base_url + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "custom_params": {"kv_evict": {"policy": "knorm", "budget": 1}},
+        },
+    )
     assert r.status_code == 400 and "kv_evict.budget" in r.text
 
 
@@ -127,9 +152,16 @@ def test_openai_extra_body_carries_kv_evict(server_factory):
     oai = openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
     messages = [{"role": "user", "content": "Tell me everything about paged attention. " * 12}]
     kv = {"policy": "streamingllm", "budget": 32}
-    evicted = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0,
-                                          extra_body={"custom_params": {"kv_evict": kv}})
-    stock = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0)
+    evicted = oai.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=40,
+        temperature=0,
+        extra_body={"custom_params": {"kv_evict": kv}},
+    )
+    stock = oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=40, temperature=0
+    )
     assert evicted.usage.completion_tokens > 0
     assert evicted.choices[0].message.content != stock.choices[0].message.content
     figures = evicted.usage.model_extra["kv_evict"]
@@ -138,19 +170,40 @@ def test_openai_extra_body_carries_kv_evict(server_factory):
     # every token but the last has KV; the last step's row is the budget plus that step's token
     assert figures["evicted_tokens"] == total - 2 - 32 and figures["evictions"] > 1
     assert "kv_evict" not in (stock.usage.model_extra or {})
-    chunks = list(oai.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Now stream it. " * 20}], max_tokens=40,
-        temperature=0, stream=True, stream_options={"include_usage": True},
-        extra_body={"custom_params": {"kv_evict": kv}}))
+    chunks = list(
+        oai.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Now stream it. " * 20}],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"custom_params": {"kv_evict": kv}},
+        )
+    )
     usage = chunks[-1].usage
     streamed = usage.model_extra["kv_evict"]
     assert streamed["evicted_tokens"] == usage.prompt_tokens + usage.completion_tokens - 2 - 32
-    r = requests.post(client.base_url + "/generate", stream=True, timeout=120, json={
-        "input_ids": random_ids(60, seed=3), "stream": True, "sampling_params": {
-            "temperature": 0, "max_new_tokens": 30, "ignore_eos": True,
-            "custom_params": {"kv_evict": {"policy": "streamingllm", "budget": 32}}}})
-    events = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
-              if line.startswith("data: {")]
+    r = requests.post(
+        client.base_url + "/generate",
+        stream=True,
+        timeout=120,
+        json={
+            "input_ids": random_ids(60, seed=3),
+            "stream": True,
+            "sampling_params": {
+                "temperature": 0,
+                "max_new_tokens": 30,
+                "ignore_eos": True,
+                "custom_params": {"kv_evict": {"policy": "streamingllm", "budget": 32}},
+            },
+        },
+    )
+    events = [
+        json.loads(line[6:])
+        for line in r.iter_lines(decode_unicode=True)
+        if line.startswith("data: {")
+    ]
     reports = [e["meta_info"]["kv_evict"] for e in events if e["meta_info"].get("kv_evict")]
     assert len(reports) == 1 and events[-1]["meta_info"]["kv_evict"] == reports[0]
     assert reports[0][0]["evicted_tokens"] == 60 + 30 - 2 - 32
@@ -165,8 +218,15 @@ def run_concurrent(client, num, max_new_tokens, abort_after=None, abort_every=2,
         params["custom_params"] = {"kv_evict": kv_evict}
 
     def one(i):
-        r = requests.post(client.base_url + "/generate", timeout=1800, json={
-            "rid": f"load-{i}", "input_ids": random_ids(48, seed=i), "sampling_params": params})
+        r = requests.post(
+            client.base_url + "/generate",
+            timeout=1800,
+            json={
+                "rid": f"load-{i}",
+                "input_ids": random_ids(48, seed=i),
+                "sampling_params": params,
+            },
+        )
         outs[i] = r.json()
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(num)]
@@ -198,8 +258,11 @@ def test_sixteen_long_requests_run_at_once_without_leaks(server_factory):
     log = client.server.log_text()[log_start:]
     assert RETRACT_LINE not in log and "Traceback" not in log
     metrics = requests.get(client.base_url + "/metrics", timeout=30).text
-    exported = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                if line.startswith("sglang:vtoken_")}
+    exported = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("sglang:vtoken_")
+    }
     assert exported["sglang:vtoken_evicted_tokens"] == st["evicted_tokens"] > 0
     assert exported["sglang:vtoken_peak_running_requests"] == 16
     # Aborts in the middle of eviction free everything too.
@@ -231,9 +294,15 @@ def test_a_prompt_within_a_page_of_the_pool_is_answered_not_queued_forever(serve
         params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
         if kv is not None:
             params["custom_params"] = {"kv_evict": kv}
-        r = requests.post(client.base_url + "/generate", json={"input_ids": prompt, "sampling_params": params},
-                          timeout=120)
-        assert r.status_code == 400 and "can never be scheduled" in r.text, (r.status_code, r.text[:300])
+        r = requests.post(
+            client.base_url + "/generate",
+            json={"input_ids": prompt, "sampling_params": params},
+            timeout=120,
+        )
+        assert r.status_code == 400 and "can never be scheduled" in r.text, (
+            r.status_code,
+            r.text[:300],
+        )
         assert len(generate(client, random_ids(50, seed=1), 4, None, kv)["output_ids"]) == 4
     assert "Traceback" not in client.server.log_text()
 
@@ -256,15 +325,30 @@ def test_naive_reclaim_holds_more_pages_with_identical_outputs(server_factory):
         turn2 = generate(client, prompt + out["output_ids"] + [5, 6, 7], 24, "naive-vs-vtoken-2")
         assert turn2["meta_info"]["kv_evict"][0]["history_tokens"] == len(prompt) + 120 - 1
         again = generate(client, prompt, 4, "naive-vs-vtoken-again", {"policy": "none"})
-        assert again["meta_info"]["cached_tokens"] == len(prompt) // 16 * 16  # the prompt was cached
+        assert (
+            again["meta_info"]["cached_tokens"] == len(prompt) // 16 * 16
+        )  # the prompt was cached
         # Another prompt: a prefix hit on the first one would seed H2O's statistics differently.
-        h2o = generate(client, random_ids(200, seed=12), 120, "naive-vs-vtoken-h2o",
-                       {"policy": "h2o", "window": 16})
+        h2o = generate(
+            client,
+            random_ids(200, seed=12),
+            120,
+            "naive-vs-vtoken-h2o",
+            {"policy": "h2o", "window": 16},
+        )
         end = wait_pool_free(client)
-        assert end["pool_available_tokens"] + end["pool_evictable_tokens"] == end["pool_total_tokens"]
+        assert (
+            end["pool_available_tokens"] + end["pool_evictable_tokens"] == end["pool_total_tokens"]
+        )
         assert end["naive_held_requests"] == 0
-        results[reclaim] = (out["output_ids"], st["peak_retained_pages"], out["meta_info"]["kv_evict"][0],
-                            h2o["output_ids"], h2o["meta_info"]["kv_evict"][0], turn2["output_ids"])
+        results[reclaim] = (
+            out["output_ids"],
+            st["peak_retained_pages"],
+            out["meta_info"]["kv_evict"][0],
+            h2o["output_ids"],
+            h2o["meta_info"]["kv_evict"][0],
+            turn2["output_ids"],
+        )
     vt, nv = results["vtoken"], results["naive"]
     assert vt[0] == nv[0] and vt[3] == nv[3] and vt[5] == nv[5]
     assert nv[1] > vt[1]
@@ -285,7 +369,9 @@ def test_forced_retractions_do_not_leak(server_factory):
     assert all(len(o["output_ids"]) == 200 for o in outs)
     # --kv-reclaim naive resumes by re-prefilling (its held pages are not kept): the report says so
     retracted = [o for o in outs if o["meta_info"].get("num_retractions", 0) > 0]
-    assert retracted and all(o["meta_info"]["kv_evict"][0].get("retracted_reprefill") for o in retracted)
+    assert retracted and all(
+        o["meta_info"]["kv_evict"][0].get("retracted_reprefill") for o in retracted
+    )
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert st["naive_held_requests"] == 0

@@ -10,11 +10,11 @@ import time
 
 import pytest
 import requests
-
 from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
+from test_eviction import generate, random_ids, wait_pool_free
+
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken_tools.hf_reference import masked_greedy
-from test_eviction import generate, random_ids, wait_pool_free
 
 pytestmark = pytest.mark.server
 
@@ -30,16 +30,31 @@ def evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=MEMORY_C
     """A server whose own policy is kvp (its checkpoint loaded, interval 1) with a host store of
     HOST_TOKENS (recalls take holes of up to RECALL_GAP); other policies, intervals, offload and
     recall come per request."""
-    flags = ("--kv-evict", "kvp", "--kv-budget", str(BUDGET),
-             "--kv-evict-config", json.dumps({"checkpoint": kvp_checkpoint, "host_tokens": HOST_TOKENS,
-                                                   "recall_gap": RECALL_GAP}), *extra)
+    flags = (
+        "--kv-evict",
+        "kvp",
+        "--kv-budget",
+        str(BUDGET),
+        "--kv-evict-config",
+        json.dumps(
+            {"checkpoint": kvp_checkpoint, "host_tokens": HOST_TOKENS, "recall_gap": RECALL_GAP}
+        ),
+        *extra,
+    )
     return server_factory(page_size=page_size, extra=flags, env=env)
 
 
 def expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, page_size, interval, rid):
     params = {"checkpoint": kvp_checkpoint} if policy == "kvp" else {}
-    cfg = EvictConfig(policy=policy, budget=BUDGET, sink=4, window=WINDOW.get(policy, 0), interval=interval,
-                      page_size=page_size, params=params)
+    cfg = EvictConfig(
+        policy=policy,
+        budget=BUDGET,
+        sink=4,
+        window=WINDOW.get(policy, 0),
+        interval=interval,
+        page_size=page_size,
+        params=params,
+    )
     return masked_greedy(hf_eager, prompt, n, cfg, rid=rid)[0]
 
 
@@ -51,22 +66,30 @@ def per_request(policy, interval=1):
 
 @pytest.mark.server_group("chunked16")
 @pytest.mark.parametrize("policy", ["h2o", "tova", "scissorhands"])
-def test_attention_policies_are_exact_under_chunked_prefill(server_factory, hf_eager, kvp_checkpoint, policy):
+def test_attention_policies_are_exact_under_chunked_prefill(
+    server_factory, hf_eager, kvp_checkpoint, policy
+):
     """A 100-token prompt prefilled in chunks of 32: the observation window (the prompt's last 16
     queries) spans the last two chunks; the statistics and the output equal the unchunked
     reference."""
     client = evict_server(server_factory, kvp_checkpoint, 16, "--chunked-prefill-size", "32")
     prompt, n, rid = random_ids(100, seed=1200 + POLICIES.index(policy)), 120, f"chunked-{policy}"
     out = generate(client, prompt, n, rid, per_request(policy))
-    assert out["output_ids"] == expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, 16, 1, rid)
+    assert out["output_ids"] == expected_output(
+        hf_eager, kvp_checkpoint, prompt, n, policy, 16, 1, rid
+    )
 
 
 @pytest.mark.server_group("retract{page_size}")
-@pytest.mark.parametrize("page_size,overlap", [(1, True), (1, False), (16, False), (16, True)],
-                         ids=["page1", "page1-no-overlap", "page16-no-overlap", "page16"])
+@pytest.mark.parametrize(
+    "page_size,overlap",
+    [(1, True), (1, False), (16, False), (16, True)],
+    ids=["page1", "page1-no-overlap", "page16-no-overlap", "page16"],
+)
 @pytest.mark.parametrize("policy", ["random", "h2o", "scissorhands"])
-def test_forced_retractions_resume_from_the_compacted_row_exactly(server_factory, hf_eager, kvp_checkpoint,
-                                                                  policy, page_size, overlap):
+def test_forced_retractions_resume_from_the_compacted_row_exactly(
+    server_factory, hf_eager, kvp_checkpoint, policy, page_size, overlap
+):
     """SGLang retracts a running request every few steps; two requests of one policy run together,
     so one of them is retracted again and again after it has evicted. Each resumes from its
     stashed compacted row with its policy state (eviction count, attention statistics), so both
@@ -80,16 +103,28 @@ def test_forced_retractions_resume_from_the_compacted_row_exactly(server_factory
     interval = 1 if page_size == 1 else 16
     prompts = [random_ids(100, seed=1300 + 10 * POLICIES.index(policy) + k) for k in range(2)]
     rids = [f"retract-{policy}-{page_size}-{k}" for k in range(2)]
-    params = {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True,
-              "custom_params": {"kv_evict": per_request(policy, interval)}}
+    params = {
+        "temperature": 0,
+        "max_new_tokens": 120,
+        "ignore_eos": True,
+        "custom_params": {"kv_evict": per_request(policy, interval)},
+    }
     # One batch request: both are admitted together, so they decode together and are retracted.
-    outs = client.post("/generate", {"rid": rids, "input_ids": prompts, "sampling_params": params}, timeout=900)
+    outs = client.post(
+        "/generate", {"rid": rids, "input_ids": prompts, "sampling_params": params}, timeout=900
+    )
     assert sum(o["meta_info"].get("num_retractions", 0) for o in outs) > 0
     for k in range(2):
-        if page_size > 1 and overlap and outs[k]["meta_info"]["kv_evict"][0].get("retracted_reprefill"):
+        if (
+            page_size > 1
+            and overlap
+            and outs[k]["meta_info"]["kv_evict"][0].get("retracted_reprefill")
+        ):
             continue
         assert not outs[k]["meta_info"]["kv_evict"][0].get("retracted_reprefill")
-        expected = expected_output(hf_eager, kvp_checkpoint, prompts[k], 120, policy, page_size, interval, rids[k])
+        expected = expected_output(
+            hf_eager, kvp_checkpoint, prompts[k], 120, policy, page_size, interval, rids[k]
+        )
         assert outs[k]["output_ids"] == expected, (k, outs[k]["meta_info"].get("num_retractions"))
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
@@ -98,11 +133,14 @@ def test_forced_retractions_resume_from_the_compacted_row_exactly(server_factory
 
 
 @pytest.mark.server_group("retract{page_size}")
-@pytest.mark.parametrize("page_size,overlap,policy", [(16, False, "h2o"), (1, True, "tova")],
-                         ids=["page16-no-overlap-h2o", "page1-tova"])
-def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(server_factory, hf_eager,
-                                                                                kvp_checkpoint, page_size,
-                                                                                overlap, policy):
+@pytest.mark.parametrize(
+    "page_size,overlap,policy",
+    [(16, False, "h2o"), (1, True, "tova")],
+    ids=["page16-no-overlap-h2o", "page1-tova"],
+)
+def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(
+    server_factory, hf_eager, kvp_checkpoint, page_size, overlap, policy
+):
     """The resume pages refused to requests named SHORTAGE + "resume-" (`shortage.py`), forced
     retractions: a request that evicted is retracted (it has decoded less than its neighbour) and
     cannot write its row back. It waits (counted) while its neighbour runs, which still equals the
@@ -117,25 +155,40 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(s
     prompts = [random_ids(100, seed=1400 + k) for k in range(2)]
     before = client.vtoken_state()
     keeper = {}
-    thread = threading.Thread(target=lambda: keeper.update(generate(client, prompts[0], 200, "keeper", kv)))
+    thread = threading.Thread(
+        target=lambda: keeper.update(generate(client, prompts[0], 200, "keeper", kv))
+    )
     thread.start()
     while not client.vtoken_state()["running_evicting_requests"]:
         time.sleep(0.05)
-    r = requests.post(client.base_url + "/generate", timeout=300, json={
-        "rid": SHORTAGE + "resume-0", "input_ids": prompts[1],
-        "sampling_params": {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True,
-                            "custom_params": {"kv_evict": kv}}})
+    r = requests.post(
+        client.base_url + "/generate",
+        timeout=300,
+        json={
+            "rid": SHORTAGE + "resume-0",
+            "input_ids": prompts[1],
+            "sampling_params": {
+                "temperature": 0,
+                "max_new_tokens": 120,
+                "ignore_eos": True,
+                "custom_params": {"kv_evict": kv},
+            },
+        },
+    )
     thread.join(300)
     assert r.status_code == 503, r.text[:500]
     assert "no free KV page for a retracted row written back" in r.text
-    assert keeper["output_ids"] == expected_output(hf_eager, kvp_checkpoint, prompts[0], 200, policy, page_size, 16,
-                                                   "keeper")
+    assert keeper["output_ids"] == expected_output(
+        hf_eager, kvp_checkpoint, prompts[0], 200, policy, page_size, 16, "keeper"
+    )
     st = wait_pool_free(client)
     assert st["deferred_admissions"] > before["deferred_admissions"]
     assert st["shortage_aborts"] == before["shortage_aborts"] + 1
-    assert shortages_met(before, st) == {"forced:admission_aborted:resume": 1,
-                                         "forced:admission_deferred:resume": st["deferred_admissions"]
-                                         - before["deferred_admissions"]}
+    assert shortages_met(before, st) == {
+        "forced:admission_aborted:resume": 1,
+        "forced:admission_deferred:resume": st["deferred_admissions"]
+        - before["deferred_admissions"],
+    }
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     log = client.server.log_text()
     assert "kv_evict shortage (admission_deferred" in log and "Traceback" not in log
@@ -145,15 +198,18 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(s
 @pytest.mark.server_group("holed{page_size}")
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (1, 16), (16, 1), (16, 16)])
-def test_every_policy_is_exact_through_the_holed_cache(server_factory, hf_eager, kvp_checkpoint,
-                                                       page_size, interval, policy):
+def test_every_policy_is_exact_through_the_holed_cache(
+    server_factory, hf_eager, kvp_checkpoint, page_size, interval, policy
+):
     """fp32, a prompt longer than the budget, 96 new tokens: equal to the masked reference, not to
     full attention (the same server, `{"policy": "none"}`), and the row ends at the budget."""
     client = evict_server(server_factory, kvp_checkpoint, page_size)
     seed = 1000 + 10 * POLICIES.index(policy) + page_size + interval
     prompt, n, rid = random_ids(100, seed=seed), 96, f"matrix-{policy}-{page_size}-{interval}"
     out = generate(client, prompt, n, rid, per_request(policy, interval))
-    expected = expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, page_size, interval, rid)
+    expected = expected_output(
+        hf_eager, kvp_checkpoint, prompt, n, policy, page_size, interval, rid
+    )
     assert out["output_ids"] == expected
     full = generate(client, prompt, n, rid + "-full", {"policy": "none"})["output_ids"]
     assert full != expected

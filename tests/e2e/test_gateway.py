@@ -10,36 +10,51 @@ import random
 
 import pytest
 import requests
-
 from conftest import MEMORY_CHECKS
-from sgl_vtoken_tools.bench.probe import flush_cache
-from sgl_vtoken_tools.bench.probe import pool_whole
-from sgl_vtoken_tools.gateway import ROUTED_WORKER, GatewayProcess
 from test_eviction import wait_pool_free
+
+from sgl_vtoken_tools.bench.probe import flush_cache, pool_whole
+from sgl_vtoken_tools.gateway import ROUTED_WORKER, GatewayProcess
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("gateway16")]
 
 FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-interval", "16")
 KV = {"policy": "streamingllm", "budget": 48}  # every conversation's own settings, not the servers'
 REPLY = 8  # tokens per reply
-WORDS = ("the founders startup idea users money work hard people city school time good "
-         "program language investors company growth market build think write").split()
+WORDS = (
+    "the founders startup idea users money work hard people city school time good "
+    "program language investors company growth market build think write"
+).split()
 
 
 @pytest.fixture(scope="module")
 def fleet(server_factory):
     """(replica a, replica b, gateway): two servers of one configuration (the replica's name in
     the environment keeps them apart in the factory), page size 16."""
-    a, b = (server_factory(page_size=16, extra=FLAGS, env={**MEMORY_CHECKS, "VTOKEN_TEST_REPLICA": name})
-            for name in "ab")
+    a, b = (
+        server_factory(
+            page_size=16, extra=FLAGS, env={**MEMORY_CHECKS, "VTOKEN_TEST_REPLICA": name}
+        )
+        for name in "ab"
+    )
     with GatewayProcess([a.base_url, b.base_url], policy="cache_aware") as gw:
         yield a, b, gw
 
 
 def chat(base_url, model, messages, kv=KV, **body):
-    r = requests.post(base_url + "/v1/chat/completions", timeout=120, json={
-        "model": model, "messages": messages, "max_tokens": REPLY, "temperature": 0, "ignore_eos": True,
-        **({"custom_params": {"kv_evict": kv}} if kv is not None else {}), **body})
+    r = requests.post(
+        base_url + "/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": model,
+            "messages": messages,
+            "max_tokens": REPLY,
+            "temperature": 0,
+            "ignore_eos": True,
+            **({"custom_params": {"kv_evict": kv}} if kv is not None else {}),
+            **body,
+        },
+    )
     return r
 
 
@@ -48,9 +63,13 @@ def figures(r) -> dict:
     assert r.status_code == 200, r.text[:500]
     out = r.json()
     usage, report = out["usage"], out["usage"].get("kv_evict", {})
-    return {"prompt": usage["prompt_tokens"], "cached": usage["prompt_tokens_details"]["cached_tokens"],
-            "history": report.get("history_tokens"), "view": report.get("history_view_tokens"),
-            "reply": out["choices"][0]["message"]["content"]}
+    return {
+        "prompt": usage["prompt_tokens"],
+        "cached": usage["prompt_tokens_details"]["cached_tokens"],
+        "history": report.get("history_tokens"),
+        "view": report.get("history_view_tokens"),
+        "reply": out["choices"][0]["message"]["content"],
+    }
 
 
 def test_per_request_settings_and_usage_pass_through_the_gateway(fleet):
@@ -60,9 +79,14 @@ def test_per_request_settings_and_usage_pass_through_the_gateway(fleet):
     _, _, gw = fleet
     messages = [{"role": "user", "content": "hello there " * 40}]
     report = chat(gw.base_url, gw.model, messages).json()["usage"]["kv_evict"]
-    assert report["policy"] == "streamingllm" and report["budget"] == 48 and report["evictions"] >= 1
+    assert (
+        report["policy"] == "streamingllm" and report["budget"] == 48 and report["evictions"] >= 1
+    )
     assert report["live_tokens"] <= 48 + 16
-    assert "kv_evict" not in chat(gw.base_url, gw.model, messages, kv={"policy": "none"}).json()["usage"]
+    assert (
+        "kv_evict"
+        not in chat(gw.base_url, gw.model, messages, kv={"policy": "none"}).json()["usage"]
+    )
     bad = chat(gw.base_url, gw.model, messages, kv={"policy": "streamingllm", "budget": -3})
     assert bad.status_code == 400 and "kv_evict.budget" in bad.text
     r = chat(gw.base_url, gw.model, messages, stream=True, stream_options={"include_usage": True})
@@ -81,7 +105,9 @@ def follow_up(k: int, turn: int) -> dict:
     return {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(12))}
 
 
-def test_conversations_keep_their_replica_and_a_killed_one_loses_only_its_own(fleet, server_factory):
+def test_conversations_keep_their_replica_and_a_killed_one_loses_only_its_own(
+    fleet, server_factory
+):
     """Conversations opened until both replicas hold some (3 to 16), three turns each through the
     gateway: every turn of a conversation goes to the replica of its first turn. Then replica b is
     killed and each conversation sends a fourth turn: all answer 200, a's continue from their
@@ -97,7 +123,10 @@ def test_conversations_keep_their_replica_and_a_killed_one_loses_only_its_own(fl
         r = chat(gw.base_url, gw.model, messages)
         got = figures(r)
         sent.append((k, messages, got))
-        convs[k][1] += [{"role": "assistant", "content": got["reply"]}, follow_up(k, len(messages) // 2)]
+        convs[k][1] += [
+            {"role": "assistant", "content": got["reply"]},
+            follow_up(k, len(messages) // 2),
+        ]
         return r.headers[ROUTED_WORKER]
 
     # smg places a new conversation by its own rules (prefix match, tree size, load, ties), so a
@@ -121,8 +150,11 @@ def test_conversations_keep_their_replica_and_a_killed_one_loses_only_its_own(fl
         if i in after_kill and k in on_b:
             assert got["history"] is None and got["cached"] <= 16 < want["cached"], (k, got, want)
             continue
-        assert {key: got[key] for key in ("prompt", "cached", "history", "view")} == \
-               {key: want[key] for key in ("prompt", "cached", "history", "view")}, f"turn {i} (conversation {k})"
-    assert sum(got["history"] is not None for _, _, got in sent) >= 2  # histories were continued from
+        assert {key: got[key] for key in ("prompt", "cached", "history", "view")} == {
+            key: want[key] for key in ("prompt", "cached", "history", "view")
+        }, f"turn {i} (conversation {k})"
+    assert (
+        sum(got["history"] is not None for _, _, got in sent) >= 2
+    )  # histories were continued from
     assert pool_whole(wait_pool_free(a))
     assert "Traceback" not in a.server.log_text()

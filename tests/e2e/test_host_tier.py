@@ -8,12 +8,12 @@ import time
 
 import pytest
 import requests
-
 from conftest import SHORTAGE, shortages_met
-from sgl_vtoken.config import EvictConfig, HostTier
-from sgl_vtoken_tools.hf_reference import masked_turn
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
+
+from sgl_vtoken.config import EvictConfig, HostTier
+from sgl_vtoken_tools.hf_reference import masked_turn
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", page_size=1)]
 
@@ -43,15 +43,32 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1, r
     reference and returns the per-turn reports."""
     rng = random.Random(sum(map(ord, rid)))
     prompt = random_ids(30 if page_size == 1 else 70, seed=300 + recall)
-    messages = [[rng.randrange(10, 2000) for _ in range(rng.randrange(17, 24))] for _ in range(turns - 1)]
+    messages = [
+        [rng.randrange(10, 2000) for _ in range(rng.randrange(17, 24))] for _ in range(turns - 1)
+    ]
     budget, window = (BUDGET, 0) if page_size == 1 else (64, 0)
     window = 16 if policy == "h2o" else window
     interval = 16 if page_size > 1 and policy == "streamingllm" else 1
-    kv = {"policy": policy, "budget": budget, "offload": True, "recall": recall, "interval": interval,
-          "window": window, "recall_rounds": rounds}
-    cfg = EvictConfig(policy=policy, budget=budget, sink=SINK, window=window, interval=interval,
-                      page_size=page_size, host=HostTier(offload=True, tokens=HOST_TOKENS, recall=recall,
-                                                         gap=RECALL_GAP, rounds=rounds))
+    kv = {
+        "policy": policy,
+        "budget": budget,
+        "offload": True,
+        "recall": recall,
+        "interval": interval,
+        "window": window,
+        "recall_rounds": rounds,
+    }
+    cfg = EvictConfig(
+        policy=policy,
+        budget=budget,
+        sink=SINK,
+        window=window,
+        interval=interval,
+        page_size=page_size,
+        host=HostTier(
+            offload=True, tokens=HOST_TOKENS, recall=recall, gap=RECALL_GAP, rounds=rounds
+        ),
+    )
     history, reports, out = None, [], []
     for k in range(turns):
         if k:
@@ -60,15 +77,20 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1, r
         out = got["output_ids"]
         if k:  # the logical tokens not prefilled: the whole history, the recalled ones included
             assert got["meta_info"]["cached_tokens"] == len(history[0]), f"turn {k}"
-        expected, _, history = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history)
+        expected, _, history = masked_turn(
+            hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history
+        )
         assert out == expected, f"turn {k}"
         reports.append(got["meta_info"]["kv_evict"][0])
     return reports
 
 
-@pytest.mark.parametrize("policy,page_size", [("streamingllm", 1), ("h2o", 1), ("streamingllm", 16), ("h2o", 16)])
-def test_recall_turns_equal_the_reference_and_the_store_is_released(server_factory, kvp_checkpoint, hf_eager,
-                                                                    policy, page_size):
+@pytest.mark.parametrize(
+    "policy,page_size", [("streamingllm", 1), ("h2o", 1), ("streamingllm", 16), ("h2o", 16)]
+)
+def test_recall_turns_equal_the_reference_and_the_store_is_released(
+    server_factory, kvp_checkpoint, hf_eager, policy, page_size
+):
     """Five turns, budget 48 (64 at page size 16), recall 8: from turn 2 on each turn's prefill
     is cut in two, the first chunk's window recalls up to 8 of its history's evicted tokens, and
     the second chunk recomputes that window (16 tokens, one page at page size 16, fewer
@@ -77,7 +99,9 @@ def test_recall_turns_equal_the_reference_and_the_store_is_released(server_facto
     (flush), and the pool is whole under SGLang's checkers."""
     client = evict_server(server_factory, kvp_checkpoint, page_size)
     flush(client)
-    reports = session(client, hf_eager, policy, f"recall-{policy}-{page_size}", RECALL, page_size=page_size)
+    reports = session(
+        client, hf_eager, policy, f"recall-{policy}-{page_size}", RECALL, page_size=page_size
+    )
     assert all(r["offloaded_tokens"] > 0 for r in reports)
     assert "recalled_tokens" not in reports[0]
     for r in reports[1:]:
@@ -85,7 +109,11 @@ def test_recall_turns_equal_the_reference_and_the_store_is_released(server_facto
         assert r["recall_ms"] > 0 and r["host_bytes"] > 0 and 0 < r["recomputed_tokens"] <= 16
     assert reports[-1]["recalled_tokens"] == RECALL
     st = wait_pool_free(client)
-    assert st["host_tokens_held"] > 0 and st["host_bytes_held"] > 0 and st["recalled_tokens"] >= sum(r["recalled_tokens"] for r in reports[1:])
+    assert (
+        st["host_tokens_held"] > 0
+        and st["host_bytes_held"] > 0
+        and st["recalled_tokens"] >= sum(r["recalled_tokens"] for r in reports[1:])
+    )
     flush(client)
     st = wait_pool_free(client)
     assert st["host_tokens_held"] == 0 and st["host_bytes_held"] == 0
@@ -101,12 +129,17 @@ def test_recall_in_rounds_equals_the_reference(server_factory, kvp_checkpoint, h
     window)."""
     client = evict_server(server_factory, kvp_checkpoint, page_size)
     flush(client)
-    reports = session(client, hf_eager, "h2o", f"rounds-{page_size}", RECALL, page_size=page_size, rounds=3)
+    reports = session(
+        client, hf_eager, "h2o", f"rounds-{page_size}", RECALL, page_size=page_size, rounds=3
+    )
     full = [r for r in reports[1:] if r["recall_candidates"] >= RECALL]
     assert full, reports
     for r in full:
         assert r["recall_rounds"] == 3 and r["recalled_tokens"] == r["pinned_tokens"] == RECALL
-        assert r["recalled_positions"] == sorted(set(r["recalled_positions"])) and len(r["recalled_positions"]) == RECALL
+        assert (
+            r["recalled_positions"] == sorted(set(r["recalled_positions"]))
+            and len(r["recalled_positions"]) == RECALL
+        )
         assert 3 <= r["recomputed_tokens"] <= 3 * 16
     wait_pool_free(client)
     flush(client)
@@ -140,7 +173,9 @@ def test_a_recall_without_free_pages_is_skipped_and_counted(client, hf_eager):
     assert log.count("kv_evict shortage (recall_skipped") == 1 and "Traceback" not in log
 
 
-def test_offload_without_recall_changes_no_output_and_requests_without_it_hold_no_host_memory(client, hf_eager):
+def test_offload_without_recall_changes_no_output_and_requests_without_it_hold_no_host_memory(
+    client, hf_eager
+):
     """Offload alone only copies: the turns equal the reference without a host tier; requests
     that do not offload leave the host store empty."""
     flush(client)
@@ -154,11 +189,20 @@ def test_offload_without_recall_changes_no_output_and_requests_without_it_hold_n
 
 
 def test_invalid_offload_settings_are_refused_naming_the_field(client):
-    for kv, field in (({"recall": 8}, "kv_evict.recall"), ({"offload": "yes"}, "kv_evict.offload"),
-                      ({"offload": True, "recall": 60}, "kv_evict.recall")):
-        params = {"max_new_tokens": 1, "custom_params": {"kv_evict": {"policy": "streamingllm", "budget": BUDGET, **kv}}}
-        r = requests.post(client.base_url + "/generate", timeout=60,
-                          json={"input_ids": [1, 2, 3], "sampling_params": params})
+    for kv, field in (
+        ({"recall": 8}, "kv_evict.recall"),
+        ({"offload": "yes"}, "kv_evict.offload"),
+        ({"offload": True, "recall": 60}, "kv_evict.recall"),
+    ):
+        params = {
+            "max_new_tokens": 1,
+            "custom_params": {"kv_evict": {"policy": "streamingllm", "budget": BUDGET, **kv}},
+        }
+        r = requests.post(
+            client.base_url + "/generate",
+            timeout=60,
+            json={"input_ids": [1, 2, 3], "sampling_params": params},
+        )
         assert r.status_code == 400 and field in r.text, (kv, r.text)
 
 
@@ -171,15 +215,31 @@ def test_host_store_goes_with_a_history_the_tree_evicts_and_with_an_aborted_requ
     generate(client, random_ids(3000, seed=11), 8, "host-lru-a", kv)
     st = wait_pool_free(client)
     assert st["host_tokens_held"] > 2000
-    generate(client, random_ids(3500, seed=12), 8, "host-lru-b", {"policy": "none"})  # needs A's pool room
+    generate(
+        client, random_ids(3500, seed=12), 8, "host-lru-b", {"policy": "none"}
+    )  # needs A's pool room
     st = wait_pool_free(client)
     assert st["host_tokens_held"] == 0 and st["host_bytes_held"] == 0
 
     flush(client)
     done = []
-    worker = threading.Thread(target=lambda: done.append(requests.post(client.base_url + "/generate", timeout=600, json={
-        "rid": "host-abort", "input_ids": random_ids(200, seed=13),
-        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "custom_params": {"kv_evict": kv}}})))
+    worker = threading.Thread(
+        target=lambda: done.append(
+            requests.post(
+                client.base_url + "/generate",
+                timeout=600,
+                json={
+                    "rid": "host-abort",
+                    "input_ids": random_ids(200, seed=13),
+                    "sampling_params": {
+                        "max_new_tokens": 3000,
+                        "ignore_eos": True,
+                        "custom_params": {"kv_evict": kv},
+                    },
+                },
+            )
+        )
+    )
     worker.start()
     deadline = time.monotonic() + 120
     while client.vtoken_state()["host_tokens_held"] == 0 and time.monotonic() < deadline:

@@ -11,11 +11,11 @@ import threading
 
 import pytest
 import requests
-
 from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
+from test_eviction import generate, random_ids, wait_pool_free
+
 from sgl_vtoken.config import EvictConfig, HostTier, Prefill
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
-from test_eviction import generate, random_ids, wait_pool_free
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("prefill{page_size}", page_size=16)]
 
@@ -25,17 +25,33 @@ HOST_TOKENS, RECALL = 100_000, 16
 
 def prefill_server(server_factory, page_size):
     """A host store too: requests may ask for offload and recall (`kv_evict`)."""
-    flags = ("--kv-evict", "streamingllm", "--kv-budget", str(BUDGET), "--kv-sink", str(SINK),
-             "--kv-evict-config", json.dumps({"prefill_chunk": CHUNK, "host_tokens": HOST_TOKENS}),
-             "--disable-overlap-schedule",
-             "--chunked-prefill-size", "512")
+    flags = (
+        "--kv-evict",
+        "streamingllm",
+        "--kv-budget",
+        str(BUDGET),
+        "--kv-sink",
+        str(SINK),
+        "--kv-evict-config",
+        json.dumps({"prefill_chunk": CHUNK, "host_tokens": HOST_TOKENS}),
+        "--disable-overlap-schedule",
+        "--chunked-prefill-size",
+        "512",
+    )
     return server_factory(page_size=page_size, extra=flags, env=MEMORY_CHECKS)
 
 
 def config(policy, page_size, **kw):
     window = 16 if policy == "h2o" else 0
-    return EvictConfig(policy=policy, budget=BUDGET, sink=SINK, window=window, page_size=page_size,
-                       prefill=Prefill(chunk=CHUNK), **kw)
+    return EvictConfig(
+        policy=policy,
+        budget=BUDGET,
+        sink=SINK,
+        window=window,
+        page_size=page_size,
+        prefill=Prefill(chunk=CHUNK),
+        **kw,
+    )
 
 
 def prefill_evictions(prompt_len: int, pos: int = 0, row: int = 0) -> int:
@@ -54,22 +70,31 @@ def test_the_reference_never_lets_a_prompt_token_see_more_than_the_peak(hf_eager
     cfg = config("h2o", 1)
     prompt = random_ids(200, seed=990)
     _, _, (allowed, _) = masked_turn(hf_eager, prompt, 4, cfg, rid="ref")
-    sizes = [len(a) for a in allowed[:len(prompt)]]
+    sizes = [len(a) for a in allowed[: len(prompt)]]
     assert max(sizes) == BUDGET + CHUNK and sizes[BUDGET + CHUNK] == BUDGET + 1
-    assert all(a == sorted(set(a)) and a[-1] == i for i, a in enumerate(allowed[:len(prompt)]))
-    short = prompt[:BUDGET + CHUNK]
+    assert all(a == sorted(set(a)) and a[-1] == i for i, a in enumerate(allowed[: len(prompt)]))
+    short = prompt[: BUDGET + CHUNK]
     whole = EvictConfig.from_dict({**cfg.to_dict(), "prefill_chunk": None})
-    assert masked_turn(hf_eager, short, 8, cfg, rid="ref")[0] == masked_turn(hf_eager, short, 8, whole, rid="ref")[0]
+    assert (
+        masked_turn(hf_eager, short, 8, cfg, rid="ref")[0]
+        == masked_turn(hf_eager, short, 8, whole, rid="ref")[0]
+    )
 
 
 @pytest.mark.parametrize("page_size,policy", [(1, "h2o"), (16, "random")])
-def test_a_long_prompt_is_evicted_chunk_by_chunk_exactly(server_factory, hf_eager, page_size, policy):
+def test_a_long_prompt_is_evicted_chunk_by_chunk_exactly(
+    server_factory, hf_eager, page_size, policy
+):
     """A 300-token prompt with budget 64 and chunks of 32: the row never holds more than 96 tokens;
     the output equals the chunked masked reference (not the whole-prompt one), the report counts
     the prompt tokens evicted in the prefill, none of which is reported cached; the same prompt
     again reuses at most the first chunk from the radix cache and gives the same output."""
     client = prefill_server(server_factory, page_size)
-    prompt, n, rid = random_ids(300, seed=900 + page_size + len(policy)), 40, f"prefill-{policy}-{page_size}"
+    prompt, n, rid = (
+        random_ids(300, seed=900 + page_size + len(policy)),
+        40,
+        f"prefill-{policy}-{page_size}",
+    )
     window = 16 if policy == "h2o" else 0
     out = generate(client, prompt, n, rid, {"policy": policy, "window": window})
     cfg = config(policy, page_size)
@@ -89,26 +114,41 @@ def test_a_long_prompt_is_evicted_chunk_by_chunk_exactly(server_factory, hf_eage
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_turns_with_long_messages_continue_from_history_exactly(server_factory, hf_eager, page_size):
+def test_turns_with_long_messages_continue_from_history_exactly(
+    server_factory, hf_eager, page_size
+):
     """Three turns whose new messages (80-120 tokens) are longer than a chunk: each turn continues
     from the stored view of the one before and evicts during its own prefill, exactly as the
     reference that runs the whole conversation with the same masks."""
     client = prefill_server(server_factory, page_size)
     rng = random.Random(31)
     cfg = config("streamingllm", page_size)
-    prompt, n, rid, history = random_ids(150, seed=950 + page_size), 20, f"prefill-hist-{page_size}", None
+    prompt, n, rid, history = (
+        random_ids(150, seed=950 + page_size),
+        20,
+        f"prefill-hist-{page_size}",
+        None,
+    )
     for k in range(3):
         out = generate(client, prompt, n, f"{rid}-{k}", {"policy": "streamingllm"})
-        expected, _, new_history = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history)
+        expected, _, new_history = masked_turn(
+            hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history
+        )
         assert out["output_ids"] == expected, f"turn {k}"
         report = out["meta_info"]["kv_evict"][0]
         if k:
             assert report["history_tokens"] == len(history[0]), f"turn {k}"
             assert out["meta_info"]["cached_tokens"] == len(history[0])
         start = (len(history[0]), len(history[1])) if k else ()
-        assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt), *start) > 0, f"turn {k}"
+        assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt), *start) > 0, (
+            f"turn {k}"
+        )
         history = new_history
-        prompt = prompt + out["output_ids"] + [rng.randrange(10, 2000) for _ in range(rng.randrange(80, 120))]
+        prompt = (
+            prompt
+            + out["output_ids"]
+            + [rng.randrange(10, 2000) for _ in range(rng.randrange(80, 120))]
+        )
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
@@ -125,7 +165,9 @@ def test_concurrent_long_prompts_share_a_system_prompt_exactly(server_factory, h
     results = [None] * len(prompts)
 
     def one(i):
-        results[i] = generate(client, prompts[i], n, f"prefill-conc-{i}", {"policy": "streamingllm"})
+        results[i] = generate(
+            client, prompts[i], n, f"prefill-conc-{i}", {"policy": "streamingllm"}
+        )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -134,7 +176,10 @@ def test_concurrent_long_prompts_share_a_system_prompt_exactly(server_factory, h
         t.join()
     cfg = config("streamingllm", 16)
     for i, out in enumerate(results):
-        assert out["output_ids"] == masked_greedy(hf_eager, prompts[i], n, cfg, rid=f"prefill-conc-{i}")[0], i
+        assert (
+            out["output_ids"]
+            == masked_greedy(hf_eager, prompts[i], n, cfg, rid=f"prefill-conc-{i}")[0]
+        ), i
         assert out["meta_info"]["cached_tokens"] < BUDGET + CHUNK
     assert any(out["meta_info"]["cached_tokens"] > 0 for out in results)
     st = wait_pool_free(client)
@@ -154,10 +199,20 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     prompt, kv = random_ids(300, seed=950), {"policy": "random"}
     first = generate(client, prompt, 8, "neighbour", kv)
     before = client.vtoken_state()
-    r = requests.post(client.base_url + "/generate", timeout=120, json={
-        "rid": SHORTAGE + "prefill", "input_ids": prompt,
-        "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True,
-                            "custom_params": {"kv_evict": kv}}})
+    r = requests.post(
+        client.base_url + "/generate",
+        timeout=120,
+        json={
+            "rid": SHORTAGE + "prefill",
+            "input_ids": prompt,
+            "sampling_params": {
+                "temperature": 0,
+                "max_new_tokens": 8,
+                "ignore_eos": True,
+                "custom_params": {"kv_evict": kv},
+            },
+        },
+    )
     assert r.status_code == 503, r.text[:500]
     assert "no free KV page" in r.text and "prefill_chunk" in r.text
     out = generate(client, random_ids(40, seed=951), 80, SHORTAGE + "decode", kv)
@@ -168,15 +223,23 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     st = wait_pool_free(client)
     assert st["shortage_aborts"] == before["shortage_aborts"] + 1
     assert st["deferred_evictions"] - before["deferred_evictions"] == report["deferred_evictions"]
-    assert shortages_met(before, st) == {"forced:prefill_aborted": 1,
-                                         "forced:eviction_deferred": report["deferred_evictions"]}
-    assert st["running_evicting_requests"] == st["live_tokens"] == st["retained_pages"] == 0  # idle now
+    assert shortages_met(before, st) == {
+        "forced:prefill_aborted": 1,
+        "forced:eviction_deferred": report["deferred_evictions"],
+    }
+    assert (
+        st["running_evicting_requests"] == st["live_tokens"] == st["retained_pages"] == 0
+    )  # idle now
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
 
 
-@pytest.mark.parametrize("page_size,policy,rounds", [(1, "h2o", 1), (16, "streamingllm", 1), (16, "h2o", 2)])
-def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(server_factory, hf_eager, page_size, policy, rounds):
+@pytest.mark.parametrize(
+    "page_size,policy,rounds", [(1, "h2o", 1), (16, "streamingllm", 1), (16, "h2o", 2)]
+)
+def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(
+    server_factory, hf_eager, page_size, policy, rounds
+):
     """A 310-token prompt evicted chunk by chunk with offload + recall 16: its victims go to the
     host store, and the last chunk's first part scores them and brings the best 16 back before
     the rest (and the first output token) is computed (with `recall_rounds` 2: 8, then the
@@ -186,17 +249,36 @@ def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(server_factory,
     client = prefill_server(server_factory, page_size)
     rng = random.Random(77 + page_size)
     window = 16 if policy == "h2o" else 0
-    kv = {"policy": policy, "window": window, "offload": True, "recall": RECALL, "recall_rounds": rounds}
-    cfg = config(policy, page_size, host=HostTier(offload=True, tokens=HOST_TOKENS, recall=RECALL, rounds=rounds))
+    kv = {
+        "policy": policy,
+        "window": window,
+        "offload": True,
+        "recall": RECALL,
+        "recall_rounds": rounds,
+    }
+    cfg = config(
+        policy,
+        page_size,
+        host=HostTier(offload=True, tokens=HOST_TOKENS, recall=RECALL, rounds=rounds),
+    )
     plain_cfg = config(policy, page_size)
-    prompt, n, rid, history, plain_history = random_ids(310, seed=970 + page_size + 100 * rounds), 24, \
-        f"prefill-rc-{page_size}-{rounds}", None, None
+    prompt, n, rid, history, plain_history = (
+        random_ids(310, seed=970 + page_size + 100 * rounds),
+        24,
+        f"prefill-rc-{page_size}-{rounds}",
+        None,
+        None,
+    )
     for k in range(2):
         out = generate(client, prompt, n, f"{rid}-{k}", kv)
         # cached_tokens: the logical prompt tokens not prefilled, the recalled ones included
         assert out["meta_info"]["cached_tokens"] == (len(history[0]) if k else 0), f"turn {k}"
-        expected, _, history = masked_turn(hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history)
-        plain, _, plain_history = masked_turn(hf_eager, prompt, n, plain_cfg, rid=f"{rid}-{k}", history=plain_history)
+        expected, _, history = masked_turn(
+            hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history
+        )
+        plain, _, plain_history = masked_turn(
+            hf_eager, prompt, n, plain_cfg, rid=f"{rid}-{k}", history=plain_history
+        )
         assert out["output_ids"] == expected, f"turn {k}"
         assert plain != expected, f"turn {k}: recall changed nothing"
         report = out["meta_info"]["kv_evict"][0]
@@ -204,7 +286,9 @@ def test_the_last_chunk_recalls_what_the_prefill_evicted_exactly(server_factory,
         assert report["recall_rounds"] == rounds, f"turn {k}"
         evicted = report["prefill_evicted_tokens"]
         assert evicted > 0 and report["offloaded_tokens"] >= evicted, f"turn {k}"
-        assert len(set(report["recalled_positions"])) == RECALL and max(report["recalled_positions"]) < len(prompt)
+        assert len(set(report["recalled_positions"])) == RECALL and max(
+            report["recalled_positions"]
+        ) < len(prompt)
         prompt = prompt + out["output_ids"] + [rng.randrange(10, 2000) for _ in range(100)]
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]

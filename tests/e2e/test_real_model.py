@@ -13,16 +13,20 @@ import time
 
 import pytest
 import torch
-
 from conftest import MEMORY_CHECKS
+
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken_tools.hf_reference import masked_greedy
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("real")]
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
-TOPICS = dict(zip(POLICIES, ["assert", "atom-identifiers", "augassign", "break", "bitwise", "booleans",
-                             "class"]))
+TOPICS = dict(
+    zip(
+        POLICIES,
+        ["assert", "atom-identifiers", "augassign", "break", "bitwise", "booleans", "class"],
+    )
+)
 WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters plus a recent window
 BUDGET, SINK, PROMPT, NEW = 64, 16, 128, 24
 POOL = 2048
@@ -32,18 +36,22 @@ POOL = 2048
 def hf_model(smollm2_model):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(smollm2_model, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        smollm2_model, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 @pytest.fixture(scope="module")
 def prompts(smollm2_model):
     import pydoc_data.topics
+
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_model)
-    out = {p: tok(pydoc_data.topics.topics[t], add_special_tokens=False)["input_ids"][:PROMPT]
-           for p, t in TOPICS.items()}
+    out = {
+        p: tok(pydoc_data.topics.topics[t], add_special_tokens=False)["input_ids"][:PROMPT]
+        for p, t in TOPICS.items()
+    }
     assert all(len(ids) == PROMPT for ids in out.values())
     return out
 
@@ -58,9 +66,11 @@ def kvp_checkpoint(hf_model, prompts, tmp_path_factory):
     scorer = KVPScorer(ModelIdentity.from_hf_config(hf_model.config.to_dict()), hidden=16, seed=0)
     with torch.no_grad():
         cache = hf_model(torch.tensor([prompts["kvp"]]), use_cache=True).past_key_values
-        keys = torch.stack([layer.keys[0] for layer in cache.layers]).permute(2, 0, 1, 3)   # [T, L, H, D]
+        keys = torch.stack([layer.keys[0] for layer in cache.layers]).permute(
+            2, 0, 1, 3
+        )  # [T, L, H, D]
         values = torch.stack([layer.values[0] for layer in cache.layers]).permute(2, 0, 1, 3)
-        x = scorer.features(keys, values, torch.arange(keys.shape[0]))                      # [T, G, F]
+        x = scorer.features(keys, values, torch.arange(keys.shape[0]))  # [T, G, F]
         scorer.feat_mean.copy_(x.mean(0))
         scorer.feat_std.copy_(x.std(0).clamp_min(1e-6))
     return str(save_checkpoint(scorer, tmp_path_factory.mktemp("kvp-smollm2") / "kvp.safetensors"))
@@ -69,12 +79,25 @@ def kvp_checkpoint(hf_model, prompts, tmp_path_factory):
 @pytest.fixture(scope="module", params=[1, 16], ids=lambda ps: f"page{ps}")
 def server(request, server_factory, smollm2_model, kvp_checkpoint):
     """One SmolLM2 server per page size, stopped before the next starts."""
-    extra = ("--kv-evict", "kvp", "--kv-budget", str(BUDGET), "--kv-sink", str(SINK),
-             "--kv-evict-config", json.dumps({"checkpoint": kvp_checkpoint}))
+    extra = (
+        "--kv-evict",
+        "kvp",
+        "--kv-budget",
+        str(BUDGET),
+        "--kv-sink",
+        str(SINK),
+        "--kv-evict-config",
+        json.dumps({"checkpoint": kvp_checkpoint}),
+    )
     # One OpenMP thread: on a busy machine two spin-wait on each other and a decode step of this
     # model takes seconds instead of tens of milliseconds.
-    client = server_factory(page_size=request.param, extra=extra, env={**MEMORY_CHECKS, "OMP_NUM_THREADS": "1"},
-                            pool=POOL, model=smollm2_model)
+    client = server_factory(
+        page_size=request.param,
+        extra=extra,
+        env={**MEMORY_CHECKS, "OMP_NUM_THREADS": "1"},
+        pool=POOL,
+        model=smollm2_model,
+    )
     yield client
     server_factory.stop(client)
 
@@ -87,8 +110,9 @@ def references(hf_model, kvp_checkpoint):
     def get(policy, prompt, rid):
         if policy not in cache:
             params = {"checkpoint": kvp_checkpoint} if policy == "kvp" else {}
-            cfg = EvictConfig(policy=policy, budget=BUDGET, sink=SINK, window=WINDOW.get(policy, 0),
-                              params=params)
+            cfg = EvictConfig(
+                policy=policy, budget=BUDGET, sink=SINK, window=WINDOW.get(policy, 0), params=params
+            )
             cache[policy] = masked_greedy(hf_model, prompt, NEW, cfg, rid=rid)[0]
         return cache[policy]
 
@@ -99,8 +123,9 @@ def generate(client, prompt, rid, kv_evict=None):
     params = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
     if kv_evict is not None:
         params["custom_params"] = {"kv_evict": kv_evict}
-    return client.post("/generate", {"rid": rid, "input_ids": prompt, "sampling_params": params},
-                       timeout=300)
+    return client.post(
+        "/generate", {"rid": rid, "input_ids": prompt, "sampling_params": params}, timeout=300
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -125,8 +150,9 @@ def test_pool_whole_and_checkers_quiet(server):
     """After the cases above, every KV slot is free or reclaimable cache, and SGLang's memory
     checkers (strict busy check, pool debug, page invariants) raised nothing."""
     deadline = time.monotonic() + 30
-    while (st := server.vtoken_state())["pool_available_tokens"] + st["pool_evictable_tokens"] \
-            != st["pool_total_tokens"] and time.monotonic() < deadline:
+    while (st := server.vtoken_state())["pool_available_tokens"] + st[
+        "pool_evictable_tokens"
+    ] != st["pool_total_tokens"] and time.monotonic() < deadline:
         time.sleep(0.5)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert st["evictions"] >= len(POLICIES) * (NEW - 1)

@@ -67,10 +67,16 @@ def test_prefix_cache_hits(server_factory, page_size, expected_cached):
 
 def test_chat_completions_with_cache_report(server_factory):
     oai = openai_client(server_factory(page_size=1))
-    messages = [{"role": "system", "content": "You are a terse assistant. " * 20},
-                {"role": "user", "content": "Name three colours."}]
-    first = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
-    second = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    messages = [
+        {"role": "system", "content": "You are a terse assistant. " * 20},
+        {"role": "user", "content": "Name three colours."},
+    ]
+    first = oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=0
+    )
+    second = oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=0
+    )
     assert first.choices[0].message.role == "assistant"
     assert first.usage.completion_tokens <= 12 and first.usage.prompt_tokens > 100
     assert second.choices[0].message.content == first.choices[0].message.content
@@ -88,8 +94,12 @@ def test_completions(server_factory):
 def test_chat_streaming_equals_non_streaming(server_factory):
     oai = openai_client(server_factory(page_size=1))
     messages = [{"role": "user", "content": "Tell me a story."}]
-    whole = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
-    stream = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0, stream=True)
+    whole = oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=16, temperature=0
+    )
+    stream = oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=16, temperature=0, stream=True
+    )
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert len(pieces) > 1
     assert "".join(pieces) == whole.choices[0].message.content

@@ -6,11 +6,11 @@ view; the prompt is held once however many requests use it."""
 import threading
 
 import pytest
-
 from conftest import MEMORY_CHECKS
-from sgl_vtoken_tools.hf_reference import masked_greedy
-from sgl_vtoken.config import EvictConfig
 from test_eviction import generate, random_ids, wait_pool_free
+
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken_tools.hf_reference import masked_greedy
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("sharing16")]
 
@@ -38,7 +38,9 @@ def test_shared_prefix_leaves_the_view_exactly(client, hf_eager, policy):
     out = generate(client, prompt, 120, f"sharer-{policy}", kv)
     cached = 80 if policy == "h2o" else 96
     assert out["meta_info"]["cached_tokens"] == cached
-    cfg = EvictConfig(policy=policy, budget=64, sink=4, window=window, page_size=PAGE, interval=PAGE)
+    cfg = EvictConfig(
+        policy=policy, budget=64, sink=4, window=window, page_size=PAGE, interval=PAGE
+    )
     expected, _ = masked_greedy(hf_eager, prompt, 120, cfg, rid=f"sharer-{policy}", cached=cached)
     assert out["output_ids"] == expected
     if policy == "h2o":

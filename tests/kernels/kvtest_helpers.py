@@ -20,7 +20,9 @@ def random_bytes(shape, dtype, g: torch.Generator, device) -> torch.Tensor:
     if device.type == "cpu":
         b = torch.randint(0, 256, (nbytes,), generator=g, dtype=torch.uint8)
     else:  # multi-GB GPU pools: draw on the device, seeded from g (still deterministic)
-        gd = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=g)))
+        gd = torch.Generator(device=device).manual_seed(
+            int(torch.randint(0, 2**62, (1,), generator=g))
+        )
         b = torch.randint(0, 256, (nbytes,), generator=gd, dtype=torch.uint8, device=device)
     return b.view(dtype).view(shape)
 

@@ -16,7 +16,9 @@ from kvtest_helpers import page_dense_rows
 from sgl_vtoken.patches import attention as A  # imports SGLang only inside its functions
 from sgl_vtoken.patches import paged_kv as P
 
-needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs SGLang installed")
+needs_sglang = pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None, reason="needs SGLang installed"
+)
 
 
 @pytest.fixture
@@ -63,7 +65,9 @@ def test_as_pages_views_slot_rows_as_pages():
     pk, pv = P.as_pages((k, v), 4)
     assert pk.shape == (3, 4, 2, 3) and pk.data_ptr() == k.data_ptr()
     for slot in range(12):  # page p, offset j holds slot p * 4 + j
-        assert torch.equal(pk[slot // 4, slot % 4], k[slot]) and torch.equal(pv[slot // 4, slot % 4], v[slot])
+        assert torch.equal(pk[slot // 4, slot % 4], k[slot]) and torch.equal(
+            pv[slot // 4, slot % 4], v[slot]
+        )
     assert P.as_pages((k, v), 1) == (k, v)
     with pytest.raises(ValueError, match="12 rows, not a multiple of page_size 5"):
         P.as_pages((k, v), 5)
@@ -162,12 +166,16 @@ def test_decode_plan_uses_page_ids_and_the_real_page_size(graph):
         wrapper, seq_lens, sum(lens), kv_indptr_buf, None, None, seq_lens,
         plan=None, req_pool_indices=rpi,
     )  # fmt: skip
-    (args, kwargs), = wrapper.plans
+    ((args, kwargs),) = wrapper.plans
     indptr, indices, last, hq, hkv, dim, page_size = args
     assert page_size == 4 and (hq, hkv, dim) == (8, 2, 64)
     assert indptr.tolist() == [0, 3, 4, 5] and indptr.data_ptr() == kv_indptr_buf.data_ptr()
     assert last.tolist() == [1, 4, 1] and last.data_ptr() == backend.kv_last_page_len.data_ptr()
-    expected_ids = [table[r, p * page].item() // page for r, n in zip(rpi.tolist(), lens) for p in range(math.ceil(n / page))]
+    expected_ids = [
+        table[r, p * page].item() // page
+        for r, n in zip(rpi.tolist(), lens)
+        for p in range(math.ceil(n / page))
+    ]
     assert indices[:5].tolist() == expected_ids
     if graph:  # written into the capture-stable buffer the graph reads
         assert indices.data_ptr() == wrapper._paged_kv_indices_buf.data_ptr()
@@ -216,25 +224,35 @@ def test_extend_plan_pages_the_prefix_or_the_whole_row(use_ragged):
         ragged, paged, rpi[:2], kv_lens, int(kv_lens.sum()), torch.tensor(seq), torch.tensor(prefix),
         None, torch.zeros(9, dtype=torch.int32), qo_buf, use_ragged, None, plan=None,
     )  # fmt: skip
-    (args, kwargs), = paged.plans
+    ((args, kwargs),) = paged.plans
     qo_indptr, kv_indptr, indices, last, *_, page_size = args
     assert page_size == 4 and qo_indptr.tolist() == [0, 2, 9]  # new tokens: 10-8, 7-0
     if use_ragged:
         assert len(ragged.plans) == 1
-        assert kv_indptr.tolist() == [0, 2, 2] and last.tolist() == [4, 0]  # prefix 8 = 2 full pages
+        assert kv_indptr.tolist() == [0, 2, 2] and last.tolist() == [
+            4,
+            0,
+        ]  # prefix 8 = 2 full pages
     else:
         assert ragged.plans == []
         assert kv_indptr.tolist() == [0, 3, 5] and last.tolist() == [2, 3]
     n = int(kv_indptr[-1])
     rows = [table[r] for r in rpi[:2].tolist()]
-    firsts = [row[p * page].item() // page for row, k in zip(rows, kv_lens.tolist()) for p in range(math.ceil(k / page))]
+    firsts = [
+        row[p * page].item() // page
+        for row, k in zip(rows, kv_lens.tolist())
+        for p in range(math.ceil(k / page))
+    ]
     assert indices[:n].tolist() == firsts
 
 
 @needs_sglang
 @pytest.mark.parametrize(
     "kw,what",
-    [(dict(spec_info=object()), "speculative decoding"), (dict(kv_start_idx=torch.zeros(1)), "sliding-window attention")],
+    [
+        (dict(spec_info=object()), "speculative decoding"),
+        (dict(kv_start_idx=torch.zeros(1)), "sliding-window attention"),
+    ],
 )
 def test_unsupported_features_are_named(kw, what):
     from sgl_vtoken.patches.flashinfer_backend import PagedDecodeUpdater as decode_cls
@@ -265,7 +283,11 @@ def test_gpu_flashinfer_paged_decode_equals_token_level_decode(device, page_size
     table = torch.zeros(len(lens), 1024, dtype=torch.int32)
     for r, row in enumerate(rows):
         table[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
-    table, rpi, seq = table.to(device), torch.arange(len(lens), device=device), torch.tensor(lens, device=device)
+    table, rpi, seq = (
+        table.to(device),
+        torch.arange(len(lens), device=device),
+        torch.tensor(lens, device=device),
+    )
     hq, hkv, dim = 32, 8, 128
     k = torch.randn(num_pages * page_size, hkv, dim, generator=g).to(torch.bfloat16).to(device)
     v = torch.randn(num_pages * page_size, hkv, dim, generator=g).to(torch.bfloat16).to(device)
@@ -275,6 +297,16 @@ def test_gpu_flashinfer_paged_decode_equals_token_level_decode(device, page_size
     for ps in (1, page_size):
         indptr, indices, last = page_indices(table, rpi, seq, ps)
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-        w.plan(indptr, indices, last, hq, hkv, dim, ps, data_type=torch.bfloat16, q_data_type=torch.bfloat16)
+        w.plan(
+            indptr,
+            indices,
+            last,
+            hq,
+            hkv,
+            dim,
+            ps,
+            data_type=torch.bfloat16,
+            q_data_type=torch.bfloat16,
+        )
         outs.append(w.run(q, P.as_pages((k, v), ps)))
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)

@@ -15,7 +15,9 @@ def _batch(bs_lens, hq, hkv, dim, num_slots, g, device, dtype=torch.float32, idx
     """Decode batch with rows on disjoint random slots; returns q, k, kv_indptr, kv_indices."""
     q = torch.randn(len(bs_lens), hq, dim, generator=g).to(dtype).to(device)
     k = torch.randn(num_slots, hkv, dim, generator=g).to(dtype).to(device)
-    indptr = torch.tensor([0] + torch.tensor(bs_lens).cumsum(0).tolist(), dtype=idx_dtype, device=device)
+    indptr = torch.tensor(
+        [0] + torch.tensor(bs_lens).cumsum(0).tolist(), dtype=idx_dtype, device=device
+    )
     idx = torch.randperm(num_slots, generator=g)[: sum(bs_lens)].to(idx_dtype).to(device)
     return q, k, indptr, idx
 
@@ -74,7 +76,9 @@ def test_probabilities_match_an_explicit_softmax(device, impl):
             score_row = score[slots, h // 2].cpu().double()
             # the KV head's score is the sum over its two query heads
             if h % 2 == 0:
-                other = torch.softmax(0.3 * (k[slots, h // 2].cpu() @ q[b, h + 1].cpu()).double(), 0)
+                other = torch.softmax(
+                    0.3 * (k[slots, h // 2].cpu() @ q[b, h + 1].cpu()).double(), 0
+                )
                 torch.testing.assert_close(score_row, probs + other, rtol=1e-5, atol=1e-6)
         # every query head spreads exactly one unit of probability over the row
         assert abs(float(score[slots].sum()) - hq) < 1e-4
@@ -107,7 +111,11 @@ def test_by_entry_matches_reference_and_keeps_shared_slots_apart(device, per_hea
     q = torch.randn(3, hq, dim, generator=g).to(device)
     k = torch.randn(40, hkv, dim, generator=g).to(device)
     shared = torch.randperm(40, generator=g)[:12]
-    rows = [torch.cat([shared[:8], shared[8:9]]), torch.empty(0, dtype=torch.int64), torch.cat([shared[:8], shared[9:]])]
+    rows = [
+        torch.cat([shared[:8], shared[8:9]]),
+        torch.empty(0, dtype=torch.int64),
+        torch.cat([shared[:8], shared[9:]]),
+    ]
     idx = torch.cat(rows).to(device)
     indptr = torch.tensor([0, 9, 9, 20], device=device)
     sm_scale = 0.2
@@ -121,9 +129,18 @@ def test_by_entry_matches_reference_and_keeps_shared_slots_apart(device, per_hea
     for b in (0, 2):  # independent oracle: the row alone, slot-indexed, read back at its slots
         lo, hi = int(indptr[b]), int(indptr[b + 1])
         alone = torch.zeros((40, hkv) if per_head else (40,), device=device)
-        attn_scores_(q[b:b + 1], k, torch.tensor([0, hi - lo], device=device), idx[lo:hi], alone, sm_scale,
-                     impl="torch")
-        torch.testing.assert_close(got[lo:hi], decay * score0[lo:hi] + alone[idx[lo:hi].long()], **TOL)
+        attn_scores_(
+            q[b : b + 1],
+            k,
+            torch.tensor([0, hi - lo], device=device),
+            idx[lo:hi],
+            alone,
+            sm_scale,
+            impl="torch",
+        )
+        torch.testing.assert_close(
+            got[lo:hi], decay * score0[lo:hi] + alone[idx[lo:hi].long()], **TOL
+        )
 
 
 def test_by_entry_writes_a_strided_view(device):
@@ -164,7 +181,9 @@ def test_lse_is_computed_when_not_given(device):
     g = torch.Generator().manual_seed(6)
     q, k, indptr, idx = _batch([13, 40, 2], 4, 4, 48, 64, g, device)
     with_lse, without = torch.zeros(64, device=device), torch.zeros(64, device=device)
-    attn_scores_(q, k, indptr, idx, with_lse, 0.2, lse=attn_lse_ref(q, k, indptr, idx, 0.2), impl="triton")
+    attn_scores_(
+        q, k, indptr, idx, with_lse, 0.2, lse=attn_lse_ref(q, k, indptr, idx, 0.2), impl="triton"
+    )
     attn_scores_(q, k, indptr, idx, without, 0.2, impl="triton")
     torch.testing.assert_close(without, with_lse, **TOL)
 
@@ -172,14 +191,24 @@ def test_lse_is_computed_when_not_given(device):
 @pytest.mark.parametrize(
     "hq,hkv,num_splits,block_n,lse_mode,per_head,decay",
     [
-        (16, 2, 1, None, None, True, 1.0),  # groups of 8, one split: every tile of a row in one program
+        (
+            16,
+            2,
+            1,
+            None,
+            None,
+            True,
+            1.0,
+        ),  # groups of 8, one split: every tile of a row in one program
         (8, 1, 3, 16, "log2", False, 0.0),  # MQA, splits of uneven fill
         (24, 3, 7, 8, None, True, 0.5),  # 24 query heads (padded to 32), 3 KV heads (padded to 4)
         (4, 4, 5, 4, "ln", False, 1.0),  # no grouping, more splits than tiles in short rows
         (12, 4, 2, 32, None, False, 0.0),  # one tile covers a whole split
     ],
 )
-def test_tiles_and_splits_match_reference(device, hq, hkv, num_splits, block_n, lse_mode, per_head, decay):
+def test_tiles_and_splits_match_reference(
+    device, hq, hkv, num_splits, block_n, lse_mode, per_head, decay
+):
     """Rows longer than a tile, split into uneven (and empty) ranges, slots in random order."""
     g = torch.Generator().manual_seed(hq * 10 + num_splits)
     lens = [70, 3, 0, 129, 16]
@@ -190,7 +219,18 @@ def test_tiles_and_splits_match_reference(device, hq, hkv, num_splits, block_n, 
     expected, got = score0.clone(), score0.clone()
     kw = dict(lse=lse, lse_base=lse_mode or "ln", decay=decay)
     attn_scores_ref_(q, k, indptr, idx, expected, sm_scale, **kw)
-    attn_scores_(q, k, indptr, idx, got, sm_scale, impl="triton", num_splits=num_splits, block_n=block_n, **kw)
+    attn_scores_(
+        q,
+        k,
+        indptr,
+        idx,
+        got,
+        sm_scale,
+        impl="triton",
+        num_splits=num_splits,
+        block_n=block_n,
+        **kw,
+    )
     torch.testing.assert_close(got, expected, **TOL)
 
 
@@ -202,8 +242,14 @@ def test_tiles_and_splits_match_reference(device, hq, hkv, num_splits, block_n, 
         (dict(bs=8, hq=32, hkv=8, head_dim=128, elem=2, tokens=2048), (16, 64, 4)),
         (dict(bs=256, hq=32, hkv=8, head_dim=128, elem=2, tokens=4096), (16, 3, 4)),
         (dict(bs=1, hq=32, hkv=8, head_dim=128, elem=2, tokens=32768), (16, 256, 4)),
-        (dict(bs=4, hq=9, hkv=3, head_dim=64, elem=2, tokens=100), (64, 1, 4)),  # SmolLM2: short rows
-        (dict(bs=2, hq=128, hkv=1, head_dim=128, elem=2, tokens=4096), (64, 32, 4)),  # MQA: logits bound
+        (
+            dict(bs=4, hq=9, hkv=3, head_dim=64, elem=2, tokens=100),
+            (64, 1, 4),
+        ),  # SmolLM2: short rows
+        (
+            dict(bs=2, hq=128, hkv=1, head_dim=128, elem=2, tokens=4096),
+            (64, 32, 4),
+        ),  # MQA: logits bound
     ],
 )
 def test_default_launch_parameters(shape, expected):
@@ -234,17 +280,29 @@ def test_offsets_beyond_2_pow_31(device):
     [
         (dict(q=torch.zeros(2, 4, 8, dtype=torch.float64)), "q has dtype torch.float64"),
         (dict(q=torch.zeros(2, 4)), "q must be 3-D"),
-        (dict(k_buffer=torch.zeros(16, 3, 8)), "q has 4 heads, not a multiple of k_buffer's 3 KV heads"),
+        (
+            dict(k_buffer=torch.zeros(16, 3, 8)),
+            "q has 4 heads, not a multiple of k_buffer's 3 KV heads",
+        ),
         (dict(k_buffer=torch.zeros(16, 2, 12)), "k_buffer has head_dim 12 but q has 8"),
         (dict(kv_indptr=torch.tensor([0, 2])), "kv_indptr has 2 entries, expected 3"),
         (dict(kv_indices=torch.zeros(4)), "kv_indices has dtype torch.float32"),
         (dict(score=torch.zeros(16, dtype=torch.float64)), "score has dtype torch.float64"),
-        (dict(score=torch.zeros(15)), r"score must be \[num_slots\]=16 or \[num_slots, Hkv\]=\[16, 2\]"),
-        (dict(score=torch.zeros(16), by_entry=True), r"score must be \[nnz\]=4 or \[nnz, Hkv\]=\[4, 2\]"),
+        (
+            dict(score=torch.zeros(15)),
+            r"score must be \[num_slots\]=16 or \[num_slots, Hkv\]=\[16, 2\]",
+        ),
+        (
+            dict(score=torch.zeros(16), by_entry=True),
+            r"score must be \[nnz\]=4 or \[nnz, Hkv\]=\[4, 2\]",
+        ),
         (dict(lse=torch.zeros(2, 2)), r"lse must be \[bs, Hq\]=\[2, 4\]"),
         (dict(lse_base="e"), "lse_base must be one of"),
         (dict(decay=float("nan")), "decay must be a finite float"),
-        (dict(kv_indices=torch.tensor([0, 1, 2, 16])), r"kv_indices holds slots in \[0, 16\], outside \[0, 16\)"),
+        (
+            dict(kv_indices=torch.tensor([0, 1, 2, 16])),
+            r"kv_indices holds slots in \[0, 16\], outside \[0, 16\)",
+        ),
         (dict(kv_indptr=torch.tensor([0, 3, 2])), "kv_indptr must be non-decreasing"),
         (dict(impl="cuda"), "impl must be one of"),
     ],
@@ -266,7 +324,8 @@ def test_invalid_arguments(change, match):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "per_head,lse_given,decay", [(False, True, 1.0), (True, True, 0.0), (True, False, 1.0), (False, False, 0.5)]
+    "per_head,lse_given,decay",
+    [(False, True, 1.0), (True, True, 0.0), (True, False, 1.0), (False, False, 0.5)],
 )
 def test_gpu_realistic_decode_batch(device, per_head, lse_given, decay):
     """Llama-3.1-8B heads (32 query / 8 KV, head_dim 128, bf16: tensor-core logits), 64 rows of
@@ -279,7 +338,18 @@ def test_gpu_realistic_decode_batch(device, per_head, lse_given, decay):
     score0 = torch.rand(shape, generator=g).to(device)
     expected, got = score0.clone(), score0.clone()
     for t, impl in ((expected, "torch"), (got, "triton")):
-        attn_scores_(q, k, indptr, idx, t, 1 / math.sqrt(128), lse=lse, lse_base="log2", decay=decay, impl=impl)
+        attn_scores_(
+            q,
+            k,
+            indptr,
+            idx,
+            t,
+            1 / math.sqrt(128),
+            lse=lse,
+            lse_base="log2",
+            decay=decay,
+            impl=impl,
+        )
     torch.cuda.synchronize()
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
 

@@ -12,7 +12,9 @@ from sgl_vtoken.kernels._checks import check_moves
 from sgl_vtoken_tools import kernel_bench as bench
 
 # --cpu-smoke runs Triton on CPU tensors: only where the kernels were loaded by the interpreter
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1"
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,11 @@ def test_smoke_run_writes_every_part_and_a_summary(cli, tmp_path):
     host = next(r for r in rows if r.get("part") == "host_overhead")
     assert host["buffers"] == 64 and host["cached_us"] > 0  # Llama-3.1-8B layer count, even on CPU
     scores = [r for r in rows if r["kernel"] == "attn_scores" and "time_us" in r]
-    assert {(r["lse_given"], r["per_head"]) for r in scores} >= {(True, False), (False, False), (True, True)}
+    assert {(r["lse_given"], r["per_head"]) for r in scores} >= {
+        (True, False),
+        (False, False),
+        (True, True),
+    }
     text = cli.summarize(rows)
     assert "repack_kv_ host cost" in text and "sweep" in text and "0 errors" in text
 
@@ -65,4 +71,6 @@ def test_a_failing_measurement_is_recorded_and_the_run_goes_on(cli, tmp_path, mo
     rc = cli.main(["--cpu-smoke", "--parts", "host,page_indices", "--out", str(out)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rc == 1
-    assert rows[0]["error"] == "RuntimeError: boom" and any(r["kernel"] == "page_indices" for r in rows)
+    assert rows[0]["error"] == "RuntimeError: boom" and any(
+        r["kernel"] == "page_indices" for r in rows
+    )

@@ -123,10 +123,22 @@ def test_a_stacked_tensor_is_cached_by_identity(device, counts):
         # Llama-3.1-8B on an H200: whole bf16 heads, 128 moves a chunk, 4 warps (the sweep's best)
         (dict(head_dim=128, elem=2, heads=8, num_layers=32, num_sms=132), (128, 4, 128)),
         (dict(head_dim=128, elem=1, heads=8, num_layers=32, num_sms=132), (256, 4, 128)),  # fp8
-        (dict(head_dim=256, elem=4, heads=8, num_layers=32, num_sms=132), (64, 4, 128)),  # 1 KiB rows: halves
-        (dict(head_dim=64, elem=2, heads=3, num_layers=30, num_sms=132), (256, 4, 64)),  # 128 B rows: whole
-        (dict(head_dim=128, elem=2, heads=1, num_layers=4, num_sms=132), (256, 4, 64)),  # tiny grid: split
-        (dict(head_dim=80, elem=2, heads=8, num_layers=32, num_sms=132), (128, 4, 128)),  # padded head
+        (
+            dict(head_dim=256, elem=4, heads=8, num_layers=32, num_sms=132),
+            (64, 4, 128),
+        ),  # 1 KiB rows: halves
+        (
+            dict(head_dim=64, elem=2, heads=3, num_layers=30, num_sms=132),
+            (256, 4, 64),
+        ),  # 128 B rows: whole
+        (
+            dict(head_dim=128, elem=2, heads=1, num_layers=4, num_sms=132),
+            (256, 4, 64),
+        ),  # tiny grid: split
+        (
+            dict(head_dim=80, elem=2, heads=8, num_layers=32, num_sms=132),
+            (128, 4, 128),
+        ),  # padded head
     ],
 )
 def test_default_launch_parameters(shape, expected):

@@ -102,7 +102,9 @@ def ptx_stats():
     if not os.path.exists(os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")):
         pytest.skip("triton's bundled ptxas is missing")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     return json.loads(line.removeprefix("RESULT"))
@@ -116,7 +118,15 @@ def test_all_kernels_compile_for_sm90_without_spills(ptx_stats):
 
 
 @pytest.mark.parametrize(
-    "name", ["repack_bf16_default", "repack_fp8_default", "repack_d64_default", "repack_bf16", "repack_bf16_split", "repack_fp8"]
+    "name",
+    [
+        "repack_bf16_default",
+        "repack_fp8_default",
+        "repack_d64_default",
+        "repack_bf16",
+        "repack_bf16_split",
+        "repack_fp8",
+    ],
 )
 def test_repack_copies_with_128_bit_accesses_and_chunk_barriers(ptx_stats, name):
     stats = ptx_stats[name]
@@ -137,8 +147,18 @@ def test_scores_accumulate_atomically_only_when_decay_is_one(ptx_stats):
     assert ptx_stats["scores_entry"][r"atom\."] == 0
 
 
-@pytest.mark.parametrize("name", ["scores_00", "scores_11", "scores_lse_pass", "scores_merged_lse", "scores_smollm2",
-                                  "scores_entry", "scores_entry_merged_lse"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "scores_00",
+        "scores_11",
+        "scores_lse_pass",
+        "scores_merged_lse",
+        "scores_smollm2",
+        "scores_entry",
+        "scores_entry_merged_lse",
+    ],
+)
 def test_score_logits_use_tensor_cores_and_async_copies(ptx_stats, name):
     """16-bit K: logits by mma/wgmma, K tiles gathered by cp.async into shared memory (pipelined)."""
     assert ptx_stats[name][r"mma"] > 0, ptx_stats[name]

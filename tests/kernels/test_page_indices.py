@@ -32,7 +32,7 @@ def test_matches_reference(device, page_size, bs, idx_dtype):
         lens[i] = n
     table, rpi, sl = _table(page_size, lens, bs + 3, 96, g)
     expected = page_indices_ref(table, rpi, sl, page_size)
-    table_d, = _to(device, table)
+    (table_d,) = _to(device, table)
     rpi_d, sl_d = _to(device, rpi, sl, dtype=idx_dtype)
     got = page_indices(table_d, rpi_d, sl_d, page_size, impl="triton", check=True)
     for name, a, b in zip(("kv_indptr", "kv_indices", "kv_last_page_len"), got, expected):
@@ -62,7 +62,9 @@ def test_page_ids_address_every_token_slot(device, page_size):
     g = torch.Generator().manual_seed(3)
     lens = [1, page_size, page_size + 1, 70, 33]
     table, rpi, sl = _table(page_size, lens, 8, 80, g, dtype=torch.int64)
-    indptr, ids, last = (t.cpu() for t in page_indices(*_to(device, table, rpi, sl), page_size, impl="triton"))
+    indptr, ids, last = (
+        t.cpu() for t in page_indices(*_to(device, table, rpi, sl), page_size, impl="triton")
+    )
     for b, (r, n) in enumerate(zip(rpi.tolist(), lens)):
         i = torch.arange(n)
         slots = ids[indptr[b] + i // page_size].long() * page_size + i % page_size
@@ -93,8 +95,16 @@ def test_preallocated_output_buffer(device):
 
 def test_too_small_output_buffer_is_refused_without_a_sync():
     table = torch.arange(32, dtype=torch.int32).view(4, 8)
-    with pytest.raises(ValueError, match="kv_indices_out holds 1 entries but the batch has 2 pages"):
-        page_indices(table, torch.tensor([0, 1]), torch.tensor([4, 3]), 4, kv_indices_out=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(
+        ValueError, match="kv_indices_out holds 1 entries but the batch has 2 pages"
+    ):
+        page_indices(
+            table,
+            torch.tensor([0, 1]),
+            torch.tensor([4, 3]),
+            4,
+            kv_indices_out=torch.zeros(1, dtype=torch.int32),
+        )
 
 
 def test_empty_batch(device):
@@ -112,10 +122,22 @@ def test_empty_batch(device):
         (dict(req_to_token=torch.zeros(4, 8)), "req_to_token has dtype torch.float32"),
         (dict(req_to_token=torch.zeros(8, dtype=torch.int32)), "req_to_token must be 2-D"),
         (dict(seq_lens=torch.tensor([1])), "seq_lens has 1 entries, expected 2"),
-        (dict(req_pool_indices=torch.tensor([0, 4])), r"req_pool_indices holds rows in \[0, 4\], outside \[0, 4\)"),
-        (dict(seq_lens=torch.tensor([4, 9])), r"seq_lens holds lengths in \[4, 9\], outside \[0, 8\]"),
-        (dict(kv_indices_out=torch.zeros(1, dtype=torch.int32)), "kv_indices_out holds 1 entries but the batch has 2 pages"),
-        (dict(kv_indices_out=torch.zeros(4, dtype=torch.int64)), "kv_indices_out has dtype torch.int64"),
+        (
+            dict(req_pool_indices=torch.tensor([0, 4])),
+            r"req_pool_indices holds rows in \[0, 4\], outside \[0, 4\)",
+        ),
+        (
+            dict(seq_lens=torch.tensor([4, 9])),
+            r"seq_lens holds lengths in \[4, 9\], outside \[0, 8\]",
+        ),
+        (
+            dict(kv_indices_out=torch.zeros(1, dtype=torch.int32)),
+            "kv_indices_out holds 1 entries but the batch has 2 pages",
+        ),
+        (
+            dict(kv_indices_out=torch.zeros(4, dtype=torch.int64)),
+            "kv_indices_out has dtype torch.int64",
+        ),
         (dict(impl="gpu"), "impl must be one of"),
     ],
 )

@@ -22,7 +22,14 @@ COPY_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn
 def _run_both(keys, values, src, dst, **kw):
     """Reference on clones, Triton in place; returns (expected K, expected V)."""
     k_exp, v_exp = [t.clone() for t in keys], [t.clone() for t in values]
-    repack_kv_(k_exp, v_exp, src, dst, impl="torch", **{k: v for k, v in kw.items() if k in ("rope", "check")})
+    repack_kv_(
+        k_exp,
+        v_exp,
+        src,
+        dst,
+        impl="torch",
+        **{k: v for k, v in kw.items() if k in ("rope", "check")},
+    )
     repack_kv_(keys, values, src, dst, impl="triton", **kw)
     return k_exp, v_exp
 
@@ -107,7 +114,14 @@ def test_column_split_matches_reference(device, col_block):
 def test_col_block_must_be_a_power_of_two(device):
     k, v = _bufs(device), _bufs(device)
     with pytest.raises(ValueError, match="col_block must be a power of 2, got 24"):
-        repack_kv_(k, v, torch.tensor([1], device=device), torch.tensor([2], device=device), impl="triton", col_block=24)
+        repack_kv_(
+            k,
+            v,
+            torch.tensor([1], device=device),
+            torch.tensor([2], device=device),
+            impl="triton",
+            col_block=24,
+        )
 
 
 def test_compaction_reference_keeps_kept_tokens_in_row_order(device):
@@ -119,7 +133,13 @@ def test_compaction_reference_keeps_kept_tokens_in_row_order(device):
     keys = random_layers(1, 32, 1, 8, torch.float32, g, device)
     values = random_layers(1, 32, 1, 8, torch.float32, g, device)
     before = raw(keys[0]).clone()
-    repack_kv_(keys, values, torch.tensor(src, device=device), torch.tensor(dst, device=device), impl="triton")
+    repack_kv_(
+        keys,
+        values,
+        torch.tensor(src, device=device),
+        torch.tensor(dst, device=device),
+        impl="triton",
+    )
     kept_slots = [s for s, k in zip(rows[0], keep) if k]
     for k, slot in enumerate(kept_slots):
         assert torch.equal(raw(keys[0])[rows[0][k]], before[slot])
@@ -142,7 +162,10 @@ def test_stacked_tensor_and_head_dim_slice_views(device):
     g = torch.Generator().manual_seed(1)
     full_k = random_bytes((3, 64, 4, 160), torch.bfloat16, g, device)
     full_v = random_bytes((3, 64, 4, 160), torch.bfloat16, g, device)
-    k, v = full_k[:, ::2, :, :100], full_v[:, ::2, :, :100]  # [3, 32, 4, 100], strides (.., 1280, 160, 1)
+    k, v = (
+        full_k[:, ::2, :, :100],
+        full_v[:, ::2, :, :100],
+    )  # [3, 32, 4, 100], strides (.., 1280, 160, 1)
     src, dst = disjoint_moves(32, 9, torch.int64, g, device)
     fk_exp, fv_exp = full_k.clone(), full_v.clone()
     repack_kv_(fk_exp[:, ::2, :, :100], fv_exp[:, ::2, :, :100], src, dst, impl="torch")
@@ -274,44 +297,92 @@ def _bufs(device, n=2, **kw):
         (lambda d: dict(impl="cuda"), "impl must be one of"),
         (lambda d: dict(k_buffers=[]), "k_buffers is empty"),
         (lambda d: dict(v_buffers=_bufs(d, 3)), "k_buffers has 2 layers but v_buffers has 3"),
-        (lambda d: dict(k_buffers=[_bufs(d)[0], torch.zeros(16, 2, 9, dtype=torch.float16, device=d)]), r"k_buffers\[1\] has shape"),
-        (lambda d: dict(k_buffers=_bufs(d, dtype=torch.float64)), r"k_buffers\[0\] has dtype torch.float64"),
-        (lambda d: dict(k_buffers=[t.transpose(1, 2) for t in _bufs(d, shape=(16, 8, 2))]), "contiguous last dimension"),
+        (
+            lambda d: dict(
+                k_buffers=[_bufs(d)[0], torch.zeros(16, 2, 9, dtype=torch.float16, device=d)]
+            ),
+            r"k_buffers\[1\] has shape",
+        ),
+        (
+            lambda d: dict(k_buffers=_bufs(d, dtype=torch.float64)),
+            r"k_buffers\[0\] has dtype torch.float64",
+        ),
+        (
+            lambda d: dict(k_buffers=[t.transpose(1, 2) for t in _bufs(d, shape=(16, 8, 2))]),
+            "contiguous last dimension",
+        ),
         (lambda d: dict(v_buffers=_bufs(d, shape=(15, 2, 8))), "v_buffers hold 15 slots"),
-        (lambda d: dict(src=torch.zeros(2, dtype=torch.int16, device=d)), "src has dtype torch.int16"),
-        (lambda d: dict(dst=torch.zeros(3, dtype=torch.int64, device=d)), "dst has 3 entries, expected 2"),
+        (
+            lambda d: dict(src=torch.zeros(2, dtype=torch.int16, device=d)),
+            "src has dtype torch.int16",
+        ),
+        (
+            lambda d: dict(dst=torch.zeros(3, dtype=torch.int64, device=d)),
+            "dst has 3 entries, expected 2",
+        ),
         (lambda d: dict(src=torch.zeros(1, 2, dtype=torch.int64, device=d)), "src must be 1-D"),
-        (lambda d: dict(src=torch.tensor([3, 16], device=d), check=True), r"src holds slot ids in \[3, 16\]"),
+        (
+            lambda d: dict(src=torch.tensor([3, 16], device=d), check=True),
+            r"src holds slot ids in \[3, 16\]",
+        ),
         (lambda d: dict(dst=torch.tensor([4, 4], device=d), check=True), "dst repeats a slot"),
-        (lambda d: dict(src=torch.tensor([1, 5], device=d), dst=torch.tensor([5, 2], device=d), check=True), "move 1 reads slot 5"),
+        (
+            lambda d: dict(
+                src=torch.tensor([1, 5], device=d), dst=torch.tensor([5, 2], device=d), check=True
+            ),
+            "move 1 reads slot 5",
+        ),
     ],
 )
 def test_invalid_arguments_name_the_argument(device, make, match):
-    args = dict(k_buffers=_bufs(device), v_buffers=_bufs(device), src=torch.tensor([1, 2], device=device), dst=torch.tensor([3, 4], device=device))
+    args = dict(
+        k_buffers=_bufs(device),
+        v_buffers=_bufs(device),
+        src=torch.tensor([1, 2], device=device),
+        dst=torch.tensor([3, 4], device=device),
+    )
     args.update(make(device))
     with pytest.raises(ValueError, match=match):
-        repack_kv_(args.pop("k_buffers"), args.pop("v_buffers"), args.pop("src"), args.pop("dst"), **args)
+        repack_kv_(
+            args.pop("k_buffers"), args.pop("v_buffers"), args.pop("src"), args.pop("dst"), **args
+        )
 
 
 def test_aliased_buffers_are_rejected_for_triton(device):
     """Programs write different buffers concurrently, so buffers sharing bytes are refused."""
     one = torch.tensor([1], device=device)
     k = _bufs(device)
-    with pytest.raises(ValueError, match=r"k_buffers\[(\d)\] and v_buffers\[\1\] overlap in memory"):
+    with pytest.raises(
+        ValueError, match=r"k_buffers\[(\d)\] and v_buffers\[\1\] overlap in memory"
+    ):
         repack_kv_(k, k, one, one + 1, impl="triton")
     wide = [torch.zeros(16, 3, 8, dtype=torch.float16, device=device) for _ in range(2)]
     with pytest.raises(ValueError, match=r"overlap in memory"):  # heads 0-1 vs heads 1-2
-        repack_kv_([t[:, 0:2] for t in wide], [t[:, 1:3] for t in wide], one, one + 1, impl="triton")
+        repack_kv_(
+            [t[:, 0:2] for t in wide], [t[:, 1:3] for t in wide], one, one + 1, impl="triton"
+        )
 
 
 @pytest.mark.parametrize(
     "rope_kw,dtype,match",
     [
         (dict(cs=rope_cache(8, 6)), torch.float8_e4m3fn, r"k_buffers\[0\] \(with rope\) has dtype"),
-        (dict(cs=rope_cache(8, 10)), torch.float16, r"rot_dim 10; it must be even and in \[2, head_dim=8\]"),
+        (
+            dict(cs=rope_cache(8, 10)),
+            torch.float16,
+            r"rot_dim 10; it must be even and in \[2, head_dim=8\]",
+        ),
         (dict(cs=rope_cache(8, 6)[:, :5]), torch.float16, "rot_dim 5"),
-        (dict(cs=rope_cache(8, 6), delta=torch.tensor([1, 2, 3])), torch.float16, "rope.delta has 3 entries"),
-        (dict(cs=rope_cache(4, 6), delta=torch.tensor([1, -4])), torch.float16, r"rope.delta reaches \|4\|"),
+        (
+            dict(cs=rope_cache(8, 6), delta=torch.tensor([1, 2, 3])),
+            torch.float16,
+            "rope.delta has 3 entries",
+        ),
+        (
+            dict(cs=rope_cache(4, 6), delta=torch.tensor([1, -4])),
+            torch.float16,
+            r"rope.delta reaches \|4\|",
+        ),
     ],
 )
 def test_invalid_rope_arguments(device, rope_kw, dtype, match):
@@ -319,7 +390,14 @@ def test_invalid_rope_arguments(device, rope_kw, dtype, match):
     delta = rope_kw.get("delta", torch.tensor([1, -1])).to(device)
     rope = RopeShift(delta, rope_kw["cs"].to(device))
     with pytest.raises(ValueError, match=match):
-        repack_kv_(k, v, torch.tensor([1, 2], device=device), torch.tensor([3, 4], device=device), rope=rope, check=True)
+        repack_kv_(
+            k,
+            v,
+            torch.tensor([1, 2], device=device),
+            torch.tensor([3, 4], device=device),
+            rope=rope,
+            check=True,
+        )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """EvictConfig: validation names the field and range; JSON round-trip is exact."""
 
+import dataclasses
 import json
 
 import pytest
@@ -13,12 +14,25 @@ def test_disabled_default_needs_no_budget():
     assert not cfg.should_evict(10**9)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(policy="h2o", budget=64, sink=4, window=16, interval=8, page_size=16, seed=7,
-         aggregation="max", params={}, reclaim="naive"),
-    dict(policy="scissorhands", budget=100, params={"history": 16, "threshold": 0.5}),
-    dict(policy="none"),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(
+            policy="h2o",
+            budget=64,
+            sink=4,
+            window=16,
+            interval=8,
+            page_size=16,
+            seed=7,
+            aggregation="max",
+            params={},
+            reclaim="naive",
+        ),
+        dict(policy="scissorhands", budget=100, params={"history": 16, "threshold": 0.5}),
+        dict(policy="none"),
+    ],
+)
 def test_json_round_trip(kwargs):
     cfg = EvictConfig.from_dict(kwargs)
     text = cfg.to_json()
@@ -47,21 +61,36 @@ def test_budget_required_when_enabled():
         EvictConfig(policy="h2o")
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("policy", "lru", r"EvictConfig.policy must be one of \['none', 'h2o', 'knorm', 'kvp', 'random', "
-                      r"'scissorhands', 'streamingllm', 'tova'\]"),
-    ("reclaim", "eager", r"EvictConfig.reclaim must be one of \['vtoken', 'naive'\]"),
-    ("aggregation", "mean", r"EvictConfig.aggregation must be one of \['sum', 'max'\] or null"),
-    ("score_layers", "lower", r"EvictConfig.score_layers must be \"upper\", \"all\" \(or null\) or a non-empty"),
-    ("score_layers", [], r"EvictConfig.score_layers must be"),
-    ("interval", 0, r"EvictConfig.interval must be >= 1"),
-    ("page_size", 0, r"EvictConfig.page_size must be >= 1"),
-    ("sink", -1, r"EvictConfig.sink must be >= 0"),
-    ("window", 1.5, r"EvictConfig.window must be an integer"),
-    ("seed", 2**32, r"EvictConfig.seed must be in \[0, 4294967295\]"),
-    ("prefill_chunk", 0, r"EvictConfig.prefill_chunk must be >= 1"),
-    ("prefill_chunk", 1, r"EvictConfig.prefill_chunk must be a multiple of page_size 1 and > interval 1"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        (
+            "policy",
+            "lru",
+            r"EvictConfig.policy must be one of \['none', 'h2o', 'knorm', 'kvp', 'random', "
+            r"'scissorhands', 'streamingllm', 'tova'\]",
+        ),
+        ("reclaim", "eager", r"EvictConfig.reclaim must be one of \['vtoken', 'naive'\]"),
+        ("aggregation", "mean", r"EvictConfig.aggregation must be one of \['sum', 'max'\] or null"),
+        (
+            "score_layers",
+            "lower",
+            r"EvictConfig.score_layers must be \"upper\", \"all\" \(or null\) or a non-empty",
+        ),
+        ("score_layers", [], r"EvictConfig.score_layers must be"),
+        ("interval", 0, r"EvictConfig.interval must be >= 1"),
+        ("page_size", 0, r"EvictConfig.page_size must be >= 1"),
+        ("sink", -1, r"EvictConfig.sink must be >= 0"),
+        ("window", 1.5, r"EvictConfig.window must be an integer"),
+        ("seed", 2**32, r"EvictConfig.seed must be in \[0, 4294967295\]"),
+        ("prefill_chunk", 0, r"EvictConfig.prefill_chunk must be >= 1"),
+        (
+            "prefill_chunk",
+            1,
+            r"EvictConfig.prefill_chunk must be a multiple of page_size 1 and > interval 1",
+        ),
+    ],
+)
 def test_errors_name_field_and_allowed_values(field, value, match):
     kwargs = dict(policy="scissorhands", budget=64)
     kwargs[field] = value
@@ -69,10 +98,13 @@ def test_errors_name_field_and_allowed_values(field, value, match):
         EvictConfig.from_dict(kwargs)
 
 
-@pytest.mark.parametrize("params,match", [
-    ({"history": 99}, r"EvictConfig.params .* history must be an integer in \[1, 62\]"),
-    ({"nope": 1}, r"EvictConfig.params .*unexpected keyword argument 'nope'"),
-])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        ({"history": 99}, r"EvictConfig.params .* history must be an integer in \[1, 62\]"),
+        ({"nope": 1}, r"EvictConfig.params .*unexpected keyword argument 'nope'"),
+    ],
+)
 def test_params_are_checked_by_building_the_policy(params, match):
     cfg = EvictConfig(policy="scissorhands", budget=64, params=params)  # fields only
     with pytest.raises(ValueError, match=match):
@@ -80,17 +112,38 @@ def test_params_are_checked_by_building_the_policy(params, match):
 
 
 def test_groups_hold_the_flat_keys():
-    flat = {"policy": "h2o", "budget": 64, "aggregation": "max", "obs_window": 8, "score_layers": [3, 1],
-            "reuse_history": False, "prefill_chunk": 32, "recall_pool": 3}
+    flat = {
+        "policy": "h2o",
+        "budget": 64,
+        "aggregation": "max",
+        "obs_window": 8,
+        "score_layers": [3, 1],
+        "reuse_history": False,
+        "prefill_chunk": 32,
+        "recall_pool": 3,
+    }
     cfg = EvictConfig.from_dict(flat)
     assert cfg.scoring == Scoring(aggregation="max", obs_window=8, score_layers=(1, 3))
-    assert cfg.prefill == Prefill(chunk=32) and cfg.history.reuse is False and cfg.host == HostTier(pool=3)
+    assert (
+        cfg.prefill == Prefill(chunk=32)
+        and cfg.history.reuse is False
+        and cfg.host == HostTier(pool=3)
+    )
     assert {k: cfg.to_dict()[k] for k in flat} == {**flat, "score_layers": [1, 3]}
-    assert EvictConfig.from_dict({"policy": "h2o", "budget": 64, "prefill": {"chunk": 32}}).prefill.chunk == 32
-    assert EvictConfig.from_dict({"policy": "h2o", "budget": 64, "host": HostTier(pool=3)}).host.pool == 3
+    assert (
+        EvictConfig.from_dict(
+            {"policy": "h2o", "budget": 64, "prefill": {"chunk": 32}}
+        ).prefill.chunk
+        == 32
+    )
+    assert (
+        EvictConfig.from_dict({"policy": "h2o", "budget": 64, "host": HostTier(pool=3)}).host.pool
+        == 3
+    )
     # the radix namespace of stored histories reads the groups as it read the flat fields
-    assert cfg.history_namespace() == ("vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):c32"
-                                       ":off0:r0:rp3:rg8:rr4:{}")
+    assert cfg.history_namespace() == (
+        "vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):c32:off0:r0:rp3:rg8:rr4:{}"
+    )
 
 
 def test_scoring_defaults_resolve_against_the_model():
@@ -101,8 +154,12 @@ def test_scoring_defaults_resolve_against_the_model():
     assert cfg.scoring.layer_ids(3) == (1, 2) and cfg.scoring.layer_ids(1) == (0,)
     assert "aggregation" not in cfg.policy_kwargs() and policy_from_config(cfg).aggregation == "max"
     assert policy_from_config(EvictConfig(policy="tova", budget=64)).aggregation == "sum"
-    assert policy_from_config(EvictConfig.from_dict(
-        {"policy": "h2o", "budget": 64, "aggregation": "sum"})).aggregation == "sum"
+    assert (
+        policy_from_config(
+            EvictConfig.from_dict({"policy": "h2o", "budget": 64, "aggregation": "sum"})
+        ).aggregation
+        == "sum"
+    )
     every = EvictConfig.from_dict({"policy": "h2o", "budget": 64, "score_layers": "all"})
     assert every.scoring.score_layers is None and every.scoring.layer_ids(30) is None
     assert Scoring(score_layers=[4, 2]).layer_ids(30) == (2, 4)
@@ -116,8 +173,15 @@ def test_from_dict_rejects_unknown_keys_listing_fields():
     with pytest.raises(ValueError, match=r"no field\(s\) \['kv_budget'\]; allowed: \['policy'"):
         EvictConfig.from_dict({"kv_budget": 3})
     # settings the server never honoured are unknown fields, not silently accepted ones
-    for name, value in (("trigger", "fragmentation"), ("frag_threshold", 0.25), ("free_watermark", 0.1)):
-        with pytest.raises(ValueError, match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall', 'recall_pool', 'recall_gap', 'recall_rounds'\]"):
+    for name, value in (
+        ("trigger", "fragmentation"),
+        ("frag_threshold", 0.25),
+        ("free_watermark", 0.1),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall', 'recall_pool', 'recall_gap', 'recall_rounds'\]",
+        ):
             EvictConfig.from_dict({"policy": "none", name: value})
     with pytest.raises(ValueError, match="malformed"):
         EvictConfig.from_json("{policy:")
@@ -129,7 +193,9 @@ def test_interval_hysteresis():
     every_step = EvictConfig(policy="streamingllm", budget=10, interval=1)
     assert [every_step.should_evict(n) for n in (10, 11)] == [False, True]
     assert cfg.decode_peak == 10 + 3 + 1
-    assert EvictConfig(policy="streamingllm", budget=64, interval=16, page_size=16).decode_peak == 96
+    assert (
+        EvictConfig(policy="streamingllm", budget=64, interval=16, page_size=16).decode_peak == 96
+    )
 
 
 def test_policy_kwargs_pass_seed_only_to_seeded_policies():
@@ -139,7 +205,7 @@ def test_policy_kwargs_pass_seed_only_to_seeded_policies():
 
 def test_config_is_frozen_and_params_immutable():
     cfg = EvictConfig(policy="scissorhands", budget=64, params={"history": 8})
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.budget = 3
     with pytest.raises(TypeError):
         cfg.params["history"] = 9
@@ -147,39 +213,76 @@ def test_config_is_frozen_and_params_immutable():
 
 def test_history_namespace_names_every_setting_that_changes_the_kv():
     base = EvictConfig(policy="streamingllm", budget=64)
-    others = [EvictConfig(policy="random", budget=64), EvictConfig(policy="streamingllm", budget=65),
-              EvictConfig(policy="streamingllm", budget=64, sink=8),
-              EvictConfig(policy="streamingllm", budget=64, window=4),
-              EvictConfig(policy="streamingllm", budget=64, interval=2),
-              EvictConfig(policy="streamingllm", budget=64, prefill=Prefill(chunk=32))]
+    others = [
+        EvictConfig(policy="random", budget=64),
+        EvictConfig(policy="streamingllm", budget=65),
+        EvictConfig(policy="streamingllm", budget=64, sink=8),
+        EvictConfig(policy="streamingllm", budget=64, window=4),
+        EvictConfig(policy="streamingllm", budget=64, interval=2),
+        EvictConfig(policy="streamingllm", budget=64, prefill=Prefill(chunk=32)),
+    ]
     assert len({base.history_namespace(), *(c.history_namespace() for c in others)}) == 7
-    assert base.history_namespace() == EvictConfig(policy="streamingllm", budget=64).history_namespace()
+    assert (
+        base.history_namespace()
+        == EvictConfig(policy="streamingllm", budget=64).history_namespace()
+    )
     with pytest.raises(ValueError, match="reuse_history must be true or false"):
         EvictConfig.from_dict(dict(policy="streamingllm", budget=64, reuse_history="yes"))
 
 
 def test_prefill_chunk_ends_chunks_on_whole_pages():
-    cfg = EvictConfig.from_dict(dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=32))
-    assert cfg.prefill_peak == 96 and EvictConfig(policy="streamingllm", budget=64).prefill_peak is None
-    with pytest.raises(ValueError, match=r"prefill_chunk must be a multiple of page_size 16 and > interval 1 \(got 24\)"):
-        EvictConfig.from_dict(dict(policy="streamingllm", budget=64, page_size=16, prefill_chunk=24))
-    with pytest.raises(ValueError, match=r"prefill_chunk must be a multiple of page_size 16 and > interval 16 \(got 16\)"):
-        EvictConfig.from_dict(dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=16))
-    with pytest.raises(ValueError, match=r"budget must be a multiple of page_size 16 with prefill_chunk \(got 72\)"):
-        EvictConfig.from_dict(dict(policy="streamingllm", budget=72, page_size=16, prefill_chunk=32))
+    cfg = EvictConfig.from_dict(
+        dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=32)
+    )
+    assert (
+        cfg.prefill_peak == 96
+        and EvictConfig(policy="streamingllm", budget=64).prefill_peak is None
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"prefill_chunk must be a multiple of page_size 16 and > interval 1 \(got 24\)",
+    ):
+        EvictConfig.from_dict(
+            dict(policy="streamingllm", budget=64, page_size=16, prefill_chunk=24)
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"prefill_chunk must be a multiple of page_size 16 and > interval 16 \(got 16\)",
+    ):
+        EvictConfig.from_dict(
+            dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=16)
+        )
+    with pytest.raises(
+        ValueError, match=r"budget must be a multiple of page_size 16 with prefill_chunk \(got 72\)"
+    ):
+        EvictConfig.from_dict(
+            dict(policy="streamingllm", budget=72, page_size=16, prefill_chunk=32)
+        )
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(recall=8), "recall 8 needs offload"),
-    (dict(offload=True), "offload needs host_tokens >= 1"),
-    (dict(offload=True, host_tokens=100, page_size=16, budget=64, reclaim="naive"), "offload needs reclaim 'vtoken'"),
-    (dict(offload=True, host_tokens=100, recall=61), "recall must leave room in the budget"),
-    (dict(offload="yes", host_tokens=100), "offload must be true or false"),
-    (dict(offload=True, host_tokens=100, recall=8, recall_pool=4), "recall_pool must be odd"),
-    (dict(offload=True, host_tokens=100, recall=8, recall_gap=-1), "recall_gap must be >= 0"),
-    (dict(offload=True, host_tokens=100, recall=8, recall_rounds=0), "recall_rounds must be >= 1"),
-    (dict(offload=True, host_tokens=100, recall=8, recall_rounds=1.5), "recall_rounds must be an integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(recall=8), "recall 8 needs offload"),
+        (dict(offload=True), "offload needs host_tokens >= 1"),
+        (
+            dict(offload=True, host_tokens=100, page_size=16, budget=64, reclaim="naive"),
+            "offload needs reclaim 'vtoken'",
+        ),
+        (dict(offload=True, host_tokens=100, recall=61), "recall must leave room in the budget"),
+        (dict(offload="yes", host_tokens=100), "offload must be true or false"),
+        (dict(offload=True, host_tokens=100, recall=8, recall_pool=4), "recall_pool must be odd"),
+        (dict(offload=True, host_tokens=100, recall=8, recall_gap=-1), "recall_gap must be >= 0"),
+        (
+            dict(offload=True, host_tokens=100, recall=8, recall_rounds=0),
+            "recall_rounds must be >= 1",
+        ),
+        (
+            dict(offload=True, host_tokens=100, recall=8, recall_rounds=1.5),
+            "recall_rounds must be an integer",
+        ),
+    ],
+)
 def test_offload_settings_are_validated_naming_the_field(kwargs, needle):
     base = dict(policy="streamingllm", budget=64, sink=4)
     with pytest.raises(ValueError, match=needle):

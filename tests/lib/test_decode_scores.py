@@ -19,7 +19,7 @@ def _setup(seed=0):
     q = [torch.randn(5, HQ, DIM, generator=g) for _ in range(LAYERS)]  # 5 requests in the forward
     req_to_token = torch.zeros(6, 32, dtype=torch.int32)
     shared = torch.randperm(SLOTS, generator=g)[:10]
-    req_to_token[1, :10] = shared                        # rows 1 and 4 share their first 7 slots
+    req_to_token[1, :10] = shared  # rows 1 and 4 share their first 7 slots
     req_to_token[4, :7] = shared[:7]
     req_to_token[4, 7:12] = torch.arange(50, 55)
     req_to_token[2, :3] = torch.tensor([60, 61, 62])
@@ -28,7 +28,9 @@ def _setup(seed=0):
 
 def _expected(q, k, req_to_token, row, n, scale):
     """``[n, HKV]`` probabilities of one query over its row, summed per KV head's group."""
-    p = window_probs(q[None], k[req_to_token[row, :n].long()], torch.tensor([n]), scale)[0]  # [HQ, n]
+    p = window_probs(q[None], k[req_to_token[row, :n].long()], torch.tensor([n]), scale)[
+        0
+    ]  # [HQ, n]
     return p.view(HKV, HQ // HKV, n).sum(1).t()
 
 
@@ -40,17 +42,30 @@ def test_batch_scores_equal_each_request_alone(offer_lse, monkeypatch):
     k, q, req_to_token = _setup()
     calls = []
     real = ds.attn_scores_
-    monkeypatch.setattr(ds, "attn_scores_", lambda *a, **kw: calls.append(kw["lse"] is not None) or real(*a, **kw))
+    monkeypatch.setattr(
+        ds, "attn_scores_", lambda *a, **kw: calls.append(kw["lse"] is not None) or real(*a, **kw)
+    )
     q_rows, rows, lengths, layers = [0, 2, 3], [1, 4, 2], [10, 12, 3], [None, None, (2,)]
     scoring = DecodeScoring(q_rows, rows, lengths, layers, LAYERS, HKV, "cpu")
     scale = 1 / math.sqrt(DIM)
     for layer in range(LAYERS):
         assert scoring.scores(layer)
         if offer_lse:  # what FlashInfer returns (base 2), for every query of the forward
-            lse = torch.stack([torch.logsumexp(scale * (k[layer][req_to_token[r, :n].long()].repeat_interleave(2, 1)
-                                                         * q[layer][i][None]).sum(-1), 0)
-                               if i in q_rows else torch.zeros(HQ)
-                               for i, (r, n) in enumerate(zip([1, 0, 4, 2, 0], [10, 1, 12, 3, 1]))]) / math.log(2)
+            lse = torch.stack(
+                [
+                    torch.logsumexp(
+                        scale
+                        * (
+                            k[layer][req_to_token[r, :n].long()].repeat_interleave(2, 1)
+                            * q[layer][i][None]
+                        ).sum(-1),
+                        0,
+                    )
+                    if i in q_rows
+                    else torch.zeros(HQ)
+                    for i, (r, n) in enumerate(zip([1, 0, 4, 2, 0], [10, 1, 12, 3, 1]))
+                ]
+            ) / math.log(2)
             scoring.offer_lse(layer, lse, "log2")
         scoring.score(layer, q[layer], k[layer], req_to_token, scale)
     assert calls == [offer_lse] * LAYERS  # one launch per layer

@@ -5,9 +5,9 @@ import torch
 
 from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, load_checkpoint, load_scorer, save_checkpoint
-from sgl_vtoken_tools.kvp_train import Traces, evaluate, normalized_reward, ranking_loss, train
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.types import TokenView
+from sgl_vtoken_tools.kvp_train import Traces, evaluate, normalized_reward, ranking_loss, train
 
 IDT = ModelIdentity("llama", num_layers=2, num_kv_heads=2, head_dim=8)
 
@@ -44,14 +44,22 @@ def test_checkpoint_round_trip_is_byte_identical(tmp_path):
     loaded = load_checkpoint(a)
     k, v = rand_kv(7)
     assert loaded.identity == IDT and loaded.hidden == 4
-    assert torch.equal(loaded(k, v, torch.arange(7)), KVPScorer(IDT, hidden=4, seed=3)(k, v, torch.arange(7)))
-    assert load_scorer(a) is load_scorer(a)                       # loaded once per process
+    assert torch.equal(
+        loaded(k, v, torch.arange(7)), KVPScorer(IDT, hidden=4, seed=3)(k, v, torch.arange(7))
+    )
+    assert load_scorer(a) is load_scorer(a)  # loaded once per process
 
 
 def test_identity_mismatch_names_the_fields():
-    served = ModelIdentity.from_hf_config({"model_type": "llama", "num_hidden_layers": 4,
-                                           "num_attention_heads": 4, "num_key_value_heads": 2,
-                                           "hidden_size": 32})
+    served = ModelIdentity.from_hf_config(
+        {
+            "model_type": "llama",
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 32,
+        }
+    )
     assert served.head_dim == 8
     with pytest.raises(ValueError, match=r"another model \(num_layers: checkpoint 2, model 4\)"):
         IDT.check(served)
@@ -66,10 +74,13 @@ def test_loading_for_an_expected_model_checks_the_identity(tmp_path):
         load_checkpoint(path, expect=other)
 
 
-@pytest.mark.parametrize("content,needle", [
-    (None, "no such file"),
-    (b"not a safetensors file", "not a readable safetensors file"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (None, "no such file"),
+        (b"not a safetensors file", "not a readable safetensors file"),
+    ],
+)
 def test_bad_checkpoint_files_name_the_path(tmp_path, content, needle):
     path = tmp_path / "bad.safetensors"
     if content is not None:
@@ -90,8 +101,14 @@ def test_foreign_safetensors_file_is_refused(tmp_path):
 def test_policy_config_requires_a_readable_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="KVP.checkpoint is required"):
         make_policy("kvp")
-    with pytest.raises(ValueError, match=r"do not fit policy 'kvp'.*KVP checkpoint '.*missing.st': no such file"):
-        policy_from_config(EvictConfig(policy="kvp", budget=16, params={"checkpoint": str(tmp_path / "missing.st")}))
+    with pytest.raises(
+        ValueError, match=r"do not fit policy 'kvp'.*KVP checkpoint '.*missing.st': no such file"
+    ):
+        policy_from_config(
+            EvictConfig(
+                policy="kvp", budget=16, params={"checkpoint": str(tmp_path / "missing.st")}
+            )
+        )
 
 
 def test_policy_keeps_highest_scores_plus_sinks_and_window(tmp_path):
@@ -134,8 +151,10 @@ def test_training_learns_a_known_ranking_and_is_reproducible(tmp_path):
     for name in ("a", "b"):
         sc = KVPScorer(IDT, hidden=16, seed=0)
         history = train(sc, tr, steps=60, seed=5, lr=1e-2, sink=4)
-        runs.append((save_checkpoint(sc, tmp_path / f"{name}.safetensors").read_bytes(), sc, history))
-    assert runs[0][0] == runs[1][0]                               # same seed, same bytes
+        runs.append(
+            (save_checkpoint(sc, tmp_path / f"{name}.safetensors").read_bytes(), sc, history)
+        )
+    assert runs[0][0] == runs[1][0]  # same seed, same bytes
     untrained = KVPScorer(IDT, hidden=16, seed=0)
     from sgl_vtoken_tools.kvp_train import fit_feature_stats
 
@@ -151,7 +170,11 @@ def test_traces_round_trip(tmp_path):
     tr = synthetic_traces(seqs=2, T=48)
     tr.save(tmp_path / "t.pt")
     back = Traces.load(tmp_path / "t.pt")
-    assert back.identity == IDT and torch.equal(back.keys, tr.keys) and torch.equal(back.targets, tr.targets)
+    assert (
+        back.identity == IDT
+        and torch.equal(back.keys, tr.keys)
+        and torch.equal(back.targets, tr.targets)
+    )
     with pytest.raises(ValueError, match="KVP traces is for another model"):
         train(KVPScorer(ModelIdentity("llama", 3, 2, 8)), tr, steps=1)
 

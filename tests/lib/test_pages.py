@@ -3,8 +3,14 @@
 import pytest
 import torch
 
-from sgl_vtoken.pages import (PageAllocator, fragmentation, is_dense, num_pages, page_utilization,
-                              row_pages)
+from sgl_vtoken.pages import (
+    PageAllocator,
+    fragmentation,
+    is_dense,
+    num_pages,
+    page_utilization,
+    row_pages,
+)
 
 
 def test_allocator_hands_out_pages_lowest_first_and_recycles():
@@ -23,8 +29,8 @@ def test_allocator_hands_out_pages_lowest_first_and_recycles():
 def test_append_slots_continues_the_cursor_page():
     a = PageAllocator(num_pages=8, page_size=4)
     first = a.append_slots(None, 6)
-    assert first == [4, 5, 6, 7, 8, 9]              # pages 1, 2
-    assert a.append_slots(9, 3) == [10, 11, 12]      # rest of page 2, then page 3
+    assert first == [4, 5, 6, 7, 8, 9]  # pages 1, 2
+    assert a.append_slots(9, 3) == [10, 11, 12]  # rest of page 2, then page 3
     assert a.num_used == 3
 
 
@@ -36,7 +42,7 @@ def test_row_pages_in_allocation_order_with_cursor():
 
 def test_is_dense():
     assert is_dense(torch.tensor([8, 9, 10, 11, 20, 21]), 4)
-    assert not is_dense(torch.tensor([8, 9, 11]), 4)          # offset 2 holds slot offset 3
+    assert not is_dense(torch.tensor([8, 9, 11]), 4)  # offset 2 holds slot offset 3
     assert not is_dense(torch.tensor([8, 9, 10, 11, 21]), 4)  # page 5 starts at offset 1
 
 

@@ -9,7 +9,7 @@ T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 
 # ps 4, cpl 0; held pages 5, 7, 2, 9 (tail holds 2 tokens)
 ROW = T(20, 21, 22, 23, 28, 29, 30, 31, 8, 9, 10, 11, 36, 37)
-KEEP = T(0, 2, 8, 9, 10, 11, 12, 13)          # page 7 fully evicted, page 5 half
+KEEP = T(0, 2, 8, 9, 10, 11, 12, 13)  # page 7 fully evicted, page 5 half
 
 
 def test_vtoken_shift_then_compact():
@@ -29,7 +29,7 @@ def test_vtoken_pure_compaction_keeps_row_entries_and_frees_tail_pages():
     # k-th kept token -> old slot of row position k; the row only shrinks
     assert p.dst.tolist() == [21, 22, 23, 28, 29, 30, 31]
     assert p.row_slots.numel() == 0 and p.row_start == p.new_len == 8
-    assert p.freed_pages.tolist() == [2, 9]           # exactly the tail pages of the page list
+    assert p.freed_pages.tolist() == [2, 9]  # exactly the tail pages of the page list
 
 
 def test_naive_frees_only_fully_dead_pages():
@@ -40,7 +40,7 @@ def test_naive_frees_only_fully_dead_pages():
 
 
 def test_naive_frees_a_dead_tail_page_too():
-    row = T(20, 21, 22, 23, 36, 37)                   # page 9 holds 2 tokens, both evicted
+    row = T(20, 21, 22, 23, 36, 37)  # page 9 holds 2 tokens, both evicted
     p = plan_eviction(row, T(0, 1, 2, 3), page_size=4, reclaim="naive")
     assert p.freed_pages.tolist() == [9] and p.row_slots.numel() == 0 and p.new_len == 4
 
@@ -89,12 +89,12 @@ def test_tree_owned_victims_leave_the_view_only():
     from sgl_vtoken.planner import drop_tree_rows
 
     row = torch.tensor([10, 11, 12, 13, 20, 21, 22])
-    keep = torch.tensor([0, 2, 4, 6])                          # cpl = 4: t0 t2 kept, t1 t3 dropped
+    keep = torch.tensor([0, 2, 4, 6])  # cpl = 4: t0 t2 kept, t1 t3 dropped
     view, keep2, cpl2 = drop_tree_rows(row, keep, cpl=4)
     assert view.tolist() == [10, 12, 20, 21, 22] and keep2.tolist() == [0, 1, 2, 4] and cpl2 == 2
     plan = plan_eviction(view, keep2, cpl=cpl2, page_size=1)
     assert plan.freed_pages.tolist() == [21] and plan.num_moved == 0
-    new_row = torch.cat([view[:plan.row_start], plan.row_slots])
+    new_row = torch.cat([view[: plan.row_start], plan.row_slots])
     assert new_row.tolist() == [10, 12, 20, 22]
 
 
@@ -103,7 +103,7 @@ def test_split_tree_pages_keeps_whole_pages_and_copies_the_rest():
     tokens are copied; nothing of a shared page is referenced partially."""
     from sgl_vtoken.planner import split_tree_pages
 
-    keep = torch.tensor([0, 1, 2, 3, 9, 10, 12, 13, 14, 15, 16, 18])   # page 4; 16+ private
+    keep = torch.tensor([0, 1, 2, 3, 9, 10, 12, 13, 14, 15, 16, 18])  # page 4; 16+ private
     split = split_tree_pages(keep, cpl=16, page_size=4)
     assert split.whole.tolist() == [0, 1, 2, 3]
     assert split.copy.tolist() == [9, 10, 12, 13, 14, 15]

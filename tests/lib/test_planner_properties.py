@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sgl_vtoken.pages import PageAllocator, num_pages
 from sgl_vtoken.kernels.reference import repack_kv_ref_
+from sgl_vtoken.pages import PageAllocator, num_pages
 from sgl_vtoken_tools.reference import attention_ref, row_attention_ref
 from sgl_vtoken_tools.row import RequestRow, is_dense_row
 
@@ -23,8 +23,13 @@ H, D = 2, 4
 
 def _trace(draw, page_size):
     cpl_pages = draw(st.integers(0, 2))
-    steps = draw(st.lists(st.tuples(st.integers(1, 3 * page_size + 3), st.floats(0.0, 1.0)),
-                          min_size=1, max_size=6))
+    steps = draw(
+        st.lists(
+            st.tuples(st.integers(1, 3 * page_size + 3), st.floats(0.0, 1.0)),
+            min_size=1,
+            max_size=6,
+        )
+    )
     seed = draw(st.integers(0, 2**16))
     return cpl_pages * page_size, steps, seed
 
@@ -45,13 +50,16 @@ class World:
         self.g = torch.Generator().manual_seed(seed)
         self.k = torch.zeros(self.alloc.num_slots, H, D)
         self.v = torch.zeros(self.alloc.num_slots, H, D)
-        self.truth_k, self.truth_v = {}, {}                  # position -> K/V written at alloc
-        tree = self.alloc.append_slots(None, cpl)            # a tree-owned prefix
+        self.truth_k, self.truth_v = {}, {}  # position -> K/V written at alloc
+        tree = self.alloc.append_slots(None, cpl)  # a tree-owned prefix
         self.row = RequestRow(self.alloc, torch.tensor(tree, dtype=torch.int64))
         self._write(self.row.slots, self.row.positions)
 
     def _write(self, slots, positions):
-        kk, vv = torch.randn(len(slots), H, D, generator=self.g), torch.randn(len(slots), H, D, generator=self.g)
+        kk, vv = (
+            torch.randn(len(slots), H, D, generator=self.g),
+            torch.randn(len(slots), H, D, generator=self.g),
+        )
         self.k[slots], self.v[slots] = kk, vv
         for i, p in enumerate(positions.tolist()):
             self.truth_k[p], self.truth_v[p] = kk[i].clone(), vv[i].clone()
@@ -91,7 +99,7 @@ def test_plans_conserve_tokens_and_pages(trace):
         assert pages_of_row <= w.alloc.used_pages
         assert not pages_of_row & set(plan.freed_pages.tolist())
         assert set(w.row.held_pages().tolist()) == held_after_expected
-        assert held_after_expected == pages_of_row           # every fully dead page was freed
+        assert held_after_expected == pages_of_row  # every fully dead page was freed
         assert w.alloc.num_used == used_before - plan.num_freed_pages
         # I4: never more pages; vtoken is ideal and dense
         held_after = w.row.held_pages().numel()
@@ -99,10 +107,12 @@ def test_plans_conserve_tokens_and_pages(trace):
         if mode == "vtoken":
             assert held_after == num_pages(w.row.num_private, page_size)
             assert is_dense_row(w.row)
-            dst_off, src_off = _offsets(plan.dst, pages_before, page_size), _offsets(
-                plan.src, pages_before, page_size)
-            assert bool((dst_off < src_off).all())                  # moves go towards the front
-            assert bool((dst_off[1:] > dst_off[:-1]).all())         # in row order
+            dst_off, src_off = (
+                _offsets(plan.dst, pages_before, page_size),
+                _offsets(plan.src, pages_before, page_size),
+            )
+            assert bool((dst_off < src_off).all())  # moves go towards the front
+            assert bool((dst_off[1:] > dst_off[:-1]).all())  # in row order
         else:
             assert held_after >= num_pages(w.row.num_private, page_size)
             assert plan.num_moved == 0
@@ -113,15 +123,21 @@ def test_plans_conserve_tokens_and_pages(trace):
         alive = torch.zeros(len(all_pos), dtype=torch.bool)
         alive[w.row.positions] = True
         if len(w.row):
-            torch.testing.assert_close(row_attention_ref(q, w.k, w.v, w.row.slots),
-                                       attention_ref(q, k_all, v_all, alive), rtol=0, atol=1e-6)
+            torch.testing.assert_close(
+                row_attention_ref(q, w.k, w.v, w.row.slots),
+                attention_ref(q, k_all, v_all, alive),
+                rtol=0,
+                atol=1e-6,
+            )
 
 
 def _offsets(slots, pages, page_size):
     """``[m]`` offset of each slot in the request's page list (row order for a dense row)."""
     index = {p: i for i, p in enumerate(pages.tolist())}
-    return torch.tensor([index[s // page_size] * page_size + s % page_size for s in slots.tolist()],
-                        dtype=torch.int64)
+    return torch.tensor(
+        [index[s // page_size] * page_size + s % page_size for s in slots.tolist()],
+        dtype=torch.int64,
+    )
 
 
 @settings(max_examples=100, deadline=None)
@@ -139,7 +155,7 @@ def test_moves_in_order_in_chunks_equal_gather_then_scatter(n, chunk, seed):
     repack_kv_ref_([whole], [], plan.src, plan.dst)
     chunked = kv.clone()
     for i in range(0, plan.num_moved, chunk):
-        repack_kv_ref_([chunked], [], plan.src[i:i + chunk], plan.dst[i:i + chunk])
+        repack_kv_ref_([chunked], [], plan.src[i : i + chunk], plan.dst[i : i + chunk])
     sequential = kv.clone()
     for s, d in zip(plan.src.tolist(), plan.dst.tolist()):
         sequential[d] = sequential[s]

@@ -15,9 +15,9 @@ def test_candidate_mass_is_the_joint_softmax_mass_of_the_candidates():
     want = torch.zeros(c)
     for j in range(nq):
         for h in range(hq):
-            keys = torch.cat([row[:lengths[j], h // 2], cand[:, h // 2]])
+            keys = torch.cat([row[: lengths[j], h // 2], cand[:, h // 2]])
             p = torch.softmax(keys @ q[j, h] * 0.3, dim=0)
-            want += p[lengths[j]:]
+            want += p[lengths[j] :]
     torch.testing.assert_close(got, want)
 
 
@@ -52,15 +52,25 @@ def test_dedupe_keeps_each_position_below_the_depth_once_and_not_the_views():
     assert positions[idx].tolist() == [3, 5, 9] and idx.tolist() == [1, 2, 0]
 
 
-@pytest.mark.parametrize("prefix,total,page_size,expected", [
-    (10, 40, 1, (39, 23)),     # page 1: the first chunk stops one token short, the window goes back
-    (64, 110, 16, (96, 80)),   # page 16: the last boundary before the end; one page recomputed
-    (70, 110, 16, (96, 80)),   # a view ending inside a page
-    (90, 110, 16, (96, 90)),   # the recomputed part never reaches into the view
-    (96, 100, 16, None),       # no page boundary after the view before the last token
-    (10, 11, 1, None),         # one new token: nothing to cut
-])
-def test_split_cuts_before_the_last_page_and_recomputes_the_window(prefix, total, page_size, expected):
+@pytest.mark.parametrize(
+    "prefix,total,page_size,expected",
+    [
+        (
+            10,
+            40,
+            1,
+            (39, 23),
+        ),  # page 1: the first chunk stops one token short, the window goes back
+        (64, 110, 16, (96, 80)),  # page 16: the last boundary before the end; one page recomputed
+        (70, 110, 16, (96, 80)),  # a view ending inside a page
+        (90, 110, 16, (96, 90)),  # the recomputed part never reaches into the view
+        (96, 100, 16, None),  # no page boundary after the view before the last token
+        (10, 11, 1, None),  # one new token: nothing to cut
+    ],
+)
+def test_split_cuts_before_the_last_page_and_recomputes_the_window(
+    prefix, total, page_size, expected
+):
     assert split(prefix, total, 16, page_size) == expected
 
 
@@ -73,4 +83,6 @@ def test_round_quotas_add_up_to_recall_and_rounds_are_capped_by_it():
         done += quotas[-1]
     assert quotas == [2, 2, 4]
     assert turn_rounds(3, 4) == 3 and [round_quota(3, 4, d, d == 2) for d in range(3)] == [1, 1, 1]
-    assert round_quota(8, 3, 3, True) == 5  # an earlier round that took fewer leaves more to the last
+    assert (
+        round_quota(8, 3, 3, True) == 5
+    )  # an earlier round that took fewer leaves more to the last

@@ -26,7 +26,9 @@ POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "k
 def kvp_checkpoint() -> str:
     """A small random KVP scorer for the fake pool's shapes (written once per test process)."""
     path = Path(tempfile.mkdtemp()) / "kvp.safetensors"
-    return str(save_checkpoint(KVPScorer(ModelIdentity("llama", LAYERS, H, D), hidden=4, seed=1), path))
+    return str(
+        save_checkpoint(KVPScorer(ModelIdentity("llama", LAYERS, H, D), hidden=4, seed=1), path)
+    )
 
 
 class FakePool:
@@ -39,11 +41,14 @@ class FakePool:
             req_to_token=torch.zeros(rows, 256, dtype=torch.int32),
             k_buffers=[torch.randn(slots, H, D, generator=gen) for _ in range(LAYERS)],
             v_buffers=[torch.randn(slots, H, D, generator=gen) for _ in range(LAYERS)],
-            page_size=ps)
+            page_size=ps,
+        )
 
     def slots(self, pages: int) -> torch.Tensor:
         ps = self.view.page_size
-        return (torch.tensor(self.alloc_pages.alloc(pages))[:, None] * ps + torch.arange(ps)).flatten()
+        return (
+            torch.tensor(self.alloc_pages.alloc(pages))[:, None] * ps + torch.arange(ps)
+        ).flatten()
 
     def alloc(self, n: int) -> torch.Tensor:
         return self.slots(n // self.view.page_size)
@@ -58,10 +63,20 @@ def batches(draw):
         cpl = draw(st.integers(0, 2)) * ps if ps > 1 else draw(st.integers(0, 9))
         priv = draw(st.integers(1, 60))
         budget = draw(st.integers(1, cpl + priv - 1)) if cpl + priv > 1 else 1
-        specs.append(dict(cpl=cpl, priv=priv, budget=budget, policy=draw(st.sampled_from(POLICIES)),
-                          sink=draw(st.integers(0, 4)), window=draw(st.integers(0, 3)),
-                          shared=draw(st.booleans()), share_tree=draw(st.booleans()),
-                          gap=draw(st.integers(0, 5)), step=draw(st.integers(0, 3))))
+        specs.append(
+            dict(
+                cpl=cpl,
+                priv=priv,
+                budget=budget,
+                policy=draw(st.sampled_from(POLICIES)),
+                sink=draw(st.integers(0, 4)),
+                window=draw(st.integers(0, 3)),
+                shared=draw(st.booleans()),
+                share_tree=draw(st.booleans()),
+                gap=draw(st.integers(0, 5)),
+                step=draw(st.integers(0, 3)),
+            )
+        )
     return ps, seed, specs
 
 
@@ -71,9 +86,9 @@ def _build(ps, seed, specs):
     rows, tree = [], None
     for b, s in enumerate(specs):
         if tree is None or tree.numel() != s["cpl"] or not s["share_tree"]:
-            tree = pool.slots(-(-s["cpl"] // ps))[:s["cpl"]]
+            tree = pool.slots(-(-s["cpl"] // ps))[: s["cpl"]]
         L = s["cpl"] + s["priv"]
-        private = pool.slots(-(-s["priv"] // ps))[:s["priv"]]
+        private = pool.slots(-(-s["priv"] // ps))[: s["priv"]]
         pool.view.req_to_token[b, :L] = torch.cat([tree, private]).to(torch.int32)
         gaps = torch.randint(0, s["gap"] + 1, (L,), generator=gen)
         positions = torch.cumsum(gaps + 1, 0) - 1
@@ -83,8 +98,20 @@ def _build(ps, seed, specs):
         must |= torch.arange(L) < (s["cpl"] if s["shared"] else 0)
         budget = max(s["budget"], int(must.sum()))
         attn = torch.rand(L, LAYERS, H, generator=gen) if "attn" in pol.needs else None
-        rows.append(EvictRow(row=b, length=L, positions=positions, policy=pol, budget=budget,
-                             cpl=s["cpl"], shared=s["shared"], rid=seed + b, step=s["step"], attn=attn))
+        rows.append(
+            EvictRow(
+                row=b,
+                length=L,
+                positions=positions,
+                policy=pol,
+                budget=budget,
+                cpl=s["cpl"],
+                shared=s["shared"],
+                rid=seed + b,
+                step=s["step"],
+                attn=attn,
+            )
+        )
     return pool, rows
 
 
@@ -97,28 +124,49 @@ def test_batched_step_equals_the_per_row_path(batch):
     ref = [evict_row_ref(r, ref_pool.view, ref_pool.alloc) for r in rows]
 
     d = decide(rows, pool.view)
-    copies = [pool.alloc(-(-c // ps) * ps) if c else torch.zeros(0, dtype=torch.int64)
-              for c in d.counts["copies"]]
+    copies = [
+        pool.alloc(-(-c // ps) * ps) if c else torch.zeros(0, dtype=torch.int64)
+        for c in d.counts["copies"]
+    ]
     out = apply(d, pool.view, copies)
 
     freed = torch.split(out.freed, out.freed_counts)
     for b, (r, want) in enumerate(zip(rows, ref)):
         assert torch.equal(d.keep_indices(b), want.keep), f"row {b}: victims differ"
         assert d.new_length(b) == want.new_len
-        assert torch.equal(pool.view.req_to_token[b, :want.new_len], ref_pool.view.req_to_token[b, :want.new_len])
+        assert torch.equal(
+            pool.view.req_to_token[b, : want.new_len], ref_pool.view.req_to_token[b, : want.new_len]
+        )
         assert torch.equal(freed[b], want.freed), f"row {b}: freed pages differ"
         assert d.counts["whole"][b] == want.whole and d.counts["copies"][b] == want.copies
         if want.whole < r.cpl:
             assert d.counts["depth"][b] == want.depth
     assert out.moved == sum(int(w.src.numel()) for w in ref)
-    for mine, theirs in zip(pool.view.k_buffers + pool.view.v_buffers,
-                            ref_pool.view.k_buffers + ref_pool.view.v_buffers):
+    for mine, theirs in zip(
+        pool.view.k_buffers + pool.view.v_buffers, ref_pool.view.k_buffers + ref_pool.view.v_buffers
+    ):
         assert torch.equal(mine, theirs), "KV bytes differ"
 
 
 def test_a_budget_below_the_must_keep_set_is_refused_before_anything_changes():
-    pool, rows = _build(4, 0, [dict(cpl=8, priv=20, budget=5, policy="streamingllm", sink=0,
-                                    window=0, shared=True, share_tree=False, gap=0, step=0)])
+    pool, rows = _build(
+        4,
+        0,
+        [
+            dict(
+                cpl=8,
+                priv=20,
+                budget=5,
+                policy="streamingllm",
+                sink=0,
+                window=0,
+                shared=True,
+                share_tree=False,
+                gap=0,
+                step=0,
+            )
+        ],
+    )
     rows[0].budget = 5  # the 8 shared tree tokens must stay
     before = pool.view.req_to_token.clone()
     with pytest.raises(ValueError, match="budget 5 is smaller than the 8 tokens"):
@@ -127,8 +175,24 @@ def test_a_budget_below_the_must_keep_set_is_refused_before_anything_changes():
 
 
 def test_an_attention_policy_without_statistics_is_refused():
-    pool, rows = _build(1, 0, [dict(cpl=0, priv=20, budget=5, policy="h2o", sink=0, window=0,
-                                    shared=False, share_tree=False, gap=0, step=0)])
+    pool, rows = _build(
+        1,
+        0,
+        [
+            dict(
+                cpl=0,
+                priv=20,
+                budget=5,
+                policy="h2o",
+                sink=0,
+                window=0,
+                shared=False,
+                share_tree=False,
+                gap=0,
+                step=0,
+            )
+        ],
+    )
     rows[0].attn = None
     with pytest.raises(ValueError, match="needs TokenView.attn"):
         decide(rows, pool.view)

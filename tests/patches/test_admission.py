@@ -102,7 +102,12 @@ def published():
 
 def request(n: int, cfg: EvictConfig | None, *, max_new: int = 128, prefix: int = 0) -> Req:
     """A fresh `n`-token prompt whose first `prefix` tokens are cached (under the holed cache)."""
-    req = Req(f"r{n}", "", array("q", (10 + i % 1000 for i in range(n))), SamplingParams(max_new_tokens=max_new))
+    req = Req(
+        f"r{n}",
+        "",
+        array("q", (10 + i % 1000 for i in range(n))),
+        SamplingParams(max_new_tokens=max_new),
+    )
     if cfg is not None:
         req.vtoken = new_state(cfg, req.rid, holed=True)
     req.refresh_fill_ids()
@@ -126,10 +131,16 @@ def test_sglang_itself_never_admits_a_prompt_within_a_page_of_an_idle_pool():
     The plugin's adder finishes it with HTTP 400 instead, eviction or not."""
     for n in (2032, 2041):
         a, req = adder(PrefillAdder), request(n, None, max_new=0)
-        assert a.add_one_req(req, has_chunked_req=False, truncation_align_size=None) == AddReqResult.NO_TOKEN
+        assert (
+            a.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+            == AddReqResult.NO_TOKEN
+        )
         assert not a.can_run_list and req.to_finish is None and len(req.origin_input_ids) == n
         a, req = adder(adder_class(PrefillAdder)), request(n, None, max_new=0)
-        assert a.add_one_req(req, has_chunked_req=False, truncation_align_size=None) == AddReqResult.NO_TOKEN
+        assert (
+            a.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+            == AddReqResult.NO_TOKEN
+        )
         assert isinstance(req.to_finish, FINISH_ABORT) and req.to_finish.status_code == 400
         assert "can never be scheduled" in req.to_finish.message
     a, req = adder(), request(2031, None, max_new=0)
@@ -150,8 +161,13 @@ def test_a_prompt_evicted_during_prefill_is_admitted_on_an_idle_pool(n, prefix):
     assert a.can_run_list == [req] and a.new_chunked_req is req and req.to_finish is None
     assert req.extend_end == cfg.prefill_peak
     stock = adder()  # SGLang's own check on the same request: the whole prompt must fit
-    assert stock.add_one_req(request(n, cfg, prefix=prefix), has_chunked_req=False,
-                             truncation_align_size=None) == AddReqResult.NO_TOKEN and not stock.can_run_list
+    assert (
+        stock.add_one_req(
+            request(n, cfg, prefix=prefix), has_chunked_req=False, truncation_align_size=None
+        )
+        == AddReqResult.NO_TOKEN
+        and not stock.can_run_list
+    )
 
 
 def test_an_evicting_request_that_never_fits_is_refused_instead_of_blocking_the_queue():
@@ -160,7 +176,10 @@ def test_an_evicting_request_that_never_fits_is_refused_instead_of_blocking_the_
     finished with HTTP 400 (SGLang then serves its one-token stand-in and reports the error)
     instead of being refused at every pass ahead of every other request."""
     a, req = adder(adder_class(PrefillAdder)), request(2032, streaming())
-    assert a.add_one_req(req, has_chunked_req=False, truncation_align_size=None) == AddReqResult.NO_TOKEN
+    assert (
+        a.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+        == AddReqResult.NO_TOKEN
+    )
     assert isinstance(req.to_finish, FINISH_ABORT) and req.to_finish.status_code == 400
     assert "can never be scheduled" in req.to_finish.message and list(req.origin_input_ids) == [0]
     fits = request(2031, streaming())  # a page of alignment left: admitted, prefilled whole
@@ -176,16 +195,25 @@ def test_a_refused_request_waits_while_memory_can_still_come_free(state, chunk):
     would fit), was admitted this pass or is being prefilled in chunks: memory may come free, so
     it waits in line as before, with or without eviction during prefill."""
     other = request(100, None)
-    a = adder(adder_class(PrefillAdder), running=[other] if state == "running" else (),
-              available=64 - 16 * (state == "held"), evictable=POOL - 64 - 832 * (state == "held"))
+    a = adder(
+        adder_class(PrefillAdder),
+        running=[other] if state == "running" else (),
+        available=64 - 16 * (state == "held"),
+        evictable=POOL - 64 - 832 * (state == "held"),
+    )
     if state == "admitted":
         a.add_one_req(other, has_chunked_req=False, truncation_align_size=None)
         assert a.can_run_list == [other]
     req = request(2032, streaming(prefill=Prefill(chunk=chunk)))
     if state == "chunked" and chunk:  # SGLang carries one chunked request at a time
-        assert a.add_one_req(req, has_chunked_req=True, truncation_align_size=None) == AddReqResult.OTHER
+        assert (
+            a.add_one_req(req, has_chunked_req=True, truncation_align_size=None)
+            == AddReqResult.OTHER
+        )
     else:
-        assert a.add_one_req(req, has_chunked_req=state == "chunked",
-                             truncation_align_size=None) == AddReqResult.NO_TOKEN
-    assert not a.can_run_list[1 if state == "admitted" else 0:]
+        assert (
+            a.add_one_req(req, has_chunked_req=state == "chunked", truncation_align_size=None)
+            == AddReqResult.NO_TOKEN
+        )
+    assert not a.can_run_list[1 if state == "admitted" else 0 :]
     assert req.to_finish is None and len(req.origin_input_ids) == 2032

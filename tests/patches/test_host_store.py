@@ -10,7 +10,11 @@ from sgl_vtoken.patches.cache.host_tier import Chunk, HostChunks, HostTier, offl
 
 def chunk(positions, layers=2, heads=1, dim=4):
     m = len(positions)
-    return Chunk(torch.tensor(positions), torch.zeros(m, layers, heads, dim), torch.zeros(m, layers, heads, dim))
+    return Chunk(
+        torch.tensor(positions),
+        torch.zeros(m, layers, heads, dim),
+        torch.zeros(m, layers, heads, dim),
+    )
 
 
 def node(t):
@@ -23,13 +27,18 @@ def state():
 
 def test_a_chunk_is_counted_once_and_freed_with_its_last_owner():
     tier, c = HostTier(100), chunk([1, 2, 3])
-    st, n1, n2 = state(), node(0.0), node(1.0)
+    st, n1 = state(), node(0.0)
     tier.hold([c])
     st.host.chunks.append(c)
-    tier.store(n1, st)                      # the finished request's chunks go to its view
-    assert st.host.chunks == [] and tier.store_of(n1) == [c] and tier.tokens == 3 and tier.bytes == c.nbytes
-    tier.hold(tier.store_of(n1))            # a next turn takes the view's store
-    tier.detach(n1)                         # the old view goes: the turn still holds it
+    tier.store(n1, st)  # the finished request's chunks go to its view
+    assert (
+        st.host.chunks == []
+        and tier.store_of(n1) == [c]
+        and tier.tokens == 3
+        and tier.bytes == c.nbytes
+    )
+    tier.hold(tier.store_of(n1))  # a next turn takes the view's store
+    tier.detach(n1)  # the old view goes: the turn still holds it
     assert tier.tokens == 3
     tier.drop([c])
     assert tier.tokens == 0 and tier.bytes == 0 and tier.peak_bytes == c.nbytes and tier.nodes == {}
@@ -52,8 +61,13 @@ def test_offload_copies_every_layers_kv_of_the_victims_and_counts_drops():
     tier = HostTier(3)
     a, b = state(), state()
     expected = torch.stack([layers[0][[4, 7]], layers[1][[4, 7]]], dim=1)
-    offload(tier, [(a, torch.tensor([40, 70])), (b, torch.tensor([10, 20]))], torch.tensor([4, 7, 1, 2]),
-            layers, [x + 0.5 for x in layers])
+    offload(
+        tier,
+        [(a, torch.tensor([40, 70])), (b, torch.tensor([10, 20]))],
+        torch.tensor([4, 7, 1, 2]),
+        layers,
+        [x + 0.5 for x in layers],
+    )
     ca, cb = a.host.chunks[0], b.host.chunks[0]
     layers[0][4] = -1.0  # a host copy: later writes to the pool do not reach it
     torch.testing.assert_close(ca.k, expected)

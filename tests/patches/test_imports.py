@@ -6,7 +6,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # Installed module prefix of each runtime folder (pyproject.toml's package-dir).
-FOLDERS = {"sgl_vtoken": "sgl_vtoken", "kernels": "sgl_vtoken.kernels", "patches": "sgl_vtoken.patches"}
+FOLDERS = {
+    "sgl_vtoken": "sgl_vtoken",
+    "kernels": "sgl_vtoken.kernels",
+    "patches": "sgl_vtoken.patches",
+}
 
 
 def module_names() -> dict[str, Path]:
@@ -35,9 +39,11 @@ def imports_of(name: str, source: str, is_package: bool, known: set[str]) -> set
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
-                anchor = anchor[:len(anchor) - node.level + 1]
+                anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -50,8 +56,10 @@ def imports_of(name: str, source: str, is_package: bool, known: set[str]) -> set
 
 def import_graph() -> dict[str, set[str]]:
     names = module_names()
-    return {name: imports_of(name, path.read_text(), path.name == "__init__.py", set(names))
-            for name, path in names.items()}
+    return {
+        name: imports_of(name, path.read_text(), path.name == "__init__.py", set(names))
+        for name, path in names.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -62,7 +70,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                return path[path.index(dep):] + [dep]
+                return path[path.index(dep) :] + [dep]
             if dep not in state and (cycle := visit(dep, path + [dep])):
                 return cycle
         state[node] = 2
@@ -86,7 +94,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_imports_inside_functions_and_for_type_checking():
     known = {"p", "p.a", "p.b", "p.c", "p.d"}
-    source = '''
+    source = """
 from typing import TYPE_CHECKING
 from . import a
 if TYPE_CHECKING:
@@ -95,12 +103,16 @@ if TYPE_CHECKING:
 def f():
     from .b import thing
     import p.c
-'''
+"""
     assert imports_of("p.x", source, False, known) == {"p.a", "p.b", "p.c", "p.d"}
 
 
 def test_the_graph_sees_the_plugin_importing_its_hook_modules():
     graph = import_graph()
-    assert {"sgl_vtoken.patches.runtime", "sgl_vtoken.patches.surface.server_args", "sgl_vtoken.patches.attention",
-            "sgl_vtoken.patches.cache.radix"} <= graph["sgl_vtoken.patches.plugin"]
+    assert {
+        "sgl_vtoken.patches.runtime",
+        "sgl_vtoken.patches.surface.server_args",
+        "sgl_vtoken.patches.attention",
+        "sgl_vtoken.patches.cache.radix",
+    } <= graph["sgl_vtoken.patches.plugin"]
     assert "sgl_vtoken.policies" in graph["sgl_vtoken.config"]

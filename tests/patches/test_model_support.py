@@ -11,19 +11,36 @@ import torch
 
 from sgl_vtoken.config import ENV_VAR, EvictConfig
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=512)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+)
 
 
 def _config(kind: str):
     import transformers as T
 
     if kind == "mla":
-        return T.DeepseekV2Config(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                                  vocab_size=512, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
-                                  qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
-                                  num_experts_per_tok=2), "DeepseekV2ForCausalLM"
+        return T.DeepseekV2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=512,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+        ), "DeepseekV2ForCausalLM"
     if kind == "hybrid-swa":
         return T.GptOssConfig(**SMALL, head_dim=16, num_local_experts=4), "GptOssForCausalLM"
     if kind == "sliding":
@@ -50,6 +67,7 @@ REASONS = {
 @pytest.fixture(scope="module")
 def fake_model(tmp_path_factory):
     """`fake_model(kind)` -> folder with only a config.json of that architecture."""
+
     def make(kind):
         path = tmp_path_factory.getbasetemp() / f"fake-{kind}"
         if not path.exists():
@@ -87,11 +105,30 @@ def test_a_server_policy_on_an_unsupported_model_exits_2_before_weights_load(fak
     kind: every reason takes the same path, `test_unsupported_models_are_named` covers them.)"""
     kind = "mla"
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", str(fake_model(kind)),
-                           "--device", "cpu", "--kv-evict", "streamingllm", "--kv-budget", "64"],
-                          capture_output=True, text=True, timeout=180, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(fake_model(kind)),
+            "--device",
+            "cpu",
+            "--kv-evict",
+            "streamingllm",
+            "--kv-budget",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"argument --kv-evict: streamingllm cannot serve --model-path '{fake_model(kind)}'" in proc.stderr
+    assert (
+        f"argument --kv-evict: streamingllm cannot serve --model-path '{fake_model(kind)}'"
+        in proc.stderr
+    )
     assert REASONS[kind] in proc.stderr
     assert "Load weight" not in proc.stdout + proc.stderr
 
@@ -112,8 +149,12 @@ class _MLAPool:
 
 def _fake_scheduler(pool, total=4096):
     allocator = SimpleNamespace(get_kvcache=lambda: pool)
-    return SimpleNamespace(token_to_kv_pool_allocator=allocator, tree_cache=object(), max_total_num_tokens=total,
-                           metrics_reporter=None)
+    return SimpleNamespace(
+        token_to_kv_pool_allocator=allocator,
+        tree_cache=object(),
+        max_total_num_tokens=total,
+        metrics_reporter=None,
+    )
 
 
 @pytest.fixture
@@ -144,7 +185,9 @@ def test_scheduler_start_refuses_an_mla_pool_with_a_policy(server_policy):
     from sgl_vtoken.patches import runtime
 
     server_policy(EvictConfig(policy="streamingllm", budget=64))
-    with pytest.raises(ValueError, match="--kv-evict streamingllm: the KV pool _MLAPool has no per-layer"):
+    with pytest.raises(
+        ValueError, match="--kv-evict streamingllm: the KV pool _MLAPool has no per-layer"
+    ):
         runtime.after_scheduler_init(None, _fake_scheduler(_MLAPool()))
 
 
@@ -153,12 +196,17 @@ def test_scheduler_start_refuses_a_pool_smaller_than_one_request(server_policy):
 
     pool = SimpleNamespace(k_buffer=[torch.zeros(8, 2, 4)], v_buffer=[torch.zeros(8, 2, 4)])
     server_policy(EvictConfig(policy="streamingllm", budget=64, interval=16))
-    with pytest.raises(ValueError, match="budget \\+ interval \\+ page_size = 81 KV tokens, more than the pool's 80"):
+    with pytest.raises(
+        ValueError,
+        match="budget \\+ interval \\+ page_size = 81 KV tokens, more than the pool's 80",
+    ):
         runtime.after_scheduler_init(None, _fake_scheduler(pool, total=80))
 
 
 def _manager(model_config, context_len=None):
-    return SimpleNamespace(model_config=model_config, context_len=context_len or model_config.context_len)
+    return SimpleNamespace(
+        model_config=model_config, context_len=context_len or model_config.context_len
+    )
 
 
 def _request(kv_evict):
@@ -171,8 +219,11 @@ def test_per_request_eviction_on_an_unsupported_model_is_refused(server_policy, 
 
     server_policy(EvictConfig())
     manager = _manager(_model_config(fake_model("mla")))
-    with pytest.raises(ValueError, match="kv_evict.policy: eviction is not available for this model: "
-                                         "DeepseekV2ForCausalLM uses multi-head latent attention"):
+    with pytest.raises(
+        ValueError,
+        match="kv_evict.policy: eviction is not available for this model: "
+        "DeepseekV2ForCausalLM uses multi-head latent attention",
+    ):
         before_create_tokenized_object(manager, _request({"policy": "streamingllm", "budget": 64}))
     before_create_tokenized_object(manager, _request({"policy": "none"}))  # opting out is fine
 
@@ -182,6 +233,8 @@ def test_per_request_budget_over_the_context_is_refused(server_policy, tiny_mode
 
     server_policy(EvictConfig())
     manager = _manager(_model_config(tiny_model), context_len=512)
-    with pytest.raises(ValueError, match="kv_evict.budget: must be <= the model's context length 512 \\(got 600\\)"):
+    with pytest.raises(
+        ValueError, match="kv_evict.budget: must be <= the model's context length 512 \\(got 600\\)"
+    ):
         before_create_tokenized_object(manager, _request({"policy": "random", "budget": 600}))
     before_create_tokenized_object(manager, _request({"policy": "random", "budget": 512}))

@@ -17,8 +17,14 @@ def cache():
     from sgl_vtoken.patches.cache import radix
 
     alloc = Allocator(64)
-    return radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
-                                                 token_to_kv_pool_allocator=alloc, page_size=1))
+    return radix.HoledRadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToToken(),
+            token_to_kv_pool_allocator=alloc,
+            page_size=1,
+        )
+    )
 
 
 def evicting_state(rid):
@@ -32,9 +38,15 @@ def finish_turn(cache, req, ids_with_kv, kept_pos):
     st = req.vtoken
     alloc = cache.token_to_kv_pool_allocator
     slots = alloc.alloc(len(kept_pos))
-    cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(kept_pos)] = slots.to(torch.int32)
-    req.output_ids = array("q", ids_with_kv[len(req.origin_input_ids):] + [999])  # last: no KV
-    st.row.kept_pos, st.row.offset, st.row.steps = torch.tensor(kept_pos), len(ids_with_kv) - len(kept_pos), 1
+    cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : len(kept_pos)] = slots.to(
+        torch.int32
+    )
+    req.output_ids = array("q", ids_with_kv[len(req.origin_input_ids) :] + [999])  # last: no KV
+    st.row.kept_pos, st.row.offset, st.row.steps = (
+        torch.tensor(kept_pos),
+        len(ids_with_kv) - len(kept_pos),
+        1,
+    )
     req.lock = cache.lock(req.last_node or cache.root_node)
     req.done = True
     cache.checkpoint(req, up_to=len(kept_pos))
@@ -44,14 +56,14 @@ def finish_turn(cache, req, ids_with_kv, kept_pos):
 
 def test_history_is_stored_with_holes_and_continued(cache):
     alloc = cache.token_to_kv_pool_allocator
-    ids = list(range(100, 112))                                     # 12 logical tokens with KV
+    ids = list(range(100, 112))  # 12 logical tokens with KV
     first = Req(ids[:6], evicting_state("a"))
     slots = finish_turn(cache, first, ids, kept_pos=[0, 1, 8, 9, 10, 11])
     assert cache.evictable_size() == 6 and cache.protected_size() == 0  # live slots only
     assert sorted(cache.all_values_flatten().tolist()) == sorted(slots.tolist())
     assert alloc.available_size() + cache.evictable_size() == alloc.size
 
-    nxt = Req(ids + [999, 7, 8], evicting_state("b"))               # history + last token + message
+    nxt = Req(ids + [999, 7, 8], evicting_state("b"))  # history + last token + message
     result = match(cache, nxt)
     assert result.device_prefix_len == 6
     st = nxt.vtoken
@@ -60,16 +72,19 @@ def test_history_is_stored_with_holes_and_continued(cache):
     assert cache.prefix_device_indices(nxt).tolist() == slots.tolist()
     assert st.report["history_tokens"] == 12
 
-    plain = Req(ids + [999, 7, 8])                                  # no eviction: never a holed hit
+    plain = Req(ids + [999, 7, 8])  # no eviction: never a holed hit
     assert match(cache, plain).device_prefix_len == 0
 
     edited = Req(ids[:9] + [5, 5, 5, 999, 7], evicting_state("c"))  # differs from position 9 on
-    assert match(cache, edited).device_prefix_len == 3              # the view cut: positions 0, 1, 8
-    assert edited.vtoken.row.kept_pos.tolist() == [0, 1, 8] and edited.vtoken.report["history_tokens"] == 9
+    assert match(cache, edited).device_prefix_len == 3  # the view cut: positions 0, 1, 8
+    assert (
+        edited.vtoken.row.kept_pos.tolist() == [0, 1, 8]
+        and edited.vtoken.report["history_tokens"] == 9
+    )
     assert list(edited.origin_input_ids) == [100, 101, 108, 5, 5, 5, 999, 7]
     assert cache.prefix_device_indices(edited).tolist() == slots[:3].tolist()
-    regenerate = Req(ids[:9], evicting_state("d"))                  # ends inside the history: no cut,
-    assert match(cache, regenerate).device_prefix_len == 0          # a fresh prompt (no view reused)
+    regenerate = Req(ids[:9], evicting_state("d"))  # ends inside the history: no cut,
+    assert match(cache, regenerate).device_prefix_len == 0  # a fresh prompt (no view reused)
 
 
 def test_next_history_punches_the_old_one_and_eviction_frees_only_live_slots(cache):
@@ -79,7 +94,6 @@ def test_next_history_punches_the_old_one_and_eviction_frees_only_live_slots(cac
     turn2 = Req(ids + [999, 7, 8], evicting_state("b"))
     match(cache, turn2)
     view = cache.prefix_device_indices(turn2)
-    ids2 = ids + [999, 7, 8, 9, 10]                                 # 17 logical tokens with KV
     # Turn 2's row: sinks from the old view, then its own tokens 13..16 (fresh slots).
     row = torch.cat([view[:2], alloc.alloc(4)])
     cache.req_to_token_pool.req_to_token[0, :6] = row.to(torch.int32)
@@ -106,7 +120,9 @@ def match(cache, req):
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     req.refresh_fill_ids()
-    result = cache.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids, None), req=req))
+    result = cache.match_prefix(
+        MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids, None), req=req)
+    )
     req.last_node = result.last_device_node
     return result
 
@@ -124,7 +140,7 @@ def test_a_row_that_dropped_a_shared_prompt_unlocks_its_unused_part(cache):
     req.last_node = match(cache, req).last_device_node
     req.lock = cache.lock(req.last_node)
     assert cache.protected_size() == 10 and cache.evictable_size() == 0
-    cache.relock_shallower(req, 4)                             # the row keeps prompt tokens 0, 1, 3
+    cache.relock_shallower(req, 4)  # the row keeps prompt tokens 0, 1, 3
     assert cache.protected_size() == 4 and cache.evictable_size() == 6
     assert cache.path_device_indices(req.last_node).tolist() == slots[:4].tolist()
     cache.unlock(req.lock)
@@ -142,19 +158,38 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.runtime import new_state
     from sgl_vtoken.patches.step.context import context_of
     from sgl_vtoken.patches.step.eviction import evict_rows
-    from sgl_vtoken.patches.runtime import new_state
 
     ps, prompt_len, steps = 16, 128, 120
     monkeypatch.setattr(radix, "_active", True)
     alloc = PagedAllocator(64, ps)
-    cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
-                                                  token_to_kv_pool_allocator=alloc, page_size=ps))
-    scheduler = type("Scheduler", (), {"tree_cache": cache, "req_to_token_pool": cache.req_to_token_pool,
-                                       "token_to_kv_pool_allocator": alloc})()
-    cfg = EvictConfig(policy=policy, budget=96, sink=16, interval=16, page_size=ps,
-                      window=16 if policy == "h2o" else 0)
+    cache = radix.HoledRadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToToken(),
+            token_to_kv_pool_allocator=alloc,
+            page_size=ps,
+        )
+    )
+    scheduler = type(
+        "Scheduler",
+        (),
+        {
+            "tree_cache": cache,
+            "req_to_token_pool": cache.req_to_token_pool,
+            "token_to_kv_pool_allocator": alloc,
+        },
+    )()
+    cfg = EvictConfig(
+        policy=policy,
+        budget=96,
+        sink=16,
+        interval=16,
+        page_size=ps,
+        window=16 if policy == "h2o" else 0,
+    )
     st = new_state(cfg, "r0", holed=radix.tree_mode(cfg))
     assert st.holed
     req = Req(list(range(1000, 1000 + prompt_len)), st)
@@ -172,7 +207,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
         if row_len >= cfg.budget + cfg.interval:
             evictions += (evict_rows(context_of(scheduler), [(req, st, row_len)])[0] or 0) > 0
             cache.evict(EvictParams(num_tokens=10**6))  # memory pressure: every unlocked node goes
-            row = rtt[0, :req.kv.kv_committed_len].tolist()
+            row = rtt[0, : req.kv.kv_committed_len].tolist()
             assert not set(row) & set(alloc.free_slots), f"step {t}: the row uses freed slots"
             row_len = req.kv.kv_committed_len
         slot = int(rtt[0, row_len - 1]) + 1 if row_len % ps else int(alloc.alloc(ps)[0])
@@ -196,17 +231,30 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.runtime import new_state
     from sgl_vtoken.patches.step.context import context_of
     from sgl_vtoken.patches.step.eviction import evict_rows
-    from sgl_vtoken.patches.runtime import new_state
 
     ps, prompt_len = 16, 40
     monkeypatch.setattr(radix, "_active", True)
     alloc = PagedAllocator(32, ps)
-    cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
-                                                  token_to_kv_pool_allocator=alloc, page_size=ps))
-    scheduler = type("Scheduler", (), {"tree_cache": cache, "req_to_token_pool": cache.req_to_token_pool,
-                                       "token_to_kv_pool_allocator": alloc})()
+    cache = radix.HoledRadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToToken(),
+            token_to_kv_pool_allocator=alloc,
+            page_size=ps,
+        )
+    )
+    scheduler = type(
+        "Scheduler",
+        (),
+        {
+            "tree_cache": cache,
+            "req_to_token_pool": cache.req_to_token_pool,
+            "token_to_kv_pool_allocator": alloc,
+        },
+    )()
     cfg = EvictConfig(policy="random", budget=48, sink=4, interval=1, page_size=ps)
     kbuf = alloc.pool.k_buffer[0]
     kbuf.copy_(torch.arange(kbuf.numel(), dtype=torch.float32).view_as(kbuf))  # slot-unique K
@@ -237,7 +285,9 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     positions, view = node.vt.view.positions, node.vt.view.slots
     assert len(view) == row_len and positions.tolist() == st.row.positions(row_len).tolist()
     cache.unlock(req.lock)
-    assert cache.total_size() == alloc.size - alloc.available_size()  # the tree owns every used slot
+    assert (
+        cache.total_size() == alloc.size - alloc.available_size()
+    )  # the tree owns every used slot
     assert cache.evictable_size() == cache.total_size()
 
     turn2 = Req(logical + [5, 6, 7], new_state(cfg, "r1", holed=True))
@@ -248,17 +298,17 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     before = alloc.available_size()
     prefix = cache.prefix_device_indices(turn2)
     k = row_len % ps
-    assert alloc.available_size() == before - ps                  # one fresh page
+    assert alloc.available_size() == before - ps  # one fresh page
     assert prefix[:-k].tolist() == view[:-k].tolist()
     assert not set((prefix[-k:] // ps).tolist()) & set((view // ps).tolist())
-    assert torch.equal(kbuf[prefix[-k:]], kbuf[view[-k:]])        # the same K, copied
+    assert torch.equal(kbuf[prefix[-k:]], kbuf[view[-k:]])  # the same K, copied
     assert cache.prefix_device_indices(turn2) is prefix and alloc.available_size() == before - ps
-    alloc.free(torch.arange(ps) + int(prefix[-1]) // ps * ps)     # the request's own page goes
+    alloc.free(torch.arange(ps) + int(prefix[-1]) // ps * ps)  # the request's own page goes
     cache.unlock(turn2.lock)
 
-    assert (len(logical) - 1) % ps                                # the view has a tail
+    assert (len(logical) - 1) % ps  # the view has a tail
     other = Req(logical[:-2] + [logical[-2] + 1, 3000, 5], new_state(cfg, "r2", holed=True))
-    cut = len(logical) - 2                                        # its first differing id
+    cut = len(logical) - 2  # its first differing id
     assert match(cache, other).device_prefix_len == int((positions < cut).sum())  # the view, cut
     assert other.vtoken.report["history_tokens"] == cut
     cache.evict(EvictParams(num_tokens=10**6))
@@ -266,7 +316,9 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
 
 
 @pytest.mark.parametrize("ps", [1, 16])
-def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_lands(ps, monkeypatch):
+def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_lands(
+    ps, monkeypatch
+):
     """Under the overlap scheduler SGLang inserts a prefilled prompt into the tree only when it
     processes the prefill's result, after the next step (whose eviction may already change the
     row) began. The first eviction shares the prompt itself, so a request with the same prompt
@@ -282,10 +334,23 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     prompt_len = 128
     monkeypatch.setattr(radix, "_active", True)
     alloc = PagedAllocator(512 // ps, ps)
-    cache = radix.HoledRadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToToken(),
-                                                  token_to_kv_pool_allocator=alloc, page_size=ps))
-    scheduler = type("Scheduler", (), {"tree_cache": cache, "req_to_token_pool": cache.req_to_token_pool,
-                                       "token_to_kv_pool_allocator": alloc})()
+    cache = radix.HoledRadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToToken(),
+            token_to_kv_pool_allocator=alloc,
+            page_size=ps,
+        )
+    )
+    scheduler = type(
+        "Scheduler",
+        (),
+        {
+            "tree_cache": cache,
+            "req_to_token_pool": cache.req_to_token_pool,
+            "token_to_kv_pool_allocator": alloc,
+        },
+    )()
     cfg = EvictConfig(policy="streamingllm", budget=64, sink=4, interval=16, page_size=ps)
     st = new_state(cfg, "r0", holed=radix.tree_mode(cfg))
     prompt = list(range(1000, 1000 + prompt_len))
@@ -302,4 +367,6 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     assert match(cache, other).device_prefix_len == prompt_len
     lock, cpl = req.lock, req.kv.cache_protected_len
     cache.checkpoint(req, up_to=prompt_len)  # SGLang's, late
-    assert cache.total_size() == prompt_len and req.lock is lock and req.kv.cache_protected_len == cpl
+    assert (
+        cache.total_size() == prompt_len and req.lock is lock and req.kv.cache_protected_len == cpl
+    )

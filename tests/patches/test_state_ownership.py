@@ -14,13 +14,18 @@ from pathlib import Path
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 RECORDS = ("NodeRecord", "RecallPlan")
-ATTACHED = {"vtoken": "runtime", "vt": "history"}  # req.vtoken (a ReqEvictState), node.vt (a NodeRecord)
+ATTACHED = {
+    "vtoken": "runtime",
+    "vt": "history",
+}  # req.vtoken (a ReqEvictState), node.vt (a NodeRecord)
 
 
 def files() -> dict[str, Path]:
     """Module name -> file, for every module of patches/ and its subpackages (names are unique)."""
     found = {p.stem: p for p in sorted(PATCHES.rglob("*.py")) if p.stem != "__init__"}
-    assert len(found) == len([p for p in PATCHES.rglob("*.py") if p.stem != "__init__"]), "two modules share a name"
+    assert len(found) == len([p for p in PATCHES.rglob("*.py") if p.stem != "__init__"]), (
+        "two modules share a name"
+    )
     return found
 
 
@@ -31,18 +36,29 @@ def sources() -> dict[str, str]:
 
 def owners(srcs: dict[str, str]) -> dict[str, str]:
     """Field name of a part -> the module owning that part."""
-    classes = {node.name: (module, node) for module, src in srcs.items() for node in ast.parse(src).body
-               if isinstance(node, ast.ClassDef)}
+    classes = {
+        node.name: (module, node)
+        for module, src in srcs.items()
+        for node in ast.parse(src).body
+        if isinstance(node, ast.ClassDef)
+    }
     composer = classes["ReqEvictState"][1]
-    named = {n.id for stmt in composer.body if isinstance(stmt, ast.AnnAssign)
-             for n in ast.walk(stmt.annotation) if isinstance(n, ast.Name)}
+    named = {
+        n.id
+        for stmt in composer.body
+        if isinstance(stmt, ast.AnnAssign)
+        for n in ast.walk(stmt.annotation)
+        if isinstance(n, ast.Name)
+    }
     fields = dict(ATTACHED)
     for name in sorted({"ReqEvictState", *RECORDS} | (named & classes.keys())):
         module, cls = classes[name]
         for stmt in cls.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 owner = fields.setdefault(stmt.target.id, module)
-                assert owner == module, f"{name}.{stmt.target.id}: {owner}.py has a part field of that name"
+                assert owner == module, (
+                    f"{name}.{stmt.target.id}: {owner}.py has a part field of that name"
+                )
     return fields
 
 
@@ -71,8 +87,10 @@ def violations(srcs: dict[str, str]) -> list[str]:
         for target in assigned_attributes(ast.parse(src)):
             owner = fields.get(target.attr)
             if owner is not None and owner != module:
-                found.append(f"{where[module].relative_to(PATCHES.parent)}:{target.lineno}: {ast.unparse(target)} "
-                             f"(owned by {owner}.py)")
+                found.append(
+                    f"{where[module].relative_to(PATCHES.parent)}:{target.lineno}: {ast.unparse(target)} "
+                    f"(owned by {owner}.py)"
+                )
     return sorted(found)
 
 
@@ -82,26 +100,57 @@ def test_no_module_writes_another_modules_state():
 
 def test_the_lint_catches_planted_writes_and_spares_the_owner():
     srcs = sources()
-    srcs["eviction"] += ("\n\ndef _planted(st, node, plan):\n"
-                         "    st.row.offset += 1\n"
-                         "    n, (st.prefix.hit, *st.naive.held) = 1, (None,)\n"
-                         "    node.vt.live: int = 0\n"
-                         "    plan.scores = None\n"
-                         "    node.vt = None\n"
-                         "    st.report['evicted_tokens'] = 0\n")  # the report: every concern's figures
+    srcs["eviction"] += (
+        "\n\ndef _planted(st, node, plan):\n"
+        "    st.row.offset += 1\n"
+        "    n, (st.prefix.hit, *st.naive.held) = 1, (None,)\n"
+        "    node.vt.live: int = 0\n"
+        "    plan.scores = None\n"
+        "    node.vt = None\n"
+        "    st.report['evicted_tokens'] = 0\n"
+    )  # the report: every concern's figures
     srcs["state"] += "\n\ndef _own(st):\n    st.row.offset = 0\n"
     found = violations(srcs)
     assert [f.split(": ", 1)[1] for f in found] == [
-        "st.row.offset (owned by state.py)", "st.naive.held (owned by held.py)",
-        "st.prefix.hit (owned by radix.py)", "node.vt.live (owned by history.py)",
-        "plan.scores (owned by host_recall.py)", "node.vt (owned by history.py)"]
+        "st.row.offset (owned by state.py)",
+        "st.naive.held (owned by held.py)",
+        "st.prefix.hit (owned by radix.py)",
+        "node.vt.live (owned by history.py)",
+        "plan.scores (owned by host_recall.py)",
+        "node.vt (owned by history.py)",
+    ]
     assert all(f.startswith("patches/step/eviction.py:") for f in found)
 
 
 def test_every_part_has_its_owner():
     fields = owners(sources())
-    assert {f: fields[f] for f in ("row", "kept_pos", "accumulator", "hit", "held", "stash", "logical", "chunks",
-                                   "pinned", "candidates", "live", "view")} == {
-        "row": "state", "kept_pos": "state", "accumulator": "scores", "hit": "radix", "held": "held",
-        "stash": "retraction", "logical": "prefill", "chunks": "host_tier", "pinned": "host_recall",
-        "candidates": "host_recall", "live": "history", "view": "history"}
+    assert {
+        f: fields[f]
+        for f in (
+            "row",
+            "kept_pos",
+            "accumulator",
+            "hit",
+            "held",
+            "stash",
+            "logical",
+            "chunks",
+            "pinned",
+            "candidates",
+            "live",
+            "view",
+        )
+    } == {
+        "row": "state",
+        "kept_pos": "state",
+        "accumulator": "scores",
+        "hit": "radix",
+        "held": "held",
+        "stash": "retraction",
+        "logical": "prefill",
+        "chunks": "host_tier",
+        "pinned": "host_recall",
+        "candidates": "host_recall",
+        "live": "history",
+        "view": "history",
+    }

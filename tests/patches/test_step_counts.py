@@ -12,8 +12,14 @@ from sgl_vtoken_tools.step_counts import Scenario, count_step, scenarios, with_p
 LAYERS = 4  # fake_server.Shape()
 
 
-@pytest.mark.parametrize("sc", scenarios(), ids=lambda sc: f"{sc.policy}-ps{sc.page_size}"
-                         f"{'-history' if sc.history else ''}{'-offload' if sc.offload else ''}")
+@pytest.mark.parametrize(
+    "sc",
+    scenarios(),
+    ids=lambda sc: (
+        f"{sc.policy}-ps{sc.page_size}"
+        f"{'-history' if sc.history else ''}{'-offload' if sc.offload else ''}"
+    ),
+)
 def test_a_batch_64_step_syncs_once_and_scores_once_per_layer(sc):
     out = count_step(sc)
     fwd, ev = out["forward"], out["evict"]
@@ -29,7 +35,9 @@ def test_a_batch_64_step_syncs_once_and_scores_once_per_layer(sc):
         assert out["history_freed"] > 0  # the release paths ran
 
 
-@pytest.mark.parametrize("policy", ["h2o", "tova", "scissorhands", "random", "knorm", "streamingllm"])
+@pytest.mark.parametrize(
+    "policy", ["h2o", "tova", "scissorhands", "random", "knorm", "streamingllm"]
+)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_nothing_the_step_allocates_grows_with_the_pool(policy, page_size):
     """The same step on a pool of 64K and of 1M tokens allocates the same device tensors, none

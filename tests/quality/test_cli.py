@@ -18,9 +18,27 @@ def load_cli():
 def test_smoke_run_writes_json_lines(tiny_model, wheel_dir, tmp_path, capsys):
     cli = load_cli()
     out, plot, md = tmp_path / "q.jsonl", tmp_path / "q.png", tmp_path / "q.md"
-    rc = cli.main(["--smoke", "--model", str(tiny_model), "--wheel-dir", str(wheel_dir),
-                   "--server-trials", "0", "--settings", "streamingllm", "h2o:window=16", "knorm",
-                   "--out", str(out), "--plot", str(plot), "--markdown", str(md)])
+    rc = cli.main(
+        [
+            "--smoke",
+            "--model",
+            str(tiny_model),
+            "--wheel-dir",
+            str(wheel_dir),
+            "--server-trials",
+            "0",
+            "--settings",
+            "streamingllm",
+            "h2o:window=16",
+            "knorm",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+            "--markdown",
+            str(md),
+        ]
+    )
     assert rc == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     kinds = [r["kind"] for r in recs]
@@ -52,20 +70,56 @@ def test_bad_setting_names_the_flag(tiny_model, wheel_dir):
 def test_split_tasks_run_and_export(tiny_model, wheel_dir, tmp_path, capsys):
     cli = load_cli()
     out, tasks = tmp_path / "s.jsonl", tmp_path / "tasks.jsonl"
-    common = ["--model", str(tiny_model), "--wheel-dir", str(wheel_dir), "--split", "tuning",
-              "--docqa-lengths", "120"]
-    rc = cli.main(["--smoke", *common, "--tasks", "docqa", "session", "--session-trials", "2",
-                   "--session-turns", "2", "--server-trials", "0", "--settings", "streamingllm",
-                   "--out", str(out)])
+    common = [
+        "--model",
+        str(tiny_model),
+        "--wheel-dir",
+        str(wheel_dir),
+        "--split",
+        "tuning",
+        "--docqa-lengths",
+        "120",
+    ]
+    rc = cli.main(
+        [
+            "--smoke",
+            *common,
+            "--tasks",
+            "docqa",
+            "session",
+            "--session-trials",
+            "2",
+            "--session-turns",
+            "2",
+            "--server-trials",
+            "0",
+            "--settings",
+            "streamingllm",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     trials = [r for r in map(json.loads, out.read_text().splitlines()) if r["kind"] == "trial"]
-    count = {(t, s): sum(r["task"] == t and r["setting"] == s for r in trials)
-             for t in ("docqa", "session") for s in ("full", "streamingllm")}
-    assert count == {("docqa", "full"): 8, ("docqa", "streamingllm"): 8,  # 4 depths x 2 phrasings
-                     ("session", "full"): 2, ("session", "streamingllm"): 2}
+    count = {
+        (t, s): sum(r["task"] == t and r["setting"] == s for r in trials)
+        for t in ("docqa", "session")
+        for s in ("full", "streamingllm")
+    }
+    assert count == {
+        ("docqa", "full"): 8,
+        ("docqa", "streamingllm"): 8,  # 4 depths x 2 phrasings
+        ("session", "full"): 2,
+        ("session", "streamingllm"): 2,
+    }
     assert {r["split"] for r in trials} == {"tuning"}
     assert "document question" in capsys.readouterr().err
     assert cli.main([*common, "--write-tasks", str(tasks)]) == 0
     lines = [json.loads(line) for line in tasks.read_text().splitlines()]
-    assert [x["trial"] for x in lines] == [r["trial"] for r in trials if r["task"] == "docqa" and r["setting"] == "full"]
-    assert all(x["question_at"] < len(x["prompt"]) == x["prompt_tokens"] and x["answer"].isdigit() for x in lines)
+    assert [x["trial"] for x in lines] == [
+        r["trial"] for r in trials if r["task"] == "docqa" and r["setting"] == "full"
+    ]
+    assert all(
+        x["question_at"] < len(x["prompt"]) == x["prompt_tokens"] and x["answer"].isdigit()
+        for x in lines
+    )

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from sgl_vtoken.config import EvictConfig, Prefill
-from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
+from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken_tools.quality.fastref import Request, fast_greedy, prefill
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
@@ -25,19 +25,31 @@ def ids(n, seed):
 def kvp_params(tiny_eager, tmp_path_factory):
     """An untrained scorer for the tiny model: exactness needs the same scorer on both sides."""
     idt = ModelIdentity.from_hf_config(tiny_eager.config.to_dict())
-    path = save_checkpoint(KVPScorer(idt, hidden=8, seed=0), tmp_path_factory.mktemp("kvp") / "kvp.safetensors")
+    path = save_checkpoint(
+        KVPScorer(idt, hidden=8, seed=0), tmp_path_factory.mktemp("kvp") / "kvp.safetensors"
+    )
     return {"checkpoint": str(path)}
 
 
 def config(policy, page_size, interval, kvp_params, **kw):
     params = kvp_params if policy == "kvp" else {}
-    return EvictConfig(policy=policy, budget=48, sink=4, window=WINDOW.get(policy, 0), page_size=page_size,
-                       interval=interval, params=params, **kw)
+    return EvictConfig(
+        policy=policy,
+        budget=48,
+        sink=4,
+        window=WINDOW.get(policy, 0),
+        page_size=page_size,
+        interval=interval,
+        params=params,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
-def test_greedy_equals_masked_greedy(tiny_eager, tiny_fast, kvp_params, policy, page_size, interval):
+def test_greedy_equals_masked_greedy(
+    tiny_eager, tiny_fast, kvp_params, policy, page_size, interval
+):
     """60 tokens after an 80-token prompt, budget 48: equal token for token, and not the full
     cache's output (the eviction changed something)."""
     prompt = ids(80, seed=POLICIES.index(policy) * 7 + page_size)
@@ -54,13 +66,15 @@ def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, kvp
     cfg = config(policy, 1, 1, kvp_params)
     prompt, history, req = ids(40, seed=3), None, None
     for turn in range(3):
-        expected, _, history = masked_turn(tiny_eager, prompt, 20, cfg, rid=f"t{turn}", history=history)
+        expected, _, history = masked_turn(
+            tiny_eager, prompt, 20, cfg, rid=f"t{turn}", history=history
+        )
         if req is None:
             req = Request(tiny_fast, cfg, "t0")
             req.start(prefill(tiny_fast, prompt, cfg.scoring.obs_window))
         else:
             nxt = Request(tiny_fast, cfg, f"t{turn}", history=req.row)
-            nxt.prompt(prompt[req.row.length:])
+            nxt.prompt(prompt[req.row.length :])
             req = nxt
         got = req.generate(20)
         assert got == expected, f"turn {turn}"
@@ -96,5 +110,7 @@ def test_load_model_is_required_for_attention_statistics(tiny_eager):
 def test_eviction_during_prefill_is_refused_not_ignored(tiny_fast):
     """The fast reference prefills whole prompts: a `prefill_chunk` setting is an error."""
     cfg = EvictConfig(policy="streamingllm", budget=48, sink=4, prefill=Prefill(chunk=32))
-    with pytest.raises(ValueError, match="prefill_chunk 32: the fast reference prefills whole prompts"):
+    with pytest.raises(
+        ValueError, match="prefill_chunk 32: the fast reference prefills whole prompts"
+    ):
         Request(tiny_fast, cfg)

@@ -10,8 +10,15 @@ from sgl_vtoken_tools.quality.settings import Setting, Sweep
 
 
 def trial(task, setting, budget, **kw):
-    return {"kind": "trial", "task": task, "setting": setting, "policy": setting.split(":")[0],
-            "budget": budget, "seconds": 1.0, **kw}
+    return {
+        "kind": "trial",
+        "task": task,
+        "setting": setting,
+        "policy": setting.split(":")[0],
+        "budget": budget,
+        "seconds": 1.0,
+        **kw,
+    }
 
 
 RECORDS = [
@@ -61,12 +68,23 @@ def test_setting_specs_parse_and_validate():
 
 
 def test_split_tasks_are_scored_apart_from_passkey():
-    records = [trial("docqa", "full", None, hit=True), trial("docqa", "h2o", 128, hit=False),
-               trial("docqa", "h2o", 128, hit=True), trial("session", "h2o", 128, hit=True),
-               trial("passkey", "h2o", 128, hit=False)]
+    records = [
+        trial("docqa", "full", None, hit=True),
+        trial("docqa", "h2o", 128, hit=False),
+        trial("docqa", "h2o", 128, hit=True),
+        trial("session", "h2o", 128, hit=True),
+        trial("passkey", "h2o", 128, hit=False),
+    ]
     full, h2o = report.summarize(records)
     assert (full["docqa_hits"], full["docqa_trials"]) == (1, 1) and "session" not in full
-    assert (h2o["docqa_hits"], h2o["docqa_trials"], h2o["session"], h2o["passkey"]) == (1, 2, 1.0, 0.0)
+    assert (h2o["docqa_hits"], h2o["docqa_trials"], h2o["session"], h2o["passkey"]) == (
+        1,
+        2,
+        1.0,
+        0.0,
+    )
     md = report.markdown([full, h2o])
-    assert "**document question (split tasks), exact match** (higher is better; full cache: 1/1)" in md
+    assert (
+        "**document question (split tasks), exact match** (higher is better; full cache: 1/1)" in md
+    )
     assert "| `h2o` | 1/2 |" in md and "| `h2o` | 1/1 |" in md

@@ -11,7 +11,7 @@ from sgl_vtoken_tools.quality.settings import Setting, Sweep
 def test_recall_turns_equal_masked_turn(tiny_eager, tiny_fast, tiny_tok, wheel_dir):
     sweep = Sweep(sink=4, interval=1, page_size=1)
     cells = make_cells([Setting.parse("h2o:window=8")], [48], sweep)
-    trial, = tasks.recall_trials(tiny_tok, 1, fillers=1, filler_tokens=40, wheel_dir=wheel_dir)
+    (trial,) = tasks.recall_trials(tiny_tok, 1, fillers=1, filler_tokens=40, wheel_dir=wheel_dir)
     recs = []
     Runner(tiny_fast, tiny_tok, cells, recs.append).recall([trial], max_new_tokens=12)
     assert [r["setting"] for r in recs] == ["full", "h2o:window=8"]
@@ -23,8 +23,9 @@ def test_recall_turns_equal_masked_turn(tiny_eager, tiny_fast, tiny_tok, wheel_d
                 prev = rec["turn_ids"][turn - 1]
                 prompt += prev + tasks.next_turn_ids(tiny_tok, trial.messages[turn - 1], prev)
             stop = got.index(eos) + 1 if eos in got else 12
-            expected, _, history = masked_turn(tiny_eager, prompt, stop, cell.cfg,
-                                               rid=cell.rid(trial.id, turn), history=history)
+            expected, _, history = masked_turn(
+                tiny_eager, prompt, stop, cell.cfg, rid=cell.rid(trial.id, turn), history=history
+            )
             assert got == expected, (cell.setting.name, turn)
     assert len(recs[0]["turn_ids"]) == 3 and recs[0]["fact_kept"] == 1.0
 

@@ -42,8 +42,12 @@ def test_docqa_states_the_fact_at_its_depth_and_asks_last(tiny_tok, wheel_dir, s
 
 @pytest.mark.parametrize("split", splits.SPLITS)
 def test_sessions_state_the_fact_once_in_its_turn(tiny_tok, wheel_dir, split):
-    ts = splits.session_trials(tiny_tok, split, 7, turns=4, passage_tokens=60, seed=0, wheel_dir=wheel_dir)
-    assert ts == splits.session_trials(tiny_tok, split, 7, turns=4, passage_tokens=60, seed=0, wheel_dir=wheel_dir)
+    ts = splits.session_trials(
+        tiny_tok, split, 7, turns=4, passage_tokens=60, seed=0, wheel_dir=wheel_dir
+    )
+    assert ts == splits.session_trials(
+        tiny_tok, split, 7, turns=4, passage_tokens=60, seed=0, wheel_dir=wheel_dir
+    )
     assert [t.meta["fact_turn"] for t in ts] == [1, 2, 3, 1, 2, 3, 1]
     by = {p.name: p for p in splits.PHRASINGS[split]}
     for t in ts:
@@ -53,7 +57,10 @@ def test_sessions_state_the_fact_once_in_its_turn(tiny_tok, wheel_dir, split):
         holding = [i + 1 for i, m in enumerate(turns) if t.answer in m]
         assert holding == [t.meta["fact_turn"]]
         if t.meta["fact_turn"] == 1:
-            assert t.answer in tiny_tok.decode(t.prompt[t.span[0]:t.span[1]]) and t.meta["depth"] is None
+            assert (
+                t.answer in tiny_tok.decode(t.prompt[t.span[0] : t.span[1]])
+                and t.meta["depth"] is None
+            )
         else:
             assert t.span == (0, 0) and t.meta["depth"] in splits.DEPTHS[split]
             assert turns[t.meta["fact_turn"] - 1].startswith("Here is a passage:")

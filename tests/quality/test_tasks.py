@@ -10,8 +10,12 @@ def test_passkey_trials_are_deterministic_and_place_the_needle(tiny_tok, wheel_d
     a = tasks.passkey_trials(tiny_tok, [150, 300], [0.0, 0.5, 1.0], seed=1, wheel_dir=wheel_dir)
     b = tasks.passkey_trials(tiny_tok, [150, 300], [0.0, 0.5, 1.0], seed=1, wheel_dir=wheel_dir)
     assert a == b and len(a) == 6
-    assert [t.answer for t in a] != [t.answer for t in tasks.passkey_trials(
-        tiny_tok, [150, 300], [0.0, 0.5, 1.0], seed=2, wheel_dir=wheel_dir)]
+    assert [t.answer for t in a] != [
+        t.answer
+        for t in tasks.passkey_trials(
+            tiny_tok, [150, 300], [0.0, 0.5, 1.0], seed=2, wheel_dir=wheel_dir
+        )
+    ]
     for t in a:
         lo, hi = t.span
         needle = tiny_tok.decode(t.prompt[lo:hi])
@@ -24,9 +28,9 @@ def test_passkey_trials_are_deterministic_and_place_the_needle(tiny_tok, wheel_d
 
 
 def test_recall_trials_state_the_fact_then_ask(tiny_tok, wheel_dir):
-    t, = tasks.recall_trials(tiny_tok, 1, fillers=3, seed=0, wheel_dir=wheel_dir)
+    (t,) = tasks.recall_trials(tiny_tok, 1, fillers=3, seed=0, wheel_dir=wheel_dir)
     assert t == tasks.recall_trials(tiny_tok, 1, fillers=3, seed=0, wheel_dir=wheel_dir)[0]
-    assert t.answer in tiny_tok.decode(t.prompt[t.span[0]:t.span[1]])
+    assert t.answer in tiny_tok.decode(t.prompt[t.span[0] : t.span[1]])
     assert len(t.messages) == 4 and t.meta["turns"] == 5
     assert all(t.answer not in m for m in t.messages)  # only turn 1 holds the fact
     nxt = tasks.next_turn_ids(tiny_tok, t.messages[0], [5, 6])
@@ -44,13 +48,16 @@ def test_lm_windows_do_not_overlap(tiny_tok, wheel_dir):
         tasks.lm_trials(tiny_tok, 10_000, context=64, continuation=32, wheel_dir=wheel_dir)
 
 
-@pytest.mark.parametrize("text,answer,hit", [
-    ("The pass key is 67712.", "67712", True),
-    ("The pass key is 677.", "67712", False),          # partial digits are a miss
-    ("67712 or 1", "67712", True),
-    ("It is 1, then 67712.", "67712", False),           # the first number counts
-    ("TheTheTheThe", "67712", False),
-])
+@pytest.mark.parametrize(
+    "text,answer,hit",
+    [
+        ("The pass key is 67712.", "67712", True),
+        ("The pass key is 677.", "67712", False),  # partial digits are a miss
+        ("67712 or 1", "67712", True),
+        ("It is 1, then 67712.", "67712", False),  # the first number counts
+        ("TheTheTheThe", "67712", False),
+    ],
+)
 def test_exact_number(text, answer, hit):
     assert tasks.exact_number(text, answer) is hit
 

@@ -11,28 +11,40 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def run(script: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / script), *argv], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *argv], capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize("script,flags", [
-    ("bench_eviction.py", ("--part", "--quick")),
-    ("bench_agent.py", ("--base-url", "--rid-prefix", "--kv-evict-json")),
-    ("bench_matrix.py", ("--repeats", "--render-only", "--jsonl")),
-    ("stress.py", ("--duration", "--workers", "--page-size")),
-])
+@pytest.mark.parametrize(
+    "script,flags",
+    [
+        ("bench_eviction.py", ("--part", "--quick")),
+        ("bench_agent.py", ("--base-url", "--rid-prefix", "--kv-evict-json")),
+        ("bench_matrix.py", ("--repeats", "--render-only", "--jsonl")),
+        ("stress.py", ("--duration", "--workers", "--page-size")),
+    ],
+)
 def test_help_lists_the_flags(script, flags):
     out = run(script, "--help")
     assert out.returncode == 0, out.stderr[-2000:]
     assert all(f in out.stdout for f in flags)
 
 
-@pytest.mark.parametrize("script,argv,flag", [
-    ("bench_agent.py", ("--base-url", "http://127.0.0.1:9", "--tool-min", "50", "--tool-max", "10"), "--tool-max"),
-    ("bench_agent.py", ("--base-url", "http://127.0.0.1:9", "--sessions", "0"), "--sessions"),
-    ("bench_agent.py", ("--base-url", "http://127.0.0.1:9", "--rate", "0"), "--rate"),
-    ("bench_matrix.py", ("--repeats", "0", "--model-path", "/nonexistent"), "repeats"),
-    ("stress.py", ("--server-log", "x.log"), "--server-log"),
-])
+@pytest.mark.parametrize(
+    "script,argv,flag",
+    [
+        (
+            "bench_agent.py",
+            ("--base-url", "http://127.0.0.1:9", "--tool-min", "50", "--tool-max", "10"),
+            "--tool-max",
+        ),
+        ("bench_agent.py", ("--base-url", "http://127.0.0.1:9", "--sessions", "0"), "--sessions"),
+        ("bench_agent.py", ("--base-url", "http://127.0.0.1:9", "--rate", "0"), "--rate"),
+        ("bench_matrix.py", ("--repeats", "0", "--model-path", "/nonexistent"), "repeats"),
+        ("stress.py", ("--server-log", "x.log"), "--server-log"),
+    ],
+)
 def test_bad_flags_exit_2_naming_the_flag(script, argv, flag):
     out = run(script, *argv)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])

@@ -11,9 +11,29 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_evict_step.py"
 
 def test_both_paths_evict_the_same_tokens_and_the_batched_one_launches_once(tmp_path):
     out = tmp_path / "step.jsonl"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--batches", "3", "--budget", "40",
-                           "--intervals", "16", "--repeats", "1", "--policies", "random,knorm,h2o",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--batches",
+            "3",
+            "--budget",
+            "40",
+            "--intervals",
+            "16",
+            "--repeats",
+            "1",
+            "--policies",
+            "random,knorm,h2o",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert not [x for x in lines if "error" in x]
@@ -27,19 +47,49 @@ def test_both_paths_evict_the_same_tokens_and_the_batched_one_launches_once(tmp_
 
 
 def test_an_unknown_policy_is_refused_naming_the_flag():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--policies", "lru"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--policies", "lru"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "--policies" in proc.stderr and "streamingllm" in proc.stderr
 
 
 def test_full_step_lines_count_one_sync_and_one_score_launch_per_layer(tmp_path):
     """--full: the whole step through the real hooks on a server-shaped fake (tiny shapes)."""
     out = tmp_path / "full.jsonl"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--full", "--device", "cpu", "--shapes", "tiny",
-                           "--policies", "h2o,streamingllm", "--batches", "2", "--pools", "4096",
-                           "--repeats", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--full",
+            "--device",
+            "cpu",
+            "--shapes",
+            "tiny",
+            "--policies",
+            "h2o,streamingllm",
+            "--batches",
+            "2",
+            "--pools",
+            "4096",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(x["policy"], x["history"], x["offload"]) for x in lines] == [("h2o", True, True), ("streamingllm", True, True)]
-    assert [x["score_launches"] for x in lines] == [4, 0] and all(x["host_syncs"] == 1 for x in lines)
+    assert [(x["policy"], x["history"], x["offload"]) for x in lines] == [
+        ("h2o", True, True),
+        ("streamingllm", True, True),
+    ]
+    assert [x["score_launches"] for x in lines] == [4, 0] and all(
+        x["host_syncs"] == 1 for x in lines
+    )
     assert all(x["step_ms"]["median"] > 0 for x in lines)

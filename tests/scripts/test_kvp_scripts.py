@@ -23,25 +23,72 @@ def json_lines(text):
 def test_collect_then_train_is_reproducible(tiny_model, tmp_path, capsys):
     collect, train = load("collect_traces"), load("train_kvp")
     traces = tmp_path / "traces.pt"
-    collect.main(["--model", str(tiny_model), "--out", str(traces), "--num-seqs", "3", "--seq-len", "64",
-                  "--horizon", "16", "--min-cut", "16", "--cut-every", "16", "--threads", "1"])
+    collect.main(
+        [
+            "--model",
+            str(tiny_model),
+            "--out",
+            str(traces),
+            "--num-seqs",
+            "3",
+            "--seq-len",
+            "64",
+            "--horizon",
+            "16",
+            "--min-cut",
+            "16",
+            "--cut-every",
+            "16",
+            "--threads",
+            "1",
+        ]
+    )
     rec = json_lines(capsys.readouterr().out)[-1]
     assert rec["cuts"] == [16, 32, 48] and traces.exists()
     digests = []
     for name in ("a", "b"):
-        train.main(["--traces", str(traces), "--out", str(tmp_path / f"{name}.st"), "--steps", "4",
-                    "--batch", "2", "--threads", "1", "--log-every", "2"])
+        train.main(
+            [
+                "--traces",
+                str(traces),
+                "--out",
+                str(tmp_path / f"{name}.st"),
+                "--steps",
+                "4",
+                "--batch",
+                "2",
+                "--threads",
+                "1",
+                "--log-every",
+                "2",
+            ]
+        )
         done = json_lines(capsys.readouterr().out)[-1]
         digests.append(done["sha256"])
     assert digests[0] == digests[1]
-    assert done["identity"] == {"model_type": "llama", "num_layers": 2, "num_kv_heads": 2, "head_dim": 32}
+    assert done["identity"] == {
+        "model_type": "llama",
+        "num_layers": 2,
+        "num_kv_heads": 2,
+        "head_dim": 32,
+    }
     assert set(done["heuristics_reward"]) == {"traces", "recency", "knorm"}
 
 
 def test_collect_refuses_traces_over_the_size_bound(tiny_model, tmp_path, capsys):
     with pytest.raises(SystemExit):
-        load("collect_traces").main(["--model", str(tiny_model), "--out", str(tmp_path / "t.pt"),
-                                     "--max-mb", "0.001", "--threads", "1"])
+        load("collect_traces").main(
+            [
+                "--model",
+                str(tiny_model),
+                "--out",
+                str(tmp_path / "t.pt"),
+                "--max-mb",
+                "0.001",
+                "--threads",
+                "1",
+            ]
+        )
     assert "--max-mb" in capsys.readouterr().err
 
 
@@ -69,14 +116,48 @@ def test_eval_kvp_replays_every_policy(tiny_model, tmp_path, capsys):
 
     idt = ModelIdentity.from_hf_config(AutoConfig.from_pretrained(tiny_model).to_dict())
     ckpt = save_checkpoint(KVPScorer(idt, hidden=8, seed=0), tmp_path / "kvp.safetensors")
-    load("eval_kvp").main(["--model", str(tiny_model), "--checkpoint", str(ckpt), "--num-seqs", "1",
-                           "--seq-len", "64", "--prompt", "8", "--horizon", "16", "--budgets", "16", "64",
-                           "--ppl-budgets", "16", "--policies", "kvp", "streamingllm", "h2o", "oracle",
-                           "--threads", "1", "--out", str(tmp_path / "eval.jsonl")])
-    summary = {(r["policy"], r["budget"]): r for r in json_lines(capsys.readouterr().out)
-               if r.get("event") == "summary"}
-    assert set(summary) == {(p, b) for p in ("kvp", "streamingllm", "h2o", "oracle") for b in (16, 64)} | {
-        ("full", None)}
-    assert summary[("oracle", 16)]["retained_mass"] >= summary[("streamingllm", 16)]["retained_mass"]
-    assert all(summary[(p, 64)]["retained_mass"] == 1.0 for p in ("kvp", "streamingllm", "h2o", "oracle"))
+    load("eval_kvp").main(
+        [
+            "--model",
+            str(tiny_model),
+            "--checkpoint",
+            str(ckpt),
+            "--num-seqs",
+            "1",
+            "--seq-len",
+            "64",
+            "--prompt",
+            "8",
+            "--horizon",
+            "16",
+            "--budgets",
+            "16",
+            "64",
+            "--ppl-budgets",
+            "16",
+            "--policies",
+            "kvp",
+            "streamingllm",
+            "h2o",
+            "oracle",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path / "eval.jsonl"),
+        ]
+    )
+    summary = {
+        (r["policy"], r["budget"]): r
+        for r in json_lines(capsys.readouterr().out)
+        if r.get("event") == "summary"
+    }
+    assert set(summary) == {
+        (p, b) for p in ("kvp", "streamingllm", "h2o", "oracle") for b in (16, 64)
+    } | {("full", None)}
+    assert (
+        summary[("oracle", 16)]["retained_mass"] >= summary[("streamingllm", 16)]["retained_mass"]
+    )
+    assert all(
+        summary[(p, 64)]["retained_mass"] == 1.0 for p in ("kvp", "streamingllm", "h2o", "oracle")
+    )
     assert summary[("kvp", 16)]["ppl"] > 0 and summary[("full", None)]["ppl"] > 0

@@ -34,27 +34,48 @@ def test_modes_split_the_prompt_at_the_question(kv):
 
 
 def _ours(setting, budget, trial, ids, hit):
-    return {"kind": "trial", "task": "docqa", "setting": setting, "budget": budget, "trial": trial,
-            "output_ids": ids, "hit": hit}
+    return {
+        "kind": "trial",
+        "task": "docqa",
+        "setting": setting,
+        "budget": budget,
+        "trial": trial,
+        "output_ids": ids,
+        "hit": hit,
+    }
 
 
 def _press(press, mode, budget, trial, ids, hit):
-    return {"kind": "press", "press": press, "mode": mode, "budget": budget, "trial": trial,
-            "output_ids": ids, "hit": hit}
+    return {
+        "kind": "press",
+        "press": press,
+        "mode": mode,
+        "budget": budget,
+        "trial": trial,
+        "output_ids": ids,
+        "hit": hit,
+    }
 
 
-RECORDS_OURS = [_ours("full", None, "a", [1, 2], True), _ours("full", None, "b", [3, 2], True),
-                _ours("streamingllm", 128, "a", [5, 2], False), _ours("streamingllm", 128, "b", [6, 2], False),
-                _ours("h2o", 128, "a", [1, 2], True), _ours("h2o", 128, "b", [7, 2], False)]
-RECORDS_PRESS = [_press("streamingllm", "aware", 128, "a", [5, 2], False),
-                 _press("streamingllm", "aware", 128, "b", [6, 9], False),
-                 _press("streamingllm", "agnostic", 128, "a", [5, 2], False),
-                 _press("snapkv", "aware", 128, "a", [1, 2], True),
-                 _press("snapkv", "aware", 128, "b", [3, 2], True)]
+RECORDS_OURS = [
+    _ours("full", None, "a", [1, 2], True),
+    _ours("full", None, "b", [3, 2], True),
+    _ours("streamingllm", 128, "a", [5, 2], False),
+    _ours("streamingllm", 128, "b", [6, 2], False),
+    _ours("h2o", 128, "a", [1, 2], True),
+    _ours("h2o", 128, "b", [7, 2], False),
+]
+RECORDS_PRESS = [
+    _press("streamingllm", "aware", 128, "a", [5, 2], False),
+    _press("streamingllm", "aware", 128, "b", [6, 9], False),
+    _press("streamingllm", "agnostic", 128, "a", [5, 2], False),
+    _press("snapkv", "aware", 128, "a", [1, 2], True),
+    _press("snapkv", "aware", 128, "b", [3, 2], True),
+]
 
 
 def test_agreement_counts_equal_answers_per_budget(kv):
-    a, = kv.agreement(RECORDS_OURS, RECORDS_PRESS)
+    (a,) = kv.agreement(RECORDS_OURS, RECORDS_PRESS)
     assert (a["budget"], a["equal"], a["trials"], a["differ"]) == (128, 1, 2, ["b"])
 
 

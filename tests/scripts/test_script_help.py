@@ -10,21 +10,29 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
-@pytest.mark.parametrize("script,flag", [
-    ("bench_joint.py", "--cells"),
-    ("chat_clients.py", "--stuck-after"),
-    ("check_fastref.py", "--cases"),
-    ("collect_traces.py", "--cut-every"),
-    ("diag_attention.py", "--obs-window"),
-    ("eval_kvp.py", "--ppl-budgets"),
-    ("eval_quality.py", "--kvp-checkpoint"),
-    ("kvpress_eval.py", "--modes"),  # without kvpress installed: it is imported only to run
-    ("probe_retokenize.py", "--conversations"),
-    ("train_kvp.py", "--heldout"),
-    ("train_tiny_lm.py", "--eval-windows"),
-])
+@pytest.mark.parametrize(
+    "script,flag",
+    [
+        ("bench_joint.py", "--cells"),
+        ("chat_clients.py", "--stuck-after"),
+        ("check_fastref.py", "--cases"),
+        ("collect_traces.py", "--cut-every"),
+        ("diag_attention.py", "--obs-window"),
+        ("eval_kvp.py", "--ppl-budgets"),
+        ("eval_quality.py", "--kvp-checkpoint"),
+        ("kvpress_eval.py", "--modes"),  # without kvpress installed: it is imported only to run
+        ("probe_retokenize.py", "--conversations"),
+        ("train_kvp.py", "--heldout"),
+        ("train_tiny_lm.py", "--eval-windows"),
+    ],
+)
 def test_help_exits_0(script, flag, tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert flag in out.stdout

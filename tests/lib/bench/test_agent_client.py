@@ -10,8 +10,12 @@ def test_request_ids_are_fixed_per_session_and_turn():
 
 
 def test_chat_payload_carries_rid_kv_evict_and_exact_length():
-    cfg = AgentConfig(base_url="http://127.0.0.1:1/", model="m", reply_tokens=32,
-                      kv_evict={"policy": "random", "budget": 128})
+    cfg = AgentConfig(
+        base_url="http://127.0.0.1:1/",
+        model="m",
+        reply_tokens=32,
+        kv_evict={"policy": "random", "budget": 128},
+    )
     assert cfg.base_url == "http://127.0.0.1:1"
     msgs = [{"role": "user", "content": "hi"}]
     p = chat_payload(cfg, msgs, "burst-s0-t1")

@@ -18,8 +18,13 @@ def test_shim_sets_the_cpu_flag_in_a_fresh_interpreter(tmp_path):
     """The baseline's sitecustomize, on PYTHONPATH, sets `_is_cpu` once the module loads."""
     (tmp_path / "sitecustomize.py").write_text(baseline.SHIM_SOURCE)
     code = "import sglang.srt.layers.rotary_embedding.base as b; print(b._is_cpu)"
-    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
     assert baseline.shim_applications(out.stderr) == 1

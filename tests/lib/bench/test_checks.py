@@ -5,9 +5,20 @@ from sgl_vtoken_tools.bench.checks import compare_cells, fair, repeat_consistenc
 
 
 def run(hashes: dict, evicted: int, cached: int = 0, errors=()):
-    reqs = [{"session": s, "turn": t, "rid": f"burst-s{s}-t{t}", "output_hash": h,
-             "error": "HTTP 500" if (s, t) in errors else None} for (s, t), h in hashes.items()]
-    return {"requests": reqs, "summary": {"cached_tokens": cached, "vtoken": {"delta": {"evicted_tokens": evicted}}}}
+    reqs = [
+        {
+            "session": s,
+            "turn": t,
+            "rid": f"burst-s{s}-t{t}",
+            "output_hash": h,
+            "error": "HTTP 500" if (s, t) in errors else None,
+        }
+        for (s, t), h in hashes.items()
+    ]
+    return {
+        "requests": reqs,
+        "summary": {"cached_tokens": cached, "vtoken": {"delta": {"evicted_tokens": evicted}}},
+    }
 
 
 def cell(mode, *runs):
@@ -21,7 +32,10 @@ H = {(0, 1): "a", (0, 2): "b", (1, 1): "c", (1, 2): "d"}
 
 
 def test_identical_runs_are_fair():
-    ch = compare_cells(cell("naive", run(H, 100, 0), run(H, 100, 0)), cell("vtoken", run(H, 100, 300), run(H, 100, 300)))
+    ch = compare_cells(
+        cell("naive", run(H, 100, 0), run(H, 100, 0)),
+        cell("vtoken", run(H, 100, 300), run(H, 100, 300)),
+    )
     assert (ch["requests"], ch["identical"], ch["same_rids"], ch["unpaired"]) == (8, 8, 8, 0)
     assert (ch["runs"], ch["evicted_equal"], ch["cached"]) == (2, 2, [0, 600])
     assert ch["first_difference"] is None and fair(ch)
@@ -32,12 +46,20 @@ def test_a_differing_output_is_found_in_turn_order():
     ch = compare_cells(cell("naive", run(H, 100)), cell("vtoken", run(other, 101)))
     assert ch["identical"] == 2 and ch["evicted_equal"] == 0
     # Turn 1 of session 1 comes before turn 2 of session 0: the earliest difference in a run.
-    assert ch["first_difference"] == {"repeat": 0, "run": "burst", "session": 1, "turn": 1, "rid": "burst-s1-t1"}
+    assert ch["first_difference"] == {
+        "repeat": 0,
+        "run": "burst",
+        "session": 1,
+        "turn": 1,
+        "rid": "burst-s1-t1",
+    }
     assert not fair(ch)
 
 
 def test_failed_or_missing_requests_are_unpaired_and_unfair():
-    ch = compare_cells(cell("naive", run(H, 100, errors={(1, 2)})), cell("vtoken", run({(0, 1): "a"}, 100)))
+    ch = compare_cells(
+        cell("naive", run(H, 100, errors={(1, 2)})), cell("vtoken", run({(0, 1): "a"}, 100))
+    )
     assert ch["requests"] == 1 and ch["unpaired"] == 3 and not fair(ch)
 
 

@@ -23,7 +23,12 @@ def test_parse_metrics_sums_label_sets_and_knows_the_retraction_gauge():
     assert m["retractions_exported"] is True  # ... but its gauge is, so 0 is a real 0
     assert "other_counter_total" not in m
     assert probe.parse_metrics("# no sglang series\nfoo 1\n") is None
-    assert probe.parse_metrics(METRICS.replace("sglang:num_retracted_reqs", "x"))["retractions_exported"] is False
+    assert (
+        probe.parse_metrics(METRICS.replace("sglang:num_retracted_reqs", "x"))[
+            "retractions_exported"
+        ]
+        is False
+    )
 
 
 def test_vtoken_state_and_pool_whole():
@@ -33,4 +38,6 @@ def test_vtoken_state_and_pool_whole():
     assert probe.vtoken_state("unused", {"internal_states": [{}]}) is None
     assert probe.vtoken_state("unused", {}) is None
     assert probe.pool_whole(state)
-    assert not probe.pool_whole({**state, "pool_available_tokens": 3984})  # 16 slots held: a leak once idle
+    assert not probe.pool_whole(
+        {**state, "pool_available_tokens": 3984}
+    )  # 16 slots held: a leak once idle

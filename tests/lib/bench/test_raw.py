@@ -7,11 +7,13 @@ from sgl_vtoken_tools.bench.cells import Cell
 
 
 def run_text(rate=None):
-    lines = [{"kind": "config", "rate": rate},
-             {"kind": "request", "session": 0, "turn": 1, "output_hash": "h", "error": None},
-             {"kind": "sample", "t": 0.1, "running": 1},
-             {"kind": "turn", "turn": 1, "completed": 1},
-             {"kind": "summary", "completed": 1}]
+    lines = [
+        {"kind": "config", "rate": rate},
+        {"kind": "request", "session": 0, "turn": 1, "output_hash": "h", "error": None},
+        {"kind": "sample", "t": 0.1, "running": 1},
+        {"kind": "turn", "turn": 1, "completed": 1},
+        {"kind": "summary", "completed": 1},
+    ]
     return "\n".join(json.dumps(x) for x in lines) + "\n"
 
 
@@ -35,5 +37,6 @@ def test_round_trip(tmp_path):
     assert burst["requests"][0]["output_hash"] == "h" and "cell" not in burst["requests"][0]
     assert checks[0]["identical"] == 1
     tagged = [json.loads(x) for x in path.read_text().splitlines()]
-    assert {(x.get("cell"), x.get("repeat"), x.get("run")) for x in tagged if x.get("kind") == "request"} == {
-        ("ps16-naive-random-b128", 0, "burst"), ("ps16-naive-random-b128", 1, "rate2")}
+    assert {
+        (x.get("cell"), x.get("repeat"), x.get("run")) for x in tagged if x.get("kind") == "request"
+    } == {("ps16-naive-random-b128", 0, "burst"), ("ps16-naive-random-b128", 1, "rate2")}

@@ -53,18 +53,29 @@ def test_load_rebuilds_every_cell_and_repeat(lines, loaded):
     runs = {(r["cell"], r["repeat"], r["run"]) for r in lines if r.get("kind") == "summary"}
     assert sum(len(rep) for c in cells for rep in c.repeats) == len(runs)
     requests = sum(r.get("kind") == "request" for r in lines)
-    assert sum(len(run["requests"]) for c in cells for rep in c.repeats for run in rep.values()) == requests
+    assert (
+        sum(len(run["requests"]) for c in cells for rep in c.repeats for run in rep.values())
+        == requests
+    )
     assert len(checks) == 1
 
 
 def test_headline_shows_the_median_and_range_of_the_raw_figures(lines, loaded):
     text = render(*loaded[:3], plots=[])
     for mode, col in (("naive", 1), ("vtoken", 2)):
-        vals = [v for v in burst_figure(lines, mode, ("vtoken", "retained_pages_per_req")) if v is not None]
+        vals = [
+            v
+            for v in burst_figure(lines, mode, ("vtoken", "retained_pages_per_req"))
+            if v is not None
+        ]
         cell = row(text, "retained pages per request (plugin gauge)")[col]
         assert vals, "the sample has no retained-pages figure to check"
         mid = f"{statistics.median(vals):.2f}"
-        assert cell == mid if min(vals) == max(vals) else cell == f"{mid} ({min(vals):.2f}-{max(vals):.2f})"
+        assert (
+            cell == mid
+            if min(vals) == max(vals)
+            else cell == f"{mid} ({min(vals):.2f}-{max(vals):.2f})"
+        )
     ttft = burst_figure(lines, "none", ("ttft_ms", "p95"))
     assert row(text, "TTFT p95 (ms)")[0].startswith(f"{statistics.median(ttft):.0f}")
     assert row(text, "retained pages per request (plugin gauge)")[0] == "-"  # No-Evict has none
@@ -76,7 +87,9 @@ def test_fairness_line_counts_the_raw_request_pairs(lines, loaded):
     pairs = {}
     for r in lines:
         if r.get("kind") == "request" and r["mode"] in ("naive", "vtoken") and r["error"] is None:
-            pairs.setdefault((r["repeat"], r["run"], r["session"], r["turn"]), {})[r["mode"]] = r["output_hash"]
+            pairs.setdefault((r["repeat"], r["run"], r["session"], r["turn"]), {})[r["mode"]] = r[
+                "output_hash"
+            ]
     both = [p for p in pairs.values() if len(p) == 2]
     same = sum(p["naive"] == p["vtoken"] for p in both)
     assert f"outputs identical in {same} of {len(both)} request pairs" in text
@@ -90,12 +103,18 @@ def test_publish_rewrites_only_its_section_and_draws_the_plots(tmp_path, loaded)
     md.write_text("# Results\n\nbefore\n\n<!-- bench:begin -->\nold\n<!-- bench:end -->\n\nafter\n")
     checks = publish(SAMPLE, md, tmp_path / "img", tmp_path)
     text = md.read_text()
-    assert text.startswith("# Results\n\nbefore\n\n<!-- bench:begin -->\nRegenerate with `make bench`")
+    assert text.startswith(
+        "# Results\n\nbefore\n\n<!-- bench:begin -->\nRegenerate with `make bench`"
+    )
     assert text.endswith("<!-- bench:end -->\n\nafter\n") and "\nold\n" not in text
-    assert [c["identical"] for c in checks] == [c["identical"] for c in loaded[2]]  # the run's own check lines
+    assert [c["identical"] for c in checks] == [
+        c["identical"] for c in loaded[2]
+    ]  # the run's own check lines
     pngs = sorted(p.name for p in (tmp_path / "img").iterdir())
-    assert pngs == sorted(f"bench_{n}.png" for n in ("retained_pages", "concurrency", "sla_throughput", "running",
-                                                      "ttft_per_turn"))
+    assert pngs == sorted(
+        f"bench_{n}.png"
+        for n in ("retained_pages", "concurrency", "sla_throughput", "running", "ttft_per_turn")
+    )
     assert all(f"![{p}](img/{p})" in text for p in pngs)
     publish(SAMPLE, md, tmp_path / "img", tmp_path)
     assert md.read_text() == text  # the same lines render the same section

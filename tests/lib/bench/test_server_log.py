@@ -14,21 +14,36 @@ SAMPLE_LOG = """\
 [2026-12-01 10:00:05] KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_tokens_gained: 1024, #new_token_ratio: 0.6000 -> 0.9000
 [2026-12-01 10:00:06] Decode batch, #running-req: 9, #token: 2900, token usage: 0.70, gen throughput (token/s): 700.00, #queue-req: 7,
 """
-TRACEBACK = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\nValueError: boom\n'
+TRACEBACK = (
+    'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\nValueError: boom\n'
+)
 
 
 def test_peak_running_is_the_largest_decode_batch():
     assert server_log.peak_running_from_log(SAMPLE_LOG) == 12  # the "[iter]" form counts too
     # The prefill line's "#running-req: 0" is not a decode batch; neither is a "#running-req: 99"
     # in a line that is not a Decode batch record.
-    assert server_log.peak_running_from_log("Prefill batch, #running-req: 99, #queue-req: 0,\n") is None
+    assert (
+        server_log.peak_running_from_log("Prefill batch, #running-req: 99, #queue-req: 0,\n")
+        is None
+    )
     assert server_log.peak_running_from_log("") is None
     assert server_log.peak_running_from_log("Decode batch, #running-req: 1, #token: 5,\n") == 1
 
 
 def test_decode_throughput_pairs_each_batch_with_its_rate():
-    assert server_log.decode_throughput(SAMPLE_LOG) == [(3, 310.22), (12, 990.10), (10, 805.0), (9, 700.0)]
-    assert server_log.decode_throughput("Prefill batch, #running-req: 4, gen throughput (token/s): 1.0,\n") == []
+    assert server_log.decode_throughput(SAMPLE_LOG) == [
+        (3, 310.22),
+        (12, 990.10),
+        (10, 805.0),
+        (9, 700.0),
+    ]
+    assert (
+        server_log.decode_throughput(
+            "Prefill batch, #running-req: 4, gen throughput (token/s): 1.0,\n"
+        )
+        == []
+    )
 
 
 def test_retractions_count_only_the_pool_full_lines():
@@ -39,18 +54,29 @@ def test_retractions_count_only_the_pool_full_lines():
 
 
 def test_parse_log_sums_up_a_run():
-    assert server_log.parse_log(SAMPLE_LOG) == {"peak_running_requests": 12, "decode_steps": 4,
-                                                "retraction_events": 2, "retracted_requests": 3}
+    assert server_log.parse_log(SAMPLE_LOG) == {
+        "peak_running_requests": 12,
+        "decode_steps": 4,
+        "retraction_events": 2,
+        "retracted_requests": 3,
+    }
     assert server_log.parse_log("")["peak_running_requests"] == 0
 
 
 def test_error_lines_and_tracebacks():
     text = SAMPLE_LOG + TRACEBACK
-    assert server_log.error_lines(text) == ["Traceback (most recent call last):", "ValueError: boom"]
+    assert server_log.error_lines(text) == [
+        "Traceback (most recent call last):",
+        "ValueError: boom",
+    ]
     assert server_log.error_lines(SAMPLE_LOG) == []
-    tbs = server_log.tracebacks(text + "[t] Scheduler hit an exception: " + TRACEBACK + "later line\n")
+    tbs = server_log.tracebacks(
+        text + "[t] Scheduler hit an exception: " + TRACEBACK + "later line\n"
+    )
     assert len(tbs) == 2 and tbs[0] == TRACEBACK.rstrip("\n")
-    assert tbs[1].startswith("[t] Scheduler hit an exception: Traceback") and tbs[1].endswith("ValueError: boom")
+    assert tbs[1].startswith("[t] Scheduler hit an exception: Traceback") and tbs[1].endswith(
+        "ValueError: boom"
+    )
     assert server_log.tracebacks(SAMPLE_LOG) == []
 
 

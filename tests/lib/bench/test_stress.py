@@ -5,8 +5,15 @@ import random
 import pytest
 
 from sgl_vtoken_tools.bench.stress import StressConfig, expected, tally, verdict
-from sgl_vtoken_tools.bench.stress_traffic import (KINDS, TrafficSpec, _outcome, _refusal, evict_choice, play,
-                                                   prompt_ids)
+from sgl_vtoken_tools.bench.stress_traffic import (
+    KINDS,
+    TrafficSpec,
+    _outcome,
+    _refusal,
+    evict_choice,
+    play,
+    prompt_ids,
+)
 
 SPEC = TrafficSpec()
 
@@ -19,28 +26,50 @@ def test_eviction_settings_cover_server_none_and_policies_deterministically():
     assert {d["policy"] for d in chosen} == set(SPEC.policies)
     assert all(d["budget"] in SPEC.budgets for d in chosen)
     # Every other field a request may carry is overridden by some requests, left to the server by others.
-    for name, values in (("sink", SPEC.sinks), ("window", SPEC.windows), ("interval", SPEC.intervals)):
+    for name, values in (
+        ("sink", SPEC.sinks),
+        ("window", SPEC.windows),
+        ("interval", SPEC.intervals),
+    ):
         assert {d[name] for d in chosen if name in d} == set(values)
         assert any(name not in d for d in chosen)
-    assert not any("offload" in d or "recall" in d for d in chosen)  # no host store: never asked for
+    assert not any(
+        "offload" in d or "recall" in d for d in chosen
+    )  # no host store: never asked for
 
 
 def test_a_server_with_a_host_store_gets_offload_and_recall_overrides():
     spec = TrafficSpec(recalls=(0, 16, 32))
-    chosen = [d for i in range(300) if (d := evict_choice(random.Random(f"h{i}"), spec)) and d["policy"] != "none"]
+    chosen = [
+        d
+        for i in range(300)
+        if (d := evict_choice(random.Random(f"h{i}"), spec)) and d["policy"] != "none"
+    ]
     assert {d["offload"] for d in chosen if "offload" in d} == {True, False}
     assert {d["recall"] for d in chosen if "recall" in d} == set(spec.recalls)
-    assert all(d["recall"] == 0 for d in chosen if d.get("offload") is False)  # recall needs offload
+    assert all(
+        d["recall"] == 0 for d in chosen if d.get("offload") is False
+    )  # recall needs offload
 
 
 def test_a_503_naming_a_shortage_is_its_own_outcome_and_expected():
     rec = {"kind": "generate", "rid": "r"}
-    reason = {"type": "abort", "status_code": 503, "message": "kv_evict prefill_chunk: no free KV page ..."}
+    reason = {
+        "type": "abort",
+        "status_code": 503,
+        "message": "kv_evict prefill_chunk: no free KV page ...",
+    }
     out = _outcome(dict(rec), reason, 0, 8)
     assert out["status"] == "unavailable" and expected(out)
     # Any other abort of a request nobody aborted, or another 503, is not.
-    assert _outcome(dict(rec), {"type": "abort", "status_code": 500, "message": "x"}, 0, 8)["status"] == "aborted"
-    assert _refusal(503, "Service overloaded") == "error" and _refusal(400, "kv_evict.budget") == "rejected"
+    assert (
+        _outcome(dict(rec), {"type": "abort", "status_code": 500, "message": "x"}, 0, 8)["status"]
+        == "aborted"
+    )
+    assert (
+        _refusal(503, "Service overloaded") == "error"
+        and _refusal(400, "kv_evict.budget") == "rejected"
+    )
     assert _outcome(dict(rec), {"type": "length"}, 8, 8)["status"] == "ok"
     assert _outcome(dict(rec), "length", 7, 8)["status"] == "error"
 
@@ -58,16 +87,20 @@ def test_prompts_within_bounds_and_sharing_heads():
 def test_expected_outcomes_per_kind():
     assert expected({"kind": "generate", "status": "ok"})
     assert not expected({"kind": "chat", "status": "aborted"})  # nobody aborted it
-    assert expected({"kind": "abort", "status": "aborted"}) and expected({"kind": "abort", "status": "ok"})
+    assert expected({"kind": "abort", "status": "aborted"}) and expected(
+        {"kind": "abort", "status": "ok"}
+    )
     assert expected({"kind": "invalid", "status": "rejected"})
     assert not expected({"kind": "invalid", "status": "ok"})  # a bad kv_evict must be refused
     assert not expected({"kind": "session", "status": "error"})
 
 
 def test_tally_and_verdict():
-    recs = [{"kind": "generate", "status": "ok", "evict": "random"},
-            {"kind": "abort", "status": "aborted", "evict": "none"},
-            {"kind": "invalid", "status": "ok", "evict": "server"}]
+    recs = [
+        {"kind": "generate", "status": "ok", "evict": "random"},
+        {"kind": "abort", "status": "aborted", "evict": "none"},
+        {"kind": "invalid", "status": "ok", "evict": "server"},
+    ]
     t = tally(recs)
     assert t["requests"] == 3 and t["unexpected"] == 1 and t["aborted"] == 1
     assert t["by_kind"] == {"abort": {"aborted": 1}, "generate": {"ok": 1}, "invalid": {"ok": 1}}

@@ -19,12 +19,23 @@ class WordFitter:
         return text.split(" ")
 
     def fit(self, texts, targets, keep):
-        return [" ".join(t.split(" ")[:max(n, len(k.split(" ")) if k else 0)])
-                for t, n, k in zip(texts, targets, keep)]
+        return [
+            " ".join(t.split(" ")[: max(n, len(k.split(" ")) if k else 0)])
+            for t, n, k in zip(texts, targets, keep)
+        ]
 
 
-SPEC = WorkloadSpec(sessions=5, turns=4, rate=2.0, seed=7, system_tokens=64, user_tokens=20,
-                    tool_tokens=50, tool_min=10, tool_max=80)
+SPEC = WorkloadSpec(
+    sessions=5,
+    turns=4,
+    rate=2.0,
+    seed=7,
+    system_tokens=64,
+    user_tokens=20,
+    tool_tokens=50,
+    tool_min=10,
+    tool_max=80,
+)
 
 
 def texts(work):
@@ -46,7 +57,7 @@ def test_texts_do_not_depend_on_the_rate_and_fewer_sessions_play_a_prefix():
     starts = [s.start for s in a.sessions]
     assert starts[0] == 0.0 and starts == sorted(starts) and starts[-1] > 0
     two = build_workload(replace(SPEC, sessions=2), WordFitter())
-    assert texts(two) == texts(a)[:1 + 2 * SPEC.turns]
+    assert texts(two) == texts(a)[: 1 + 2 * SPEC.turns]
 
 
 def test_lengths_within_bounds():
@@ -61,10 +72,14 @@ def test_lengths_within_bounds():
 
 def test_approximate_fit_without_a_tokenizer():
     assert approx_fit(["a b c d e f g h i j"], [4], [""]) == ["a b c"]  # 4 tokens ~ 3 words
-    assert approx_fit(["a b c d e f g h i j"], [1], ["a b c d e"]) == ["a b c d e"]  # never below keep
+    assert approx_fit(["a b c d e f g h i j"], [1], ["a b c d e"]) == [
+        "a b c d e"
+    ]  # never below keep
 
 
-@pytest.mark.parametrize("field,value", [("sessions", 0), ("turns", 0), ("tool_min", 0), ("rate", 0.0)])
+@pytest.mark.parametrize(
+    "field,value", [("sessions", 0), ("turns", 0), ("tool_min", 0), ("rate", 0.0)]
+)
 def test_bad_spec_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         WorkloadSpec(**{field: value})

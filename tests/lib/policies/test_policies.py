@@ -45,7 +45,7 @@ def test_knorm_keeps_low_norm_keys():
     keys[:, 0, 0, 0] = norms
     view = TokenView(positions=torch.arange(6), keys=keys)
     keep = make_policy("knorm", sink=0).keep(view, 3)
-    assert keep.tolist() == [1, 3, 5]                             # norms 1.0, 0.5, 2.0
+    assert keep.tolist() == [1, 3, 5]  # norms 1.0, 0.5, 2.0
 
 
 def test_knorm_aggregation_sum_vs_max():
@@ -72,7 +72,9 @@ def test_attention_policy_defaults_pool_five_and_h2o_takes_the_max():
     assert make_policy("h2o").aggregation == "max"
     assert make_policy("tova").aggregation == make_policy("scissorhands").aggregation == "sum"
     # one head marks token 1, four others spread evenly: max keeps 1, sum the evenly attended 3
-    attn = torch.tensor([[0.0] * 5, [0.9, 0, 0, 0, 0], [0.0] * 5, [0.0, 0.3, 0.3, 0.3, 0.3]]).view(4, 1, 5)
+    attn = torch.tensor([[0.0] * 5, [0.9, 0, 0, 0, 0], [0.0] * 5, [0.0, 0.3, 0.3, 0.3, 0.3]]).view(
+        4, 1, 5
+    )
     view = TokenView(positions=torch.arange(4), attn=attn)
     assert make_policy("h2o", sink=0, pool=1).keep(view, 1).tolist() == [1]
     assert make_policy("h2o", sink=0, pool=1, aggregation="sum").keep(view, 1).tolist() == [3]
@@ -102,12 +104,13 @@ def test_scissorhands_drops_persistently_unimportant_tokens():
     pol = make_policy("scissorhands", sink=0, window=1, history=4, pool=1)
     acc = pol.new_accumulator()
     # 4 keys; 4 queries over all of them; uniform share = 0.25; key 2 is low 4 times, key 0 twice
-    probs = torch.tensor([[0.1, 0.4, 0.1, 0.4], [0.3, 0.4, 0.1, 0.2],
-                          [0.2, 0.5, 0.1, 0.2], [0.3, 0.3, 0.2, 0.2]]).view(4, 4, 1, 1)
+    probs = torch.tensor(
+        [[0.1, 0.4, 0.1, 0.4], [0.3, 0.4, 0.1, 0.2], [0.2, 0.5, 0.1, 0.2], [0.3, 0.3, 0.2, 0.2]]
+    ).view(4, 4, 1, 1)
     acc.update(probs)
     assert acc.stats.flatten().tolist() == [-2.0, 0.0, -4.0, -3.0]
     view = TokenView(positions=torch.arange(4), attn=acc.stats)
-    assert pol.keep(view, 3).tolist() == [0, 1, 3]                # key 3 is in the window
+    assert pol.keep(view, 3).tolist() == [0, 1, 3]  # key 3 is in the window
 
 
 def test_ties_keep_the_more_recent_token():

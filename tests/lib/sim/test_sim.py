@@ -19,7 +19,9 @@ def by_mode(rows):
     return {r["mode"]: r for r in rows}
 
 
-@pytest.mark.parametrize("policy", ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"])
+@pytest.mark.parametrize(
+    "policy", ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
+)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_modes_share_victims_and_order_their_footprints(policy, page_size):
     m = by_mode(replay_request(REQ, policy, SimSettings(ratio=0.5, page_size=page_size)))
@@ -29,16 +31,20 @@ def test_modes_share_victims_and_order_their_footprints(policy, page_size):
     assert m["vtoken"]["live_tokens"] < m["vtoken"]["budget"] + m["vtoken"]["interval"]
     # vToken holds exactly the ideal pages; Naive-Evict never fewer; No-Evict never fewer than naive
     assert m["vtoken"]["retained_pages"] == m["vtoken"]["ideal_pages"]
-    assert m["noevict"]["retained_pages"] >= m["naive"]["retained_pages"] >= m["vtoken"]["retained_pages"]
+    assert (
+        m["noevict"]["retained_pages"]
+        >= m["naive"]["retained_pages"]
+        >= m["vtoken"]["retained_pages"]
+    )
     assert m["naive"]["tokens_moved"] == 0
-    if page_size == 1:                     # one token per page: nothing to compact, nothing to move
+    if page_size == 1:  # one token per page: nothing to compact, nothing to move
         assert m["naive"]["retained_pages"] == m["vtoken"]["retained_pages"]
         assert m["vtoken"]["tokens_moved"] == 0
 
 
 def test_scattered_victims_leave_naive_pages_mostly_held():
     m = by_mode(replay_request(REQ, "random", SimSettings(ratio=0.7, page_size=16)))
-    cpl = 32                                                 # 40 shared tokens -> 2 tree pages
+    cpl = 32  # 40 shared tokens -> 2 tree pages
     assert m["noevict"]["retained_pages"] == math.ceil((500 - cpl) / 16) == 30
     assert m["vtoken"]["retained_pages"] == math.ceil((m["vtoken"]["live_tokens"] - cpl) / 16)
     assert m["naive"]["retained_pages"] > 2 * m["vtoken"]["retained_pages"]
@@ -58,7 +64,10 @@ def test_replay_is_deterministic():
 
 
 def test_workloads_are_seeded_and_agent_turns_resend_history():
-    a, b = agent_sessions(num_sessions=2, turns=3, seed=1), agent_sessions(num_sessions=2, turns=3, seed=1)
+    a, b = (
+        agent_sessions(num_sessions=2, turns=3, seed=1),
+        agent_sessions(num_sessions=2, turns=3, seed=1),
+    )
     assert a == b != agent_sessions(num_sessions=2, turns=3, seed=2)
     t0, t1 = a[0], a[1]
     assert t1.session == t0.session and t1.prompt_len > t0.prompt_len + t0.output_len
@@ -71,16 +80,18 @@ def test_synthetic_attention_is_causal_and_normalized():
     probs, lengths = model.block_probs(torch.tensor([0, 1, 2, 7]), torch.arange(10, 13))
     assert probs.shape == (3, 7, 2, 2) and lengths.tolist() == [5, 6, 7]
     torch.testing.assert_close(probs.sum(dim=1), torch.ones(3, 2, 2))
-    assert probs[0, 5:].abs().sum() == 0 and probs[1, 6:].abs().sum() == 0   # no future keys
+    assert probs[0, 5:].abs().sum() == 0 and probs[1, 6:].abs().sum() == 0  # no future keys
     last, _ = model.block_probs(torch.tensor([0, 1, 2, 7]), torch.arange(10, 13), num_queries=1)
     torch.testing.assert_close(last[0], probs[2])
 
 
 def test_concurrency_fifo_by_reservation_exact():
-    rows = [dict(rid=0, session=0, steps=10, peak_pages=6, shared_pages=2),
-            dict(rid=1, session=1, steps=4, peak_pages=4, shared_pages=2),
-            dict(rid=2, session=0, steps=5, peak_pages=3, shared_pages=2),
-            dict(rid=3, session=3, steps=2, peak_pages=20, shared_pages=2)]
+    rows = [
+        dict(rid=0, session=0, steps=10, peak_pages=6, shared_pages=2),
+        dict(rid=1, session=1, steps=4, peak_pages=4, shared_pages=2),
+        dict(rid=2, session=0, steps=5, peak_pages=3, shared_pages=2),
+        dict(rid=3, session=3, steps=2, peak_pages=20, shared_pages=2),
+    ]
     # pool 12, 2 shared -> 10 free. t=0: rid0 (6) + rid1 (4) run; rid2 waits for rid0 (same session).
     # t=4 rid1 ends; t=10 rid0 ends, rid2 runs until 15. rid3 never fits.
     c = simulate_concurrency(rows, pool_pages=12)
@@ -90,13 +101,33 @@ def test_concurrency_fifo_by_reservation_exact():
 def test_cli_writes_jsonl_table_plots_and_results_section(tmp_path):
     results = tmp_path / "RESULTS.md"
     results.write_text(f"# Results\n\n## Simulator\n\n{BEGIN}\nold\n{END}\n\n## Other\nkeep me\n")
-    argv = ["--workloads", "sharegpt", "--requests", "4", "--policies", "random", "streamingllm",
-            "--ratios", "0.5", "--page-sizes", "16", "--jobs", "1", "--out", str(tmp_path / "o"),
-            "--img-dir", str(tmp_path / "img"), "--results-md", str(results), "--per-request"]
+    argv = [
+        "--workloads",
+        "sharegpt",
+        "--requests",
+        "4",
+        "--policies",
+        "random",
+        "streamingllm",
+        "--ratios",
+        "0.5",
+        "--page-sizes",
+        "16",
+        "--jobs",
+        "1",
+        "--out",
+        str(tmp_path / "o"),
+        "--img-dir",
+        str(tmp_path / "img"),
+        "--results-md",
+        str(results),
+        "--per-request",
+    ]
     assert main(argv) == 0
     summary = [json.loads(x) for x in (tmp_path / "o" / "summary.jsonl").read_text().splitlines()]
     assert {(s["policy"], s["mode"]) for s in summary} == {
-        (p, m) for p in ("random", "streamingllm") for m in ("noevict", "naive", "vtoken", "lazy")}
+        (p, m) for p in ("random", "streamingllm") for m in ("noevict", "naive", "vtoken", "lazy")
+    }
     assert len((tmp_path / "o" / "requests.jsonl").read_text().splitlines()) == 4 * 2 * 4
     assert (tmp_path / "img" / "sim_retained_reduction.png").stat().st_size > 0
     text = results.read_text()
