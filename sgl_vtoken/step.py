@@ -25,7 +25,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from sgl_vtoken.kernels import repack_kv_
 from sgl_vtoken.policies.base import EvictionPolicy
-from sgl_vtoken.step_plan import SUMMARY, IndexPlan, index_plan, slot_plan
+from sgl_vtoken.step_plan import IndexPlan, RowCounts, index_plan, slot_plan
 from sgl_vtoken.types import RowBatch, TokenView
 
 
@@ -87,7 +87,7 @@ class Decision:
 
     rows: list[EvictRow]
     keep: torch.Tensor  # [B, W] bool, host
-    counts: dict[str, list[int]]  # SUMMARY column -> one value per row
+    counts: list[RowCounts]  # one per row
     plan: IndexPlan  # device
     raw: torch.Tensor  # [B, W] int64 slots before the step (device)
     lengths: torch.Tensor  # [B] int64 (device)
@@ -104,8 +104,7 @@ class Decision:
         return self.keep[b, : self.rows[b].length].nonzero().flatten()
 
     def new_length(self, b: int) -> int:
-        c = self.counts
-        return c["whole"][b] + c["copies"][b] + c["kept_private"][b]
+        return self.counts[b].new_length
 
 
 @dataclass
@@ -182,7 +181,7 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
             f"budget {rows[b].budget} is smaller than the {rows[b].budget + int(over_h[b])} "
             f"tokens policy {rows[b].policy.name!r} must keep (sinks, window, shared, recalled)"
         )
-    counts = dict(zip(SUMMARY, summary_h.t().tolist()))
+    counts = [RowCounts(*r) for r in summary_h.tolist()]
     return Decision(rows, keep_h, counts, plan, raw, lengths, cpl, tree_pages)
 
 
@@ -195,7 +194,7 @@ def apply(
 ) -> Applied:
     """Carry out the decision for the `active` rows (default all): one repack launch (on
     `move_stream` when given), one row write. `copy_slots[b]`: the fresh pages (slots, on the
-    pool's device) for row b's ``counts["copies"][b]`` copies, whole pages."""
+    pool's device) for row b's ``counts[b].copies`` copies, whole pages."""
     ps, dev = pool.page_size, pool.req_to_token.device
     sel = list(range(len(d.rows))) if active is None else [b for b, a in enumerate(active) if a]
     if not sel:
@@ -205,7 +204,7 @@ def apply(
         pick = _to(torch.tensor(sel), dev)
         plan = IndexPlan(*(t.index_select(0, pick) for t in plan))
         raw, lengths, cpl = raw[pick], lengths[pick], cpl[pick]
-    c = {k: [v[b] for b in sel] for k, v in d.counts.items()}
+    c = [d.counts[b] for b in sel]
     copies = [copy_slots[b] for b in sel] if copy_slots is not None else []
     slots = (
         pad_sequence([t.to(dev, torch.int64) for t in copies], batch_first=True)
@@ -214,8 +213,9 @@ def apply(
     )
     if slots.shape[1] == 0:
         slots = raw.new_zeros(len(sel), ps)
-    num_moves = sum(c["copies"]) + sum(c["moved"])
-    sp = slot_plan(plan, raw, lengths, cpl, slots, ps, num_moves, sum(c["freed"]))
+    num_moves = sum(r.copies + r.moved for r in c)
+    freed_counts = [r.freed for r in c]
+    sp = slot_plan(plan, raw, lengths, cpl, slots, ps, num_moves, sum(freed_counts))
     if num_moves:
         with move_stream or nullcontext():
             repack_kv_(pool.k_buffers, pool.v_buffers, sp.src, sp.dst)
@@ -224,7 +224,7 @@ def apply(
     pool.req_to_token[idx[:, None], torch.arange(w, device=dev)] = sp.new_rows.to(
         pool.req_to_token.dtype
     )
-    return Applied(sp.freed, c["freed"], num_moves)
+    return Applied(sp.freed, freed_counts, num_moves)
 
 
 def _top(scores: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

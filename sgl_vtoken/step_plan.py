@@ -30,7 +30,21 @@ from typing import NamedTuple
 
 import torch
 
-SUMMARY = ("whole", "copies", "kept_private", "moved", "depth", "freed")
+
+class RowCounts(NamedTuple):
+    """One row's plan in numbers (host ints): a row of :attr:`IndexPlan.summary`."""
+
+    whole: int  # kept tree-owned entries still referenced in place (whole pages)
+    copies: int  # kept tree-owned entries copied to fresh private pages
+    kept_private: int  # kept private entries
+    moved: int  # kept private entries whose KV moves
+    depth: int  # logical depth of the tree-owned part the row still references
+    freed: int  # pages freed (slots at page size 1)
+
+    @property
+    def new_length(self) -> int:
+        """Live row entries after the step."""
+        return self.whole + self.copies + self.kept_private
 
 
 class IndexPlan(NamedTuple):
@@ -42,7 +56,7 @@ class IndexPlan(NamedTuple):
     moved: torch.Tensor  # bool: kept private rows whose KV moves
     live: torch.Tensor  # [B, P] bool: private row pages holding a kept token
     rank: torch.Tensor  # [B, P] int64: rank of each live private page among them
-    summary: torch.Tensor  # [B, len(SUMMARY)] int64, columns named by SUMMARY
+    summary: torch.Tensor  # [B, 6] int64, the columns of RowCounts
 
 
 def _pages(mask: torch.Tensor, ps: int) -> torch.Tensor:

@@ -111,13 +111,13 @@ def evict_rows(ctx: StepContext, due: list) -> list[int | None]:
         _offload(ctx, d, [(b, st) for b, (_, st, _) in enumerate(due) if st.cfg.host.offload])
     copies, active = [], []
     for b, (req, st, row_len) in enumerate(due):
-        w, n_copy, cpl = d.counts["whole"][b], d.counts["copies"][b], rows[b].cpl
+        w, n_copy, cpl = d.counts[b].whole, d.counts[b].copies, rows[b].cpl
         slots = ctx.alloc(-(-n_copy // ps) * ps, req) if n_copy else d.raw[b, :0]
         copies.append(d.raw[b, :0] if slots is None else slots)
         active.append(slots is not None)
         if slots is not None and st.holed and w != cpl:  # its view changed below cpl
             dropped = rows[b].positions[:cpl][~d.keep[b, :cpl]]  # host: no device read
-            st.reclaim.release_tree(ctx, req, st, dropped, d.counts["depth"][b])
+            st.reclaim.release_tree(ctx, req, st, dropped, d.counts[b].depth)
     out = apply(d, view, copies, active, move_stream=ctx.stream)
     freed_rows = iter(torch.split(out.freed, out.freed_counts))
     to_free, evicted = [], []
@@ -190,7 +190,7 @@ def _record(
     longer needs and says what of `freed` to return now (added to `to_free`); the request's
     state follows. Returns the tokens evicted."""
     keep, new_len, kv = d.keep_indices(b), d.new_length(b), req.kv
-    w, n_copy = d.counts["whole"][b], d.counts["copies"][b]
+    w, n_copy = d.counts[b].whole, d.counts[b].copies
     kept_pos = row.positions[keep]
     own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
     if st.holed:  # its stored history: free what nobody reaches

@@ -126,7 +126,7 @@ def test_batched_step_equals_the_per_row_path(batch):
     d = decide(rows, pool.view)
     copies = [
         pool.alloc(-(-c // ps) * ps) if c else torch.zeros(0, dtype=torch.int64)
-        for c in d.counts["copies"]
+        for c in (r.copies for r in d.counts)
     ]
     out = apply(d, pool.view, copies)
 
@@ -138,9 +138,9 @@ def test_batched_step_equals_the_per_row_path(batch):
             pool.view.req_to_token[b, : want.new_len], ref_pool.view.req_to_token[b, : want.new_len]
         )
         assert torch.equal(freed[b], want.freed), f"row {b}: freed pages differ"
-        assert d.counts["whole"][b] == want.whole and d.counts["copies"][b] == want.copies
+        assert d.counts[b].whole == want.whole and d.counts[b].copies == want.copies
         if want.whole < r.cpl:
-            assert d.counts["depth"][b] == want.depth
+            assert d.counts[b].depth == want.depth
     assert out.moved == sum(int(w.src.numel()) for w in ref)
     for mine, theirs in zip(
         pool.view.k_buffers + pool.view.v_buffers, ref_pool.view.k_buffers + ref_pool.view.v_buffers
