@@ -18,12 +18,23 @@ from __future__ import annotations
 
 import operator
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from . import _checks as C
 
+# Repacking copies raw bytes, so any of these storage dtypes works (SGLang stores fp8 KV as uint8).
+COPY_DTYPES = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.uint8,
+    torch.int8,
+)
 _MAX_ENTRIES = 16
 _DATA_PTR = torch.Tensor.data_ptr
 _IS = operator.is_
@@ -109,12 +120,12 @@ def clear_buffer_cache() -> None:
 
 def validate(k_buffers, v_buffers) -> KVBufferSet:
     """Full validation of a K/V layer-buffer pair (no cache)."""
-    keys = C.as_layer_list(k_buffers, "k_buffers")
-    values = C.as_layer_list(v_buffers, "v_buffers")
+    keys = as_layer_list(k_buffers, "k_buffers")
+    values = as_layer_list(v_buffers, "v_buffers")
     if len(keys) != len(values):
         raise ValueError(f"k_buffers has {len(keys)} layers but v_buffers has {len(values)}")
-    C.check_layer_group(keys, "k_buffers", C.COPY_DTYPES)
-    C.check_layer_group(values, "v_buffers", C.COPY_DTYPES)
+    check_layer_group(keys, "k_buffers", COPY_DTYPES)
+    check_layer_group(values, "v_buffers", COPY_DTYPES)
     k0, v0 = keys[0], values[0]
     C.check_device(v0, "v_buffers[0]", k0.device, "k_buffers[0]")
     if v0.shape[0] != k0.shape[0]:
@@ -136,13 +147,98 @@ def require_disjoint(bufs: KVBufferSet, k_buffers, v_buffers) -> None:
     """Check once per buffer set that no two layer buffers share memory (the Triton precondition)."""
     if bufs.disjoint:
         return
-    keys = C.as_layer_list(k_buffers, "k_buffers")
-    values = C.as_layer_list(v_buffers, "v_buffers")
-    C.check_disjoint_buffers(
+    keys = as_layer_list(k_buffers, "k_buffers")
+    values = as_layer_list(v_buffers, "v_buffers")
+    check_disjoint_buffers(
         [(f"k_buffers[{i}]", t) for i, t in enumerate(keys)]
         + [(f"v_buffers[{i}]", t) for i, t in enumerate(values)]
     )
     bufs.disjoint = True
+
+
+def as_layer_list(buffers, name: str) -> list[torch.Tensor]:
+    """A sequence of per-layer [num_slots, H, D] tensors, or one stacked [L, num_slots, H, D] tensor."""
+    if isinstance(buffers, torch.Tensor):
+        if buffers.ndim != 4:
+            raise ValueError(
+                f"{name} as one tensor must be 4-D [num_layers, num_slots, H, D], got shape {tuple(buffers.shape)}"
+            )
+        return list(buffers.unbind(0))
+    if not isinstance(buffers, Sequence) or isinstance(buffers, (str, bytes)):
+        raise TypeError(
+            f"{name} must be a list/tuple of per-layer tensors or a 4-D tensor, got {type(buffers).__name__}"
+        )
+    if len(buffers) == 0:
+        raise ValueError(f"{name} is empty; pass one [num_slots, H, D] tensor per layer")
+    return [C.check_tensor(b, f"{name}[{i}]") for i, b in enumerate(buffers)]
+
+
+def check_layer_group(layers: list[torch.Tensor], name: str, allowed_dtypes) -> None:
+    """All layers of one group (K or V) share shape, dtype, strides and device."""
+    first = layers[0]
+    C.check_ndim(first, f"{name}[0]", 3, "[num_slots, H, D]")
+    C.check_dtype(first, f"{name}[0]", allowed_dtypes)
+    C.check_inner_contiguous(first, f"{name}[0]")
+    C.check_no_self_overlap(first, f"{name}[0]")
+    for i, t in enumerate(layers[1:], start=1):
+        for what, a, b in (
+            ("shape", tuple(t.shape), tuple(first.shape)),
+            ("dtype", t.dtype, first.dtype),
+            ("strides", t.stride(), first.stride()),
+            ("device", t.device, first.device),
+        ):
+            if a != b:
+                raise ValueError(
+                    f"{name}[{i}] has {what} {a} but {name}[0] has {b}; all layers must match"
+                )
+
+
+def check_disjoint_buffers(named: list[tuple[str, torch.Tensor]]) -> None:
+    """No two buffers may share memory: the kernel writes them from different programs at once."""
+    spans = []
+    for name, t in named:
+        if t.numel() == 0:
+            continue
+        lo = t.data_ptr()
+        hi = lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+        spans.append((lo, hi, name, t))
+    spans.sort(key=lambda x: x[0])
+    active: list[
+        tuple[int, str, torch.Tensor]
+    ] = []  # buffers whose span reaches past the current start
+    for lo, hi, name, t in spans:
+        active = [a for a in active if a[0] > lo]
+        for _, other_name, other in active:
+            if _share_bytes(other, t):
+                raise ValueError(
+                    f"{other_name} and {name} overlap in memory; every K and V layer buffer must be distinct"
+                )
+        active.append((hi, name, t))
+
+
+def _share_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exact for two views with one layout (e.g. K and V as interleaved halves of one tensor);
+    otherwise conservatively True once their address spans overlap."""
+    if a.shape != b.shape or a.stride() != b.stride() or a.element_size() != b.element_size():
+        return True
+    es = a.element_size()
+    # byte offsets of a view's elements: sum(i_k * stride_k * es) + byte, nested (non-self-overlapping)
+    dims = sorted(((s * es, n) for s, n in zip(a.stride(), a.shape) if n > 1), reverse=True) + [
+        (1, es)
+    ]
+    return _in_difference_set(abs(b.data_ptr() - a.data_ptr()), dims)
+
+
+def _in_difference_set(delta: int, dims: list[tuple[int, int]]) -> bool:
+    # Is delta = sum(c_k * stride_k) with |c_k| < size_k?  With nested strides the lower dims span
+    # less than one stride of the current dim, so only two coefficients are possible per level.
+    if not dims:
+        return delta == 0
+    (stride, size), rest = dims[0], dims[1:]
+    c = delta // stride
+    return any(
+        abs(cc) < size and _in_difference_set(delta - cc * stride, rest) for cc in (c, c + 1)
+    )
 
 
 def _same(obj, refs: tuple, ptrs: tuple) -> bool:

@@ -105,26 +105,6 @@ def page_indices_ref(
     return kv_indptr, kv_indices, last
 
 
-def check_page_dense(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
-) -> None:
-    """Every page of every row starts at a page boundary and holds consecutive slots (syncs)."""
-    for b, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
-        row = req_to_token[int(r), : int(n)].long()
-        pos = torch.arange(int(n), device=row.device)
-        first = row[pos - pos % page_size]
-        bad = (row != first + pos % page_size) | (first % page_size != 0)
-        if bool(bad.any()):
-            p = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"row {int(r)} (batch entry {b}) is not page-dense at position {p}: slot {int(row[p])}, "
-                f"page starts at slot {int(first[p])}, page_size {page_size}"
-            )
-
-
 # --------------------------------------------------------------------------------------------
 # attention scores
 # --------------------------------------------------------------------------------------------

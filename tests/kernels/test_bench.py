@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sgl_vtoken.kernels import repack
-from sgl_vtoken.kernels._checks import check_moves
+from sgl_vtoken.kernels.repack_api import check_moves
 from sgl_vtoken_tools import kernel_bench as bench
 
 # --cpu-smoke runs Triton on CPU tensors: only where the kernels were loaded by the interpreter

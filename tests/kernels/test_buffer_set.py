@@ -16,7 +16,7 @@ from sgl_vtoken.kernels.repack import default_launch
 def counts(monkeypatch):
     """Counts full validations and disjointness checks (the expensive per-set work)."""
     seen = {"validate": 0, "disjoint": 0}
-    validate, disjoint = B.validate, B.C.check_disjoint_buffers
+    validate, disjoint = B.validate, B.check_disjoint_buffers
 
     def counting_validate(*a, **kw):
         seen["validate"] += 1
@@ -27,7 +27,7 @@ def counts(monkeypatch):
         return disjoint(*a, **kw)
 
     monkeypatch.setattr(B, "validate", counting_validate)
-    monkeypatch.setattr(B.C, "check_disjoint_buffers", counting_disjoint)
+    monkeypatch.setattr(B, "check_disjoint_buffers", counting_disjoint)
     B.clear_buffer_cache()
     yield seen
     B.clear_buffer_cache()

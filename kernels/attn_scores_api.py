@@ -1,4 +1,4 @@
-"""The public score function: decode attention probabilities folded into per-slot scores.
+"""`attn_scores_`: decode attention probabilities folded into per-slot scores, in place.
 
 Validates its arguments (attributes only, no device sync unless `check=True`), then runs the
 Triton kernel of `attn_scores.py` (imported on first use) or the torch reference.
