@@ -46,8 +46,8 @@ def interpreted(kernel, device: torch.device, module: str) -> bool:
     interp = type(kernel).__name__ == "InterpretedFunction"
     if device.type == "cpu" and not interp:
         raise ValueError(
-            "impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 before "
-            f"sgl_vtoken.kernels.{module} is first imported, or use impl='torch'"
+            "impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 "
+            f"before sgl_vtoken.kernels.{module} is first imported, or use impl='torch'"
         )
     return interp
 

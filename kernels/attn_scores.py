@@ -276,17 +276,18 @@ def launch_attn_scores(
     mode = 2 if decay == 0.0 else (1 if decay != 1.0 or by_entry else 0)  # entries: one row each
     meta = dict(
         HQ=hq, HKV=hkv, GROUP=hq // hkv, HQ_PAD=hq_pad, HKV_PAD=hkv_pad, D=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=block_n, LSE_GIVEN=lse is not None,
-        PER_HEAD=score.ndim == 2, BY_ENTRY=by_entry, MODE=mode, UPCAST=upcast,
-        PRECISION="ieee" if upcast else "tf32", num_warps=num_warps,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=block_n,
+        LSE_GIVEN=lse is not None, PER_HEAD=score.ndim == 2, BY_ENTRY=by_entry, MODE=mode,
+        UPCAST=upcast, PRECISION="ieee" if upcast else "tf32", num_warps=num_warps,
     )  # fmt: skip
     if num_stages is not None:
         meta["num_stages"] = num_stages
     lse_t = lse if lse is not None else part
     args = (
-        q, q.stride(0), q.stride(1), k_buffer, k_buffer.stride(0), k_buffer.stride(1), kv_indptr, kv_indices,
-        lse_t, lse_t.stride(0), lse_t.stride(-1), sm_scale * LOG2E, LOG2E if lse_base == "ln" else 1.0,
-        decay, num_splits, part, score, score.stride(0), score.stride(1) if score.ndim == 2 else 0,
+        q, q.stride(0), q.stride(1), k_buffer, k_buffer.stride(0), k_buffer.stride(1),
+        kv_indptr, kv_indices, lse_t, lse_t.stride(0), lse_t.stride(-1),
+        sm_scale * LOG2E, LOG2E if lse_base == "ln" else 1.0, decay, num_splits,
+        part, score, score.stride(0), score.stride(1) if score.ndim == 2 else 0,
     )  # fmt: skip
     if lse is None:
         _attn_scores_kernel[(bs, num_splits)](*args, PASS=0, **meta)

@@ -92,7 +92,8 @@ def attn_scores_(
     rows, what = (kv_indices.numel(), "nnz") if by_entry else (num_slots, "num_slots")
     if score.shape not in ((rows,), (rows, hkv)):
         raise ValueError(
-            f"score must be [{what}]={rows} or [{what}, Hkv]=[{rows}, {hkv}], got {tuple(score.shape)}"
+            f"score must be [{what}]={rows} or [{what}, Hkv]=[{rows}, {hkv}], "
+            f"got {tuple(score.shape)}"
         )
     C.check_no_self_overlap(score, "score")
     if lse is not None:
@@ -125,8 +126,9 @@ def attn_scores_(
         )
         return
     C.triton_module("attn_scores").launch_attn_scores(
-        q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay), by_entry=by_entry,
-        block_n=block_n, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
+        q, k_buffer, kv_indptr, kv_indices, score, float(sm_scale), lse, lse_base, float(decay),
+        by_entry=by_entry, block_n=block_n, num_splits=num_splits, num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -134,7 +136,8 @@ def _check_score_rows(kv_indptr, kv_indices, num_slots, decay) -> None:
     ptr = kv_indptr.long()
     if bool((ptr[1:] < ptr[:-1]).any()) or int(ptr[0]) < 0 or int(ptr[-1]) > kv_indices.numel():
         raise ValueError(
-            f"kv_indptr must be non-decreasing within [0, {kv_indices.numel()}], got {ptr.tolist()[:8]}..."
+            f"kv_indptr must be non-decreasing within [0, {kv_indices.numel()}], "
+            f"got {ptr.tolist()[:8]}..."
         )
     slots = kv_indices[int(ptr[0]) : int(ptr[-1])].long()
     if slots.numel():
@@ -143,5 +146,6 @@ def _check_score_rows(kv_indptr, kv_indices, num_slots, decay) -> None:
             raise ValueError(f"kv_indices holds slots in [{lo}, {hi}], outside [0, {num_slots})")
         if decay != 1.0 and torch.unique(slots).numel() != slots.numel():
             raise ValueError(
-                "with decay != 1 each slot may be read by one row only, but kv_indices repeats a slot"
+                "with decay != 1 each slot may be read by one row only, "
+                "but kv_indices repeats a slot"
             )

@@ -144,7 +144,8 @@ def validate(k_buffers, v_buffers) -> KVBufferSet:
 
 
 def require_disjoint(bufs: KVBufferSet, k_buffers, v_buffers) -> None:
-    """Check once per buffer set that no two layer buffers share memory (the Triton precondition)."""
+    """Check once per buffer set that no two layer buffers share memory (the Triton
+    precondition); marks `bufs.disjoint`."""
     if bufs.disjoint:
         return
     keys = as_layer_list(k_buffers, "k_buffers")
@@ -157,16 +158,19 @@ def require_disjoint(bufs: KVBufferSet, k_buffers, v_buffers) -> None:
 
 
 def as_layer_list(buffers, name: str) -> list[torch.Tensor]:
-    """A sequence of per-layer [num_slots, H, D] tensors, or one stacked [L, num_slots, H, D] tensor."""
+    """The layers of `buffers`: a sequence of per-layer [num_slots, H, D] tensors, or one stacked
+    [L, num_slots, H, D] tensor (unbound, views)."""
     if isinstance(buffers, torch.Tensor):
         if buffers.ndim != 4:
             raise ValueError(
-                f"{name} as one tensor must be 4-D [num_layers, num_slots, H, D], got shape {tuple(buffers.shape)}"
+                f"{name} as one tensor must be 4-D [num_layers, num_slots, H, D], "
+                f"got shape {tuple(buffers.shape)}"
             )
         return list(buffers.unbind(0))
     if not isinstance(buffers, Sequence) or isinstance(buffers, (str, bytes)):
         raise TypeError(
-            f"{name} must be a list/tuple of per-layer tensors or a 4-D tensor, got {type(buffers).__name__}"
+            f"{name} must be a list/tuple of per-layer tensors or a 4-D tensor, "
+            f"got {type(buffers).__name__}"
         )
     if len(buffers) == 0:
         raise ValueError(f"{name} is empty; pass one [num_slots, H, D] tensor per layer")
@@ -211,7 +215,8 @@ def check_disjoint_buffers(named: list[tuple[str, torch.Tensor]]) -> None:
         for _, other_name, other in active:
             if _share_bytes(other, t):
                 raise ValueError(
-                    f"{other_name} and {name} overlap in memory; every K and V layer buffer must be distinct"
+                    f"{other_name} and {name} overlap in memory; "
+                    "every K and V layer buffer must be distinct"
                 )
         active.append((hi, name, t))
 
@@ -222,7 +227,8 @@ def _share_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.stride() != b.stride() or a.element_size() != b.element_size():
         return True
     es = a.element_size()
-    # byte offsets of a view's elements: sum(i_k * stride_k * es) + byte, nested (non-self-overlapping)
+    # byte offsets of a view's elements: sum(i_k * stride_k * es) + byte, nested strides
+    # (non-self-overlapping)
     dims = sorted(((s * es, n) for s, n in zip(a.stride(), a.shape) if n > 1), reverse=True) + [
         (1, es)
     ]

@@ -23,7 +23,7 @@ def page_indices(
     impl: str | None = None,
     check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashInfer paged-KV indices (`kv_indptr`, `kv_indices`, `kv_last_page_len`) for page-dense rows.
+    """FlashInfer paged-KV indices (kv_indptr, kv_indices, kv_last_page_len) of page-dense rows.
 
     Args:
         req_to_token: [max_reqs, max_ctx] int32/int64 slot table (SGLang's `ReqToTokenPool`).
@@ -70,7 +70,8 @@ def page_indices(
     if kv_indices_out is not None:
         if num_pages is not None and kv_indices_out.numel() < num_pages:
             raise ValueError(
-                f"kv_indices_out holds {kv_indices_out.numel()} entries but the batch has {num_pages} pages"
+                f"kv_indices_out holds {kv_indices_out.numel()} entries "
+                f"but the batch has {num_pages} pages"
             )
         kv_indices = kv_indices_out
     else:
@@ -81,7 +82,8 @@ def page_indices(
         )
         if ids.numel() > kv_indices.numel():
             raise ValueError(
-                f"kv_indices_out holds {kv_indices.numel()} entries but the batch has {ids.numel()} pages"
+                f"kv_indices_out holds {kv_indices.numel()} entries "
+                f"but the batch has {ids.numel()} pages"
             )
         kv_indices[: ids.numel()] = ids
     else:
@@ -130,6 +132,6 @@ def check_page_dense(
         if bool(bad.any()):
             p = int(bad.nonzero()[0, 0])
             raise ValueError(
-                f"row {int(r)} (batch entry {b}) is not page-dense at position {p}: slot {int(row[p])}, "
-                f"page starts at slot {int(first[p])}, page_size {page_size}"
+                f"row {int(r)} (batch entry {b}) is not page-dense at position {p}: "
+                f"slot {int(row[p])}, page starts at slot {int(first[p])}, page_size {page_size}"
             )

@@ -5,7 +5,8 @@ Work is split by *columns*, not by moves: program (h, part, layer) owns columns
 move list in order, `BLOCK_M` moves at a time, loading every source row of a chunk before storing
 any destination row, with a CTA barrier between the phases:
 
-    chunk c:   load K/V[src[cM : cM+M], h, cols]  ->  barrier  ->  store K/V[dst[cM : cM+M], h, cols]  ->  barrier
+    chunk c:  load K/V[src[cM : cM+M], h, cols] -> barrier -> store K/V[dst[cM : cM+M], h, cols]
+              -> barrier
 
 No other program touches those bytes, so the result equals "gather all sources, then scatter"
 whenever no move reads a slot that an earlier move writes (src[i] not in dst[:i]): reads inside a
@@ -141,8 +142,9 @@ def launch_repack(
     interpreted = C.interpreted(_repack_kernel, bufs.device, "repack")
     if bufs.device.type != "cpu" and interpreted:
         raise ValueError(
-            "the repack kernel reads per-layer addresses from a table, which the Triton interpreter cannot "
-            "map to device memory: run it compiled (TRITON_INTERPRET unset) or pass CPU tensors"
+            "the repack kernel reads per-layer addresses from a table, which the Triton "
+            "interpreter cannot map to device memory: run it compiled (TRITON_INTERPRET unset) "
+            "or pass CPU tensors"
         )
     rope_key = (
         None
@@ -250,8 +252,9 @@ def _prepare(bufs: KVBufferSet, rope_key, block_moves, num_warps, col_block, int
             ROT_DIM=2 if rk is None else rk[0],
             NEOX=True if rk is None else rk[1],
             num_warps=nw,
-            num_stages=1,  # no software pipelining: loads of chunk c+1 must not start before stores of c
-            # no mul+add -> fma contraction: the RoPE maths then rounds exactly like the torch reference
+            # no software pipelining: loads of chunk c+1 must not start before stores of c
+            num_stages=1,
+            # no mul+add -> fma contraction: the RoPE maths then rounds exactly like the reference
             enable_fp_fusion=False,
         )
         grid = (heads * parts, len(ptrs))

@@ -119,11 +119,13 @@ def _check_rope(rope: RopeShift, bufs: KVBufferSet, num_moves: int, check: bool)
     rot_dim, head_dim = cs.shape[1], bufs.k_shape[2]
     if rot_dim % 2 or not 2 <= rot_dim <= head_dim:
         raise ValueError(
-            f"rope.cos_sin_cache has rot_dim {rot_dim}; it must be even and in [2, head_dim={head_dim}]"
+            f"rope.cos_sin_cache has rot_dim {rot_dim}; "
+            f"it must be even and in [2, head_dim={head_dim}]"
         )
     if check and num_moves and int(rope.delta.abs().max()) >= cs.shape[0]:
         raise ValueError(
-            f"rope.delta reaches |{int(rope.delta.abs().max())}|, beyond cos_sin_cache's {cs.shape[0]} rows"
+            f"rope.delta reaches |{int(rope.delta.abs().max())}|, "
+            f"beyond cos_sin_cache's {cs.shape[0]} rows"
         )
 
 
@@ -153,6 +155,7 @@ def check_moves(src: torch.Tensor, dst: torch.Tensor, num_slots: int) -> None:
         i = int(bad.nonzero()[0, 0])
         j = int(writer[s[i]])
         raise ValueError(
-            f"move {i} reads slot {int(s[i])}, which the earlier move {j} overwrites: in-place repack needs every "
-            "move that reads a destination slot to come before the move that writes it (e.g. compaction in row order)"
+            f"move {i} reads slot {int(s[i])}, which the earlier move {j} overwrites: "
+            "in-place repack needs every move that reads a destination slot to come before "
+            "the move that writes it (e.g. compaction in row order)"
         )
