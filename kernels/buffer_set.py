@@ -133,14 +133,20 @@ def validate(k_buffers, v_buffers) -> KVBufferSet:
     return KVBufferSet(
         k_ptrs=tuple(t.data_ptr() for t in keys),
         v_ptrs=tuple(t.data_ptr() for t in values),
-        k_shape=tuple(k0.shape),
-        v_shape=tuple(v0.shape),
-        k_strides=tuple(k0.stride()),
-        v_strides=tuple(v0.stride()),
+        k_shape=_triple(k0.shape),
+        v_shape=_triple(v0.shape),
+        k_strides=_triple(k0.stride()),
+        v_strides=_triple(v0.stride()),
         k_dtype=k0.dtype,
         v_dtype=v0.dtype,
         device=k0.device,
     )
+
+
+def _triple(dims: Sequence[int]) -> tuple[int, int, int]:
+    """The sizes or strides of a 3-D layer (checked 3-D by `check_layer_group`)."""
+    a, b, c = dims
+    return a, b, c
 
 
 def require_disjoint(bufs: KVBufferSet, k_buffers, v_buffers) -> None:

@@ -65,17 +65,19 @@ def page_indices(
     impl = C.resolve_impl(impl, device)
     if check:
         _check_rows(req_to_token, req_pool_indices, seq_lens, page_size)
-    if num_pages is None and (kv_indices_out is None or check):
-        num_pages = int(((seq_lens.long() + page_size - 1) // page_size).sum())  # host sync
-    if kv_indices_out is not None:
+    if kv_indices_out is None:
+        if num_pages is None:
+            num_pages = _total_pages(seq_lens, page_size)
+        kv_indices = torch.empty(num_pages, dtype=torch.int32, device=device)
+    else:
+        if num_pages is None and check:
+            num_pages = _total_pages(seq_lens, page_size)
         if num_pages is not None and kv_indices_out.numel() < num_pages:
             raise ValueError(
                 f"kv_indices_out holds {kv_indices_out.numel()} entries "
                 f"but the batch has {num_pages} pages"
             )
         kv_indices = kv_indices_out
-    else:
-        kv_indices = torch.empty(num_pages, dtype=torch.int32, device=device)
     if impl == "torch":
         indptr, ids, last = ref.page_indices_ref(
             req_to_token, req_pool_indices, seq_lens, page_size
@@ -101,6 +103,11 @@ def page_indices(
     if kv_indices_out is not None and num_pages is not None:
         kv_indices = kv_indices[:num_pages]
     return indptr, kv_indices, last
+
+
+def _total_pages(seq_lens: torch.Tensor, page_size: int) -> int:
+    """sum(ceil(seq_lens / page_size)) (a host sync)."""
+    return int(((seq_lens.long() + page_size - 1) // page_size).sum())
 
 
 def _check_rows(req_to_token, req_pool_indices, seq_lens, page_size) -> None:
