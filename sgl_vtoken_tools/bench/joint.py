@@ -6,6 +6,8 @@
     play(base_url, ...)        every conversation in its own thread, all at once (or
                                `concurrency` at a time), each turn a streamed chat completion
                                re-sending the whole history; request and answer records
+    answer_record(...)         a conversation's score: the first number of its last reply
+                               against the number its fact planted
     summarize(...)             one cell's figures: output tokens/s, TTFT, accuracy, agreement
                                with the full cache's answers, device KV per conversation,
                                retractions and peak running requests from the server's log
@@ -28,7 +30,7 @@ import requests
 from sgl_vtoken_tools.bench.http_client import stream_chat
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials, session_trials
-from sgl_vtoken_tools.quality.tasks import first_number
+from sgl_vtoken_tools.quality.tasks import exact_number, first_number
 
 
 @dataclass(frozen=True)
@@ -149,17 +151,23 @@ def _conversation(
         )
         kv = max(kv, held)
         messages.append({"role": "assistant", "content": reply})
-    failed = any(r["error"] is not None for r in recs)
-    return recs, {
+    return recs, answer_record(conv, reply, any(r["error"] is not None for r in recs), kv)
+
+
+def answer_record(conv: Conversation, reply: str, failed: bool, kv_tokens: int) -> dict:
+    """A conversation's score: right (`hit`) when no turn failed and the first number written in
+    the last reply is the number its fact planted (`conv.answer`; a partial "677" for "67712" is
+    a miss); `kv_tokens`: the most device KV any of its turns held."""
+    return {
         "kind": "answer",
         "conversation": conv.id,
         "task": conv.task,
         "expected": conv.answer,
         "reply": reply,
         "number": first_number(reply),
-        "hit": not failed and first_number(reply) == conv.answer,
+        "hit": not failed and exact_number(reply, conv.answer),
         "failed": failed,
-        "kv_tokens": kv,
+        "kv_tokens": kv_tokens,
         **{k: conv.meta.get(k) for k in ("depth", "fact_turn", "length")},
     }
 
