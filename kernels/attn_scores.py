@@ -1,32 +1,13 @@
-"""Triton per-slot attention scores for a decode step (the signal H2O / TOVA / Scissorhands need).
+"""Triton decode attention scores: this step's probabilities folded into a score buffer.
 
-Attention backends never materialize probabilities. For each request b and kept slot s this
-recomputes them from the decode query and the cached keys,
-
-    p[b, h, s] = exp(sm_scale * q[b, h] . k[s, h // group] - lse[b, h])
-
-and folds them into a per-slot buffer, summed over the query heads of each KV head (score
-[num_slots, Hkv]) or over all heads (score [num_slots]):
-
-    decay == 1:  score[s] += sum_h p          (atomic: slots shared by several rows add up)
-    decay != 1:  score[s]  = decay * score[s] + sum_h p     (each slot in at most one row)
-
-or, BY_ENTRY, into a buffer indexed like kv_indices (score[kv_indptr[b] + j] for row b's j-th
-key: each entry has one row, so rows sharing slots keep their own probabilities, no atomics).
-
-The work is a K read, so the kernel is built to stream K at the device's bandwidth:
-
-- Program (b, split) owns a contiguous range of row b's tokens and ALL its heads. A tile is
-  BLOCK_N tokens x every KV head: rows r = n * HKV_PAD + kv_head of one [BLOCK_R, D] gather, so a
-  token's heads (adjacent in SGLang's [num_slots, H, D] layout) are one contiguous read, and each
-  K row is read once for all the query heads of its group.
-- Logits come from one tensor-core `tl.dot(K_tile, Q^T)` against every query head; a mask keeps
-  the columns of each row's own group (hq // group == kv_head). The waste (HKV_PAD x the useful
-  products) is cheap next to the memory time on tensor cores.
-- Softmax runs in base 2 (`exp2(logit * sm_scale * log2 e - lse2)`), the convention of
-  FlashInfer's `return_lse`: the attention's LSE is the intended source on GPU.
-- Without an LSE, a first pass of the same kernel (PASS 0) writes per-split (max, sum) partials
-  and the score pass merges them per row: two reads of K instead of one (fallback only).
+Contract (arguments validated by `attn_scores_api.attn_scores_`): for row b, query head h and
+slot s, p = exp2(sm_scale * log2(e) * q[b, h] . k[s, h // group] - lse2[b, h]), summed over each
+KV head's group (score [num_slots, Hkv]) or all heads ([num_slots]); MODE 0 adds atomically
+(decay 1: shared slots add up), 1 stores decay * score + p, 2 overwrites; BY_ENTRY indexes score
+like kv_indices (one row per entry). Built to stream K: program (b, split) owns a token range
+of row b and every head; a tile is BLOCK_N tokens x all KV heads (one read per token), logits by
+one tensor-core `tl.dot` against all query heads, masked to each row's group. Without an LSE,
+PASS 0 writes per-split (max, sum) partials that PASS 1 merges (two reads of K: the fallback).
 """
 
 from __future__ import annotations
@@ -66,6 +47,7 @@ def _qk_tile(
         k = tl.load(rows, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
+    # every query head, not just the row's group: the HKV_PAD x waste is cheap next to the K read
     return tl.dot(k, q_t, input_precision=PRECISION), slot, hk, valid
 
 

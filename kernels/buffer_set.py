@@ -1,17 +1,12 @@
 """Validated KV buffer sets, cached by identity: a pool's 2 x L layer buffers are checked once.
 
-`repack_kv_` is called with the same pool at every eviction (SGLang's `k_buffer` / `v_buffer`
-lists). Checking 64 buffers (shapes, strides, pairwise disjointness) costs hundreds of
-microseconds of Python, far more than moving a few hundred tokens, so the result is cached:
-
-    key    (id(k_buffers), id(v_buffers))            the containers as passed (lists or 4-D tensors)
-    hit    the same tensor objects, in order, with the same data_ptr() each (a few us for 64)
-    miss   full validation, then a new entry (weak references: the cache keeps no memory alive)
-
-A tensor changed in place in shape or strides without a new data pointer (`as_strided_`,
-shrinking `resize_`) is not noticed; `check=True` re-validates from scratch and refreshes the
-entry. Pairwise disjointness (needed only by the Triton kernel, which writes buffers from
-concurrent programs) is checked at the first Triton use of the set and remembered.
+Checking 64 layer buffers (shapes, strides, disjointness) costs hundreds of microseconds, more
+than moving a few hundred tokens, so `buffer_set()` caches the result by (id(k_buffers),
+id(v_buffers)); a hit needs the same tensor objects, in order, with the same data_ptr() (weak
+references: the cache keeps no memory alive). A tensor reshaped in place without a new data
+pointer is not noticed; `check=True` re-validates. Pairwise disjointness (the Triton kernel's
+precondition) is checked at a set's first Triton use and remembered. The layer checks
+themselves (`as_layer_list`, `check_layer_group`, `check_disjoint_buffers`) live here too.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Triton builder of FlashInfer's paged-KV indices from SGLang's `req_to_token` rows.
 
-For page-dense rows (page p of a row holds slots page_id*P .. page_id*P + P-1, in order) the
-paged CSR triple is
+For page-dense rows (page p of a row holds slots page_id*P .. page_id*P + P-1, in order):
 
     kv_indptr[b+1]      = kv_indptr[b] + ceil(seq_lens[b] / P)
     kv_indices[...]     = req_to_token[row_b, 0 : seq_lens[b] : P] // P     (page ids)
     kv_last_page_len[b] = seq_lens[b] - (num_pages_b - 1) * P   (1..P; 0 for an empty row)
 
-Two launches, no host sync: one program scans the lengths (cumsum carried across blocks), then
-one program per (request, split) gathers page ids.
+Two launches, no host sync: one program scans the lengths, then one per (request, split)
+gathers page ids.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""Triton KV repacker: move K and V rows of every layer between slots in one launch.
+"""Triton KV repacker: the K and V rows of every layer move between slots in one launch.
 
-Work is split by *columns*, not by moves: program (h, part, layer) owns columns
-[part * BLOCK_D, (part + 1) * BLOCK_D) of head h of layer `layer` (K and V) and walks the whole
-move list in order, `BLOCK_M` moves at a time, loading every source row of a chunk before storing
-any destination row, with a CTA barrier between the phases:
-
-    chunk c:  load K/V[src[cM : cM+M], h, cols] -> barrier -> store K/V[dst[cM : cM+M], h, cols]
-              -> barrier
-
-No other program touches those bytes, so the result equals "gather all sources, then scatter"
-whenever no move reads a slot that an earlier move writes (src[i] not in dst[:i]): reads inside a
-chunk precede its writes, and chunks run in list order. In-place compaction (the k-th kept token
-moves to the k-th slot of the row, dst <= src in row order) satisfies that for any overlap.
-
-Buffers are reached through int64 tables of per-layer base addresses (SGLang keeps one tensor per
-layer), built once per validated buffer set (`buffer_set.py`); offsets are int64, and copies move
-raw integers of the element width, so fp8 and NaN payloads are preserved. By default a program
-copies whole head rows (`default_launch`). Needs compiled Triton on CUDA tensors, or
-TRITON_INTERPRET=1 (set before this module is imported) on CPU tensors.
+Program (h, part, layer) owns columns [part * BLOCK_D, (part + 1) * BLOCK_D) of head h in one
+layer (K and V) and walks the whole move list BLOCK_M moves at a time: load every source row of
+the chunk, barrier, store every destination row, barrier. No other program touches those bytes,
+so the result equals gather-then-scatter whenever no move reads a slot an earlier move wrote
+(src[i] not in dst[:i]; the planner's compaction order guarantees it). Layers are reached
+through int64 address tables built once per buffer set (`buffer_set.py`); copies move raw
+integers of the element width (fp8 and NaN payloads exact). Needs compiled Triton on CUDA
+tensors, or TRITON_INTERPRET=1 (set before this module is imported) on CPU tensors.
 """
 
 from __future__ import annotations
