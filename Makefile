@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo lint test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv clean
+.PHONY: install demo lint typecheck test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv clean
 
 install: $(STAMP)
 
@@ -26,10 +26,26 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
-# Format and lint rules in pyproject.toml ([tool.ruff]); `make test` runs it first.
+# Format and lint rules in pyproject.toml ([tool.ruff]), then the runtime's types ([tool.mypy]);
+# `make test` runs it first.
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(MAKE) --no-print-directory typecheck
+
+# mypy cannot map kernels/ and patches/ to sgl_vtoken.kernels and sgl_vtoken.patches
+# (package-dir), so it reads the package through a tree of links laid out as installed; its
+# messages are rewritten to name the repository's paths.
+MYPY_SRC := .cache/mypy-src
+typecheck: $(STAMP)
+	rm -rf $(MYPY_SRC) && mkdir -p $(MYPY_SRC)/sgl_vtoken
+	for f in sgl_vtoken/*; do case $$f in *__pycache__) ;; \
+		*) ln -s $(CURDIR)/$$f $(MYPY_SRC)/sgl_vtoken/;; esac; done
+	ln -s $(CURDIR)/kernels $(CURDIR)/patches $(MYPY_SRC)/sgl_vtoken/
+	MYPYPATH=$(MYPY_SRC) $(VENV)/bin/mypy -p sgl_vtoken > $(MYPY_SRC).log; rc=$$?; \
+		sed -e 's#^$(MYPY_SRC)/sgl_vtoken/kernels/#kernels/#' \
+			-e 's#^$(MYPY_SRC)/sgl_vtoken/patches/#patches/#' -e 's#^$(MYPY_SRC)/##' \
+			$(MYPY_SRC).log; exit $$rc
 
 # Two workers, one per core: each server group (tests/conftest.py GROUPS, costliest first) runs on
 # one worker, so each configuration starts once while the other worker serves or computes
