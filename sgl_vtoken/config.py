@@ -69,7 +69,7 @@ class EvictConfig:
         budget: live tokens a request keeps after each eviction (row length cap); required
             unless the policy is ``"none"``. Must be at least ``sink_tokens + window + page_size``.
         sink: attention-sink tokens (positions ``< sink``) that are always kept. At page size
-            > 1 it is rounded up to whole pages (:attr:`sink_tokens`) so sink pages never hold holes.
+            > 1 it is rounded up to whole pages (:attr:`sink_tokens`): sink pages hold no holes.
         window: the most recent tokens of the row that are always kept.
         interval: hysteresis; evict when the row reaches ``budget + interval`` (1 = every step).
         reclaim: ``"vtoken"`` (compact survivors, free pages) or ``"naive"`` (same victims; a page
@@ -128,7 +128,7 @@ class EvictConfig:
             f"+ {self.page_size}",
         )
         if self.prefill.chunk is not None:
-            self._check_prefill_chunk()
+            self._check_prefill_chunk(self.prefill.chunk)
         self._check_offload()
 
     def _check_offload(self) -> None:
@@ -143,11 +143,12 @@ class EvictConfig:
         if self.budget is not None and self.sink_tokens + self.window + recall + 1 > self.budget:
             raise ValueError(
                 f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
-                f"recall + 1 = {self.sink_tokens} + {self.window} + {recall} + 1 > budget {self.budget}"
+                f"recall + 1 = {self.sink_tokens} + {self.window} + {recall} + 1 > "
+                f"budget {self.budget}"
             )
 
-    def _check_prefill_chunk(self) -> None:
-        c, ps = self.prefill.chunk, self.page_size
+    def _check_prefill_chunk(self, c: int) -> None:
+        ps = self.page_size
         if c % ps or c <= self.interval:
             raise ValueError(
                 f"EvictConfig.prefill_chunk must be a multiple of page_size {ps} and "
@@ -163,28 +164,36 @@ class EvictConfig:
     @property
     def prefill_peak(self) -> int | None:
         """Row length at which a prefill is evicted when prompt tokens remain, or None."""
-        return None if self.prefill.chunk is None else self.budget + self.prefill.chunk
+        return None if self.prefill.chunk is None else self.row_budget + self.prefill.chunk
 
     @property
     def prefill_hold(self) -> int | None:
         """KV tokens a request evicted during prefill holds at most: the prefill peak, plus the
         tokens its last chunk recalls, plus the partly filled page after them; None without
         `prefill_chunk`."""
-        return (
-            None
-            if self.prefill.chunk is None
-            else self.prefill_peak + self.host.recall + self.page_size
-        )
+        peak = self.prefill_peak
+        return None if peak is None else peak + self.host.recall + self.page_size
 
     @property
     def decode_peak(self) -> int:
         """KV tokens an evicting request holds at most while it decodes: the row reaches
         ``budget + interval`` before each eviction, plus the partly filled page of the next."""
-        return self.budget + self.interval + self.page_size
+        return self.row_budget + self.interval + self.page_size
 
     @property
     def enabled(self) -> bool:
         return self.policy != DISABLED
+
+    @property
+    def row_budget(self) -> int:
+        """`budget` of an enabled config, which always has one.
+
+        Raises:
+            ValueError: eviction is disabled (no budget).
+        """
+        if self.budget is None:
+            raise ValueError(f"EvictConfig.budget is not set (policy {self.policy!r})")
+        return self.budget
 
     @property
     def sink_tokens(self) -> int:
@@ -193,7 +202,7 @@ class EvictConfig:
 
     def should_evict(self, row_len: int) -> bool:
         """True when a row of `row_len` live tokens must be evicted down to `budget`."""
-        return self.enabled and row_len >= self.budget + self.interval
+        return self.enabled and row_len >= self.row_budget + self.interval
 
     def policy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``make_policy(self.policy, **kwargs)``."""
@@ -217,7 +226,7 @@ class EvictConfig:
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The settings by flat key (today's flag and JSON spellings); :meth:`from_dict` inverts it."""
+        """The settings by flat key (today's flag and JSON spellings); `from_dict` inverts it."""
         out = {k.key: k.get(self) for k in KEYS}
         out["params"] = dict(self.params)
         if isinstance(out["score_layers"], tuple):

@@ -68,9 +68,11 @@ class Scoring:
 
         "upper", 30 layers  ->  (15, 16, ..., 29)      "all" -> None      [2, 5] -> (2, 5)
         """
-        if self.score_layers == "upper":
+        layers = self.score_layers
+        if layers == "upper":
             return tuple(range(num_layers // 2, num_layers))
-        return self.score_layers
+        assert not isinstance(layers, str), layers  # construction resolved every other rule
+        return layers
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,21 @@ forward; no host synchronization anywhere.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from sgl_vtoken.kernels import attn_scores_
+
+
+class _Slots(NamedTuple):
+    """A group's launch arguments on the device (built at its first layer): the members' query
+    rows, CSR offsets and slots, and (a subset only) each entry's place in the buffer."""
+
+    q_rows: torch.Tensor
+    indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    entries: torch.Tensor | None
 
 
 class _Group:
@@ -29,7 +41,7 @@ class _Group:
 
     def __init__(self, members: list[int], everyone: bool):
         self.members, self.everyone = members, everyone
-        self.q_rows = self.indptr = self.kv_indices = self.entries = None
+        self.slots: _Slots | None = None
 
 
 class DecodeScoring:
@@ -37,7 +49,8 @@ class DecodeScoring:
 
     Args:
         q_rows: each request's row in the forward's queries (its batch index).
-        rows: each request's `req_to_token` row.  lengths: its row length n (the keys its query sees).
+        rows: each request's `req_to_token` row.
+        lengths: its row length n (the keys its query sees).
         layers: each request's scored layer ids (None: every layer).
         num_layers, kv_heads: the pool's layers and KV heads (this rank's).
         device: the pool's device.
@@ -104,23 +117,24 @@ class DecodeScoring:
         lse, base = self._lse.pop(layer, (None, "ln"))
         if group is None:
             return
-        if group.kv_indices is None:
-            self._build(group, req_to_token)
-        q = q.index_select(0, group.q_rows)
+        if group.slots is None:
+            group.slots = self._build(group, req_to_token)
+        s = group.slots
+        q = q.index_select(0, s.q_rows)
         if lse is not None:
-            lse = lse.index_select(0, group.q_rows).float()
+            lse = lse.index_select(0, s.q_rows).float()
         out = (
             self.buf[:, layer]
-            if group.everyone
+            if s.entries is None
             else torch.empty(
-                group.kv_indices.numel(), self.buf.shape[2], dtype=torch.float32, device=self.device
+                s.kv_indices.numel(), self.buf.shape[2], dtype=torch.float32, device=self.device
             )
         )
         attn_scores_(
             q,
             k_buffer,
-            group.indptr,
-            group.kv_indices,
+            s.indptr,
+            s.kv_indices,
             out,
             scale,
             lse=lse,
@@ -128,10 +142,10 @@ class DecodeScoring:
             decay=0.0,
             by_entry=True,
         )
-        if not group.everyone:
-            self.buf[:, layer].index_copy_(0, group.entries, out)
+        if s.entries is not None:
+            self.buf[:, layer].index_copy_(0, s.entries, out)
 
-    def _build(self, group: _Group, req_to_token: torch.Tensor) -> None:
+    def _build(self, group: _Group, req_to_token: torch.Tensor) -> _Slots:
         """The group's query rows, CSR offsets and slots (gathered from `req_to_token`), and its
         entries' places in the buffer; host lists go over in one copy."""
         m = group.members
@@ -152,12 +166,11 @@ class DecodeScoring:
         )
         dev = host.to(self.device, non_blocking=True)
         b = len(m)
-        group.q_rows, rows, lens_d = dev[:b], dev[b : 2 * b], dev[2 * b : 3 * b]
-        group.indptr, first = dev[3 * b : 4 * b + 1], dev[4 * b + 1 :]
+        q_rows, rows, lens_d = dev[:b], dev[b : 2 * b], dev[2 * b : 3 * b]
+        offsets, first = dev[3 * b : 4 * b + 1], dev[4 * b + 1 :]
         owner = torch.repeat_interleave(
             torch.arange(b, device=self.device), lens_d, output_size=nnz
         )
-        col = torch.arange(nnz, device=self.device) - group.indptr[owner]
-        group.kv_indices = req_to_token[rows[owner], col]
-        if not group.everyone:
-            group.entries = first[owner] + col
+        col = torch.arange(nnz, device=self.device) - offsets[owner]
+        entries = None if group.everyone else first[owner] + col
+        return _Slots(q_rows, offsets, req_to_token[rows[owner], col], entries)

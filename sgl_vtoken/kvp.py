@@ -8,9 +8,10 @@ reads only what the KV cache holds, so it needs no attention pass at serving tim
     standardized with the training set's mean / std, then  s = w2 . relu(W1 x + b1) + b2
 
 Higher score = more future attention expected (keep). Both position features are relative to
-the newest token, so they mean the same on a compacted row with holes as on a full one. The checkpoint is a safetensors file whose metadata carries the model identity
-(model type, layers, KV heads, head dim) and the feature spec; loading for another model raises
-``ValueError`` naming every mismatched field. Same weights, same bytes.
+the newest token, so they mean the same on a compacted row with holes as on a full one. The
+checkpoint is a safetensors file whose metadata carries the model identity (model type, layers,
+KV heads, head dim) and the feature spec; loading for another model raises ``ValueError`` naming
+every mismatched field. Same weights, same bytes.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class KVPScorer(torch.nn.Module):
         hidden: hidden units per MLP.
         seed: seed of the initial weights (CPU generator: same seed, same weights).
     """
+
+    feat_mean: torch.Tensor  # [G, F] buffers: feature normalization (from the training traces)
+    feat_std: torch.Tensor
 
     def __init__(self, identity: ModelIdentity, hidden: int = 32, seed: int = 0) -> None:
         super().__init__()

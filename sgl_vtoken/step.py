@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -96,6 +97,8 @@ class Decision:
 
     def kept_tree_pages(self, b: int) -> torch.Tensor:
         """Host ids of the tree-owned pages row `b` still references (rows with `history`)."""
+        if self.tree_pages is None:
+            raise ValueError("no row of this decision has `history`: its tree pages were not read")
         ids = self.tree_pages[b]
         return ids[ids >= 0]
 
@@ -265,7 +268,7 @@ def _scores(rows, pool: KVPoolView, positions, valid, raw, rid, steps) -> torch.
             valid[pick],
             rid[pick],
             steps[pick],
-            key_norms=lambda sub=sub: _key_norms(pool, sub),
+            key_norms=partial(_key_norms, pool, sub),
         )
         s = pol.score_rows(batch)
         if s is not None:

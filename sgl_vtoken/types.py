@@ -55,6 +55,19 @@ class TokenView:
     def n(self) -> int:
         return self.positions.shape[0]
 
+    def require(self, name: str) -> torch.Tensor:
+        """The statistic `name` (``"keys"``, ``"values"``, ``"attn"``) a policy `needs`.
+
+        Raises:
+            ValueError: the caller did not collect it (None).
+        """
+        t = getattr(self, name)
+        if t is None:
+            raise ValueError(
+                f"a policy needs TokenView.{name} (got None); the server must collect it"
+            )
+        return t
+
     def check(self) -> None:
         """Value checks (syncs on GPU): ascending positions, bool masks."""
         if self.n > 1 and not bool((self.positions[1:] > self.positions[:-1]).all()):

@@ -162,4 +162,4 @@ class AttentionPolicy(EvictionPolicy):
             )
 
     def score(self, view: TokenView) -> torch.Tensor:
-        return smooth(aggregate(view.attn, self.aggregation), self.pool)
+        return smooth(aggregate(view.require("attn"), self.aggregation), self.pool)

@@ -24,7 +24,7 @@ class KNorm(EvictionPolicy):
     needs: ClassVar[tuple[str, ...]] = ("keys",)
 
     def score(self, view: TokenView) -> torch.Tensor:
-        return aggregate(-view.keys.float().norm(dim=-1), self.aggregation)
+        return aggregate(-view.require("keys").float().norm(dim=-1), self.aggregation)
 
     def score_rows(self, batch: RowBatch) -> torch.Tensor | None:
         if batch.key_norms is None:

@@ -21,9 +21,10 @@ from sgl_vtoken.types import TokenView
 
 @dataclass
 class KVP(EvictionPolicy):
-    """Score = aggregate(softmax over the row of each head's scorer output); `checkpoint` required."""
+    """Score = aggregate(softmax over the row of each head's scorer output); `checkpoint`: the
+    path of a trained scorer (required)."""
 
-    checkpoint: str | None = None
+    checkpoint: str = ""  # required: the path of a trained scorer
     name: ClassVar[str] = "kvp"
     needs: ClassVar[tuple[str, ...]] = ("keys", "values")
 
@@ -46,8 +47,7 @@ class KVP(EvictionPolicy):
 
     def score(self, view: TokenView) -> torch.Tensor:
         with torch.no_grad():
-            scorer = self.scorer.to(
-                view.keys.device
-            )  # scores where the KV lives (no-op after once)
-            s = scorer(view.keys, view.values, view.positions).to(torch.float64)
+            keys = view.require("keys")
+            scorer = self.scorer.to(keys.device)  # scores where the KV lives (no-op after once)
+            s = scorer(keys, view.require("values"), view.positions).to(torch.float64)
         return aggregate(torch.softmax(s, dim=0), self.aggregation)
