@@ -34,7 +34,8 @@ def row_pages(slots: torch.Tensor, page_size: int, cursor: int | None = None) ->
 
 
 def is_dense(slots: torch.Tensor, page_size: int) -> bool:
-    """True when a page-aligned region's slots fill pages in order (offset i % ps in page i // ps)."""
+    """True when a page-aligned region's slots fill pages in order (entry i at offset i % ps of
+    its page i // ps)."""
     n = slots.numel()
     if n == 0:
         return True

@@ -1,7 +1,8 @@
 """Recall from the host tier: which evicted tokens a new turn brings back (pure torch).
 
 A new turn continues from a stored view; the tokens its history evicted earlier sit in the host
-store (`patches/cache/host_tier.py`), each with its K/V as computed when it was prefilled or decoded.
+store (`patches/cache/host_tier.py`), each with its K/V as computed when it was prefilled or
+decoded.
 The new message is prefilled in two chunks (`split`). The last `obs_window` queries of the
 first chunk score every candidate (an evicted token below the view's depth that the view does
 not hold) with the statistic SnapKV uses, but over both tiers at once::
@@ -79,10 +80,10 @@ def split(prefix: int, total: int, window: int, page_size: int) -> tuple[int, in
     """Row lengths where a recalling turn's prefill is cut, or None when the new tokens do not
     cross a page boundary before the last one (the turn recalls nothing)::
 
-        row   | prefix (the view) | new tokens ...................................... |
-              0                prefix              back            end             total
-        chunk 1                   [---------------------------------)   its last `window` queries score
-        chunk 2                                     [-----------------------------)   recomputed, recalled visible
+        row   | prefix (the view) | new tokens ............................. |
+              0                prefix         back          end         total
+        chunk 1                   [---------------------------)    last `window` queries score
+        chunk 2                               [-------------------------)   recalled visible
 
     `end`: the last page boundary before the prompt's last token (chunk 1 is never the whole
     prompt, so SGLang samples nothing from it); `back`: `window` rounded up to whole pages

@@ -1,4 +1,5 @@
-"""Counter-based hashing: reproducible per-token random numbers from (seed, request, step, position).
+"""Counter-based hashing: reproducible per-token random numbers from (seed, request, step,
+position).
 
 A seeded policy's choice must be replayable by an external reference (for example a Hugging Face
 oracle masking the same victims), on any device and batch shape. So there is no generator state:
@@ -41,7 +42,8 @@ def hash_u32(positions: torch.Tensor, *keys) -> torch.Tensor:
 
 
 def hash_u01(positions: torch.Tensor, *keys) -> torch.Tensor:
-    """float64 uniform in ``[0, 1)`` shaped like `positions`, reproducible from (keys..., position)."""
+    """float64 uniform in ``[0, 1)`` shaped like `positions`, reproducible from (keys...,
+    position)."""
     return hash_u32(positions, *keys).to(torch.float64) / 2.0**32
 
 
