@@ -29,16 +29,16 @@ def as_pages(kv_cache, page_size: int):
 
 def read_kv_as_pages(wrapper, page_size: int):
     """Make a FlashInfer paged wrapper accept SGLang's [rows, H, D] buffers at page size P."""
-    if page_size == 1 or getattr(wrapper, "_vtoken_page_size", None) == page_size:
-        return wrapper
+    if page_size == 1 or getattr(wrapper.run, "page_size", None) == page_size:
+        return wrapper  # already reads pages of this size
     run = wrapper.run
 
     def paged_run(q, paged_kv_cache, *args, **kwargs):
         return run(q, as_pages(paged_kv_cache, page_size), *args, **kwargs)
 
+    paged_run.page_size = page_size  # type: ignore[attr-defined]  # marks the wrapped `run`
     wrapper.run = paged_run
     wrapper.run_return_lse = functools.partial(paged_run, return_lse=True)
-    wrapper._vtoken_page_size = page_size
     return wrapper
 
 

@@ -12,13 +12,14 @@ from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken.rng import stable_id
 
 from .cache import host_recall, host_tier, radix
-from .state import ReqEvictState, Row, state_of
+from .cache.host_tier import HostTier
+from .core.model_support import kv_bytes_per_token, peak_problem, unsupported_pool_reason
+from .core.process import process, start
+from .core.state import ReqEvictState, Row, state_of
 from .step import held, prefill, retraction, scores
 from .step.eviction import evict_batch
 from .step.reclaim import reclaim_for
 from .surface import metrics, observe
-from .surface.counters import counters_of
-from .surface.model_support import kv_bytes_per_token, unsupported_pool_reason
 from .surface.request_options import request_config
 from .surface.server_args import server_config
 
@@ -99,9 +100,9 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     """
     reqs = getattr(batch, "reqs", None)
     if not reqs or result.positions is None:
-        scores.clear(model_runner)
+        scores.clear()
         return result
-    if host_tier.tier_of() is not None and not result.forward_mode.is_decode():
+    if process().tier is not None and not result.forward_mode.is_decode():
         for r in reqs:
             if (st := state_of(r)) is not None:
                 host_recall.begin_turn(r, st)  # it takes its view's host store; recall candidates
@@ -109,7 +110,7 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     if scored:
         scores.prepare(result, scored, model_runner)
     else:
-        scores.clear(model_runner)
+        scores.clear()
     offsets = [st.row.offset if (st := state_of(r)) is not None else 0 for r in reqs]
     if not any(offsets):
         return result
@@ -127,29 +128,27 @@ def after_scheduler_init(result, scheduler, *args, **kwargs):
     too small for one evicting request, and size the counters. Without one, nothing of the pool
     is read until a request evicts (any pool type, MLA's included, starts as in stock SGLang)."""
     cfg = server_config()
+    holed = isinstance(scheduler.tree_cache, radix.HoledRadixCache)
     if cfg.enabled:
         pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
-        reason = unsupported_pool_reason(pool)
-        peak = cfg.budget + cfg.interval + cfg.page_size
-        if not reason and peak > scheduler.max_total_num_tokens:
-            reason = (
-                f"--kv-budget {cfg.budget}: an evicting request holds up to budget + interval + "
-                f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}"
-            )
+        reason = unsupported_pool_reason(pool) or peak_problem(
+            cfg, scheduler.max_total_num_tokens, "--kv-budget"
+        )
         if not reason and cfg.prefill.chunk is not None:
             reason = prefill.unsupported_reason(scheduler)
         if reason:
             raise ValueError(f"--kv-evict {cfg.policy}: {reason}")
-        counters_of(scheduler).bytes_per_token = kv_bytes_per_token(pool)
-    if cfg.host.tokens and not isinstance(scheduler.tree_cache, radix.HoledRadixCache):
+    if cfg.host.tokens and not holed:
         raise ValueError(
             "--kv-evict-config host_tokens: the host store keeps stored histories' evicted "
             "tokens, which needs the holed radix cache (a policy with reuse_history)"
         )
-    host_tier.install(cfg.host.tokens)
-    if isinstance(scheduler.tree_cache, radix.HoledRadixCache):
-        scheduler.tree_cache.vt_counters = counters_of(scheduler)  # history hits
-    scheduler._vtoken_prometheus = metrics.maybe_create(scheduler)
+    proc = scheduler.vtoken = start(
+        holed=holed, tier=HostTier(cfg.host.tokens) if cfg.host.tokens else None
+    )
+    if cfg.enabled:
+        proc.counters.bytes_per_token = kv_bytes_per_token(pool)
+    proc.metrics = metrics.maybe_create(scheduler)
 
 
 def around_update_running_batch(original, scheduler, batch):
@@ -158,13 +157,11 @@ def around_update_running_batch(original, scheduler, batch):
     if batch is not None and not batch.is_empty():
         skip = set(scheduler._reqs_finishing_inflight(batch))
         ctx = evict_batch(scheduler, batch, skip)
+        proc = process()
         if ctx is None:  # no evicting request runs
-            counters = counters_of(scheduler)
-            counters.no_running()
+            proc.counters.no_running()
         else:
-            counters = ctx.counters
             ctx.sample_batch(batch)
-        prometheus = getattr(scheduler, "_vtoken_prometheus", None)
-        if prometheus is not None:
-            prometheus.publish(counters)
+        if proc.metrics is not None:
+            proc.metrics.publish(proc.counters)
     return original(scheduler, batch)

@@ -35,7 +35,7 @@ import signal
 import sys
 from pathlib import Path
 
-from sgl_vtoken.patches.surface.shortage import KINDS as SHORTAGE_KINDS
+from sgl_vtoken.patches.core.shortage import KINDS as SHORTAGE_KINDS
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken_tools.bench.stress_traffic import FORCED, TrafficSpec
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args

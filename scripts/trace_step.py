@@ -38,9 +38,10 @@ def main() -> None:
     from sgl_vtoken.config import EvictConfig
     from sgl_vtoken.patches import runtime
     from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.core.process import start
 
     ps, prompt_len = 16, 128
-    radix._active = True
+    start(holed=True)
     alloc = PagedAllocator(64, ps)
     cache = radix.HoledRadixCache(
         CacheInitParams(

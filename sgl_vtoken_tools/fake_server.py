@@ -116,10 +116,12 @@ class FakeServer:
     ):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-        from sgl_vtoken.patches.cache import host_tier, radix
+        from sgl_vtoken.patches.cache import radix
+        from sgl_vtoken.patches.cache.host_tier import HostTier
+        from sgl_vtoken.patches.core.process import start
 
-        radix._active = True  # a `--kv-evict` server (the caller restores it)
-        host_tier.install(host_tokens)
+        # A `--kv-evict` scheduler's process object (callers put theirs back: `process.use`).
+        start(holed=True, tier=HostTier(host_tokens) if host_tokens else None)
         self.shape, self.page_size = shape, page_size
         self.alloc = Allocator(pool_tokens, page_size, shape, init_tokens)
         rtt = ReqToTokenPool(max_reqs, max_ctx)
@@ -166,7 +168,8 @@ class FakeServer:
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         from sgl_vtoken.patches import runtime
-        from sgl_vtoken.patches.cache import host_recall, host_tier, radix
+        from sgl_vtoken.patches.cache import host_recall, radix
+        from sgl_vtoken.patches.core.process import process
 
         st = runtime.new_state(cfg, rid, holed=radix.tree_mode(cfg))
         req = Req(ids, st, idx=self.rows.pop())
@@ -188,7 +191,7 @@ class FakeServer:
         )
         req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end = n
         req.kv.swa_evict_floor, req.kv.holds_kv = 0, True
-        if host_tier.tier_of() is not None:
+        if process().tier is not None:
             host_recall.begin_turn(req, st)
         if st.stats.accumulator is not None:  # the prompt's observation window, any values
             shape = (1, n, self.shape.layers, self.shape.kv_heads)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 # Variables of the parent that must not leak into a server: the launcher publishes its own
 # settings, and servers never run Triton under the interpreter.
-_SCRUBBED_ENV = ("VTOKEN_CONFIG", "VTOKEN_REFUSE", "VTOKEN_REFUSE_ATTENTION", "TRITON_INTERPRET")
+_SCRUBBED_ENV = ("VTOKEN_CONFIG", "TRITON_INTERPRET")
 
 
 _BIND_ERROR = "error while attempting to bind on address"

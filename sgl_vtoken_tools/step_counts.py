@@ -113,10 +113,10 @@ def count_step(sc: Scenario, shape: Shape = Shape()) -> dict:
     """``{"forward": ..., "evict": ...}``: the counted decode forward and eviction of `sc`."""
     import sgl_vtoken.decode_scores as decode_scores
     import sgl_vtoken.step as step
-    from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.core.process import process, use
     from sgl_vtoken.patches.step import scores
 
-    active = radix._active
+    previous = process()
     try:
         server, reqs = build(sc, shape)
         out = {}
@@ -133,10 +133,10 @@ def count_step(sc: Scenario, shape: Shape = Shape()) -> dict:
         out["history_freed"] = sum(released)  # slots (page size 1) or pages freed from stored views
         server.check(reqs)
         out["scored_layers"] = shape.layers if "attn" in reqs[0].vtoken.policy.needs else 0
-        scores.clear(server.model_runner)
+        scores.clear()
         return out
     finally:
-        radix._active = active
+        use(previous)
 
 
 def _count_history_frees(cache) -> list[int]:

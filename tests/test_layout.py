@@ -55,7 +55,7 @@ def test_the_runtime_files_are_the_runtime():
     names = {str(p.relative_to(REPO)) for p in runtime_files()}
     assert {
         "patches/plugin.py",
-        "kernels/api.py",
+        "kernels/repack_api.py",
         "sgl_vtoken/step.py",
         "sgl_vtoken/policies/base.py",
     } <= names

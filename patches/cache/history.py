@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from . import host_tier
+from ..core.process import process
 
 
 class StoredView(NamedTuple):
@@ -242,7 +242,7 @@ def hand_over(tree, req, st, node, row_len: int) -> None:
     """The finished row `[0, row_len)` is now the stored view at `node` (any page size): the
     evicted tokens' host store goes with the view, the request's lock moves to `node`, and the
     tree owns the whole row."""
-    if (tier := host_tier.tier_of()) is not None:
+    if (tier := process().tier) is not None:
         tier.store(node, st)
     tree.unlock(req.lock)
     req.lock = tree.lock(node)
@@ -273,7 +273,7 @@ def release_dropped(tree, req, dropped: torch.Tensor) -> int:
 def drop_view(node) -> None:
     """The view of holed `node` becomes unusable; its host store (`host_tier.py`) is released."""
     node.vt.view = None
-    if (tier := host_tier.tier_of()) is not None:
+    if (tier := process().tier) is not None:
         tier.detach(node)
 
 

@@ -34,8 +34,8 @@ from sgl_vtoken.kernels import repack_kv_
 from sgl_vtoken.planner import plan_eviction
 from sgl_vtoken.recall import dedupe, pick, round_quota, split, turn_rounds
 
-from ..state import state_of
-from ..surface import shortage
+from ..core.process import process
+from ..core.state import state_of
 from . import host_tier
 
 
@@ -199,8 +199,8 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     slots = _row_slots(scheduler, row[:back], int(sel.numel()), alloc) if sel.numel() else row[:0]
     if slots is None:  # no free page: the turn goes on without them
         st.report["recall_skipped_tokens"] = int(sel.numel())
-        host_tier.tier_of().count_skip()
-        shortage.note("recall_skipped", req.rid, "page")
+        process().tier.count_skip()
+        process().shortages.note("recall_skipped", req.rid, "page")
         sel, slots = sel[:0], row[:0]
     n, ps = int(sel.numel()), allocator.page_size
     tail = row[-(-back // ps) * ps :]  # whole pages past `back`'s page
@@ -236,7 +236,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
         recall_ms=round(earlier.get("recall_ms", 0) + seconds * 1e3, 3),
         recomputed_tokens=earlier.get("recomputed_tokens", 0) + end - back,
     )
-    host_tier.tier_of().count_recall(n, seconds)
+    process().tier.count_recall(n, seconds)
     # The next round: the scoring window, recomputed after what this one recalled, ends a chunk
     # again and scores the candidates left.
     st.recall.plan = plan.next_round(sel, n)

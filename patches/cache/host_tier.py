@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..state import state_of
+from ..core.process import process
+from ..core.state import state_of
 
 
 @dataclass(eq=False)
@@ -70,6 +71,7 @@ class HostTier:
         self.offloaded = self.dropped = self.recalled = self.recalls = self.skipped_recalls = 0
         self.recall_seconds = 0.0
         self.nodes: dict[int, tuple] = {}  # id -> (radix node, the chunks its view's store holds)
+        self.streams: dict = {}  # device -> side stream of its copies to the device (CUDA)
 
     def hold(self, chunks) -> None:
         for c in chunks:
@@ -128,7 +130,7 @@ class HostTier:
         self.recall_seconds += seconds
 
     def count_skip(self) -> None:
-        """A turn's recall was skipped (`surface/shortage.py`)."""
+        """A turn's recall was skipped (`core/shortage.py`)."""
         self.skipped_recalls += 1
 
     def as_dict(self) -> dict:
@@ -144,21 +146,6 @@ class HostTier:
             "recall_seconds": round(self.recall_seconds, 6),
             "skipped_recalls": self.skipped_recalls,
         }
-
-
-# The host store of this scheduler process (`install`, at scheduler start when the server's
-# `host_tokens` > 0); None: no request offloads.
-_tier: HostTier | None = None
-
-
-def install(cap: int) -> HostTier | None:
-    global _tier
-    _tier = HostTier(cap) if cap > 0 else None
-    return _tier
-
-
-def tier_of() -> HostTier | None:
-    return _tier
 
 
 # --- offload (eviction.py) ------------------------------------------------------------------
@@ -218,20 +205,19 @@ def to_device(host: torch.Tensor, device) -> tuple[torch.Tensor, object | None]:
     return out, ready
 
 
-_SIDE_STREAMS: dict = {}
-
-
 def _side_stream(device):
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return _SIDE_STREAMS[device]
+    """The host tier's side stream on `device` (made at its first use)."""
+    streams = process().tier.streams
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device)
+    return streams[device]
 
 
 def take_store(st) -> list[Chunk]:
     """Before a request's first prefill chunk (admission, then its first forward; once): it
     takes the store of the view it continues. Returns that store's chunks ([] when there is
     none, or nothing to take)."""
-    tier = _tier
+    tier = process().tier
     if st.host.taken or tier is None or not st.cfg.host.offload:
         return []
     st.host.taken = True
@@ -247,7 +233,7 @@ def release_finished(req) -> None:
     """After a request's KV is released: a finished (or aborted) request's chunks that no stored
     view took are released; a retracted one keeps them."""
     st = state_of(req)
-    tier = _tier
+    tier = process().tier
     if st is None or tier is None or not req.finished():
         return
     if st.host.chunks:  # no stored view took them

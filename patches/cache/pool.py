@@ -3,7 +3,7 @@ tokens, a stored view's partial last page, a retracted row written back, recalle
 
 Every such allocation goes through `alloc`: free pages first, then unlocked radix-cache nodes
 evicted to make room, and None (never an exception) when the pool cannot give them; the caller
-defers, blocks or ends the request and counts it (`surface/shortage.py`).
+defers, blocks or ends the request and counts it (`core/shortage.py`).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from ..surface.shortage import refused
+from ..core.process import process
 
 
 def alloc(tree, n: int, req=None, kind: str = "copies") -> torch.Tensor | None:
     """``[n]`` slots (whole pages: `n` is a multiple of the page size) from the pool of the
     radix cache `tree`, evicting its unlocked nodes if needed; None when the pool cannot give
-    them, or when a test refuses pages of `kind` for `req` (`shortage.refused`)."""
-    if req is not None and refused(req, kind):
+    them, or when a test refuses pages of `kind` for `req` (`Shortages.refused`)."""
+    if req is not None and process().shortages.refused(req, kind):
         return None
     allocator = tree.token_to_kv_pool_allocator
     if allocator.available_size() < n:

@@ -23,7 +23,7 @@ histories are stored, found and freed is `history.py` (per position, page size 1
 write into the next turn's own page). Only requests under eviction take the holed paths
 (`reuse_history: false` keeps prompt sharing and stores no history); every other request is
 served exactly as by `RadixCache`. What a request's match found, the view it continues, is its
-`Prefix` (`st.prefix`); a retracted request's match is `retraction.resume`.
+`Prefix` (`st.prefix`); a retracted request's match is `st.retract.resume` (step/retraction.py).
 """
 
 from __future__ import annotations
@@ -43,21 +43,18 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
-from ..state import state_of
-from ..step import retraction
-from . import history, history_pages, host_tier
+from ..core.process import process
+from ..core.state import state_of
+from . import history, history_pages
 
 NAME = "vtoken"
-# This process serves from a HoledRadixCache (process configuration). Read when a `Req` is created
-# (`new_state`'s `holed`), where no scheduler or tree cache is in reach.
-_active = False
 
 
 def tree_mode(cfg) -> bool:
     """Whether a request under `cfg` is served by this cache's paths: its prompt is shared,
     tree-owned tokens may leave its row, and (`reuse_history`) its history is stored.
     Naive-Evict takes them too (same caching, same victims; only its footprint differs)."""
-    return _active and cfg.enabled
+    return process().holed and cfg.enabled
 
 
 class ViewHit(NamedTuple):
@@ -99,7 +96,6 @@ class Prefix:
 
 def factory(ctx):
     """`register_radix_cache_backend` factory."""
-    global _active
     for bad, why in (
         (ctx.disable_radix_cache, "--disable-radix-cache"),
         (ctx.is_hybrid_swa or ctx.is_hybrid_ssm, "hybrid SWA / Mamba models"),
@@ -107,14 +103,11 @@ def factory(ctx):
     ):
         if bad:
             raise ValueError(f"--radix-cache-backend {NAME} cannot run with {why}")
-    _active = True
     return HoledRadixCache(ctx.params)
 
 
 class HoledRadixCache(RadixCache):
     """`RadixCache` whose holed nodes (`node.vt`, `history.NodeRecord`) count only live slots."""
-
-    vt_counters = None  # the scheduler's VTokenCounters (history hits), set at scheduler start
 
     # --- sizes count live slots -----------------------------------------------------------------
     def inc_lock_ref(self, node) -> IncLockRefResult:
@@ -151,12 +144,12 @@ class HoledRadixCache(RadixCache):
     def _delete_leaf(self, node):
         super()._delete_leaf(node)
         self.evictable_size_ += len(node.key) - history.live(node)
-        if (tier := host_tier.tier_of()) is not None:
+        if (tier := process().tier) is not None:
             tier.detach(node)  # the view's host store goes with it
 
     def reset(self):
         super().reset()
-        if (tier := host_tier.tier_of()) is not None:
+        if (tier := process().tier) is not None:
             tier.reset()
 
     def evict(self, params) -> EvictResult:
@@ -207,7 +200,7 @@ class HoledRadixCache(RadixCache):
         result = super().match_prefix(MatchPrefixParams(key=key))
         st.prefix.continue_from(None, None, len(logical))  # no view yet: a plain prefill
         if st.retract.stash is not None:  # retracted after evicting: resume from its row
-            return retraction.resume(self, req, st, logical, limit, result)
+            return st.retract.resume(self, req, st, logical, limit, result)
         if (
             not st.cfg.history.reuse
             or req.output_ids
@@ -286,8 +279,8 @@ class HoledRadixCache(RadixCache):
                 history_pages.insert(self, req, st, up_to)
             else:
                 history.insert_history(self, req, st, up_to)
-            counters = self.vt_counters
-            if "history_tokens" in st.report and counters is not None:
+            counters = process().counters
+            if "history_tokens" in st.report:
                 counters.history_hits += 1
                 counters.history_tokens_reused += st.report["history_tokens"]
 

@@ -27,8 +27,9 @@ from contextlib import contextmanager
 from http import HTTPStatus
 
 from ..cache import history_pages
-from ..state import state_of
-from ..surface import shortage
+from ..core.model_support import peak_problem
+from ..core.process import process
+from ..core.state import state_of
 from .prefill import chunk_limit, evicts_in_prefill
 
 
@@ -146,16 +147,14 @@ def adder_class(base: type) -> type:
 
         def _defer(self, req, st, what: str, page: str, has_chunked_req) -> None:
             """`req` waits a round: no free page for `what` (`page`: a kind of `shortage.KINDS`;
-            counted, `shortage.py`); on an idle pool it never gets one, and ends with HTTP 503."""
-            counters = getattr(self.tree_cache, "vt_counters", None)
-            if counters is not None:
-                counters.deferred_admissions += 1
+            counted, `core/shortage.py`); on an idle pool it never gets one, and ends with HTTP 503."""
+            proc = process()
+            proc.counters.deferred_admissions += 1
             st.report["deferred_admissions"] = st.report.get("deferred_admissions", 0) + 1
-            shortage.note("admission_deferred", req.rid, page)
+            proc.shortages.note("admission_deferred", req.rid, page)
             if self._idle(has_chunked_req):
-                if counters is not None:
-                    counters.shortage_aborts += 1
-                shortage.note("admission_aborted", req.rid, page)
+                proc.counters.shortage_aborts += 1
+                proc.shortages.note("admission_aborted", req.rid, page)
                 _refuse(
                     req,
                     st,
@@ -246,12 +245,9 @@ def around_init_req_max_new_tokens(original, scheduler, req):
     st = state_of(req)
     if st is None or req.finished():
         return
-    peak = st.cfg.decode_peak
-    if peak > scheduler.max_total_num_tokens:
-        req.set_finish_with_abort(
-            f"kv_evict.budget {st.cfg.budget}: an evicting request holds up to budget + interval + "
-            f"page_size = {peak} KV tokens, more than the pool's {scheduler.max_total_num_tokens}"
-        )
+    problem = peak_problem(st.cfg, scheduler.max_total_num_tokens, "kv_evict.budget")
+    if problem:
+        req.set_finish_with_abort(problem)
         return
     input_len = len(req.origin_input_ids)
     value = (1 << 30) if requested is None else requested

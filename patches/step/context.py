@@ -18,10 +18,11 @@ from sgl_vtoken.pages import num_pages
 from sgl_vtoken.step import KVPoolView
 
 from ..cache import host_tier, pool
-from ..state import state_of
-from ..surface.counters import VTokenCounters, counters_of
-from ..surface.model_support import kv_bytes_per_token
-from ..tp import tp_gather
+from ..core.counters import VTokenCounters
+from ..core.model_support import kv_bytes_per_token
+from ..core.process import process
+from ..core.state import state_of
+from ..core.tp import tp_gather
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class StepContext:
         allocator: SGLang's token-to-KV-pool allocator.
         view: the pool as the batched step reads and writes it (`sgl_vtoken.step.KVPoolView`).
         page_size: tokens per page.
-        counters: the server-wide counters (`surface/counters.py`).
+        counters: the server-wide counters (`core/counters.py`).
         stream: the forward stream's context on CUDA (the repack runs on it), else None.
         tp_group: the tensor-parallel group (None: one rank).
         tier: the host tier (`host_tier.py`), None without one.
@@ -96,13 +97,14 @@ class StepContext:
 
 
 def context_of(scheduler) -> StepContext:
-    """The step context of `scheduler` (an SGLang `Scheduler`), made at the first call."""
-    ctx = getattr(scheduler, "_vtoken_step", None)
-    if ctx is not None:
-        return ctx
+    """The step context of `scheduler` (an SGLang `Scheduler`), made at the first call and kept
+    on the process object (`core/process.py`)."""
+    proc = process()
+    if proc.step is not None and proc.step.tree is scheduler.tree_cache:
+        return proc.step
     allocator = scheduler.token_to_kv_pool_allocator
     kvcache = allocator.get_kvcache()
-    counters = counters_of(scheduler)
+    counters = proc.counters
     if not counters.bytes_per_token:  # a server without a policy sizes it at its first eviction
         counters.bytes_per_token = kv_bytes_per_token(kvcache)
     tp_group = getattr(scheduler, "tp_group", None)
@@ -116,7 +118,7 @@ def context_of(scheduler) -> StepContext:
         allocator.page_size,
         tp_gather=None if tp_group is None else lambda t, dim: tp_gather(t, tp_group, dim),
     )
-    ctx = scheduler._vtoken_step = StepContext(
+    proc.step = StepContext(
         tree=scheduler.tree_cache,
         allocator=allocator,
         view=view,
@@ -124,7 +126,7 @@ def context_of(scheduler) -> StepContext:
         counters=counters,
         stream=getattr(scheduler, "forward_stream_ctx", None) if req_to_token.is_cuda else None,
         tp_group=tp_group,
-        tier=host_tier.tier_of(),
+        tier=proc.tier,
         total_tokens=int(getattr(scheduler, "max_total_num_tokens", 0)),
     )
-    return ctx
+    return proc.step

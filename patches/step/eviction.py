@@ -29,8 +29,8 @@ import torch
 from sgl_vtoken.step import EvictRow, apply, decide
 
 from ..cache import host_tier
-from ..state import ReqEvictState, state_of
-from ..surface import shortage
+from ..core.process import process
+from ..core.state import ReqEvictState, state_of
 from .context import StepContext, context_of
 
 
@@ -63,7 +63,7 @@ def evict_batch(scheduler, batch, skip: set) -> StepContext | None:
         if n is None:  # no free page for its copies: evicted at a later step (shortage.py)
             ctx.counters.deferred_evictions += 1
             st.report["deferred_evictions"] = st.report.get("deferred_evictions", 0) + 1
-            shortage.note("eviction_deferred", req.rid)
+            process().shortages.note("eviction_deferred", req.rid)
             continue
         new_lens[index[id(req)]] = row_len - n
     if ctx.counters.pages_freed > freed_before:

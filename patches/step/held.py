@@ -31,7 +31,7 @@ import torch
 
 from sgl_vtoken.pages import num_pages
 
-from ..state import ReqEvictState, state_of
+from ..core.state import ReqEvictState, state_of
 
 
 @dataclass

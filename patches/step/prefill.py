@@ -31,9 +31,8 @@ from array import array
 from dataclasses import dataclass
 
 from ..cache import host_recall
-from ..state import state_of
-from ..surface import shortage
-from ..surface.server_args import prefill_chunk_problem
+from ..core.process import process
+from ..core.state import state_of
 from .context import context_of
 from .eviction import evict_rows
 
@@ -156,7 +155,7 @@ def _end_short(scheduler, ctx, req) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     ctx.counters.shortage_aborts += 1
-    shortage.note("prefill_aborted", req.rid)
+    process().shortages.note("prefill_aborted", req.rid)
     req.discard_output_reason = FINISH_ABORT(
         f"kv_evict prefill_chunk: no free KV page for the copies of the cached prompt tokens this request "
         f"keeps (the {ctx.total_tokens}-token pool is full); retry later",
@@ -168,5 +167,16 @@ def _end_short(scheduler, ctx, req) -> None:
 
 def unsupported_reason(scheduler) -> str:
     """Why this scheduler cannot evict during prefill ("" when it can), with the settings SGLang
-    resolved (`server_args.prefill_chunk_problem`)."""
+    resolved (`prefill_chunk_problem`)."""
     return prefill_chunk_problem(scheduler.chunked_prefill_size or 0, not scheduler.enable_overlap)
+
+
+def prefill_chunk_problem(chunked_prefill_size, overlap_disabled: bool) -> str:
+    """Why eviction during prefill cannot run with these SGLang settings ("" when it can): its
+    chunks are SGLang's chunked prefill, and the eviction between two chunks needs the first
+    chunk's forward to have run (no overlap scheduler)."""
+    if chunked_prefill_size is not None and chunked_prefill_size <= 0:
+        return "prefill_chunk needs SGLang's chunked prefill (--chunked-prefill-size > 0)"
+    if not overlap_disabled:
+        return "prefill_chunk needs --disable-overlap-schedule (a chunk's forward must have run before its eviction)"
+    return ""

@@ -21,7 +21,7 @@ import torch
 
 from sgl_vtoken.config import EvictConfig
 
-from ..state import ReqEvictState
+from ..core.state import ReqEvictState
 from . import held
 from .context import StepContext
 

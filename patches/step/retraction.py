@@ -45,7 +45,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
 from ..cache import history
 from ..cache.pool import alloc
-from ..state import Row, state_of
+from ..core.state import Row, state_of
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,11 @@ class Retraction:
         are now (`Stats.snapshot`), are what `undo_step` goes back to."""
         self.stash, self.resume_prefill = None, False
         self.undo = StepUndo(stats)
+
+    def resume(self, tree, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
+        """The radix cache matches a request holding a stash (`resume` below): called through
+        the part, so the cache never imports the step layer."""
+        return resume(tree, req, st, logical, limit, result)
 
     def drop(self) -> None:
         """The request will not resume (it ends): its stash goes."""

@@ -44,10 +44,9 @@ from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.recall import candidate_mass, window_probs
 from sgl_vtoken.stats import RowStats
 
-from ..cache import host_tier
-from ..state import state_of
-from ..surface import shortage
-from ..tp import tp_gather
+from ..core.process import process
+from ..core.state import state_of
+from ..core.tp import tp_gather
 from .prefill import evicts_in_prefill
 
 
@@ -115,15 +114,13 @@ def scored_requests(batch) -> list:
 
 
 # The scored requests of the forward about to run, set when its ForwardBatch is built. The model
-# may run on a copy of that ForwardBatch, so the plan is not kept on that object but on the model
-# runner's KV pool, one per scheduler process, which runs one forward at a time: attention layers
-# reach the same object through the forward context (`get_token_to_kv_pool`: every attention
-# backend holds `model_runner.token_to_kv_pool`), as `pool._vtoken_scored`.
+# may run on a copy of that ForwardBatch, so the plan is not kept on that object but on the
+# process object (`process().scoring`): a scheduler process runs one forward at a time.
 
 
 @dataclass
 class Scored:
-    """What the forward about to run scores (`pool._vtoken_scored`): a decode batch's requests at
+    """What the forward about to run scores (`process().scoring`): a decode batch's requests at
     once (`decode`), or a prefill's requests one by one (`prefill`, ``(batch index, block, score
     layers, row, recall plan, queries, row length)`` each), over the slot table `req_to_token`."""
 
@@ -160,7 +157,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         )
         for k, (_, _, st) in enumerate(batch):
             st.stats.staged.append(decode.block(k))
-        pool._vtoken_scored = Scored(decode, [], req_to_token)
+        process().scoring = Scored(decode, [], req_to_token)
         return
     plan = []
     for i, req, st in scored:
@@ -179,8 +176,8 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             st.report["recall_skipped_tokens"] = min(
                 st.cfg.host.recall, int(pending.scores.numel())
             )
-            host_tier.tier_of().count_skip()
-            shortage.note("recall_skipped", req.rid, "cut")
+            process().tier.count_skip()
+            process().shortages.note("recall_skipped", req.rid, "cut")
             st.recall.reset()
         recall = st.recall.plan
         if recall is not None:  # a recalling turn: the window ends its first chunk
@@ -203,18 +200,18 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         plan.append(
             (i, block, st.cfg.scoring.layer_ids(num_layers), req.kv.req_pool_idx, recall, q, n)
         )
-    pool._vtoken_scored = Scored(None, plan, req_to_token)
+    process().scoring = Scored(None, plan, req_to_token)
 
 
-def clear(model_runner) -> None:
+def clear() -> None:
     """No scored request in the forward about to run."""
-    model_runner.token_to_kv_pool._vtoken_scored = None
+    process().scoring = None
 
 
 def around_radix_attention_forward(original, layer, q, k, v, forward_batch, *args, **kwargs):
     """AROUND `RadixAttention.forward`: run attention, then stage the probabilities."""
     out = original(layer, q, k, v, forward_batch, *args, **kwargs)
-    scored = getattr(get_token_to_kv_pool(), "_vtoken_scored", None)
+    scored = process().scoring
     if scored is not None:
         collect(layer, q, forward_batch, scored, get_token_to_kv_pool())
     return out
@@ -223,14 +220,14 @@ def around_radix_attention_forward(original, layer, q, k, v, forward_batch, *arg
 def offer_lse(layer_id: int, lse: torch.Tensor, base: str = "log2") -> None:
     """For an attention backend that computed this decode layer's log-sum-exp ``[bs, hq]``
     (FlashInfer's `return_lse`: base 2): the score launch uses it instead of recomputing it."""
-    scored = getattr(get_token_to_kv_pool(), "_vtoken_scored", None)
+    scored = process().scoring
     if scored is not None and scored.decode is not None and scored.decode.scores(layer_id):
         scored.decode.offer_lse(layer_id, lse, base)
 
 
 def wants_lse(layer_id: int) -> bool:
     """Whether this forward scores decode layer `layer_id` (`offer_lse` would be used)."""
-    scored = getattr(get_token_to_kv_pool(), "_vtoken_scored", None)
+    scored = process().scoring
     return scored is not None and scored.decode is not None and scored.decode.scores(layer_id)
 
 

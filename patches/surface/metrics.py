@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .counters import VTokenCounters
+from ..core.counters import VTokenCounters
 
 HELP = {
     "evictions": "Evictions performed (one per request per eviction step).",

@@ -8,10 +8,8 @@ last eviction, pages freed. Server-wide: the settings and `VTokenCounters`.
 
 from __future__ import annotations
 
-from ..cache import host_tier
-from ..state import state_of
-from . import shortage
-from .counters import counters_of
+from ..core.process import process
+from ..core.state import state_of
 from .server_args import server_config
 
 META_KEY = "kv_evict"
@@ -30,19 +28,20 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
         running = getattr(scheduler, "running_batch", None)
+        proc = process()
         if running is None or running.is_empty():  # the gauges describe running requests
-            counters_of(scheduler).no_running()
+            proc.counters.no_running()
         allocator = scheduler.token_to_kv_pool_allocator
         state["vtoken"] = {
             "config": server_config().to_dict(),
-            **counters_of(scheduler).as_dict(),
+            **proc.counters.as_dict(),
             "naive_held_requests": naive_held_requests(scheduler),
-            "shortages": shortage.met(),  # by path, forced ones apart (shortage.py)
+            "shortages": proc.shortages.as_dict(),  # by path, forced ones apart (shortage.py)
             # free == total after load: available + evictable (radix cache) == total
             "pool_total_tokens": int(scheduler.max_total_num_tokens),
             "pool_available_tokens": int(allocator.available_size()),
             "pool_evictable_tokens": int(scheduler.tree_cache.evictable_size()),
-            **(tier.as_dict() if (tier := host_tier.tier_of()) is not None else {}),
+            **(proc.tier.as_dict() if proc.tier is not None else {}),
         }
     return result
 

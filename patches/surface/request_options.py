@@ -12,17 +12,15 @@ parameters included; the scheduler only builds its config in `Req.__init__`.
 
 from __future__ import annotations
 
-import os
 import re
 
 from sgl_vtoken.config import EvictConfig, policy_from_config, setting_keys
 
-from .model_support import unsupported_model_reason
+from ..core.model_support import unsupported_model_reason
 from .server_args import (
     ATTENTION_POLICIES,
-    ATTN_REFUSE_ENV_VAR,
     KV_EVICT_CHOICES,
-    REFUSE_ENV_VAR,
+    refusals,
     server_config,
     settings_problem,
 )
@@ -32,9 +30,12 @@ KEY = "kv_evict"
 FIELDS = setting_keys(request=True)
 
 
-def resolve(server: EvictConfig, obj, choices: tuple[str, ...]) -> EvictConfig:
+def resolve(
+    server: EvictConfig, obj, choices: tuple[str, ...], refused: tuple[str, str] = ("", "")
+) -> EvictConfig:
     """The settings of one request: the server's, overridden by `obj`. Raises ValueError naming
-    the field (`kv_evict.<field>`) and the allowed values."""
+    the field (`kv_evict.<field>`) and the allowed values. `refused`: why this server refuses
+    eviction, and attention policies ("" where it does not; `server_args.refusals`)."""
     if not isinstance(obj, dict):
         raise ValueError(f"{KEY} must be a JSON object with fields {list(FIELDS)} (got {obj!r})")
     unknown = sorted(set(obj) - set(FIELDS))
@@ -44,10 +45,10 @@ def resolve(server: EvictConfig, obj, choices: tuple[str, ...]) -> EvictConfig:
     if policy not in choices:
         raise ValueError(f"{KEY}.policy must be one of {list(choices)} (got {policy!r})")
     if policy != "none":
-        refuse = os.environ.get(REFUSE_ENV_VAR, "")
+        refuse, refuse_attention = refused
         if refuse:
             raise ValueError(f"{KEY}.policy: eviction is not available on this server: {refuse}")
-        refuse = os.environ.get(ATTN_REFUSE_ENV_VAR, "") if policy in ATTENTION_POLICIES else ""
+        refuse = refuse_attention if policy in ATTENTION_POLICIES else ""
         if refuse:
             raise ValueError(f"{KEY}.policy: {policy} is not available on this server: {refuse}")
         if obj.get("budget", server.budget) is None:
@@ -78,7 +79,7 @@ def before_create_tokenized_object(manager, obj, *args, **kwargs):
     sp = getattr(obj, "sampling_params", None)
     custom = sp.get("custom_params") if isinstance(sp, dict) else None
     if isinstance(custom, dict) and KEY in custom:
-        cfg = resolve(server_config(), custom[KEY], KV_EVICT_CHOICES)
+        cfg = resolve(server_config(), custom[KEY], KV_EVICT_CHOICES, refusals(manager.server_args))
         if cfg.enabled:
             check_fits_model(manager, cfg)
     return None
@@ -86,11 +87,9 @@ def before_create_tokenized_object(manager, obj, *args, **kwargs):
 
 def check_fits_model(manager, cfg: EvictConfig) -> None:
     """Raise ValueError (HTTP 400) if the served model cannot be evicted or `cfg` does not fit it.
-    Read from the tokenizer's `ModelConfig` on the first request that asks for eviction."""
+    Read from the tokenizer's `ModelConfig` by each request that asks for eviction."""
     model_config = manager.model_config
-    reason = getattr(manager, "_vtoken_model_reason", None)
-    if reason is None:
-        reason = manager._vtoken_model_reason = unsupported_model_reason(model_config)
+    reason = unsupported_model_reason(model_config)
     if reason:
         raise ValueError(f"{KEY}.policy: eviction is not available for this model: {reason}")
     problem = settings_problem(

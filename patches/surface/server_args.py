@@ -4,10 +4,9 @@ The flags are added to SGLang's own parser (AFTER `ServerArgs.add_cli_args`), so
 `--help` and argparse rejects bad choices before any model loads. `ServerArgs.from_cli_args`
 keeps declared fields only, so the values are read from the parsed namespace (AFTER
 `from_cli_args`), validated into an `EvictConfig` together with the SGLang settings they depend
-on, and published as JSON in the environment variable `VTOKEN_CONFIG`: scheduler and
-detokenizer processes are spawned by the launcher and inherit it. The same dict also rides on the
-server args as `_vtoken_config` (underscore attributes survive pickling). Python `Engine(...)`
-users set `VTOKEN_CONFIG` themselves. Any invalid value or combination exits the launcher
+on, and published as JSON in the environment variable `VTOKEN_CONFIG`, the one way they cross
+processes: scheduler and detokenizer processes are spawned by the launcher and inherit it.
+Python `Engine(...)` users set `VTOKEN_CONFIG` themselves. Any invalid value or combination exits the launcher
 with status 2 and a message that names the flag.
 """
 
@@ -24,13 +23,10 @@ from sgl_vtoken.config import ENV_VAR, EvictConfig, flag_of, policy_from_config,
 from sgl_vtoken.planner import RECLAIM_MODES
 from sgl_vtoken.policies import POLICIES
 
-from .. import contract
 from ..cache import radix
-from .model_support import server_model_config, unsupported_model_reason
-
-# Set by the launcher: why this server cannot evict per request ("" when it can).
-REFUSE_ENV_VAR = "VTOKEN_REFUSE"
-ATTN_REFUSE_ENV_VAR = "VTOKEN_REFUSE_ATTENTION"
+from ..core import contract
+from ..core.model_support import peak_problem, server_model_config, unsupported_model_reason
+from ..step.prefill import prefill_chunk_problem
 
 # Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys and values,
 # and attention probabilities recomputed next to each attention layer (`scores.py`).
@@ -239,17 +235,6 @@ def _fail_naming_flag(e: ValueError):
     _fail(f"argument {flag_of(m.group(1)) if m else '--kv-evict'}: {e}")
 
 
-def prefill_chunk_problem(chunked_prefill_size, overlap_disabled: bool) -> str:
-    """Why eviction during prefill cannot run with these SGLang settings ("" when it can): its
-    chunks are SGLang's chunked prefill, and the eviction between two chunks needs the first
-    chunk's forward to have run (no overlap scheduler)."""
-    if chunked_prefill_size is not None and chunked_prefill_size <= 0:
-        return "prefill_chunk needs SGLang's chunked prefill (--chunked-prefill-size > 0)"
-    if not overlap_disabled:
-        return "prefill_chunk needs --disable-overlap-schedule (a chunk's forward must have run before its eviction)"
-    return ""
-
-
 def check_model_supported(cfg: EvictConfig, server_args) -> None:
     """With a server policy: exit 2 before weights load if the served model cannot be evicted,
     or the settings do not fit it (budget over the context length or the pool, score_layers
@@ -287,12 +272,8 @@ def settings_problem(
         return (
             f"{budget_name}: must be <= the model's context length {context_len} (got {cfg.budget})"
         )
-    peak = cfg.decode_peak
-    if pool_tokens is not None and peak > pool_tokens:
-        return (
-            f"{budget_name}: an evicting request holds up to budget + interval + page_size = {peak} "
-            f"KV tokens, more than the pool's {pool_tokens}"
-        )
+    if pool_tokens is not None and (problem := peak_problem(cfg, pool_tokens, budget_name)):
+        return problem
     if pool_tokens is not None and cfg.prefill.chunk and cfg.prefill_hold > pool_tokens:
         return (
             f"argument --kv-evict-config: prefill_chunk {cfg.prefill.chunk}: a prefill evicting "
@@ -358,8 +339,16 @@ def from_cli_args(result, cls, args: argparse.Namespace):
             f"--kv-evict {cfg.policy}: sgl-vtoken hooks are not in place ({'; '.join(missing)}); "
             "refusing to serve stock SGLang under an eviction flag"
         )
-    # Why per-request `kv_evict` must be refused on this server, if it must ("" if not).
-    problem = unsupported_reason(args)
+    os.environ[ENV_VAR] = cfg.to_json()  # the one way the settings reach SGLang's processes
+    return result
+
+
+def refusals(server_args) -> tuple[str, str]:
+    """Why per-request `kv_evict` must be refused on a server with `server_args` ("" if not), and
+    why attention policies must be ("" if not). Asked by the tokenizer manager, in the launcher's
+    process, from its own server args."""
+    missing = contract.check_hooks_applied()
+    problem = unsupported_reason(server_args)
     refuse = (
         f"hooks not in place: {'; '.join(missing)}"
         if missing
@@ -367,11 +356,7 @@ def from_cli_args(result, cls, args: argparse.Namespace):
         if problem
         else ""
     )
-    os.environ[REFUSE_ENV_VAR] = refuse
-    os.environ[ATTN_REFUSE_ENV_VAR] = attention_unsupported_reason(args)
-    os.environ[ENV_VAR] = cfg.to_json()
-    result._vtoken_config = cfg.to_dict()
-    return result
+    return refuse, attention_unsupported_reason(server_args)
 
 
 @functools.cache

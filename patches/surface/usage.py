@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-from ..state import state_of
+from ..core.state import state_of
 from .observe import META_KEY
 
 SUMMED = (

@@ -34,9 +34,9 @@ def measure_full(sc: Scenario, shape: str, repeats: int = 3, init_tokens: int = 
     """One JSON-ready line for scenario `sc` at `shape` (a key of SHAPES)."""
     import sgl_vtoken.decode_scores as decode_scores
     import sgl_vtoken.step as step
-    from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.core.process import process, use
 
-    active = radix._active
+    previous = process()
     fwd, ev = [], []
     try:
         for r in range(repeats + 2):  # the first builds warm caches; the last is counted
@@ -58,7 +58,7 @@ def measure_full(sc: Scenario, shape: str, repeats: int = 3, init_tokens: int = 
                 ev.append((t2 - t1) * 1e3)
             del server, reqs
     finally:
-        radix._active = active
+        use(previous)
     step_ms = [a + b for a, b in zip(fwd, ev)]
     return dict(
         bench="evict_step_full",

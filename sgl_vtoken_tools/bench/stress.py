@@ -35,7 +35,7 @@ MEMORY_CHECKS = {
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
 }
 # An HTTP 503 naming a page shortage is the plugin's answer to a request it has no page for
-# (patches/surface/shortage.py): expected of every kind, and counted apart in the summary.
+# (patches/core/shortage.py): expected of every kind, and counted apart in the summary.
 EXPECTED = {
     "invalid": {"rejected"},
     "abort": {"aborted", "ok", "unavailable"},
@@ -50,7 +50,7 @@ COUNTERS = (
     "tokens_moved",
     "history_hits",
     "history_tokens_reused",
-    # page shortages met and what was done instead (patches/surface/shortage.py)
+    # page shortages met and what was done instead (patches/core/shortage.py)
     "deferred_evictions",
     "deferred_admissions",
     "shortage_aborts",
@@ -281,7 +281,7 @@ def _summary(
         **t,
         "counters": counters,
         "retracted_requests": retracted,
-        # page shortages by the path that met them (patches/surface/shortage.py PATHS)
+        # page shortages by the path that met them (patches/core/shortage.py PATHS)
         "shortages": {k: n for k, n in sorted((shortages or {}).items()) if n},
         "peak_running_sampled": max((s.get("running") or 0 for s in samples), default=None),
         "peak_waiting_sampled": max((s.get("waiting") or 0 for s in samples), default=None),

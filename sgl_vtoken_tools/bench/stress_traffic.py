@@ -6,7 +6,7 @@ Every request is greedy with `ignore_eos`, so a request that finished normally p
 its `max_new_tokens`. Outcomes: `ok` (finished), `aborted` (finish reason abort: only expected for
 `abort` and `disconnect`), `rejected` (HTTP 400: only expected for `invalid`), `unavailable` (HTTP
 503 naming a KV page shortage: the plugin's answer to a request it has no page for,
-patches/surface/shortage.py), `error` (anything else: an unexpected status, a timeout, a short
+patches/core/shortage.py), `error` (anything else: an unexpected status, a timeout, a short
 reply, a connection failure).
 
 A request's `kv_evict` overrides any of the fields a request may carry (policy, budget, sink,
@@ -39,7 +39,7 @@ KINDS = {  # kind -> weight
 }
 # A `shortage` request is a session (for `copies`: a cached prompt sent again, `_cached_prompt_evicted`)
 # whose request ids begin `<FORCED><page kind>-`: a server started
-# with VTOKEN_TEST_SHORTAGE=<FORCED> refuses it that kind of page (patches/surface/shortage.py), so
+# with VTOKEN_TEST_SHORTAGE=<FORCED> refuses it that kind of page (patches/core/shortage.py), so
 # a stress run meets each shortage path on purpose next to the ones real pressure reaches.
 FORCED = "shortage-"
 SHARED_PREFIXES = 3  # a few common prompt heads, so prompts share radix-cache prefixes

@@ -41,14 +41,14 @@ class Client:
 
 
 def shortages_met(before: dict, after: dict) -> dict:
-    """The page shortages met between two `vtoken_state()` readings, by path (patches/surface/shortage.py)."""
+    """The page shortages met between two `vtoken_state()` readings, by path (patches/core/shortage.py)."""
     b = before.get("shortages") or {}
     return {
         k: n - b.get(k, 0) for k, n in (after.get("shortages") or {}).items() if n - b.get(k, 0)
     }
 
 
-# Requests whose id starts with SHORTAGE get no page the plugin asks for (patches/surface/shortage.py).
+# Requests whose id starts with SHORTAGE get no page the plugin asks for (patches/core/shortage.py).
 SHORTAGE = "shortage-"
 # SGLang's own memory checkers, on in every test server unless a test asks otherwise; and the
 # plugin's page refusal for SHORTAGE requests.

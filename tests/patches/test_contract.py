@@ -2,7 +2,7 @@
 
 from importlib.metadata import entry_points
 
-from sgl_vtoken.patches import contract
+from sgl_vtoken.patches.core import contract
 from sgl_vtoken.patches.plugin import HOOKS
 
 

@@ -1,5 +1,9 @@
-"""The runtime (`sgl_vtoken/`, `kernels/`, `patches/`) has no import cycle: counting every import,
-inside functions and under `if TYPE_CHECKING:` too, modules import each other in one direction."""
+"""The runtime (`sgl_vtoken/`, `kernels/`, `patches/`) has no import cycle: counting every import
+that runs, inside functions too, modules import each other in one direction. And `patches/` is
+layered: a module imports only its own layer and the layers below it (LAYERS).
+
+Imports under `if TYPE_CHECKING:` never run (they name classes for the type checker, e.g. the
+request state's parts in `core/state.py`), so neither rule counts them."""
 
 import ast
 from pathlib import Path
@@ -26,13 +30,29 @@ def module_names() -> dict[str, Path]:
     return out
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """`TYPE_CHECKING` or `typing.TYPE_CHECKING`."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
 def imports_of(name: str, source: str, is_package: bool, known: set[str]) -> set[str]:
     """The runtime modules `source` (module `name`) imports anywhere, resolved to names in `known`:
     `import a.b`, `from a import b` (module b, else package a), relative imports."""
     tree = ast.parse(source)
     package = name if is_package else name.rpartition(".")[0]
     deps = set()
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _is_type_checking(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -92,7 +112,7 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_graph_sees_imports_inside_functions_and_for_type_checking():
+def test_the_graph_sees_imports_inside_functions_but_not_for_type_checking():
     known = {"p", "p.a", "p.b", "p.c", "p.d"}
     source = """
 from typing import TYPE_CHECKING
@@ -104,7 +124,7 @@ def f():
     from .b import thing
     import p.c
 """
-    assert imports_of("p.x", source, False, known) == {"p.a", "p.b", "p.c", "p.d"}
+    assert imports_of("p.x", source, False, known) == {"p.a", "p.b", "p.c"}
 
 
 def test_the_graph_sees_the_plugin_importing_its_hook_modules():
@@ -116,3 +136,46 @@ def test_the_graph_sees_the_plugin_importing_its_hook_modules():
         "sgl_vtoken.patches.cache.radix",
     } <= graph["sgl_vtoken.patches.plugin"]
     assert "sgl_vtoken.policies" in graph["sgl_vtoken.config"]
+
+
+# `patches/`, top layer first: a module may import its own layer and those after it. The top holds
+# the hook entry points and the attention backend; `core` the leaf services.
+LAYERS = ("", "surface", "step", "cache", "core")
+PATCHES = "sgl_vtoken.patches"
+
+
+def layer_of(module: str) -> int | None:
+    """Index in LAYERS of a `patches` module (None: not in `patches`)."""
+    if module != PATCHES and not module.startswith(PATCHES + "."):
+        return None
+    parts = module[len(PATCHES) + 1 :].split(".") if module != PATCHES else []
+    return LAYERS.index(parts[0]) if len(parts) > 1 and parts[0] in LAYERS else 0
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every import of a `patches` module `b` from a lower layer's module `a`."""
+    return [
+        f"{a} -> {b}"
+        for a, deps in sorted(graph.items())
+        for b in sorted(deps)
+        if (la := layer_of(a)) is not None and (lb := layer_of(b)) is not None and lb < la
+    ]
+
+
+def test_patches_layers_import_only_downward():
+    bad = upward_imports(import_graph())
+    assert not bad, "a patches/ layer imports a layer above it:\n" + "\n".join(bad)
+
+
+def test_every_patches_folder_is_a_layer():
+    folders = {p.name for p in (REPO / "patches").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(LAYERS) - {""}
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {
+        f"{PATCHES}.cache.pool": {f"{PATCHES}.core.shortage"},
+        f"{PATCHES}.cache.radix": {f"{PATCHES}.step.retraction"},
+        f"{PATCHES}.runtime": {f"{PATCHES}.surface.observe", "sgl_vtoken.config"},
+    }
+    assert upward_imports(graph) == [f"{PATCHES}.cache.radix -> {PATCHES}.step.retraction"]

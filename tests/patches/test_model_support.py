@@ -88,14 +88,14 @@ def _model_config(path):
 
 @pytest.mark.parametrize("kind", [*REASONS, "qwen2"])
 def test_unsupported_models_are_named(fake_model, kind):
-    from sgl_vtoken.patches.surface.model_support import unsupported_model_reason
+    from sgl_vtoken.patches.core.model_support import unsupported_model_reason
 
     reason = unsupported_model_reason(_model_config(fake_model(kind)))
     assert (REASONS[kind] in reason) if kind in REASONS else reason == ""
 
 
 def test_tiny_model_is_supported(tiny_model):
-    from sgl_vtoken.patches.surface.model_support import unsupported_model_reason
+    from sgl_vtoken.patches.core.model_support import unsupported_model_reason
 
     assert unsupported_model_reason(_model_config(tiny_model)) == ""
 
@@ -160,11 +160,13 @@ def _fake_scheduler(pool, total=4096):
 @pytest.fixture
 def server_policy(monkeypatch):
     """Set this process's server settings (as the launcher publishes them) for one test."""
+    from sgl_vtoken.patches.core import contract
     from sgl_vtoken.patches.surface.server_args import server_config
 
     def use(cfg: EvictConfig):
         monkeypatch.setenv(ENV_VAR, cfg.to_json())
         server_config.cache_clear()
+        monkeypatch.setattr(contract, "check_hooks_applied", lambda: [])  # as in a served process
 
     yield use
     server_config.cache_clear()
@@ -173,12 +175,11 @@ def server_policy(monkeypatch):
 @pytest.mark.parametrize("pool", [_Untouchable(), _MLAPool()], ids=["untouchable", "mla"])
 def test_scheduler_start_reads_no_pool_without_a_policy(server_policy, pool):
     from sgl_vtoken.patches import runtime
-    from sgl_vtoken.patches.surface.counters import counters_of
 
     server_policy(EvictConfig())
     scheduler = _fake_scheduler(pool)
     runtime.after_scheduler_init(None, scheduler)
-    assert counters_of(scheduler).bytes_per_token == 0  # sized at the first eviction, if any
+    assert scheduler.vtoken.counters.bytes_per_token == 0  # sized at the first eviction, if any
 
 
 def test_scheduler_start_refuses_an_mla_pool_with_a_policy(server_policy):
@@ -204,8 +205,11 @@ def test_scheduler_start_refuses_a_pool_smaller_than_one_request(server_policy):
 
 
 def _manager(model_config, context_len=None):
+    """A tokenizer manager of a CPU server whose hooks are in place (`refusals` says nothing)."""
     return SimpleNamespace(
-        model_config=model_config, context_len=context_len or model_config.context_len
+        model_config=model_config,
+        context_len=context_len or model_config.context_len,
+        server_args=SimpleNamespace(device="cpu"),
     )
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.patches.core import process as process_module
 from sgl_vtoken_tools.fake_pool import Allocator, PagedAllocator, Req, ReqToToken
 
 
@@ -163,7 +164,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     from sgl_vtoken.patches.step.eviction import evict_rows
 
     ps, prompt_len, steps = 16, 128, 120
-    monkeypatch.setattr(radix, "_active", True)
+    monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
     alloc = PagedAllocator(64, ps)
     cache = radix.HoledRadixCache(
         CacheInitParams(
@@ -236,7 +237,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     from sgl_vtoken.patches.step.eviction import evict_rows
 
     ps, prompt_len = 16, 40
-    monkeypatch.setattr(radix, "_active", True)
+    monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
     alloc = PagedAllocator(32, ps)
     cache = radix.HoledRadixCache(
         CacheInitParams(
@@ -332,7 +333,7 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     from sgl_vtoken.patches.step.eviction import evict_rows
 
     prompt_len = 128
-    monkeypatch.setattr(radix, "_active", True)
+    monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
     alloc = PagedAllocator(512 // ps, ps)
     cache = radix.HoledRadixCache(
         CacheInitParams(

@@ -3,7 +3,6 @@ reach the scheduler processes."""
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ def parse(monkeypatch, tiny_model):
 
 def test_default_is_none_and_published(parse):
     args = parse()
-    assert args._vtoken_config == EvictConfig().to_dict()
+    assert args.radix_cache_backend is None
     assert EvictConfig.from_env() == EvictConfig()
 
 
@@ -65,7 +64,7 @@ def test_flags_build_the_config(parse):
         seed=7,
     )
     assert EvictConfig.from_env() == expected
-    assert EvictConfig.from_dict(pickle.loads(pickle.dumps(args))._vtoken_config) == expected
+    assert args.page_size == 16
 
 
 @pytest.mark.parametrize(
@@ -128,7 +127,7 @@ def test_flags_build_the_config(parse):
         (["--kv-evict", "streamingllm", "--kv-budget", str(2**63)], "argument --kv-budget:"),
         (
             ["--kv-evict", "streamingllm", "--kv-budget", "4000", "--max-total-tokens", "4000"],
-            "argument --kv-budget: an evicting request holds up to budget + interval + page_size = 4002 KV "
+            "argument --kv-budget 4000: an evicting request holds up to budget + interval + page_size = 4002 KV "
             "tokens, more than the pool's 4000",
         ),
         (
@@ -207,6 +206,45 @@ def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
         parse(*flags)
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_a_server_that_cannot_evict_refuses_per_request_eviction_naming_why(monkeypatch):
+    """The tokenizer manager asks `refusals` of its own server args: the SGLang setting eviction
+    cannot run with, hooks that failed to apply, or (GPU) decode CUDA graphs for attention
+    policies; `resolve` then refuses the request (HTTP 400) naming it."""
+    from types import SimpleNamespace
+
+    from sgl_vtoken.patches.core import contract
+    from sgl_vtoken.patches.surface import server_args
+    from sgl_vtoken.patches.surface.request_options import resolve
+    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES, refusals
+
+    monkeypatch.setattr(contract, "check_hooks_applied", lambda: [])
+    assert refusals(SimpleNamespace(device="cpu")) == ("", "")
+    mixed = refusals(SimpleNamespace(device="cpu", enable_mixed_chunk=True))
+    assert mixed == (
+        "the server runs with --enable-mixed-chunk (mixed batches bypass the eviction hook)",
+        "",
+    )
+    with pytest.raises(
+        ValueError,
+        match="kv_evict.policy: eviction is not available on this server: the server runs with --enable-mixed-chunk",
+    ):
+        resolve(EvictConfig(), {"policy": "streamingllm", "budget": 64}, KV_EVICT_CHOICES, mixed)
+    assert not resolve(EvictConfig(), {"policy": "none"}, KV_EVICT_CHOICES, mixed).enabled
+    monkeypatch.setattr(server_args, "_has_cuda", lambda: True)
+    graphs = refusals(SimpleNamespace(device="cuda"))
+    assert graphs[0] == "" and "decode CUDA graphs off" in graphs[1]
+    with pytest.raises(
+        ValueError,
+        match="kv_evict.policy: h2o is not available on this server: needs decode CUDA graphs off",
+    ):
+        resolve(EvictConfig(), {"policy": "h2o", "budget": 64}, KV_EVICT_CHOICES, graphs)
+    assert resolve(
+        EvictConfig(), {"policy": "streamingllm", "budget": 64}, KV_EVICT_CHOICES, graphs
+    ).enabled
+    monkeypatch.setattr(contract, "check_hooks_applied", lambda: ["a.b.c"])
+    assert refusals(SimpleNamespace(device="cpu"))[0] == "hooks not in place: a.b.c"
 
 
 def test_flags_are_per_request_defaults_without_a_policy(parse):
@@ -289,7 +327,7 @@ def test_attention_policy_settings_are_validated(parse, capsys, config, needle):
 
 
 def test_hooks_are_verified_before_serving(parse, monkeypatch, capsys):
-    from sgl_vtoken.patches import contract
+    from sgl_vtoken.patches.core import contract
 
     monkeypatch.setattr(contract, "check_hooks_applied", lambda: ["Scheduler.update_running_batch"])
     with pytest.raises(SystemExit):
@@ -426,7 +464,7 @@ def test_holed_radix_cache_is_chosen_with_a_server_policy(parse):
     )
     assert parse().radix_cache_backend is None  # no server policy: stock cache unless asked
     assert parse("--radix-cache-backend", "vtoken").radix_cache_backend == "vtoken"
-    args = parse(
+    parse(
         "--kv-evict",
         "streamingllm",
         "--kv-budget",
@@ -434,8 +472,8 @@ def test_holed_radix_cache_is_chosen_with_a_server_policy(parse):
         "--kv-evict-config",
         '{"reuse_history": false}',
     )
-    assert EvictConfig.from_dict(args._vtoken_config).history.reuse is False
-    args = parse(
+    assert EvictConfig.from_env().history.reuse is False
+    parse(
         "--kv-evict",
         "streamingllm",
         "--kv-budget",
@@ -445,7 +483,7 @@ def test_holed_radix_cache_is_chosen_with_a_server_policy(parse):
         "--kv-evict-config",
         '{"reuse_history": true}',
     )
-    assert EvictConfig.from_dict(args._vtoken_config).history.reuse is True  # every page size
+    assert EvictConfig.from_env().history.reuse is True  # every page size
 
 
 @pytest.mark.parametrize(

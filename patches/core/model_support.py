@@ -83,3 +83,15 @@ def unsupported_pool_reason(pool) -> str:
 def kv_bytes_per_token(pool) -> int:
     """Bytes of K and V of one token over every layer of a per-layer K/V pool."""
     return sum(b[0].numel() * b.element_size() for b in (*pool.k_buffer, *pool.v_buffer))
+
+
+def peak_problem(cfg, pool_tokens: int, budget_name: str = "argument --kv-budget") -> str:
+    """Why one evicting request under `cfg` (an `EvictConfig`) cannot fit a pool of `pool_tokens`
+    ("" when it can): while it decodes it holds up to `cfg.decode_peak` KV tokens. The launcher,
+    the scheduler's start and each request with its own settings ask this one rule."""
+    if cfg.decode_peak <= pool_tokens:
+        return ""
+    return (
+        f"{budget_name} {cfg.budget}: an evicting request holds up to budget + interval + "
+        f"page_size = {cfg.decode_peak} KV tokens, more than the pool's {pool_tokens}"
+    )

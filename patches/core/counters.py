@@ -38,10 +38,3 @@ class VTokenCounters:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def counters_of(scheduler) -> VTokenCounters:
-    c = getattr(scheduler, "_vtoken_counters", None)
-    if c is None:
-        c = scheduler._vtoken_counters = VTokenCounters()
-    return c

@@ -1,36 +1,32 @@
-"""A request's eviction state: `ReqEvictState`, stored on SGLang's `Req` as `req.vtoken` (read it
+"""A request's eviction state: `ReqEvictState`, stored on SGLang's `Req` as `req.vtoken` (read
 through `state_of(req)`, None for a request without eviction; `runtime.new_state` builds it).
 
-It composes typed parts. Each part is a class of the module of its concern, and only that module
-assigns its fields; any other module changes a part through its methods, whose docstrings state
-the contract (`tests/patches/test_state_ownership.py` checks it over the AST of patches/):
-
-    part         class          module            holds
-    st.row       Row            state.py          logical position of each row entry; eviction counts
-    st.stats     Stats          scores.py         attention statistics (H2O, TOVA, Scissorhands)
-    st.prefix    Prefix         radix.py          the stored view the row continues (`ViewHit`)
-    st.naive     NaiveHold      held.py           `--kv-reclaim naive`: pages held back, tree lock
-    st.retract   Retraction     retraction.py     stash, resume and the step's undo record
-    st.prompt    Prompt         prefill.py        the logical prompt while ids are row coordinates
-    st.host      HostChunks     host_tier.py      the host chunks the request holds
-    st.recall    Recall         host_recall.py    a turn's recall plan, its recalled positions
-    .plan        RecallPlan     host_recall.py    the candidates and their scores (`scores.collect`)
-    node.vt      NodeRecord     history.py        a holed radix node: live slots, pages, stored view
-
-`st.report` is the request's `meta_info["kv_evict"][0]`, updated in place: each concern adds its
-own figures. `cfg`, `policy`, `rid`, `holed` and `reclaim` never change. This module imports no other
-module of `patches/`, so every module may import it: the parts' annotations name their classes
-(the table above says where each is defined) without importing them.
+It composes typed parts; each part is a class of the module of its concern, and only that module
+assigns its fields (`tests/patches/test_state_ownership.py`; the table of parts is in
+docs/design.md, "Request state"). `cfg`, `policy`, `rid`, `holed` and `reclaim` never change;
+`report` is the request's `meta_info["kv_evict"][0]`. The parts' classes are imported for the
+type checker only: at run time this module imports nothing of `patches/`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies.base import EvictionPolicy
+
+if TYPE_CHECKING:  # the parts' classes, defined in the modules that own them
+    from ..cache.host_recall import Recall
+    from ..cache.host_tier import HostChunks
+    from ..cache.radix import Prefix
+    from ..step.held import NaiveHold
+    from ..step.prefill import Prompt
+    from ..step.reclaim import Reclaim
+    from ..step.retraction import Retraction
+    from ..step.scores import Stats
 
 
 def state_of(req) -> ReqEvictState | None:

@@ -1,0 +1,73 @@
+"""The one object sgl-vtoken keeps per scheduler process: `process()`.
+
+Started by `runtime.after_scheduler_init` (`start`) and also held as `scheduler.vtoken`. Hooks
+that SGLang calls without the scheduler in reach (`Req.__init__`, `ForwardBatch.init_new`,
+`RadixAttention.forward`, the radix cache's methods) read it through `process()`; a process
+without a scheduler (the launcher, the tokenizer manager) sees an inert default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .counters import VTokenCounters
+from .shortage import REFUSE_ENV_VAR, Shortages
+
+if TYPE_CHECKING:  # annotations only: these layers import this module, not the other way
+    from ..cache.host_tier import HostTier
+    from ..step.context import StepContext
+    from ..step.scores import Scored
+    from ..surface.metrics import PrometheusExport
+
+
+@dataclass
+class VTokenProcess:
+    """What one scheduler process keeps for sgl-vtoken; each field has one owning module.
+
+    Attributes:
+        holed: the holed radix cache serves this process (`cache/radix.py`'s `tree_mode`).
+        counters: server-wide counters (`/get_server_info`, Prometheus).
+        shortages: shortages of free pages met, and the test hook that forces them.
+        tier: the host tier (`cache/host_tier.py`), None when no request offloads.
+        step: what the eviction step uses of the scheduler (`step/context.py`), made at the
+            first eviction.
+        metrics: the Prometheus export (`surface/metrics.py`), None when metrics are off.
+        scoring: what the forward about to run scores (`step/scores.py`), None: nothing.
+    """
+
+    holed: bool = False
+    counters: VTokenCounters = field(default_factory=VTokenCounters)
+    shortages: Shortages = field(default_factory=Shortages)
+    tier: HostTier | None = None
+    step: StepContext | None = None
+    metrics: PrometheusExport | None = None
+    scoring: Scored | None = None
+
+
+# The process object, replaced by `start`; the only module-level state of the plugin.
+_current = VTokenProcess()
+
+
+def process() -> VTokenProcess:
+    """This process's object (an inert default until a scheduler starts)."""
+    return _current
+
+
+def start(holed: bool = False, tier: HostTier | None = None) -> VTokenProcess:
+    """A fresh process object for a scheduler that starts now: fresh counters and shortages, and
+    the test hook read from the environment now (`VTOKEN_TEST_SHORTAGE`, `core/shortage.py`)."""
+    global _current
+    _current = VTokenProcess(
+        holed=holed, tier=tier, shortages=Shortages(os.environ.get(REFUSE_ENV_VAR) or None)
+    )
+    return _current
+
+
+def use(proc: VTokenProcess) -> VTokenProcess:
+    """Install `proc` as this process's object; returns the one it replaces (tools and tests
+    that stand in for a scheduler put it back when they are done)."""
+    global _current
+    previous, _current = _current, proc
+    return previous

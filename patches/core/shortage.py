@@ -1,0 +1,117 @@
+"""Shortages of free KV pages the plugin meets under memory pressure, and what it does instead of
+failing. Nothing of them raises into SGLang's scheduler loop (where any exception ends the
+server); each is counted server-wide (`/get_server_info`, and Prometheus for `VTokenCounters`
+fields), per request (`meta_info["kv_evict"]`), and logged once per kind at warning level.
+
+    kind               where                     instead                           counted in
+    eviction_deferred  step/eviction.py          the row is evicted at a later     deferred_evictions (server,
+                       (decode)                  step; meanwhile it holds up to    request)
+                                                 `interval` tokens more
+    prefill_aborted    step/prefill.py           the request ends with HTTP 503    shortage_aborts (server)
+                                                 naming the shortage; the server
+                                                 goes on
+    admission_deferred step/admission.py         the request waits a round; on an  deferred_admissions (server,
+                       (a stored view's last     idle pool, where no page would    request), shortage_aborts
+                       page; a retracted row     ever come, it ends with HTTP 503  (server)
+                       written back)
+    recall_skipped     cache/host_recall.py,     the turn goes on without its      skipped_recalls (host tier),
+                       step/scores.py            recalled tokens                   recall_skipped_tokens (request)
+
+Every shortage met is also tallied by where it was met (`PATHS`; `/get_server_info`'s
+`shortages`, e.g. `{"admission_deferred:tail": 3}`), with those forced for testing apart
+(`forced:` before the path), so a stress run shows which paths real pressure reached.
+
+Testing: with `VTOKEN_TEST_SHORTAGE=<prefix>` in a server's environment when its scheduler
+starts, every page the plugin asks for on behalf of a request whose id starts with `<prefix>` is
+refused (`Shortages.refused`), so tests drive each path on demand, as SGLang's
+`SGLANG_TEST_RETRACT` does for retraction. An id `<prefix><kind>-...` (a kind of `KINDS`) is
+refused that kind of page only. The tally lives on the process object (`process.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+REFUSE_ENV_VAR = "VTOKEN_TEST_SHORTAGE"
+MESSAGES = {
+    "eviction_deferred": "a decode eviction found no free KV page for the copies of the cached "
+    "prompt tokens it keeps; the row is evicted at a later step",
+    "prefill_aborted": "an eviction during prefill found no free KV page for the copies of the "
+    "cached prompt tokens it keeps; the request ends with an error",
+    "admission_deferred": "an admission found no free KV page for the copy of a stored view's "
+    "last page or for a retracted row; the request waits",
+    "admission_aborted": "an admission found no free KV page for the copy of a stored view's last "
+    "page or for a retracted row with nothing else in the pool; the request ends with an error",
+    "recall_skipped": "a turn's recall found no free KV page (or its prefill was not cut where "
+    "recall needed); the turn goes on without the recalled tokens",
+}
+# What the plugin allocates pages for: copies of kept cached tokens (eviction), a stored view's
+# last page (admission), a retracted row written back (admission), recalled tokens (prefill).
+KINDS = ("copies", "tail", "resume", "recall")
+# Where a shortage is met: a kind of `MESSAGES`, refined by what lacked a page where one kind has
+# several (`Shortages.note(kind, rid, detail)`).
+PATHS = (
+    "eviction_deferred",
+    "prefill_aborted",
+    "admission_deferred:tail",
+    "admission_deferred:resume",
+    "admission_aborted:tail",
+    "admission_aborted:resume",
+    "recall_skipped:page",
+    "recall_skipped:cut",
+)
+
+
+@dataclass
+class Shortages:
+    """Shortages met in one scheduler process, and the test hook that forces them.
+
+    Attributes:
+        refuse: request-id prefix whose pages are refused for testing (None: none).
+        met: path (`PATHS`) -> shortages met; `forced:<path>` for test-refused pages.
+        warned: kinds already logged.
+    """
+
+    refuse: str | None = None
+    met: Counter = field(default_factory=Counter)
+    warned: set[str] = field(default_factory=set)
+
+    def refused(self, req, kind: str) -> bool:
+        """Whether pages of `kind` (`KINDS`) asked for on behalf of `req` (an SGLang `Req`) are
+        refused for testing."""
+        if self.refuse is None:
+            return False
+        rid = str(req.rid)
+        if not rid.startswith(self.refuse):
+            return False
+        named = [k for k in KINDS if rid.startswith(f"{self.refuse}{k}-")]
+        return not named or named[0] == kind
+
+    def note(self, kind: str, rid, detail: str | None = None) -> None:
+        """A shortage of `kind` (`MESSAGES`) met by request `rid` at `kind:detail` (`PATHS`):
+        tallied, and logged at warning level the first time per kind (the caller moves the
+        counters of `/get_server_info` and the request's report). Never raises: it runs inside
+        SGLang's scheduler loop; an unknown path is tallied as it is and logged as an error."""
+        path = f"{kind}:{detail}" if detail else kind
+        if path not in PATHS:
+            logger.error("kv_evict shortage at an unknown path %r (known: %s)", path, PATHS)
+        forced = self.refuse is not None and str(rid).startswith(self.refuse)
+        self.met["forced:" + path if forced else path] += 1
+        if kind in self.warned:
+            return
+        self.warned.add(kind)
+        logger.warning(
+            "kv_evict shortage (%s, request %s): %s. Further ones are counted in "
+            "/get_server_info without a log line.",
+            kind,
+            rid,
+            MESSAGES.get(kind, kind),
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        """Shortages met so far, by path (`forced:<path>` for test-refused pages)."""
+        return dict(sorted(self.met.items()))
