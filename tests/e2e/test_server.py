@@ -84,11 +84,42 @@ def test_chat_completions_with_cache_report(server_factory):
     assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
 
 
-def test_completions(server_factory):
+def test_completions(server_factory, hf_model, tiny_model):
+    """What a completions client relies on: greedy text is the model's greedy tokens decoded (the
+    same every time), the usage counts the prompt's tokens and the reply's, a reply cut by
+    `max_tokens` says "length", and a request that opts into eviction (or out of it) but never
+    reaches its budget gets the text it gets without eviction."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
     oai = openai_client(server_factory(page_size=1))
-    out = oai.completions.create(model="tiny", prompt="def main():", max_tokens=10, temperature=0)
-    assert out.usage.completion_tokens == 10 or out.choices[0].finish_reason == "stop"
-    assert isinstance(out.choices[0].text, str) and out.choices[0].text
+    prompt, n = "def main():", 10
+
+    def complete(kv_evict=None):
+        extra = {"custom_params": {"kv_evict": kv_evict}} if kv_evict is not None else None
+        return oai.completions.create(
+            model="tiny", prompt=prompt, max_tokens=n, temperature=0, extra_body=extra
+        )
+
+    out = complete()
+    ids = tok(prompt).input_ids
+    expected = hf_greedy(hf_model, ids, n)  # the tiny model writes no EOS in these 10 tokens
+    assert tok.eos_token_id not in expected
+    choice = out.choices[0]
+    assert choice.finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), n)
+    assert out.usage.total_tokens == len(ids) + n
+    assert choice.text == tok.decode(expected, skip_special_tokens=True) != ""
+    assert complete().choices[0].text == choice.text  # greedy: the same text again
+    # h2o scores attention in every forward, but a budget of 64 is never reached by 3 + 10 tokens
+    under = complete({"policy": "h2o", "budget": 64, "window": 16})
+    assert under.choices[0].text == choice.text and under.usage.completion_tokens == n
+    figures = under.usage.model_extra["kv_evict"]
+    assert figures["policy"] == "h2o" and figures["evicted_tokens"] == figures["evictions"] == 0
+    opted_out = complete({"policy": "none"})
+    assert opted_out.choices[0].text == choice.text and "kv_evict" not in (
+        opted_out.usage.model_extra or {}
+    )
 
 
 def test_chat_streaming_equals_non_streaming(server_factory):
