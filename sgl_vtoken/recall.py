@@ -29,7 +29,8 @@ import bisect
 
 import torch
 
-from sgl_vtoken.policies.base import ranking, smooth
+from sgl_vtoken.policies.base import smooth
+from sgl_vtoken.selection import ranking
 
 
 def window_probs(

@@ -5,7 +5,7 @@ Adding a policy: see docs/adding-a-policy.md (one file, one line below, one test
 
 from __future__ import annotations
 
-from sgl_vtoken.policies.base import EvictionPolicy, aggregate, top_budget
+from sgl_vtoken.policies.base import EvictionPolicy, aggregate
 from sgl_vtoken.policies.h2o import H2O
 from sgl_vtoken.policies.knorm import KNorm
 from sgl_vtoken.policies.kvp import KVP
@@ -14,6 +14,7 @@ from sgl_vtoken.policies.scissorhands import Scissorhands
 from sgl_vtoken.policies.sharing_aware import SharingAware
 from sgl_vtoken.policies.streaming_llm import StreamingLLM
 from sgl_vtoken.policies.tova import TOVA
+from sgl_vtoken.selection import top_budget
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls for cls in (StreamingLLM, RandomPolicy, KNorm, H2O, TOVA, Scissorhands, KVP)

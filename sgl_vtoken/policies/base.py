@@ -10,12 +10,13 @@ Subclasses implement :meth:`EvictionPolicy.score` (higher = keep) and nothing el
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from sgl_vtoken.selection import check_budget, must_keep, select
 from sgl_vtoken.types import RowBatch, TokenView
 
 AGGREGATIONS = ("sum", "max")
@@ -45,19 +46,6 @@ def smooth(scores: torch.Tensor, kernel: int) -> torch.Tensor:
     return torch.nn.functional.avg_pool1d(
         x, kernel, stride=1, padding=kernel // 2, count_include_pad=False
     )[0, 0]
-
-
-def ranking(scores: torch.Tensor) -> torch.Tensor:
-    """``[n]`` indices of `scores` ``[n]`` from the highest down; ties: the later (more recent)
-    row first; NaN ranks last."""
-    n = scores.shape[0]
-    flipped = torch.nan_to_num(scores.to(torch.float64), nan=-math.inf).flip(0)
-    return n - 1 - torch.sort(flipped, descending=True, stable=True).indices
-
-
-def top_budget(scores: torch.Tensor, budget: int) -> torch.Tensor:
-    """Ascending indices of the `budget` highest scores; ties keep the later (more recent) row."""
-    return ranking(scores)[:budget].sort().values
 
 
 @dataclass
@@ -100,16 +88,15 @@ class EvictionPolicy:
 
     def protected(self, view: TokenView) -> torch.Tensor:
         """``[n] bool``: tokens kept regardless of score (sinks and the recent window)."""
-        mask = view.positions < self.sink
-        if self.window:
-            mask[-self.window :] = True
-        return mask
+        one = functools.partial(torch.full, (1,), dtype=torch.int64, device=view.positions.device)
+        return must_keep(view.positions[None], one(view.n), one(self.sink), one(self.window))[0]
 
     def must_keep(self, view: TokenView) -> torch.Tensor:
         return self.protected(view)
 
     def keep(self, view: TokenView, budget: int) -> torch.Tensor:
-        """Ascending ``[min(n, budget)] int64`` row indices of the tokens to keep.
+        """Ascending ``[min(n, budget)] int64`` row indices of the tokens to keep: `score`, then
+        `sgl_vtoken.selection.select` on a batch of one (the batched step's rule).
 
         Raises:
             ValueError: if the tokens that must be kept outnumber `budget`, or a needed statistic
@@ -121,18 +108,13 @@ class EvictionPolicy:
                     f"policy {self.name!r} needs TokenView.{need} "
                     f"(got None); the server must collect it for this policy"
                 )
-        n = view.n
+        n, dev = view.n, view.positions.device
         if n <= budget:
-            return torch.arange(n, device=view.positions.device)
-        must = self.must_keep(view)
-        num_must = int(must.sum())
-        if num_must > budget:
-            raise ValueError(
-                f"budget {budget} is smaller than the {num_must} tokens policy "
-                f"{self.name!r} must keep (sinks, window, shared)"
-            )
-        scores = self.score(view).to(torch.float64).masked_fill(must, math.inf)
-        return top_budget(scores, budget)
+            return torch.arange(n, device=dev)
+        one = functools.partial(torch.full, (1,), dtype=torch.int64, device=dev)
+        sel = select(self.score(view)[None], self.must_keep(view)[None], one(budget), one(n))
+        check_budget(sel.over.tolist(), [budget], [self.name])
+        return sel.keep[0].nonzero().flatten()
 
     def new_accumulator(self, **kwargs):
         """A fresh per-request statistics accumulator, or None if the policy needs none."""
