@@ -28,13 +28,13 @@ from types import MappingProxyType
 from typing import Any
 
 from sgl_vtoken.config_groups import History, HostTier, Prefill, Scoring, check_choice, check_int
-from sgl_vtoken.planner import RECLAIM_MODES
 from sgl_vtoken.policies import POLICIES, EvictionPolicy, SharingAware, make_policy
 
 __all__ = [
     "DISABLED",
     "ENV_VAR",
     "KEYS",
+    "RECLAIM_MODES",
     "EvictConfig",
     "History",
     "HostTier",
@@ -47,6 +47,7 @@ __all__ = [
 
 ENV_VAR = "VTOKEN_CONFIG"
 DISABLED = "none"
+RECLAIM_MODES = ("vtoken", "naive")  # `reclaim`: compact and free, or free fully dead pages only
 
 
 def _group(cls: type) -> Any:

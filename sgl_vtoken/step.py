@@ -1,24 +1,25 @@
 """One eviction pass per scheduler step: every row that reached its trigger at once.
 
 No SGLang here: the step reads an SGLang-shaped pool (:class:`KVPoolView`) and rows described by
-the caller (:class:`EvictRow`), so the same code runs in the server (`patches/step/eviction.py`) and
-in `scripts/bench_evict_step.py` on a fake pool. Two calls, with the caller's tree work between::
+the caller (:class:`EvictRow`), so the same code runs in the server (`patches/step/eviction.py`)
+and in `scripts/bench_evict_step.py` on a fake pool. Two calls, with the caller's tree work
+between::
 
-    decide(rows, pool)       view -> keep -> index plan, on the pool's device; ONE host copy
-                             (keep masks and per-row counts)          -> Decision
+    decide(rows, pool)       scores -> keep (`selection.select`) -> index plan (`step_plan`), on
+                             the pool's device; ONE host copy (keep masks, counts) -> Decision
+    plan_keep(pool, ...)     the same Decision for keep masks the caller chose (no scores)
     (caller)                 relock / release tree-owned victims, allocate pages for copies
     apply(decision, copies)  slot plan, ONE repack launch for all rows, ONE row write
                              -> Applied (the freed pages: the caller frees them in one call)
 
-Its oracle is the per-row path in `sgl_vtoken_tools/step_ref.py` (`tests/lib/test_step.py` compares
-them).
+Its oracle is the per-row path in `sgl_vtoken_tools/step_ref.py` (`tests/lib/test_step.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -26,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from sgl_vtoken.kernels import repack_kv_
 from sgl_vtoken.policies.base import EvictionPolicy
+from sgl_vtoken.selection import check_budget, must_keep, select
 from sgl_vtoken.step_plan import IndexPlan, RowCounts, index_plan, slot_plan
 from sgl_vtoken.types import RowBatch, TokenView
 
@@ -84,15 +86,16 @@ class EvictRow:
 
 @dataclass
 class Decision:
-    """What `decide` chose; host values unless noted. Per row b: ``keep[b, :length]``."""
+    """What `decide` or `plan_keep` chose; host values unless noted."""
 
-    rows: list[EvictRow]
-    keep: torch.Tensor  # [B, W] bool, host
+    table_rows: list[int]  # each row's `req_to_token` row
+    keep: torch.Tensor  # [B, W] bool, host (False beyond each row's length)
     counts: list[RowCounts]  # one per row
     plan: IndexPlan  # device
     raw: torch.Tensor  # [B, W] int64 slots before the step (device)
     lengths: torch.Tensor  # [B] int64 (device)
     cpl: torch.Tensor  # [B] int64 (device)
+    rows: list[EvictRow] = field(default_factory=list)  # decide's rows (plan_keep: none)
     tree_pages: torch.Tensor | None = None  # [B, P] int64 host: kept whole tree page ids, else -1
 
     def kept_tree_pages(self, b: int) -> torch.Tensor:
@@ -104,7 +107,7 @@ class Decision:
 
     def keep_indices(self, b: int) -> torch.Tensor:
         """Ascending kept row indices of row `b` (host int64)."""
-        return self.keep[b, : self.rows[b].length].nonzero().flatten()
+        return self.keep[b].nonzero().flatten()
 
     def new_length(self, b: int) -> int:
         return self.counts[b].new_length
@@ -120,14 +123,15 @@ class Applied:
 
 
 def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
-    """Score every row on the pool's device, keep each row's `budget` best (exactly as
-    `EvictionPolicy.keep`), and plan the indices; one device-to-host copy in all.
+    """Score every row on the pool's device, keep each row's `budget` best
+    (`selection.select`, as `EvictionPolicy.keep`), and plan the indices; one device-to-host
+    copy in all.
 
     Raises:
         ValueError: a policy misses a statistic it needs, or must keep more than its budget
             (nothing has changed then).
     """
-    ps, dev = pool.page_size, pool.req_to_token.device
+    dev = pool.req_to_token.device
     for r in rows:
         if "attn" in r.policy.needs and r.attn is None:
             raise ValueError(f"policy {r.policy.name!r} needs TokenView.attn (got None)")
@@ -155,9 +159,7 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     valid = j < lengths[:, None]
     raw = pool.req_to_token[idx, :w].to(torch.int64)  # beyond a row: written back unchanged
     scores = _scores(rows, pool, positions, valid, raw, rid, steps)
-    must = valid & (
-        (positions < sink[:, None]) | (j >= (lengths - window)[:, None]) | (j < shared[:, None])
-    )
+    extra = j < shared[:, None]  # the shared prefix, and pinned entries
     if any(r.pinned is not None for r in rows):
         pinned = pad_sequence(
             [
@@ -166,26 +168,71 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
             ],
             batch_first=True,
         )
-        must |= _to(pinned, dev) & valid
-    scores = torch.nan_to_num(scores, nan=-torch.inf).masked_fill(must, torch.inf)
-    keep = _top(scores.masked_fill(~valid, -torch.inf), lengths, torch.minimum(budget, lengths))
+        extra[:, : pinned.shape[1]] |= _to(pinned, dev)
+    must = must_keep(positions, lengths, sink, window, extra)
+    sel = select(scores, must, budget, lengths)
+    table_rows = [r.row for r in rows]
+    d, over = _plan(pool, table_rows, sel.keep, lengths, cpl, positions, raw, sel.over, rows)
+    check_budget(over, [r.budget for r in rows], [r.policy.name for r in rows])
+    return d
+
+
+def plan_keep(
+    pool: KVPoolView,
+    rows: Sequence[int],
+    keep: Sequence[torch.Tensor],
+    cpl: Sequence[int],
+) -> Decision:
+    """Plan rows whose kept entries the caller chose, as `decide` plans its own; carry it out
+    with `apply`. One device-to-host copy (the counts).
+
+    Args:
+        rows: each row's `req_to_token` row.
+        keep: ``[L_b] bool`` per row (host or the pool's device): its first ``L_b`` entries,
+            True = kept. Every entry ``>= L_b`` is outside the row (not freed, not written).
+        cpl: each row's tree-owned prefix (page-aligned when page size > 1). A tree-owned entry
+            the mask drops leaves the row as in `decide`: ``counts[b].copies`` may then ask
+            for fresh pages (`apply`'s `copy_slots`). `counts[b].depth` counts row entries.
+    """
+    dev = pool.req_to_token.device
+    meta = _to(torch.tensor([(k.numel(), c) for k, c in zip(keep, cpl)], dtype=torch.int64), dev)
+    lengths, cpl_d = meta.unbind(1)
+    mask = _to(pad_sequence([k.to(torch.bool) for k in keep], batch_first=True), dev)
+    w = mask.shape[1]
+    idx = _to(torch.tensor(list(rows), dtype=torch.int64), dev)
+    raw = pool.req_to_token[idx, :w].to(torch.int64)
+    positions = torch.arange(w, device=dev).expand(len(rows), w)
+    d, _ = _plan(pool, list(rows), mask, lengths, cpl_d, positions, raw)
+    return d
+
+
+def _plan(
+    pool: KVPoolView,
+    table_rows: list[int],
+    keep: torch.Tensor,
+    lengths: torch.Tensor,
+    cpl: torch.Tensor,
+    positions: torch.Tensor,
+    raw: torch.Tensor,
+    over: torch.Tensor | None = None,
+    rows: list[EvictRow] | None = None,
+) -> tuple[Decision, list[int]]:
+    """The index plan of `keep` and the step's one host copy: keep masks, counts, `over` (its
+    host values are returned) and, for `rows` with `history`, their kept whole tree pages."""
+    ps, b, w = pool.page_size, keep.shape[0], keep.shape[1]
     plan = index_plan(keep, lengths, cpl, positions, ps)
-    over = must.sum(1) - budget
-    parts = [keep.to(torch.int64), plan.summary, over[:, None]]
-    if any(r.history for r in rows):  # whole kept tree pages: their first entry is whole
+    parts = [keep.to(torch.int64), plan.summary]
+    parts.append(keep.new_zeros(b, 1, dtype=torch.int64) if over is None else over[:, None])
+    history = any(r.history for r in rows or ())
+    if history:  # whole kept tree pages: their first entry is whole
         parts.append(torch.where(plan.whole[:, ::ps], raw[:, ::ps] // ps, -1))
     host = torch.cat(parts, dim=1).cpu()  # the sync
     s = w + plan.summary.shape[1]
-    keep_h, summary_h, over_h = host[:, :w].bool(), host[:, w:s], host[:, s]
-    tree_pages = host[:, s + 1 :] if len(parts) > 3 else None
-    if bool(over_h.gt(0).any()):
-        b = int(over_h.gt(0).nonzero()[0])
-        raise ValueError(
-            f"budget {rows[b].budget} is smaller than the {rows[b].budget + int(over_h[b])} "
-            f"tokens policy {rows[b].policy.name!r} must keep (sinks, window, shared, recalled)"
-        )
-    counts = [RowCounts(*r) for r in summary_h.tolist()]
-    return Decision(rows, keep_h, counts, plan, raw, lengths, cpl, tree_pages)
+    counts = [RowCounts(*r) for r in host[:, w:s].tolist()]
+    tree_pages = host[:, s + 1 :] if history else None
+    keep_h = host[:, :w].bool()
+    d = Decision(table_rows, keep_h, counts, plan, raw, lengths, cpl, rows or [], tree_pages)
+    return d, host[:, s].tolist()
 
 
 def apply(
@@ -199,11 +246,12 @@ def apply(
     `move_stream` when given), one row write. `copy_slots[b]`: the fresh pages (slots, on the
     pool's device) for row b's ``counts[b].copies`` copies, whole pages."""
     ps, dev = pool.page_size, pool.req_to_token.device
-    sel = list(range(len(d.rows))) if active is None else [b for b, a in enumerate(active) if a]
+    rows = len(d.table_rows)
+    sel = list(range(rows)) if active is None else [b for b, a in enumerate(active) if a]
     if not sel:
         return Applied(d.raw.new_zeros(0), [], 0)
     plan, raw, lengths, cpl = d.plan, d.raw, d.lengths, d.cpl
-    if len(sel) < len(d.rows):
+    if len(sel) < rows:
         pick = _to(torch.tensor(sel), dev)
         plan = IndexPlan(*(t.index_select(0, pick) for t in plan))
         raw, lengths, cpl = raw[pick], lengths[pick], cpl[pick]
@@ -222,26 +270,12 @@ def apply(
     if num_moves:
         with move_stream or nullcontext():
             repack_kv_(pool.k_buffers, pool.v_buffers, sp.src, sp.dst)
-    idx = _to(torch.tensor([d.rows[b].row for b in sel], dtype=torch.int64), dev)
+    idx = _to(torch.tensor([d.table_rows[b] for b in sel], dtype=torch.int64), dev)
     w = raw.shape[1]
     pool.req_to_token[idx[:, None], torch.arange(w, device=dev)] = sp.new_rows.to(
         pool.req_to_token.dtype
     )
     return Applied(sp.freed, freed_counts, num_moves)
-
-
-def _top(scores: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``[B, W] bool``: the `k[b]` best of each row; ties keep the later row (`top_budget`).
-
-    Each row's live part is reversed (padding stays at the end, at -inf, after every live
-    entry), then sorted stably: the live entries meet in `top_budget`'s order."""
-    b, w = scores.shape
-    j = torch.arange(w, device=scores.device).expand(b, w)
-    flip = torch.where(j < lengths[:, None], lengths[:, None] - 1 - j, j)
-    order = scores.gather(1, flip).sort(dim=1, descending=True, stable=True).indices
-    return torch.zeros_like(scores, dtype=torch.bool).scatter_(
-        1, flip.gather(1, order), j < k[:, None]
-    )
 
 
 def _to(t: torch.Tensor, device) -> torch.Tensor:

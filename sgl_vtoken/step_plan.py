@@ -1,4 +1,5 @@
-"""Batched repack planning: the planner's arithmetic for every row of an eviction step at once.
+"""The repack planner: where each row's kept entries go and which pages come free, for every
+row of an eviction step at once (its per-row reference: `sgl_vtoken_tools/step_ref.py`).
 
 Each row is one line of a ``[B, W]`` tensor (W = longest row, shorter rows padded); per-row
 scalars are ``[B]`` tensors. Nothing here synchronizes with the device. Two halves:
@@ -9,8 +10,8 @@ scalars are ``[B]`` tensors. Nothing here synchronizes with the device. Two halv
 - :func:`slot_plan` adds the slots (the row, the fresh pages of the copies) once the host has
   allocated those pages: the new row, the KV moves, the freed pages.
 
-The row as the planner sees it after tree-owned victims leave (`planner.split_tree_pages`,
-`planner.plan_eviction` with ``shift_dead_pages``)::
+The row as the planner sees it after tree-owned victims leave (per row: `split_tree_pages`, then
+`plan_eviction` with ``shift_dead_pages``, in the reference)::
 
     row    | tree-owned [0, cpl)          | private [cpl, L)                       |
     keep     W W W W . . . . . c c . c c c   a . b . | . . . . | c d e f | g h

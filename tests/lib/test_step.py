@@ -1,5 +1,6 @@
 """The batched eviction step equals the per-row path on random batches: same victims, rows,
-KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle sgl_vtoken_tools/step_ref.py)."""
+KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle sgl_vtoken_tools/step_ref.py),
+for the policies' choices (`decide`) and for explicit keep masks (`plan_keep`)."""
 
 import copy
 import functools
@@ -11,12 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sgl_vtoken.kernels.reference import repack_kv_ref_
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken.pages import PageAllocator
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.policies.sharing_aware import SharingAware
-from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
-from sgl_vtoken_tools.step_ref import evict_row_ref
+from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide, plan_keep
+from sgl_vtoken_tools.step_ref import evict_row_ref, plan_eviction
 
 LAYERS, H, D = 2, 2, 4
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
@@ -196,3 +198,93 @@ def test_an_attention_policy_without_statistics_is_refused():
     rows[0].attn = None
     with pytest.raises(ValueError, match="needs TokenView.attn"):
         decide(rows, pool.view)
+
+
+@st.composite
+def keep_masks(draw):
+    """Rows of a page-dense pool with explicit keep masks (the tree-owned prefix kept)."""
+    ps = draw(st.sampled_from([1, 16]))
+    seed = draw(st.integers(0, 2**16))
+    specs = []
+    for _ in range(draw(st.integers(1, 4))):
+        cpl = draw(st.integers(0, 2)) * ps if ps > 1 else draw(st.integers(0, 9))
+        priv = draw(st.integers(1, 70))
+        specs.append((cpl, priv, draw(st.floats(0.0, 1.0))))
+    return ps, seed, specs
+
+
+def _keep_rows(ps, seed, specs):
+    gen = torch.Generator().manual_seed(seed)
+    pool = FakePool(num_pages=400, ps=ps, rows=len(specs), gen=gen)
+    masks = []
+    for b, (cpl, priv, p) in enumerate(specs):
+        tree = pool.slots(-(-cpl // ps))[:cpl]
+        private = pool.slots(-(-priv // ps))[:priv]
+        pool.view.req_to_token[b, : cpl + priv] = torch.cat([tree, private]).to(torch.int32)
+        mask = torch.rand(cpl + priv, generator=gen) < p
+        mask[:cpl] = True
+        masks.append(mask)
+    return pool, masks
+
+
+@settings(max_examples=60, deadline=None)
+@given(keep_masks())
+def test_plan_keep_equals_the_per_row_planner_for_explicit_masks(batch):
+    """`plan_keep` + `apply` (the batched step for keep masks a caller chose, e.g. dropping a
+    turn's recalled tokens) against `plan_eviction` applied row by row: same rows, KV bytes,
+    freed pages and moves, at page sizes 1 and 16."""
+    ps, seed, specs = batch
+    pool, masks = _keep_rows(ps, seed, specs)
+    ref_pool = copy.deepcopy(pool)
+    cpl = [c for c, _, _ in specs]
+    want = []
+    for b, mask in enumerate(masks):
+        row = ref_pool.view.req_to_token[b, : mask.numel()].to(torch.int64)
+        plan = plan_eviction(row, mask.nonzero().flatten(), cpl=cpl[b], page_size=ps)
+        repack_kv_ref_(ref_pool.view.k_buffers, ref_pool.view.v_buffers, plan.src, plan.dst)
+        ref_pool.view.req_to_token[b, plan.row_start : plan.new_len] = plan.row_slots.to(
+            torch.int32
+        )
+        want.append(plan)
+
+    d = plan_keep(pool.view, list(range(len(masks))), masks, cpl)
+    out = apply(d, pool.view)
+
+    freed = torch.split(out.freed, out.freed_counts)
+    for b, plan in enumerate(want):
+        assert d.new_length(b) == plan.new_len
+        assert torch.equal(d.keep_indices(b), masks[b].nonzero().flatten())
+        assert torch.equal(
+            pool.view.req_to_token[b, : plan.new_len], ref_pool.view.req_to_token[b, : plan.new_len]
+        )
+        assert torch.equal(freed[b], plan.freed_pages), f"row {b}: freed pages differ"
+        assert d.counts[b].copies == 0 and d.counts[b].whole == cpl[b]
+    assert out.moved == sum(p.num_moved for p in want)
+    for mine, theirs in zip(
+        pool.view.k_buffers + pool.view.v_buffers, ref_pool.view.k_buffers + ref_pool.view.v_buffers
+    ):
+        assert torch.equal(mine, theirs), "KV bytes differ"
+
+
+@settings(max_examples=30, deadline=None)
+@given(keep_masks())
+def test_the_old_plan_eviction_name_plans_through_plan_keep(batch):
+    """`sgl_vtoken.planner.plan_eviction` (kept for patches/cache/host_recall.py until it calls
+    `plan_keep`; delete this test with that module) equals the per-row planner."""
+    from sgl_vtoken.planner import plan_eviction as old_name
+
+    ps, seed, specs = batch
+    pool, masks = _keep_rows(ps, seed, specs)
+    for b, ((cpl, _, _), mask) in enumerate(zip(specs, masks)):
+        row = pool.view.req_to_token[b, : mask.numel()].to(torch.int64)
+        keep = mask.nonzero().flatten()
+        got, want = (
+            old_name(row, keep, cpl=cpl, page_size=ps),
+            plan_eviction(row, keep, cpl=cpl, page_size=ps),
+        )
+        assert got.new_len == want.new_len and torch.equal(got.freed_pages, want.freed_pages)
+        assert torch.equal(got.src, want.src) and torch.equal(got.dst, want.dst)
+        new_got, new_want = row.clone(), row.clone()
+        new_got[got.row_start : got.new_len] = got.row_slots
+        new_want[want.row_start : want.new_len] = want.row_slots
+        assert torch.equal(new_got[: got.new_len], new_want[: want.new_len])
