@@ -17,6 +17,7 @@ from .core.model_support import kv_bytes_per_token, peak_problem, unsupported_po
 from .core.process import process, start
 from .core.state import ReqEvictState, Row, state_of
 from .step import held, prefill, retraction, scores
+from .step.context import context_of
 from .step.eviction import evict_batch
 from .step.reclaim import reclaim_for
 from .surface import metrics, observe
@@ -93,7 +94,8 @@ def after_release_kv_cache(result, req, tree_cache, *args, **kwargs):
 
 
 def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
-    """AFTER `ForwardBatch.init_new`: add each request's position offset (splice rule 1, docs/design.md).
+    """AFTER `ForwardBatch.init_new`: add each request's position offset (splice rule 1,
+    docs/design.md).
 
     Offsets are read when the batch is built, right after this step's eviction, so they match
     the row under the overlap scheduler too.
@@ -155,13 +157,12 @@ def around_update_running_batch(original, scheduler, batch):
     """AROUND `Scheduler.update_running_batch`: evict before `check_decode_mem` and
     `prepare_for_decode`, skipping requests whose last token is already in flight."""
     if batch is not None and not batch.is_empty():
-        skip = set(scheduler._reqs_finishing_inflight(batch))
-        ctx = evict_batch(scheduler, batch, skip)
         proc = process()
-        if ctx is None:  # no evicting request runs
+        if any(state_of(r) is not None for r in batch.reqs):
+            skip = set(scheduler._reqs_finishing_inflight(batch))
+            evict_batch(context_of(scheduler), batch, skip)
+        else:  # no evicting request runs
             proc.counters.no_running()
-        else:
-            ctx.sample_batch(batch)
         if proc.metrics is not None:
             proc.metrics.publish(proc.counters)
     return original(scheduler, batch)

@@ -229,7 +229,7 @@ class FakeServer:
         )
         scored = scores.scored_requests(batch)
         if not scored:
-            scores.clear(self.model_runner)
+            scores.clear()
             return
         scores.prepare(fb, scored, self.model_runner)
         real, scores.get_token_to_kv_pool = scores.get_token_to_kv_pool, lambda: self.alloc.pool

@@ -11,13 +11,12 @@ gauges (`sample_held`, `sample_batch`: live tokens, retained pages, peaks), whic
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 from sgl_vtoken.pages import num_pages
 from sgl_vtoken.step import KVPoolView
 
-from ..cache import host_tier, pool
+from ..cache import host_tier
 from ..core.counters import VTokenCounters
 from ..core.model_support import kv_bytes_per_token
 from ..core.process import process
@@ -41,27 +40,15 @@ class StepContext:
         total_tokens: the pool's size in tokens (SGLang's `max_total_num_tokens`), 0 unknown.
     """
 
-    tree: object
-    allocator: object
+    tree: Any
+    allocator: Any
     view: KVPoolView
     page_size: int
     counters: VTokenCounters
-    stream: object | None
-    tp_group: object | None
+    stream: Any | None
+    tp_group: Any | None
     tier: host_tier.HostTier | None
     total_tokens: int
-
-    def alloc(self, n: int, req, kind: str = "copies") -> torch.Tensor | None:
-        """`n` slots (whole pages) from the pool for request `req`, or None (`cache/pool.py`)."""
-        return pool.alloc(self.tree, n, req, kind)
-
-    def free(self, freed: torch.Tensor) -> None:
-        """Return `freed` to the pool: slots at page size 1, page ids above; counted."""
-        if not freed.numel():
-            return
-        freed = freed.to(self.allocator.device)
-        (self.allocator.free if self.page_size == 1 else self.allocator.free_page_ids)(freed)
-        self.counters.pages_freed += int(freed.numel())
 
     def sample_batch(self, batch) -> None:
         """Live tokens, retained pages and fragmentation over the running evicting requests of
@@ -75,7 +62,8 @@ class StepContext:
             running += 1
             cpl = req.kv.cache_protected_len
             live += req.kv.kv_committed_len
-            # its own pages, the tree pages its row (or Naive-Evict's lock) references, held-back pages
+            # its own pages, the tree pages its row (or Naive-Evict's lock) references, and the
+            # pages it holds back
             pages += (
                 num_pages(req.kv.kv_committed_len - cpl, ps)
                 + num_pages(max(cpl, st.naive.tree_lock), ps)

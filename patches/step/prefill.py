@@ -1,28 +1,10 @@
-"""Eviction during prefill (`prefill_chunk`, docs/design.md): a long prompt is prefilled in chunks
-and evicted to the budget between them, so a request never holds more than
-``budget + prefill_chunk`` tokens of KV (`EvictConfig.prefill_peak`).
-
-SGLang's chunked prefill carries the request from chunk to chunk (`Scheduler.chunked_req`);
-`admission.py` ends each chunk where the row reaches the peak, and this hook evicts there,
-after SGLang published the chunk (`stash_chunked_request`) and before the next chunk is
-scheduled. The row is then the kept entries, the ids become row coordinates (the kept entries'
-ids, then the prompt's remaining ids) and the next chunk continues after them at its logical
-positions (the position offset, splice rule 1)::
-
-    logical  | 0 ........................ e | e ...... prompt end |
-    row      | kept (budget) | ........... | -> next chunk at row index budget, position e
-             0            budget      budget + prefill_chunk = e - offset before the eviction
-
-The chunk's attention statistics (its last `obs_window` queries, `scores.prepare`) are folded
-first, so attention policies score with them. With `offload` the victims go to the host store
-(`eviction.py`), and with `recall` the prompt's last chunk is the recalling turn's two chunks
-(`host_recall.begin_turn`): its first part's window scores everything the request's store holds,
-this prefill's victims included, and the best `recall` join the row before the rest::
-
-    row   | kept (budget) | last chunk [budget, end) | -> | kept | [budget, back) | recalled | [back, total) |
-
-A request's ids in row coordinates (after such an eviction, a recall, or continuing a stored
-view) keep its logical prompt aside in its `Prompt` (`st.prompt`) until they go back.
+"""Eviction during prefill (`prefill_chunk`): a long prompt is prefilled in chunks and evicted to
+the budget between them (AROUND `Scheduler.stash_chunked_request`), so a request holds at most
+``budget + prefill_chunk`` tokens of KV (`EvictConfig.prefill_peak`; `admission.py` ends each
+chunk there). After an eviction the ids are row coordinates (the kept entries' ids, then the
+prompt's remaining ids), the logical prompt kept aside in `Prompt` (`st.prompt`); with `recall`
+the prompt's last chunk is a recalling turn's two chunks (`host_recall.begin_turn`). Diagrams:
+docs/design.md, "Eviction during prefill" and "Recall inside prefill eviction".
 """
 
 from __future__ import annotations
@@ -30,11 +12,11 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from ..cache import host_recall
+from ..cache import host_recall, pool
 from ..core.process import process
 from ..core.state import state_of
 from .context import context_of
-from .eviction import evict_rows
+from .eviction import DueRow, evict_rows
 
 
 @dataclass
@@ -118,8 +100,8 @@ def around_stash_chunked_request(original, scheduler, req):
         return
     plan = st.recall.plan
     if plan is not None and req.prefix_len == req.kv.kv_committed_len == plan.end:
-        alloc = context_of(scheduler).alloc
-        host_recall.recall_prompt(scheduler, req, st, lambda n: alloc(n, req, "recall"))
+        tree = scheduler.tree_cache
+        host_recall.recall_prompt(scheduler, req, st, lambda n: pool.alloc(tree, n, req, "recall"))
         return
     if not evicts_in_prefill(st, req):
         return
@@ -131,7 +113,7 @@ def around_stash_chunked_request(original, scheduler, req):
     st.retract.start_step(st.stats.snapshot())
     done = row_len + st.row.offset  # logical tokens with KV
     st.prefix.cap_attach(done)  # KV past the first chunk saw a compacted row
-    (evicted,) = evict_rows(ctx, [(req, st, row_len)])
+    (evicted,) = evict_rows(ctx, [DueRow(req, st, row_len)])
     if evicted is None:
         _end_short(scheduler, ctx, req)
         return
@@ -157,8 +139,8 @@ def _end_short(scheduler, ctx, req) -> None:
     ctx.counters.shortage_aborts += 1
     process().shortages.note("prefill_aborted", req.rid)
     req.discard_output_reason = FINISH_ABORT(
-        f"kv_evict prefill_chunk: no free KV page for the copies of the cached prompt tokens this request "
-        f"keeps (the {ctx.total_tokens}-token pool is full); retry later",
+        "kv_evict prefill_chunk: no free KV page for the copies of the cached prompt tokens this "
+        f"request keeps (the {ctx.total_tokens}-token pool is full); retry later",
         HTTPStatus.SERVICE_UNAVAILABLE,
     )
     scheduler._pending_chunked_abort_req = req
@@ -178,5 +160,8 @@ def prefill_chunk_problem(chunked_prefill_size, overlap_disabled: bool) -> str:
     if chunked_prefill_size is not None and chunked_prefill_size <= 0:
         return "prefill_chunk needs SGLang's chunked prefill (--chunked-prefill-size > 0)"
     if not overlap_disabled:
-        return "prefill_chunk needs --disable-overlap-schedule (a chunk's forward must have run before its eviction)"
+        return (
+            "prefill_chunk needs --disable-overlap-schedule (a chunk's forward must have run "
+            "before its eviction)"
+        )
     return ""

@@ -161,7 +161,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     from sgl_vtoken.patches.cache import radix
     from sgl_vtoken.patches.runtime import new_state
     from sgl_vtoken.patches.step.context import context_of
-    from sgl_vtoken.patches.step.eviction import evict_rows
+    from sgl_vtoken.patches.step.eviction import DueRow, evict_rows
 
     ps, prompt_len, steps = 16, 128, 120
     monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
@@ -206,7 +206,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     for t in range(steps):
         row_len = req.kv.kv_committed_len
         if row_len >= cfg.budget + cfg.interval:
-            evictions += (evict_rows(context_of(scheduler), [(req, st, row_len)])[0] or 0) > 0
+            evictions += (evict_rows(context_of(scheduler), [DueRow(req, st, row_len)])[0] or 0) > 0
             cache.evict(EvictParams(num_tokens=10**6))  # memory pressure: every unlocked node goes
             row = rtt[0, : req.kv.kv_committed_len].tolist()
             assert not set(row) & set(alloc.free_slots), f"step {t}: the row uses freed slots"
@@ -234,7 +234,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     from sgl_vtoken.patches.cache import radix
     from sgl_vtoken.patches.runtime import new_state
     from sgl_vtoken.patches.step.context import context_of
-    from sgl_vtoken.patches.step.eviction import evict_rows
+    from sgl_vtoken.patches.step.eviction import DueRow, evict_rows
 
     ps, prompt_len = 16, 40
     monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
@@ -271,7 +271,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     for t in range(30):
         row_len = req.kv.kv_committed_len
         if cfg.should_evict(row_len):
-            evict_rows(context_of(scheduler), [(req, st, row_len)])
+            evict_rows(context_of(scheduler), [DueRow(req, st, row_len)])
             row_len = req.kv.kv_committed_len
         rtt[0, row_len] = int(rtt[0, row_len - 1]) + 1 if row_len % ps else int(alloc.alloc(ps)[0])
         req.kv.kv_committed_len = req.kv.kv_allocated_len = row_len + 1
@@ -330,7 +330,7 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     from sgl_vtoken.patches.cache import radix
     from sgl_vtoken.patches.runtime import new_state
     from sgl_vtoken.patches.step.context import context_of
-    from sgl_vtoken.patches.step.eviction import evict_rows
+    from sgl_vtoken.patches.step.eviction import DueRow, evict_rows
 
     prompt_len = 128
     monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
@@ -362,7 +362,7 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     cache.req_to_token_pool.req_to_token[0, :prompt_len] = alloc.alloc(prompt_len).to(torch.int32)
     assert cache.total_size() == 0  # SGLang's prefill checkpoint has not landed
     st.retract.start_step(st.stats.snapshot())  # as evict_batch does
-    assert evict_rows(context_of(scheduler), [(req, st, prompt_len)])[0] == prompt_len - cfg.budget
+    assert evict_rows(context_of(scheduler), [DueRow(req, st, prompt_len)])[0] == prompt_len - cfg.budget
     assert cache.total_size() == prompt_len
     other = Req(prompt + [7])
     assert match(cache, other).device_prefix_len == prompt_len
