@@ -47,12 +47,14 @@ class NodeRecord:
     def take(self, mask: torch.Tensor) -> torch.Tensor:
         """Page size > 1: the owned slots under `mask` (``[len(pages)] bool``) leave the node;
         returns them."""
+        assert self.pages is not None, "a per-position node owns no pages"
         slots, self.pages = self.pages[mask], self.pages[~mask]
         self.live -= int(slots.numel())
         return slots
 
     def give(self, slots: torch.Tensor) -> None:
         """Page size > 1: the node owns `slots` (whole pages) too."""
+        assert self.pages is not None, "a per-position node owns no pages"
         self.pages = torch.cat([self.pages, slots])
         self.live += int(slots.numel())
 

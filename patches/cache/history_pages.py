@@ -71,7 +71,9 @@ def insert(tree, req, st, row_len: int) -> None:
     on_path, reachable, a = set(), [torch.cat(values)] if values else [], last
     while a is not attach_node:
         on_path.add(a)
-        reachable.append(owned(a).to(row.device))
+        node_pages = owned(a)
+        assert node_pages is not None, "a node of a view's path owns pages (page size > 1)"
+        reachable.append(node_pages.to(row.device))
         a = a.parent
     reachable = torch.cat(reachable) // ps if reachable else row[:0]
     missing = torch.unique(row[:cpl] // ps)

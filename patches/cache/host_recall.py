@@ -60,8 +60,8 @@ class RecallPlan:
     seconds: float = 0.0
     unpicked: torch.Tensor | None = None
     k_device: torch.Tensor | None = None
-    k_ready: object | None = None
-    scored: object | None = None
+    k_ready: torch.cuda.Event | None = None
+    scored: torch.cuda.Event | None = None
 
     def stage(self, device) -> None:
         """Before a forward that scores the candidates (`scores.prepare`): the scores accumulate
@@ -78,6 +78,7 @@ class RecallPlan:
         if self.k_ready is not None:
             torch.cuda.current_stream().wait_event(self.k_ready)
             self.k_ready = None
+        assert self.k_device is not None, "the plan is staged before a layer scores it"
         keys = self.k_device[:, layer]
         return keys if self.unpicked is None else keys[self.unpicked]
 
@@ -180,6 +181,8 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     the second chunk after the recalled entries at its logical positions. `alloc(n)`: n slots
     (whole pages) or None."""
     plan, st.recall.plan = st.recall.plan, None
+    tier = process().tier
+    assert plan is not None and tier is not None, "a recalling turn has a plan and a host tier"
     if plan.scored is not None:  # overlap scheduler: the first chunk's scoring has run
         plan.scored.synchronize()
     t0 = time.perf_counter()
@@ -199,7 +202,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     slots = _row_slots(scheduler, row[:back], int(sel.numel()), alloc) if sel.numel() else row[:0]
     if slots is None:  # no free page: the turn goes on without them
         st.report["recall_skipped_tokens"] = int(sel.numel())
-        process().tier.count_skip()
+        tier.count_skip()
         process().shortages.note("recall_skipped", req.rid, "page")
         sel, slots = sel[:0], row[:0]
     n, ps = int(sel.numel()), allocator.page_size
@@ -236,7 +239,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
         recall_ms=round(earlier.get("recall_ms", 0) + seconds * 1e3, 3),
         recomputed_tokens=earlier.get("recomputed_tokens", 0) + end - back,
     )
-    process().tier.count_recall(n, seconds)
+    tier.count_recall(n, seconds)
     # The next round: the scoring window, recomputed after what this one recalled, ends a chunk
     # again and scores the candidates left.
     st.recall.plan = plan.next_round(sel, n)

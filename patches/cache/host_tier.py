@@ -41,7 +41,7 @@ class Chunk:
     k: torch.Tensor
     v: torch.Tensor
     refs: int = 0
-    ready: object | None = None
+    ready: torch.cuda.Event | None = None
 
     @property
     def nbytes(self) -> int:
@@ -71,7 +71,9 @@ class HostTier:
         self.offloaded = self.dropped = self.recalled = self.recalls = self.skipped_recalls = 0
         self.recall_seconds = 0.0
         self.nodes: dict[int, tuple] = {}  # id -> (radix node, the chunks its view's store holds)
-        self.streams: dict = {}  # device -> side stream of its copies to the device (CUDA)
+        self.streams: dict[
+            torch.device, torch.cuda.Stream
+        ] = {}  # device -> side stream of its copies to the device (CUDA)
 
     def hold(self, chunks) -> None:
         for c in chunks:
@@ -177,7 +179,7 @@ def offload(tier: HostTier, rows: list, slots: torch.Tensor, k_buffers, v_buffer
         start += m
 
 
-def to_host(t: torch.Tensor) -> tuple[torch.Tensor, object | None]:
+def to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """A host copy of `t` (pinned on CUDA), made asynchronously on the current stream, and the
     CUDA event after which it holds the values (None off CUDA: the copy is done)."""
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
@@ -189,7 +191,7 @@ def to_host(t: torch.Tensor) -> tuple[torch.Tensor, object | None]:
     return host, ready
 
 
-def to_device(host: torch.Tensor, device) -> tuple[torch.Tensor, object | None]:
+def to_device(host: torch.Tensor, device) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """`host` on `device`: on CUDA copied asynchronously from pinned memory on a side stream, with
     the event the stream that reads it must wait for (`torch.cuda.current_stream().wait_event`);
     elsewhere `host` itself and None."""
@@ -205,9 +207,11 @@ def to_device(host: torch.Tensor, device) -> tuple[torch.Tensor, object | None]:
     return out, ready
 
 
-def _side_stream(device):
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
     """The host tier's side stream on `device` (made at its first use)."""
-    streams = process().tier.streams
+    tier = process().tier
+    assert tier is not None, "only recall copies to the device, and it needs the host tier"
+    streams = tier.streams
     if device not in streams:
         streams[device] = torch.cuda.Stream(device)
     return streams[device]

@@ -81,7 +81,11 @@ class Prefix:
         """The row starts as the stored view at radix `node`, whose KV is at `slots` (`node`
         None: no view); `attach`: the logical prefix whose KV is hole-free; `copied`: `slots` end
         in the request's own copy of the view's partial last page (page size > 1)."""
-        self.hit = None if node is None else ViewHit(node, slots, copied)
+        if node is None:
+            self.hit = None
+        else:
+            assert slots is not None, "a stored view's row has slots"
+            self.hit = ViewHit(node, slots, copied)
         self.attach = attach
 
     def cap_attach(self, done: int) -> None:
@@ -259,10 +263,12 @@ class HoledRadixCache(RadixCache):
     def prefix_device_indices(self, req) -> torch.Tensor:
         st = state_of(req)
         hit = st.prefix.hit if st is not None else None
-        if hit is not None and req.last_node is hit.node:
+        if st is not None and hit is not None and req.last_node is hit.node:
             if not history_pages.own_tail(self, req, st):  # admission copied it (admission.py)
                 raise RuntimeError("no free page for the copy of a stored view's last page")
-            return st.prefix.hit.slots
+            own = st.prefix.hit  # the view with the request's own last page (own_tail)
+            assert own is not None
+            return own.slots
         return super().prefix_device_indices(req)
 
     # --- inserting ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from http import HTTPStatus
+from typing import Any
 
 from ..cache import history_pages
 from ..core.model_support import peak_problem
@@ -101,6 +102,12 @@ def adder_class(base: type) -> type:
         return _ADDER_CLASSES[base]
 
     class VTokenPrefillAdder(base):
+        # `PrefillAdder` fields this class writes (set by SGLang's __init__; annotations only).
+        new_chunked_req: Any
+        rem_chunk_tokens: int | None
+        chunked_req_limit: int | None
+        exact_chunk_fill: bool
+
         _vt_cut = None  # the request `add_one_req` admits for a prefill-eviction chunk
 
         def _get_running_request_total_token_offset(self, req):
@@ -176,8 +183,10 @@ def adder_class(base: type) -> type:
             if forcing and (has_chunked_req or self.new_chunked_req is not None):
                 return AddReqResult.OTHER  # SGLang carries one chunked request at a time
             saved, exact = self.rem_chunk_tokens, getattr(self, "exact_chunk_fill", False)
+            cap = None  # the forced chunk's token budget
             if forcing:
-                self.rem_chunk_tokens = min(saved, limit)
+                assert limit is not None and saved is not None, "a cut needs chunked prefill"
+                cap = self.rem_chunk_tokens = min(saved, limit)
                 # The chunk ends exactly there: without exact fill SGLang cuts a first chunk at a
                 # whole number of pages past the prefix, which after a stored view's partial
                 # page misses the boundary (or does not cut at all).
@@ -189,8 +198,10 @@ def adder_class(base: type) -> type:
                     result = super().add_one_req(req, has_chunked_req, *args, **kwargs)
             finally:
                 self._vt_cut = None
-                if forcing:  # what the request took comes off the real chunk budget
-                    self.rem_chunk_tokens = saved - (min(saved, limit) - self.rem_chunk_tokens)
+                if cap is not None:  # what the request took comes off the real chunk budget
+                    left = self.rem_chunk_tokens
+                    assert saved is not None and left is not None
+                    self.rem_chunk_tokens = saved - (cap - left)
                     self.exact_chunk_fill = exact
             deferred = (
                 req in self.can_run_list
@@ -266,4 +277,4 @@ def around_compute_max_prefix_len(original, req, input_len: int) -> int:
     st = state_of(req)
     if st is None or st.holed:  # holed radix cache: tree-owned tokens may leave the row
         return limit
-    return min(limit, st.cfg.budget - st.cfg.window)
+    return min(limit, st.cfg.row_budget - st.cfg.window)

@@ -117,7 +117,7 @@ def count_held(req, st: ReqEvictState) -> None:
     if base not in _KV_CLASSES:
 
         @dataclass(slots=True, kw_only=True)
-        class HeldKvInfo(base):
+        class HeldKvInfo(base):  # type: ignore[valid-type,misc]  # base: req.kv's runtime class
             held_for: ReqEvictState | None = field(default=None, repr=False, compare=False)
 
         HeldKvInfo.__qualname__ = f"VToken{base.__qualname__}"

@@ -123,6 +123,7 @@ class Retraction:
     ) -> None:
         """Before an eviction (holed, page size 1): remember the row (`slots` at logical
         `positions`), `row`'s positions and counts and the `report` as they are, for `undo_step`."""
+        assert self.undo is not None, "an eviction saves its undo after its step started"
         self.undo = self.undo._replace(
             before=RowBefore(slots, positions, row.snapshot(), dict(report))
         )

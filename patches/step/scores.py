@@ -142,8 +142,9 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
     req_to_token = model_runner.req_to_token_pool.req_to_token
     if forward_batch.forward_mode.is_decode():  # recall plans score prefills only
         batch = [(i, req, st) for i, req, st in scored if "attn" in st.policy.needs]
-        decode = (
-            DecodeScoring(
+        decode: DecodeScoring | None = None
+        if batch:
+            decode = DecodeScoring(
                 [i for i, _, _ in batch],
                 [req.kv.req_pool_idx for _, req, _ in batch],
                 [seq_lens[i] for i, _, _ in batch],
@@ -152,18 +153,14 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
                 pool.head_num,
                 device,
             )
-            if batch
-            else None
-        )
-        for k, (_, _, st) in enumerate(batch):
-            st.stats.staged.append(decode.block(k))
+            for k, (_, _, st) in enumerate(batch):
+                st.stats.staged.append(decode.block(k))
         process().scoring = Scored(decode, [], req_to_token)
         return
     plan = []
     for i, req, st in scored:
-        n = seq_lens[
-            i
-        ]  # the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`
+        # `n`: the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`.
+        n = seq_lens[i]
         total = (
             n
             if st.retract.resume_prefill
@@ -176,8 +173,10 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             st.report["recall_skipped_tokens"] = min(
                 st.cfg.host.recall, int(pending.scores.numel())
             )
-            process().tier.count_skip()
-            process().shortages.note("recall_skipped", req.rid, "cut")
+            proc = process()
+            assert proc.tier is not None, "a recall plan needs the host tier"
+            proc.tier.count_skip()
+            proc.shortages.note("recall_skipped", req.rid, "cut")
             st.recall.reset()
         recall = st.recall.plan
         if recall is not None:  # a recalling turn: the window ends its first chunk

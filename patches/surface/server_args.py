@@ -18,10 +18,11 @@ import json
 import os
 import re
 import sys
+from typing import NoReturn
 
 from sgl_vtoken.config import ENV_VAR, EvictConfig, flag_of, policy_from_config, setting_keys
 from sgl_vtoken.planner import RECLAIM_MODES
-from sgl_vtoken.policies import POLICIES
+from sgl_vtoken.policies import POLICIES, SharingAware
 
 from ..cache import radix
 from ..core import contract
@@ -161,7 +162,7 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _fail(message: str):
+def _fail(message: str) -> NoReturn:
     sys.stderr.write(f"sglang serve: error: {message}\n")
     raise SystemExit(2)
 
@@ -220,16 +221,16 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         _fail_naming_flag(e)
     check_policy_fits_model(cfg, args)
     if cfg.prefill.chunk is not None:
-        problem = prefill_chunk_problem(
+        chunk_problem = prefill_chunk_problem(
             getattr(args, "chunked_prefill_size", None),
             getattr(args, "disable_overlap_schedule", False),
         )
-        if problem:
-            _fail(f"argument --kv-evict-config: {problem}")
+        if chunk_problem:
+            _fail(f"argument --kv-evict-config: {chunk_problem}")
     return cfg
 
 
-def _fail_naming_flag(e: ValueError):
+def _fail_naming_flag(e: ValueError) -> NoReturn:
     """Exit naming the flag that sets the `EvictConfig.<key>` an error names."""
     m = re.search(r"EvictConfig\.(\w+)", str(e))
     _fail(f"argument {flag_of(m.group(1)) if m else '--kv-evict'}: {e}")
@@ -268,13 +269,18 @@ def settings_problem(
     budget_name: str = "argument --kv-budget",
 ) -> str:
     """Why `cfg` cannot run on this model and pool ("" when it can)."""
-    if cfg.budget > context_len:
+    if cfg.row_budget > context_len:
         return (
             f"{budget_name}: must be <= the model's context length {context_len} (got {cfg.budget})"
         )
     if pool_tokens is not None and (problem := peak_problem(cfg, pool_tokens, budget_name)):
         return problem
-    if pool_tokens is not None and cfg.prefill.chunk and cfg.prefill_hold > pool_tokens:
+    if (
+        pool_tokens is not None
+        and cfg.prefill.chunk
+        and (hold := cfg.prefill_hold) is not None
+        and hold > pool_tokens
+    ):
         return (
             f"argument --kv-evict-config: prefill_chunk {cfg.prefill.chunk}: a prefill evicting "
             f"request holds up to budget + prefill_chunk + recall + page_size = "
@@ -291,7 +297,9 @@ def settings_problem(
 
 def check_policy_fits_model(cfg: EvictConfig, args) -> None:
     """Exit if the policy is tied to a model (KVP's trained scorers) and the served one differs."""
-    check = getattr(policy_from_config(cfg).inner, "check_model", None)
+    policy = policy_from_config(cfg)
+    inner = policy.inner if isinstance(policy, SharingAware) else policy
+    check = getattr(inner, "check_model", None)
     if check is None:
         return
     try:
