@@ -1,7 +1,7 @@
 """The installed runtime (`sgl_vtoken/`, `kernels/`, `patches/`) never imports the tooling
 (`sgl_vtoken_tools`): not at module level, not inside a function, not through importlib. And no
 module outside the tests grows past 500 lines: modules are split by concept, and one heading past
-~400 lines is a candidate for splitting in review (docs/design.md, "Layout")."""
+~400 lines is a candidate for splitting in review (docs/design.md, "Layout and checks")."""
 
 import ast
 from pathlib import Path

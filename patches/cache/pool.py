@@ -24,13 +24,3 @@ def alloc(tree, n: int, req=None, kind: str = "copies") -> torch.Tensor | None:
     if allocator.available_size() < n:
         tree.evict(EvictParams(num_tokens=n))
     return allocator.alloc(n) if allocator.available_size() >= n else None
-
-
-def free(allocator, freed: torch.Tensor, counters) -> None:
-    """Return `freed` to SGLang's `allocator`: slots at page size 1, page ids above; counted in
-    `counters.pages_freed`."""
-    if not freed.numel():
-        return
-    freed = freed.to(allocator.device)
-    (allocator.free if allocator.page_size == 1 else allocator.free_page_ids)(freed)
-    counters.pages_freed += int(freed.numel())

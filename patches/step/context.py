@@ -11,7 +11,9 @@ gauges (`sample_held`, `sample_batch`: live tokens, retained pages, peaks), whic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import torch
 
 from sgl_vtoken.pages import num_pages
 from sgl_vtoken.step import KVPoolView
@@ -20,8 +22,24 @@ from ..cache import host_tier
 from ..core.counters import VTokenCounters
 from ..core.model_support import kv_bytes_per_token
 from ..core.process import process
-from ..core.state import state_of
+from ..core.state import ReqEvictState, state_of
 from ..core.tp import tp_gather
+
+
+class DueRow(NamedTuple):
+    """A request whose row reached its trigger: SGLang's `req`, its state, its live row entries."""
+
+    req: Any  # SGLang's Req
+    st: ReqEvictState
+    length: int
+
+
+class RowOutcome(NamedTuple):
+    """What evicting one due row did: tokens it `evicted` (None: left as it was, no free page for
+    the copies of its kept tree-owned tokens) and the pages (slots at page size 1) to `free`."""
+
+    evicted: int | None
+    free: torch.Tensor
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,6 @@ coordinates", "Splice rules"); `prefill.py` evicts a prefill chunk through `evic
 from __future__ import annotations
 
 from contextlib import nullcontext
-from functools import partial
-from typing import NamedTuple
 
 import torch
 
@@ -19,24 +17,8 @@ from sgl_vtoken.step import Decision, EvictRow, apply, decide
 
 from ..cache import host_tier, pool
 from ..core.process import process
-from ..core.state import ReqEvictState, state_of
-from .context import StepContext
-
-
-class DueRow(NamedTuple):
-    """A request whose row reached its trigger: SGLang's `req`, its state, its live row entries."""
-
-    req: object
-    st: ReqEvictState
-    length: int
-
-
-class RowOutcome(NamedTuple):
-    """What evicting one due row did: tokens it `evicted` (None: left as it was, no free page for
-    the copies of its kept tree-owned tokens) and the pages (slots at page size 1) to `free`."""
-
-    evicted: int | None
-    free: torch.Tensor
+from ..core.state import state_of
+from .context import DueRow, RowOutcome, StepContext
 
 
 def evict_batch(ctx: StepContext, batch, skip: set) -> None:
@@ -127,12 +109,15 @@ def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
     )
     freed_rows = iter(torch.split(out.freed, out.freed_counts))
     outcomes = [
-        _record(ctx, row, rows[b], d, b, next(freed_rows))
+        row.st.reclaim.record(ctx, row, rows[b], d, b, next(freed_rows))
         if active[b]
         else RowOutcome(None, d.raw[b, :0])
         for b, row in enumerate(due)
     ]
-    pool.free(ctx.allocator, torch.cat([o.free for o in outcomes]), ctx.counters)
+    freed = torch.cat([o.free for o in outcomes]).to(ctx.allocator.device)
+    if freed.numel():  # slots at page size 1, page ids above
+        (ctx.allocator.free if ps == 1 else ctx.allocator.free_page_ids)(freed)
+        ctx.counters.pages_freed += int(freed.numel())
     evicted = [o.evicted for o in outcomes]
     ctx.counters.evictions += sum(n is not None for n in evicted)
     ctx.counters.evicted_tokens += sum(n for n in evicted if n)
@@ -183,32 +168,3 @@ def _evict_row(due: DueRow) -> EvictRow:
         pinned=None if pinned is None else torch.isin(positions, pinned),
         history=st.holed and st.prefix.hit is not None and st.cfg.page_size > 1,
     )
-
-
-def _record(ctx: StepContext, due: DueRow, row: EvictRow, d: Decision, b: int, freed) -> RowOutcome:
-    """Row `b` of decision `d` was applied (`freed`: the pages `apply` emptied in it): its
-    strategy releases what its stored history no longer needs and says what of `freed` to
-    return now; the request's state and lengths follow. Returns what it decided."""
-    req, st, _ = due
-    keep, new_len, kv = d.keep_indices(b), d.new_length(b), req.kv
-    w, n_copy = d.counts[b].whole, d.counts[b].copies
-    kept_pos = row.positions[keep]
-    own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
-    if st.holed:  # its stored history: free what nobody reaches
-        st.reclaim.release_history(ctx, req, st, partial(d.kept_tree_pages, b))
-    st.reclaim.before_record(st, d.raw[b, : row.length], row.positions)
-    freed = st.reclaim.to_free(ctx, req, st, kept_pos, int(row.positions[-1]) + 1, own, freed)
-    st.stats.select(keep)
-    if st.holed and (w != row.cpl or n_copy):  # the view changed below cpl
-        kv.cache_protected_len = w
-    evicted = row.length - new_len
-    st.row.record(kept_pos, evicted, int(freed.numel()))
-    st.report.update(
-        evicted_tokens=st.report["evicted_tokens"] + evicted,
-        live_tokens=int(kept_pos.numel()),
-        pages_freed=st.row.freed,
-        evictions=st.row.steps,
-    )
-    kv.kv_committed_len -= evicted
-    kv.kv_allocated_len -= evicted
-    return RowOutcome(evicted, freed)

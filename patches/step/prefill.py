@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from ..cache import host_recall, pool
 from ..core.process import process
 from ..core.state import state_of
-from .context import context_of
-from .eviction import DueRow, evict_rows
+from .context import DueRow, context_of
+from .eviction import evict_rows
 
 
 @dataclass

@@ -2,13 +2,13 @@
 the request is made (`reclaim_for`), so the step (`eviction.py`) does not branch on page size and
 reclaim mode inside its loops.
 
-    strategy      settings                   the tree's part (holed rows)           memory
-    Slots         page_size 1                release its history's dropped slots,   dead slots freed
-                                             else relock to the kept depth
-    Pages         page_size > 1, vtoken      relock to the last whole page kept;    whole pages freed
-                                             release its history's unused pages
-    NaivePages    page_size > 1, naive       keep the lock (held.py);               Naive-Evict's
-                                             release its history's unused pages     pages held back
+    strategy      settings                the tree's part (holed rows)          memory
+    Slots         page_size 1             release its history's dropped slots,  dead slots freed
+                                          else relock to the kept depth
+    Pages         page_size > 1, vtoken   relock to the last whole page kept;   whole pages freed
+                                          release its history's unused pages
+    NaivePages    page_size > 1, naive    keep the lock (held.py);              Naive-Evict's
+                                          release its history's unused pages    pages held back
 
 At page size 1 the step's undo record (`retraction.py`) is saved before the row changes, so a
 retraction in the same step resumes from the row as it was; at page size > 1 the repack writes
@@ -17,17 +17,51 @@ over that row, which the record says (a retraction under the overlap scheduler t
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.step import Decision, EvictRow
 
 from ..core.state import ReqEvictState
 from . import held
-from .context import StepContext
+from .context import DueRow, RowOutcome, StepContext
 
 
 class Reclaim:
-    """The interface; each method is one point of the step (`eviction.evict_rows`)."""
+    """The interface; each method is one point of the step (`eviction.evict_rows`), and `record`
+    the template that carries a row's outcome into its state."""
+
+    def record(
+        self, ctx: StepContext, due: DueRow, row: EvictRow, d: Decision, b: int, freed: torch.Tensor
+    ) -> RowOutcome:
+        """Row `b` of decision `d` was applied (`freed`: the pages `apply` emptied in it): its
+        strategy releases what its stored history no longer needs and says what of `freed` to
+        return now; the request's state and lengths follow. Returns what it decided."""
+        req, st, _ = due
+        keep, new_len, kv = d.keep_indices(b), d.new_length(b), req.kv
+        w, n_copy = d.counts[b].whole, d.counts[b].copies
+        kept_pos = row.positions[keep]
+        own = new_len - w if st.holed else new_len  # pinned tree tokens are its own
+        if st.holed:  # its stored history: free what nobody reaches
+            self.release_history(ctx, req, st, partial(d.kept_tree_pages, b))
+        self.before_record(st, d.raw[b, : row.length], row.positions)
+        freed = self.to_free(ctx, req, st, kept_pos, int(row.positions[-1]) + 1, own, freed)
+        st.stats.select(keep)
+        if st.holed and (w != row.cpl or n_copy):  # the view changed below cpl
+            kv.cache_protected_len = w
+        evicted = row.length - new_len
+        st.row.record(kept_pos, evicted, int(freed.numel()))
+        st.report.update(
+            evicted_tokens=st.report["evicted_tokens"] + evicted,
+            live_tokens=int(kept_pos.numel()),
+            pages_freed=st.row.freed,
+            evictions=st.row.steps,
+        )
+        kv.kv_committed_len -= evicted
+        kv.kv_allocated_len -= evicted
+        return RowOutcome(evicted, freed)
 
     def release_tree(
         self, ctx: StepContext, req, st: ReqEvictState, dropped: torch.Tensor, depth: int

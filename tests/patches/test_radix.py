@@ -362,7 +362,10 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     cache.req_to_token_pool.req_to_token[0, :prompt_len] = alloc.alloc(prompt_len).to(torch.int32)
     assert cache.total_size() == 0  # SGLang's prefill checkpoint has not landed
     st.retract.start_step(st.stats.snapshot())  # as evict_batch does
-    assert evict_rows(context_of(scheduler), [DueRow(req, st, prompt_len)])[0] == prompt_len - cfg.budget
+    assert (
+        evict_rows(context_of(scheduler), [DueRow(req, st, prompt_len)])[0]
+        == prompt_len - cfg.budget
+    )
     assert cache.total_size() == prompt_len
     other = Req(prompt + [7])
     assert match(cache, other).device_prefix_len == prompt_len
