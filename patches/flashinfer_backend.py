@@ -24,7 +24,8 @@ def _unsupported(what: str) -> NotImplementedError:
 
 
 def _fill_paged_indices(updater, req_pool_indices, lens, lens_sum, kv_indptr, kv_indices_out):
-    """Page-level CSR into SGLang's persistent buffers; returns (kv_indptr, kv_indices, last_page_len)."""
+    """Page-level CSR into SGLang's persistent buffers; returns ``(kv_indptr, kv_indices,
+    last_page_len)``."""
     backend = updater.attn_backend
     bs = lens.numel()
     indptr, kv_indices, last = page_indices(

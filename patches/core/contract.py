@@ -45,10 +45,8 @@ HOOKED_PARAMS = {
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("self", "key"),
     "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len": ("self", "input_len"),
-    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept": (
-        "self",
-        "req",
-    ),
+    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator"
+    ".accept": ("self", "req"),
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": (
         "self",
         "obj",

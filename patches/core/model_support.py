@@ -27,7 +27,10 @@ def unsupported_model_reason(model_config) -> str:
     if model_config.attention_arch == AttentionArch.MLA:
         return f"{name} uses multi-head latent attention (MLA), whose KV pool has no per-head K/V"
     if model_config.attention_arch == AttentionArch.SSM or uses_ssm_state(model_config):
-        return f"{name} is a hybrid Mamba / linear-attention model (its recurrent state cannot be evicted)"
+        return (
+            f"{name} is a hybrid Mamba / linear-attention model "
+            "(its recurrent state cannot be evicted)"
+        )
     if getattr(model_config, "is_hybrid_swa", False):
         return f"{name} is a hybrid sliding-window model"
     sliding = _non_full_layers(model_config.hf_text_config)

@@ -7,7 +7,8 @@ import torch
 
 
 def tp_gather(t: torch.Tensor, tp_group, dim: int) -> torch.Tensor:
-    """`t` (per-rank KV heads on `dim`) with every TP rank's heads, on every rank, on `t`'s device."""
+    """`t` (per-rank KV heads on `dim`) with every TP rank's heads, on every rank, on `t`'s
+    device."""
     if tp_group is None or tp_group.world_size == 1:
         return t
     return tp_group.all_gather(t.to(tp_group.device), dim=dim).to(t.device)

@@ -36,7 +36,8 @@ from .prefill import chunk_limit, evicts_in_prefill
 
 @contextmanager
 def _clipped(reqs):
-    """Temporarily clip the remaining `max_new_tokens` of evicting requests to what their KV can grow."""
+    """Temporarily clip the remaining `max_new_tokens` of evicting requests to what their KV can
+    grow."""
     saved = []
     for req in reqs:
         st = state_of(req)
@@ -82,14 +83,18 @@ def _refuse(req, st, message: str, status=HTTPStatus.BAD_REQUEST) -> None:
 def _never_fits(req, pool_tokens: int) -> str:
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
     return (
-        f"this request can never be scheduled: its prefill of {extend} tokens (past a cached prefix of "
-        f"{req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV pool holds with nothing "
-        f"else in it; send a shorter prompt, or evict during prefill (kv_evict prefill_chunk)"
+        f"this request can never be scheduled: its prefill of {extend} tokens (past a cached "
+        f"prefix of {req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV "
+        "pool holds with nothing else in it; send a shorter prompt, or evict during prefill "
+        "(kv_evict prefill_chunk)"
     )
 
 
 def _no_page(what: str, pool_tokens: int) -> str:
-    return f"kv_evict: no free KV page for {what}, with nothing else in the {pool_tokens}-token pool; retry later"
+    return (
+        f"kv_evict: no free KV page for {what}, with nothing else in the {pool_tokens}-token "
+        "pool; retry later"
+    )
 
 
 _ADDER_CLASSES: dict[type, type] = {}
@@ -115,7 +120,8 @@ def adder_class(base: type) -> type:
             st = state_of(req)
             if st is None:
                 return stock
-            # Under the holed radix cache tree-owned tokens leave the row; its own part grows to the cap.
+            # Under the holed radix cache tree-owned tokens leave the row; its own part grows to
+            # the cap.
             own = req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
             return min(stock, max(0, st.cfg.decode_peak - own))
 
@@ -154,7 +160,8 @@ def adder_class(base: type) -> type:
 
         def _defer(self, req, st, what: str, page: str, has_chunked_req) -> None:
             """`req` waits a round: no free page for `what` (`page`: a kind of `shortage.KINDS`;
-            counted, `core/shortage.py`); on an idle pool it never gets one, and ends with HTTP 503."""
+            counted, `core/shortage.py`); on an idle pool it never gets one, and ends with HTTP
+            503."""
             proc = process()
             proc.counters.deferred_admissions += 1
             st.report["deferred_admissions"] = st.report.get("deferred_admissions", 0) + 1

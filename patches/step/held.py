@@ -51,8 +51,8 @@ class NaiveHold:
         self.tree_len = tree_len
 
     def hold(self, pages: torch.Tensor, tree_lock: int, excess: int) -> None:
-        """The request now holds back `pages` (int64 page ids, any device), its lock covers the first `tree_lock`
-        tree tokens, `excess`: pages held beyond Naive-Evict's."""
+        """The request now holds back `pages` (int64 page ids, any device), its lock covers the
+        first `tree_lock` tree tokens, `excess`: pages held beyond Naive-Evict's."""
         self.held, self.tree_lock, self.excess = pages, tree_lock, excess
 
     def release(self) -> torch.Tensor:
@@ -66,7 +66,8 @@ class NaiveHold:
 
 
 def naive_page_count(kept_pos: torch.Tensor, next_pos: int, page_size: int) -> int:
-    """Pages a Naive-Evict cache holds for live tokens at `kept_pos` whose next token is `next_pos`."""
+    """Pages a Naive-Evict cache holds for live tokens at `kept_pos` whose next token is
+    `next_pos`."""
     pages = torch.unique(
         torch.cat([kept_pos // page_size, kept_pos.new_tensor([(next_pos - 1) // page_size])])
     )

@@ -23,15 +23,29 @@ HELP = {
     "live_tokens": "Live KV tokens of running evicting requests.",
     "retained_pages": "KV pages held by running evicting requests.",
     "fragmentation": "1 - live tokens / (retained pages * page size) of running evicting requests.",
-    "naive_excess_pages": "--kv-reclaim naive: pages held beyond Naive-Evict's own footprint (copies of shared tokens).",
+    "naive_excess_pages": (
+        "--kv-reclaim naive: pages held beyond Naive-Evict's own footprint "
+        "(copies of shared tokens)."
+    ),
     "peak_running_requests": "Largest decode batch seen.",
     "peak_retained_pages": "Most KV pages held by evicting requests at once.",
-    "peak_pool_held_tokens": "Most KV pool slots held at once: request rows and locked radix-cache nodes (not reclaimable).",
+    "peak_pool_held_tokens": (
+        "Most KV pool slots held at once: request rows and locked "
+        "radix-cache nodes (not reclaimable)."
+    ),
     "history_hits": "Finished requests that continued from a stored compacted history.",
     "history_tokens_reused": "Logical history tokens those requests did not prefill again.",
-    "deferred_evictions": "Decode evictions put off to a later step: no free KV page for the copies of kept cached tokens.",
-    "deferred_admissions": "Admissions put off a round: no free KV page for a stored view's last page or a retracted row.",
-    "shortage_aborts": "Requests ended with HTTP 503: no free KV page for what they needed, and none would come.",
+    "deferred_evictions": (
+        "Decode evictions put off to a later step: no free KV page for the "
+        "copies of kept cached tokens."
+    ),
+    "deferred_admissions": (
+        "Admissions put off a round: no free KV page for a stored view's last "
+        "page or a retracted row."
+    ),
+    "shortage_aborts": (
+        "Requests ended with HTTP 503: no free KV page for what they needed, and none would come."
+    ),
 }
 
 

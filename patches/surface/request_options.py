@@ -75,7 +75,8 @@ def merged(server: EvictConfig, obj: dict) -> EvictConfig:
 
 
 def before_create_tokenized_object(manager, obj, *args, **kwargs):
-    """BEFORE `TokenizerManager._create_tokenized_object`: reject an invalid `kv_evict` (HTTP 400)."""
+    """BEFORE `TokenizerManager._create_tokenized_object`: reject an invalid `kv_evict` (HTTP
+    400)."""
     sp = getattr(obj, "sampling_params", None)
     custom = sp.get("custom_params") if isinstance(sp, dict) else None
     if isinstance(custom, dict) and KEY in custom:

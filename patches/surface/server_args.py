@@ -6,8 +6,8 @@ keeps declared fields only, so the values are read from the parsed namespace (AF
 `from_cli_args`), validated into an `EvictConfig` together with the SGLang settings they depend
 on, and published as JSON in the environment variable `VTOKEN_CONFIG`, the one way they cross
 processes: scheduler and detokenizer processes are spawned by the launcher and inherit it.
-Python `Engine(...)` users set `VTOKEN_CONFIG` themselves. Any invalid value or combination exits the launcher
-with status 2 and a message that names the flag.
+Python `Engine(...)` users set `VTOKEN_CONFIG` themselves. Any invalid value or combination
+exits the launcher with status 2 and a message that names the flag.
 """
 
 from __future__ import annotations
@@ -168,7 +168,8 @@ def _fail(message: str) -> NoReturn:
 
 
 def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
-    """The validated `EvictConfig` of a parsed SGLang namespace; exits naming the flag if invalid."""
+    """The validated `EvictConfig` of a parsed SGLang namespace; exits naming the flag if
+    invalid."""
     policy = getattr(args, "kv_evict", "none")
     params: dict = {}
     if args.kv_evict_config:
@@ -313,8 +314,9 @@ def check_policy_fits_model(cfg: EvictConfig, args) -> None:
         model_config = {**hf.get_text_config().to_dict(), "model_type": hf.model_type}
     except Exception as e:  # any reason the config cannot be read: refuse rather than guess
         _fail(
-            f"argument --kv-evict-config: cannot read the config of --model-path {args.model_path!r} "
-            f"to check the {cfg.policy} checkpoint against it ({type(e).__name__}: {e})"
+            "argument --kv-evict-config: cannot read the config of --model-path "
+            f"{args.model_path!r} to check the {cfg.policy} checkpoint against it "
+            f"({type(e).__name__}: {e})"
         )
     try:
         check(model_config)
@@ -329,7 +331,8 @@ def select_radix_backend(server_args, cfg: EvictConfig) -> None:
     if backend == radix.NAME:
         if getattr(server_args, "disable_radix_cache", False):
             _fail(
-                f"argument --radix-cache-backend: {radix.NAME} cannot run with --disable-radix-cache"
+                f"argument --radix-cache-backend: {radix.NAME} cannot run with "
+                "--disable-radix-cache"
             )
     elif backend is None and cfg.enabled and not getattr(server_args, "disable_radix_cache", False):
         server_args.radix_cache_backend = radix.NAME
