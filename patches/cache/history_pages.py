@@ -1,28 +1,11 @@
 """Compacted histories at page size > 1: a stored view owns whole pages, not per-position slots.
 
-After a repack a page holds kept tokens of non-contiguous logical positions, so a holed node's
-value cannot say which slot holds which position. At page size > 1 a stored history is instead
-(`node.vt` is its `history.NodeRecord`):
-
-    node.key           logical ids [attach, end), end = attach + whole pages of the history
-    node.vt.view.tail  logical ids [end, total): the view also covers them; a match must
-                       continue with them (keys stay page-aligned, as SGLang's paged tree needs)
-    node.value         all -1 (holes): no slot is owned per position
-    node.vt.pages      slots of the whole pages the node owns (the row's private pages at
-                       finish), kept on the host so that the eviction step frees them without
-                       reading the device; the view's other pages are owned by ancestors on
-                       its path (the hole-free prompt, earlier turns' views), which outlive it
-    node.vt.view       the finished row (positions, slots, attach), as at page size 1
-
-    row at finish  | tree-owned whole pages [0, cpl) | private pages [cpl, row_len) ...|
-                     ancestors' pages                  -> node.vt.pages (last page partial)
-
-A next turn gets the view as its prefix. The view's partial last page is copied on write into a
-fresh page of the new request when it is admitted (`own_tail`): the prefill continues in that page, never in the
-tree's. A turn that continued a view cut short (its prompt left the stored history at a
-differing id) stores its row on a new branch; the cut view's pages it still uses move up to the
-two branches' common ancestor (`rehome`). Sizes count owned slots (`history.live`), so SGLang's
-pool checks hold.
+A node's key ends at the history's last whole page (holes only: value -1 throughout), the ids
+past it are the view's tail, which a match must continue with, and the node owns the row's
+private pages (`node.vt.pages`, kept on the host so the eviction step frees them without reading
+the device); the view's other pages belong to its ancestors. The view's partial last page is
+copied on write into a new request's own page at admission (`own_tail`). Sizes count owned slots
+(`history.live`). Design: docs/design.md, "Compacted histories at page size > 1".
 """
 
 from __future__ import annotations

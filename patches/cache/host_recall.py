@@ -1,25 +1,13 @@
 """Recall (`recall > 0`): tokens of a stored history's host store (`host_tier.py`) come back into
-the row of a turn that needs them.
+the row of a turn that needs them (a request's `Recall`, `st.recall`).
 
-A turn continuing a view with a host store is prefilled in two chunks
-(`sgl_vtoken.recall.split`, forced at admission: `prefill.chunk_limit`; with `prefill_chunk`, the
-prompt's last chunk is the one split, and this prefill's victims are candidates too). The first chunk's last
-`obs_window` queries score the store's candidates (`sgl_vtoken.recall`, in `scores.py`). Between
-the chunks (`recall_prompt`, after SGLang stashed the first) the best `recall` come back: slots
-(page-dense at page size > 1), K/V written from the host, joined to the row at their original
-positions, and kept for the rest of the turn (`Recall.pinned`, must-keep like sinks); the first
-chunk's tail from `back` on is dropped, and the second chunk recomputes it with them visible::
-
-    row before   | view | new [start, back) | new [back, end) |          (chunk 1, then stashed)
-    row after    | view | new [start, back) | recalled | new [back, total) ...  (chunk 2)
-
-With `recall_rounds` R > 1 the second chunk ends again at the window's end (`n` entries later):
-its window, now computed with the recalled tokens visible, scores the candidates left, and the
-next ``recall // R`` join after the ones before (the last round takes what is left of `recall`),
-R cuts in all; a round that brings nothing back ends them.
-
-When the turn ends they leave the row before it is stored (`drop_recalled`). A request's part
-of this is its `Recall` (`st.recall`).
+A turn continuing a view with a host store is prefilled in two chunks (`begin_turn`; the cut is
+forced at admission, `prefill.chunk_limit`). The first chunk's last `obs_window` queries score
+the candidates (`scores.py`); between the chunks (`recall_prompt`) the best `recall` are written
+back and join the row at their original positions, pinned for the turn, and the second chunk
+recomputes the first one's tail with them visible (with `recall_rounds`, round after round). When
+the turn ends they leave the row before it is stored (`drop_recalled`). Design: docs/design.md,
+"Host tier and recall".
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
-"""The host tier: evicted tokens' K/V kept in host memory, recalled when a new turn needs them
-(`host_recall.py`).
+"""The host tier: evicted tokens' K/V kept in host memory (`offload`), recalled when a new turn
+needs them (`host_recall.py`); one `HostTier` per scheduler process, on the process object.
 
-With `offload` an eviction copies its victims' K/V, every layer, to host memory
-before their slots are freed: one `Chunk` per row and step, gathered for all rows of the step
-at once and copied to the host in one transfer per K and V. On CUDA the copies are asynchronous,
-into pinned memory, on the stream that then repacks (so they read the victims before any move
-or later forward overwrites them); a chunk's host tensors are read only after its event
-(`Chunk.wait`). Chunks are immutable and counted by reference; their owners are
-
-    a running request      `st.host.chunks` (`HostChunks`): its history's chunks (taken at its
-                           first forward, `take_store`), then its own evictions'
-    a stored history       the store of the radix node holding its view (`HostTier.store_of`):
-                           the finished request's chunks move there (`store`); released with the
-                           view (the node evicted by the tree's LRU, the view punched or
-                           dropped, a flush)
-
-so a chunk lives while some view or request can still recall it. The server-wide capacity is
-`host_tokens` (`HostTier`): when an offload does not fit, the stores of the least recently used
-stored histories are released first, then the victims that still do not fit are dropped
-(counted as `offload_dropped_tokens`).
+An eviction copies its victims' K/V, every layer, to the host before their slots are freed: one
+immutable, reference-counted `Chunk` per row and step, asynchronous into pinned memory on CUDA
+(read only after its event, `Chunk.wait`). A chunk's owners are a running request
+(`st.host`, `HostChunks`) and a stored history's view (`HostTier.store_of`); it lives while one
+of them can recall it. Over the `host_tokens` cap the least recently used histories' stores go
+first. Design: docs/design.md, "Host tier and recall".
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
-"""Radix cache with holes: evicting requests share their prompts, drop shared tokens from their
-own view, and leave their compacted history in the tree when they finish, so that a next turn
-extending that history continues from it.
+"""Radix cache with holes (`--radix-cache-backend vtoken`, chosen automatically with a server
+policy): SGLang's Python `RadixCache` whose nodes may hold holes (value -1 where a token was
+evicted), so evicting requests share their prompts, drop shared tokens from their own view, and
+leave their compacted history in the tree for a next turn to continue from.
 
-Registered as `--radix-cache-backend vtoken` (chosen automatically with `--kv-evict`). It is
-SGLang's Python `RadixCache` plus:
-
-    key     the full logical token ids (evicted tokens' ids stay: kept tokens' KV depends on them)
-    value   one slot per logical position, -1 where the token was evicted (a hole)
-    space   hole-free prefix (shared by everyone) -> holed suffix under the namespace
-            `extra_key|EvictConfig.history_namespace()` (other settings never see it)
-    view    the node where a history ends records the finishing row: (positions, slots)
-
-    turn 1  | system prompt (hole-free) | user . . reply . . |      "." evicted, -1 in the value
-    turn 2  matches the turn-1 view: row = view slots, prefill = the new tokens only,
-            RoPE offset = logical length - view length; evicting drops old tokens from the view
-
-Sizes count live slots, so SGLang's pool checkers hold. Slots nobody else can reach are freed
-as soon as possible: those a running turn drops from the view it continued (`release_dropped`),
-and, when a history is stored, the older ancestors' slots its view no longer uses (`punch`); how
-histories are stored, found and freed is `history.py` (per position, page size 1) and
-`history_pages.py` (by whole pages, page size > 1: the view's partial last page is copied on
-write into the next turn's own page). Only requests under eviction take the holed paths
-(`reuse_history: false` keeps prompt sharing and stores no history); every other request is
-served exactly as by `RadixCache`. What a request's match found, the view it continues, is its
-`Prefix` (`st.prefix`); a retracted request's match is `st.retract.resume` (step/retraction.py).
+Keys stay the full logical ids; holed nodes live under a namespace per eviction setting, so
+every other request is served exactly as by `RadixCache`. Sizes count live slots, so SGLang's
+pool checkers hold. A request's match is its `Prefix` (`st.prefix`); histories are stored by
+`history.py` (page size 1) and `history_pages.py` (page size > 1). Design: docs/design.md,
+"Prefix sharing under eviction".
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Which models and pools eviction can serve, decided from the model config before weights load.
 
-Eviction compacts rows of a plain per-layer K/V pool (`MHATokenToKVPool`: `k_buffer` and
-`v_buffer`, one tensor per layer) and keeps RoPE positions per token. Refused, with the reason:
-
-    MLA (DeepSeek-V2/V3, Kimi, ...)        one latent buffer per layer (`kv_buffer`), no K/V heads
-    sliding-window / chunked layers        the window is counted in row entries, not positions
-    hybrid Mamba / linear attention        recurrent state next to the KV cannot be evicted
-    multimodal M-RoPE                      3-D positions: one offset per token does not describe them
-    encoder-decoder, non-generation        nothing is decoded against a growing self-attention cache
-
-The launcher checks the served model when a server policy is set (exit 2, before weights load);
-a `--kv-evict none` server checks only when a request asks for eviction (HTTP 400), so a server
-that never evicts reads nothing it would not read anyway.
+Eviction compacts rows of a plain per-layer K/V pool (`MHATokenToKVPool`) and keeps RoPE
+positions per token: MLA, sliding-window or chunked layers, hybrid Mamba / linear attention,
+M-RoPE and encoder-decoder models are refused, with the reason (docs/design.md, "Model
+support"). The launcher checks the served model when a server policy is set (exit 2); a
+`--kv-evict none` server checks only when a request asks for eviction (HTTP 400). `peak_problem`:
+when an evicting request's peak does not fit the pool.
 """
 
 from __future__ import annotations

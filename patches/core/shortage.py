@@ -1,31 +1,11 @@
-"""Shortages of free KV pages the plugin meets under memory pressure, and what it does instead of
-failing. Nothing of them raises into SGLang's scheduler loop (where any exception ends the
-server); each is counted server-wide (`/get_server_info`, and Prometheus for `VTokenCounters`
-fields), per request (`meta_info["kv_evict"]`), and logged once per kind at warning level.
+"""Shortages of free KV pages the plugin meets under memory pressure (`Shortages`, on the process
+object), and what it does instead of failing. Nothing raises into SGLang's scheduler loop: each
+shortage is counted by the caller, tallied here by where it was met (`PATHS`) and logged once per
+kind (`MESSAGES`). Kinds, fallbacks and counters: docs/design.md, "Page shortages".
 
-    kind               where                     instead                           counted in
-    eviction_deferred  step/eviction.py          the row is evicted at a later     deferred_evictions (server,
-                       (decode)                  step; meanwhile it holds up to    request)
-                                                 `interval` tokens more
-    prefill_aborted    step/prefill.py           the request ends with HTTP 503    shortage_aborts (server)
-                                                 naming the shortage; the server
-                                                 goes on
-    admission_deferred step/admission.py         the request waits a round; on an  deferred_admissions (server,
-                       (a stored view's last     idle pool, where no page would    request), shortage_aborts
-                       page; a retracted row     ever come, it ends with HTTP 503  (server)
-                       written back)
-    recall_skipped     cache/host_recall.py,     the turn goes on without its      skipped_recalls (host tier),
-                       step/scores.py            recalled tokens                   recall_skipped_tokens (request)
-
-Every shortage met is also tallied by where it was met (`PATHS`; `/get_server_info`'s
-`shortages`, e.g. `{"admission_deferred:tail": 3}`), with those forced for testing apart
-(`forced:` before the path), so a stress run shows which paths real pressure reached.
-
-Testing: with `VTOKEN_TEST_SHORTAGE=<prefix>` in a server's environment when its scheduler
-starts, every page the plugin asks for on behalf of a request whose id starts with `<prefix>` is
-refused (`Shortages.refused`), so tests drive each path on demand, as SGLang's
-`SGLANG_TEST_RETRACT` does for retraction. An id `<prefix><kind>-...` (a kind of `KINDS`) is
-refused that kind of page only. The tally lives on the process object (`process.py`).
+Testing: with `VTOKEN_TEST_SHORTAGE=<prefix>` in a scheduler's environment when it starts, every
+page asked for on behalf of a request whose id starts with `<prefix>` is refused
+(`Shortages.refused`; an id `<prefix><kind>-...` is refused that kind of page only, `KINDS`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""Budget-aware admission (splice rule 5, docs/design.md): an evicting request never holds more than
-`budget + interval + page_size` tokens of KV, so it reserves at most that, not
-`prompt + max_new_tokens`, and `max_new_tokens` is no longer clipped by pool memory.
+"""Budget-aware admission (splice rule 5): a `PrefillAdder` subclass (AROUND
+`Scheduler.get_prefill_adder_class`), `max_new_tokens` clipped by the context length only
+(`init_req_max_new_tokens`) and a shared prefix capped on a stock radix cache
+(`Req._compute_max_prefix_len`).
 
-    reserved for a running request      min(stock estimate, cap - own)
-    reserved for a new request          extend + min(max_new, cap - own)
-    cap = budget + interval + page_size
-    chunk ends at budget + prefill_chunk (eviction during prefill, `prefill.py`): SGLang reserves
-          for the chunk it runs, so a prefill never reserves more than that peak
-    own = the row's tokens not owned by the radix tree (under the holed cache the tree-owned
-          ones, a cached prompt or a stored history's view, leave the row as it evicts, and the
-          request's own tokens replace them up to the cap); the whole row otherwise
-
-SGLang admits a request only if `extend + max_new + page_size` is below the free and evictable
-slots (`PrefillBudget.check_prefill`), `extend` being the whole uncached prompt even when the
-prefill is chunked. A request refused on an idle pool (nothing running or admitted, every slot
-free, evictable or its own prefix's) is refused at every pass, and FCFS stops at it: the queue
-starves while the scheduler spins. So a request evicted during prefill (which never holds more
-than the prefill peak) asks at most what an idle pool offers, and any other request refused on
-an idle pool is finished with HTTP 400 (with or without eviction: stock SGLang spins there too,
-docs/upstream-admission-livelock.md).
+An evicting request reserves at most its decode peak, `budget + interval + page_size` of its own
+tokens, not `prompt + max_new_tokens`, and a chunk evicted during prefill ends at the prefill
+peak. A request refused on an idle pool would be refused at every pass and hold up the queue: it
+asks at most what an idle pool offers when evicted during prefill, else ends with HTTP 400.
+Reservations and reasons: docs/design.md, "Admission".
 """
 
 from __future__ import annotations

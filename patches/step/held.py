@@ -1,26 +1,11 @@
 """`--kv-reclaim naive`: the Naive-Evict baseline inside the same server, for benchmarks.
 
-Naive-Evict drops the same victims from attention but never moves a token, so a page returns to
-the pool only when every token on it is dead. Its footprint is therefore the number of distinct
-pages among live tokens: a token at logical position p sits on the request's page p // page_size
-(plus the page the next token goes to). The server computes exactly that and holds back, out of
-the pages vToken compaction would free, as many as Naive-Evict could not free. The KV layout is
-the compacted one (same attention, same outputs); only the pool sees Naive-Evict's footprint.
-
-Prompts are cached and shared as in vToken mode (same victims, same caching): tree-owned tokens
-leave the row's view the same way, but Naive-Evict keeps its lock on the shared pages up to the
-last one with a live token instead of moving it to the whole-page prefix. At page size > 1 the
-compacted layout copies kept tokens of partly kept shared pages into the request's own pages,
-which Naive-Evict would not do; when packing does not save as many pages as those copies cost,
-the emulation holds more than Naive-Evict would, and says how much (`naive_excess_pages`).
-
-Held pages are counted as the request's own in SGLang's pool accounting (`kv_private_tokens`),
-returned when Naive-Evict would free them, and all freed when the request releases its KV.
-`kv_private_tokens` gets only the request's `ReqKvInfo`, a slotted dataclass that takes no new
-attribute, so a request under Naive-Evict at page size > 1 gets, when it is created, a
-`ReqKvInfo` subclass with one more slot, `held_for`: its `ReqEvictState`, whose held pages
-(`st.naive`, a `NaiveHold`) are the count (`count_held`). The pages stay counted wherever SGLang
-keeps that record.
+Same victims, same compacted KV and outputs; only the pool sees Naive-Evict's footprint: out of
+the pages compaction frees, the server holds back (`NaiveHold`, `st.naive`) as many as
+Naive-Evict could not free (a page returns only when every token on it is dead). Held pages
+count as the request's own in SGLang's memory checks (at page size > 1 through a `ReqKvInfo`
+subclass with a `held_for` slot, `count_held`), and all go back when the request releases its
+KV. Design: docs/design.md, "Naive-Evict inside the server".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""How an evicting row gives memory back: one strategy per request, chosen from its settings when
-the request is made (`reclaim_for`), so the step (`eviction.py`) does not branch on page size and
-reclaim mode inside its loops.
-
-    strategy      settings                the tree's part (holed rows)          memory
-    Slots         page_size 1             release its history's dropped slots,  dead slots freed
-                                          else relock to the kept depth
-    Pages         page_size > 1, vtoken   relock to the last whole page kept;   whole pages freed
-                                          release its history's unused pages
-    NaivePages    page_size > 1, naive    keep the lock (held.py);              Naive-Evict's
-                                          release its history's unused pages    pages held back
-
-At page size 1 the step's undo record (`retraction.py`) is saved before the row changes, so a
-retraction in the same step resumes from the row as it was; at page size > 1 the repack writes
-over that row, which the record says (a retraction under the overlap scheduler then re-prefills).
+"""How an evicting row gives memory back: one strategy per request (`Slots` at page size 1,
+`Pages` above, `NaivePages` under `--kv-reclaim naive`), chosen from its settings when the
+request is made (`reclaim_for`), so the step (`eviction.py`) does not branch on page size and
+reclaim mode inside its loops. Each strategy does the tree's part of a holed row (relock,
+release its history's unused slots or pages) and says what of the freed memory goes back now.
+Table: docs/design.md, "Reclaim strategies".
 """
 
 from __future__ import annotations

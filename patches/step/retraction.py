@@ -1,36 +1,12 @@
-"""Retraction keeps what was evicted: a retracted evicting request resumes from its compacted
-row, so its output stays the masked-reference output, at every page size.
+"""Retraction keeps what was evicted: a retracted evicting request resumes from its compacted row
+(its `Retraction`, `st.retract`), so its output stays the masked-reference output.
 
-SGLang retracts a decoding request under memory pressure by freeing its row and re-prefilling
-its ids later with full attention: the tokens it had evicted would come back. Instead:
-
-    retract   the row's live K/V (every layer) and positions are copied to host memory (the
-              stash); SGLang frees the row as usual, so the device memory is really released
-    resume    when the radix cache matches the request again (`resume`), the stash is written
-              back into fresh slots and inserted into the tree as a holed view under a namespace
-              of its own (page size 1: a slot per position; page size > 1: whole pages, as a
-              stored history's view, `history_pages.py`), and the request continues from it
-              like a turn continuing from a stored history (`radix.py`): only the last output
-              token, which had no KV yet, is prefilled
-    blocked   if the pool cannot hold the view yet, the request is not admitted this round
-
-Which row is stashed depends on the step SGLang drops (the eviction ran earlier in the same
-`update_running_batch`):
-
-    scheduler   last output id       stashed row                     policy state
-    no overlap  has no KV yet        the row now (this step's        as now
-                                     eviction stands)
-    overlap     has KV, computed by  the row before this step's      back to this step's start
-                the in-flight step   eviction (`undo_step`), its     (`StepUndo`); the eviction
-                SGLang drops         last entry left out             is redone after the resume
-
-Under the overlap scheduler at page size > 1 a step that evicted has moved kept tokens onto the
-slots of evicted ones: the row before it is gone, and that request is re-prefilled with full
-attention (`meta_info["kv_evict"]` says `"retracted_reprefill": true`; so is every request under
-`--kv-reclaim naive`, whose held pages a resumed row would not keep). A request retracted before
-its first eviction is re-prefilled as usual: its KV is full attention, so recomputing it is
-exact. A request keeps all of this in its `Retraction` (`st.retract`); the stash is dropped
-once the request decodes again.
+BEFORE `release_req` the row's live K/V and positions are copied to host memory (the stash);
+when the radix cache matches the request again (`resume`) the stash is written into fresh slots
+as a holed view under a namespace of its own, and the request continues from it like a turn
+from a stored history, prefilling only its last output token; AFTER `prepare_for_extend` it gets
+its real outputs back. Which row is stashed (overlap scheduler: the one before this step's
+eviction, `undo_step`) and when a request is re-prefilled instead: docs/design.md, "Retraction".
 """
 
 from __future__ import annotations
@@ -182,8 +158,8 @@ def undo_step(st) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def stash_row(req, st, tree_cache) -> RetractStash | None:
     """Copy the row the request resumes from (K/V of every layer, positions) to host memory, and
-    put its policy state back to that moment (module docstring). Returns None when that row is
-    gone (overlap scheduler, page size > 1, this step evicted): re-prefilled then.
+    put its policy state back to that moment (docs/design.md, "Retraction"). Returns None when
+    that row is gone (overlap scheduler, page size > 1, this step evicted): re-prefilled then.
 
     Overlap scheduler: the last output id was the input of the in-flight step, which SGLang
     drops; the resume prefills it again over the row it was first computed over, the row before

@@ -1,34 +1,12 @@
 """Attention statistics for H2O, TOVA and Scissorhands, which fused attention never exposes.
 
-AROUND every `RadixAttention.forward`: after the layer's attention ran (and wrote this step's K
-into the cache), the probabilities of each scored request's queries over its row are recomputed
-from the same post-RoPE q and cached keys, summed over the query heads of each KV group, and
-staged per request as ``[q, n, layers, kv_heads]``:
-
-    decode   the one new query over the row it attended to (kept tokens + itself); the whole
-             batch at once, one score launch per scored layer into a buffer sized by the
-             batch's rows, each request's block a view of it (`sgl_vtoken.decode_scores`)
-    prefill  the last `obs_window` prompt queries, causally (SnapKV-style observation window);
-             with chunked prefill each chunk stages the window's queries that fall in it, over
-             the row as far as the chunk reaches, and all blocks are folded in order
-    recall   a turn with host-tier candidates (`host_recall.py`, any policy): the last
-             `obs_window` queries of its first prefill chunk, their mass on the candidates,
-             scored over the row and the candidates together
-             (`sgl_vtoken.recall.candidate_mass`), summed into its `RecallPlan`; the policy
-             stages nothing from that chunk (its window is recomputed by the second chunk, whose
-             last `obs_window` queries are the prompt's observation window)
-
-The eviction hook folds the staged block into the request's accumulator (`sgl_vtoken.stats`;
-both are its `Stats`) before choosing victims, so a choice at step t uses every query up to t - 1,
-as in H2O. The statistics are row-indexed: they follow the row through `select(keep)` (they move
-with the KV) and vanish with the evicted tokens. With tensor parallelism each rank scores its own KV heads;
-the eviction hook gathers all heads over the TP group first, so every rank sees the same scores
-and evicts the same tokens. Blocks and statistics stay on the pool's device: nothing here or in
-the eviction step copies them to the host.
-
-The score kernel takes the attention's log-sum-exp where the backend offers it (`offer_lse`,
-`vtoken_flashinfer`) and recomputes it otherwise. On CUDA scoring runs eagerly, so decode CUDA
-graphs must be off (checked at start-up).
+AROUND every `RadixAttention.forward`: after the layer's attention, the probabilities of each
+scored request's queries over its row are recomputed from the same q and cached keys, summed per
+KV group and staged per request (`Stats`): at decode the batch's new queries, one launch per
+layer; at prefill the last `obs_window` prompt queries; for recall a first chunk's window's mass
+on the host candidates (`RecallPlan`). The eviction step folds the staged blocks before it
+chooses, so a choice at step t sees every query up to t - 1. Blocks and statistics stay on the
+pool's device. Details: docs/design.md, "Attention statistics".
 """
 
 from __future__ import annotations

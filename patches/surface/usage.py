@@ -1,17 +1,10 @@
 """What the API reports for an evicting request: counts of the prompt as sent, and the eviction
-figures next to the usage.
+figures next to the usage (splice rule 12).
 
-- `prompt_tokens` counts the logical prompt (what the client sent), `cached_tokens` the logical
-  prompt tokens that were not prefilled (and so do the Prometheus counters, which read the same
-  figures and the device part of the cache breakdown). A turn that continues from a stored compacted history
-  holds the history's live tokens in row coordinates (`history.adopt`); SGLang would otherwise
-  report that shorter row.
-- `meta_info["kv_evict"]` (`/generate`) is request-level: SGLang sends such a value once, with the
-  first chunk of a stream, when nothing has been evicted yet. Streams carry it with their final
-  chunk instead.
-- OpenAI `usage` gains `kv_evict` (the same figures; summed over choices when `n > 1`) when the
-  request evicted. Standard clients ignore unknown usage fields (the `openai` client keeps them in
-  `usage.model_extra`). Streams report it in the usage chunk (`stream_options.include_usage`).
+`prompt_tokens` counts the logical prompt and `cached_tokens` its tokens not prefilled (a turn
+continuing a stored history holds its prompt in row coordinates); `meta_info["kv_evict"]`
+travels with a stream's final chunk, not its first; OpenAI `usage` gains `kv_evict` when the
+request evicted (summed over choices). Details: docs/design.md, "Usage".
 """
 
 from __future__ import annotations
