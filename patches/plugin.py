@@ -11,7 +11,8 @@ A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 REQ = "sglang.srt.managers.schedule_batch.Req"
 
-# (target, hook, type): the whole splice, in one table. `contract.py` checks each target exists.
+# (target, hook, type): the whole splice, in one table. `core/contract.py` checks each target
+# exists.
 HOOKS = (
     ("sglang.srt.server_args.ServerArgs.add_cli_args", server_args.add_cli_args, A),
     ("sglang.srt.server_args.ServerArgs.from_cli_args", server_args.from_cli_args, A),
