@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_vtoken.kernels import repack_kv_
-from sgl_vtoken.planner import plan_eviction
 from sgl_vtoken.recall import dedupe, pick, round_quota, split, turn_rounds
+from sgl_vtoken.step import KVPoolView, apply, plan_keep
 
 from ..core.process import process
 from ..core.state import state_of
@@ -270,34 +269,28 @@ def _row_slots(scheduler, row: torch.Tensor, n: int, alloc) -> torch.Tensor | No
 
 def drop_recalled(req, tree) -> None:
     """A finished request's recalled tokens leave its row before it is stored (the view keeps
-    what the policy kept, and the host store still has them): one plan as an eviction makes
-    (`plan_eviction`: compaction at page size > 1), applied and freed here, before SGLang
+    what the policy kept, and the host store still has them): planned as an eviction is
+    (`step.plan_keep`: compaction at page size > 1), applied and freed here, before SGLang
     reads the row's lengths."""
     st = state_of(req)
     if st is None or st.recall.pinned is None or not req.kv.holds_kv:
         return
     kv, ps = req.kv, tree.page_size
     committed, allocated = kv.kv_committed_len, kv.kv_allocated_len
-    req_to_token = tree.req_to_token_pool.req_to_token
-    row = req_to_token[kv.req_pool_idx, :allocated].to(torch.int64)
     positions = st.row.positions(committed)
-    keep = (~torch.isin(positions, st.recall.pinned)).nonzero().flatten()
+    kept = ~torch.isin(positions, st.recall.pinned)  # [committed] bool
     st.recall.pinned = None
-    if keep.numel() == committed and allocated == committed:
+    if bool(kept.all()) and allocated == committed:
         return
-    plan = plan_eviction(row.cpu(), keep, cpl=kv.cache_protected_len, page_size=ps)
+    mask = torch.zeros(allocated, dtype=torch.bool)  # entries past `committed` leave too
+    mask[:committed] = kept
     allocator = tree.token_to_kv_pool_allocator
-    if plan.num_moved:
-        kvcache = allocator.get_kvcache()
-        repack_kv_(
-            kvcache.k_buffer, kvcache.v_buffer, plan.src.to(row.device), plan.dst.to(row.device)
-        )
-    if plan.row_slots.numel():
-        req_to_token[kv.req_pool_idx, plan.row_start : plan.new_len] = plan.row_slots.to(
-            req_to_token
-        )
-    if plan.num_freed_pages:
-        freed = plan.freed_pages.to(row.device)
-        (allocator.free if ps == 1 else allocator.free_page_ids)(freed)
+    kvcache = allocator.get_kvcache()
+    view = KVPoolView(tree.req_to_token_pool.req_to_token, kvcache.k_buffer, kvcache.v_buffer, ps)
+    d = plan_keep(view, [kv.req_pool_idx], [mask], [kv.cache_protected_len])
+    out = apply(d, view)  # KV moves, then the row write
+    if out.freed.numel():
+        (allocator.free if ps == 1 else allocator.free_page_ids)(out.freed)
+    keep = kept.nonzero().flatten()
     st.row.keep(positions[keep], committed - keep.numel())
-    kv.kv_committed_len = kv.kv_allocated_len = plan.new_len
+    kv.kv_committed_len = kv.kv_allocated_len = d.new_length(0)

@@ -20,8 +20,14 @@ import re
 import sys
 from typing import NoReturn
 
-from sgl_vtoken.config import ENV_VAR, EvictConfig, flag_of, policy_from_config, setting_keys
-from sgl_vtoken.planner import RECLAIM_MODES
+from sgl_vtoken.config import (
+    ENV_VAR,
+    RECLAIM_MODES,
+    EvictConfig,
+    flag_of,
+    policy_from_config,
+    setting_keys,
+)
 from sgl_vtoken.policies import POLICIES, SharingAware
 
 from ..cache import radix
@@ -180,20 +186,20 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         if not isinstance(params, dict):
             _fail("argument --kv-evict-config: must be a JSON object")
     top = {k: params.pop(k) for k in SERVER_PARAMS if k in params}
-    page_size = getattr(args, "page_size", None) or 1
+    flags = dict(
+        budget=args.kv_budget,
+        sink=args.kv_sink,
+        window=args.kv_window,
+        interval=args.kv_evict_interval,
+        reclaim=args.kv_reclaim,
+        page_size=getattr(args, "page_size", None) or 1,
+    )
     if policy == "none":
         if params or top:
             _fail("argument --kv-evict-config: needs --kv-evict other than 'none'")
         # No eviction by default; the other flags are the defaults of per-request `kv_evict`.
         try:
-            return EvictConfig(
-                budget=args.kv_budget,
-                sink=args.kv_sink,
-                window=args.kv_window,
-                interval=args.kv_evict_interval,
-                reclaim=args.kv_reclaim,
-                page_size=page_size,
-            )
+            return EvictConfig(**flags)
         except ValueError as e:
             _fail_naming_flag(e)
     problem = unsupported_reason(args)
@@ -204,19 +210,7 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
     if args.kv_budget is None:
         _fail(f"argument --kv-budget: required with --kv-evict {policy}")
     try:
-        cfg = EvictConfig.from_dict(
-            dict(
-                policy=policy,
-                budget=args.kv_budget,
-                sink=args.kv_sink,
-                window=args.kv_window,
-                interval=args.kv_evict_interval,
-                reclaim=args.kv_reclaim,
-                page_size=page_size,
-                params=params,
-                **top,
-            )
-        )
+        cfg = EvictConfig.from_dict(dict(policy=policy, **flags, params=params, **top))
         policy_from_config(cfg)  # the policy's parameters: validated once, here
     except ValueError as e:
         _fail_naming_flag(e)

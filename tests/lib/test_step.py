@@ -264,27 +264,3 @@ def test_plan_keep_equals_the_per_row_planner_for_explicit_masks(batch):
         pool.view.k_buffers + pool.view.v_buffers, ref_pool.view.k_buffers + ref_pool.view.v_buffers
     ):
         assert torch.equal(mine, theirs), "KV bytes differ"
-
-
-@settings(max_examples=30, deadline=None)
-@given(keep_masks())
-def test_the_old_plan_eviction_name_plans_through_plan_keep(batch):
-    """`sgl_vtoken.planner.plan_eviction` (kept for patches/cache/host_recall.py until it calls
-    `plan_keep`; delete this test with that module) equals the per-row planner."""
-    from sgl_vtoken.planner import plan_eviction as old_name
-
-    ps, seed, specs = batch
-    pool, masks = _keep_rows(ps, seed, specs)
-    for b, ((cpl, _, _), mask) in enumerate(zip(specs, masks)):
-        row = pool.view.req_to_token[b, : mask.numel()].to(torch.int64)
-        keep = mask.nonzero().flatten()
-        got, want = (
-            old_name(row, keep, cpl=cpl, page_size=ps),
-            plan_eviction(row, keep, cpl=cpl, page_size=ps),
-        )
-        assert got.new_len == want.new_len and torch.equal(got.freed_pages, want.freed_pages)
-        assert torch.equal(got.src, want.src) and torch.equal(got.dst, want.dst)
-        new_got, new_want = row.clone(), row.clone()
-        new_got[got.row_start : got.new_len] = got.row_slots
-        new_want[want.row_start : want.new_len] = want.row_slots
-        assert torch.equal(new_got[: got.new_len], new_want[: want.new_len])
