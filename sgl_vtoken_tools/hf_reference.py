@@ -4,9 +4,11 @@ the server keeps, with every token at its original position.
 Every query runs with a per-query 4-D attention mask, so each token's hidden states (and
 therefore its cached K/V) are computed with the keys that were live when that token was decoded: prompt tokens causally (the prompt is prefilled whole, or chunk by chunk with
 `prefill_chunk`, each chunk over the row kept after the previous one), decode token `t` with
-the row kept at step `t` plus itself. Victims are chosen by the library policy from the same
-inputs the server gives it (positions, post-RoPE keys, values, rid, eviction step), so the
-oracle replays the server's decisions without reading them from the server.
+the row kept at step `t` plus itself. Victims are chosen by the `policy` and `recall` objects
+the caller passes (:class:`RequestPolicy`, :class:`RecallRule`) from the inputs the server has
+(positions, post-RoPE keys, values, every layer's attention, rid, eviction step), without
+reading them from the server: the exactness tests pass the independent oracles of
+`tests/oracles`; the default, `sgl_vtoken_tools.runtime_choice`, is the runtime's own code.
 
 The model is a `transformers` causal LM loaded in fp32 with `attn_implementation="eager"` (the
 attention policies read its attention probabilities): :func:`load_model`. Prompt chunks are
@@ -18,14 +20,63 @@ once, under the mask of its own step. Meant for tests and short cross-checks.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Protocol
 
 import torch
 
-from sgl_vtoken.config import EvictConfig, policy_from_config
-from sgl_vtoken.recall import candidate_mass, pick, round_quota, split, turn_rounds
-from sgl_vtoken.rng import stable_id
-from sgl_vtoken.types import TokenView
+from sgl_vtoken.config import EvictConfig
+
+
+class RequestPolicy(Protocol):
+    """One request's victim chooser (it holds the request's statistics and eviction count)."""
+
+    needs: frozenset[str]  # what `keep` reads: "attn" (via `observe`), "keys", "values"
+
+    def observe(self, row: list[int], probs: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Fold queries' attention ``probs [q, n, layers, kv_heads]`` (every layer, summed over
+        each KV head's query heads) over the `row` positions; ``lengths [q]``: the row entries
+        each query attends (the first ones; zeros beyond)."""
+
+    def keep(
+        self,
+        row: list[int],
+        shared: list[bool],
+        keys: torch.Tensor | None,
+        values: torch.Tensor | None,
+        budget: int,
+    ) -> list[int]:
+        """One eviction of the `row` positions to `budget`: ascending row indices kept; the
+        `shared` entries (tree-owned, recalled) must be. Keys and values ``[n, layers, kv_heads,
+        d]`` (post-RoPE) when `needs` them."""
+
+
+class RecallRule(Protocol):
+    """The host tier's recall: where a recalling prefill is cut, the rounds, which come back."""
+
+    def split(self, cfg: EvictConfig, prefix: int, total: int) -> tuple[int, int] | None: ...
+
+    def rounds(self, cfg: EvictConfig) -> int: ...
+
+    def quota(self, cfg: EvictConfig, done: int, last: bool) -> int: ...
+
+    def choose(self, cfg: EvictConfig, layers: list, lengths: torch.Tensor, k: int) -> list[int]:
+        """Indices of the `k` candidates recalled; `layers`: ``(queries [nq, hq, d], scale,
+        row_keys [n, hkv, d], cand_keys [c, hkv, d])`` of every layer in order."""
+
+
+PolicyFactory = Callable[[EvictConfig, str], RequestPolicy]
+
+
+def _choice(policy: PolicyFactory | None, recall: RecallRule | None):
+    """The caller's chooser and recall rule; None: the runtime's (`runtime_choice`)."""
+    if policy is None or recall is None:
+        from sgl_vtoken_tools import runtime_choice
+
+        policy = policy or runtime_choice.runtime_policy
+        recall = recall or runtime_choice.RUNTIME_RECALL
+    return policy, recall
 
 
 def load_model(path):
@@ -54,6 +105,9 @@ def masked_greedy(
     rid: str = "",
     tree_owned: int = 0,
     cached: int = 0,
+    *,
+    policy: PolicyFactory | None = None,
+    recall: RecallRule | None = None,
 ) -> tuple[list[int], list[int]]:
     """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions).
 
@@ -62,8 +116,20 @@ def masked_greedy(
     at t attends to the row plus itself. The first `tree_owned` tokens came from the radix cache
     (another request's prompt): the policy must keep them. The first `cached` came from the
     prefix cache: their queries are not recomputed, so they seed no attention statistics.
+    `policy(cfg, rid)` makes the request's chooser and `recall` is the recall rule (None: the
+    runtime's, `sgl_vtoken_tools.runtime_choice`).
     """
-    out, row, _ = masked_turn(model, prompt, max_new_tokens, cfg, rid, tree_owned, cached=cached)
+    out, row, _ = masked_turn(
+        model,
+        prompt,
+        max_new_tokens,
+        cfg,
+        rid,
+        tree_owned,
+        cached=cached,
+        policy=policy,
+        recall=recall,
+    )
     return out, row
 
 
@@ -77,6 +143,9 @@ def masked_turn(
     tree_owned: int = 0,
     history: tuple | None = None,
     cached: int = 0,
+    *,
+    policy: PolicyFactory | None = None,
+    recall: RecallRule | None = None,
 ):
     """:func:`masked_greedy` for one turn of a conversation; returns (tokens, row, history).
 
@@ -93,56 +162,40 @@ def masked_turn(
     the prompt's end) is computed with them visible; with `recall_rounds` R the window is
     recomputed after each of R rounds of ``recall // R`` (the last: what is left) and scores the
     candidates left. The view stored for the next turn leaves them out (they stay candidates).
+    Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
     """
-    policy = policy_from_config(cfg) if cfg.enabled else None
-    acc = policy.new_accumulator() if policy is not None else None
+    make, rule = _choice(policy, recall)
+    chooser = make(cfg, rid) if cfg.enabled else None
+    attn = chooser is not None and "attn" in chooser.needs
     ids = list(prompt)
     start = 0 if history is None else len(history[0])
     row = [] if history is None else list(history[1])
     allowed = [] if history is None else [list(a) for a in history[0]]
-    steps = 0
     # Host tier: every token with KV that the row lacks was evicted and offloaded, so all of
     # them are recall candidates (a host store large enough never drops one).
     pinned: list[int] = []
 
     def evict(res, row: list[int]) -> list[int]:
-        """`row` evicted to the budget by the policy, given the forward `res` over its tokens."""
-        nonlocal steps
+        """`row` evicted to the budget by the chooser, given the forward `res` over its tokens."""
         keys = values = None
         cache = res.past_key_values
-        if "keys" in policy.needs:
+        if "keys" in chooser.needs:
             # [layers, Hkv, T, D] -> rows of the live tokens: [n, layers, Hkv, D]
             k = torch.stack([cache.layers[i].keys[0] for i in range(len(cache.layers))])
             keys = k[:, :, row].permute(2, 0, 1, 3)
-        if "values" in policy.needs:
+        if "values" in chooser.needs:
             v = torch.stack([cache.layers[i].values[0] for i in range(len(cache.layers))])
             values = v[:, :, row].permute(2, 0, 1, 3)
-        pos = torch.tensor(row)
-        shared = (pos < tree_owned) | torch.isin(pos, torch.tensor(pinned, dtype=torch.int64))
-        view = TokenView(
-            positions=pos,
-            keys=keys,
-            attn=acc.stats if acc is not None else None,
-            shared=shared,
-            rid=stable_id(rid),
-            step=steps,
-            values=values,
-        )
-        keep = policy.keep(view, cfg.budget)
-        if acc is not None:
-            acc.select(keep)
-        steps += 1
-        return [row[i] for i in keep.tolist()]
+        shared = [p < tree_owned or p in set(pinned) for p in row]
+        keep = chooser.keep(list(row), shared, keys, values, cfg.budget)
+        return [row[i] for i in keep]
 
     def observe(res, first: int, end: int) -> None:
         """Fold the attention of the observation window of the prompt chunk `[first, end)`."""
         window = min(cfg.scoring.obs_window, end - max(first, cached))
-        if acc is not None and window > 0:
-            acc.update(
-                *_group_probs(
-                    res.attentions, list(range(end - window, end)), row, model.config, cfg
-                )
-            )
+        if attn and window > 0:
+            queries = list(range(end - window, end))
+            chooser.observe(row, *_group_probs(res.attentions, queries, row, model.config))
 
     # The prompt, chunk by chunk with `prefill_chunk`: the row is evicted to the budget whenever
     # it reaches budget + prefill_chunk and prompt tokens remain. With recall, the last chunk is
@@ -153,25 +206,18 @@ def masked_turn(
     while True:
         end = (
             len(prompt)
-            if policy is None or cfg.prefill_peak is None or pinned
+            if chooser is None or cfg.prefill_peak is None or pinned
             else min(len(prompt), pos + cfg.prefill_peak - len(row))
         )
         if end == len(prompt) and recalling:
             recalling = False
             candidates = [p for p in range(pos) if p not in set(row)]
-            cut = (
-                split(len(row), len(row) + len(prompt) - pos, cfg.scoring.obs_window, cfg.page_size)
-                if candidates
-                else None
-            )
+            cut = rule.split(cfg, len(row), len(row) + len(prompt) - pos) if candidates else None
             if cut is not None:
                 end, back = (pos + c - len(row) for c in cut)
                 first = [row + list(range(pos, i + 1)) for i in range(pos, end)]
                 window = min(cfg.scoring.obs_window, end - max(pos, cached))
-                head, rounds = (
-                    row + list(range(pos, back)),
-                    turn_rounds(cfg.host.recall, cfg.host.rounds),
-                )
+                head, rounds = row + list(range(pos, back)), rule.rounds(cfg)
                 for r in range(rounds):  # each round's window sees what the rounds before recalled
                     masks = (
                         allowed
@@ -184,9 +230,7 @@ def masked_turn(
                             attention_mask=_mask(masks, end),
                             use_cache=True,
                         )
-                    quota = round_quota(
-                        cfg.host.recall, cfg.host.rounds, len(pinned), r == rounds - 1
-                    )
+                    quota = rule.quota(cfg, len(pinned), r == rounds - 1)
                     taken = set(pinned)
                     got = _recall(
                         res,
@@ -196,6 +240,7 @@ def masked_turn(
                         list(range(end - window, end)),
                         cfg,
                         quota,
+                        rule,
                     )
                     pinned = pinned + got
                     if not got or len(pinned) == len(candidates):
@@ -211,7 +256,7 @@ def masked_turn(
             torch.tensor([ids[:end]]),
             attention_mask=_mask(allowed, end),
             use_cache=True,
-            output_attentions=acc is not None,
+            output_attentions=attn,
         )
         observe(res, pos, end)
         row = evict(res, row)
@@ -223,7 +268,7 @@ def masked_turn(
                 torch.tensor([ids]),
                 attention_mask=_mask(allowed, len(ids)),
                 use_cache=True,
-                output_attentions=acc is not None,
+                output_attentions=attn,
             )
             observe(res, pos, len(prompt))
         else:  # the new token alone, over the cached K/V of every earlier token (each computed
@@ -234,15 +279,15 @@ def masked_turn(
                 past_key_values=res.past_key_values,
                 position_ids=torch.tensor([[t]]),
                 use_cache=True,
-                output_attentions=acc is not None,
+                output_attentions=attn,
             )
-            if acc is not None:  # the new token's query
-                acc.update(*_group_probs(res.attentions, [t], row, model.config, cfg, first=t))
+            if attn:  # the new token's query
+                chooser.observe(row, *_group_probs(res.attentions, [t], row, model.config, first=t))
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
         t = len(ids)
         ids.append(nxt)
-        if policy is not None and cfg.should_evict(len(row)):
+        if chooser is not None and cfg.should_evict(len(row)):
             row = evict(res, row)
         row.append(t)
         allowed.append(list(row))
@@ -274,43 +319,43 @@ def _queries(model, on: bool):
 
 
 def _recall(
-    res, queries, candidates: list[int], row: list[int], window: list[int], cfg: EvictConfig, k: int
+    res,
+    queries,
+    candidates: list[int],
+    row: list[int],
+    window: list[int],
+    cfg: EvictConfig,
+    k: int,
+    rule: RecallRule,
 ) -> list[int]:
-    """The `k` candidates the window's queries recall (`sgl_vtoken.recall`), ascending."""
-    scores = torch.zeros(len(candidates))
+    """The `k` candidates the window's queries recall under `rule`, ascending."""
     lengths = torch.tensor([row.index(t) + 1 for t in window])
-    scored = cfg.scoring.layer_ids(len(queries))
+    layers = []
     for layer, (q, scale) in enumerate(queries):
-        if scored is not None and layer not in scored:
-            continue
         keys = res.past_key_values.layers[layer].keys[0]  # [hkv, T, d]
-        scores += candidate_mass(
-            q[0][:, window].transpose(0, 1),
-            keys[:, row].transpose(0, 1),
-            lengths,
-            keys[:, candidates].transpose(0, 1),
-            scale,
+        layers.append(
+            (
+                q[0][:, window].transpose(0, 1),
+                scale,
+                keys[:, row].transpose(0, 1),
+                keys[:, candidates].transpose(0, 1),
+            )
         )
-    return [candidates[i] for i in pick(scores, k, cfg.host.pool, cfg.host.gap).tolist()]
+    return [candidates[i] for i in rule.choose(cfg, layers, lengths, k)]
 
 
-def _group_probs(
-    attentions, queries: list[int], row: list[int], config, cfg: EvictConfig, first: int = 0
-):
+def _group_probs(attentions, queries: list[int], row: list[int], config, first: int = 0):
     """``[q, n, layers, kv_heads]`` probabilities of `queries` (positions; the attentions' query
-    rows start at position `first`) over the `row` positions, summed over the query heads of each
-    KV head (HF's GQA maps query head h to KV head h // group), and ``[q]`` keys attended per
-    query (row entries up to the query)."""
+    rows start at position `first`) over the `row` positions, every layer, summed over the query
+    heads of each KV head (HF's GQA maps query head h to KV head h // group), and ``[q]`` keys
+    attended per query (row entries up to the query)."""
     hkv = config.num_key_value_heads
     group = config.num_attention_heads // hkv
     rows = [q - first for q in queries]
     per_layer = []
-    scored = cfg.scoring.layer_ids(len(attentions))
-    for layer, a in enumerate(attentions):  # a: [1, hq, T - first, T]
+    for a in attentions:  # a: [1, hq, T - first, T]
         p = a[0][:, rows][:, :, row].float()  # [hq, q, n]
         p = p.view(hkv, group, len(queries), len(row)).sum(1)  # [hkv, q, n]
-        if scored is not None and layer not in scored:
-            p = torch.zeros_like(p)
         per_layer.append(p.permute(1, 2, 0))  # [q, n, hkv]
     lengths = torch.tensor([sum(1 for r in row if r <= q) for q in queries])
     return torch.stack(per_layer, dim=2), lengths
