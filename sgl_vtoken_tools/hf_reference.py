@@ -72,7 +72,7 @@ PolicyFactory = Callable[[EvictConfig, str], RequestPolicy]
 def _choice(policy: PolicyFactory | None, recall: RecallRule | None):
     """The caller's chooser and recall rule; None: the runtime's (`runtime_choice`)."""
     if policy is None or recall is None:
-        from sgl_vtoken_tools import runtime_choice
+        import sgl_vtoken_tools.runtime_choice as runtime_choice
 
         policy = policy or runtime_choice.runtime_policy
         recall = recall or runtime_choice.RUNTIME_RECALL
