@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     from sgl_vtoken_tools import hf_reference
     from sgl_vtoken_tools.quality import data
     from sgl_vtoken_tools.quality.fastref import fast_greedy
+    from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
     eager = hf_reference.load_model(args.model)
     ids = tok(data.heldout_texts()[0], add_special_tokens=False)["input_ids"]
@@ -66,7 +67,13 @@ def main(argv=None) -> int:
                 )
                 t0 = time.monotonic()
                 a, _ = hf_reference.masked_greedy(
-                    eager, prompt, args.new_tokens, cfg, rid=f"check-{policy}"
+                    eager,
+                    prompt,
+                    args.new_tokens,
+                    cfg,
+                    rid=f"check-{policy}",
+                    policy=runtime_policy,
+                    recall=RUNTIME_RECALL,
                 )
                 t1 = time.monotonic()
                 b, _ = fast_greedy(fast, prompt, args.new_tokens, cfg, rid=f"check-{policy}")

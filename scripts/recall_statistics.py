@@ -147,6 +147,7 @@ def docqa_lines(args, tok, model):
     from sgl_vtoken.recall import window_probs
     from sgl_vtoken_tools.quality.splits import docqa_trials
     from sgl_vtoken_tools.quality.tasks import first_number
+    from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
     cfg = EvictConfig.from_dict(
         {
@@ -164,7 +165,7 @@ def docqa_lines(args, tok, model):
     seen: dict = {}
     original = ref._recall
 
-    def recording(res, queries, candidates, row, window, cfg, k):
+    def recording(res, queries, candidates, row, window, cfg, k, rule):
         lengths = torch.tensor([row.index(t) + 1 for t in window])
         per = []
         for layer, (q, scale) in enumerate(queries):
@@ -179,7 +180,7 @@ def docqa_lines(args, tok, model):
             )
             per.append(p[:, :, rk.shape[0] :].sum(0))
         seen.update(per=torch.stack(per), cand=torch.tensor(candidates))
-        return original(res, queries, candidates, row, window, cfg, k)
+        return original(res, queries, candidates, row, window, cfg, k, rule)
 
     for t in docqa_trials(tok, args.split, [1000], 0, args.wheel_dir):
         seen.clear()
@@ -187,7 +188,15 @@ def docqa_lines(args, tok, model):
             recording  # the reference's own pick still decides; this only records the scores
         )
         try:
-            out, row, _ = ref.masked_turn(model, list(t.prompt), 12, cfg, rid=t.id)
+            out, row, _ = ref.masked_turn(
+                model,
+                list(t.prompt),
+                12,
+                cfg,
+                rid=t.id,
+                policy=runtime_policy,
+                recall=RUNTIME_RECALL,
+            )
         finally:
             ref._recall = original
         answer = tok.decode(out, skip_special_tokens=True)

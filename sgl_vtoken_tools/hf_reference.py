@@ -2,7 +2,8 @@
 the server keeps, with every token at its original position.
 
 Every query runs with a per-query 4-D attention mask, so each token's hidden states (and
-therefore its cached K/V) are computed with the keys that were live when that token was decoded: prompt tokens causally (the prompt is prefilled whole, or chunk by chunk with
+therefore its cached K/V) are computed with the keys that were live when that token was
+decoded: prompt tokens causally (the prompt is prefilled whole, or chunk by chunk with
 `prefill_chunk`, each chunk over the row kept after the previous one), decode token `t` with
 the row kept at step `t` plus itself. Victims are chosen by the `policy` and `recall` objects
 the caller passes (:class:`RequestPolicy`, :class:`RecallRule`) from the inputs the server has
@@ -89,7 +90,7 @@ def load_model(path):
 
 
 def _mask(allowed: list[list[int]], n: int, first: int = 0, dtype=torch.float32) -> torch.Tensor:
-    """``[1, 1, len(allowed), n]`` additive mask: query ``first + i`` sees the keys ``allowed[i]``."""
+    """``[1, 1, len(allowed), n]`` additive mask: query ``first + i`` sees keys ``allowed[i]``."""
     m = torch.full((len(allowed), n), torch.finfo(dtype).min, dtype=dtype)
     for i, keys in enumerate(allowed):
         m[i, keys] = 0.0

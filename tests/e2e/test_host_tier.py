@@ -1,6 +1,7 @@
 """The host tier (`offload`, `recall`): evicted tokens' K/V kept in host memory with the stored
 history, and recalled by a later turn's question. Every turn equals the Hugging Face reference
-that recomputes the same recall decisions; the host store is released with the histories."""
+that makes the same recall decisions with the independent oracles (`tests/oracles`); the host
+store is released with the histories."""
 
 import random
 import threading
@@ -9,6 +10,7 @@ import time
 import pytest
 import requests
 from conftest import SHORTAGE, shortages_met
+from oracles import ORACLE_RECALL, served_policy
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
 
@@ -78,7 +80,14 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1, r
         if k:  # the logical tokens not prefilled: the whole history, the recalled ones included
             assert got["meta_info"]["cached_tokens"] == len(history[0]), f"turn {k}"
         expected, _, history = masked_turn(
-            hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history
+            hf_eager,
+            prompt,
+            n,
+            cfg,
+            rid=f"{rid}-{k}",
+            history=history,
+            policy=served_policy,
+            recall=ORACLE_RECALL,
         )
         assert out == expected, f"turn {k}"
         reports.append(got["meta_info"]["kv_evict"][0])
@@ -93,9 +102,10 @@ def test_recall_turns_equal_the_reference_and_the_store_is_released(
 ):
     """Five turns, budget 48 (64 at page size 16), recall 8: from turn 2 on each turn's prefill
     is cut in two, the first chunk's window recalls up to 8 of its history's evicted tokens, and
-    the second chunk recomputes that window (16 tokens, one page at page size 16, fewer
-    when the view ends inside that page) with them visible; they are kept through the turn (at page size 16 page-dense, then compacted away
-    before the history is stored); outputs equal HF replaying the same recall rule. The stored history holds the host chunks until the tree lets it go
+    the second chunk recomputes that window (16 tokens, one page at page size 16, fewer when the
+    view ends inside that page) with them visible; they are kept through the turn (at page size
+    16 page-dense, then compacted away before the history is stored); outputs equal HF applying
+    the oracles' recall rule. The stored history holds the host chunks until the tree lets it go
     (flush), and the pool is whole under SGLang's checkers."""
     client = evict_server(server_factory, kvp_checkpoint, page_size)
     flush(client)

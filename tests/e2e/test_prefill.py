@@ -3,7 +3,8 @@ chunk by chunk and evicted to the budget whenever its row reaches budget + C, to
 equal to the Hugging Face reference that masks the same way, at page sizes 1 and 16, for a fresh
 prompt, a cached one and a turn continuing from a stored history; with offload and recall the
 prompt's last chunk brings back what the prefill evicted, exactly as the reference that applies
-the same rule; SGLang's memory checkers on."""
+the same rule; SGLang's memory checkers on. The reference's victims and recalled tokens are
+chosen by the independent oracles (`tests/oracles`, the served variant)."""
 
 import json
 import random
@@ -12,10 +13,24 @@ import threading
 import pytest
 import requests
 from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
+from oracles import ORACLE_RECALL, served_policy
 from test_eviction import generate, random_ids, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig, HostTier, Prefill
-from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
+from sgl_vtoken_tools import hf_reference
+
+ORACLES = {"policy": served_policy, "recall": ORACLE_RECALL}
+
+
+def masked_greedy(*args, **kw):
+    """`hf_reference.masked_greedy` with the independent oracles choosing."""
+    return hf_reference.masked_greedy(*args, **kw, **ORACLES)
+
+
+def masked_turn(*args, **kw):
+    """`hf_reference.masked_turn` with the independent oracles choosing."""
+    return hf_reference.masked_turn(*args, **kw, **ORACLES)
+
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("prefill{page_size}", page_size=16)]
 

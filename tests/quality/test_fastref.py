@@ -11,6 +11,9 @@ from sgl_vtoken.config import EvictConfig, Prefill
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken_tools.quality.fastref import Request, fast_greedy, prefill
+from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
+
+RUNTIME = {"policy": runtime_policy, "recall": RUNTIME_RECALL}  # the fast reference's own choice
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
 WINDOW = {"h2o": 8, "scissorhands": 8}
@@ -54,7 +57,7 @@ def test_greedy_equals_masked_greedy(
     cache's output (the eviction changed something)."""
     prompt = ids(80, seed=POLICIES.index(policy) * 7 + page_size)
     cfg = config(policy, page_size, interval, kvp_params)
-    expected, _ = masked_greedy(tiny_eager, prompt, 60, cfg, rid="q")
+    expected, _ = masked_greedy(tiny_eager, prompt, 60, cfg, rid="q", **RUNTIME)
     got, _ = fast_greedy(tiny_fast, prompt, 60, cfg, rid="q")
     assert got == expected
     assert got != fast_greedy(tiny_fast, prompt, 60, EvictConfig())[0]
@@ -67,7 +70,7 @@ def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, kvp
     prompt, history, req = ids(40, seed=3), None, None
     for turn in range(3):
         expected, _, history = masked_turn(
-            tiny_eager, prompt, 20, cfg, rid=f"t{turn}", history=history
+            tiny_eager, prompt, 20, cfg, rid=f"t{turn}", history=history, **RUNTIME
         )
         if req is None:
             req = Request(tiny_fast, cfg, "t0")

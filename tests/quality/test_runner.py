@@ -6,6 +6,7 @@ from sgl_vtoken_tools.hf_reference import masked_turn
 from sgl_vtoken_tools.quality import tasks
 from sgl_vtoken_tools.quality.runner import Runner, make_cells
 from sgl_vtoken_tools.quality.settings import Setting, Sweep
+from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
 
 def test_recall_turns_equal_masked_turn(tiny_eager, tiny_fast, tiny_tok, wheel_dir):
@@ -24,7 +25,14 @@ def test_recall_turns_equal_masked_turn(tiny_eager, tiny_fast, tiny_tok, wheel_d
                 prompt += prev + tasks.next_turn_ids(tiny_tok, trial.messages[turn - 1], prev)
             stop = got.index(eos) + 1 if eos in got else 12
             expected, _, history = masked_turn(
-                tiny_eager, prompt, stop, cell.cfg, rid=cell.rid(trial.id, turn), history=history
+                tiny_eager,
+                prompt,
+                stop,
+                cell.cfg,
+                rid=cell.rid(trial.id, turn),
+                history=history,
+                policy=runtime_policy,
+                recall=RUNTIME_RECALL,
             )
             assert got == expected, (cell.setting.name, turn)
     assert len(recs[0]["turn_ids"]) == 3 and recs[0]["fact_kept"] == 1.0
