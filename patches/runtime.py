@@ -15,12 +15,13 @@ from .cache import host_recall, host_tier, radix
 from .cache.host_tier import HostTier
 from .core.model_support import kv_bytes_per_token, peak_problem, unsupported_pool_reason
 from .core.process import process, start
+from .core.report import Report
 from .core.state import ReqEvictState, Row, state_of
 from .step import held, prefill, retraction, scores
 from .step.context import context_of
 from .step.eviction import evict_batch
 from .step.reclaim import reclaim_for
-from .surface import metrics, observe
+from .surface import metrics
 from .surface.request_options import request_config
 from .surface.server_args import server_config
 
@@ -29,21 +30,13 @@ def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:
     """Fresh state of a request `rid` evicting under `cfg`; `holed`: served by the holed radix
     cache's paths (`radix.tree_mode(cfg)`)."""
     policy = policy_from_config(cfg)
-    report = dict(
-        policy=cfg.policy,
-        budget=cfg.budget,
-        evicted_tokens=0,
-        live_tokens=None,
-        pages_freed=0,
-        evictions=0,
-    )
     return ReqEvictState(
         cfg=cfg,
         policy=policy,
         rid=stable_id(rid),
         holed=holed,
         reclaim=reclaim_for(cfg),
-        report=report,
+        report=Report(),
         row=Row(),
         stats=scores.Stats(policy.new_accumulator()),
         prefix=radix.Prefix(),
@@ -64,7 +57,6 @@ def after_req_init(result, req, rid, *args, **kwargs):
         req.vtoken = new_state(cfg, rid, holed=radix.tree_mode(cfg))
         # The holed radix cache (radix.py) inserts compacted rows correctly; others must not.
         req.skip_radix_cache_insert = not req.vtoken.holed
-        req.customized_info = {observe.META_KEY: [req.vtoken.report]}
         if cfg.reclaim == "naive" and cfg.page_size > 1:  # it may hold pages back (held.py)
             held.count_held(req, req.vtoken)
 

@@ -319,5 +319,5 @@ def adopt(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
     view_ids = array("q", (logical[p] for p in positions.tolist()))
     st.prompt.adopt(req, view_ids + logical[depth:])
     req.refresh_fill_ids()
-    st.report.update(history_tokens=depth, history_view_tokens=len(positions))
+    st.report.continue_history(depth, len(positions))
     st.row.start_at(positions, depth)

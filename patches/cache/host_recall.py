@@ -146,7 +146,7 @@ def begin_turn(req, st) -> None:
     depth = st.row.offset + st.row.kept_pos.numel()
     positions = torch.cat([c.positions for c in chunks])
     idx = dedupe(positions, depth, st.row.kept_pos)
-    st.report["recall_candidates"] = int(idx.numel())
+    st.report.recall_from(int(idx.numel()))
     cut = split(req.prefix_len, total, st.cfg.scoring.obs_window, st.cfg.page_size)
     if not idx.numel() or cut is None:
         return
@@ -188,7 +188,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     positions = st.row.positions(end)
     slots = _row_slots(scheduler, row[:back], int(sel.numel()), alloc) if sel.numel() else row[:0]
     if slots is None:  # no free page: the turn goes on without them
-        st.report["recall_skipped_tokens"] = int(sel.numel())
+        st.report.skip_recall(int(sel.numel()))
         tier.count_skip()
         process().shortages.note("recall_skipped", req.rid, "page")
         sel, slots = sel[:0], row[:0]
@@ -217,14 +217,8 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     st.prompt.row_ids(req, ids)
     req.prefix_len = req.already_computed = back + n
     seconds = plan.seconds + time.perf_counter() - t0
-    earlier = st.report if before is not None else {}  # a later round adds to the turn's figures
-    st.report.update(
-        pinned_tokens=done + n,
-        recalled_tokens=done + n,
-        recalled_positions=st.recall.pinned.tolist(),
-        recall_rounds=earlier.get("recall_rounds", 0) + 1,
-        recall_ms=round(earlier.get("recall_ms", 0) + seconds * 1e3, 3),
-        recomputed_tokens=earlier.get("recomputed_tokens", 0) + end - back,
+    st.report.recall_round(  # a later round adds to the turn's figures
+        done + n, st.recall.pinned.tolist(), seconds * 1e3, end - back, first=before is None
     )
     tier.count_recall(n, seconds)
     # The next round: the scoring window, recomputed after what this one recalled, ends a chunk

@@ -82,7 +82,7 @@ class HostTier:
     def store(self, node, st) -> None:
         """A finished request's chunks become the store of the view at radix `node`."""
         self.detach(node)
-        st.report["host_bytes"] = sum(c.nbytes for c in st.host.chunks)
+        st.report.hold_host(sum(c.nbytes for c in st.host.chunks))
         if st.host.chunks:
             self.nodes[id(node)] = (node, st.host.chunks)
             st.host.chunks = []
@@ -154,7 +154,7 @@ def offload(tier: HostTier, rows: list, slots: torch.Tensor, k_buffers, v_buffer
         keep = tier.make_room(m)
         tier.dropped += m - keep
         tier.offloaded += keep
-        st.report["offloaded_tokens"] = st.report.get("offloaded_tokens", 0) + keep
+        st.report.offload(keep)
         if keep:
             chunk = Chunk(
                 positions[:keep].clone(),
@@ -231,5 +231,5 @@ def release_finished(req) -> None:
     if st.host.chunks:  # no stored view took them
         tier.drop(st.host.chunks)
         st.host.chunks = []
-        st.report["host_bytes"] = 0
+        st.report.hold_host(0)
     st.recall.reset()

@@ -270,9 +270,9 @@ class HoledRadixCache(RadixCache):
             else:
                 history.insert_history(self, req, st, up_to)
             counters = process().counters
-            if "history_tokens" in st.report:
+            if st.report.history_tokens is not None:
                 counters.history_hits += 1
-                counters.history_tokens_reused += st.report["history_tokens"]
+                counters.history_tokens_reused += st.report.history_tokens
 
     def release_dropped(self, req, dropped: torch.Tensor) -> int:
         """Free the slots at the logical positions `dropped` (host) that `req`'s eviction dropped

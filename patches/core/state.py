@@ -18,6 +18,8 @@ import torch
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies.base import EvictionPolicy
 
+from .report import Report
+
 if TYPE_CHECKING:  # the parts' classes, defined in the modules that own them
     from ..cache.host_recall import Recall
     from ..cache.host_tier import HostChunks
@@ -110,7 +112,7 @@ class ReqEvictState:
     rid: int  # stable 32-bit identity (seeded policies)
     holed: bool  # served by the holed radix cache (radix.tree_mode)
     reclaim: Reclaim  # how its row gives memory back (step/reclaim.py)
-    report: dict  # meta_info["kv_evict"][0], updated in place
+    report: Report  # meta_info["kv_evict"][0] (`Report.as_dict`)
     row: Row
     stats: Stats
     prefix: Prefix
@@ -140,6 +142,6 @@ class ReqEvictState:
         self.recall.reset(unpin=forget)
         self.row.clear(forget)
         self.prompt.reset()
-        self.report.pop("prefill_evicted_tokens", None)
+        self.report.evicted_in_prefill(None)
         self.naive.reset()
         self.stats.reset(self.policy if forget else None)

@@ -153,7 +153,7 @@ def adder_class(base: type) -> type:
             503."""
             proc = process()
             proc.counters.deferred_admissions += 1
-            st.report["deferred_admissions"] = st.report.get("deferred_admissions", 0) + 1
+            st.report.defer_admission()
             proc.shortages.note("admission_deferred", req.rid, page)
             if self._idle(has_chunked_req):
                 proc.counters.shortage_aborts += 1

@@ -45,7 +45,7 @@ def evict_batch(ctx: StepContext, batch, skip: set) -> None:
     for (i, row), n in zip(due, outcomes):
         if n is None:  # no free page for its copies: evicted at a later step (shortage.py)
             ctx.counters.deferred_evictions += 1
-            row.st.report["deferred_evictions"] = row.st.report.get("deferred_evictions", 0) + 1
+            row.st.report.defer_eviction()
             process().shortages.note("eviction_deferred", row.req.rid)
         else:
             delta[i] = n

@@ -123,7 +123,7 @@ def around_stash_chunked_request(original, scheduler, req):
         req, array("q", (logical[p] for p in st.row.kept_pos.tolist())) + logical[done:]
     )
     st.prompt.prefill_evicted += evicted
-    st.report["prefill_evicted_tokens"] = st.prompt.prefill_evicted
+    st.report.evicted_in_prefill(st.prompt.prefill_evicted)
     # The next chunk continues after the kept entries; none of them counts as a cache hit.
     req.prefix_len = req.already_computed = row_len - evicted
 

@@ -44,12 +44,7 @@ class Reclaim:
             kv.cache_protected_len = w
         evicted = row.length - new_len
         st.row.record(kept_pos, evicted, int(freed.numel()))
-        st.report.update(
-            evicted_tokens=st.report["evicted_tokens"] + evicted,
-            live_tokens=int(kept_pos.numel()),
-            pages_freed=st.row.freed,
-            evictions=st.row.steps,
-        )
+        st.report.record_eviction(evicted, int(kept_pos.numel()), st.row.freed, st.row.steps)
         kv.kv_committed_len -= evicted
         kv.kv_allocated_len -= evicted
         return RowOutcome(evicted, freed)

@@ -21,6 +21,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
 from ..cache import history
 from ..cache.pool import alloc
+from ..core.report import Report
 from ..core.state import Row, state_of
 
 
@@ -53,7 +54,7 @@ class RowBefore(NamedTuple):
     slots: torch.Tensor
     positions: torch.Tensor
     row: Row
-    report: dict
+    report: Report
 
 
 class StepUndo(NamedTuple):
@@ -95,13 +96,13 @@ class Retraction:
         self.stash, self.resume_node, self.blocked = None, None, False
 
     def save_undo(
-        self, slots: torch.Tensor, positions: torch.Tensor, row: Row, report: dict
+        self, slots: torch.Tensor, positions: torch.Tensor, row: Row, report: Report
     ) -> None:
         """Before an eviction (holed, page size 1): remember the row (`slots` at logical
         `positions`), `row`'s positions and counts and the `report` as they are, for `undo_step`."""
         assert self.undo is not None, "an eviction saves its undo after its step started"
         self.undo = self.undo._replace(
-            before=RowBefore(slots, positions, row.snapshot(), dict(report))
+            before=RowBefore(slots, positions, row.snapshot(), report.snapshot())
         )
 
     def lose_undo(self) -> None:
@@ -132,7 +133,7 @@ def before_release_req(*args, req, tree_cache, **kwargs):
     resumable = st.holed and (st.cfg.page_size == 1 or st.cfg.reclaim == "vtoken")
     stash = stash_row(req, st, tree_cache) if resumable else None
     if stash is None:
-        st.report["retracted_reprefill"] = True
+        st.report.reprefill()
     else:
         st.retract.retractions += 1
         # A new stash: the node an earlier retraction resumed from (evictable now) is not its row.
@@ -152,7 +153,7 @@ def undo_step(st) -> tuple[torch.Tensor, torch.Tensor] | None:
     if undo.before is None:
         return None
     st.row.restore(undo.before.row)
-    st.report.update(undo.before.report)
+    st.report.restore(undo.before.report)
     return undo.before.slots, undo.before.positions
 
 

@@ -148,9 +148,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             total = min(total, st.cfg.prefill_peak)
         pending = st.recall.plan
         if pending is not None and n > pending.end:  # not cut where its recall needs it
-            st.report["recall_skipped_tokens"] = min(
-                st.cfg.host.recall, int(pending.scores.numel())
-            )
+            st.report.skip_recall(min(st.cfg.host.recall, int(pending.scores.numel())))
             proc = process()
             assert proc.tier is not None, "a recall plan needs the host tier"
             proc.tier.count_skip()

@@ -36,18 +36,20 @@ _STREAMED: ContextVar[dict | None] = ContextVar("vtoken_streamed_kv_evict", defa
 
 
 def around_accept(original, acc, *args, req, **kwargs):
-    """AROUND `_GenerationStreamAccumulator.accept`: logical prompt counts; a stream's eviction
-    figures with its final chunk."""
+    """AROUND `_GenerationStreamAccumulator.accept`: logical prompt counts; the eviction figures
+    (the one place `Report.as_dict` serialises them), a stream's with its final chunk."""
     st = state_of(req)
     if st is None:
         return original(acc, *args, req=req, **kwargs)
     before = len(acc.rids)
     info, stream = req.customized_info, req.stream
-    if stream and info is not None and not getattr(acc, "rust_server_mode", False):
+    figures = {META_KEY: [st.report.as_dict(st.cfg.policy, st.cfg.budget)]}
+    if stream and not getattr(acc, "rust_server_mode", False):
         if not req.finished():  # not yet: the figures would be those of the first token
-            req.customized_info = {k: v for k, v in info.items() if k != META_KEY} or None
+            figures = {}
         else:  # SGLang sends request-level values of a stream only with its first chunk
             req.stream = False
+    req.customized_info = {**(info or {}), **figures} or None
     try:
         original(acc, *args, req=req, **kwargs)
     finally:
@@ -56,7 +58,7 @@ def around_accept(original, acc, *args, req, **kwargs):
         # evicted prompt tokens: a stored history's (not prefilled) and this prefill's (computed);
         # the tokens a recall brought back sit in the row ids again, though none was prefilled now
         hidden = len(st.prompt.logical) - len(req.origin_input_ids)
-        cached = hidden + st.report.get("pinned_tokens", 0) - st.prompt.prefill_evicted
+        cached = hidden + (st.report.pinned_tokens or 0) - st.prompt.prefill_evicted
         acc.prompt_tokens[-1] += hidden
         acc.cached_tokens[-1] += cached
         details = getattr(acc, "cached_tokens_details", None)  # Prometheus' cached_tokens_total

@@ -6,6 +6,7 @@ import types
 import torch
 
 from sgl_vtoken.patches.cache.host_tier import Chunk, HostChunks, HostTier, offload
+from sgl_vtoken.patches.core.report import Report
 
 
 def chunk(positions, layers=2, heads=1, dim=4):
@@ -22,7 +23,7 @@ def node(t):
 
 
 def state():
-    return types.SimpleNamespace(host=HostChunks(), report={})
+    return types.SimpleNamespace(host=HostChunks(), report=Report())
 
 
 def test_a_chunk_is_counted_once_and_freed_with_its_last_owner():
@@ -73,4 +74,4 @@ def test_offload_copies_every_layers_kv_of_the_victims_and_counts_drops():
     torch.testing.assert_close(ca.k, expected)
     torch.testing.assert_close(ca.v, ca.k + 0.5)
     assert cb.positions.tolist() == [10] and tier.dropped == 1 and tier.offloaded == 3
-    assert a.report["offloaded_tokens"] == 2 and b.report["offloaded_tokens"] == 1
+    assert a.report.offloaded_tokens == 2 and b.report.offloaded_tokens == 1

@@ -71,7 +71,7 @@ def test_history_is_stored_with_holes_and_continued(cache):
     assert st.row.kept_pos.tolist() == [0, 1, 8, 9, 10, 11] and st.row.offset == 12 - 6
     assert list(nxt.origin_input_ids) == [100, 101, 108, 109, 110, 111, 999, 7, 8]
     assert cache.prefix_device_indices(nxt).tolist() == slots.tolist()
-    assert st.report["history_tokens"] == 12
+    assert st.report.history_tokens == 12
 
     plain = Req(ids + [999, 7, 8])  # no eviction: never a holed hit
     assert match(cache, plain).device_prefix_len == 0
@@ -80,7 +80,7 @@ def test_history_is_stored_with_holes_and_continued(cache):
     assert match(cache, edited).device_prefix_len == 3  # the view cut: positions 0, 1, 8
     assert (
         edited.vtoken.row.kept_pos.tolist() == [0, 1, 8]
-        and edited.vtoken.report["history_tokens"] == 9
+        and edited.vtoken.report.history_tokens == 9
     )
     assert list(edited.origin_input_ids) == [100, 101, 108, 5, 5, 5, 999, 7]
     assert cache.prefix_device_indices(edited).tolist() == slots[:3].tolist()
@@ -294,7 +294,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     turn2 = Req(logical + [5, 6, 7], new_state(cfg, "r1", holed=True))
     result = match(cache, turn2)
     assert result.device_prefix_len == row_len and result.cache_protected_len == row_len // ps * ps
-    assert turn2.vtoken.report["history_tokens"] == len(logical) - 1
+    assert turn2.vtoken.report.history_tokens == len(logical) - 1
     turn2.lock = cache.lock(turn2.last_node)
     before = alloc.available_size()
     prefix = cache.prefix_device_indices(turn2)
@@ -311,7 +311,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     other = Req(logical[:-2] + [logical[-2] + 1, 3000, 5], new_state(cfg, "r2", holed=True))
     cut = len(logical) - 2  # its first differing id
     assert match(cache, other).device_prefix_len == int((positions < cut).sum())  # the view, cut
-    assert other.vtoken.report["history_tokens"] == cut
+    assert other.vtoken.report.history_tokens == cut
     cache.evict(EvictParams(num_tokens=10**6))
     assert alloc.available_size() == alloc.size and cache.total_size() == 0
 
