@@ -19,8 +19,8 @@ recalled tokens then join the row, and the second chunk recomputes the scoring w
 message's end) with them visible, so the question's own K/V and the first answer token see what
 it recalled, not only the tokens decoded after it. With `recall_rounds` the window, recomputed
 with what came back, scores the candidates left and recalls again (the server cuts the prefill
-once per round). The server (`patches/step/scores.py`) and the Hugging Face reference
-(`sgl_vtoken_tools.hf_reference`) call the same two functions.
+once per round). The server (`patches/step/scores.py`) calls these functions; the exactness
+tests check it against an oracle written apart (`tests/oracles/recall.py`).
 """
 
 from __future__ import annotations
