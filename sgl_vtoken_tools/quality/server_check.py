@@ -140,6 +140,7 @@ class ServerCheck:
                     got.append(list(out["output_ids"]))
                     kv = (out["meta_info"].get("kv_evict") or [{}])[0]
                     hist.append(kv.get("history_tokens", 0))
+
                 def flat(turns):
                     return [x for ids in turns for x in _strip(ids, self.eos) + [-1]]
 
