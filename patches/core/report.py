@@ -14,12 +14,20 @@ ALWAYS = ("evicted_tokens", "live_tokens", "pages_freed", "evictions")
 
 @dataclass
 class Report:
-    """Attributes (all figures of this request; optional ones None until they apply):
-    evicted_tokens, live_tokens, pages_freed, evictions: its evictions so far.
-    deferred_evictions / deferred_admissions: steps put off for a page. prefill_evicted_tokens: evicted during its prefill. history_tokens, history_view_tokens:
-    the stored history it continued (logical tokens, live KV). offloaded_tokens, host_bytes: its
-    victims in the host store. recall_*: its turn's recall (rounds summed). retracted_reprefill:
-    retracted and prefilled again with full attention."""
+    """A request's figures; optional ones are None until they apply.
+
+    Attributes:
+        evicted_tokens, live_tokens, pages_freed, evictions: its evictions so far.
+        deferred_evictions, deferred_admissions: steps put off for want of a page.
+        prefill_evicted_tokens: tokens evicted during its prefill.
+        history_tokens, history_view_tokens: the stored history it continued (logical tokens,
+            live KV).
+        offloaded_tokens, host_bytes: its victims in the host store.
+        recall_candidates, recall_skipped_tokens, pinned_tokens, recalled_tokens,
+            recalled_positions, recall_rounds, recall_ms, recomputed_tokens: its turn's recall
+            (rounds summed).
+        retracted_reprefill: retracted, then prefilled again with full attention.
+    """
 
     evicted_tokens: int = 0
     live_tokens: int | None = None
