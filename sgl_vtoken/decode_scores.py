@@ -1,20 +1,11 @@
 """Decode attention statistics of a whole batch: one score launch per scored layer.
 
-The decode query of every scored request attends to its row; the probabilities it gives each
-row entry, summed over the query heads of each KV head, are what H2O, TOVA and Scissorhands
-accumulate. The rows are concatenated and scored by entry (`attn_scores_(by_entry=True)`), so
-the buffer is sized by the batch's rows, rows sharing prefix slots keep their own
-probabilities, and nothing depends on the pool's size::
-
-    entries  | request 0: n0 keys | request 1: n1 keys | ... |       nnz = n0 + n1 + ...
-    buf      [nnz, layers, kv_heads] float32, zero where a request does not score a layer
-    block k  buf[start_k : start_k + n_k][None]: request k's ``[1, n_k, layers, kv_heads]``
-
-Requests may score different layers (`score_layers`). Each layer is scored in one launch over
-the requests that score it: the whole batch when all of them do (written straight into the
-buffer), else that subset (its entries scattered into the buffer after the launch). The slot
-lists are gathered from `req_to_token` on the device at a group's first layer, during the
-forward; no host synchronization anywhere.
+Each scored request's decode query attends to its row; the probabilities per row entry, summed
+over the query heads of each KV head, are what H2O, TOVA and Scissorhands accumulate. The rows
+are concatenated and scored by entry (`attn_scores_(by_entry=True)`) into one
+``[nnz, layers, kv_heads]`` float32 buffer (request k's block: its ``n_k`` entries), sized by the
+batch's rows, never by the pool; requests scoring other layers are scattered in after their
+layer's launch. No host synchronization. Layout: docs/design.md, "Decode scoring".
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Recall from the host tier: which evicted tokens a new turn brings back (pure torch).
 
-A new turn continues from a stored view; the tokens its history evicted earlier sit in the host
-store (`patches/cache/host_tier.py`), each with its K/V as computed when it was prefilled or
-decoded.
-The new message is prefilled in two chunks (`split`). The last `obs_window` queries of the
-first chunk score every candidate (an evicted token below the view's depth that the view does
-not hold) with the statistic SnapKV uses, but over both tiers at once::
-
-    query j (post-RoPE, every query head), per layer in score_layers:
-        p = softmax( [q_j . K_row[:lengths[j]] ,  q_j . K_cand] * scale )    (one distribution)
-        score[c] += sum over query heads of p[row part ends + c]
-    recalled = the `recall` best candidates after `recall_pool` smoothing over candidate
-               neighbours (ties: the later position), with the holes of at most `recall_gap`
-               candidates between them (`pick`), ascending positions
-
-Candidates are never attended by the first chunk: the distribution is only a statistic. The
-recalled tokens then join the row, and the second chunk recomputes the scoring window (and the
-message's end) with them visible, so the question's own K/V and the first answer token see what
-it recalled, not only the tokens decoded after it. With `recall_rounds` the window, recomputed
-with what came back, scores the candidates left and recalls again (the server cuts the prefill
-once per round). The server (`patches/step/scores.py`) calls these functions; the exactness
-tests check it against an oracle written apart (`tests/oracles/recall.py`).
+A turn continuing a stored view is prefilled in two chunks (`split`); the last `obs_window`
+queries of the first chunk score every candidate (an evicted token below the view's depth that
+the view does not hold) by its share of one softmax over the row and the candidates together
+(`candidate_mass`), and `pick` takes the best after pooling, holes of at most `recall_gap`
+between them; `recall_rounds` repeats it with what came back visible. The server
+(`patches/step/scores.py`) calls these functions; the statistic and its rounds:
+docs/design.md, "The recall statistic".
 """
 
 from __future__ import annotations

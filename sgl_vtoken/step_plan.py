@@ -1,28 +1,10 @@
 """The repack planner: where each row's kept entries go and which pages come free, for every
-row of an eviction step at once (its per-row reference: `sgl_vtoken_tools/step_ref.py`).
-
-Each row is one line of a ``[B, W]`` tensor (W = longest row, shorter rows padded); per-row
-scalars are ``[B]`` tensors. Nothing here synchronizes with the device. Two halves:
-
-- :func:`index_plan` needs only the keep mask: which kept tree-owned rows stay referenced
-  (whole pages) or are copied, which kept private tokens move, and the per-row counts the host
-  needs (one copy of :attr:`IndexPlan.summary`). It does not depend on slot values.
-- :func:`slot_plan` adds the slots (the row, the fresh pages of the copies) once the host has
-  allocated those pages: the new row, the KV moves, the freed pages.
-
-The row as the planner sees it after tree-owned victims leave (per row: `split_tree_pages`, then
-`plan_eviction` with ``shift_dead_pages``, in the reference)::
-
-    row    | tree-owned [0, cpl)          | private [cpl, L)                       |
-    keep     W W W W . . . . . c c . c c c   a . b . | . . . . | c d e f | g h
-    view   | whole (w) | copies (c) + pad, fresh pages | live private pages       |
-    k      | -         | 0 .. c-1                      | c, c+1, ...  (i-th kept private: c + i)
-
-The k-th kept token of the view's private part goes to offset k of its live page list (the
-fresh pages, then the private pages holding a kept token, in row order), so a kept private
-token moves unless ``pad + o == i``, where ``o`` is its offset among the live private pages and
-``pad = ceil(c / ps) * ps - c``. At page size 1 no page is partial, so nothing is copied and
-nothing moves: the row is compacted and the dead slots are the freed pages.
+row of an eviction step at once, on ``[B, W]`` tensors (W the longest row), with no host
+synchronization. :func:`index_plan` needs only the keep masks (whole versus copied tree-owned
+entries, which kept private tokens move, the per-row counts the host reads once);
+:func:`slot_plan` adds the slots once the host has allocated the copies' pages (the new rows,
+the KV moves, the freed pages). The interval arithmetic: docs/design.md, "The batched step";
+its per-row reference: `sgl_vtoken_tools/step_ref.py`.
 """
 
 from __future__ import annotations
