@@ -4,13 +4,18 @@ the rest copied into its own pages, shared pages never written) and drops the re
 view; the prompt is held once however many requests use it."""
 
 import threading
+from functools import partial
 
 import pytest
 from conftest import MEMORY_CHECKS
+from oracles import ORACLE_RECALL, served_policy
 from test_eviction import generate, random_ids, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken_tools.hf_reference import masked_greedy
+from sgl_vtoken_tools import hf_reference
+
+# The reference chooses victims with the oracles written apart from the runtime (tests/oracles).
+masked_greedy = partial(hf_reference.masked_greedy, policy=served_policy, recall=ORACLE_RECALL)
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("sharing16")]
 
