@@ -150,18 +150,26 @@ class LowImportanceCount(RowStats):
         if not threshold > 0:
             raise ValueError(f"threshold must be > 0 (got {threshold!r})")
         self.history, self.threshold = history, float(threshold)
+        # [L, H] bool: the layers and heads some query scored. A layer left out of `score_layers`
+        # is staged as zeros; counted, every zero would be a low-importance step.
+        self.observed: torch.Tensor | None = None
 
     def update(self, probs, lengths=None):
         probs = _as_block(probs)
+        seen = probs.sum(dim=(0, 1)) > 0  # a scored layer's probabilities sum to 1 per query
+        self.observed = seen if self.observed is None else self.observed | seen
         self.state = low_importance_update(
             self._grow(probs), probs, self.history, self.threshold, lengths
         )
 
     @property
     def stats(self):
+        """``[n, L, H]`` minus the low-importance count; NaN where no query scored the layer and
+        head (`aggregate` leaves those out)."""
         if self.state is None:
             return None
-        return -low_importance_count(self.state, self.history).to(torch.float32)
+        count = -low_importance_count(self.state, self.history).to(torch.float32)
+        return count if self.observed is None else count.masked_fill(~self.observed, torch.nan)
 
     def check_integrity(self):
         super().check_integrity()

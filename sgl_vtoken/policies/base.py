@@ -27,12 +27,15 @@ def aggregate(stats: torch.Tensor, how: str) -> torch.Tensor:
 
     One slot holds every layer and head of a token, so a keep/evict decision must be per token:
     ``sum`` ranks by total (equivalently mean) importance, ``max`` keeps a token any head needs.
+    NaN marks a layer and head the statistic did not observe: both leave it out.
     """
     flat = stats.reshape(stats.shape[0], -1).to(torch.float64)
     if how == "sum":
-        return flat.sum(dim=1)
+        return flat.nansum(dim=1)
     if how == "max":
-        return flat.amax(dim=1) if flat.shape[1] else flat.sum(dim=1)
+        if not flat.shape[1]:
+            return flat.sum(dim=1)
+        return torch.where(flat.isnan(), -torch.inf, flat).amax(dim=1)
     raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)} (got {how!r})")
 
 

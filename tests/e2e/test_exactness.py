@@ -1,7 +1,7 @@
 """Exactness through the path every `--kv-evict` server takes (holed radix cache on): every policy x
 page size {1, 16} x interval {1, 16}, token for token equal to the Hugging Face reference that
 masks exactly the evicted keys at their original positions, its victims chosen by the
-independent oracles (`tests/oracles`, the served variant); plus chunked prefill under the
+independent oracles (`tests/oracles`); plus chunked prefill under the
 attention policies and forced retractions. One server per page size (the interval comes with
 each request), SGLang's memory checkers on."""
 
@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
-from oracles import ORACLE_RECALL, served_policy
+from oracles import ORACLE_RECALL, oracle_policy
 from test_eviction import generate, random_ids, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig
@@ -58,7 +58,7 @@ def expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, page_size, inte
         params=params,
     )
     return masked_greedy(
-        hf_eager, prompt, n, cfg, rid=rid, policy=served_policy, recall=ORACLE_RECALL
+        hf_eager, prompt, n, cfg, rid=rid, policy=oracle_policy, recall=ORACLE_RECALL
     )[0]
 
 

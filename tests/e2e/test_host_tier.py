@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 from conftest import SHORTAGE, shortages_met
-from oracles import ORACLE_RECALL, served_policy
+from oracles import ORACLE_RECALL, oracle_policy
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
 
@@ -86,7 +86,7 @@ def session(client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1, r
             cfg,
             rid=f"{rid}-{k}",
             history=history,
-            policy=served_policy,
+            policy=oracle_policy,
             recall=ORACLE_RECALL,
         )
         assert out == expected, f"turn {k}"

@@ -4,7 +4,7 @@ equal to the Hugging Face reference that masks the same way, at page sizes 1 and
 prompt, a cached one and a turn continuing from a stored history; with offload and recall the
 prompt's last chunk brings back what the prefill evicted, exactly as the reference that applies
 the same rule; SGLang's memory checkers on. The reference's victims and recalled tokens are
-chosen by the independent oracles (`tests/oracles`, the served variant)."""
+chosen by the independent oracles (`tests/oracles`)."""
 
 import json
 import random
@@ -13,13 +13,13 @@ import threading
 import pytest
 import requests
 from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
-from oracles import ORACLE_RECALL, served_policy
+from oracles import ORACLE_RECALL, oracle_policy
 from test_eviction import generate, random_ids, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig, HostTier, Prefill
 from sgl_vtoken_tools import hf_reference
 
-ORACLES = {"policy": served_policy, "recall": ORACLE_RECALL}
+ORACLES = {"policy": oracle_policy, "recall": ORACLE_RECALL}
 
 
 def masked_greedy(*args, **kw):

@@ -15,13 +15,13 @@ from functools import partial
 import pytest
 import torch
 from conftest import MEMORY_CHECKS
-from oracles import ORACLE_RECALL, served_policy
+from oracles import ORACLE_RECALL, oracle_policy
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken_tools import hf_reference
 
 # The reference chooses victims with the oracles written apart from the runtime (tests/oracles).
-masked_greedy = partial(hf_reference.masked_greedy, policy=served_policy, recall=ORACLE_RECALL)
+masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("real")]
 

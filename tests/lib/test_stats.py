@@ -52,3 +52,19 @@ def test_low_importance_class_validates_and_reports_minus_count():
         acc.update(torch.tensor([0.9, 0.1]).view(2, 1, 1))
     assert acc.stats.flatten().tolist() == [0.0, -62.0]
     acc.check_integrity()
+
+
+def test_scissorhands_counts_only_the_layers_a_query_scored():
+    """A layer left out of `score_layers` arrives as zeros: it is not a low-importance step, its
+    statistic is NaN, and `aggregate` leaves it out (sum and max)."""
+    from sgl_vtoken.policies.base import aggregate
+
+    acc = LowImportanceCount(history=4, threshold=1.0)
+    probs = torch.zeros(2, 3, 2, 1)  # 2 queries, 3 keys, layer 0 scored, layer 1 not
+    probs[:, :, 0, 0] = torch.tensor([[0.8, 0.1, 0.1], [0.6, 0.3, 0.1]])
+    acc.update(probs)
+    stats = acc.stats
+    assert stats[:, 1].isnan().all() and not stats[:, 0].isnan().any()
+    assert stats[:, 0, 0].tolist() == [0.0, -2.0, -2.0]  # below 1/3 twice: keys 1 and 2
+    assert aggregate(stats, "sum").tolist() == [0.0, -2.0, -2.0]
+    assert aggregate(stats, "max").tolist() == [0.0, -2.0, -2.0]

@@ -2,9 +2,7 @@
 
 They import torch and the standard library only, never `sgl_vtoken` or `patches`
 (`test_independent.py`), so a test that compares the server with them checks the policies, not
-only the plumbing. `oracle_policy(cfg, rid)` (the definitions), `served_policy(cfg, rid)` (the
-variant the server runs: layers outside `score_layers` read as zero attention, which
-Scissorhands counts as low importance) and `ORACLE_RECALL` plug into
+only the plumbing. `oracle_policy(cfg, rid)` (the definitions) and `ORACLE_RECALL` plug into
 `sgl_vtoken_tools.hf_reference` (its `policy=` and `recall=` arguments).
 
     keep         the keep rule: protected tokens, then the best scores; ties keep the later
@@ -15,6 +13,6 @@ Scissorhands counts as low importance) and `ORACLE_RECALL` plug into
 """
 
 from .recall import ORACLE_RECALL, OracleRecall
-from .request import OracleRequest, oracle_policy, served_policy
+from .request import OracleRequest, oracle_policy
 
-__all__ = ["ORACLE_RECALL", "OracleRecall", "OracleRequest", "oracle_policy", "served_policy"]
+__all__ = ["ORACLE_RECALL", "OracleRecall", "OracleRequest", "oracle_policy"]

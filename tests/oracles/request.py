@@ -36,18 +36,11 @@ class OracleRequest:
     Interface (`hf_reference.RequestPolicy`): `needs` (statistics `keep` reads: "attn",
     "keys", "values"), `observe(row, probs [q, n, L, H], lengths [q])` with every layer's
     probabilities over the row, and `keep(row, shared, keys, values, budget)` -> ascending row
-    indices kept (one eviction; the next one is the next step of the seeded policy).
+    indices kept (one eviction; the next one is the next step of the seeded policy). A layer
+    left out of `score_layers` feeds no statistic."""
 
-    `unscored_as_zero`: the variant the server runs (see :func:`served_policy`): the layers left
-    out of `score_layers` feed the statistic as zero attention instead of not at all. It changes
-    nothing for H2O and TOVA (a zero adds nothing to a sum and never wins a max of
-    probabilities) and for Scissorhands under ``max``; under ``sum`` a zero is below every
-    threshold, so each such layer and head counts one low-importance step per query that
-    attended the token: tokens attended by fewer of the recent queries (the newer ones) gain."""
-
-    def __init__(self, cfg, rid: str = "", unscored_as_zero: bool = False) -> None:
+    def __init__(self, cfg, rid: str = "") -> None:
         params = dict(cfg.params)
-        self.unscored_as_zero = unscored_as_zero
         self.name, self.rid, self.step = cfg.policy, request_id(rid), 0
         page = cfg.page_size
         self.sink = params.get("sink", math.ceil(cfg.sink / page) * page)
@@ -83,10 +76,6 @@ class OracleRequest:
     def observe(self, row: list[int], probs: torch.Tensor, lengths: torch.Tensor) -> None:
         if self.stats is not None:
             layers = scored_layers(self.layers, probs.shape[2])
-            if self.unscored_as_zero:  # the served variant: every layer, unscored ones zero
-                zeroed = torch.zeros_like(probs)
-                zeroed[:, :, layers] = probs[:, :, layers]
-                probs, layers = zeroed, list(range(probs.shape[2]))
             self.stats.observe(row, probs[:, :, layers], lengths)
 
     def scores(self, row: list[int], keys, values) -> list[float]:
@@ -116,10 +105,3 @@ def oracle_policy(cfg, rid: str = "") -> OracleRequest:
     """The oracle chooser of one request, by the papers' definitions (`hf_reference`'s
     `policy=` argument)."""
     return OracleRequest(cfg, rid)
-
-
-def served_policy(cfg, rid: str = "") -> OracleRequest:
-    """The oracle chooser with the served variant of the unscored layers (`unscored_as_zero`):
-    what the server implements today; it departs from the definition for Scissorhands under
-    ``sum`` with `score_layers` leaving layers out (the default)."""
-    return OracleRequest(cfg, rid, unscored_as_zero=True)
