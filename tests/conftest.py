@@ -44,6 +44,7 @@ GROUPS = (
     "prefill1",
     "retract1",
     "prefill16",
+    "unchunked1",
 )
 
 

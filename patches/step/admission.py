@@ -173,15 +173,20 @@ def adder_class(base: type) -> type:
                 self._defer(req, st, "a retracted row written back", "resume", has_chunked_req)
                 return AddReqResult.NO_TOKEN
             limit = chunk_limit(req)  # eviction during prefill: its first chunk ends at the peak
+            saved, exact = self.rem_chunk_tokens, getattr(self, "exact_chunk_fill", False)
+            # Without SGLang's chunked prefill (`saved` None) nothing cuts the prompt: only a
+            # per-request recall gets here (the launcher refuses server-wide recall and
+            # prefill_chunk then), and its turn goes on unrecalled, counted (`scores.prepare`).
             forcing = (
-                limit is not None and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
+                limit is not None
+                and saved is not None
+                and len(req.full_untruncated_fill_ids) - req.prefix_len > limit
             )
             if forcing and (has_chunked_req or self.new_chunked_req is not None):
                 return AddReqResult.OTHER  # SGLang carries one chunked request at a time
-            saved, exact = self.rem_chunk_tokens, getattr(self, "exact_chunk_fill", False)
             cap = None  # the forced chunk's token budget
             if forcing:
-                assert limit is not None and saved is not None, "a cut needs chunked prefill"
+                assert limit is not None and saved is not None
                 cap = self.rem_chunk_tokens = min(saved, limit)
                 # The chunk ends exactly there: without exact fill SGLang cuts a first chunk at a
                 # whole number of pages past the prefix, which after a stored view's partial

@@ -222,6 +222,12 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         )
         if chunk_problem:
             _fail(f"argument --kv-evict-config: {chunk_problem}")
+    chunked = getattr(args, "chunked_prefill_size", None)
+    if cfg.host.recall and chunked is not None and chunked <= 0:
+        _fail(
+            f"argument --kv-evict-config: recall {cfg.host.recall} needs SGLang's chunked prefill "
+            "(--chunked-prefill-size > 0): a recalling turn's prefill is cut in two"
+        )
     return cfg
 
 

@@ -261,3 +261,54 @@ def test_host_store_goes_with_a_history_the_tree_evicts_and_with_an_aborted_requ
     st = wait_pool_free(client)
     assert st["host_tokens_held"] == 0 and st["host_bytes_held"] == 0
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+
+
+@pytest.mark.server_group("unchunked1")
+def test_recall_without_chunked_prefill_answers_unrecalled_and_counts_it(
+    server_factory, kvp_checkpoint, hf_eager
+):
+    """A server without SGLang's chunked prefill (`--chunked-prefill-size -1`) cannot cut a
+    turn's prefill where recall needs it: a request asking for recall gets every turn answered,
+    equal to the reference that recalls nothing, and the skip is counted (the request's
+    `recall_skipped_tokens`, the server's `recall_skipped:cut`); the scheduler goes on."""
+    client = evict_server(
+        server_factory,
+        kvp_checkpoint,
+        1,
+        "--chunked-prefill-size",
+        "-1",
+        "--mem-fraction-static",
+        "0.8",  # SGLang derives a negative one without chunked prefill
+    )
+    before = client.vtoken_state()
+    kv = {"policy": "streamingllm", "budget": BUDGET, "offload": True, "recall": RECALL}
+    cfg = EvictConfig(
+        policy="streamingllm",
+        budget=BUDGET,
+        sink=SINK,
+        interval=1,
+        host=HostTier(offload=True, tokens=HOST_TOKENS, recall=0, gap=RECALL_GAP),
+    )
+    prompt, history, out = random_ids(30, seed=404), None, []
+    for k in range(3):
+        if k:
+            prompt = prompt + out + random_ids(20, seed=405 + k)
+        got = generate(client, prompt, 24, f"unchunked-{k}", kv)
+        out = got["output_ids"]
+        expected, _, history = masked_turn(
+            hf_eager,
+            prompt,
+            24,
+            cfg,
+            rid=f"unchunked-{k}",
+            history=history,
+            policy=oracle_policy,
+            recall=ORACLE_RECALL,
+        )
+        assert out == expected, f"turn {k}"
+        report = got["meta_info"]["kv_evict"][0]
+        assert "recalled_tokens" not in report
+        if k:
+            assert report["recall_skipped_tokens"] > 0, report
+    assert shortages_met(before, client.vtoken_state()).get("recall_skipped:cut", 0) >= 2
+    assert client.server.healthy()

@@ -199,6 +199,20 @@ def test_flags_build_the_config(parse):
             "argument --kv-evict-config: prefill_chunk 64: a prefill evicting request holds up to budget + "
             "prefill_chunk + recall + page_size = 129 KV tokens, more than the pool's 100",
         ),
+        (
+            [
+                "--kv-evict",
+                "h2o",
+                "--kv-budget",
+                "256",
+                "--chunked-prefill-size",
+                "-1",
+                "--kv-evict-config",
+                '{"host_tokens": 65536, "offload": true, "recall": 32}',
+            ],
+            "argument --kv-evict-config: recall 32 needs SGLang's chunked prefill "
+            "(--chunked-prefill-size > 0)",
+        ),
     ],
 )
 def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
