@@ -10,16 +10,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .counters import VTokenCounters
 from .shortage import REFUSE_ENV_VAR, Shortages
-
-if TYPE_CHECKING:  # annotations only: these layers import this module, not the other way
-    from ..cache.host_tier import HostTier
-    from ..step.context import StepContext
-    from ..step.scores import Scored
-    from ..surface.metrics import PrometheusExport
 
 
 @dataclass
@@ -40,10 +34,11 @@ class VTokenProcess:
     holed: bool = False
     counters: VTokenCounters = field(default_factory=VTokenCounters)
     shortages: Shortages = field(default_factory=Shortages)
-    tier: HostTier | None = None
-    step: StepContext | None = None
-    metrics: PrometheusExport | None = None
-    scoring: Scored | None = None
+    # Defined in layers above this one (which import it), so typed `Any` here:
+    tier: Any = None  # cache/host_tier.HostTier
+    step: Any = None  # step/context.StepContext
+    metrics: Any = None  # surface/metrics.PrometheusExport
+    scoring: Any = None  # step/scores.Scored
 
 
 # The process object, replaced by `start`; the only module-level state of the plugin.
@@ -55,7 +50,7 @@ def process() -> VTokenProcess:
     return _current
 
 
-def start(holed: bool = False, tier: HostTier | None = None) -> VTokenProcess:
+def start(holed: bool = False, tier: Any = None) -> VTokenProcess:
     """A fresh process object for a scheduler that starts now: fresh counters and shortages, and
     the test hook read from the environment now (`VTOKEN_TEST_SHORTAGE`, `core/shortage.py`)."""
     global _current

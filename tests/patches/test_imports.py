@@ -1,9 +1,6 @@
-"""The runtime (`sgl_vtoken/`, `kernels/`, `patches/`) has no import cycle: counting every import
-that runs, inside functions too, modules import each other in one direction. And `patches/` is
-layered: a module imports only its own layer and the layers below it (LAYERS).
-
-Imports under `if TYPE_CHECKING:` never run (they name classes for the type checker, e.g. the
-request state's parts in `core/state.py`), so neither rule counts them."""
+"""The runtime (`sgl_vtoken/`, `kernels/`, `patches/`) has no import cycle: counting every import,
+inside functions and under `if TYPE_CHECKING:` too, modules import each other in one direction.
+And `patches/` is layered: a module imports only its own layer and the layers below it (LAYERS)."""
 
 import ast
 from pathlib import Path
@@ -30,29 +27,13 @@ def module_names() -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    """`TYPE_CHECKING` or `typing.TYPE_CHECKING`."""
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports_of(name: str, source: str, is_package: bool, known: set[str]) -> set[str]:
     """The runtime modules `source` (module `name`) imports anywhere, resolved to names in `known`:
     `import a.b`, `from a import b` (module b, else package a), relative imports."""
     tree = ast.parse(source)
     package = name if is_package else name.rpartition(".")[0]
     deps = set()
-    type_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and _is_type_checking(node.test)
-        for stmt in node.body
-        for inner in ast.walk(stmt)
-    }
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -112,7 +93,7 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_graph_sees_imports_inside_functions_but_not_for_type_checking():
+def test_the_graph_sees_imports_inside_functions_and_for_type_checking():
     known = {"p", "p.a", "p.b", "p.c", "p.d"}
     source = """
 from typing import TYPE_CHECKING
@@ -124,7 +105,7 @@ def f():
     from .b import thing
     import p.c
 """
-    assert imports_of("p.x", source, False, known) == {"p.a", "p.b", "p.c"}
+    assert imports_of("p.x", source, False, known) == {"p.a", "p.b", "p.c", "p.d"}
 
 
 def test_the_graph_sees_the_plugin_importing_its_hook_modules():
