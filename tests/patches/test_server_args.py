@@ -1,7 +1,6 @@
 """The `--kv-*` flags through SGLang's own parser, start-up validation, and how the settings
 reach the scheduler processes."""
 
-import json
 import os
 import subprocess
 import sys
@@ -10,22 +9,6 @@ from pathlib import Path
 import pytest
 
 from sgl_vtoken.config import ENV_VAR, EvictConfig
-
-
-@pytest.fixture
-def parse(monkeypatch, tiny_model):
-    """SGLang's `prepare_server_args` with the plugin's hooks applied, as in the launcher (the
-    tiny model unless the flags name another `--model-path`)."""
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.server_args import prepare_server_args
-
-    load_plugins()
-    monkeypatch.delenv(ENV_VAR, raising=False)
-
-    def run(*flags):
-        return prepare_server_args(["--model-path", str(tiny_model), *flags])
-
-    return run
 
 
 def test_default_is_none_and_published(parse):
@@ -222,89 +205,6 @@ def test_invalid_settings_exit_naming_the_flag(parse, capsys, flags, needle):
     assert needle in capsys.readouterr().err
 
 
-def test_a_server_that_cannot_evict_refuses_per_request_eviction_naming_why(monkeypatch):
-    """The tokenizer manager asks `refusals` of its own server args: the SGLang setting eviction
-    cannot run with, hooks that failed to apply, or (GPU) decode CUDA graphs for attention
-    policies; `resolve` then refuses the request (HTTP 400) naming it."""
-    from types import SimpleNamespace
-
-    from sgl_vtoken.patches.core import contract
-    from sgl_vtoken.patches.surface import server_args
-    from sgl_vtoken.patches.surface.request_options import resolve
-    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES, refusals
-
-    monkeypatch.setattr(contract, "check_hooks_applied", lambda: [])
-    assert refusals(SimpleNamespace(device="cpu")) == ("", "")
-    mixed = refusals(SimpleNamespace(device="cpu", enable_mixed_chunk=True))
-    assert mixed == (
-        "the server runs with --enable-mixed-chunk (mixed batches bypass the eviction hook)",
-        "",
-    )
-    with pytest.raises(
-        ValueError,
-        match="kv_evict.policy: eviction is not available on this server: the server runs with --enable-mixed-chunk",
-    ):
-        resolve(EvictConfig(), {"policy": "streamingllm", "budget": 64}, KV_EVICT_CHOICES, mixed)
-    assert not resolve(EvictConfig(), {"policy": "none"}, KV_EVICT_CHOICES, mixed).enabled
-    monkeypatch.setattr(server_args, "_has_cuda", lambda: True)
-    graphs = refusals(SimpleNamespace(device="cuda"))
-    assert graphs[0] == "" and "decode CUDA graphs off" in graphs[1]
-    with pytest.raises(
-        ValueError,
-        match="kv_evict.policy: h2o is not available on this server: needs decode CUDA graphs off",
-    ):
-        resolve(EvictConfig(), {"policy": "h2o", "budget": 64}, KV_EVICT_CHOICES, graphs)
-    assert resolve(
-        EvictConfig(), {"policy": "streamingllm", "budget": 64}, KV_EVICT_CHOICES, graphs
-    ).enabled
-    monkeypatch.setattr(contract, "check_hooks_applied", lambda: ["a.b.c"])
-    assert refusals(SimpleNamespace(device="cpu"))[0] == "hooks not in place: a.b.c"
-
-
-def test_flags_are_per_request_defaults_without_a_policy(parse):
-    """On a `--kv-evict none` server the other flags are what per-request `kv_evict` starts from."""
-    from sgl_vtoken.patches.surface.request_options import resolve
-    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES
-
-    parse(
-        "--kv-budget",
-        "96",
-        "--kv-evict-interval",
-        "16",
-        "--kv-reclaim",
-        "naive",
-        "--page-size",
-        "16",
-    )
-    server = EvictConfig.from_env()
-    assert not server.enabled
-    cfg = resolve(server, {"policy": "random"}, KV_EVICT_CHOICES)
-    assert (cfg.budget, cfg.interval, cfg.reclaim, cfg.page_size) == (96, 16, "naive", 16)
-    assert resolve(server, {"policy": "random", "budget": 64}, KV_EVICT_CHOICES).budget == 64
-
-
-@pytest.mark.parametrize(
-    "server",
-    [
-        dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=64),
-        dict(policy="streamingllm", budget=64, page_size=16, interval=16, host_tokens=4096),
-        dict(policy="streamingllm", budget=64, page_size=1),
-    ],
-    ids=["prefill_chunk", "host_store", "plain"],
-)
-@pytest.mark.parametrize("field", ["budget", "sink", "window", "interval", "recall"])
-@pytest.mark.parametrize("value", ["many", 1.5, True, [64]])
-def test_every_request_field_is_type_checked_before_arithmetic(server, field, value):
-    """A wrong type in any numeric `kv_evict` field is a ValueError naming the field (HTTP 400),
-    never a TypeError from arithmetic on it (HTTP 500), on every kind of server."""
-    from sgl_vtoken.patches.surface.request_options import resolve
-    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES
-
-    obj = {"offload": True, field: value} if field == "recall" else {field: value}
-    with pytest.raises(ValueError, match=rf"kv_evict\.(offload|{field}) "):
-        resolve(EvictConfig.from_dict(server), obj, KV_EVICT_CHOICES)
-
-
 def test_attention_policy_settings(parse):
     parse(
         "--kv-evict",
@@ -375,91 +275,6 @@ def test_launcher_fails_fast_on_bogus_policy(tiny_model, entry):
         "'random', 'knorm', 'h2o', 'tova', 'scissorhands', 'kvp')"
     ) in proc.stderr
     assert "Load weight" not in proc.stdout + proc.stderr
-
-
-@pytest.fixture
-def kvp_checkpoint(tmp_path):
-    """`kvp_checkpoint(layers)`: an (untrained) KVP scorer for a tiny-model-shaped model."""
-    from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
-
-    def make(layers=2, heads=2, head_dim=32):
-        idt = ModelIdentity("llama", num_layers=layers, num_kv_heads=heads, head_dim=head_dim)
-        return str(
-            save_checkpoint(
-                KVPScorer(idt, hidden=4), tmp_path / f"kvp-{layers}-{heads}-{head_dim}.st"
-            )
-        )
-
-    return make
-
-
-def test_kvp_checkpoint_for_the_served_model_is_accepted(parse, tiny_model, kvp_checkpoint):
-    path = kvp_checkpoint()
-    parse(
-        "--model-path",
-        str(tiny_model),
-        "--kv-evict",
-        "kvp",
-        "--kv-budget",
-        "64",
-        "--kv-evict-config",
-        json.dumps({"checkpoint": path}),
-    )
-    cfg = EvictConfig.from_env()
-    assert (cfg.policy, cfg.params["checkpoint"]) == ("kvp", path)
-
-
-@pytest.mark.parametrize(
-    "kind,needle",
-    [
-        ("none", "KVP.checkpoint is required"),
-        ("missing", "KVP checkpoint '{path}': no such file"),
-        ("garbage", "KVP checkpoint '{path}': not a readable safetensors file"),
-        ("layers", "is for another model (num_layers: checkpoint 3, model 2)"),
-        ("heads", "num_kv_heads: checkpoint 4, model 2; head_dim: checkpoint 16, model 32"),
-    ],
-)
-def test_kvp_bad_checkpoints_exit_at_start_up_naming_the_cause(
-    parse, capsys, tiny_model, tmp_path, kvp_checkpoint, kind, needle
-):
-    path = {
-        "none": "",
-        "missing": str(tmp_path / "nope.st"),
-        "garbage": str(tmp_path / "garbage.st"),
-        "layers": kvp_checkpoint(layers=3),
-        "heads": kvp_checkpoint(heads=4, head_dim=16),
-    }[kind]
-    (tmp_path / "garbage.st").write_bytes(b"\x00" * 64)
-    config = "{}" if kind == "none" else json.dumps({"checkpoint": path})
-    with pytest.raises(SystemExit) as e:
-        parse(
-            "--model-path",
-            str(tiny_model),
-            "--kv-evict",
-            "kvp",
-            "--kv-budget",
-            "64",
-            "--kv-evict-config",
-            config,
-        )
-    err = capsys.readouterr().err
-    assert e.value.code == 2
-    assert "argument --kv-evict-config:" in err and needle.format(path=path) in err, err
-
-
-def test_kvp_needs_a_readable_model_config(parse, capsys, kvp_checkpoint):
-    with pytest.raises(SystemExit):
-        parse(
-            "--model-path",
-            "/nonexistent",
-            "--kv-evict",
-            "kvp",
-            "--kv-budget",
-            "64",
-            "--kv-evict-config",
-            json.dumps({"checkpoint": kvp_checkpoint()}),
-        )
-    assert "cannot read the config of --model-path '/nonexistent'" in capsys.readouterr().err
 
 
 def test_holed_radix_cache_is_chosen_with_a_server_policy(parse):
