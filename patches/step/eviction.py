@@ -34,10 +34,11 @@ def evict_batch(ctx: StepContext, batch, skip: set) -> None:
         st.retract.start_step(st.stats.snapshot())
         st.stats.fold(ctx.tp_group)
     seq_lens_cpu = batch.seq_lens_cpu
+    lens = seq_lens_cpu.tolist()
     due = [
-        (i, DueRow(req, st, int(seq_lens_cpu[i])))
+        (i, DueRow(req, st, lens[i]))
         for i, req, st in evicting
-        if req not in skip and st.cfg.should_evict(int(seq_lens_cpu[i]))
+        if req not in skip and st.cfg.should_evict(lens[i])
     ]
     freed_before = ctx.counters.pages_freed
     outcomes = evict_rows(ctx, [row for _, row in due]) if due else []

@@ -43,11 +43,11 @@ def around_accept(original, acc, *args, req, **kwargs):
         return original(acc, *args, req=req, **kwargs)
     before = len(acc.rids)
     info, stream = req.customized_info, req.stream
-    figures = {META_KEY: [st.report.as_dict(st.cfg.policy, st.cfg.budget)]}
-    if stream and not getattr(acc, "rust_server_mode", False):
-        if not req.finished():  # not yet: the figures would be those of the first token
-            figures = {}
-        else:  # SGLang sends request-level values of a stream only with its first chunk
+    rust = getattr(acc, "rust_server_mode", False)
+    figures = {}  # SGLang sends request-level values only when finished (or a rust stream's first)
+    if req.finished() or (stream and rust):
+        figures = {META_KEY: [st.report.as_dict(st.cfg.policy, st.cfg.budget)]}
+        if stream and not rust:  # a stream's request-level values go with its first chunk only
             req.stream = False
     req.customized_info = {**(info or {}), **figures} or None
     try:
