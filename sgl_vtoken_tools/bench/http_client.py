@@ -46,7 +46,9 @@ def stream_generate(base_url: str, ids: list[int], n: int, rid: str, timeout: fl
     return {"ttft": ttft, "output_ids": last["output_ids"], "meta": last["meta_info"]}
 
 
-def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: float) -> dict:
+def stream_chat(
+    http: requests.Session, base_url: str, payload: dict, timeout: float, kv_evict: bool = False
+) -> dict:
     """One streaming `/v1/chat/completions` (`payload` without `stream`; usage is asked for).
 
     Returns `ttft` (first chunk with a choice: SGLang sends the role with the first token), `e2e`,
@@ -54,7 +56,8 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
     `cached_tokens` (SGLang's `--enable-cache-report`), `live_tokens` (device KV the request held
     at its end, from ``usage.kv_evict`` when it evicted; None otherwise), `finish_reason`, the reply `text`,
     `t_start` (monotonic) and `error` (None, or the HTTP status / exception, 300 characters; a
-    reply the server aborted is an error too).
+    reply the server aborted is an error too). `kv_evict`: also return the whole
+    ``usage.kv_evict`` as `kv_evict` (None when the usage carried none).
     """
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
     rec = {
@@ -69,6 +72,8 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
         "finish_reason": None,
         "error": None,
     }
+    if kv_evict:
+        rec["kv_evict"] = None
     parts: list[str] = []
     t0 = time.monotonic()
     rec["t_start"] = t0
@@ -111,6 +116,8 @@ def stream_chat(http: requests.Session, base_url: str, payload: dict, timeout: f
                     rec["history_tokens"] = ev.get("history_tokens", 0)
                     rec["history_view_tokens"] = ev.get("history_view_tokens", 0)
                     rec["live_tokens"] = ev.get("live_tokens")
+                    if kv_evict:
+                        rec["kv_evict"] = usage.get("kv_evict")
     except (requests.RequestException, ValueError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"[:300]
     if rec["error"] is None and rec["finish_reason"] == "abort":
