@@ -18,9 +18,15 @@ during prefill needs that), so cells differ in their eviction flags alone. Cells
     others     the plugin with their eviction flags (CELLS below)
 
 One JSON line per request (`request`), per conversation (`answer`) and per (cell, repeat)
-(`summary`: output tokens/s, mean TTFT, accuracy, agreement with the full cache's answers of the
-same repeat, device KV per conversation, retractions, peak running), then one `cell` line per
-cell (the spread over repeats, the throughput ratio to stock) and the markdown table.
+(`summary`: output tokens/s, prompt tokens computed, turns continued from a device history, from
+a host history and prefilled again, host bytes moved per turn (the plugin's host counters over
+the repeat), mean TTFT, accuracy, agreement with the full cache's answers of the same repeat,
+device KV per conversation, retractions, peak running), then one `cell` line per cell (the
+spread over repeats, throughput and prompt tokens computed as ratios to stock's) and the
+markdown table (`sgl_vtoken_tools/bench/joint_table.py`). Host histories alone, against stock:
+
+    python scripts/bench_joint.py --cells stock "h2o b256 + host" "h2o b256 + host + recall 192" \
+        --out docs/results/joint_smollm2_host.jsonl --markdown docs/results/joint_smollm2_host.md
 """
 
 from __future__ import annotations
@@ -30,20 +36,27 @@ import json
 import sys
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.joint_table import plot, spread_lines, table
+
 REPO = Path(__file__).resolve().parents[1]
+
 CHUNK = {"prefill_chunk": 64}
 RECALL = {**CHUNK, "offload": True, "host_tokens": 1 << 18, "recall": 64}
+# Host histories: a stored history the radix cache evicts for room moves to host memory, and the
+# next turn of its conversation continues it from there instead of prefilling it again.
+HOST = {"host_tokens": 1 << 20, "offload": True}
 # Every evicting cell evicts at most every 16 decode steps (README, "where to start"); h2o's
 # defaults are the options chosen on the tuning split (docs/RESULTS.md, "Defaults that keep
 # answers"). With eviction during prefill h2o keeps a recent window of 32: without one the
 # tuning split's documents come back as "TheTheThe..." (tokens no query has attended yet score
 # lowest: the question and the tokens just decoded).
 EVERY_16 = ["--kv-evict-interval", "16"]
+H2O_256 = ["--kv-evict", "h2o", "--kv-budget", "256", *EVERY_16]
 H2O_CHUNK = ["--kv-evict", "h2o", "--kv-budget", "256", "--kv-window", "32", *EVERY_16]
 CELLS = {
     "stock": None,
     "full": ["--kv-evict", "none"],
-    "h2o b256": ["--kv-evict", "h2o", "--kv-budget", "256", *EVERY_16],
+    "h2o b256": H2O_256,
     "h2o b128": ["--kv-evict", "h2o", "--kv-budget", "128", *EVERY_16],
     "streamingllm b256 chunk 64": [
         "--kv-evict",
@@ -57,6 +70,13 @@ CELLS = {
     "h2o b256 chunk 64": [*H2O_CHUNK, "--kv-evict-config", json.dumps(CHUNK)],
     # eviction during prefill with recall: the document's last chunk brings back 64 of its victims
     "h2o b256 chunk 64 + recall 64": [*H2O_CHUNK, "--kv-evict-config", json.dumps(RECALL)],
+    # the recommended chat setting (h2o b256) with host histories, then with recall as well
+    "h2o b256 + host": [*H2O_256, "--kv-evict-config", json.dumps(HOST)],
+    "h2o b256 + host + recall 192": [
+        *H2O_256,
+        "--kv-evict-config",
+        json.dumps({**HOST, "recall": 192}),
+    ],
 }
 
 
@@ -74,118 +94,19 @@ def cell_flags(spec: str) -> tuple[str, list[str] | None]:
     return spec, CELLS[spec]
 
 
-def spread_lines(summaries: list[dict]) -> list[dict]:
-    """One `cell` line per cell: each figure's spread over repeats, throughput ratio to stock."""
-    from sgl_vtoken_tools.bench.quantiles import spread
-
-    cells = list(dict.fromkeys(s["cell"] for s in summaries))
-    keys = (
-        "output_tokens_per_s",
-        "prefill_tokens",
-        "mean_ttft_ms",
-        "accuracy",
-        "accuracy_session",
-        "accuracy_docqa",
-        "agreement",
-        "kv_tokens_mean",
-        "retractions",
-        "peak_running",
-        "wall_s",
-        "failed",
-    )
-    stock = {s["repeat"]: s["output_tokens_per_s"] for s in summaries if s["cell"] == "stock"}
-    out = []
-    for c in cells:
-        rows = [s for s in summaries if s["cell"] == c]
-        line = {
-            "kind": "cell",
-            "cell": c,
-            "repeats": len(rows),
-            **{k: spread([r.get(k) for r in rows]) for k in keys},
-        }
-        ratios = [
-            r["output_tokens_per_s"] / stock[r["repeat"]]
-            for r in rows
-            if stock.get(r["repeat"]) and r["output_tokens_per_s"] is not None
-        ]
-        line["throughput_ratio"] = spread(ratios)
-        out.append(line)
-    return out
-
-
-def _fmt(s: dict | None, digits: int = 1, pct: bool = False) -> str:
-    if s is None:
-        return "-"
-    f = (lambda v: f"{100 * v:.0f}") if pct else (lambda v: f"{v:.{digits}f}")
-    return (
-        f(s["median"])
-        if s["min"] == s["max"]
-        else f"{f(s['median'])} ({f(s['min'])}-{f(s['max'])})"
-    )
-
-
-def table(cells: list[dict]) -> str:
-    """Markdown: medians over repeats with (min-max)."""
-    head = (
-        "| cell | output tok/s | x stock | prompt tokens computed | mean TTFT ms | accuracy % | sessions % | "
-        "docqa % | agree w/ full % | KV tokens / conv. | retractions | peak running |"
-    )
-    lines = [head, "|---|" + "---:|" * 11]
-    for c in cells:
-        lines.append(
-            f"| {c['cell']} | {_fmt(c['output_tokens_per_s'])} | {_fmt(c['throughput_ratio'], 2)} | "
-            f"{_fmt(c.get('prefill_tokens'), 0)} | "
-            f"{_fmt(c['mean_ttft_ms'], 0)} | {_fmt(c['accuracy'], pct=True)} | "
-            f"{_fmt(c['accuracy_session'], pct=True)} | {_fmt(c['accuracy_docqa'], pct=True)} | "
-            f"{_fmt(c['agreement'], pct=True)} | {_fmt(c['kv_tokens_mean'], 0)} | "
-            f"{_fmt(c['retractions'], 0)} | {_fmt(c['peak_running'], 0)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot(cells: list[dict], path: str, title: str = "") -> None:
-    """Accuracy against throughput ratio to stock, one point per cell (median, min-max bars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for i, c in enumerate(cells):
-        x, y = c["throughput_ratio"], c["accuracy"]
-        if x is None or y is None:
-            continue
-        ax.errorbar(
-            x["median"],
-            100 * y["median"],
-            xerr=[[x["median"] - x["min"]], [x["max"] - x["median"]]],
-            yerr=[[100 * (y["median"] - y["min"])], [100 * (y["max"] - y["median"])]],
-            fmt="o",
-            capsize=3,
-        )
-        ax.annotate(
-            c["cell"],
-            (x["median"], 100 * y["median"]),
-            fontsize=7,
-            xytext=(4, 4 - 9 * (i % 3)),
-            textcoords="offset points",
-        )  # staggered: cells at one point stay readable
-    ax.axvline(2.0, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("output throughput / stock SGLang (same repeat)")
-    ax.set_ylabel("answers right (%)")
-    ax.set_title(title or "speed and answers, one run", fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
     from sgl_vtoken_tools.bench import probe
     from sgl_vtoken_tools.bench.baseline import baseline_env, plugin_in_server
-    from sgl_vtoken_tools.bench.joint import JointSpec, conversations, play, summarize
+    from sgl_vtoken_tools.bench.joint import (
+        JointSpec,
+        conversations,
+        host_counters,
+        host_moved,
+        play,
+        summarize,
+    )
     from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
     from sgl_vtoken_tools.models import MODELS, ensure_model
 
@@ -253,6 +174,7 @@ def run(args) -> list[dict]:
                 for rep in range(args.repeats):
                     probe.flush_cache(server.base_url)
                     start = server.log_path.stat().st_size
+                    before = host_counters(probe.vtoken_state(server.base_url))
                     reqs, answers, wall = play(
                         server.base_url,
                         served[0].get("id", "default"),
@@ -262,6 +184,7 @@ def run(args) -> list[dict]:
                         concurrency=args.concurrency,
                     )
                     log = server.log_path.read_text(errors="replace")[start:]
+                    host = host_moved(before, host_counters(probe.vtoken_state(server.base_url)))
                     for r in reqs + answers:
                         emit({**r, "cell": name, "repeat": rep})
                     if name == "full":
@@ -271,12 +194,15 @@ def run(args) -> list[dict]:
                             "kind": "summary",
                             "cell": name,
                             "repeat": rep,
-                            **summarize(reqs, answers, wall, log, full.get(rep)),
+                            **summarize(reqs, answers, wall, log, full.get(rep), host),
                         }
                     )
                     s = lines[-1]
                     print(
                         f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
+                        f"computed {s['prefill_tokens']}, turns device/host/again "
+                        f"{s['turns_from_device']}/{s['turns_from_host']}/"
+                        f"{s['turns_prefilled_again']}, host B/turn {s['host_bytes_per_turn']}, "
                         f"retractions {s['retractions']}, failed {s['failed']}",
                         file=sys.stderr,
                     )
@@ -296,7 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)"
     )
-    p.add_argument("--cells", nargs="+", default=list(CELLS), help="cell names or name=flags")
+    p.add_argument(
+        "--cells",
+        nargs="+",
+        default=list(CELLS),
+        help="cell names or name=flags (default: every cell of CELLS)",
+    )
     p.add_argument(
         "--pool",
         type=int,

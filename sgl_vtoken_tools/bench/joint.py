@@ -8,9 +8,13 @@
                                re-sending the whole history; request and answer records
     answer_record(...)         a conversation's score: the first number of its last reply
                                against the number its fact planted
-    summarize(...)             one cell's figures: output tokens/s, TTFT, accuracy, agreement
+    summarize(...)             one cell's figures: output tokens/s, TTFT, prompt tokens
+                               computed, turns continued from a device or a host history or
+                               prefilled again, host bytes moved per turn, accuracy, agreement
                                with the full cache's answers, device KV per conversation,
                                retractions and peak running requests from the server's log
+    history_fields(report)     a request's history source and restored tokens
+    host_counters(state)       the host-history counters of a plugin state reading
 
 Tasks come from `sgl_vtoken_tools.quality.splits` (tuning or held-out split), so a setting
 chosen on one split is scored on the other. Request ids are ``{prefix}-{conversation}-t{turn}``
@@ -31,6 +35,15 @@ from sgl_vtoken_tools.bench.http_client import stream_chat
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials, session_trials
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
+
+# The plugin's host-history counters (`probe.vtoken_state`): a repeat reports their growth.
+HOST_COUNTERS = (
+    "host_histories_stored",
+    "host_histories_restored",
+    "host_histories_dropped",
+    "host_bytes_to_host",
+    "host_bytes_to_device",
+)
 
 
 @dataclass(frozen=True)
@@ -131,8 +144,9 @@ def _conversation(
         }
         if kv_evict is not None:
             payload["custom_params"] = {"kv_evict": kv_evict}
-        rec = stream_chat(http, base_url, payload, timeout)
+        rec = stream_chat(http, base_url, payload, timeout, kv_evict=True)
         reply = rec.pop("text")
+        rec.update(history_fields(rec.pop("kv_evict")))
         rec.update(
             kind="request",
             conversation=conv.id,
@@ -152,6 +166,41 @@ def _conversation(
         kv = max(kv, held)
         messages.append({"role": "assistant", "content": reply})
     return recs, answer_record(conv, reply, any(r["error"] is not None for r in recs), kv)
+
+
+def history_fields(report: dict | None) -> dict:
+    """A request's history figures from its ``usage.kv_evict`` `report` (None: it carried none,
+    as without the plugin or under ``--kv-evict none``). `history_source`: the report's "device"
+    (it continued a stored history in the device tree), "host" (one restored from host memory)
+    or "none" (prefilled whole); a report that names none says "device" when it continued a
+    history (`history_tokens` > 0), else "none"; None without a report.
+    `history_restored_tokens`: tokens copied back from host memory (0 when absent)."""
+    if report is None:
+        return {"history_source": None, "history_restored_tokens": 0}
+    source = report.get("history_source") or ("device" if report.get("history_tokens") else "none")
+    return {
+        "history_source": source,
+        "history_restored_tokens": report.get("history_restored_tokens") or 0,
+    }
+
+
+def host_counters(state: dict | None) -> dict | None:
+    """`HOST_COUNTERS` and `host_histories_held` of a plugin state reading (0 for those a server
+    does not report); None when `state` is None (no plugin)."""
+    if state is None:
+        return None
+    return {k: state.get(k) or 0 for k in (*HOST_COUNTERS, "host_histories_held")}
+
+
+def host_moved(before: dict | None, after: dict | None) -> dict | None:
+    """What a repeat moved: each `HOST_COUNTERS` entry's growth from the `host_counters` reading
+    `before` to `after`, and `host_histories_held` at its end; None when either is None."""
+    if before is None or after is None:
+        return None
+    return {
+        **{k: after[k] - before[k] for k in HOST_COUNTERS},
+        "host_histories_held": after["host_histories_held"],
+    }
 
 
 def answer_record(conv: Conversation, reply: str, failed: bool, kv_tokens: int) -> dict:
@@ -214,10 +263,25 @@ def summarize(
     wall: float,
     log: str | None = None,
     reference: list[dict] | None = None,
+    host: dict | None = None,
 ) -> dict:
-    """One run's figures; `reference`: the full cache's answer records of the same conversations
-    (agreement = the same first number in the last reply); `log`: the server's log of the run."""
+    """One run's figures over its answered requests; `reference`: the full cache's answer records
+    of the same conversations (agreement = the same first number in the last reply); `log`: the
+    server's log of the run; `host`: `host_moved` over the run (None: no plugin state).
+
+    Turns by `history_source`: `turns_from_device`, `turns_from_host`, and
+    `turns_prefilled_again` (a later turn, turn > 1, that continued no history); all three None
+    when no request carried a report (stock, the full cache). `host_bytes_per_turn`: bytes moved
+    to host and back to the device over the run, per answered request."""
     ok = [r for r in reqs if r["error"] is None]
+    sources = [r.get("history_source") for r in ok]
+    reported = any(src is not None for src in sources)
+
+    def turns(source: str, first_turn: int = 1) -> int | None:
+        hit = [r for r in ok if r.get("history_source") == source and r["turn"] >= first_turn]
+        return len(hit) if reported else None
+
+    moved = (host or {}).get("host_bytes_to_host", 0) + (host or {}).get("host_bytes_to_device", 0)
     out_tokens = sum(r["completion_tokens"] for r in ok)
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     ref = {a["conversation"]: a["number"] for a in reference or []}
@@ -231,6 +295,12 @@ def summarize(
         "wall_s": round(wall, 2),
         # the prompt tokens the server computed: what neither its cache nor a history held
         "prefill_tokens": sum((r["prompt_tokens"] or 0) - (r["cached_tokens"] or 0) for r in ok),
+        "turns_from_device": turns("device"),
+        "turns_from_host": turns("host"),
+        "turns_prefilled_again": turns("none", first_turn=2),
+        "history_restored_tokens": sum(r.get("history_restored_tokens") or 0 for r in ok),
+        "host_bytes_per_turn": round(moved / len(ok), 1) if host is not None and ok else None,
+        **{k: (host or {}).get(k) for k in (*HOST_COUNTERS, "host_histories_held")},
         "output_tokens_per_s": round(out_tokens / wall, 3) if wall > 0 else None,
         "mean_ttft_ms": round(1000 * statistics.mean(ttft), 1) if ttft else None,
         "accuracy": _rate([a["hit"] for a in answers]),

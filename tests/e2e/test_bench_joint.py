@@ -94,6 +94,21 @@ def test_conversations_play_and_score(client, tiny_model, fake_essays):
             ]
             assert len(long) >= 5 and all(0 < r["live_tokens"] < BUDGET + INTERVAL for r in long)
             assert 0 < s["kv_tokens_max"] < BUDGET + INTERVAL
+            check_history_turns(reqs, s)
+
+
+def check_history_turns(reqs, s):
+    """An evicting server without a host tier: every request carries its report, a turn counts
+    as continued from a device history exactly when it continued one (`history_tokens`), none
+    from host, and the later turns that continued none are the ones prefilled again."""
+    assert all(r["history_source"] in ("device", "none") for r in reqs)
+    assert all((r["history_source"] == "device") == (r["history_tokens"] > 0) for r in reqs)
+    later = [r for r in reqs if r["turn"] > 1]
+    device = [r for r in reqs if r["history_tokens"] > 0]
+    assert s["turns_from_host"] == 0 and s["history_restored_tokens"] == 0
+    assert s["turns_from_device"] == len(device) >= 1  # a session's turn 2 continues turn 1's
+    assert s["turns_prefilled_again"] == len([r for r in later if r["history_tokens"] == 0])
+    assert s["host_bytes_per_turn"] is None  # no server counters were passed
 
 
 def number(reply: str) -> str | None:

@@ -168,3 +168,147 @@ def test_unknown_cells_are_refused_before_any_server(bench):
         "x",
         ["--kv-evict", "tova", "--kv-budget", "64"],
     )
+
+
+def test_history_fields_read_the_report_and_its_absence():
+    assert joint.history_fields(None) == {"history_source": None, "history_restored_tokens": 0}
+    host = {"history_source": "host", "history_tokens": 900, "history_restored_tokens": 300}
+    assert joint.history_fields(host) == {"history_source": "host", "history_restored_tokens": 300}
+    # a server that names no source: a continued history is a device one, else none
+    assert joint.history_fields({"history_tokens": 500})["history_source"] == "device"
+    assert joint.history_fields({"live_tokens": 256, "history_tokens": 0}) == {
+        "history_source": "none",
+        "history_restored_tokens": 0,
+    }
+    named = joint.history_fields({"history_source": "none", "history_tokens": 0})
+    assert named["history_source"] == "none"
+
+
+def _turn(conv, turn, source, prompt, cached, restored=0, error=None):
+    return {
+        **_req(conv, turn, 8, 0.1, error, prompt, cached),
+        "history_source": source,
+        "history_restored_tokens": restored,
+    }
+
+
+def test_summary_counts_turns_by_history_source_and_host_bytes_per_turn():
+    reqs = [
+        _turn("a", 1, "none", 300, 0),
+        _turn("a", 2, "device", 500, 420),
+        _turn("a", 3, "host", 700, 600, restored=256),
+        _turn("a", 4, "none", 900, 0),  # a later turn that continued nothing: prefilled again
+        _turn("b", 1, "none", 250, 0),
+        _turn("b", 2, "host", 450, 400, restored=200),
+        _turn("b", 3, "host", 650, 0, restored=100, error="HTTP 500"),  # failed: not counted
+        _turn("d", 1, "none", 1200, 0),  # a document question: one turn, prefilled once
+    ]
+    before = joint.host_counters({"host_bytes_to_host": 1000, "host_histories_stored": 2})
+    after = joint.host_counters(
+        {
+            "host_bytes_to_host": 1000 + 46080 * 300,
+            "host_bytes_to_device": 46080 * 456,
+            "host_histories_stored": 5,
+            "host_histories_restored": 2,
+            "host_histories_dropped": 1,
+            "host_histories_held": 1,
+        }
+    )
+    moved = joint.host_moved(before, after)
+    assert moved == {
+        "host_histories_stored": 3,
+        "host_histories_restored": 2,
+        "host_histories_dropped": 1,
+        "host_bytes_to_host": 46080 * 300,
+        "host_bytes_to_device": 46080 * 456,
+        "host_histories_held": 1,
+    }
+    s = joint.summarize(reqs, [], 2.0, None, None, moved)
+    assert (s["turns_from_device"], s["turns_from_host"], s["turns_prefilled_again"]) == (1, 2, 1)
+    assert s["prefill_tokens"] == 300 + 80 + 100 + 900 + 250 + 50 + 1200
+    assert s["history_restored_tokens"] == 456
+    assert s["host_bytes_per_turn"] == round(46080 * 756 / 7, 1)  # 7 answered turns
+    assert (s["host_histories_stored"], s["host_histories_dropped"]) == (3, 1)
+    # no plugin state: no host figures; no report on any request (stock): no turn counts
+    plain = [{**r, "history_source": None} for r in reqs]
+    s = joint.summarize(plain, [], 2.0)
+    assert s["turns_from_device"] is s["turns_from_host"] is s["turns_prefilled_again"] is None
+    assert s["host_bytes_per_turn"] is None and s["host_histories_stored"] is None
+    assert joint.host_moved(None, after) is None and joint.host_counters(None) is None
+    # a plugin whose state names no host counters moved nothing
+    idle = joint.host_moved(joint.host_counters({}), joint.host_counters({}))
+    assert joint.summarize(reqs, [], 2.0, None, None, idle)["host_bytes_per_turn"] == 0.0
+
+
+def test_cells_quote_computed_tokens_against_stock_and_history_turns(bench):
+    def line(cell, rep, computed, device, host, again, moved):
+        return {
+            **_summary(cell, rep, 10.0, 1.0),
+            "prefill_tokens": computed,
+            "turns_from_device": device,
+            "turns_from_host": host,
+            "turns_prefilled_again": again,
+            "host_bytes_per_turn": moved,
+        }
+
+    lines = [
+        line("stock", 0, 40000, None, None, None, None),
+        line("stock", 1, 50000, None, None, None, None),
+        line("h2o b256 + host", 0, 10000, 20, 10, 6, 2_500_000.0),
+        line("h2o b256 + host", 1, 20000, 22, 8, 6, 1_500_000.0),
+    ]
+    stock, host = bench.spread_lines(lines)
+    assert (host["computed_ratio"]["min"], host["computed_ratio"]["max"]) == (0.25, 0.4)
+    assert stock["computed_ratio"]["median"] == 1.0 and stock["turns_from_host"] is None
+    assert host["turns_from_device"]["median"] == 21 and host["turns_prefilled_again"]["sd"] == 0
+    md = bench.table([stock, host])
+    head = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    rows = {r.split("|")[1].strip(): r for r in md.splitlines()[2:]}
+    cols = dict(zip(head, [c.strip() for c in rows["h2o b256 + host"].strip("|").split("|")]))
+    assert cols["prompt tokens computed"] == "15000 (10000-20000)"
+    assert cols["computed x stock"] == "0.33 (0.25-0.40)"  # 10000/40000 and 20000/50000
+    assert (
+        cols["turns from device history"],
+        cols["turns from host history"],
+        cols["turns prefilled again"],
+    ) == ("21 (20-22)", "9 (8-10)", "6")
+    assert cols["host MB / turn"] == "2.00 (1.50-2.50)"
+    assert cols["retractions"] == "0" and cols["peak running"] == "4"
+    stock_cols = dict(zip(head, [c.strip() for c in rows["stock"].strip("|").split("|")]))
+    assert stock_cols["turns from host history"] == "-" and stock_cols["host MB / turn"] == "-"
+    assert stock_cols["computed x stock"] == "1.00"
+
+
+def test_the_host_cells_run_alone_with_the_recommended_flags(bench, monkeypatch, capsys):
+    host = json.loads(bench.cell_flags("h2o b256 + host")[1][-1])
+    assert bench.cell_flags("h2o b256 + host")[1] == [
+        "--kv-evict",
+        "h2o",
+        "--kv-budget",
+        "256",
+        "--kv-evict-interval",
+        "16",
+        "--kv-evict-config",
+        json.dumps({"host_tokens": 1048576, "offload": True}),
+    ] and host == {"host_tokens": 1 << 20, "offload": True}
+    recall = bench.cell_flags("h2o b256 + host + recall 192")[1]
+    assert recall[:-1] == bench.CELLS["h2o b256 + host"][:-1]
+    assert json.loads(recall[-1]) == {**host, "recall": 192}
+    # the documented command of the host run names exactly stock and the two host cells
+    doc = bench.__doc__.split("Host histories alone, against stock:")[1]
+    import shlex
+
+    words = shlex.split(doc.replace("\\\n", " ").split("python scripts/bench_joint.py")[1])
+    args = bench.build_parser().parse_args(words)
+    assert args.cells == ["stock", "h2o b256 + host", "h2o b256 + host + recall 192"]
+    seen = {}
+
+    def fake_run(args):
+        seen["cells"] = args.cells
+        return bench.spread_lines([_summary(c, 0, 10.0, 1.0) for c in args.cells])
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    assert bench.main([*words[: words.index("--out")], "--repeats", "1"]) == 0
+    assert seen["cells"] == args.cells
+    out = capsys.readouterr().out
+    assert "| h2o b256 + host + recall 192 | 10.0 | 1.00 |" in out
