@@ -68,8 +68,9 @@ bench: $(STAMP)
 # Speed and answers in one run on SmolLM2-135M-Instruct (CPU): stock SGLang, the full cache and
 # eviction settings (scripts/bench_joint.py CELLS) on the same concurrent held-out conversations
 # (sessions that state a fact once and ask for it last, document questions), 3 repeats each;
-# rewrites docs/results/joint_smollm2.{jsonl,md} and docs/img/joint_smollm2.png (about 46 minutes
-# on two quiet cores).
+# rewrites docs/results/joint_smollm2.{jsonl,md} and docs/img/joint_smollm2.png (about an hour
+# on two quiet cores). Host histories alone against stock (about 20 minutes): docs/benchmarks.md,
+# "Speed and answers in one run".
 bench-joint: $(STAMP)
 	$(PY) scripts/bench_joint.py --out docs/results/joint_smollm2.jsonl \
 		--markdown docs/results/joint_smollm2.md --plot docs/img/joint_smollm2.png
