@@ -6,8 +6,10 @@ over HTTP and started through `sgl_vtoken_tools.launcher`).
     http_client    /generate and streaming chat requests as timed records
     workload       the seeded multi-turn agent workload (sessions, tool outputs, arrivals)
     tokenizer      cutting texts to exact token counts with the server's tokenizer
-    agent          one agent-benchmark run against one server, as JSON lines
+    agent          one run of the matrix's synthetic agent workload against one server
     agent_summary  the summary line of such a run (latency, concurrency, memory, counters)
+    agent_chat     scored agent sessions (quality/agent_sessions.py) played as a chat client
+    agent_score    their summaries: throughput, accuracy, agreement with the full cache
     quantiles      percentiles and the spread over repeats
     cells          the benchmark matrix's cells and their per-run figures
     matrix         the No-Evict / Naive-Evict / vToken matrix: servers, cells, repeats

@@ -1,0 +1,125 @@
+"""Plays scored agent sessions (`sgl_vtoken_tools.quality.agent_sessions`) as a chat client does:
+the shared system prompt, then each turn appended to the history with the model's own reply
+(greedy, at most `reply_tokens` tokens, stops at EOS) fed back; one streamed chat completion per
+turn (`http_client.stream_chat`).
+
+    play(...)            every session at once (or `concurrency` at a time): request records in
+                         time order, answer records in session order, wall seconds
+    answer_record(...)   a session's score: the first number of its last reply against the key
+
+Request ids are ``{rid_prefix}-{session id}-t{turn}``, the same on every server, so seeded
+per-request choices are the same in every cell. Tool outputs go as role `tool_role`: "user"
+(default: SmolLM2's template was trained on user and assistant turns only) or "tool".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from sgl_vtoken_tools.bench.http_client import stream_chat
+from sgl_vtoken_tools.quality.agent_sessions import SYSTEM, AgentSession
+from sgl_vtoken_tools.quality.tasks import exact_number, first_number
+
+
+def answer_record(sess: AgentSession, reply: str, failed: bool, kv_tokens: int) -> dict:
+    """Right (`hit`) when no turn failed and the first number of the last reply is the whole key
+    (a partial "542" for "54288", or "542880", is a miss); `kv_tokens`: the most device KV any of
+    the session's turns held."""
+    return {
+        "kind": "answer",
+        "conversation": sess.id,
+        "expected": sess.answer,
+        "reply": reply,
+        "number": first_number(reply),
+        "hit": not failed and exact_number(reply, sess.answer),
+        "failed": failed,
+        "kv_tokens": kv_tokens,
+        "turns": len(sess.turns),
+        **{k: sess.meta.get(k) for k in ("fact_turn", "phrasing", "depth")},
+    }
+
+
+def request_id(prefix: str, sess: AgentSession, turn: int) -> str:
+    return f"{prefix}-{sess.id}-t{turn}"
+
+
+def _session(
+    base_url: str, model: str, sess: AgentSession, opts: dict, t0: float
+) -> tuple[list[dict], dict]:
+    http = requests.Session()
+    messages = [{"role": "system", "content": SYSTEM}]
+    recs, reply, kv = [], "", 0
+    for turn, (role, text) in enumerate(sess.turns, start=1):
+        messages.append({"role": opts["tool_role"] if role == "tool" else role, "content": text})
+        payload = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": opts["reply_tokens"],
+            "temperature": 0,
+            "rid": request_id(opts["rid_prefix"], sess, turn),
+        }
+        if opts["kv_evict"] is not None:
+            payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
+        rec = stream_chat(http, base_url, payload, opts["timeout"])
+        reply = rec.pop("text")
+        rec.update(
+            kind="request",
+            conversation=sess.id,
+            turn=turn,
+            rid=payload["rid"],
+            t_start=round(rec["t_start"] - t0, 4),
+            t_end=round(time.monotonic() - t0, 4),
+        )
+        recs.append(rec)
+        if rec["error"] is not None:
+            break  # the session cannot go on without the reply
+        held = rec["live_tokens"]
+        kv = max(
+            kv, held if held is not None else (rec["prompt_tokens"] or 0) + rec["completion_tokens"]
+        )
+        messages.append({"role": "assistant", "content": reply})
+    failed = any(r["error"] is not None for r in recs)
+    return recs, answer_record(sess, reply, failed, kv)
+
+
+def play(
+    base_url: str,
+    model: str,
+    sessions: list[AgentSession],
+    kv_evict: dict | None = None,
+    rid_prefix: str = "agent",
+    reply_tokens: int = 64,
+    tool_role: str = "user",
+    concurrency: int = 0,
+    timeout: float = 1800.0,
+) -> tuple[list[dict], list[dict], float]:
+    """Play every session (at most `concurrency` at once; 0: all); `kv_evict`: the per-request
+    ``custom_params.kv_evict`` (None: the server's flags). Returns the request records (time
+    order), the answer records (session order) and the wall seconds."""
+    if tool_role not in ("user", "tool"):
+        raise ValueError(f"tool_role must be 'user' or 'tool' (got {tool_role!r})")
+    opts = {
+        "kv_evict": kv_evict,
+        "rid_prefix": rid_prefix,
+        "reply_tokens": reply_tokens,
+        "tool_role": tool_role,
+        "timeout": timeout,
+    }
+    slots = threading.Semaphore(concurrency) if concurrency else None
+    t0 = time.monotonic()
+
+    def one(sess: AgentSession) -> tuple[list[dict], dict]:
+        if slots is None:
+            return _session(base_url, model, sess, opts, t0)
+        with slots:
+            return _session(base_url, model, sess, opts, t0)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(sessions))) as pool:
+        results = list(pool.map(one, sessions))
+    wall = time.monotonic() - t0
+    reqs = sorted((r for rs, _ in results for r in rs), key=lambda r: r["t_start"])
+    return reqs, [a for _, a in results], wall

@@ -1,0 +1,129 @@
+"""The figures of the scored agent benchmark: one `summary` per (cell, repeat), one `cell` line
+per cell (each figure's spread over repeats), and their markdown table.
+
+    summarize(reqs, answers, wall, log, reference)   output tokens/s (over the wall time), prompt
+        tokens computed (prompt - cached), mean TTFT, accuracy (all, fact in the task, fact in
+        the first tool output), agreement with the full cache's answers of the same repeat (the
+        same first number), turns that continued a stored compacted history (`history_turns`,
+        from ``usage.kv_evict``), device KV per session, retractions and peak running from the log
+    cell_lines(summaries)   the spreads and the throughput ratio to stock of the same repeat
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from sgl_vtoken_tools.bench.quantiles import spread
+from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
+
+CELL_KEYS = (
+    "output_tokens_per_s",
+    "prefill_tokens",
+    "mean_ttft_ms",
+    "accuracy",
+    "accuracy_task",
+    "accuracy_tool",
+    "agreement",
+    "history_turns",
+    "kv_tokens_mean",
+    "retractions",
+    "peak_running",
+    "wall_s",
+    "failed",
+)
+
+
+def _rate(hits: list[bool]) -> float | None:
+    return round(sum(hits) / len(hits), 4) if hits else None
+
+
+def summarize(
+    reqs: list[dict],
+    answers: list[dict],
+    wall: float,
+    log: str | None = None,
+    reference: list[dict] | None = None,
+) -> dict:
+    """One run's figures; `reference`: the full cache's answer records of the same sessions
+    (agreement: None without one); `log`: the server's log written during the run."""
+    ok = [r for r in reqs if r["error"] is None]
+    out_tokens = sum(r["completion_tokens"] for r in ok)
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    ref = {a["conversation"]: a["number"] for a in reference or []}
+    agree = [a["number"] == ref[a["conversation"]] for a in answers if a["conversation"] in ref]
+    kv = [a["kv_tokens"] for a in answers if not a["failed"]]
+    return {
+        "sessions": len(answers),
+        "requests": len(reqs),
+        "failed": len(reqs) - len(ok),
+        "output_tokens": out_tokens,
+        "wall_s": round(wall, 2),
+        "prefill_tokens": sum((r["prompt_tokens"] or 0) - (r["cached_tokens"] or 0) for r in ok),
+        "output_tokens_per_s": round(out_tokens / wall, 3) if wall > 0 else None,
+        "mean_ttft_ms": round(1000 * statistics.mean(ttft), 1) if ttft else None,
+        "accuracy": _rate([a["hit"] for a in answers]),
+        "accuracy_task": _rate([a["hit"] for a in answers if a["fact_turn"] == 1]),
+        "accuracy_tool": _rate([a["hit"] for a in answers if a["fact_turn"] != 1]),
+        "agreement": _rate(agree) if reference is not None else None,
+        "history_turns": sum(1 for r in ok if r.get("history_tokens")),
+        "kv_tokens_mean": round(statistics.mean(kv), 1) if kv else None,
+        "kv_tokens_max": max(kv) if kv else None,
+        "retractions": retracted_requests(log) if log is not None else None,
+        "peak_running": peak_running_from_log(log) if log is not None else None,
+    }
+
+
+def cell_lines(summaries: list[dict]) -> list[dict]:
+    """One `cell` line per cell (first-seen order): every CELL_KEYS figure's spread over the
+    repeats and `throughput_ratio`, output tokens/s over stock's of the same repeat (None
+    without a `stock` cell)."""
+    stock = {s["repeat"]: s["output_tokens_per_s"] for s in summaries if s["cell"] == "stock"}
+    out = []
+    for c in dict.fromkeys(s["cell"] for s in summaries):
+        rows = [s for s in summaries if s["cell"] == c]
+        ratios = [
+            r["output_tokens_per_s"] / stock[r["repeat"]]
+            for r in rows
+            if stock.get(r["repeat"]) and r["output_tokens_per_s"] is not None
+        ]
+        out.append(
+            {
+                "kind": "cell",
+                "cell": c,
+                "repeats": len(rows),
+                **{k: spread([r.get(k) for r in rows]) for k in CELL_KEYS},
+                "throughput_ratio": spread(ratios),
+            }
+        )
+    return out
+
+
+def _fmt(s: dict | None, digits: int = 1, pct: bool = False) -> str:
+    if s is None:
+        return "-"
+
+    def f(v: float) -> str:
+        return f"{100 * v:.0f}" if pct else f"{v:.{digits}f}"
+
+    mid = f(s["median"])
+    return mid if s["min"] == s["max"] else f"{mid} ({f(s['min'])}-{f(s['max'])})"
+
+
+def table(cells: list[dict]) -> str:
+    """Markdown: medians over repeats with (min-max)."""
+    lines = [
+        "| cell | output tok/s | x stock | prompt tokens computed | mean TTFT ms | accuracy % "
+        "| fact in task % | fact in tool output % | agree w/ full % | KV tokens / session "
+        "| retractions | peak running |",
+        "|---|" + "---:|" * 11,
+    ]
+    for c in cells:
+        lines.append(
+            f"| {c['cell']} | {_fmt(c['output_tokens_per_s'])} | {_fmt(c['throughput_ratio'], 2)} "
+            f"| {_fmt(c['prefill_tokens'], 0)} | {_fmt(c['mean_ttft_ms'], 0)} "
+            f"| {_fmt(c['accuracy'], pct=True)} | {_fmt(c['accuracy_task'], pct=True)} "
+            f"| {_fmt(c['accuracy_tool'], pct=True)} | {_fmt(c['agreement'], pct=True)} "
+            f"| {_fmt(c['kv_tokens_mean'], 0)} | {_fmt(c['retractions'], 0)} "
+            f"| {_fmt(c['peak_running'], 0)} |"
+        )
+    return "\n".join(lines) + "\n"
