@@ -156,5 +156,7 @@ def around_update_running_batch(original, scheduler, batch):
         else:  # no evicting request runs
             proc.counters.no_running()
         if proc.metrics is not None:
-            proc.metrics.publish(proc.counters)
+            proc.metrics.publish(
+                proc.counters, proc.tier.as_dict() if proc.tier is not None else None
+            )
     return original(scheduler, batch)

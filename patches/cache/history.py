@@ -43,6 +43,7 @@ class NodeRecord:
     live: int  # live slots: value >= 0, or the slots of `pages`
     pages: torch.Tensor | None = None  # page size > 1: slots of the whole pages it owns (host)
     view: StoredView | None = None  # the row that ended at this node
+    host_ns: str | None = None  # its view moves to host memory when evicted, under this namespace
 
     def take(self, mask: torch.Tensor) -> torch.Tensor:
         """Page size > 1: the owned slots under `mask` (``[len(pages)] bool``) leave the node;
@@ -246,6 +247,7 @@ def hand_over(tree, req, st, node, row_len: int) -> None:
     tree owns the whole row."""
     if (tier := process().tier) is not None:
         tier.store(node, st)
+        node.vt.host_ns = namespace(req, st) if st.cfg.host.offload else None
     tree.unlock(req.lock)
     req.lock = tree.lock(node)
     req.last_node = node

@@ -5,12 +5,15 @@ An eviction copies its victims' K/V, every layer, to the host before their slots
 immutable, reference-counted `Chunk` per row and step, asynchronous into pinned memory on CUDA
 (read only after its event, `Chunk.wait`). A chunk's owners are a running request
 (`st.host`, `HostChunks`) and a stored history's view (`HostTier.store_of`); it lives while one
-of them can recall it. Over the `host_tokens` cap the least recently used histories' stores go
-first. Design: docs/design.md, "Host tier and recall".
+of them can recall it. A stored history the radix cache evicts for room moves here whole, its
+kept K/V too (`HostHistory`, `host_history.py`). Over the `host_tokens` cap the least recently
+used histories (their stores, or whole host histories) go first. Design: docs/design.md, "Host
+tier and recall" and "Host histories".
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +46,24 @@ class Chunk:
         return self
 
 
+@dataclass(eq=False)
+class HostHistory:
+    """A stored history in host memory (`host_history.py`): the logical ``ids [depth] int64`` its
+    KV covers, its live entries (`row`: their positions and K/V), the chunks of its evicted
+    tokens (`store`, recall candidates), the radix namespace it was stored under (`ns`) and when
+    it was last used (`last_access`, `time.monotonic`)."""
+
+    ns: str
+    ids: torch.Tensor
+    row: Chunk
+    store: list[Chunk]
+    last_access: float
+
+    @property
+    def depth(self) -> int:
+        return int(self.ids.numel())
+
+
 @dataclass
 class HostChunks:
     """The host chunks a request holds (`st.host`)."""
@@ -59,6 +80,9 @@ class HostTier:
         self.offloaded = self.dropped = self.recalled = self.recalls = self.skipped_recalls = 0
         self.recall_seconds = 0.0
         self.nodes: dict[int, tuple] = {}  # id -> (radix node, the chunks its view's store holds)
+        self.histories: dict[int, HostHistory] = {}  # id -> a history moved here whole
+        self.histories_stored = self.histories_restored = self.histories_dropped = 0
+        self.bytes_to_host = self.bytes_to_device = 0
         self.streams: dict[
             torch.device, torch.cuda.Stream
         ] = {}  # device -> side stream of its copies to the device (CUDA)
@@ -98,17 +122,54 @@ class HostTier:
         if entry is not None:
             self.drop(entry[1])
 
+    def take_store(self, node) -> list[Chunk]:
+        """The chunks of `node`'s view's store, which leaves the node (their owners' count
+        unchanged: the caller owns them now); [] when it has none."""
+        entry = self.nodes.pop(id(node), None)
+        return [] if entry is None else entry[1]
+
+    def give_store(self, node, chunks: list[Chunk]) -> None:
+        """`chunks` (owned by the caller) become the store of `node`'s view."""
+        self.detach(node)
+        if chunks:
+            self.nodes[id(node)] = (node, chunks)
+
+    def keep(self, history: HostHistory) -> None:
+        """`history` (its row and store held by the caller: `hold`) is kept here."""
+        self.histories[id(history)] = history
+        self.histories_stored += 1
+        self.bytes_to_host += history.row.nbytes
+
+    def release(self, history: HostHistory) -> None:
+        """`history` leaves host memory (restored to the device, or dropped): its row and store
+        are released."""
+        if self.histories.pop(id(history), None) is not None:
+            self.drop([history.row, *history.store])
+
     def reset(self) -> None:
-        """The tree was flushed: every stored history's store goes."""
+        """The tree was flushed: every stored history's store goes, and every host history."""
         for node, _ in list(self.nodes.values()):
             self.detach(node)
+        for history in list(self.histories.values()):
+            self.release(history)
 
-    def make_room(self, m: int) -> int:
-        """Room for up to `m` more tokens, releasing stored histories' stores, least recently
-        used first, while it does not fit. Returns the tokens that fit (<= m)."""
+    def make_room(self, m: int, before: float = math.inf) -> int:
+        """Room for up to `m` more tokens, releasing stored histories' stores and host histories,
+        least recently used first (only those used before `before`), while it does not fit.
+        Returns the tokens that fit (<= m)."""
         if self.tokens + m > self.cap:
-            for node, _ in sorted(self.nodes.values(), key=lambda entry: entry[0].last_access_time):
-                self.detach(node)
+            entries: list[tuple[float, object, HostHistory | None]] = [
+                (node.last_access_time, node, None) for node, _ in self.nodes.values()
+            ]
+            entries += [(h.last_access, None, h) for h in self.histories.values()]
+            for used, node, history in sorted(entries, key=lambda entry: entry[0]):
+                if used >= before:
+                    break
+                if history is None:
+                    self.detach(node)
+                else:
+                    self.release(history)
+                    self.histories_dropped += 1
                 if self.tokens + m <= self.cap:
                     break
         return max(0, min(m, self.cap - self.tokens))
@@ -135,6 +196,12 @@ class HostTier:
             "recalls": self.recalls,
             "recall_seconds": round(self.recall_seconds, 6),
             "skipped_recalls": self.skipped_recalls,
+            "host_histories_held": len(self.histories),
+            "host_histories_stored": self.histories_stored,
+            "host_histories_restored": self.histories_restored,
+            "host_histories_dropped": self.histories_dropped,
+            "host_bytes_to_host": self.bytes_to_host,
+            "host_bytes_to_device": self.bytes_to_device,
         }
 
 

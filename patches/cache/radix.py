@@ -29,7 +29,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
 from ..core.process import process
 from ..core.state import state_of
-from . import history, history_pages
+from . import history, history_pages, host_history
 
 NAME = "vtoken"
 
@@ -58,6 +58,8 @@ class Prefix:
 
     hit: ViewHit | None = None
     attach: int = 0
+    restored: TreeNode | None = None  # the leaf a host history was restored to for it
+    blocked: bool = False  # a host history it continues does not fit the pool yet
 
     def continue_from(
         self, node, slots: torch.Tensor | None, attach: int, copied: bool = False
@@ -151,6 +153,7 @@ class HoledRadixCache(RadixCache):
                 self.token_to_kv_pool_allocator.free_segment(x.value, start_pos=0)
                 evicted += len(x.value)
             else:
+                host_history.offload_view(self, x)  # offload on: its view moves to the host
                 live = history_pages.owned(x)
                 live = x.value[x.value >= 0] if live is None else live.to(self.device)
                 self.token_to_kv_pool_allocator.free(live)
@@ -187,6 +190,7 @@ class HoledRadixCache(RadixCache):
         key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
         result = super().match_prefix(MatchPrefixParams(key=key))
         st.prefix.continue_from(None, None, len(logical))  # no view yet: a plain prefill
+        st.prefix.blocked = False
         if st.retract.stash is not None:  # retracted after evicting: resume from its row
             return st.retract.resume(self, req, st, logical, limit, result)
         if (
@@ -198,12 +202,20 @@ class HoledRadixCache(RadixCache):
         found = history.find_view(
             self, result.last_device_node, logical, limit, history.namespace(req, st)
         )
+        floor = max(result.device_prefix_len, found[1] if found is not None else 0)
+        restored = self._from_host(req, st, logical, limit, floor)
+        if st.prefix.blocked:  # the pool may have evicted nodes of `result` meanwhile
+            result = super().match_prefix(MatchPrefixParams(key=key))
+        if restored is not None:
+            found = restored
         if found is None or found[1] <= result.device_prefix_len:
+            st.report.history_from("none")
             return self._observed(result, key, st)
         node, depth = found
         positions, slots = history.cut_view(node, depth)
         history.adopt(req, st, logical, positions, depth)
         st.prefix.continue_from(node, slots, node.vt.view.attach)
+        st.report.history_from("host" if restored else "device", len(positions) if restored else 0)
         # At page size > 1 the view's partial last page becomes the request's own (own_tail).
         return MatchResult(
             device_prefix_len=len(positions),
@@ -212,6 +224,31 @@ class HoledRadixCache(RadixCache):
             best_match_node=node,
             cache_protected_len=len(positions) // self.page_size * self.page_size,
         )
+
+    def _from_host(self, req, st, logical, limit: int, floor: int):
+        """The host history `logical[:limit]` continues past depth `floor`, restored to the
+        device (`host_history.py`; once: a later round of its admission finds it restored):
+        ``(node, depth)``, or None. `st.prefix.blocked`: one was found and does not fit yet."""
+        tier, st.prefix.blocked = process().tier, False
+        if tier is None or not st.cfg.host.offload:
+            return None
+        node = st.prefix.restored
+        if (
+            node is not None
+            and node.parent is not None
+            and history.view_of(node) is not None
+            and node.parent.children.get(node.key.child_key(self.page_size)) is node
+        ):
+            depth = len(node.key) + len(node.vt.view.tail)
+            if floor < depth <= limit:
+                return node, depth
+        st.prefix.restored = None
+        hit = host_history.find(tier, history.namespace(req, st), logical, limit, floor)
+        if hit is None:
+            return None
+        node = host_history.restore(self, req, *hit)
+        st.prefix.restored, st.prefix.blocked = node, node is None
+        return None if node is None else (node, hit[1])
 
     def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:
         """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
@@ -263,8 +300,9 @@ class HoledRadixCache(RadixCache):
         if st.row.steps == 0 and st.prefix.hit is None:
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.history.reuse:
-            if st.retract.resume_node is not None:
-                pass  # a resumed row lives in a namespace of its own: it stays private
+            if st.retract.resume_node is not None or st.prefix.restored is not None:
+                # a resumed or restored row lives in a namespace of its own: to host memory
+                host_history.store_row(self, req, st, up_to)
             elif self.page_size > 1:
                 history_pages.insert(self, req, st, up_to)
             else:

@@ -22,6 +22,9 @@ class Report:
         prefill_evicted_tokens: tokens evicted during its prefill.
         history_tokens, history_view_tokens: the stored history it continued (logical tokens,
             live KV).
+        history_source, history_restored_tokens: where its history came from ("device": the
+            radix cache, "host": restored from host memory, its live tokens copied back;
+            "none": prefilled whole).
         offloaded_tokens, host_bytes: its victims in the host store.
         recall_candidates, recall_skipped_tokens, pinned_tokens, recalled_tokens,
             recalled_positions, recall_rounds, recall_ms, recomputed_tokens: its turn's recall
@@ -38,6 +41,8 @@ class Report:
     prefill_evicted_tokens: int | None = None
     history_tokens: int | None = None
     history_view_tokens: int | None = None
+    history_source: str | None = None
+    history_restored_tokens: int | None = None
     offloaded_tokens: int | None = None
     host_bytes: int | None = None
     recall_candidates: int | None = None
@@ -77,6 +82,12 @@ class Report:
     def continue_history(self, tokens: int, view_tokens: int) -> None:
         """It continues a stored history of `tokens` logical tokens, `view_tokens` of them live."""
         self.history_tokens, self.history_view_tokens = tokens, view_tokens
+
+    def history_from(self, source: str, restored: int = 0) -> None:
+        """Its history came from `source` ("device", "host" with `restored` tokens copied back,
+        or "none")."""
+        self.history_source = source
+        self.history_restored_tokens = restored if source == "host" else None
 
     def offload(self, tokens: int) -> None:
         """`tokens` of its victims went to the host store."""

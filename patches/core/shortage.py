@@ -23,15 +23,17 @@ MESSAGES = {
     "prefill_aborted": "an eviction during prefill found no free KV page for the copies of the "
     "cached prompt tokens it keeps; the request ends with an error",
     "admission_deferred": "an admission found no free KV page for the copy of a stored view's "
-    "last page or for a retracted row; the request waits",
+    "last page, a retracted row or a history restored from host memory; the request waits",
     "admission_aborted": "an admission found no free KV page for the copy of a stored view's last "
-    "page or for a retracted row with nothing else in the pool; the request ends with an error",
+    "page, a retracted row or a history restored from host memory with nothing else in the pool; "
+    "the request ends with an error",
     "recall_skipped": "a turn's recall found no free KV page (or its prefill was not cut where "
     "recall needed); the turn goes on without the recalled tokens",
 }
 # What the plugin allocates pages for: copies of kept cached tokens (eviction), a stored view's
-# last page (admission), a retracted row written back (admission), recalled tokens (prefill).
-KINDS = ("copies", "tail", "resume", "recall")
+# last page (admission), a retracted row written back (admission), a host history restored
+# (admission), recalled tokens (prefill).
+KINDS = ("copies", "tail", "resume", "restore", "recall")
 # Where a shortage is met: a kind of `MESSAGES`, refined by what lacked a page where one kind has
 # several (`Shortages.note(kind, rid, detail)`).
 PATHS = (
@@ -39,8 +41,10 @@ PATHS = (
     "prefill_aborted",
     "admission_deferred:tail",
     "admission_deferred:resume",
+    "admission_deferred:restore",
     "admission_aborted:tail",
     "admission_aborted:resume",
+    "admission_aborted:restore",
     "recall_skipped:page",
     "recall_skipped:cut",
 )

@@ -3,7 +3,8 @@
 Created in the scheduler process after SGLang has set `PROMETHEUS_MULTIPROC_DIR` (Scheduler
 `__init__`), with `multiprocess_mode="mostrecent"` like SGLang's own gauges, so the HTTP
 process's `/metrics` exports them. Names: `sglang:vtoken_<counter>` for every field of
-`VTokenCounters` (cumulative counts since start-up, and the last step's gauges).
+`VTokenCounters` (cumulative counts since start-up, and the last step's gauges), and for the host
+tier's figures of `HOST_HELP` when the server has a host store.
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ HELP = {
 }
 
 
+HOST_HELP = {
+    "host_tokens_held": "Tokens whose K/V the host store holds.",
+    "host_bytes_held": "Bytes of K/V the host store holds.",
+    "offloaded_tokens": "Evicted tokens copied to the host store.",
+    "offload_dropped_tokens": "Evicted tokens the host store's cap left out.",
+    "recalled_tokens": "Tokens recalled from the host store into requests' rows.",
+    "host_histories_held": "Stored histories held in host memory.",
+    "host_histories_stored": "Stored histories moved or written to host memory.",
+    "host_histories_restored": "Host histories restored to the device for a next turn.",
+    "host_histories_dropped": "Histories the host store's cap dropped.",
+    "host_bytes_to_host": "Bytes of stored histories' K/V copied to host memory.",
+    "host_bytes_to_device": "Bytes of host histories' K/V copied back to the device.",
+}
+
+
 class PrometheusExport:
     """One `sglang:vtoken_*` gauge per counter, labelled like SGLang's (tp_rank, ...)."""
 
@@ -65,10 +81,22 @@ class PrometheusExport:
             )
             for f in fields(VTokenCounters)
         }
+        self.host = {
+            name: Gauge(
+                name=f"sglang:vtoken_{name}",
+                documentation=text,
+                labelnames=list(self.labels),
+                multiprocess_mode="mostrecent",
+            )
+            for name, text in HOST_HELP.items()
+        }
 
-    def publish(self, counters: VTokenCounters) -> None:
-        for name, gauge in self.gauges.items():
-            (gauge.labels(**self.labels) if self.labels else gauge).set(getattr(counters, name))
+    def publish(self, counters: VTokenCounters, host: dict | None = None) -> None:
+        """Set the gauges to `counters` and, given the host tier's figures (`host`), to those."""
+        values = [(self.gauges[n], getattr(counters, n)) for n in self.gauges]
+        values += [(self.host[n], host[n]) for n in self.host] if host is not None else []
+        for gauge, value in values:
+            (gauge.labels(**self.labels) if self.labels else gauge).set(value)
 
 
 def maybe_create(scheduler) -> PrometheusExport | None:

@@ -21,6 +21,7 @@ SUMMED = (
     "evictions",
     "history_tokens",
     "history_view_tokens",
+    "history_restored_tokens",
     "prefill_evicted_tokens",
     "offloaded_tokens",
     "recall_candidates",

@@ -28,9 +28,11 @@ WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters pl
 HOST_TOKENS, RECALL_GAP = 100_000, 4
 
 
-def evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=MEMORY_CHECKS):
+def evict_server(
+    server_factory, kvp_checkpoint, page_size, *extra, env=MEMORY_CHECKS, host_tokens=HOST_TOKENS
+):
     """A server whose own policy is kvp (its checkpoint loaded, interval 1) with a host store of
-    HOST_TOKENS (recalls take holes of up to RECALL_GAP); other policies, intervals, offload and
+    `host_tokens` (recalls take holes of up to RECALL_GAP); other policies, intervals, offload and
     recall come per request."""
     flags = (
         "--kv-evict",
@@ -39,7 +41,7 @@ def evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=MEMORY_C
         str(BUDGET),
         "--kv-evict-config",
         json.dumps(
-            {"checkpoint": kvp_checkpoint, "host_tokens": HOST_TOKENS, "recall_gap": RECALL_GAP}
+            {"checkpoint": kvp_checkpoint, "host_tokens": host_tokens, "recall_gap": RECALL_GAP}
         ),
         *extra,
     )

@@ -1,11 +1,14 @@
 """The host store's bookkeeping (`patches/cache/host_tier.py`): reference-counted chunks, stores moving
-from a request to its stored history, the capacity released least recently used first."""
+from a request to its stored history, host histories (`host_history.py`) and which one a turn
+continues, the capacity released least recently used first."""
 
 import types
+from array import array
 
 import torch
 
-from sgl_vtoken.patches.cache.host_tier import Chunk, HostChunks, HostTier, offload
+from sgl_vtoken.patches.cache.host_history import find
+from sgl_vtoken.patches.cache.host_tier import Chunk, HostChunks, HostHistory, HostTier, offload
 from sgl_vtoken.patches.core.report import Report
 
 
@@ -75,3 +78,46 @@ def test_offload_copies_every_layers_kv_of_the_victims_and_counts_drops():
     torch.testing.assert_close(ca.v, ca.k + 0.5)
     assert cb.positions.tolist() == [10] and tier.dropped == 1 and tier.offloaded == 3
     assert a.report.offloaded_tokens == 2 and b.report.offloaded_tokens == 1
+
+
+def host_history(tier, ids, kept, used, ns="ns", store=()):
+    """A host history of logical `ids` whose `kept` positions have K/V, kept in `tier`."""
+    row = chunk(kept)
+    tier.hold([row, *store])
+    h = HostHistory(ns, torch.tensor(ids), row, list(store), used)
+    tier.keep(h)
+    return h
+
+
+def test_host_histories_share_the_cap_and_go_least_recently_used_first_counted():
+    tier = HostTier(12)
+    view = node(2.0)
+    st = state()
+    st.host.chunks = [chunk([9, 10, 11])]
+    tier.hold(st.host.chunks)
+    tier.store(view, st)  # a device view's store: 3 tokens, used at 2.0
+    old = host_history(tier, range(8), [0, 5, 6, 7], used=1.0, store=[chunk([1, 2])])
+    new = host_history(tier, range(9), [0, 7, 8], used=3.0)
+    assert tier.tokens == 12 and len(tier.histories) == 2
+    # room only among what was used before 1.5: the old history goes (its row and its store)
+    assert tier.make_room(6, before=1.5) == 6 and tier.histories_dropped == 1
+    assert list(tier.histories.values()) == [new] and tier.tokens == 6
+    # nothing used before 0.5: what does not fit is not made room for
+    assert tier.make_room(7, before=0.5) == 6 and tier.tokens == 6
+    tier.release(new)  # restored to the device: not a drop
+    assert tier.histories_dropped == 1 and tier.tokens == 3 and old.depth == 8
+    tier.reset()  # a flush: every store and host history goes
+    assert tier.tokens == 0 and tier.bytes == 0 and not tier.histories and not tier.nodes
+
+
+def test_a_turn_continues_the_host_history_it_extends_or_leaves_at_a_differing_id():
+    tier = HostTier(100)
+    a = host_history(tier, [1, 2, 3, 4, 5, 6], [0, 4, 5], used=1.0)
+    host_history(tier, [1, 2, 3, 4, 5, 6, 7, 8], [0, 7], used=2.0, ns="other settings")
+    prompt = array("q", [1, 2, 3, 4, 5, 6, 20, 21])
+    assert find(tier, "ns", prompt, len(prompt) - 1, floor=0) == (a, 6)  # extended whole
+    assert find(tier, "ns", prompt, 7, floor=6) is None  # the device has it as deep already
+    edited = array("q", [1, 2, 3, 9, 5, 6, 20, 21])
+    assert find(tier, "ns", edited, 7, floor=0) == (a, 3)  # cut at the differing id
+    regenerate = array("q", [1, 2, 3, 4, 5])
+    assert find(tier, "ns", regenerate, 4, floor=0) is None  # the prompt ends inside it

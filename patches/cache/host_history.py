@@ -1,0 +1,154 @@
+"""Host histories: a stored compacted history that the radix cache evicts for room moves to host
+memory, and the next turn that extends it gets it back into fresh device slots instead of
+prefilling its whole conversation again (docs/design.md, "Host histories").
+
+    tree LRU evicts a view's leaf ──offload_view──> HostHistory (ids, positions, K/V, store)
+    a turn extends it: match_prefix ──find──> restore ──> a holed leaf of its own namespace
+    that turn finishes ──store_row──> HostHistory again (its row never joins the shared tree)
+
+A restored row lives under the root in a namespace of its own, like a resumed retraction, so it
+never meets another row's slots; its finished turn goes back to host memory directly, and a
+turn continued from a resumed retraction does too. Only views stored by requests with `offload`
+on move (`NodeRecord.host_ns`), and only such requests restore; the host tier's `host_tokens`
+caps host histories together with the evicted tokens' stores, least recently used first.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+
+import torch
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from ..core.process import process
+from . import history
+from .host_tier import Chunk, HostHistory, HostTier, to_host
+from .pool import alloc
+
+
+def _gather(
+    tree, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
+    """K and V of `slots` (every layer) copied to the host: ``[n, layers, H, D]`` each, and the
+    event after which they hold the values (`to_host`)."""
+    kv = tree.token_to_kv_pool_allocator.get_kvcache()
+    index = slots.to(tree.token_to_kv_pool_allocator.device, torch.int64)
+    layers = range(kv.layer_num)
+    k, _ = to_host(torch.stack([kv.get_key_buffer(i)[index] for i in layers], dim=1))
+    v, ready = to_host(torch.stack([kv.get_value_buffer(i)[index] for i in layers], dim=1))
+    return k, v, ready
+
+
+def _keep(tier: HostTier, tree, ns: str, ids: array, positions, slots, store, used) -> bool:
+    """A host history of the entries at logical `positions` (KV at device `slots`) covering
+    `ids`, with the recall `store` (chunks the caller owns), if the cap makes room for it among
+    what was used before `used`. Returns whether it was kept (if not, `store` is released)."""
+    n = int(positions.numel())
+    if tier.make_room(n, before=used) < n:
+        tier.drop(store)
+        tier.histories_dropped += 1
+        return False
+    k, v, ready = _gather(tree, slots)
+    row = Chunk(positions.cpu().clone(), k, v, ready=ready)
+    tier.hold([row])
+    tier.keep(HostHistory(ns, torch.tensor(ids, dtype=torch.int64), row, store, used))
+    return True
+
+
+def offload_view(tree, node) -> None:
+    """BEFORE the radix cache frees the evicted leaf `node`: its view, if stored with offload on,
+    moves to host memory with its store (its ancestors still hold the view's other slots)."""
+    tier, record = process().tier, history.record_of(node)
+    if tier is None or record is None or record.view is None or record.host_ns is None:
+        return
+    parts, a = [], node
+    while a is not tree.root_node:
+        parts.append(a.key.token_ids)
+        a = a.parent
+    ids = array("q")
+    for part in reversed(parts):
+        ids.extend(part)
+    ids.extend(record.view.tail)
+    view, store = record.view, tier.take_store(node)
+    _keep(tier, tree, record.host_ns, ids, view.positions, view.slots, store, node.last_access_time)
+
+
+def find(tier: HostTier, ns: str, logical: array, limit: int, floor: int):
+    """The host history of namespace `ns` that `logical[:limit]` continues deepest, past depth
+    `floor`: ``(history, depth)``, or None. As `history.find_view`: a history the prompt extends
+    whole is reused whole; one it leaves at a differing id is cut there; one the prompt merely
+    ends inside (a regenerated reply) is not used."""
+    if limit <= floor or not tier.histories:
+        return None
+    prompt = torch.tensor(logical[:limit], dtype=torch.int64)
+    best = None
+    for h in tier.histories.values():
+        n = min(h.depth, limit)
+        if h.ns != ns or n <= floor:
+            continue
+        differ = (h.ids[:n] != prompt[:n]).nonzero()
+        common = n if not differ.numel() else int(differ[0])
+        if common == n and n < h.depth:
+            continue  # the prompt ends inside it
+        if common > floor and (best is None or common > best[1]):
+            best = (h, common)
+    return best
+
+
+def restore(tree, req, h: HostHistory, depth: int):
+    """Write `h`'s entries at positions < `depth` into fresh slots (whole pages at page size > 1)
+    as a holed leaf under the root in a namespace of its own, which takes `h`'s store; `h` leaves
+    host memory. Returns the node, or None when the pool cannot give the slots now (`h` stays)."""
+    tier, ps = process().tier, tree.page_size
+    assert tier is not None, "host histories live in the host tier"
+    n = int((h.row.positions < depth).sum())  # positions ascend: the entries are a prefix
+    slots = alloc(tree, -(-n // ps) * ps, req, "restore") if n and depth >= ps else None
+    if slots is None:
+        return None
+    h.row.wait()
+    kv = tree.token_to_kv_pool_allocator.get_kvcache()
+    index = slots[:n].to(torch.int64)
+    for layer in range(kv.layer_num):
+        k, v = kv.get_key_buffer(layer), kv.get_value_buffer(layer)
+        k[index] = h.row.k[:n, layer].to(k.device, k.dtype, non_blocking=True)
+        v[index] = h.row.v[:n, layer].to(v.device, v.dtype, non_blocking=True)
+    ids = array("q", h.ids[:depth].tolist())
+    end = depth // ps * ps
+    tree._vt_serial = getattr(tree, "_vt_serial", 0) + 1  # a namespace nothing else uses
+    positions = h.row.positions[:n].to(index.device)
+    value = torch.full((end,), -1, dtype=torch.int64, device=index.device)
+    if ps == 1:
+        value[positions] = index
+    view = history.StoredView(positions, index, 0, ids[end:])
+    key = RadixKey(ids[:end], f"{h.ns}|host#{tree._vt_serial}")
+    matched, node = history.insert_view(
+        tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu()
+    )
+    assert matched == 0, "a fresh namespace cannot match"
+    node.vt.host_ns = h.ns  # evicted before its turn runs: back to host memory
+    node.last_access_time = time.monotonic()
+    store, h.store = h.store, []
+    tier.give_store(node, store)
+    tier.release(h)
+    tier.histories_restored += 1
+    tier.bytes_to_device += h.row.nbytes
+    return node
+
+
+def store_row(tree, req, st, row_len: int) -> None:
+    """A finished turn whose row started from a restored history (or a resumed retraction): the
+    row `[0, row_len)` goes to host memory as its conversation's history, with its recall store;
+    the node it started from keeps no view. Nothing happens without offload."""
+    tier = process().tier
+    start = st.prefix.restored or st.retract.resume_node
+    if start is not None and history.view_of(start) is not None:
+        history.drop_view(start)
+    if tier is None or not st.cfg.host.offload:
+        return
+    ids = st.prompt.logical_ids(req)[: row_len + st.row.offset]
+    slots = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len]
+    store, st.host.chunks = st.host.chunks, []
+    st.report.hold_host(sum(c.nbytes for c in store))
+    ns = history.namespace(req, st)
+    _keep(tier, tree, ns, ids, st.row.positions(row_len), slots, store, time.monotonic())
