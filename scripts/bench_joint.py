@@ -18,9 +18,9 @@ during prefill needs that), so cells differ in their eviction flags alone. Cells
     others     the plugin with their eviction flags (CELLS below)
 
 One JSON line per request (`request`), per conversation (`answer`) and per (cell, repeat)
-(`summary`: output tokens/s, prompt tokens computed, turns continued from a device history, from
-a host history and prefilled again, host bytes moved per turn (the plugin's host counters over
-the repeat), mean TTFT, accuracy, agreement with the full cache's answers of the same repeat,
+(`summary`: output tokens/s, prompt tokens computed, later turns continued from a device or a
+host history, from SGLang's radix prefix or prefilled again, host bytes moved per turn (the
+plugin's host counters over the repeat), mean TTFT, accuracy, agreement with the full cache's answers of the same repeat,
 device KV per conversation, retractions, peak running), then one `cell` line per cell (the
 spread over repeats, throughput and prompt tokens computed as ratios to stock's) and the
 markdown table (`sgl_vtoken_tools/bench/joint_table.py`). Host histories alone, against stock:
@@ -200,9 +200,10 @@ def run(args) -> list[dict]:
                     s = lines[-1]
                     print(
                         f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
-                        f"computed {s['prefill_tokens']}, turns device/host/again "
+                        f"computed {s['prefill_tokens']}, later turns device/host/prefix/again "
                         f"{s['turns_from_device']}/{s['turns_from_host']}/"
-                        f"{s['turns_prefilled_again']}, host B/turn {s['host_bytes_per_turn']}, "
+                        f"{s['turns_from_prefix']}/{s['turns_prefilled_again']}, "
+                        f"host B/turn {s['host_bytes_per_turn']}, "
                         f"retractions {s['retractions']}, failed {s['failed']}",
                         file=sys.stderr,
                     )

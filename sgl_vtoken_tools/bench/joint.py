@@ -9,11 +9,13 @@
     answer_record(...)         a conversation's score: the first number of its last reply
                                against the number its fact planted
     summarize(...)             one cell's figures: output tokens/s, TTFT, prompt tokens
-                               computed, turns continued from a device or a host history or
-                               prefilled again, host bytes moved per turn, accuracy, agreement
-                               with the full cache's answers, device KV per conversation,
-                               retractions and peak running requests from the server's log
+                               computed, later turns by how their history came back, host
+                               bytes moved per turn, accuracy, agreement with the full
+                               cache's answers, device KV per conversation, retractions and
+                               peak running requests from the server's log
     history_fields(report)     a request's history source and restored tokens
+    history_turns(reqs)        later turns continued from a device or a host history, from
+                               SGLang's radix prefix, or prefilled again
     host_counters(state)       the host-history counters of a plugin state reading
 
 Tasks come from `sgl_vtoken_tools.quality.splits` (tuning or held-out split), so a setting
@@ -253,6 +255,36 @@ def play(
     return reqs, [a for _, a in results], wall
 
 
+def history_turns(reqs: list[dict]) -> dict:
+    """The answered later turns (turn > 1) by how their history came back: `turns_from_device`
+    and `turns_from_host` by their `history_source` (both None when no request carried a report:
+    stock, the full cache); of the others, `turns_from_prefix` when SGLang's radix cache held at
+    least the previous turn's prompt (`cached_tokens` >= its `prompt_tokens`), else
+    `turns_prefilled_again`. The four add up to the answered later turns."""
+    prompts = {(r.get("conversation"), r.get("turn")): r["prompt_tokens"] or 0 for r in reqs}
+    reported = any(r.get("history_source") is not None for r in reqs if r["error"] is None)
+    kinds = ("device", "host", "prefix", "prefilled_again")
+    count = dict.fromkeys(kinds, 0)
+    for r in reqs:
+        turn = r.get("turn", 1)
+        if r["error"] is not None or turn < 2:
+            continue
+        source = r.get("history_source")
+        if source in ("device", "host"):
+            count[source] += 1
+        elif (r["cached_tokens"] or 0) >= prompts.get((r.get("conversation"), turn - 1), 0):
+            count["prefix"] += 1
+        else:
+            count["prefilled_again"] += 1
+    out: dict[str, int | None] = {
+        ("turns_prefilled_again" if k == "prefilled_again" else f"turns_from_{k}"): n
+        for k, n in count.items()
+    }
+    if not reported:
+        out["turns_from_device"] = out["turns_from_host"] = None
+    return out
+
+
 def _rate(hits: list[bool]) -> float | None:
     return round(sum(hits) / len(hits), 4) if hits else None
 
@@ -269,18 +301,9 @@ def summarize(
     of the same conversations (agreement = the same first number in the last reply); `log`: the
     server's log of the run; `host`: `host_moved` over the run (None: no plugin state).
 
-    Turns by `history_source`: `turns_from_device`, `turns_from_host`, and
-    `turns_prefilled_again` (a later turn, turn > 1, that continued no history); all three None
-    when no request carried a report (stock, the full cache). `host_bytes_per_turn`: bytes moved
-    to host and back to the device over the run, per answered request."""
+    Later turns by how their history came back (`history_turns`). `host_bytes_per_turn`: bytes
+    moved to host and back to the device over the run, per answered request."""
     ok = [r for r in reqs if r["error"] is None]
-    sources = [r.get("history_source") for r in ok]
-    reported = any(src is not None for src in sources)
-
-    def turns(source: str, first_turn: int = 1) -> int | None:
-        hit = [r for r in ok if r.get("history_source") == source and r["turn"] >= first_turn]
-        return len(hit) if reported else None
-
     moved = (host or {}).get("host_bytes_to_host", 0) + (host or {}).get("host_bytes_to_device", 0)
     out_tokens = sum(r["completion_tokens"] for r in ok)
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
@@ -295,9 +318,7 @@ def summarize(
         "wall_s": round(wall, 2),
         # the prompt tokens the server computed: what neither its cache nor a history held
         "prefill_tokens": sum((r["prompt_tokens"] or 0) - (r["cached_tokens"] or 0) for r in ok),
-        "turns_from_device": turns("device"),
-        "turns_from_host": turns("host"),
-        "turns_prefilled_again": turns("none", first_turn=2),
+        **history_turns(reqs),
         "history_restored_tokens": sum(r.get("history_restored_tokens") or 0 for r in ok),
         "host_bytes_per_turn": round(moved / len(ok), 1) if host is not None and ok else None,
         **{k: (host or {}).get(k) for k in (*HOST_COUNTERS, "host_histories_held")},

@@ -20,6 +20,7 @@ KEYS = (
     "prefill_tokens",
     "turns_from_device",
     "turns_from_host",
+    "turns_from_prefix",
     "turns_prefilled_again",
     "history_restored_tokens",
     "host_bytes_per_turn",
@@ -86,6 +87,7 @@ COLUMNS = (
     "computed x stock",
     "turns from device history",
     "turns from host history",
+    "turns from radix prefix",
     "turns prefilled again",
     "host MB / turn",
     "mean TTFT ms",
@@ -101,7 +103,7 @@ COLUMNS = (
 
 def table(cells: list[dict]) -> str:
     """Markdown: `COLUMNS`, medians over repeats with (min-max); "-" where a cell has no figure
-    (turns by history source: no request carried the plugin's report)."""
+    (turns from a device or host history: no request carried the plugin's report)."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
     for c in cells:
         row = [
@@ -112,6 +114,7 @@ def table(cells: list[dict]) -> str:
             _fmt(c.get("computed_ratio"), 2),
             _fmt(c.get("turns_from_device"), 0),
             _fmt(c.get("turns_from_host"), 0),
+            _fmt(c.get("turns_from_prefix"), 0),
             _fmt(c.get("turns_prefilled_again"), 0),
             _fmt(c.get("host_bytes_per_turn"), 2, scale=1e-6),
             _fmt(c.get("mean_ttft_ms"), 0),

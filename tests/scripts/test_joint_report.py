@@ -197,10 +197,13 @@ def test_summary_counts_turns_by_history_source_and_host_bytes_per_turn():
         _turn("a", 1, "none", 300, 0),
         _turn("a", 2, "device", 500, 420),
         _turn("a", 3, "host", 700, 600, restored=256),
-        _turn("a", 4, "none", 900, 0),  # a later turn that continued nothing: prefilled again
+        _turn("a", 4, "none", 900, 24),  # continued nothing, cache short of turn 3's 700: again
         _turn("b", 1, "none", 250, 0),
         _turn("b", 2, "host", 450, 400, restored=200),
         _turn("b", 3, "host", 650, 0, restored=100, error="HTTP 500"),  # failed: not counted
+        _turn("c", 1, "none", 60, 0),
+        _turn("c", 2, "none", 300, 60),  # the radix cache held turn 1's whole prompt
+        _turn("c", 3, "none", 540, 299),  # one short of turn 2's prompt: prefilled again
         _turn("d", 1, "none", 1200, 0),  # a document question: one turn, prefilled once
     ]
     before = joint.host_counters({"host_bytes_to_host": 1000, "host_histories_stored": 2})
@@ -224,15 +227,18 @@ def test_summary_counts_turns_by_history_source_and_host_bytes_per_turn():
         "host_histories_held": 1,
     }
     s = joint.summarize(reqs, [], 2.0, None, None, moved)
-    assert (s["turns_from_device"], s["turns_from_host"], s["turns_prefilled_again"]) == (1, 2, 1)
-    assert s["prefill_tokens"] == 300 + 80 + 100 + 900 + 250 + 50 + 1200
+    turns = ("turns_from_device", "turns_from_host", "turns_from_prefix", "turns_prefilled_again")
+    assert [s[k] for k in turns] == [1, 2, 1, 2]  # the 6 answered later turns
+    assert s["prefill_tokens"] == 300 + 80 + 100 + 876 + 250 + 50 + 60 + 240 + 241 + 1200
     assert s["history_restored_tokens"] == 456
-    assert s["host_bytes_per_turn"] == round(46080 * 756 / 7, 1)  # 7 answered turns
+    assert s["host_bytes_per_turn"] == round(46080 * 756 / 10, 1)  # 10 answered turns
     assert (s["host_histories_stored"], s["host_histories_dropped"]) == (3, 1)
     # no plugin state: no host figures; no report on any request (stock): no turn counts
     plain = [{**r, "history_source": None} for r in reqs]
     s = joint.summarize(plain, [], 2.0)
-    assert s["turns_from_device"] is s["turns_from_host"] is s["turns_prefilled_again"] is None
+    assert s["turns_from_device"] is s["turns_from_host"] is None
+    # stock's later turns: the radix cache held the previous prompt, or not (a4, c3)
+    assert (s["turns_from_prefix"], s["turns_prefilled_again"]) == (4, 2)
     assert s["host_bytes_per_turn"] is None and s["host_histories_stored"] is None
     assert joint.host_moved(None, after) is None and joint.host_counters(None) is None
     # a plugin whose state names no host counters moved nothing
@@ -241,21 +247,22 @@ def test_summary_counts_turns_by_history_source_and_host_bytes_per_turn():
 
 
 def test_cells_quote_computed_tokens_against_stock_and_history_turns(bench):
-    def line(cell, rep, computed, device, host, again, moved):
+    def line(cell, rep, computed, device, host, prefix, again, moved):
         return {
             **_summary(cell, rep, 10.0, 1.0),
             "prefill_tokens": computed,
             "turns_from_device": device,
             "turns_from_host": host,
+            "turns_from_prefix": prefix,
             "turns_prefilled_again": again,
             "host_bytes_per_turn": moved,
         }
 
     lines = [
-        line("stock", 0, 40000, None, None, None, None),
-        line("stock", 1, 50000, None, None, None, None),
-        line("h2o b256 + host", 0, 10000, 20, 10, 6, 2_500_000.0),
-        line("h2o b256 + host", 1, 20000, 22, 8, 6, 1_500_000.0),
+        line("stock", 0, 40000, None, None, 30, 6, None),
+        line("stock", 1, 50000, None, None, 24, 12, None),
+        line("h2o b256 + host", 0, 10000, 20, 10, 0, 6, 2_500_000.0),
+        line("h2o b256 + host", 1, 20000, 22, 8, 0, 6, 1_500_000.0),
     ]
     stock, host = bench.spread_lines(lines)
     assert (host["computed_ratio"]["min"], host["computed_ratio"]["max"]) == (0.25, 0.4)
@@ -270,12 +277,14 @@ def test_cells_quote_computed_tokens_against_stock_and_history_turns(bench):
     assert (
         cols["turns from device history"],
         cols["turns from host history"],
+        cols["turns from radix prefix"],
         cols["turns prefilled again"],
-    ) == ("21 (20-22)", "9 (8-10)", "6")
+    ) == ("21 (20-22)", "9 (8-10)", "0", "6")
     assert cols["host MB / turn"] == "2.00 (1.50-2.50)"
     assert cols["retractions"] == "0" and cols["peak running"] == "4"
     stock_cols = dict(zip(head, [c.strip() for c in rows["stock"].strip("|").split("|")]))
     assert stock_cols["turns from host history"] == "-" and stock_cols["host MB / turn"] == "-"
+    assert stock_cols["turns prefilled again"] == "9 (6-12)"
     assert stock_cols["computed x stock"] == "1.00"
 
 
