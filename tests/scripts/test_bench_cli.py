@@ -20,7 +20,7 @@ def run(script: str, *argv: str) -> subprocess.CompletedProcess:
     "script,flags",
     [
         ("bench_eviction.py", ("--part", "--quick")),
-        ("bench_agent.py", ("--base-url", "--rid-prefix", "--kv-evict-json")),
+        ("bench_agent.py", ("--base-url", "--cells", "--split", "--tool-tokens", "--report")),
         ("bench_matrix.py", ("--repeats", "--render-only", "--jsonl")),
         ("stress.py", ("--duration", "--workers", "--page-size")),
     ],
@@ -34,13 +34,12 @@ def test_help_lists_the_flags(script, flags):
 @pytest.mark.parametrize(
     "script,argv,flag",
     [
-        (
-            "bench_agent.py",
-            ("--base-url", "http://127.0.0.1:9", "--tool-min", "50", "--tool-max", "10"),
-            "--tool-max",
-        ),
-        ("bench_agent.py", ("--base-url", "http://127.0.0.1:9", "--sessions", "0"), "--sessions"),
-        ("bench_agent.py", ("--base-url", "http://127.0.0.1:9", "--rate", "0"), "--rate"),
+        ("bench_agent.py", ("--tool-tokens", "500", "200"), "--tool-tokens"),
+        ("bench_agent.py", ("--sessions", "0"), "--sessions"),
+        ("bench_agent.py", ("--turns", "10", "8"), "--turns"),
+        ("bench_agent.py", ("--split", "test"), "--split"),
+        ("bench_agent.py", ("--cells", "nonesuch"), "--cells"),
+        ("bench_agent.py", ("--base-url", "http://127.0.0.1:9", "--cells", "a={"), "--cells"),
         ("bench_matrix.py", ("--repeats", "0", "--model-path", "/nonexistent"), "repeats"),
         ("stress.py", ("--server-log", "x.log"), "--server-log"),
     ],
