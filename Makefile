@@ -53,13 +53,20 @@ typecheck: $(STAMP)
 test: lint
 	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
 
-# No-Evict vs Naive-Evict vs vToken on the agent benchmark (CPU, tiny model, 3 repeats): rewrites
-# docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and docs/img/bench_*.png
-# (about 15 to 30 minutes on two shared cores); then SGLang's own multi-turn chat benchmark,
-# stock vs streamingllm without and with eviction during prefill, at page sizes 1 and 16 (2 repeats,
-# about 35 minutes): rewrites
-# docs/results/multiturn.jsonl and the multiturn section of docs/RESULTS.md; then bench-joint.
+# Agent sessions on SmolLM2-135M-Instruct (CPU), speed and answers: stock SGLang, the full cache,
+# h2o b256 every 16 steps, and the same with host histories, on the same 8 concurrent held-out
+# sessions of 8-10 turns (a key told early, asked last), 3 repeats each; rewrites
+# docs/results/agent_smollm2.{jsonl,md} (about an hour on two quiet cores, estimated; a smoke of 2
+# sessions in 2 cells took 38 minutes on cores shared with other servers). Then
+# No-Evict vs Naive-Evict vs vToken on the tiny model's synthetic agent workload (speed only, 3
+# repeats): rewrites docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and
+# docs/img/bench_*.png (about 15 to 30 minutes on two shared cores); then SGLang's own multi-turn
+# chat benchmark, stock vs streamingllm without and with eviction during prefill, at page sizes 1
+# and 16 (2 repeats, about 35 minutes): rewrites docs/results/multiturn.jsonl and the multiturn
+# section of docs/RESULTS.md; then bench-joint.
 bench: $(STAMP)
+	$(PY) scripts/bench_agent.py --out docs/results/agent_smollm2.jsonl \
+		--markdown docs/results/agent_smollm2.md
 	$(PY) scripts/bench_matrix.py
 	rm -f docs/results/multiturn.jsonl
 	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
