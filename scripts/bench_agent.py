@@ -33,8 +33,8 @@ per-request ``custom_params.kv_evict``) or a bare name (the server's own flags);
 
 JSON lines: `config`, one `request` per request, one `answer` per session, one `summary` per
 (cell, repeat) (`sgl_vtoken_tools/bench/agent_score.py`: output tokens/s, prompt tokens computed,
-mean TTFT, accuracy, agreement with the full cache's answers of the same repeat, device KV per
-session, retractions, peak running), then one `cell` line per cell (spreads over repeats,
+mean TTFT, accuracy, agreement with the full cache's answers of the same repeat, later turns by
+how their history came back, host bytes moved, device KV per session, retractions, peak running), then one `cell` line per cell (spreads over repeats,
 throughput ratio to stock) and the markdown table.
 """
 
@@ -139,6 +139,7 @@ def run(args) -> list[dict]:
     from sgl_vtoken_tools.bench import probe
     from sgl_vtoken_tools.bench.agent_chat import play
     from sgl_vtoken_tools.bench.agent_score import cell_lines, summarize
+    from sgl_vtoken_tools.bench.joint import host_counters, host_moved
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec, agent_sessions
 
     model = resolve_model(args.model)
@@ -189,6 +190,7 @@ def run(args) -> list[dict]:
                     time.sleep(max(0.0, ended + RID_REUSE_GAP_S - time.monotonic()))
                 probe.flush_cache(url)
                 start = Path(log_path).stat().st_size if log_path else 0
+                before = host_counters(probe.vtoken_state(url))
                 reqs, answers, wall = play(
                     url,
                     served[0].get("id", "default"),
@@ -200,6 +202,7 @@ def run(args) -> list[dict]:
                     concurrency=args.concurrency,
                 )
                 ended = time.monotonic()
+                host = host_moved(before, host_counters(probe.vtoken_state(url)))
                 log = None
                 if log_path:
                     with open(log_path, "rb") as f:
@@ -208,7 +211,7 @@ def run(args) -> list[dict]:
                     emit({**r, "cell": name, "repeat": rep})
                 if name == "full":
                     full[rep] = answers
-                s = summarize(reqs, answers, wall, log, full.get(rep))
+                s = summarize(reqs, answers, wall, log, full.get(rep), host)
                 emit({"kind": "summary", "cell": name, "repeat": rep, **s})
                 print(
                     f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "

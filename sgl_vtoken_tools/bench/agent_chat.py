@@ -8,7 +8,8 @@ turn (`http_client.stream_chat`).
     answer_record(...)   a session's score: the first number of its last reply against the key
 
 Request ids are ``{rid_prefix}-{session id}-t{turn}``, the same on every server, so seeded
-per-request choices are the same in every cell. Tool outputs go as role `tool_role`: "user"
+per-request choices are the same in every cell. Each request record carries how its history
+came back (`joint.history_fields`: `history_source`, `history_restored_tokens`). Tool outputs go as role `tool_role`: "user"
 (default: SmolLM2's template was trained on user and assistant turns only) or "tool".
 """
 
@@ -21,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from sgl_vtoken_tools.bench.http_client import stream_chat
+from sgl_vtoken_tools.bench.joint import history_fields
 from sgl_vtoken_tools.quality.agent_sessions import SYSTEM, AgentSession
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
 
@@ -64,7 +66,8 @@ def _session(
         }
         if opts["kv_evict"] is not None:
             payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
-        rec = stream_chat(http, base_url, payload, opts["timeout"])
+        rec = stream_chat(http, base_url, payload, opts["timeout"], kv_evict=True)
+        rec.update(history_fields(rec.pop("kv_evict")))
         reply = rec.pop("text")
         rec.update(
             kind="request",

@@ -4,8 +4,10 @@ per cell (each figure's spread over repeats), and their markdown table.
     summarize(reqs, answers, wall, log, reference)   output tokens/s (over the wall time), prompt
         tokens computed (prompt - cached), mean TTFT, accuracy (all, fact in the task, fact in
         the first tool output), agreement with the full cache's answers of the same repeat (the
-        same first number), turns that continued a stored compacted history (`history_turns`,
-        from ``usage.kv_evict``), device KV per session, retractions and peak running from the log
+        same first number), later turns by how their history came back (`joint.history_turns`:
+        device, host, radix prefix, prefilled again), host bytes moved per turn (`host`:
+        `joint.host_moved` over the run), device KV per session, retractions and peak running
+        from the log
     cell_lines(summaries)   the spreads and the throughput ratio to stock of the same repeat
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 
+from sgl_vtoken_tools.bench.joint import HOST_COUNTERS, history_turns
 from sgl_vtoken_tools.bench.quantiles import spread
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 
@@ -24,7 +27,11 @@ CELL_KEYS = (
     "accuracy_task",
     "accuracy_tool",
     "agreement",
-    "history_turns",
+    "turns_from_device",
+    "turns_from_host",
+    "turns_from_prefix",
+    "turns_prefilled_again",
+    "host_bytes_per_turn",
     "kv_tokens_mean",
     "retractions",
     "peak_running",
@@ -43,10 +50,13 @@ def summarize(
     wall: float,
     log: str | None = None,
     reference: list[dict] | None = None,
+    host: dict | None = None,
 ) -> dict:
     """One run's figures; `reference`: the full cache's answer records of the same sessions
-    (agreement: None without one); `log`: the server's log written during the run."""
+    (agreement: None without one); `log`: the server's log written during the run; `host`:
+    `joint.host_moved` over the run (None: no plugin state)."""
     ok = [r for r in reqs if r["error"] is None]
+    moved = (host or {}).get("host_bytes_to_host", 0) + (host or {}).get("host_bytes_to_device", 0)
     out_tokens = sum(r["completion_tokens"] for r in ok)
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     ref = {a["conversation"]: a["number"] for a in reference or []}
@@ -65,7 +75,10 @@ def summarize(
         "accuracy_task": _rate([a["hit"] for a in answers if a["fact_turn"] == 1]),
         "accuracy_tool": _rate([a["hit"] for a in answers if a["fact_turn"] != 1]),
         "agreement": _rate(agree) if reference is not None else None,
-        "history_turns": sum(1 for r in ok if r.get("history_tokens")),
+        **history_turns(reqs),
+        "history_restored_tokens": sum(r.get("history_restored_tokens") or 0 for r in ok),
+        "host_bytes_per_turn": round(moved / len(ok), 1) if host is not None and ok else None,
+        **{k: (host or {}).get(k) for k in (*HOST_COUNTERS, "host_histories_held")},
         "kv_tokens_mean": round(statistics.mean(kv), 1) if kv else None,
         "kv_tokens_max": max(kv) if kv else None,
         "retractions": retracted_requests(log) if log is not None else None,
@@ -114,8 +127,8 @@ def table(cells: list[dict]) -> str:
     lines = [
         "| cell | output tok/s | x stock | prompt tokens computed | mean TTFT ms | accuracy % "
         "| fact in task % | fact in tool output % | agree w/ full % | KV tokens / session "
-        "| retractions | peak running |",
-        "|---|" + "---:|" * 11,
+        "| retractions | peak running | later turns from host | prefilled again |",
+        "|---|" + "---:|" * 13,
     ]
     for c in cells:
         lines.append(
@@ -124,6 +137,7 @@ def table(cells: list[dict]) -> str:
             f"| {_fmt(c['accuracy'], pct=True)} | {_fmt(c['accuracy_task'], pct=True)} "
             f"| {_fmt(c['accuracy_tool'], pct=True)} | {_fmt(c['agreement'], pct=True)} "
             f"| {_fmt(c['kv_tokens_mean'], 0)} | {_fmt(c['retractions'], 0)} "
-            f"| {_fmt(c['peak_running'], 0)} |"
+            f"| {_fmt(c['peak_running'], 0)} | {_fmt(c.get('turns_from_host'), 0)} "
+            f"| {_fmt(c.get('turns_prefilled_again'), 0)} |"
         )
     return "\n".join(lines) + "\n"

@@ -37,10 +37,13 @@ def test_failed_session_is_wrong_whatever_it_says():
     assert not answer_record(session(0, "54288", 2), "54288", failed=True, kv_tokens=0)["hit"]
 
 
-def request(completion=10, prompt=100, cached=40, ttft=0.2, error=None, history=0):
+def request(completion=10, prompt=100, cached=40, ttft=0.2, error=None, turn=1, source=None):
     return {
         "error": error,
-        "history_tokens": history,
+        "conversation": "s0",
+        "turn": turn,
+        "history_source": source,
+        "history_restored_tokens": 300 if source == "host" else 0,
         "completion_tokens": completion,
         "prompt_tokens": prompt,
         "cached_tokens": cached,
@@ -55,20 +58,30 @@ def test_summary_accuracy_agreement_and_counts():
         answer_record(s, r, False, 100 * (i + 1)) for i, (s, r) in enumerate(zip(sess, replies))
     ]
     reference = [answer_record(s, r, False, 0) for s, r in zip(sess, ["10000", "5", "x", "7"])]
-    reqs = [request(), request(ttft=0.4, history=300), request(error="HTTP 500", history=9)]
+    reqs = [
+        request(source="none"),
+        request(ttft=0.4, turn=2, source="host"),
+        request(error="HTTP 500", turn=3, source="device"),
+    ]
+    host = {"host_bytes_to_host": 1000, "host_bytes_to_device": 600, "host_histories_restored": 1}
     log = (
         "Decode batch, #running-req: 3, x\nDecode batch, #running-req: 5, x\n"
         "KV cache pool is full. Retract requests. #retracted_reqs: 2\n"
     )
-    s = summarize(reqs, answers, 4.0, log, reference)
+    s = summarize(reqs, answers, 4.0, log, reference, host)
     assert (s["accuracy"], s["accuracy_task"], s["accuracy_tool"]) == (0.5, 1.0, 0.0)
     assert s["agreement"] == 0.5  # sessions 0 and 3 gave the full cache's first number
     assert (s["requests"], s["failed"], s["output_tokens"]) == (3, 1, 20)
     assert s["output_tokens_per_s"] == 5.0 and s["prefill_tokens"] == 120
     assert s["mean_ttft_ms"] == 300.0 and (s["kv_tokens_mean"], s["kv_tokens_max"]) == (250, 400)
-    assert (s["retractions"], s["peak_running"], s["history_turns"]) == (2, 5, 1)
+    assert (s["retractions"], s["peak_running"]) == (2, 5)
+    # the answered later turn came back from host memory; the failed one counts nowhere
+    assert (s["turns_from_host"], s["turns_from_device"], s["turns_prefilled_again"]) == (1, 0, 0)
+    assert s["history_restored_tokens"] == 300 and s["host_bytes_per_turn"] == 800.0
+    assert s["host_histories_restored"] == 1
     bare = summarize(reqs, answers, 4.0)
     assert bare["agreement"] is None and bare["retractions"] is None
+    assert bare["host_bytes_per_turn"] is None
 
 
 def test_cell_lines_ratio_to_stock_of_the_same_repeat():
