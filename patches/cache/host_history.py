@@ -27,6 +27,12 @@ from .host_tier import Chunk, HostHistory, HostTier, to_host
 from .pool import alloc
 
 
+def host_key(ns: str, cache_salt: str | None) -> str:
+    """The key host histories are filed under: the radix namespace of the request's histories and
+    its `cache_salt` (requests of different salts never share KV)."""
+    return ns if cache_salt is None else f"{ns}|salt:{cache_salt}"
+
+
 def _gather(
     tree, slots: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
@@ -71,7 +77,8 @@ def offload_view(tree, node) -> None:
         ids.extend(part)
     ids.extend(record.view.tail)
     view, store = record.view, tier.take_store(node)
-    _keep(tier, tree, record.host_ns, ids, view.positions, view.slots, store, node.last_access_time)
+    ns = host_key(record.host_ns, node.key.cache_salt)
+    _keep(tier, tree, ns, ids, view.positions, view.slots, store, node.last_access_time)
 
 
 def find(tier: HostTier, ns: str, logical: array, limit: int, floor: int):
@@ -96,11 +103,12 @@ def find(tier: HostTier, ns: str, logical: array, limit: int, floor: int):
     return best
 
 
-def restore(tree, req, h: HostHistory, depth: int):
+def restore(tree, req, st, h: HostHistory, depth: int):
     """Write `h`'s entries at positions < `depth` into fresh slots (whole pages at page size > 1)
     as a holed leaf under the root in a namespace of its own, which takes `h`'s store; `h` leaves
     host memory. Returns the node, or None when the pool cannot give the slots now (`h` stays)."""
     tier, ps = process().tier, tree.page_size
+    ns, salt = history.namespace(req, st), req.cache_salt
     assert tier is not None, "host histories live in the host tier"
     n = int((h.row.positions < depth).sum())  # positions ascend: the entries are a prefix
     slots = alloc(tree, -(-n // ps) * ps, req, "restore") if n and depth >= ps else None
@@ -121,12 +129,12 @@ def restore(tree, req, h: HostHistory, depth: int):
     if ps == 1:
         value[positions] = index
     view = history.StoredView(positions, index, 0, ids[end:])
-    key = RadixKey(ids[:end], f"{h.ns}|host#{tree._vt_serial}")
+    key = RadixKey(ids[:end], f"{h.ns}|host#{tree._vt_serial}", cache_salt=salt)
     matched, node = history.insert_view(
         tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu()
     )
     assert matched == 0, "a fresh namespace cannot match"
-    node.vt.host_ns = h.ns  # evicted before its turn runs: back to host memory
+    node.vt.host_ns = ns  # evicted before its turn runs: back to host memory
     node.last_access_time = time.monotonic()
     store, h.store = h.store, []
     tier.give_store(node, store)
@@ -150,5 +158,5 @@ def store_row(tree, req, st, row_len: int) -> None:
     slots = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len]
     store, st.host.chunks = st.host.chunks, []
     st.report.hold_host(sum(c.nbytes for c in store))
-    ns = history.namespace(req, st)
+    ns = host_key(history.namespace(req, st), req.cache_salt)
     _keep(tier, tree, ns, ids, st.row.positions(row_len), slots, store, time.monotonic())

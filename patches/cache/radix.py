@@ -243,10 +243,11 @@ class HoledRadixCache(RadixCache):
             if floor < depth <= limit:
                 return node, depth
         st.prefix.restored = None
-        hit = host_history.find(tier, history.namespace(req, st), logical, limit, floor)
+        ns = host_history.host_key(history.namespace(req, st), req.cache_salt)
+        hit = host_history.find(tier, ns, logical, limit, floor)
         if hit is None:
             return None
-        node = host_history.restore(self, req, *hit)
+        node = host_history.restore(self, req, st, *hit)
         st.prefix.restored, st.prefix.blocked = node, node is None
         return None if node is None else (node, hit[1])
 
