@@ -81,7 +81,14 @@ def split(prefix: int, total: int, window: int, page_size: int) -> tuple[int, in
     return end, max(prefix, end - -(-window // page_size) * page_size)
 
 
-def pick(scores: torch.Tensor, k: int, pool: int = 1, gap: int = 0) -> torch.Tensor:
+def pick(
+    scores: torch.Tensor,
+    k: int,
+    pool: int = 1,
+    gap: int = 0,
+    positions: torch.Tensor | None = None,
+    recalled: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Ascending indices of the `k` best `scores` ``[c]`` (candidates in position order; ties:
     the later one); all of them when ``c <= k``. With `pool` (odd) each score is first the mean
     over its candidate neighbours, ``pool // 2`` on each side (SnapKV's pooling): a recalled
@@ -92,23 +99,37 @@ def pick(scores: torch.Tensor, k: int, pool: int = 1, gap: int = 0) -> torch.Ten
         taken:  3 4                  next best 8, gap 3:  3 4 [5 6 7] 8   (its hole joins)
                                      next best 8, gap 2:  3 4  .  .  .  8  (the hole stays open)
 
-    so a sentence whose ends the statistic marks comes back whole.
+    so a sentence whose ends the statistic marks comes back whole. `recalled` (positions the
+    turn's earlier rounds brought back; `positions` ``[c]`` ascending: the candidates') are
+    taken neighbours too, not counted in `k`: a hole between this round's token and an earlier
+    round's is filled as one round would fill it, so a number recalled over two rounds comes
+    back without missing digits.
     """
     order = ranking(smooth(scores.double().cpu(), pool))
     if not gap or k >= order.numel():
         return order[:k].sort().values
-    taken: list[int] = []
-    for i in order.tolist():
-        if len(taken) == k:
+    before: list[int] = []
+    slot = list(range(order.numel()))  # candidate index -> its index among all taken-able
+    if recalled is not None and recalled.numel():
+        assert positions is not None, "recalled positions need the candidates' positions"
+        pos = positions.cpu().tolist()
+        merged = sorted(pos + recalled.cpu().tolist())
+        at = {p: j for j, p in enumerate(merged)}
+        slot = [at[p] for p in pos]
+        before = [at[p] for p in recalled.cpu().tolist()]
+    back = {j: i for i, j in enumerate(slot)}
+    taken: list[int] = sorted(before)
+    for i in (slot[c] for c in order.tolist()):
+        if len(taken) - len(before) == k:
             break
         j = bisect.bisect(taken, i)
         if j and taken[j - 1] == i:
             continue  # already taken as part of a hole
         lo = taken[j - 1] + 1 if j and i - taken[j - 1] <= gap + 1 else i
         hi = taken[j] if j < len(taken) and taken[j] - i <= gap + 1 else i + 1
-        if len(taken) + hi - lo <= k:
+        if len(taken) - len(before) + hi - lo <= k:
             taken[j:j] = range(lo, hi)  # i with its holes: the run between its neighbours
-    return torch.tensor(taken, dtype=torch.int64)
+    return torch.tensor([back[j] for j in taken if j in back], dtype=torch.int64)
 
 
 def turn_rounds(recall: int, rounds: int) -> int:

@@ -62,9 +62,18 @@ class RecallRule(Protocol):
 
     def quota(self, cfg: EvictConfig, done: int, last: bool) -> int: ...
 
-    def choose(self, cfg: EvictConfig, layers: list, lengths: torch.Tensor, k: int) -> list[int]:
+    def choose(
+        self,
+        cfg: EvictConfig,
+        layers: list,
+        lengths: torch.Tensor,
+        k: int,
+        positions: list[int],
+        recalled: list[int],
+    ) -> list[int]:
         """Indices of the `k` candidates recalled; `layers`: ``(queries [nq, hq, d], scale,
-        row_keys [n, hkv, d], cand_keys [c, hkv, d])`` of every layer in order."""
+        row_keys [n, hkv, d], cand_keys [c, hkv, d])`` of every layer in order; `positions`
+        the candidates' (ascending), `recalled` those the turn's earlier rounds brought back."""
 
 
 PolicyFactory = Callable[[EvictConfig, str], RequestPolicy]
@@ -147,6 +156,7 @@ def masked_turn(
     *,
     policy: PolicyFactory | None = None,
     recall: RecallRule | None = None,
+    stop: int | None = None,
 ):
     """:func:`masked_greedy` for one turn of a conversation; returns (tokens, row, history).
 
@@ -164,6 +174,7 @@ def masked_turn(
     recomputed after each of R rounds of ``recall // R`` (the last: what is left) and scores the
     candidates left. The view stored for the next turn leaves them out (they stay candidates).
     Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
+    With `stop`, the turn ends after that token (included), as a server's stop token ends it.
     """
     make, rule = _choice(policy, recall)
     chooser = make(cfg, rid) if cfg.enabled else None
@@ -242,6 +253,7 @@ def masked_turn(
                         cfg,
                         quota,
                         rule,
+                        sorted(pinned),
                     )
                     pinned = pinned + got
                     if not got or len(pinned) == len(candidates):
@@ -288,6 +300,9 @@ def masked_turn(
         out.append(nxt)
         t = len(ids)
         ids.append(nxt)
+        if nxt == stop:  # the turn ends: no forward (nor eviction) for the stop token
+            allowed.append(row + [t])
+            break
         if chooser is not None and cfg.should_evict(len(row)):
             row = evict(res, row)
         row.append(t)
@@ -328,8 +343,10 @@ def _recall(
     cfg: EvictConfig,
     k: int,
     rule: RecallRule,
+    recalled: list[int],
 ) -> list[int]:
-    """The `k` candidates the window's queries recall under `rule`, ascending."""
+    """The `k` candidates the window's queries recall under `rule`, ascending (`recalled`:
+    the turn's earlier rounds')."""
     lengths = torch.tensor([row.index(t) + 1 for t in window])
     layers = []
     for layer, (q, scale) in enumerate(queries):
@@ -342,7 +359,7 @@ def _recall(
                 keys[:, candidates].transpose(0, 1),
             )
         )
-    return [candidates[i] for i in rule.choose(cfg, layers, lengths, k)]
+    return [candidates[i] for i in rule.choose(cfg, layers, lengths, k, candidates, recalled)]
 
 
 def _group_probs(attentions, queries: list[int], row: list[int], config, first: int = 0):

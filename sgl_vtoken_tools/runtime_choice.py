@@ -69,13 +69,22 @@ class RuntimeRecall:
     def quota(self, cfg: EvictConfig, done: int, last: bool) -> int:
         return round_quota(cfg.host.recall, cfg.host.rounds, done, last)
 
-    def choose(self, cfg: EvictConfig, layers, lengths, k: int) -> list[int]:
+    def choose(
+        self, cfg: EvictConfig, layers, lengths, k: int, positions=(), recalled=()
+    ) -> list[int]:
         scores = torch.zeros(layers[0][3].shape[0])
         scored = cfg.scoring.layer_ids(len(layers))
         for i, (q, scale, row_keys, cand_keys) in enumerate(layers):
             if scored is None or i in scored:
                 scores += candidate_mass(q, row_keys, lengths, cand_keys, scale)
-        return pick(scores, k, cfg.host.pool, cfg.host.gap).tolist()
+        return pick(
+            scores,
+            k,
+            cfg.host.pool,
+            cfg.host.gap,
+            torch.tensor(list(positions), dtype=torch.int64),
+            torch.tensor(list(recalled), dtype=torch.int64),
+        ).tolist()
 
 
 RUNTIME_RECALL = RuntimeRecall()

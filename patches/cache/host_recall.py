@@ -69,6 +69,10 @@ class RecallPlan:
         keys = self.k_device[:, layer]
         return keys if self.unpicked is None else keys[self.unpicked]
 
+    def left_positions(self) -> torch.Tensor:
+        """``[m]`` ascending positions of the candidates left (host)."""
+        return self.candidates if self.unpicked is None else self.candidates[self.unpicked.cpu()]
+
     def chosen(self, sel: torch.Tensor) -> torch.Tensor:
         """Indices into `candidates` of `sel` ``[n]`` (indices into the candidates left)."""
         return sel if self.unpicked is None else self.unpicked.cpu()[sel]
@@ -175,11 +179,13 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     t0 = time.perf_counter()
     host, before = st.cfg.host, st.recall.pinned
     done = 0 if before is None else int(before.numel())  # recalled by this turn's earlier rounds
-    sel = pick(
+    sel = pick(  # the earlier rounds' tokens are taken neighbours: their holes are filled too
         plan.scores,
         round_quota(host.recall, host.rounds, done, plan.rounds == 1),
         host.pool,
         host.gap,
+        plan.left_positions(),
+        before,
     )
     kv, end, back = req.kv, plan.end, plan.back
     req_to_token = scheduler.req_to_token_pool.req_to_token

@@ -46,6 +46,22 @@ def test_gap_pick_takes_the_holes_between_picked_candidates_within_k():
     assert pick(scores, 5, gap=0).tolist() == pick(scores, 5).tolist() == [1, 2, 6, 7, 13]
 
 
+def test_a_later_round_fills_the_holes_next_to_what_the_earlier_rounds_recalled():
+    """Round 1 recalled positions 10 and 14 (a number's first and last digits); round 2's best
+    candidate is 12: with gap 8 it comes back with 11 and 13, the digits between, so the number
+    is whole. Without the earlier rounds as neighbours the hole stays open and the quota goes to
+    position 20 instead."""
+    positions = torch.tensor([2, 11, 12, 13, 20])
+    scores = torch.tensor([0.5, 0.0, 1.0, 0.0, 0.6])
+    recalled = torch.tensor([10, 14])
+    assert pick(scores, 3, gap=8, positions=positions, recalled=recalled).tolist() == [1, 2, 3]
+    assert pick(scores, 3, gap=8).tolist() == [2, 3, 4]
+    # the earlier rounds' tokens are not counted in k; 12 with its holes would overflow k 1 or 2:
+    # passed over, as within one round
+    assert pick(scores, 1, gap=8, positions=positions, recalled=recalled).tolist() == [4]
+    assert pick(scores, 2, gap=8, positions=positions, recalled=recalled).tolist() == [0, 4]
+
+
 def test_dedupe_keeps_each_position_below_the_depth_once_and_not_the_views():
     positions = torch.tensor([9, 3, 5, 3, 12, 7])
     idx = dedupe(positions, below=10, exclude=torch.tensor([7]))

@@ -30,26 +30,47 @@ def candidate_mass(q, scale, row_keys, lengths, cand_keys) -> torch.Tensor:
     return mass
 
 
-def pick(scores: list[float], k: int, pool: int, gap: int) -> list[int]:
+def pick(
+    scores: list[float],
+    k: int,
+    pool: int,
+    gap: int,
+    positions: list[int] = (),
+    recalled: list[int] = (),
+) -> list[int]:
     """Ascending indices of the `k` candidates recalled: best pooled score first (ties: the later
     candidate); with `gap`, each taken with the run of at most `gap` candidates between it and
-    an already taken neighbour, and one whose run would overflow `k` is passed over."""
+    an already taken neighbour, and one whose run would overflow `k` is passed over. The
+    `recalled` positions (earlier rounds of the turn) are taken neighbours from the start and
+    do not count in `k`; `positions` are the candidates' (ascending)."""
     s = pooled(scores, pool)
     order = sorted(range(len(s)), key=lambda i: (s[i], i), reverse=True)
     if not gap or k >= len(s):
         return sorted(order[:k])
+    # Walk in position space: a run's length counts the candidates between two taken positions.
+    where = list(positions) if recalled else list(range(len(s)))
+    anchors = set(recalled)
     taken: set[int] = set()
+
+    def between(a: int, b: int) -> list[int]:
+        return [c for c in range(len(s)) if a < where[c] < b]
+
     for i in order:
         if len(taken) == k:
             break
         if i in taken:
             continue
-        left = max((t for t in taken if t < i), default=None)
-        right = min((t for t in taken if t > i), default=None)
-        lo = left + 1 if left is not None and i - left <= gap + 1 else i
-        hi = right if right is not None and right - i <= gap + 1 else i + 1
-        if len(taken) + hi - lo <= k:
-            taken |= set(range(lo, hi))
+        p = where[i]
+        sides = [where[t] for t in taken] + list(anchors)
+        left = max((q for q in sides if q < p), default=None)
+        right = min((q for q in sides if q > p), default=None)
+        run = {i}
+        if left is not None and len(between(left, p)) <= gap:
+            run |= set(between(left, p))
+        if right is not None and len(between(p, right)) <= gap:
+            run |= set(between(p, right))
+        if len(taken) + len(run) <= k:
+            taken |= run
     return sorted(taken)
 
 
@@ -75,14 +96,15 @@ class OracleRecall:
         """Tokens a round recalls: an equal share, the last round what is left."""
         return cfg.host.recall - done if last else cfg.host.recall // self.rounds(cfg)
 
-    def choose(self, cfg, layers, lengths, k: int) -> list[int]:
+    def choose(self, cfg, layers, lengths, k: int, positions=(), recalled=()) -> list[int]:
         """Indices of the `k` candidates recalled; `layers`: ``(q, scale, row_keys, cand_keys)``
-        of every layer in order, summed over the scored ones."""
+        of every layer in order, summed over the scored ones; `positions` the candidates',
+        `recalled` the positions the turn's earlier rounds brought back (taken neighbours)."""
         total = torch.zeros(layers[0][3].shape[0])
         for i in scored_layers(cfg.scoring.score_layers, len(layers)):
             q, scale, row_keys, cand_keys = layers[i]
             total += candidate_mass(q, scale, row_keys, lengths, cand_keys)
-        return pick(total.tolist(), k, cfg.host.pool, cfg.host.gap)
+        return pick(total.tolist(), k, cfg.host.pool, cfg.host.gap, list(positions), list(recalled))
 
 
 ORACLE_RECALL = OracleRecall()

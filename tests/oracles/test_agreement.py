@@ -173,3 +173,16 @@ def test_the_recall_rule_equals_the_runtime_one():
         assert ORACLE_RECALL.choose(cfg, layers, lengths, k) == RUNTIME_RECALL.choose(
             cfg, layers, lengths, k
         ), case
+        # A later round: the candidates left between the positions its earlier rounds recalled.
+        spots = sorted(rng.sample(range(3 * c + 10), c + rng.randrange(0, 8)))
+        recalled = sorted(rng.sample(spots, len(spots) - c))
+        positions = [p for p in spots if p not in recalled]
+        assert (
+            pick(scores, k, pool, gap, positions, recalled)
+            == runtime_pick(
+                torch.tensor(scores), k, pool, gap, torch.tensor(positions), torch.tensor(recalled)
+            ).tolist()
+        ), case
+        assert ORACLE_RECALL.choose(
+            cfg, layers, lengths, k, positions, recalled
+        ) == RUNTIME_RECALL.choose(cfg, layers, lengths, k, positions, recalled), case
