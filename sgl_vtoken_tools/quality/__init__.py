@@ -10,4 +10,7 @@ server_check.py  the same trials replayed token for token on a live server
 report.py        summaries, markdown tables, the plot
 evaluate.py      one run end to end (``scripts/eval_quality.py`` is its CLI)
 cli.py           the quality scripts' shared flags, model loading and JSON-lines output
+chats.py         chat-shaped recall conversations (replies the model's own) from a split
+chat_recall.py   those conversations through the masked reference, per setting (a CLI)
+chat_diag.py     the answer turn of one of them under one-change masks (a CLI)
 """
