@@ -12,5 +12,6 @@ evaluate.py      one run end to end (``scripts/eval_quality.py`` is its CLI)
 cli.py           the quality scripts' shared flags, model loading and JSON-lines output
 chats.py         chat-shaped recall conversations (replies the model's own) from a split
 chat_recall.py   those conversations through the masked reference, per setting (a CLI)
+chat_server.py   the same conversations played on a server, per-request cells (a CLI)
 chat_diag.py     the answer turn of one of them under one-change masks (a CLI)
 """

@@ -92,7 +92,7 @@ def server(request, server_factory, smollm2_model, kvp_checkpoint):
         "--kv-sink",
         str(SINK),
         "--kv-evict-config",
-        json.dumps({"checkpoint": kvp_checkpoint}),
+        json.dumps({"checkpoint": kvp_checkpoint, "host_tokens": 1 << 16}),
     )
     # One OpenMP thread: on a busy machine two spin-wait on each other and a decode step of this
     # model takes seconds instead of tens of milliseconds.
@@ -149,6 +149,35 @@ def test_greedy_equals_masked_reference(server, references, prompts, policy):
     assert out["output_ids"] == references(policy, prompt, rid)
     full = generate(server, prompt, rid + "-full", {"policy": "none"})
     assert out["output_ids"] != full["output_ids"]
+
+
+# The README's chat setting, asked per request (the server's sinks are 16 as in the README).
+CHAT = {"policy": "h2o", "budget": 256, "window": 32, "interval": 16}
+
+
+@pytest.mark.parametrize("group", ["first", "mid"])
+def test_chat_recall_brings_back_a_fact_stated_turns_earlier(server, smollm2_model, group):
+    """A chat as a client holds it (`quality.chats`, tuning split, trial 0: a 5-digit key stated
+    in turn 1 or mid-passage in turn 2, passages to summarise, the model's own replies of up to
+    48 tokens fed back, the question in turn 5): with offload + recall 192 the last turn continues
+    the compacted history the server stored, recalls 192 evicted tokens, and answers the whole
+    key; h2o at the same budget without recall, whose kept tokens were chosen before the
+    question, does not."""
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken_tools.quality.chat_server import play
+    from sgl_vtoken_tools.quality.chats import chat_trials
+    from sgl_vtoken_tools.quality.server_check import Client
+
+    tok = AutoTokenizer.from_pretrained(smollm2_model)
+    trial = chat_trials(tok, "tuning", group, 1)[0]
+    client = Client(server.base_url, timeout=300)
+    recall = play(client, tok, trial, "recall", {**CHAT, "offload": True, "recall": 192}, 48)
+    last = recall["turns"][-1]
+    assert last["history_source"] == "device" and last["recalled"] == 192
+    assert recall["hit"], recall["answer"]
+    alone = play(client, tok, trial, "alone", CHAT, 48)
+    assert not alone["hit"], alone["answer"]
 
 
 def test_pool_whole_and_checkers_quiet(server):

@@ -1,0 +1,181 @@
+"""Chat conversations (`chats.py`) played against a server, as a chat client plays them.
+
+Each cell plays every conversation turn by turn through ``/generate`` with ``input_ids`` and a
+per-request ``custom_params.kv_evict``: turn k's prompt is turn k-1's prompt, its reply (greedy,
+up to `max_new` tokens, ending at ``<|im_end|>``) and the next message, so the server continues
+from the compacted history it stored. One conversation at a time, so every history survives the
+pool (`--pool`). One JSON line per (cell, conversation): the hit, the answer, and per turn the
+prompt and reply lengths, the tokens served from the cache, where the history came from and the
+tokens recalled and the row's live tokens at the end (``usage.kv_evict``).
+
+    python -m sgl_vtoken_tools.quality.chat_server --split tuning --group first --trials 10 \\
+        --out docs/results/chat_server_tuning_first.jsonl
+
+The server (started here unless `--base-url` is given) runs `--kv-evict POLICY --kv-budget B
+--kv-sink S --kv-window W --kv-evict-interval I` with a host store; the cells ask per request
+for the full cache (``{"policy": "none"}``), the policy alone, and the policy with offload and
+each `--recall`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from sgl_vtoken_tools.quality.chats import GROUPS, chat_trials
+from sgl_vtoken_tools.quality.splits import SPLITS
+from sgl_vtoken_tools.quality.tasks import Trial, exact_number, next_turn_ids
+
+
+def cells(args) -> list[tuple[str, dict]]:
+    """(label, per-request kv_evict): the full cache, the policy alone, the policy + recall."""
+    base = {"policy": args.policy, "budget": args.budget}
+    out = [("full", {"policy": "none"}), (f"{args.policy} b{args.budget}", base)]
+    out += [
+        (f"{args.policy} b{args.budget} + recall {r}", {**base, "offload": True, "recall": r})
+        for r in args.recall
+    ]
+    return out
+
+
+def server_flags(args) -> list[str]:
+    from sgl_vtoken_tools.launcher import cpu_server_args
+
+    return cpu_server_args(args.model, args.pool, args.page_size) + [
+        "--dtype",
+        "float32",
+        "--kv-evict",
+        args.policy,
+        "--kv-budget",
+        str(args.budget),
+        "--kv-sink",
+        str(args.sink),
+        "--kv-window",
+        str(args.window),
+        "--kv-evict-interval",
+        str(args.interval),
+        "--kv-evict-config",
+        json.dumps({"host_tokens": args.host_tokens}),
+    ]
+
+
+def play(client, tok, trial: Trial, label: str, kv_evict: dict, max_new: int) -> dict:
+    """One conversation under `kv_evict`; request ids ``{trial}-{label}-t{turn}``."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    prompt, out, turns, t0 = list(trial.prompt), [], [], time.monotonic()
+    for turn in range(len(trial.messages) + 1):
+        if turn:
+            prompt = prompt + out + next_turn_ids(tok, trial.messages[turn - 1], out)
+        res = client.generate(prompt, f"{trial.id}-{label}-t{turn}", max_new, kv_evict, stop=eos)
+        out = list(res["output_ids"])
+        meta = res["meta_info"]
+        rep = (meta.get("kv_evict") or [{}])[0] or {}
+        turns.append(
+            {
+                "prompt": len(prompt),
+                "reply": len(out),
+                "cached": meta.get("cached_tokens"),
+                "history_source": rep.get("history_source"),
+                "history_tokens": rep.get("history_tokens"),
+                "recalled": rep.get("recalled_tokens"),
+                "live_tokens": rep.get("live_tokens"),
+            }
+        )
+    answer = tok.decode([t for t in out if t != eos], skip_special_tokens=True)
+    return {
+        "kind": "trial",
+        "setting": label,
+        "kv_evict": kv_evict,
+        "trial": trial.id,
+        **trial.meta,
+        "hit": exact_number(answer, trial.answer),
+        "expected": trial.answer,
+        "answer": answer,
+        "turns": turns,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def summary(records: list[dict]) -> list[dict]:
+    """Hits per (setting, group) over the trial records."""
+    acc: dict[tuple[str, str], list[int]] = {}
+    for r in records:
+        hits = acc.setdefault((r["setting"], r["group"]), [0, 0])
+        hits[0] += int(r["hit"])
+        hits[1] += 1
+    return [
+        {"kind": "summary", "setting": s, "group": g, "hits": h, "trials": n}
+        for (s, g), (h, n) in acc.items()
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default=".cache/smollm2")
+    ap.add_argument("--split", choices=SPLITS, required=True)
+    ap.add_argument("--group", choices=GROUPS + ("both",), default="both")
+    ap.add_argument("--trials", type=int, default=10, help="conversations per group")
+    ap.add_argument("--first", type=int, default=0, help="index of the first trial")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--passage-tokens", type=int, default=150)
+    ap.add_argument("--max-new", type=int, default=48, help="reply cap (tokens)")
+    ap.add_argument("--policy", default="h2o")
+    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--sink", type=int, default=16)
+    ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--interval", type=int, default=16)
+    ap.add_argument("--recall", type=lambda s: [int(x) for x in s.split(",")], default=[192])
+    ap.add_argument("--cells", default=None, help="comma-separated cell indices to run")
+    ap.add_argument("--pool", type=int, default=16384, help="--max-total-tokens of the server")
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--host-tokens", type=int, default=1 << 20)
+    ap.add_argument("--base-url", default=None, help="a running server (its flags must match)")
+    ap.add_argument("--out", default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken_tools.launcher import ServerProcess
+    from sgl_vtoken_tools.models import ensure_model
+    from sgl_vtoken_tools.quality.cli import json_lines
+    from sgl_vtoken_tools.quality.server_check import Client
+
+    if args.model == ".cache/smollm2":
+        ensure_model("smollm2", args.model)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    chosen = cells(args)
+    if args.cells:
+        chosen = [chosen[int(i)] for i in args.cells.split(",")]
+    groups = GROUPS if args.group == "both" else (args.group,)
+    trials = [
+        t
+        for g in groups
+        for t in chat_trials(
+            tok, args.split, g, args.first + args.trials, args.passage_tokens, args.seed
+        )[args.first :]
+    ]
+    server = None if args.base_url else ServerProcess(server_flags(args)).start()
+    try:
+        client = Client(args.base_url or server.base_url)
+        records = []
+        with json_lines(args.out) as emit:
+            emit({"kind": "config", **vars(args), "server_args": server_flags(args)})
+            for trial in trials:
+                for label, kv in chosen:
+                    records.append(play(client, tok, trial, label, kv, args.max_new))
+                    emit(records[-1])
+            for line in summary(records):
+                emit(line)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
