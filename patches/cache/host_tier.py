@@ -128,6 +128,23 @@ class HostTier:
         entry = self.nodes.pop(id(node), None)
         return [] if entry is None else entry[1]
 
+    def share_below(self, node, below: int) -> list[Chunk]:
+        """The chunks of `node`'s view's store cut to positions ``< below``, held for the
+        caller; the node keeps its store. A request continuing the view to depth `below` takes
+        these: where it left the stored history at a differing id (a cut), the entries past the
+        cut are another conversation's tokens and must never become its recall candidates. A
+        chunk wholly below is shared; one across `below` is copied in part."""
+        out = []
+        for c in self.store_of(node) or []:
+            keep = c.positions < below
+            if bool(keep.all()):
+                out.append(c)
+            elif bool(keep.any()):
+                c.wait()
+                out.append(Chunk(c.positions[keep], c.k[keep], c.v[keep]))
+        self.hold(out)
+        return out
+
     def give_store(self, node, chunks: list[Chunk]) -> None:
         """`chunks` (owned by the caller) become the store of `node`'s view."""
         self.detach(node)
@@ -274,17 +291,19 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 def take_store(st) -> list[Chunk]:
     """Before a request's first prefill chunk (admission, then its first forward; once): it
-    takes the store of the view it continues. Returns that store's chunks ([] when there is
-    none, or nothing to take)."""
+    takes the store of the view it continues, cut to the positions its row covers
+    (`HostTier.share_below`). Returns those chunks ([] when there is none, or nothing to
+    take)."""
     tier = process().tier
     if st.host.taken or tier is None or not st.cfg.host.offload:
         return []
     st.host.taken = True
     if st.prefix.hit is None:
         return []
-    chunks = tier.store_of(st.prefix.hit.node) or []
-    tier.hold(chunks)
-    st.host.chunks = list(chunks) + st.host.chunks
+    # the row is the view as continued: it covers the first `below` logical tokens
+    below = st.row.offset + st.row.kept_pos.numel()
+    chunks = tier.share_below(st.prefix.hit.node, below)
+    st.host.chunks = chunks + st.host.chunks
     return chunks
 
 

@@ -121,3 +121,26 @@ def test_a_turn_continues_the_host_history_it_extends_or_leaves_at_a_differing_i
     assert find(tier, "ns", edited, 7, floor=0) == (a, 3)  # cut at the differing id
     regenerate = array("q", [1, 2, 3, 4, 5])
     assert find(tier, "ns", regenerate, 4, floor=0) is None  # the prompt ends inside it
+
+
+def test_a_view_continued_to_a_cut_shares_only_the_store_entries_before_the_cut():
+    """A request that leaves a stored history at a differing id (two conversations sharing a
+    system prompt) continues its view only up to the cut: the view's evicted tokens past the cut
+    are the other conversation's and must not become the request's recall candidates. Chunks
+    wholly before the cut are shared, one across it is copied in part, and the view keeps its
+    whole store for its own conversation."""
+    tier, n = HostTier(100), node(0.0)
+    before, across = chunk([1, 2, 3]), chunk([5, 9, 12])
+    across.k[:, 0, 0, 0] = torch.tensor([5.0, 9.0, 12.0])
+    st = state()
+    st.host.chunks = [before, across]
+    tier.hold(st.host.chunks)
+    tier.store(n, st)
+    taken = tier.share_below(n, 8)
+    assert taken[0] is before and [c.positions.tolist() for c in taken] == [[1, 2, 3], [5]]
+    assert taken[1].k[:, 0, 0, 0].tolist() == [5.0]
+    assert tier.store_of(n) == [before, across] and tier.tokens == 3 + 3 + 1
+    assert tier.share_below(n, 1) == []
+    tier.drop(taken)
+    tier.detach(n)
+    assert tier.tokens == 0 and tier.bytes == 0
