@@ -23,7 +23,7 @@ once `--repeats` times, the tree flushed between repeats, request ids
 
     stock                     SGLang without sgl-vtoken (`bench.baseline`)
     full                      the plugin loaded, `--kv-evict none`: the full cache
-    h2o b256                  the recommended chat setting: h2o, budget 256, every 16 steps
+    h2o b256                  h2o, budget 256, every 16 steps (the README's documents row)
     h2o b256 + host histories the same, histories the radix cache evicts move to host memory
                               and come back on the next turn instead of a prefill
 

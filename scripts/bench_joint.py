@@ -23,9 +23,10 @@ host history, from SGLang's radix prefix or prefilled again, host bytes moved pe
 plugin's host counters over the repeat), mean TTFT, accuracy, agreement with the full cache's answers of the same repeat,
 device KV per conversation, retractions, peak running), then one `cell` line per cell (the
 spread over repeats, throughput and prompt tokens computed as ratios to stock's) and the
-markdown table (`sgl_vtoken_tools/bench/joint_table.py`). Host histories alone, against stock:
+markdown table (`sgl_vtoken_tools/bench/joint_table.py`). The README's chat command (host
+histories, offload, recall 192) against stock:
 
-    python scripts/bench_joint.py --cells stock "h2o b256 + host" "h2o b256 + host + recall 192" \
+    python scripts/bench_joint.py --cells stock "h2o b256 s16 w32 + host + recall 192" \
         --out docs/results/joint_smollm2_host.jsonl --markdown docs/results/joint_smollm2_host.md
 """
 
@@ -70,10 +71,21 @@ CELLS = {
     "h2o b256 chunk 64": [*H2O_CHUNK, "--kv-evict-config", json.dumps(CHUNK)],
     # eviction during prefill with recall: the document's last chunk brings back 64 of its victims
     "h2o b256 chunk 64 + recall 64": [*H2O_CHUNK, "--kv-evict-config", json.dumps(RECALL)],
-    # the recommended chat setting (h2o b256) with host histories, then with recall as well
+    # h2o b256 with host histories, then with recall as well
     "h2o b256 + host": [*H2O_256, "--kv-evict-config", json.dumps(HOST)],
     "h2o b256 + host + recall 192": [
         *H2O_256,
+        "--kv-evict-config",
+        json.dumps({**HOST, "recall": 192}),
+    ],
+    # the README's chat command: the same with 16 sinks and a recent window of 32, the setting
+    # the chat conversations measure (`sgl_vtoken_tools.quality.chat_server`)
+    "h2o b256 s16 w32 + host + recall 192": [
+        *H2O_256,
+        "--kv-sink",
+        "16",
+        "--kv-window",
+        "32",
         "--kv-evict-config",
         json.dumps({**HOST, "recall": 192}),
     ],

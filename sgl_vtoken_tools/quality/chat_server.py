@@ -12,15 +12,18 @@ tokens recalled and the row's live tokens at the end (``usage.kv_evict``).
         --out docs/results/chat_server_tuning_first.jsonl
 
 The server (started here unless `--base-url` is given) runs `--kv-evict POLICY --kv-budget B
---kv-sink S --kv-window W --kv-evict-interval I` with a host store; the cells ask per request
-for the full cache (``{"policy": "none"}``), the policy alone, and the policy with offload and
-each `--recall`.
+--kv-sink S --kv-window W --kv-evict-interval I --kv-evict-config SERVER_CONFIG` (default: a
+host store); the cells ask per request for the full cache (``{"policy": "none"}``), the policy
+alone, and the policy with offload and each `--recall`; the last cell, ``server flags``, sends
+no per-request settings (`--cells 3 --server-config '{"host_tokens": 1048576, "offload": true,
+"recall": 192}'`: a command's own flags, nothing asked per request).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 
 from sgl_vtoken_tools.quality.chats import GROUPS, chat_trials
@@ -28,15 +31,19 @@ from sgl_vtoken_tools.quality.splits import SPLITS
 from sgl_vtoken_tools.quality.tasks import Trial, exact_number, next_turn_ids
 
 
-def cells(args) -> list[tuple[str, dict]]:
-    """(label, per-request kv_evict): the full cache, the policy alone, the policy + recall."""
+def cells(args) -> list[tuple[str, dict | None]]:
+    """(label, per-request kv_evict): the full cache, the policy alone, the policy + recall,
+    then ``server flags`` (no per-request settings: the server's `--kv-evict-config` as given)."""
     base = {"policy": args.policy, "budget": args.budget}
-    out = [("full", {"policy": "none"}), (f"{args.policy} b{args.budget}", base)]
+    out: list[tuple[str, dict | None]] = [
+        ("full", {"policy": "none"}),
+        (f"{args.policy} b{args.budget}", base),
+    ]
     out += [
         (f"{args.policy} b{args.budget} + recall {r}", {**base, "offload": True, "recall": r})
         for r in args.recall
     ]
-    return out
+    return out + [("server flags", None)]
 
 
 def server_flags(args) -> list[str]:
@@ -56,12 +63,14 @@ def server_flags(args) -> list[str]:
         "--kv-evict-interval",
         str(args.interval),
         "--kv-evict-config",
-        json.dumps({"host_tokens": args.host_tokens}),
+        args.server_config,
+        *shlex.split(args.server_args),
     ]
 
 
-def play(client, tok, trial: Trial, label: str, kv_evict: dict, max_new: int) -> dict:
-    """One conversation under `kv_evict`; request ids ``{trial}-{label}-t{turn}``."""
+def play(client, tok, trial: Trial, label: str, kv_evict: dict | None, max_new: int) -> dict:
+    """One conversation under `kv_evict` (None: the server's flags); request ids
+    ``{trial}-{label}-t{turn}``."""
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     prompt, out, turns, t0 = list(trial.prompt), [], [], time.monotonic()
     for turn in range(len(trial.messages) + 1):
@@ -131,7 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cells", default=None, help="comma-separated cell indices to run")
     ap.add_argument("--pool", type=int, default=16384, help="--max-total-tokens of the server")
     ap.add_argument("--page-size", type=int, default=1)
-    ap.add_argument("--host-tokens", type=int, default=1 << 20)
+    ap.add_argument(
+        "--server-config",
+        default=json.dumps({"host_tokens": 1 << 20}),
+        help="the server's --kv-evict-config (JSON); the last cell plays with it alone",
+    )
+    ap.add_argument("--server-args", default="", help="more flags for the server (shell words)")
     ap.add_argument("--base-url", default=None, help="a running server (its flags must match)")
     ap.add_argument("--out", default=None)
     return ap
