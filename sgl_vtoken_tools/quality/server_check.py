@@ -24,13 +24,17 @@ class Client:
         self.base_url, self.timeout = base_url.rstrip("/"), timeout
 
     def generate(
-        self, ids: list[int], rid: str, max_new_tokens: int, kv_evict: dict, stop: int | None = None
+        self,
+        ids: list[int],
+        rid: str,
+        max_new_tokens: int,
+        kv_evict: dict | None,
+        stop: int | None = None,
     ) -> dict:
-        params = {
-            "temperature": 0.0,
-            "max_new_tokens": max_new_tokens,
-            "custom_params": {"kv_evict": kv_evict},
-        }
+        """Greedy `/generate`; `kv_evict` None: the server's own flags (no ``custom_params``)."""
+        params: dict = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+        if kv_evict is not None:
+            params["custom_params"] = {"kv_evict": kv_evict}
         if stop is None:
             params["ignore_eos"] = True
         else:
