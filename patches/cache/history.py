@@ -60,6 +60,12 @@ class NodeRecord:
         self.live += int(slots.numel())
 
 
+def offload_on_evict(node, ns: str | None) -> None:
+    """The view at `node` moves to host memory under namespace `ns` when the tree evicts it
+    (None: it is dropped with the node)."""
+    node.vt.host_ns = ns
+
+
 def record_of(node) -> NodeRecord | None:
     """The record of a holed radix node, or None (a hole-free node)."""
     return getattr(node, "vt", None)

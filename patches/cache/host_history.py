@@ -134,7 +134,7 @@ def restore(tree, req, st, h: HostHistory, depth: int):
         tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu()
     )
     assert matched == 0, "a fresh namespace cannot match"
-    node.vt.host_ns = ns  # evicted before its turn runs: back to host memory
+    history.offload_on_evict(node, ns)  # evicted before its turn runs: back to host memory
     node.last_access_time = time.monotonic()
     store, h.store = h.store, []
     tier.give_store(node, store)
@@ -156,7 +156,7 @@ def store_row(tree, req, st, row_len: int) -> None:
         return
     ids = st.prompt.logical_ids(req)[: row_len + st.row.offset]
     slots = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :row_len]
-    store, st.host.chunks = st.host.chunks, []
+    store = st.host.take()
     st.report.hold_host(sum(c.nbytes for c in store))
     ns = host_key(history.namespace(req, st), req.cache_salt)
     _keep(tier, tree, ns, ids, st.row.positions(row_len), slots, store, time.monotonic())

@@ -71,6 +71,11 @@ class HostChunks:
     chunks: list[Chunk] = field(default_factory=list)  # its view's store, then its own evictions'
     taken: bool = False  # it took its view's store (`take_store`, once)
 
+    def take(self) -> list[Chunk]:
+        """Its chunks, which leave it (the caller owns them now)."""
+        chunks, self.chunks = self.chunks, []
+        return chunks
+
 
 class HostTier:
     """Host-memory store of one scheduler process, capped at `cap` tokens."""

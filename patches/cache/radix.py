@@ -59,7 +59,7 @@ class Prefix:
     hit: ViewHit | None = None
     attach: int = 0
     restored: TreeNode | None = None  # the leaf a host history was restored to for it
-    blocked: bool = False  # a host history it continues does not fit the pool yet
+    restore_blocked: bool = False  # a host history it continues does not fit the pool yet
 
     def continue_from(
         self, node, slots: torch.Tensor | None, attach: int, copied: bool = False
@@ -190,7 +190,7 @@ class HoledRadixCache(RadixCache):
         key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
         result = super().match_prefix(MatchPrefixParams(key=key))
         st.prefix.continue_from(None, None, len(logical))  # no view yet: a plain prefill
-        st.prefix.blocked = False
+        st.prefix.restore_blocked = False
         if st.retract.stash is not None:  # retracted after evicting: resume from its row
             return st.retract.resume(self, req, st, logical, limit, result)
         if (
@@ -204,7 +204,7 @@ class HoledRadixCache(RadixCache):
         )
         floor = max(result.device_prefix_len, found[1] if found is not None else 0)
         restored = self._from_host(req, st, logical, limit, floor)
-        if st.prefix.blocked:  # the pool may have evicted nodes of `result` meanwhile
+        if st.prefix.restore_blocked:  # the pool may have evicted nodes of `result` meanwhile
             result = super().match_prefix(MatchPrefixParams(key=key))
         if restored is not None:
             found = restored
@@ -228,8 +228,9 @@ class HoledRadixCache(RadixCache):
     def _from_host(self, req, st, logical, limit: int, floor: int):
         """The host history `logical[:limit]` continues past depth `floor`, restored to the
         device (`host_history.py`; once: a later round of its admission finds it restored):
-        ``(node, depth)``, or None. `st.prefix.blocked`: one was found and does not fit yet."""
-        tier, st.prefix.blocked = process().tier, False
+        ``(node, depth)``, or None. `st.prefix.restore_blocked`: one was found and does not fit
+        yet."""
+        tier, st.prefix.restore_blocked = process().tier, False
         if tier is None or not st.cfg.host.offload:
             return None
         node = st.prefix.restored
@@ -248,7 +249,7 @@ class HoledRadixCache(RadixCache):
         if hit is None:
             return None
         node = host_history.restore(self, req, st, *hit)
-        st.prefix.restored, st.prefix.blocked = node, node is None
+        st.prefix.restored, st.prefix.restore_blocked = node, node is None
         return None if node is None else (node, hit[1])
 
     def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:

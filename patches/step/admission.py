@@ -172,7 +172,7 @@ def adder_class(base: type) -> type:
             if st is not None and st.retract.blocked:  # its stashed row does not fit the pool yet
                 self._defer(req, st, "a retracted row written back", "resume", has_chunked_req)
                 return AddReqResult.NO_TOKEN
-            if st is not None and st.prefix.blocked:  # its host history does not fit yet
+            if st is not None and st.prefix.restore_blocked:  # its host history does not fit yet
                 self._defer(req, st, "a history restored from host", "restore", has_chunked_req)
                 return AddReqResult.NO_TOKEN
             limit = chunk_limit(req)  # eviction during prefill: its first chunk ends at the peak

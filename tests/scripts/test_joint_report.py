@@ -303,13 +303,22 @@ def test_the_host_cells_run_alone_with_the_recommended_flags(bench, monkeypatch,
     recall = bench.cell_flags("h2o b256 + host + recall 192")[1]
     assert recall[:-1] == bench.CELLS["h2o b256 + host"][:-1]
     assert json.loads(recall[-1]) == {**host, "recall": 192}
-    # the documented command of the host run names exactly stock and the two host cells
-    doc = bench.__doc__.split("Host histories alone, against stock:")[1]
+    # the README's chat command: the recall cell with 16 sinks and a window of 32
+    chat = bench.cell_flags("h2o b256 s16 w32 + host + recall 192")[1]
+    assert chat == [*recall[:-2], "--kv-sink", "16", "--kv-window", "32", *recall[-2:]]
+    # ... flag for flag (as a set of flag-value pairs) the README's "chats" row
     import shlex
 
+    row = next(
+        r for r in (bench.REPO / "README.md").read_text().splitlines() if r.startswith("| chats |")
+    )
+    readme = shlex.split(row.split("`")[1])
+    assert dict(zip(readme[::2], readme[1::2])) == dict(zip(chat[::2], chat[1::2]))
+    # the documented command of the host run names exactly stock and the README's chat cell
+    doc = bench.__doc__.split("recall 192) against stock:")[1]
     words = shlex.split(doc.replace("\\\n", " ").split("python scripts/bench_joint.py")[1])
     args = bench.build_parser().parse_args(words)
-    assert args.cells == ["stock", "h2o b256 + host", "h2o b256 + host + recall 192"]
+    assert args.cells == ["stock", "h2o b256 s16 w32 + host + recall 192"]
     seen = {}
 
     def fake_run(args):
@@ -320,4 +329,4 @@ def test_the_host_cells_run_alone_with_the_recommended_flags(bench, monkeypatch,
     assert bench.main([*words[: words.index("--out")], "--repeats", "1"]) == 0
     assert seen["cells"] == args.cells
     out = capsys.readouterr().out
-    assert "| h2o b256 + host + recall 192 | 10.0 | 1.00 |" in out
+    assert "| h2o b256 s16 w32 + host + recall 192 | 10.0 | 1.00 |" in out
