@@ -111,14 +111,11 @@ def play(
     }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_chat_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of the conversations and the settings, shared with `chat_server`."""
     ap.add_argument("--model", default=".cache/smollm2")
     ap.add_argument("--split", choices=SPLITS, required=True)
-    ap.add_argument("--group", choices=GROUPS, required=True)
-    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--trials", type=int, default=10, help="conversations per group")
     ap.add_argument("--first", type=int, default=0, help="index of the first trial")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--passage-tokens", type=int, default=150)
@@ -129,10 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--interval", type=int, default=16)
     ap.add_argument("--recall", type=lambda s: [int(x) for x in s.split(",")], default=[192])
+    ap.add_argument("--cells", default=None, help="comma-separated cell indices to run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--group", choices=GROUPS, required=True)
+    add_chat_args(ap)
     ap.add_argument("--recall-pool", type=int, default=5)
     ap.add_argument("--recall-gap", type=int, default=8)
     ap.add_argument("--recall-rounds", type=int, default=4)
-    ap.add_argument("--cells", default=None, help="comma-separated setting indices to run")
     ap.add_argument("--oracles", action="store_true", help="tests/oracles' rule (else runtime)")
     ap.add_argument(
         "--rule-before",

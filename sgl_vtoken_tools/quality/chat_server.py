@@ -26,8 +26,8 @@ import json
 import shlex
 import time
 
+from sgl_vtoken_tools.quality.chat_recall import add_chat_args
 from sgl_vtoken_tools.quality.chats import GROUPS, chat_trials
-from sgl_vtoken_tools.quality.splits import SPLITS
 from sgl_vtoken_tools.quality.tasks import Trial, exact_number, next_turn_ids
 
 
@@ -123,21 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", default=".cache/smollm2")
-    ap.add_argument("--split", choices=SPLITS, required=True)
     ap.add_argument("--group", choices=GROUPS + ("both",), default="both")
-    ap.add_argument("--trials", type=int, default=10, help="conversations per group")
-    ap.add_argument("--first", type=int, default=0, help="index of the first trial")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--passage-tokens", type=int, default=150)
-    ap.add_argument("--max-new", type=int, default=48, help="reply cap (tokens)")
-    ap.add_argument("--policy", default="h2o")
-    ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--sink", type=int, default=16)
-    ap.add_argument("--window", type=int, default=32)
-    ap.add_argument("--interval", type=int, default=16)
-    ap.add_argument("--recall", type=lambda s: [int(x) for x in s.split(",")], default=[192])
-    ap.add_argument("--cells", default=None, help="comma-separated cell indices to run")
+    add_chat_args(ap)
     ap.add_argument("--pool", type=int, default=16384, help="--max-total-tokens of the server")
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument(
