@@ -22,6 +22,11 @@ HOOKS = (
     (f"{SCHED}.get_prefill_adder_class", admission.around_get_prefill_adder_class, R),
     (f"{SCHED}.stash_chunked_request", prefill.around_stash_chunked_request, R),
     (f"{SCHED}.init_req_max_new_tokens", admission.around_init_req_max_new_tokens, R),
+    (
+        "sglang.srt.managers.scheduler.validate_input_length",
+        admission.around_validate_input_length,
+        R,
+    ),
     (f"{REQ}.__init__", runtime.after_req_init, A),
     (f"{REQ}.reset_for_retract", runtime.after_reset_for_retract, A),
     ("sglang.srt.managers.schedule_batch.release_req", retraction.before_release_req, B),

@@ -138,7 +138,9 @@ def after_scheduler_init(result, scheduler, *args, **kwargs):
             "tokens, which needs the holed radix cache (a policy with reuse_history)"
         )
     proc = scheduler.vtoken = start(
-        holed=holed, tier=HostTier(cfg.host.tokens) if cfg.host.tokens else None
+        holed=holed,
+        tier=HostTier(cfg.host.tokens) if cfg.host.tokens else None,
+        context_len=scheduler.model_config.context_len,
     )
     if cfg.enabled:
         proc.counters.bytes_per_token = kv_bytes_per_token(pool)

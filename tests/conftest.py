@@ -31,6 +31,7 @@ HAS_GPU = torch.cuda.is_available()
 # histories and the host tier share the holed servers of one page size).
 GROUPS = (
     "real",
+    "long",
     "stock",
     "bench16",
     "holed1",

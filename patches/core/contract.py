@@ -21,6 +21,11 @@ HOOKED_PARAMS = {
     "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class": ("self",),
     "sglang.srt.managers.scheduler.Scheduler.stash_chunked_request": ("self", "req"),
     "sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens": ("self", "req"),
+    "sglang.srt.managers.scheduler.validate_input_length": (
+        "req",
+        "max_req_input_len",
+        "allow_auto_truncate",
+    ),
     "sglang.srt.managers.schedule_batch.Req.__init__": ("self", "rid"),
     "sglang.srt.managers.schedule_batch.Req.reset_for_retract": ("self",),
     "sglang.srt.managers.schedule_batch.release_req": (

@@ -22,6 +22,8 @@ class VTokenProcess:
 
     Attributes:
         holed: the holed radix cache serves this process (`cache/radix.py`'s `tree_mode`).
+        context_len: the served model's context length (0 without a scheduler): the input limit
+            of a request evicted during prefill (`step/admission.py`).
         counters: server-wide counters (`/get_server_info`, Prometheus).
         shortages: shortages of free pages met, and the test hook that forces them.
         tier: the host tier (`cache/host_tier.py`), None when no request offloads.
@@ -32,6 +34,7 @@ class VTokenProcess:
     """
 
     holed: bool = False
+    context_len: int = 0
     counters: VTokenCounters = field(default_factory=VTokenCounters)
     shortages: Shortages = field(default_factory=Shortages)
     # Defined in layers above this one (which import it), so typed `Any` here:
@@ -50,12 +53,15 @@ def process() -> VTokenProcess:
     return _current
 
 
-def start(holed: bool = False, tier: Any = None) -> VTokenProcess:
+def start(holed: bool = False, tier: Any = None, context_len: int = 0) -> VTokenProcess:
     """A fresh process object for a scheduler that starts now: fresh counters and shortages, and
     the test hook read from the environment now (`VTOKEN_TEST_SHORTAGE`, `core/shortage.py`)."""
     global _current
     _current = VTokenProcess(
-        holed=holed, tier=tier, shortages=Shortages(os.environ.get(REFUSE_ENV_VAR) or None)
+        holed=holed,
+        context_len=context_len,
+        tier=tier,
+        shortages=Shortages(os.environ.get(REFUSE_ENV_VAR) or None),
     )
     return _current
 

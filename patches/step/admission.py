@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from http import HTTPStatus
 from typing import Any
 
+from sgl_vtoken.config import EvictConfig
+
 from ..cache import history_pages
 from ..core.model_support import peak_problem
 from ..core.process import process
@@ -282,3 +284,29 @@ def around_compute_max_prefix_len(original, req, input_len: int) -> int:
     if st is None or st.holed:  # holed radix cache: tree-owned tokens may leave the row
         return limit
     return min(limit, st.cfg.row_budget - st.cfg.window)
+
+
+# SGLang's margin below the context length (`TpModelWorker`: min(context - 1, pool - 1) - 5).
+_INPUT_MARGIN = 6
+
+
+def around_validate_input_length(original, req, max_req_input_len: int, allow_auto_truncate):
+    """AROUND `validate_input_length` (as the scheduler calls it): a request evicted during
+    prefill holds at most `cfg.prefill_hold` tokens however long its prompt, so its prompt is
+    limited by the model's context length, not by the pool (SGLang's `pool - 6`). A request the
+    pool's limit refuses on a server that evicts is told what lifts it."""
+    st, context = state_of(req), process().context_len
+    context_limit = context - _INPUT_MARGIN
+    if st is not None and evicts_in_prefill(st, req) and context_limit > max_req_input_len:
+        error = original(req, context_limit, allow_auto_truncate)
+        if error:
+            error += f" The model's context length, {context}, limits it."
+        return error
+    error = original(req, max_req_input_len, allow_auto_truncate)
+    if error and context_limit > max_req_input_len and EvictConfig.from_env().enabled:
+        error += (
+            " The KV pool limits it: a request evicted during prefill (kv_evict policy, "
+            f"--kv-evict-config prefill_chunk) may reach {context_limit} tokens, the model's "
+            f"context length {context} less {_INPUT_MARGIN}."
+        )
+    return error

@@ -38,7 +38,7 @@ BUDGET, CHUNK, SINK = 64, 32, 4
 HOST_TOKENS, RECALL = 100_000, 16
 
 
-def prefill_server(server_factory, page_size):
+def prefill_server(server_factory, page_size, pool=4096):
     """A host store too: requests may ask for offload and recall (`kv_evict`)."""
     flags = (
         "--kv-evict",
@@ -53,7 +53,7 @@ def prefill_server(server_factory, page_size):
         "--chunked-prefill-size",
         "512",
     )
-    return server_factory(page_size=page_size, extra=flags, env=MEMORY_CHECKS)
+    return server_factory(page_size=page_size, extra=flags, env=MEMORY_CHECKS, pool=pool)
 
 
 def config(policy, page_size, **kw):
@@ -169,6 +169,44 @@ def test_turns_with_long_messages_continue_from_history_exactly(
     assert "Traceback" not in client.server.log_text()
 
 
+SMALL_POOL = 256
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_prompt_three_times_the_pool_is_answered_exactly(server_factory, hf_eager, page_size):
+    """On a 256-token pool a 768-token prompt evicted during prefill holds at most budget + chunk
+    (+ a page) tokens, so SGLang's input limit (pool - 6) does not refuse it: its output equals
+    the chunked masked reference, twice in a row; a request that does not evict during prefill
+    gets HTTP 400 naming `prefill_chunk`, and one over the model's context a 400 naming the
+    context length. The pool is whole afterwards under SGLang's checkers."""
+    client = prefill_server(server_factory, page_size, pool=SMALL_POOL)
+    prompt, n, rid = random_ids(3 * SMALL_POOL, seed=930 + page_size), 24, f"long-{page_size}"
+    expected = masked_greedy(hf_eager, prompt, n, config("streamingllm", page_size), rid=rid)[0]
+    for k in range(2):
+        out = generate(client, prompt, n, rid, {"policy": "streamingllm"})
+        assert out["output_ids"] == expected, k
+        assert out["meta_info"]["prompt_tokens"] == len(prompt)
+    report = out["meta_info"]["kv_evict"][0]
+    assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt)) > 2 * SMALL_POOL
+
+    def refused(ids, kv):
+        params = {"temperature": 0, "max_new_tokens": 4, "custom_params": {"kv_evict": kv}}
+        r = requests.post(
+            client.base_url + "/generate",
+            timeout=120,
+            json={"input_ids": ids, "sampling_params": params},
+        )
+        assert r.status_code == 400, r.text[:300]
+        return r.json()["error"]["message"]
+
+    # not evicted (opted out): the pool bounds the prompt, and the message says what lifts it
+    assert "prefill_chunk" in refused(prompt, {"policy": "none"})
+    assert "context length" in refused(random_ids(32_800, seed=1), {"policy": "streamingllm"})
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in client.server.log_text()
+
+
 def test_concurrent_long_prompts_share_a_system_prompt_exactly(server_factory, hf_eager):
     """Six requests at once, each a shared 200-token system prompt + its own 100 tokens, at page
     size 16: SGLang carries one chunked prefill at a time, so the others wait their turn; every
@@ -191,10 +229,11 @@ def test_concurrent_long_prompts_share_a_system_prompt_exactly(server_factory, h
         t.join()
     cfg = config("streamingllm", 16)
     for i, out in enumerate(results):
+        meta = {k: v for k, v in out["meta_info"].items() if k != "output_token_logprobs"}
         assert (
             out["output_ids"]
             == masked_greedy(hf_eager, prompts[i], n, cfg, rid=f"prefill-conc-{i}")[0]
-        ), i
+        ), (i, meta)
         assert out["meta_info"]["cached_tokens"] < BUDGET + CHUNK
     assert any(out["meta_info"]["cached_tokens"] > 0 for out in results)
     st = wait_pool_free(client)

@@ -153,6 +153,7 @@ def _fake_scheduler(pool, total=4096):
         token_to_kv_pool_allocator=allocator,
         tree_cache=object(),
         max_total_num_tokens=total,
+        model_config=SimpleNamespace(context_len=8192),
         metrics_reporter=None,
     )
 
