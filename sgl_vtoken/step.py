@@ -68,6 +68,10 @@ class EvictRow:
         pinned: ``[L] bool`` entries kept like sinks (recalled tokens), or None.
         history: the row continues a stored history at page size > 1: `decide` also brings the
             ids of the tree-owned pages it keeps to the host (`Decision.kept_tree_pages`).
+        own_from: row index from whose page on the kept tree-owned entries are copied to fresh
+            private pages even where their pages are whole (the request's own prompt, which its
+            tree lock would otherwise pin whole); None: only partly kept pages are copied. Rows
+            with `shared` ignore it (their tree-owned prefix stays whole).
     """
 
     row: int
@@ -82,6 +86,7 @@ class EvictRow:
     attn: torch.Tensor | None = None
     pinned: torch.Tensor | None = None
     history: bool = False
+    own_from: int | None = None
 
 
 @dataclass
@@ -147,12 +152,13 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
                 r.budget,
                 r.rid,
                 r.step,
+                r.cpl if r.own_from is None or r.shared else r.own_from,
             )
             for r in rows
         ],
         dtype=torch.int64,
     )
-    lengths, cpl, idx, sink, window, shared, budget, rid, steps = _to(meta, dev).unbind(1)
+    lengths, cpl, idx, sink, window, shared, budget, rid, steps, own = _to(meta, dev).unbind(1)
     positions = _to(pad_sequence([r.positions for r in rows], batch_first=True), dev)
     w = positions.shape[1]
     j = torch.arange(w, device=dev)
@@ -172,7 +178,7 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     must = must_keep(positions, lengths, sink, window, extra)
     sel = select(scores, must, budget, lengths)
     table_rows = [r.row for r in rows]
-    d, over = _plan(pool, table_rows, sel.keep, lengths, cpl, positions, raw, sel.over, rows)
+    d, over = _plan(pool, table_rows, sel.keep, lengths, cpl, positions, raw, sel.over, rows, own)
     check_budget(over, [r.budget for r in rows], [r.policy.name for r in rows])
     return d
 
@@ -216,11 +222,12 @@ def _plan(
     raw: torch.Tensor,
     over: torch.Tensor | None = None,
     rows: list[EvictRow] | None = None,
+    own_from: torch.Tensor | None = None,
 ) -> tuple[Decision, list[int]]:
     """The index plan of `keep` and the step's one host copy: keep masks, counts, `over` (its
     host values are returned) and, for `rows` with `history`, their kept whole tree pages."""
     ps, b, w = pool.page_size, keep.shape[0], keep.shape[1]
-    plan = index_plan(keep, lengths, cpl, positions, ps)
+    plan = index_plan(keep, lengths, cpl, positions, ps, own_from)
     parts = [keep.to(torch.int64), plan.summary]
     parts.append(keep.new_zeros(b, 1, dtype=torch.int64) if over is None else over[:, None])
     history = any(r.history for r in rows or ())

@@ -52,7 +52,12 @@ def _pages(mask: torch.Tensor, ps: int) -> torch.Tensor:
 
 
 def index_plan(
-    keep: torch.Tensor, lengths: torch.Tensor, cpl: torch.Tensor, positions: torch.Tensor, ps: int
+    keep: torch.Tensor,
+    lengths: torch.Tensor,
+    cpl: torch.Tensor,
+    positions: torch.Tensor,
+    ps: int,
+    own_from: torch.Tensor | None = None,
 ) -> IndexPlan:
     """Plan every row's eviction from its keep mask (no slot values needed).
 
@@ -61,6 +66,8 @@ def index_plan(
         lengths, cpl: ``[B] int64`` row length and tree-owned prefix (page-aligned when ps > 1).
         positions: ``[B, W] int64`` logical positions (`depth` is the last whole one + 1).
         ps: page size.
+        own_from: ``[B] int64`` row index from whose page on kept tree-owned entries are copied
+            even from whole pages (None: `cpl`, only partly kept pages are copied).
     """
     b, w = keep.shape
     j = torch.arange(w, device=keep.device)
@@ -72,6 +79,8 @@ def index_plan(
     pidx = torch.arange(counts.shape[1], device=keep.device)
     partial = (pidx < tree_pages[:, None]) & (counts > 0) & (counts < ps)
     first_partial = torch.where(partial.any(1), partial.to(torch.int32).argmax(1), tree_pages)
+    if own_from is not None:
+        first_partial = torch.minimum(first_partial, own_from // ps)
     whole = kt & (page_of < first_partial[:, None])
     copy = kt & ~whole
     nw, nc, npriv = whole.sum(1), copy.sum(1), kp.sum(1)

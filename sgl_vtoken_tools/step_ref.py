@@ -208,8 +208,11 @@ class TreeSplit:
     dropped: int
 
 
-def split_tree_pages(keep: torch.Tensor, cpl: int, page_size: int) -> TreeSplit:
-    """Split the kept tree-owned rows ``keep[keep < cpl]`` into whole pages and copies.
+def split_tree_pages(
+    keep: torch.Tensor, cpl: int, page_size: int, own_from: int | None = None
+) -> TreeSplit:
+    """Split the kept tree-owned rows ``keep[keep < cpl]`` into whole pages and copies; from
+    the page of row `own_from` on every kept one is copied (the request's own prompt).
 
     A shared page is never written, and a page-dense row cannot reference part of a page::
 
@@ -226,6 +229,8 @@ def split_tree_pages(keep: torch.Tensor, cpl: int, page_size: int) -> TreeSplit:
     counts = torch.bincount(tree_keep // ps, minlength=cpl // ps)
     partial = ((counts > 0) & (counts < ps)).nonzero().flatten()
     first_partial = int(partial[0]) if partial.numel() else cpl // ps
+    if own_from is not None:
+        first_partial = min(first_partial, own_from // ps)
     full = (counts == ps).nonzero().flatten()
     full = full[full < first_partial]
     whole = (full[:, None] * ps + torch.arange(ps, device=keep.device)).flatten()
@@ -261,12 +266,12 @@ def evict_row_ref(
     copy_src = copy_dst = row[:0]
     w, depth = cpl, 0
     if cpl and not r.shared:
-        if ps == 1:
+        if ps == 1 and r.own_from is None:
             tree_kept = positions[keep[keep < cpl]]
             row, keep_v, w = drop_tree_rows(row, keep, cpl)
             depth = int(tree_kept.max()) + 1 if w else 0
         else:
-            split = split_tree_pages(keep, cpl, ps)
+            split = split_tree_pages(keep, cpl, ps, r.own_from)
             c, w = split.copy.numel(), split.whole.numel()
             new = -(-c // ps) * ps
             slots = alloc(new) if new else row[:0]

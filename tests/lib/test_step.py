@@ -77,6 +77,7 @@ def batches(draw):
                 share_tree=draw(st.booleans()),
                 gap=draw(st.integers(0, 5)),
                 step=draw(st.integers(0, 3)),
+                own_from=draw(st.one_of(st.none(), st.integers(0, cpl))),
             )
         )
     return ps, seed, specs
@@ -112,6 +113,7 @@ def _build(ps, seed, specs):
                 rid=seed + b,
                 step=s["step"],
                 attn=attn,
+                own_from=s.get("own_from"),
             )
         )
     return pool, rows
