@@ -45,6 +45,7 @@ class ReqToToken:
 class KV:
     def __init__(self, idx: int):
         self.req_pool_idx, self.cache_protected_len, self.cache_inserted_len = idx, 0, 0
+        self.holds_kv = False  # a row is registered (`fake_server` admits and releases)
 
 
 class Req:

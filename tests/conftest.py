@@ -46,6 +46,7 @@ GROUPS = (
     "retract1",
     "prefill16",
     "unchunked1",
+    "edge1",
 )
 
 

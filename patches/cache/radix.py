@@ -58,6 +58,10 @@ class Prefix:
 
     hit: ViewHit | None = None
     attach: int = 0
+    # A plain prefill's prompt tokens the tree held when its first chunk was matched: the rest
+    # is the request's own, which its eviction copies out of the tree (`step/eviction.py`);
+    # None: not a plain prefill's match.
+    matched: int | None = None
     restored: TreeNode | None = None  # the leaf a host history was restored to for it
     restore_blocked: bool = False  # a host history it continues does not fit the pool yet
 
@@ -190,6 +194,8 @@ class HoledRadixCache(RadixCache):
         key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
         result = super().match_prefix(MatchPrefixParams(key=key))
         st.prefix.continue_from(None, None, len(logical))  # no view yet: a plain prefill
+        if not req.kv.holds_kv:
+            st.prefix.matched = None
         st.prefix.restore_blocked = False
         if st.retract.stash is not None:  # retracted after evicting: resume from its row
             return st.retract.resume(self, req, st, logical, limit, result)
@@ -198,7 +204,7 @@ class HoledRadixCache(RadixCache):
             or req.output_ids
             or (req.return_logprob and req.logprob_start_len >= 0)
         ):
-            return self._observed(result, key, st)  # retracted (re-prefilled whole) or logprobs
+            return self._plain(req, st, result, key)  # retracted (re-prefilled whole) or logprobs
         found = history.find_view(
             self, result.last_device_node, logical, limit, history.namespace(req, st)
         )
@@ -210,7 +216,7 @@ class HoledRadixCache(RadixCache):
             found = restored
         if found is None or found[1] <= result.device_prefix_len:
             st.report.history_from("none")
-            return self._observed(result, key, st)
+            return self._plain(req, st, result, key)
         node, depth = found
         positions, slots = history.cut_view(node, depth)
         history.adopt(req, st, logical, positions, depth)
@@ -251,6 +257,14 @@ class HoledRadixCache(RadixCache):
         node = host_history.restore(self, req, st, *hit)
         st.prefix.restored, st.prefix.restore_blocked = node, node is None
         return None if node is None else (node, hit[1])
+
+    def _plain(self, req, st, result: MatchResult, key: RadixKey) -> MatchResult:
+        """A plain prefill's match (`_observed`); matched for its first chunk, it sets where the
+        request's own prompt begins (`Prefix.matched`)."""
+        result = self._observed(result, key, st)
+        if not req.kv.holds_kv:
+            st.prefix.matched = result.device_prefix_len
+        return result
 
     def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:
         """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
@@ -324,6 +338,40 @@ class HoledRadixCache(RadixCache):
         keeps the tree pages `kept_pages`, host) and only it can reach (`history_pages.py`).
         Returns the pages freed."""
         return history_pages.release_unused(self, req, kept_pages)
+
+    def detach_own(self, req, depth: int) -> torch.Tensor | None:
+        """Take the hole-free path of `req`'s lock below logical `depth` out of the tree when
+        only `req` holds it (locked by it alone, no other branch): its slots become the
+        request's own, and its lock moves up to `depth`. Returns those slots ``[n] int64`` in
+        logical order, or None (nothing changes) when anyone else could reach them."""
+        node, chain = req.last_node, list[TreeNode]()
+        if node is None or node is self.root_node:
+            return None
+        end = 0
+        a = node
+        while a is not self.root_node:
+            end, a = end + len(a.key), a.parent
+        if end <= depth:
+            return None
+        at = end
+        while node is not self.root_node and at > depth:
+            sole = len(node.children) == (1 if chain else 0)
+            if node.lock_ref != 1 or not sole or history.record_of(node) is not None:
+                return None
+            chain.append(node)
+            at -= len(node.key)
+            node = node.parent
+        if at < depth:  # `depth` falls inside the shallowest node: split it there
+            top = chain.pop()
+            self._split_node(top.key, top, depth - at)
+            chain.append(top)
+        slots = torch.cat([n.value for n in reversed(chain)]).to(torch.int64)
+        self.unlock(req.lock)
+        for n in chain:  # deepest first: each is a leaf when deleted
+            self._delete_leaf(n)
+        parent = chain[-1].parent
+        req.lock, req.last_node = self.lock(parent), parent
+        return slots
 
     def relock_shallower(self, req, need: int) -> None:
         """Move `req`'s lock on a hole-free path up to the shallowest node that still covers the

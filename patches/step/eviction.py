@@ -92,12 +92,25 @@ def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
     d = decide(rows, view)
     if ctx.tier is not None and any(row.st.cfg.host.offload for row in due):
         _offload(ctx, d, [(b, row.st) for b, row in enumerate(due) if row.st.cfg.host.offload])
-    copies: list[torch.Tensor | None] = []
+    # Every row's copies first: an allocation may evict unlocked tree nodes, and the nodes a
+    # relock below unlocks are still the row a retraction in this step resumes from.
+    copies = [
+        pool.alloc(ctx.tree, -(-c.copies // ps) * ps, req) if c.copies else d.raw[b, :0]
+        for b, ((req, _, _), c) in enumerate(zip(due, d.counts))
+    ]
+    detached = []  # slots of own prompt tails taken out of the tree that the rows drop
     for b, (req, st, _) in enumerate(due):
-        w, n_copy, cpl = d.counts[b].whole, d.counts[b].copies, rows[b].cpl
-        slots = pool.alloc(ctx.tree, -(-n_copy // ps) * ps, req) if n_copy else d.raw[b, :0]
-        copies.append(slots)
-        if slots is not None and st.holed and w != cpl:  # its view changed below cpl
+        if copies[b] is None and ps == 1 and rows[b].own_from is not None:
+            # No slot for the copies: a tail only this row holds leaves the tree instead, its
+            # kept entries staying where they are (the "copies" are the slots themselves).
+            own = ctx.tree.detach_own(req, st.prefix.matched or 0)
+            if own is not None:
+                kept = d.raw[b][d.plan.copy[b]]
+                copies[b] = kept
+                detached.append(own[~torch.isin(own, kept)])
+    for b, (req, st, _) in enumerate(due):
+        w, cpl = d.counts[b].whole, rows[b].cpl
+        if copies[b] is not None and st.holed and w != cpl:  # its view changed below cpl
             dropped = rows[b].positions[:cpl][~d.keep[b, :cpl]]  # host: no device read
             st.reclaim.release_tree(ctx, req, st, dropped, d.counts[b].depth)
     active = [c is not None for c in copies]
@@ -115,7 +128,7 @@ def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
         else RowOutcome(None, d.raw[b, :0])
         for b, row in enumerate(due)
     ]
-    freed = torch.cat([o.free for o in outcomes]).to(ctx.allocator.device)
+    freed = torch.cat([o.free for o in outcomes] + detached).to(ctx.allocator.device)
     if freed.numel():  # slots at page size 1, page ids above
         (ctx.allocator.free if ps == 1 else ctx.allocator.free_page_ids)(freed)
         ctx.counters.pages_freed += int(freed.numel())
@@ -155,17 +168,26 @@ def _evict_row(due: DueRow) -> EvictRow:
     if attn is not None and attn.shape[0] != length:
         raise RuntimeError(f"attention statistics cover {attn.shape[0]} tokens, the row {length}")
     positions = st.row.positions(length)
+    cpl = req.kv.cache_protected_len
+    own_from = None
+    matched = st.prefix.matched
+    if st.holed and st.prefix.hit is None and matched is not None and st.cfg.reclaim == "vtoken":
+        # Its own prompt tokens (past what the tree held at its match) leave the tree for its
+        # own pages once its eviction keeps them: its lock then moves up to the shared prefix
+        # and the rest of the prompt is the tree's to evict (docs/design.md, "Own prompt").
+        own_from = int((positions[:cpl] < matched).sum())
     return EvictRow(
         row=req.kv.req_pool_idx,
         length=length,
         positions=positions,
         policy=st.policy,
         budget=st.cfg.row_budget,
-        cpl=req.kv.cache_protected_len,
+        cpl=cpl,
         shared=not st.holed,
         rid=st.rid,
         step=st.row.steps,
         attn=attn,
         pinned=None if pinned is None else torch.isin(positions, pinned),
         history=st.holed and st.prefix.hit is not None and st.cfg.page_size > 1,
+        own_from=own_from,
     )

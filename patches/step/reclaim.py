@@ -42,6 +42,8 @@ class Reclaim:
         st.stats.select(keep)
         if st.holed and (w != row.cpl or n_copy):  # the view changed below cpl
             kv.cache_protected_len = w
+            if row.own_from is not None:  # its history attaches where its tree part ends
+                st.prefix.cap_attach(d.counts[b].depth)
         evicted = row.length - new_len
         st.row.record(kept_pos, evicted, int(freed.numel()))
         st.report.record_eviction(evicted, int(kept_pos.numel()), st.row.freed, st.row.steps)

@@ -232,7 +232,8 @@ def test_host_store_moves_with_a_history_the_tree_evicts_and_goes_with_an_aborte
     st = wait_pool_free(client)
     held, stored = st["host_tokens_held"], st["host_histories_stored"]
     assert held > 2000 and st["host_histories_held"] == 0
-    generate(client, random_ids(3500, seed=12), 8, "host-lru-b", NONE)  # needs A's pool room
+    # B needs all but 38 slots of the pool: A's evictable prompt and its stored history too
+    generate(client, random_ids(4050, seed=12), 8, "host-lru-b", NONE)
     st = wait_pool_free(client)
     assert st["host_histories_held"] == 1 and st["host_histories_stored"] == stored + 1
     # every token of its history (prompt, outputs but the last) is in host memory: the evicted
