@@ -1,0 +1,176 @@
+"""Documents longer than the KV pool, one question each, answered by a server (CPU).
+
+The documents are the split's document questions (`splits.docqa_trials`: a 5-digit number
+stated at a depth of an essay excerpt, the split's phrasings and depths), `--times` times the
+pool long (default 2, 3 and 4). Two servers, one after the other:
+
+    full      a pool that holds the longest document; each trial asks ``{"policy": "none"}``
+    evicting  `--pool` tokens, `--kv-evict POLICY ... --kv-evict-config '{"prefill_chunk": C,
+              "host_tokens": ...}'` with `--disable-overlap-schedule`; each trial asked without
+              recall (``{"recall": 0}``) and with offload + recall R (``{"offload": true,
+              "recall": R}``)
+
+Without eviction during prefill SGLang refuses every such prompt (`pool - 6`). One JSON line
+per (cell, trial): the hit (the first number answered is the whole key), the answer, the prompt
+tokens, the tokens evicted during the prefill and recalled, the seconds; then hits per (cell,
+times). Settings are the joint benchmark's chat setting; nothing here chooses them.
+
+    python -m sgl_vtoken_tools.quality.long_doc --split heldout --pool 1024 \\
+        --out docs/results/long_doc_heldout.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials
+from sgl_vtoken_tools.quality.tasks import Trial, exact_number
+
+
+def evicting_flags(args) -> list[str]:
+    from sgl_vtoken_tools.launcher import cpu_server_args
+
+    config = {"prefill_chunk": args.prefill_chunk, "host_tokens": 1 << 20}
+    return cpu_server_args(args.model, args.pool, args.page_size) + [
+        "--dtype",
+        "float32",
+        "--disable-overlap-schedule",
+        "--kv-evict",
+        args.policy,
+        "--kv-budget",
+        str(args.budget),
+        "--kv-sink",
+        str(args.sink),
+        "--kv-window",
+        str(args.window),
+        "--kv-evict-interval",
+        str(args.interval),
+        "--kv-evict-config",
+        json.dumps(config),
+    ]
+
+
+def full_flags(args, longest: int) -> list[str]:
+    from sgl_vtoken_tools.launcher import cpu_server_args
+
+    pool = longest + args.max_new + 256
+    return cpu_server_args(args.model, pool, args.page_size) + ["--dtype", "float32"]
+
+
+def trials(tok, split: str, pool: int, times: list[int], seed: int = 0, wheel_dir=None):
+    """The split's document questions whose essay excerpts are `x * pool` tokens, for each x
+    of `times` (``meta["times"]``)."""
+    out = []
+    for x in times:
+        for t in docqa_trials(tok, split, [x * pool], seed, wheel_dir):
+            out.append(Trial(t.task, t.id, t.prompt, t.answer, {**t.meta, "times": x}, t.span))
+    return out
+
+
+def ask(client, tok, trial: Trial, label: str, kv_evict: dict, max_new: int) -> dict:
+    """One question under `kv_evict`; request id ``{trial}-{label}``."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    t0 = time.monotonic()
+    res = client.generate(list(trial.prompt), f"{trial.id}-{label}", max_new, kv_evict, stop=eos)
+    rep = (res["meta_info"].get("kv_evict") or [{}])[0] or {}
+    answer = tok.decode([t for t in res["output_ids"] if t != eos], skip_special_tokens=True)
+    return {
+        "kind": "trial",
+        "cell": label,
+        "kv_evict": kv_evict,
+        "trial": trial.id,
+        **trial.meta,
+        "hit": exact_number(answer, trial.answer),
+        "expected": trial.answer,
+        "answer": answer,
+        "prefill_evicted_tokens": rep.get("prefill_evicted_tokens"),
+        "recalled_tokens": rep.get("recalled_tokens"),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def summary(records: list[dict]) -> list[dict]:
+    """Hits per (cell, times the pool)."""
+    acc: dict[tuple[str, int], list[int]] = {}
+    for r in records:
+        hits = acc.setdefault((r["cell"], r["times"]), [0, 0])
+        hits[0] += int(r["hit"])
+        hits[1] += 1
+    return [
+        {"kind": "summary", "cell": c, "times": x, "hits": h, "trials": n}
+        for (c, x), (h, n) in sorted(acc.items())
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default=".cache/smollm2")
+    ap.add_argument("--split", choices=SPLITS, required=True)
+    ap.add_argument("--pool", type=int, default=1024, help="the evicting server's pool")
+    ap.add_argument("--times", type=int, nargs="+", default=[2, 3, 4], help="document / pool")
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--policy", default="h2o")
+    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--sink", type=int, default=16)
+    ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--interval", type=int, default=16)
+    ap.add_argument("--prefill-chunk", type=int, default=64)
+    ap.add_argument("--recall", type=int, default=192)
+    ap.add_argument("--max-new", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken_tools.launcher import ServerProcess
+    from sgl_vtoken_tools.models import ensure_model
+    from sgl_vtoken_tools.quality.cli import json_lines
+    from sgl_vtoken_tools.quality.server_check import Client
+
+    if args.model == ".cache/smollm2":
+        ensure_model("smollm2", args.model)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    docs = trials(tok, args.split, args.pool, args.times, args.seed)
+    longest = max(len(t.prompt) for t in docs)
+    servers = [
+        ("full", full_flags(args, longest), [("full", {"policy": "none"})]),
+        (
+            "evicting",
+            evicting_flags(args),
+            [
+                (f"{args.policy} b{args.budget} prefill_chunk {args.prefill_chunk}", {"recall": 0}),
+                (
+                    f"{args.policy} b{args.budget} prefill_chunk {args.prefill_chunk}"
+                    f" + recall {args.recall}",
+                    {"offload": True, "recall": args.recall},
+                ),
+            ],
+        ),
+    ]
+    records: list[dict] = []
+    with json_lines(args.out) as emit:
+        emit({"kind": "config", **vars(args), "servers": {n: f for n, f, _ in servers}})
+        for _, flags, cells in servers:
+            server = ServerProcess(flags).start()
+            try:
+                client = Client(server.base_url)
+                for trial in docs:
+                    for label, kv in cells:
+                        records.append(ask(client, tok, trial, label, kv, args.max_new))
+                        emit(records[-1])
+            finally:
+                server.stop()
+        for line in summary(records):
+            emit(line)
+
+
+if __name__ == "__main__":
+    main()
