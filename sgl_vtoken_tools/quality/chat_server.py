@@ -140,16 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from transformers import AutoTokenizer
-
     from sgl_vtoken_tools.launcher import ServerProcess
-    from sgl_vtoken_tools.models import ensure_model
-    from sgl_vtoken_tools.quality.cli import json_lines
+    from sgl_vtoken_tools.quality.cli import json_lines, server_tokenizer
     from sgl_vtoken_tools.quality.server_check import Client
 
-    if args.model == ".cache/smollm2":
-        ensure_model("smollm2", args.model)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    tok = server_tokenizer(args.model)
     chosen = cells(args)
     if args.cells:
         chosen = [chosen[int(i)] for i in args.cells.split(",")]

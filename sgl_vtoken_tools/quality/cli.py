@@ -41,6 +41,21 @@ def load(path: str, threads: int = 0):
     return AutoTokenizer.from_pretrained(path), load_model(path)
 
 
+SMOLLM2 = ".cache/smollm2"
+
+
+def server_tokenizer(path: str):
+    """The tokenizer of the folder `path` a server script serves; the default SmolLM2 folder is
+    built first if missing (`models.ensure_model`)."""
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken_tools.models import ensure_model
+
+    if path == SMOLLM2:
+        ensure_model("smollm2", path)
+    return AutoTokenizer.from_pretrained(path)
+
+
 @contextmanager
 def json_lines(path: str | None) -> Iterator[Callable[[dict], None]]:
     """A function writing one record per line to `path` (stdout when None), flushed each time."""
