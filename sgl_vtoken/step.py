@@ -188,6 +188,7 @@ def plan_keep(
     rows: Sequence[int],
     keep: Sequence[torch.Tensor],
     cpl: Sequence[int],
+    own_from: Sequence[int] | None = None,
 ) -> Decision:
     """Plan rows whose kept entries the caller chose, as `decide` plans its own; carry it out
     with `apply`. One device-to-host copy (the counts).
@@ -199,17 +200,46 @@ def plan_keep(
         cpl: each row's tree-owned prefix (page-aligned when page size > 1). A tree-owned entry
             the mask drops leaves the row as in `decide`: ``counts[b].copies`` may then ask
             for fresh pages (`apply`'s `copy_slots`). `counts[b].depth` counts row entries.
+        own_from: each row's `EvictRow.own_from` (None: `cpl`, only partly kept pages copied).
     """
     dev = pool.req_to_token.device
-    meta = _to(torch.tensor([(k.numel(), c) for k, c in zip(keep, cpl)], dtype=torch.int64), dev)
-    lengths, cpl_d = meta.unbind(1)
+    own = cpl if own_from is None else own_from
+    meta = torch.tensor([(k.numel(), c, o) for k, c, o in zip(keep, cpl, own)], dtype=torch.int64)
+    lengths, cpl_d, own_d = _to(meta, dev).unbind(1)
     mask = _to(pad_sequence([k.to(torch.bool) for k in keep], batch_first=True), dev)
     w = mask.shape[1]
     idx = _to(torch.tensor(list(rows), dtype=torch.int64), dev)
     raw = pool.req_to_token[idx, :w].to(torch.int64)
     positions = torch.arange(w, device=dev).expand(len(rows), w)
-    d, _ = _plan(pool, list(rows), mask, lengths, cpl_d, positions, raw)
+    d, _ = _plan(pool, list(rows), mask, lengths, cpl_d, positions, raw, own_from=own_d)
     return d
+
+
+def copies_in_own_part(d: Decision, b: int, own_from: int, cpl: int) -> bool:
+    """Whether every copy of row `b` comes from its own part (row entries ``own_from:cpl``,
+    `EvictRow.own_from`), so that `pack_onto_own` may put them there."""
+    tree_kept = d.keep[b, :cpl].nonzero().flatten()
+    whole = d.counts[b].whole  # the first `whole` kept tree entries stay where they are
+    return whole >= tree_kept.numel() or int(tree_kept[whole]) >= own_from
+
+
+def pack_onto_own(d: Decision, b: int, own: torch.Tensor, ps: int):
+    """Row `b`'s copies on its own part's slots instead of fresh pages, when that part has left
+    the tree (`copies_in_own_part` must hold): the k-th copy goes to ``own[k]``, which the
+    repack's in-place order allows (every copy moves to or before its source)::
+
+        row   | whole | own: k0 .  k1 k2 | .  .  k3 . | .  .  .  . | private ...
+        after | whole | k0 k1 k2 k3      | (free)     | (free)     | private ...
+
+    Args:
+        own: ``[cpl - own_from] int64`` the slots of the row's entries ``own_from:cpl``, whole
+            pages, in row order.
+    Returns:
+        ``(copy_slots, free)``: `apply`'s `copy_slots` for row `b`, and the pages of `own` the
+        copies leave empty (slots at page size 1), for the caller to free.
+    """
+    used = -(-d.counts[b].copies // ps)  # pages the copies fill (the last one with privates)
+    return own, own[used * ps :: ps] // ps
 
 
 def _plan(

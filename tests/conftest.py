@@ -47,6 +47,7 @@ GROUPS = (
     "prefill16",
     "unchunked1",
     "edge1",
+    "edge16",
 )
 
 

@@ -56,6 +56,8 @@ class StepContext:
         tp_group: the tensor-parallel group (None: one rank).
         tier: the host tier (`host_tier.py`), None without one.
         total_tokens: the pool's size in tokens (SGLang's `max_total_num_tokens`), 0 unknown.
+        overlap: SGLang's overlap scheduler runs (a retraction drops the step in flight, so the
+            row before this step's eviction must stay recoverable: `retraction.py`).
     """
 
     tree: Any
@@ -67,6 +69,7 @@ class StepContext:
     tp_group: Any | None
     tier: host_tier.HostTier | None
     total_tokens: int
+    overlap: bool = False
 
     def sample_batch(self, batch) -> None:
         """Live tokens, retained pages and fragmentation over the running evicting requests of
@@ -134,5 +137,6 @@ def context_of(scheduler) -> StepContext:
         tp_group=tp_group,
         tier=proc.tier,
         total_tokens=int(getattr(scheduler, "max_total_num_tokens", 0)),
+        overlap=bool(getattr(scheduler, "enable_overlap", False)),
     )
     return proc.step

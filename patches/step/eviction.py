@@ -13,12 +13,20 @@ from contextlib import nullcontext
 
 import torch
 
-from sgl_vtoken.step import Decision, EvictRow, apply, decide
+from sgl_vtoken.step import (
+    Decision,
+    EvictRow,
+    apply,
+    copies_in_own_part,
+    decide,
+    pack_onto_own,
+)
 
 from ..cache import host_tier, pool
 from ..core.process import process
 from ..core.state import state_of
 from .context import DueRow, RowOutcome, StepContext
+from .retraction import MovedRow
 
 
 def evict_batch(ctx: StepContext, batch, skip: set) -> None:
@@ -98,22 +106,25 @@ def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
         pool.alloc(ctx.tree, -(-c.copies // ps) * ps, req) if c.copies else d.raw[b, :0]
         for b, ((req, _, _), c) in enumerate(zip(due, d.counts))
     ]
-    detached = []  # slots of own prompt tails taken out of the tree that the rows drop
+    detached: list[
+        torch.Tensor
+    ] = []  # slots (page ids above page size 1) of detached own prompts the rows drop
     for b, (req, st, _) in enumerate(due):
-        if copies[b] is None and ps == 1 and rows[b].own_from is not None:
-            # No slot for the copies: a tail only this row holds leaves the tree instead, its
-            # kept entries staying where they are (the "copies" are the slots themselves).
-            own = ctx.tree.detach_own(req, st.prefix.matched or 0)
-            if own is not None:
-                kept = d.raw[b][d.plan.copy[b]]
-                copies[b] = kept
-                detached.append(own[~torch.isin(own, kept)])
+        if copies[b] is None and rows[b].own_from is not None:
+            copies[b] = _detach_own(ctx, d, b, req, st, detached)
     for b, (req, st, _) in enumerate(due):
         w, cpl = d.counts[b].whole, rows[b].cpl
         if copies[b] is not None and st.holed and w != cpl:  # its view changed below cpl
             dropped = rows[b].positions[:cpl][~d.keep[b, :cpl]]  # host: no device read
             st.reclaim.release_tree(ctx, req, st, dropped, d.counts[b].depth)
     active = [c is not None for c in copies]
+    saving = [
+        (b, row.st)
+        for b, row in enumerate(due)
+        if active[b] and row.st.reclaim.saves_victims(ctx, row.st)
+    ]
+    if saving:
+        _save_victims(ctx, d, saving)
     out = apply(
         d,
         view,
@@ -158,6 +169,45 @@ def _offload(ctx: StepContext, d: Decision, offloading: list) -> None:
             ctx.view.k_buffers,
             ctx.view.v_buffers,
         )
+
+
+def _detach_own(ctx: StepContext, d: Decision, b: int, req, st, detached: list):
+    """No free page for row `b`'s copies of its own prompt: when only it holds that part of the
+    tree (`radix.HoledRadixCache.detach_own`) and every copy comes from it, the part leaves the
+    tree and the copies are packed onto its own slots (`step.pack_onto_own`; docs/design.md,
+    "Own prompt"). Returns the copies' slots, or None (nothing changed: the row is evicted at a
+    later step). The part's pages (slots at page size 1) the row no longer needs go to
+    `detached`."""
+    row, own_from = d.rows[b], d.rows[b].own_from
+    assert own_from is not None, "only a row with an own part detaches it"
+    if not copies_in_own_part(d, b, own_from, row.cpl):
+        return None  # a copy from a partly kept shared page would land where a later one reads
+    own = ctx.tree.detach_own(req, st.prefix.matched or 0)
+    if own is None:
+        return None
+    if own.numel() != row.cpl - own_from:
+        raise RuntimeError(f"detached {own.numel()} slots, own part {row.cpl - own_from}")
+    slots, free = pack_onto_own(d, b, own.to(d.raw.device), ctx.page_size)
+    detached.append(free.to(ctx.allocator.device))
+    return slots
+
+
+def _save_victims(ctx: StepContext, d: Decision, saving: list) -> None:
+    """The rows `saving` (``(b, state)``) keep their victims' K/V (every layer, on the device)
+    before the repack writes over them, on the stream the repack then runs on: a retraction in
+    this step resumes from the row before it (`retraction.MovedRow`)."""
+    w = d.keep.shape[1]
+    keeps = [d.keep[b, : d.rows[b].length] for b, _ in saving]
+    victims = [(~k).nonzero().flatten() for k in keeps]
+    flat = torch.cat([b * w + v for (b, _), v in zip(saving, victims)])
+    view = ctx.view
+    with ctx.stream or nullcontext():
+        slots = d.raw.flatten().index_select(0, flat.to(d.raw.device, non_blocking=True))
+        keys = torch.stack([buf[slots] for buf in view.k_buffers])
+        values = torch.stack([buf[slots] for buf in view.v_buffers])
+    sizes = [v.numel() for v in victims]
+    for (_, st), keep, k, v in zip(saving, keeps, keys.split(sizes, 1), values.split(sizes, 1)):
+        st.retract.save_victims(MovedRow(keep, k, v))
 
 
 def _evict_row(due: DueRow) -> EvictRow:

@@ -58,6 +58,11 @@ class Reclaim:
         `dropped` the logical positions (host) of the tree-owned entries it no longer uses,
         `depth` the tokens of the tree path its kept entries still reach."""
 
+    def saves_victims(self, ctx: StepContext, st: ReqEvictState) -> bool:
+        """Whether the row's victims' K/V are copied before the repack writes over them, so a
+        retraction in this step can resume from the row before it (`retraction.MovedRow`)."""
+        return False
+
     def before_record(
         self, st: ReqEvictState, slots: torch.Tensor, positions: torch.Tensor
     ) -> None:
@@ -106,8 +111,16 @@ class Pages(Reclaim):
         # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
         ctx.tree.relock_shallower(req, depth)
 
+    def saves_victims(self, ctx, st) -> bool:
+        # Only the overlap scheduler resumes from the row before the step (retraction.py).
+        return st.holed and ctx.overlap
+
     def before_record(self, st, slots, positions) -> None:
-        if st.holed:  # the repack moved kept tokens onto evicted ones: the row before is gone
+        if not st.holed:
+            return
+        if st.retract.undo is not None and st.retract.undo.victims is not None:
+            st.retract.save_undo(slots, positions, st.row, st.report)
+        else:  # the repack moved kept tokens onto evicted ones: the row before is gone
             st.retract.lose_undo()
 
     def release_history(self, ctx, req, st, kept_pages) -> None:
@@ -121,6 +134,9 @@ class Pages(Reclaim):
 class NaivePages(Pages):
     """`--kv-reclaim naive` at page size > 1: the same layout, but the pages a Naive-Evict cache
     could not free are held back by the request (`held.py`)."""
+
+    def saves_victims(self, ctx, st) -> bool:
+        return False  # its held pages are not kept: a retracted request is re-prefilled
 
     def release_tree(self, ctx, req, st, dropped, depth) -> None:
         pass  # Naive-Evict keeps its lock on the shared pages: moved in `to_free`

@@ -47,24 +47,38 @@ class RetractStash:
         return len(self.ids)
 
 
+class MovedRow(NamedTuple):
+    """Page size > 1, overlap scheduler: what of the row before this step's eviction the repack
+    did not keep in place. Its kept entries are the row's first ``keep.sum()`` entries after the
+    step, in order; its victims' K/V were copied before the repack wrote over them."""
+
+    keep: torch.Tensor  # [n] bool (host): the row before's entries kept
+    keys: torch.Tensor  # [layers, victims, kv_heads, head_dim] the victims' K/V, row order
+    values: torch.Tensor
+
+
 class RowBefore(NamedTuple):
     """The row before this step's eviction: its ``slots`` and ``positions`` ``[n] int64``, the
-    row's positions and counts (`Row.snapshot`), and a copy of the report."""
+    row's positions and counts (`Row.snapshot`), a copy of the report, and at page size > 1 where
+    its entries are now (`moved`; page size 1: the slots themselves, freed but not reused)."""
 
     slots: torch.Tensor
     positions: torch.Tensor
     row: Row
     report: Report
+    moved: MovedRow | None = None
 
 
 class StepUndo(NamedTuple):
     """This step's state before its fold and eviction: the statistics (`Stats.snapshot`) and,
-    when it evicted, the row before (page size 1, holed cache), or `lost`: it evicted and the
-    row before is gone (page size > 1: the repack wrote kept tokens over evicted ones)."""
+    when it evicted, the row before (holed cache), or `lost`: it evicted and the row before is
+    gone (page size > 1 without the overlap scheduler, where no retraction needs it). `victims`:
+    the moved row's part saved before the repack, until `save_undo` takes it."""
 
     stats: torch.Tensor | None
     before: RowBefore | None = None
     lost: bool = False
+    victims: MovedRow | None = None
 
 
 @dataclass
@@ -95,20 +109,31 @@ class Retraction:
         """The request will not resume (it ends): its stash goes."""
         self.stash, self.resume_node, self.blocked = None, None, False
 
+    def save_victims(self, moved: MovedRow) -> None:
+        """Before a repack (page size > 1, overlap scheduler): the victims' K/V, copied while
+        the repack has not yet written over them, for the `save_undo` that follows."""
+        assert self.undo is not None, "an eviction saves its undo after its step started"
+        self.undo = self.undo._replace(victims=moved)
+
     def save_undo(
         self, slots: torch.Tensor, positions: torch.Tensor, row: Row, report: Report
     ) -> None:
-        """Before an eviction (holed, page size 1): remember the row (`slots` at logical
-        `positions`), `row`'s positions and counts and the `report` as they are, for `undo_step`."""
+        """Before an eviction is recorded (holed cache): remember the row (`slots` at logical
+        `positions`), `row`'s positions and counts and the `report` as they are, for
+        `undo_step`; at page size > 1 with the victims `save_victims` kept, else the row before
+        is lost."""
         assert self.undo is not None, "an eviction saves its undo after its step started"
         self.undo = self.undo._replace(
-            before=RowBefore(slots, positions, row.snapshot(), report.snapshot())
+            before=RowBefore(
+                slots, positions, row.snapshot(), report.snapshot(), self.undo.victims
+            ),
+            victims=None,
         )
 
     def lose_undo(self) -> None:
-        """This step evicts in place (page size > 1): the row before it cannot come back."""
+        """This step evicted in place and kept no victims: the row before cannot come back."""
         if self.undo is not None:
-            self.undo = self.undo._replace(lost=True)
+            self.undo = self.undo._replace(lost=True, victims=None)
 
     def restore_outputs(self, req) -> None:
         """A resumed request gets its real outputs back (its prefill is set up, or it was not
@@ -129,6 +154,13 @@ def before_release_req(*args, req, tree_cache, **kwargs):
         or not (st.row.steps or st.prefix.hit is not None)
     ):
         return None
+    if not req.output_ids:
+        # Overlap scheduler: the step SGLang drops is its prefill (its first output id is not
+        # back yet). It is prefilled again as it was first, so its eviction in this step is
+        # undone and nothing is stashed: a resume would prefill one token where the prefill's
+        # observation window spans `obs_window` queries.
+        undo_step(st)
+        return None
     # Without the holed cache, or with Naive-Evict's held pages: re-prefilled, stash None.
     resumable = st.holed and (st.cfg.page_size == 1 or st.cfg.reclaim == "vtoken")
     stash = stash_row(req, st, tree_cache) if resumable else None
@@ -141,11 +173,11 @@ def before_release_req(*args, req, tree_cache, **kwargs):
     return None
 
 
-def undo_step(st) -> tuple[torch.Tensor, torch.Tensor] | None:
+def undo_step(st) -> RowBefore | None:
     """A retraction drops this step: the statistics go back to its start and its eviction, if
     any, is undone (`Retraction.start_step`, `save_undo`), once: a request retracted again before
     its next step (just resumed) has nothing left to undo. Returns the row before that eviction,
-    ``(slots, positions)``, or None when the step did not evict."""
+    or None when the step did not evict."""
     undo, st.retract.undo = st.retract.undo, None  # consumed: a second retraction before the
     if undo is None:  # next step finds the state already undone
         return None
@@ -154,19 +186,20 @@ def undo_step(st) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
     st.row.restore(undo.before.row)
     st.report.restore(undo.before.report)
-    return undo.before.slots, undo.before.positions
+    return undo.before
 
 
 def stash_row(req, st, tree_cache) -> RetractStash | None:
     """Copy the row the request resumes from (K/V of every layer, positions) to host memory, and
     put its policy state back to that moment (docs/design.md, "Retraction"). Returns None when
-    that row is gone (overlap scheduler, page size > 1, this step evicted): re-prefilled then.
+    that row is gone (`StepUndo.lost`) or holds no whole page of ids: re-prefilled then.
 
     Overlap scheduler: the last output id was the input of the in-flight step, which SGLang
     drops; the resume prefills it again over the row it was first computed over, the row before
-    this step's eviction (page size 1: the evicted slots are freed but not yet reused). No
-    overlap: the last output id has no KV yet, and the resume prefills it over the row as it is,
-    as this step's decode would have."""
+    this step's eviction (page size 1: the evicted slots are freed but not yet reused; above:
+    the kept entries where the repack put them, the victims from their copy). No overlap: the
+    last output id has no KV yet, and the resume prefills it over the row as it is, as this
+    step's decode would have."""
     ids = st.prompt.logical_ids(req)
     depth, row_len = len(ids) - 1, req.kv.kv_committed_len
     in_flight = row_len + st.row.offset == len(ids)  # the row covers the last output id
@@ -177,10 +210,10 @@ def stash_row(req, st, tree_cache) -> RetractStash | None:
         before = undo_step(st)
     else:  # this step's fold and eviction stand: nothing to undo
         st.retract.undo = None
+    req_to_token = tree_cache.req_to_token_pool.req_to_token
     if before is not None:  # this step evicted: the row before it
-        slots, positions = before
+        slots, positions = before.slots, before.positions
     else:
-        req_to_token = tree_cache.req_to_token_pool.req_to_token
         slots, positions = (
             req_to_token[req.kv.req_pool_idx, :row_len].to(torch.int64),
             st.row.positions(row_len),
@@ -188,21 +221,46 @@ def stash_row(req, st, tree_cache) -> RetractStash | None:
     if depth < tree_cache.page_size:
         return None  # no whole page of logical ids to key its view by
     live = int((positions < depth).sum())  # positions ascend: the kept entries are a row prefix
-    index = slots[:live].to(tree_cache.token_to_kv_pool_allocator.device)
     pool = tree_cache.token_to_kv_pool_allocator.get_kvcache()
-    keys = torch.stack([pool.get_key_buffer(layer)[index] for layer in range(pool.layer_num)]).cpu()
-    values = torch.stack(
-        [pool.get_value_buffer(layer)[index] for layer in range(pool.layer_num)]
-    ).cpu()
+    device = tree_cache.token_to_kv_pool_allocator.device
+    if before is not None and before.moved is not None:
+        now = req_to_token[req.kv.req_pool_idx].to(torch.int64)
+        keys, values = _moved_kv(pool, before.moved, now, live, device)
+    else:
+        index = slots[:live].to(device)
+        keys = torch.stack([pool.get_key_buffer(layer)[index] for layer in range(pool.layer_num)])
+        values = torch.stack(
+            [pool.get_value_buffer(layer)[index] for layer in range(pool.layer_num)]
+        )
     serial = st.retract.retractions + 1  # `before_release_req` counts this retraction
     namespace = f"{req.extra_key or ''}|{st.cfg.history_namespace()}|retract:{req.rid}:{serial}"
     return RetractStash(
         ids=ids[:depth],
         positions=positions[:live].cpu(),
-        keys=keys,
-        values=values,
+        keys=keys.cpu(),
+        values=values.cpu(),
         namespace=namespace,
     )
+
+
+def _moved_kv(pool, moved: MovedRow, row: torch.Tensor, live: int, device):
+    """K/V ``[layers, live, kv_heads, head_dim]`` of the first `live` entries of the row before a
+    repack: kept entries from the row as it is now (`row`, its slot table row; they lead it in
+    order), victims from `moved`'s copy (in row order, so those among the first `live` lead it)."""
+    keep = moved.keep[:live].to(device)
+    kept = row[: int(moved.keep[:live].sum())]
+    victims = live - kept.numel()
+    if moved.keys.is_cuda:  # copied on the repack's stream (rare path: wait for every stream)
+        torch.cuda.synchronize(moved.keys.device)
+    out = []
+    pairs = ((pool.get_key_buffer, moved.keys), (pool.get_value_buffer, moved.values))
+    for buffers, saved in pairs:
+        first = buffers(0)
+        kv = first.new_empty(pool.layer_num, live, *first.shape[1:])
+        kv[:, keep] = torch.stack([buffers(layer)[kept] for layer in range(pool.layer_num)])
+        kv[:, ~keep] = saved[:, :victims]
+        out.append(kv)
+    return out[0], out[1]
 
 
 def write_back(tree_cache, stash: RetractStash, req) -> torch.Tensor | None:

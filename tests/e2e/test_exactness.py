@@ -88,27 +88,26 @@ def test_attention_policies_are_exact_under_chunked_prefill(
 
 @pytest.mark.server_group("retract{page_size}")
 @pytest.mark.parametrize(
-    "page_size,overlap",
-    [(1, True), (1, False), (16, False), (16, True)],
-    ids=["page1", "page1-no-overlap", "page16-no-overlap", "page16"],
+    "page_size,overlap,interval",
+    [(1, True, 1), (1, False, 1), (16, False, 16), (16, True, 16), (16, True, 1)],
+    ids=["page1", "page1-no-overlap", "page16-no-overlap", "page16", "page16-interval1"],
 )
-@pytest.mark.parametrize("policy", ["random", "h2o", "scissorhands"])
+@pytest.mark.parametrize("policy", ["random", "h2o", "scissorhands", "kvp"])
 def test_forced_retractions_resume_from_the_compacted_row_exactly(
-    server_factory, hf_eager, kvp_checkpoint, policy, page_size, overlap
+    server_factory, hf_eager, kvp_checkpoint, policy, page_size, overlap, interval
 ):
     """SGLang retracts a running request every few steps; two requests of one policy run together,
     so one of them is retracted again and again after it has evicted. Each resumes from its
     stashed compacted row with its policy state (eviction count, attention statistics), so both
-    outputs stay the masked reference's; the pool is whole afterwards. Under the overlap scheduler
-    at page size 16 a retraction in a step that evicted re-prefills instead (the repack wrote
-    over the row the dropped step must be recomputed over): such a request says so, every other
-    one is exact."""
+    outputs stay the masked reference's and neither is re-prefilled; the pool is whole
+    afterwards. Under the overlap scheduler a retraction in a step that evicted resumes from the
+    row before that eviction (at page size 16 the repack wrote over it: its victims were kept)."""
     env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "9"}
     extra = () if overlap else ("--disable-overlap-schedule",)
     client = evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=env)
-    interval = 1 if page_size == 1 else 16
-    prompts = [random_ids(100, seed=1300 + 10 * POLICIES.index(policy) + k) for k in range(2)]
-    rids = [f"retract-{policy}-{page_size}-{k}" for k in range(2)]
+    seed = 1300 + 10 * POLICIES.index(policy) + 100 * (interval < page_size)  # no shared prompt
+    prompts = [random_ids(100, seed=seed + k) for k in range(2)]
+    rids = [f"retract-{policy}-{page_size}-{interval}-{k}" for k in range(2)]
     params = {
         "temperature": 0,
         "max_new_tokens": 120,
@@ -121,12 +120,6 @@ def test_forced_retractions_resume_from_the_compacted_row_exactly(
     )
     assert sum(o["meta_info"].get("num_retractions", 0) for o in outs) > 0
     for k in range(2):
-        if (
-            page_size > 1
-            and overlap
-            and outs[k]["meta_info"]["kv_evict"][0].get("retracted_reprefill")
-        ):
-            continue
         assert not outs[k]["meta_info"]["kv_evict"][0].get("retracted_reprefill")
         expected = expected_output(
             hf_eager, kvp_checkpoint, prompts[k], 120, policy, page_size, interval, rids[k]

@@ -245,8 +245,9 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     """Page size 16, every page refused to the requests named SHORTAGE (`shortage.py`), Random
     policy (it keeps scattered tokens, so partly kept cached pages must be copied): a long prompt
     whose first chunk is cached cannot copy the cached tokens its eviction during prefill keeps,
-    so that request ends with HTTP 503 naming the shortage; a short prompt's decode evictions are
-    deferred and counted, and it still returns every token. The server goes on: the counters
+    so that request ends with HTTP 503 naming the shortage; a short prompt that another request
+    cached cannot copy the shared tokens its decode evictions keep (nor leave the tree: it is not
+    its own), so they are deferred and counted, and it still returns every token. The server goes on: the counters
     moved, the same prompt is served as before, the pool is whole, the running gauges read zero
     once nothing runs, no traceback."""
     client = prefill_server(server_factory, 16)
@@ -269,7 +270,9 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     )
     assert r.status_code == 503, r.text[:500]
     assert "no free KV page" in r.text and "prefill_chunk" in r.text
-    out = generate(client, random_ids(40, seed=951), 80, SHORTAGE + "decode", kv)
+    short = random_ids(40, seed=951)
+    generate(client, short, 20, "neighbour-short", kv)  # its pages are cached, not its own
+    out = generate(client, short, 80, SHORTAGE + "decode", kv)
     report = out["meta_info"]["kv_evict"][0]
     assert len(out["output_ids"]) == 80 and report["deferred_evictions"] > 0
     again = generate(client, prompt, 8, "neighbour", kv)

@@ -17,7 +17,15 @@ from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken.pages import PageAllocator
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.policies.sharing_aware import SharingAware
-from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide, plan_keep
+from sgl_vtoken.step import (
+    EvictRow,
+    KVPoolView,
+    apply,
+    copies_in_own_part,
+    decide,
+    pack_onto_own,
+    plan_keep,
+)
 from sgl_vtoken_tools.step_ref import evict_row_ref, plan_eviction
 
 LAYERS, H, D = 2, 2, 4
@@ -266,3 +274,65 @@ def test_plan_keep_equals_the_per_row_planner_for_explicit_masks(batch):
         pool.view.k_buffers + pool.view.v_buffers, ref_pool.view.k_buffers + ref_pool.view.v_buffers
     ):
         assert torch.equal(mine, theirs), "KV bytes differ"
+
+
+@st.composite
+def own_parts(draw):
+    """A row of a page-dense pool: a kept shared prefix, its own prompt part (tree-owned until
+    it leaves the tree), private entries; a random keep mask past the shared prefix."""
+    ps = draw(st.sampled_from([1, 16]))
+    return (
+        ps,
+        draw(st.integers(0, 2**16)),
+        draw(st.integers(0, 2)) * ps,  # shared
+        draw(st.integers(1, 4)) * ps,  # own
+        draw(st.integers(1, 40)),  # private
+        draw(st.floats(0.05, 1.0)),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(own_parts())
+def test_copies_packed_onto_the_own_part_hold_what_fresh_pages_would(batch):
+    """`pack_onto_own`: when the row's own prompt part leaves the tree for want of free pages,
+    its kept entries are packed onto the part's first pages instead of fresh ones: every kept
+    entry reads the same K/V through the new row as with fresh pages, the shared prefix is not
+    moved, and the row's pages plus the pages freed are exactly the pages it had (no page lost,
+    none freed twice)."""
+    ps, seed, shared, own_len, priv, p = batch
+    gen = torch.Generator().manual_seed(seed)
+    pool = FakePool(num_pages=400, ps=ps, rows=1, gen=gen)
+    tree, own = (pool.slots(n // ps).long() for n in (shared, own_len))
+    private = pool.slots(-(-priv // ps))[:priv]
+    row = torch.cat([tree, own, private])
+    pool.view.req_to_token[0, : row.numel()] = row.to(torch.int32)
+    mask = torch.rand(row.numel(), generator=gen) < p
+    mask[:shared] = True
+    cpl = shared + own_len
+    fresh_pool = copy.deepcopy(pool)
+    want_kv = [buf[row[mask]] for buf in pool.view.k_buffers + pool.view.v_buffers]
+
+    d = plan_keep(pool.view, [0], [mask], [cpl], own_from=[shared])
+    assert copies_in_own_part(d, 0, shared, cpl)
+    slots, free = pack_onto_own(d, 0, own, ps)
+    out = apply(d, pool.view, [slots])
+    d_fresh = plan_keep(fresh_pool.view, [0], [mask], [cpl], own_from=[shared])
+    apply(d_fresh, fresh_pool.view, [fresh_pool.alloc(-(-d_fresh.counts[0].copies // ps) * ps)])
+
+    n = d.new_length(0)
+    new_row = pool.view.req_to_token[0, :n].to(torch.int64)
+    assert torch.equal(new_row[:shared], tree)
+    for buf, want in zip(pool.view.k_buffers + pool.view.v_buffers, want_kv):
+        assert torch.equal(buf[new_row], want)
+    fresh_row = fresh_pool.view.req_to_token[0, :n].to(torch.int64)
+    for mine, theirs in zip(
+        pool.view.k_buffers + pool.view.v_buffers,
+        fresh_pool.view.k_buffers + fresh_pool.view.v_buffers,
+    ):
+        assert torch.equal(mine[new_row], theirs[fresh_row])
+    held = torch.unique(new_row[shared:] // ps)
+    freed = torch.cat([out.freed, free])
+    had = torch.unique(torch.cat([own, private]) // ps)
+    assert freed.numel() == torch.unique(freed).numel(), "a page freed twice"
+    assert not torch.isin(freed, held).any(), "a page freed that the row still reads"
+    assert torch.equal(torch.unique(torch.cat([held, freed])), had), "a page lost"
