@@ -1,0 +1,202 @@
+"""A StreamingLLM chat that runs past the KV pool: 50 turns, each asking for a key it states.
+
+Turn k's message states a 5-digit key (the split's fact phrasing), gives a passage of the
+split's essays to read past, then asks for the key (the split's question); every reply is the
+model's own (greedy, up to `--max-new` tokens) and feeds the next turn, so turn k's prompt is
+the whole conversation so far: about 110 tokens a turn, past a 1,024-token pool by turn 10 and
+some 5,500 tokens at turn 50. What is asked lies in the newest tokens, which StreamingLLM keeps;
+the run shows whether the conversation stays answerable once the history is several times the
+pool. Three servers, one after the other, each playing every conversation:
+
+    full      stock SGLang on a pool that holds the whole conversation
+    stock     stock SGLang on `--pool` tokens: it refuses the turn whose prompt no longer fits
+              (HTTP 400); the conversation ends there
+    evicting  `--pool` tokens, `--kv-evict streamingllm --kv-budget B --kv-sink S
+              --kv-evict-interval I --kv-evict-config '{"prefill_chunk": C}'
+              --disable-overlap-schedule`: each turn continues from the history the server
+              stored and is evicted during its prefill
+
+One JSON line per (server, conversation) with every turn (prompt tokens, reply, hit, cached
+tokens, live KV tokens), then hits per (server, band of 10 turns).
+
+    python -m sgl_vtoken_tools.quality.long_chat --split heldout --conversations 2 \\
+        --out docs/results/long_chat_heldout.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from sgl_vtoken_tools.quality.splits import PHRASINGS, SPLITS, _check, split_sentences
+from sgl_vtoken_tools.quality.tasks import _excerpt, chat_ids, exact_number, next_turn_ids
+
+BAND = 10  # turns per summary band
+
+
+def conversations(
+    split: str, num: int, turns: int, passage_tokens: int, tokenizer, seed: int = 0, wheel_dir=None
+):
+    """`num` conversations of `turns` (message, key) pairs from `split`; conversation i is the
+    same whatever `num` is."""
+    _check(split)
+    sents, phrasings = split_sentences(split, wheel_dir), PHRASINGS[split]
+    out = []
+    for i in range(num):
+        rng = random.Random(f"{split}/long-chat/{seed}/{i}")
+        conv = []
+        for k in range(turns):
+            ph = phrasings[(i + k) % len(phrasings)]
+            key = str(rng.randrange(10000, 100000))
+            passage = "".join(_excerpt(tokenizer, sents, rng, passage_tokens)).strip()
+            conv.append((f"{ph.fact.format(key=key)}\n\n{passage}\n\n{ph.question}", key))
+        out.append(conv)
+    return out
+
+
+def play(client, tok, conv, label: str, name: str, max_new: int) -> dict:
+    """One conversation on one server; it ends at the first refused turn (HTTP status kept)."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    prompt: list[int] = []
+    out: list[int] = []
+    turns, t0 = [], time.monotonic()
+    for k, (message, key) in enumerate(conv):
+        prompt = (
+            chat_ids(tok, message)[0] if k == 0 else prompt + out + next_turn_ids(tok, message, out)
+        )
+        try:
+            res = client.generate(prompt, f"{name}-{label}-t{k}", max_new, None, stop=eos)
+        except RuntimeError as e:  # HTTP 400: the pool cannot hold the prompt
+            turns.append({"turn": k + 1, "prompt": len(prompt), "refused": str(e)[:200]})
+            break
+        out = list(res["output_ids"])
+        answer = tok.decode([t for t in out if t != eos], skip_special_tokens=True)
+        rep = (res["meta_info"].get("kv_evict") or [{}])[0] or {}
+        turns.append(
+            {
+                "turn": k + 1,
+                "prompt": len(prompt),
+                "hit": exact_number(answer, key),
+                "answer": answer,
+                "cached": res["meta_info"].get("cached_tokens"),
+                "live_tokens": rep.get("live_tokens"),
+                "prefill_evicted_tokens": rep.get("prefill_evicted_tokens"),
+            }
+        )
+    return {
+        "kind": "conversation",
+        "server": label,
+        "conversation": name,
+        "turns": turns,
+        "answered": sum("hit" in t for t in turns),
+        "hits": sum(bool(t.get("hit")) for t in turns),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def summary(records: list[dict], turns: int) -> list[dict]:
+    """Hits and answered turns per (server, band of `BAND` turns)."""
+    out = []
+    for server in dict.fromkeys(r["server"] for r in records):
+        for lo in range(1, turns + 1, BAND):
+            band = [
+                t
+                for r in records
+                if r["server"] == server
+                for t in r["turns"]
+                if lo <= t["turn"] < lo + BAND
+            ]
+            asked = min(BAND, turns - lo + 1) * sum(r["server"] == server for r in records)
+            out.append(
+                {
+                    "kind": "summary",
+                    "server": server,
+                    "turns": f"{lo}-{lo + BAND - 1}",
+                    "asked": asked,
+                    "answered": sum("hit" in t for t in band),
+                    "hits": sum(bool(t.get("hit")) for t in band),
+                    "max_prompt": max((t["prompt"] for t in band), default=0),
+                }
+            )
+    return out
+
+
+def servers(args) -> list[tuple[str, list[str]]]:
+    from sgl_vtoken_tools.launcher import cpu_server_args
+
+    def base(pool):
+        return cpu_server_args(args.model, pool, args.page_size) + ["--dtype", "float32"]
+
+    evict = [
+        "--disable-overlap-schedule",
+        "--kv-evict",
+        "streamingllm",
+        "--kv-budget",
+        str(args.budget),
+        "--kv-sink",
+        str(args.sink),
+        "--kv-evict-interval",
+        str(args.interval),
+        "--kv-evict-config",
+        f'{{"prefill_chunk": {args.prefill_chunk}}}',
+    ]
+    return [
+        ("full", base(args.full_pool)),
+        (f"stock, pool {args.pool}", base(args.pool)),
+        (f"streamingllm b{args.budget}, pool {args.pool}", base(args.pool) + evict),
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default=".cache/smollm2")
+    ap.add_argument("--split", choices=SPLITS, required=True)
+    ap.add_argument("--conversations", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=50)
+    ap.add_argument("--passage-tokens", type=int, default=60)
+    ap.add_argument("--pool", type=int, default=1024, help="the stock and evicting servers' pool")
+    ap.add_argument("--full-pool", type=int, default=8192, help="the full cache's pool")
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--sink", type=int, default=4)
+    ap.add_argument("--interval", type=int, default=16)
+    ap.add_argument("--prefill-chunk", type=int, default=64)
+    ap.add_argument("--max-new", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from sgl_vtoken_tools.launcher import ServerProcess
+    from sgl_vtoken_tools.quality.cli import json_lines, server_tokenizer
+    from sgl_vtoken_tools.quality.server_check import Client
+
+    tok = server_tokenizer(args.model)
+    convs = conversations(
+        args.split, args.conversations, args.turns, args.passage_tokens, tok, args.seed
+    )
+    plan = servers(args)
+    records: list[dict] = []
+    with json_lines(args.out) as emit:
+        emit({"kind": "config", **vars(args), "servers": dict(plan)})
+        for label, flags in plan:
+            server = ServerProcess(flags).start()
+            try:
+                client = Client(server.base_url)
+                for i, conv in enumerate(convs):
+                    name = f"long-chat-{args.split}-{args.seed}-{i}"
+                    records.append(play(client, tok, conv, label, name, args.max_new))
+                    emit(records[-1])
+            finally:
+                server.stop()
+        for line in summary(records, args.turns):
+            emit(line)
+
+
+if __name__ == "__main__":
+    main()
