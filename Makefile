@@ -84,7 +84,8 @@ bench-joint: $(STAMP)
 
 # Mixed traffic against one evicting server per configuration users run, at page sizes 1 and 16:
 # plain (stored histories), eviction during prefill, the host tier with recall, SGLang's forced
-# retractions (and at page 16 without the overlap scheduler too); STRESS_S seconds each, pool
+# retractions (and at page 16 without the overlap scheduler too), with prompts longer than the pool
+# (answered with prefill_chunk, HTTP 400 otherwise); STRESS_S seconds each, pool
 # STRESS_POOL tokens (small enough that the tree evicts stored histories and pages run short),
 # SGLang's memory checkers on. A few requests are refused pages on purpose (--forced-shortages: the
 # page kinds that configuration asks for), so every shortage path is met; the summaries count real
@@ -93,7 +94,7 @@ bench-joint: $(STAMP)
 STRESS_S ?= 600
 STRESS_POOL ?= 2048
 STRESS_JOBS ?= 1
-STRESS := $(PY) scripts/stress.py --duration $(STRESS_S) --pool $(STRESS_POOL)
+STRESS := $(PY) scripts/stress.py --duration $(STRESS_S) --pool $(STRESS_POOL) --over-pool
 CHUNK := --kv-evict-config '{"prefill_chunk": 64}' --disable-overlap-schedule
 HOST := --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}' --budgets 128,256
 STRESS_RUNS := page16 page1 page16_prefill_chunk page1_prefill_chunk page16_host_tier page1_host_tier \

@@ -14,8 +14,9 @@ Starts the tiny model on CPU (`--kv-evict P --kv-budget B --kv-evict-interval I`
 DURING_BUSY, SGLANG_DEBUG_MEMORY_POOL, SGLANG_CHECK_KV_PAGE_INVARIANTS), or uses `--base-url`.
 `--workers` request loops then send, for `--duration` seconds, a seeded mix of /generate (plain
 and streamed) and chat completions (plain and streamed), multi-turn chat sessions, requests
-aborted through /abort_request or by the client disconnecting, and invalid `kv_evict` objects
-(expected HTTP 400); each with a random eviction setting (the server's, `{"policy": "none"}`, or
+aborted through /abort_request or by the client disconnecting, invalid `kv_evict` objects
+(expected HTTP 400) and, with `--over-pool`, prompts longer than the pool (answered with
+`prefill_chunk`, else HTTP 400); each with a random eviction setting (the server's, `{"policy": "none"}`, or
 a random policy, budget and window in `custom_params.kv_evict`), short or long prompts (some
 sharing a prefix) and short or long replies. After the load drains: no unexpected outcome, the
 server healthy, no traceback in its log, `pool_available + pool_evictable == pool_total`, and
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated page kinds (copies, tail, resume, recall) a few requests are refused on "
         "purpose (VTOKEN_TEST_SHORTAGE), so every shortage path is met next to those real pressure "
         "reaches; the summary's shortages count those apart (forced:...)",
+    )
+    p.add_argument(
+        "--over-pool",
+        action="store_true",
+        help="also send prompts of 1.2-3x the pool (kind over_pool): answered where the server's "
+        "--kv-evict-config has prefill_chunk, HTTP 400 naming it otherwise",
     )
     p.add_argument("--progress-every", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=None, help="JSON lines file (besides stdout)")
@@ -170,7 +177,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(
                 f"--forced-shortages: unknown page kind {unknown[0]!r}; choose from {list(SHORTAGE_KINDS)}"
             )
-        traffic = TrafficSpec(**budgets, **host, shortages=forced)
+        over = (
+            {
+                "over_pool": (int(1.2 * args.pool), 3 * args.pool),
+                "over_pool_served": bool(server_cfg.get("prefill_chunk")),
+            }
+            if args.over_pool
+            else {}
+        )
+        traffic = TrafficSpec(**budgets, **host, **over, shortages=forced)
         try:
             cfg = StressConfig(
                 base_url=args.base_url or server.base_url,

@@ -36,6 +36,7 @@ KINDS = {  # kind -> weight
     "disconnect": 1,
     "invalid": 1,
     "shortage": 1,
+    "over_pool": 1,
 }
 # A `shortage` request is a session (for `copies`: a cached prompt sent again, `_cached_prompt_evicted`)
 # whose request ids begin `<FORCED><page kind>-`: a server started
@@ -57,6 +58,10 @@ class TrafficSpec:
     words_per_token: float = (
         0.5  # chat prompts: words of prose per token of the prompt lengths above
     )
+    # `over_pool` requests: prompts of this many tokens (longer than the pool; empty: none sent),
+    # answered where the server evicts during prefill (`prefill_chunk`), else HTTP 400.
+    over_pool: tuple = ()
+    over_pool_served: bool = False
     short_prompt: tuple = (8, 64)
     long_prompt: tuple = (300, 1500)
     short_new: tuple = (1, 48)
@@ -85,7 +90,11 @@ FIELD_SHARE = 0.6  # chance that an overriding request sets each optional field
 
 def kinds(spec: TrafficSpec) -> dict[str, float]:
     """The kinds of request a run with `spec` sends, with their weights."""
-    return {k: w for k, w in KINDS.items() if k != "shortage" or spec.shortages}
+    return {
+        k: w
+        for k, w in KINDS.items()
+        if (k != "shortage" or spec.shortages) and (k != "over_pool" or spec.over_pool)
+    }
 
 
 def evict_choice(rng: random.Random, spec: TrafficSpec) -> dict | None:
@@ -328,6 +337,19 @@ def play(
                 )
             ]
             out[0]["max_new"] = max(max_new, 64)
+        elif kind == "over_pool":
+            # The server's own setting: evicted during prefill where it has `prefill_chunk`.
+            n, max_new = rng.randint(*spec.over_pool), rng.randint(1, 16)
+            rec.update(
+                evict="server",
+                kv_evict=None,
+                long_prompt=True,
+                max_new=max_new,
+                prompt_tokens=n,
+                expected=["ok", "unavailable"] if spec.over_pool_served else ["rejected"],
+            )
+            ids = [rng.randrange(*spec.vocab) for _ in range(n)]
+            out = [generate(base_url, rec, ids, max_new, None, False, timeout=spec.timeout)]
         elif kind == "invalid":
             bad = rng.choice(INVALID)
             out = [

@@ -11,6 +11,7 @@ from sgl_vtoken_tools.bench.stress_traffic import (
     _outcome,
     _refusal,
     evict_choice,
+    kinds,
     play,
     prompt_ids,
 )
@@ -93,6 +94,20 @@ def test_expected_outcomes_per_kind():
     assert expected({"kind": "invalid", "status": "rejected"})
     assert not expected({"kind": "invalid", "status": "ok"})  # a bad kv_evict must be refused
     assert not expected({"kind": "session", "status": "error"})
+
+
+def test_prompts_longer_than_the_pool_expect_an_answer_only_where_the_server_evicts_in_prefill():
+    """`over_pool` requests are sent only when the spec has their lengths; each expects an answer
+    on a server with prefill_chunk and HTTP 400 on one without, whatever else it says."""
+    assert "over_pool" not in kinds(SPEC)
+    for served, want in ((True, "ok"), (False, "rejected")):
+        spec = TrafficSpec(over_pool=(3000, 6000), over_pool_served=served, timeout=5)
+        assert "over_pool" in kinds(spec)
+        (rec,) = play("over_pool", "http://127.0.0.1:9", random.Random(0), spec, "r")
+        assert 3000 <= rec["prompt_tokens"] <= 6000 and rec["kv_evict"] is None
+        assert expected({**rec, "status": want})
+        assert not expected({**rec, "status": "rejected" if served else "ok"})
+        assert not expected({**rec, "status": "error"})
 
 
 def test_tally_and_verdict():
