@@ -1,7 +1,8 @@
 """A stress run against one server: `workers` request loops of mixed traffic
 (`stress_traffic.py`) until `duration_s` has passed, then the end-of-run checks.
 
-Checks, after the load drains: every request had an expected outcome (`EXPECTED`), the server
+Checks, after the load drains: every request had an expected outcome (`EXPECTED`), some request
+completed at least every `STALL_S` seconds of the load (`longest_gap`), the server
 still answers /health, its log (when known) gained no Python traceback, no KV slot leaked (the
 plugin's `pool_available_tokens + pool_evictable_tokens == pool_total_tokens`) and, once the
 radix cache is flushed, the whole pool is free; the run evicted and aborted something.
@@ -43,6 +44,7 @@ EXPECTED = {
 }
 DEFAULT_EXPECTED = {"ok", "unavailable"}
 MAX_UNEXPECTED_LINES = 50  # the summary counts them all
+STALL_S = 60.0  # a run fails if no request completes for longer than this during the load
 COUNTERS = (
     "evictions",
     "evicted_tokens",
@@ -83,6 +85,14 @@ class StressConfig:
 def expected(rec: dict) -> bool:
     """The request's outcome is one its kind expects (or the record's own `expected`)."""
     return rec["status"] in (rec.get("expected") or EXPECTED.get(rec["kind"], DEFAULT_EXPECTED))
+
+
+def longest_gap(records: list[dict], load_s: float) -> float:
+    """The longest time during the load in which no request completed (its start and end
+    included), from the records' completion times (`done_s`)."""
+    done = sorted(r["done_s"] for r in records if "done_s" in r)
+    edges = [0.0] + [d for d in done if d <= load_s] + [load_s]
+    return max(b - a for a, b in zip(edges, edges[1:]))
 
 
 def verdict(checks: dict) -> bool:
@@ -178,9 +188,11 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
     records: list[dict] = []
     unexpected = [0]
     lock = threading.Lock()
+    t0 = time.monotonic()
 
     def on_record(rec: dict) -> None:
         with lock:
+            rec["done_s"] = round(time.monotonic() - t0, 3)  # when it completed, in the run
             records.append(rec)
             unexpected[0] += not expected(rec)
             show = not expected(rec) and unexpected[0] <= MAX_UNEXPECTED_LINES
@@ -189,7 +201,7 @@ def run_stress(cfg: StressConfig, emit, on_request=None) -> dict:
         if show:
             emit({"kind": "unexpected", **rec})
 
-    t0 = time.monotonic()
+    t0 = time.monotonic()  # the load starts now
     deadline = t0 + cfg.duration_s
     sampler = probe.Sampler(cfg.base_url, cfg.sample_interval, t0, with_vtoken=True)
     sampler.start()
@@ -261,8 +273,10 @@ def _summary(
         retracted = int(m1["num_retracted_requests_total"] - m0["num_retracted_requests_total"])
     elif log is not None:
         retracted = parse_log(log)["retracted_requests"]
+    gap = longest_gap(records, load_s)
     checks = {
         "no_unexpected_outcomes": t["unexpected"] == 0,
+        "no_stall": gap <= STALL_S,
         "workers_stopped": not any(th.is_alive() for th in threads),
         "load_drained": drained,
         "server_healthy": up,
@@ -279,6 +293,7 @@ def _summary(
         "ok": verdict(checks),
         "checks": checks,
         "load_s": round(load_s, 1),
+        "longest_gap_s": round(gap, 1),
         **t,
         "counters": counters,
         "retracted_requests": retracted,

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from sgl_vtoken_tools.bench.stress import StressConfig, expected, tally, verdict
+from sgl_vtoken_tools.bench.stress import StressConfig, expected, longest_gap, tally, verdict
 from sgl_vtoken_tools.bench.stress_traffic import (
     KINDS,
     TrafficSpec,
@@ -108,6 +108,13 @@ def test_prompts_longer_than_the_pool_expect_an_answer_only_where_the_server_evi
         assert expected({**rec, "status": want})
         assert not expected({**rec, "status": "rejected" if served else "ok"})
         assert not expected({**rec, "status": "error"})
+
+
+def test_the_longest_gap_counts_the_load_before_the_first_and_after_the_last_completion():
+    recs = [{"done_s": d} for d in (5.0, 20.0, 21.0, 90.0)] + [{"kind": "no time"}]
+    assert longest_gap(recs, 100.0) == 69.0
+    assert longest_gap(recs[:1], 100.0) == 95.0  # nothing completed after 5 s
+    assert longest_gap([], 30.0) == 30.0
 
 
 def test_tally_and_verdict():
