@@ -39,10 +39,10 @@ MEMORY_CHECKS = {
 # (patches/core/shortage.py): expected of every kind, and counted apart in the summary.
 EXPECTED = {
     "invalid": {"rejected"},
-    "abort": {"aborted", "ok", "unavailable"},
-    "disconnect": {"aborted", "ok", "unavailable"},
+    "abort": {"aborted", "ok", "clipped", "unavailable"},
+    "disconnect": {"aborted", "ok", "clipped", "unavailable"},
 }
-DEFAULT_EXPECTED = {"ok", "unavailable"}
+DEFAULT_EXPECTED = {"ok", "clipped", "unavailable"}
 MAX_UNEXPECTED_LINES = 50  # the summary counts them all
 STALL_S = 60.0  # a run fails if no request completes for longer than this during the load
 COUNTERS = (

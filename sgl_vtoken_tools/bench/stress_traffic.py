@@ -3,8 +3,9 @@ record: what was sent (kind, eviction settings, lengths) and what came back (sta
 evictions, finish reason). `KINDS` lists them; `play(kind, ...)` runs one.
 
 Every request is greedy with `ignore_eos`, so a request that finished normally produced exactly
-its `max_new_tokens`. Outcomes: `ok` (finished), `aborted` (finish reason abort: only expected for
-`abort` and `disconnect`), `rejected` (HTTP 400: only expected for `invalid`), `unavailable` (HTTP
+its `max_new_tokens`. Outcomes: `ok` (finished), `clipped` (a request that opted out of eviction
+stopped at the length SGLang fitted to the pool: its prompt and `max_new_tokens` exceed it),
+`aborted` (finish reason abort: only expected for `abort` and `disconnect`), `rejected` (HTTP 400: only expected for `invalid`), `unavailable` (HTTP
 503 naming a KV page shortage: the plugin's answer to a request it has no page for,
 patches/core/shortage.py), `error` (anything else: an unexpected status, a timeout, a short
 reply, a connection failure).
@@ -159,6 +160,10 @@ def _outcome(rec: dict, finish, completion: int, max_new: int) -> dict:
         )
     elif finish == "abort":
         rec["status"] = "aborted"
+    elif finish == "length" and completion < max_new and rec.get("evict") == "none":
+        # SGLang fits an opted-out request's max_new_tokens to the pool (prompt + reply): not
+        # an error, and not expected of a request that evicts.
+        rec["status"] = "clipped"
     elif completion != max_new:
         rec.update(
             status="error", error=f"{completion} tokens of {max_new}, finish reason {finish!r}"

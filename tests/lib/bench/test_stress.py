@@ -73,6 +73,10 @@ def test_a_503_naming_a_shortage_is_its_own_outcome_and_expected():
     )
     assert _outcome(dict(rec), {"type": "length"}, 8, 8)["status"] == "ok"
     assert _outcome(dict(rec), "length", 7, 8)["status"] == "error"
+    # SGLang fits an opted-out request's reply to the pool; an evicting one gets every token.
+    clipped = _outcome({**rec, "evict": "none"}, "length", 7, 8)
+    assert clipped["status"] == "clipped" and expected(clipped)
+    assert _outcome({**rec, "evict": "h2o"}, "length", 7, 8)["status"] == "error"
 
 
 def test_prompts_within_bounds_and_sharing_heads():
