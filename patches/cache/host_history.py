@@ -103,15 +103,24 @@ def find(tier: HostTier, ns: str, logical: array, limit: int, floor: int):
     return best
 
 
+def restorable(positions: torch.Tensor, depth: int, page_size: int) -> bool:
+    """Whether a host history whose kept entries sit at `positions` can be restored to `depth`:
+    at least a page deep, with an entry below it (a history cut where it kept nothing, e.g.
+    another conversation's shared opening past its sinks, is no history to continue)."""
+    return depth >= page_size and bool((positions < depth).any())
+
+
 def restore(tree, req, st, h: HostHistory, depth: int):
     """Write `h`'s entries at positions < `depth` into fresh slots (whole pages at page size > 1)
     as a holed leaf under the root in a namespace of its own, which takes `h`'s store; `h` leaves
-    host memory. Returns the node, or None when the pool cannot give the slots now (`h` stays)."""
+    host memory. Returns the node, or None when the pool cannot give the slots now (`h` stays).
+    The history must be `restorable` to `depth`."""
     tier, ps = process().tier, tree.page_size
     ns, salt = history.namespace(req, st), req.cache_salt
     assert tier is not None, "host histories live in the host tier"
+    assert restorable(h.row.positions, depth, ps), "restore() of an unrestorable history"
     n = int((h.row.positions < depth).sum())  # positions ascend: the entries are a prefix
-    slots = alloc(tree, -(-n // ps) * ps, req, "restore") if n and depth >= ps else None
+    slots = alloc(tree, -(-n // ps) * ps, req, "restore")
     if slots is None:
         return None
     h.row.wait()

@@ -7,7 +7,7 @@ from array import array
 
 import torch
 
-from sgl_vtoken.patches.cache.host_history import find
+from sgl_vtoken.patches.cache.host_history import find, restorable
 from sgl_vtoken.patches.cache.host_tier import Chunk, HostChunks, HostHistory, HostTier, offload
 from sgl_vtoken.patches.core.report import Report
 
@@ -144,3 +144,15 @@ def test_a_view_continued_to_a_cut_shares_only_the_store_entries_before_the_cut(
     tier.drop(taken)
     tier.detach(n)
     assert tier.tokens == 0 and tier.bytes == 0
+
+
+def test_a_history_cut_where_it_kept_nothing_or_within_a_page_is_not_restored():
+    """Two conversations that share only their opening: the other's host history is cut there.
+    Restored, it would hold none of its kept entries (sinks 0: the opening was evicted) or less
+    than a page; such a hit is no history to continue, not one that "does not fit yet" (which
+    kept a turn waiting, then ended it with HTTP 503 on an idle pool)."""
+    kept = torch.tensor([40, 41, 90, 91])  # the opening's entries were all evicted
+    assert not restorable(kept, 30, page_size=1)
+    assert restorable(kept, 41, page_size=1) and restorable(kept, 41, page_size=16)
+    assert not restorable(torch.tensor([0, 1, 2]), 5, page_size=16)  # a cut within one page
+    assert restorable(torch.tensor([0, 1, 2]), 5, page_size=1)
