@@ -252,8 +252,8 @@ class HoledRadixCache(RadixCache):
         st.prefix.restored = None
         ns = host_history.host_key(history.namespace(req, st), req.cache_salt)
         hit = host_history.find(tier, ns, logical, limit, floor)
-        if hit is None:
-            return None
+        if hit is None or not host_history.restorable(hit[0].row.positions, hit[1], self.page_size):
+            return None  # none, or cut where it kept nothing: never "does not fit yet"
         node = host_history.restore(self, req, st, *hit)
         st.prefix.restored, st.prefix.restore_blocked = node, node is None
         return None if node is None else (node, hit[1])
@@ -339,11 +339,12 @@ class HoledRadixCache(RadixCache):
         Returns the pages freed."""
         return history_pages.release_unused(self, req, kept_pages)
 
-    def detach_own(self, req, depth: int) -> torch.Tensor | None:
+    def detach_own(self, req, depth: int, length: int) -> torch.Tensor | None:
         """Take the hole-free path of `req`'s lock below logical `depth` out of the tree when
-        only `req` holds it (locked by it alone, no other branch): its slots become the
-        request's own, and its lock moves up to `depth`. Returns those slots ``[n] int64`` in
-        logical order, or None (nothing changes) when anyone else could reach them."""
+        only `req` holds it (locked by it alone, no other branch) and it is `length` tokens
+        long: its slots become the request's own, and its lock moves up to `depth`. Returns
+        those slots ``[length] int64`` in logical order, or None (nothing changes) when anyone
+        else could reach them or the path is not `length` long."""
         node, chain = req.last_node, list[TreeNode]()
         if node is None or node is self.root_node:
             return None
@@ -351,7 +352,7 @@ class HoledRadixCache(RadixCache):
         a = node
         while a is not self.root_node:
             end, a = end + len(a.key), a.parent
-        if end <= depth:
+        if end <= depth or end - depth != length:
             return None
         at = end
         while node is not self.root_node and at > depth:

@@ -182,11 +182,9 @@ def _detach_own(ctx: StepContext, d: Decision, b: int, req, st, detached: list):
     assert own_from is not None, "only a row with an own part detaches it"
     if not copies_in_own_part(d, b, own_from, row.cpl):
         return None  # a copy from a partly kept shared page would land where a later one reads
-    own = ctx.tree.detach_own(req, st.prefix.matched or 0)
+    own = ctx.tree.detach_own(req, st.prefix.matched or 0, row.cpl - own_from)
     if own is None:
         return None
-    if own.numel() != row.cpl - own_from:
-        raise RuntimeError(f"detached {own.numel()} slots, own part {row.cpl - own_from}")
     slots, free = pack_onto_own(d, b, own.to(d.raw.device), ctx.page_size)
     detached.append(free.to(ctx.allocator.device))
     return slots
