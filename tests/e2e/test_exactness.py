@@ -92,7 +92,7 @@ def test_attention_policies_are_exact_under_chunked_prefill(
     [(1, True, 1), (1, False, 1), (16, False, 16), (16, True, 16), (16, True, 1)],
     ids=["page1", "page1-no-overlap", "page16-no-overlap", "page16", "page16-interval1"],
 )
-@pytest.mark.parametrize("policy", ["random", "h2o", "scissorhands", "kvp"])
+@pytest.mark.parametrize("policy", ["streamingllm", "random", "h2o", "scissorhands", "kvp"])
 def test_forced_retractions_resume_from_the_compacted_row_exactly(
     server_factory, hf_eager, kvp_checkpoint, policy, page_size, overlap, interval
 ):

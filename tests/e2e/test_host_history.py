@@ -12,7 +12,7 @@ from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
 from test_host_tier import BUDGET, NONE, RECALL, SINK, flush, session, unchunked_server
 
 from sgl_vtoken.config import EvictConfig, HostTier
-from sgl_vtoken_tools.hf_reference import masked_turn
+from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", page_size=1)]
 
@@ -154,4 +154,38 @@ def test_a_history_over_the_host_cap_is_dropped_counted_and_its_next_turn_prefil
     flush(client)
     st = wait_pool_free(client)
     assert st["host_tokens_held"] == 0 and st["host_histories_held"] == 0
+    assert st["pool_available_tokens"] == st["pool_total_tokens"]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_host_history_that_kept_nothing_of_a_shared_opening_is_not_waited_for(
+    server_factory, kvp_checkpoint, hf_eager, page_size
+):
+    """Conversation A (StreamingLLM, no sinks) keeps only its newest tokens; its history goes to
+    host memory. Conversation B shares only A's 40-token opening, with the same settings: A's
+    host history is the deepest B's prompt continues, cut at 40, where A kept nothing. B is
+    prefilled as a new conversation and equals the reference; it was kept waiting for pages the
+    empty restore could never use, then ended with HTTP 503 on the idle pool."""
+    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    flush(client)
+    interval = 1 if page_size == 1 else 16
+    kv = {"policy": "streamingllm", "budget": 32, "sink": 0, "interval": interval}
+    kv = {**kv, "offload": True, "recall": 0}
+    opening = random_ids(40, seed=501)
+    a = opening + random_ids(40, seed=502)
+    generate(client, a, 40, f"opening-a-{page_size}", kv)
+    for k in range(2):  # the second fill needs what the first and A hold: A's history goes
+        generate(client, random_ids(4060, seed=503 + k), 4, f"opening-fill-{page_size}-{k}", NONE)
+    assert client.vtoken_state()["host_histories_held"] == 1  # A's history is in host memory
+    b = opening + random_ids(40, seed=504)
+    rid = f"opening-b-{page_size}"
+    out = generate(client, b, 40, rid, kv)
+    assert out["meta_info"]["kv_evict"][0]["history_source"] == "none"
+    cfg = EvictConfig(
+        policy="streamingllm", budget=32, sink=0, interval=interval, page_size=page_size
+    )
+    want = masked_greedy(hf_eager, b, 40, cfg, rid=rid, policy=oracle_policy, recall=ORACLE_RECALL)
+    assert out["output_ids"] == want[0]
+    flush(client)
+    st = wait_pool_free(client)
     assert st["pool_available_tokens"] == st["pool_total_tokens"]
