@@ -1,14 +1,6 @@
 """The requests of a stress run, each drawn from a seeded random stream and played as one
 record: what was sent (kind, eviction settings, lengths) and what came back (status, tokens,
-evictions, finish reason). `KINDS` lists them; `play(kind, ...)` runs one.
-
-Every request is greedy with `ignore_eos`, so a request that finished normally produced exactly
-its `max_new_tokens`. Outcomes: `ok` (finished), `clipped` (a request that opted out of eviction
-stopped at the length SGLang fitted to the pool: its prompt and `max_new_tokens` exceed it),
-`aborted` (finish reason abort: only expected for `abort` and `disconnect`), `rejected` (HTTP 400: only expected for `invalid`), `unavailable` (HTTP
-503 naming a KV page shortage: the plugin's answer to a request it has no page for,
-patches/core/shortage.py), `error` (anything else: an unexpected status, a timeout, a short
-reply, a connection failure).
+evictions, finish reason: `stress_outcome`). `KINDS` lists them; `play(kind, ...)` runs one.
 
 A request's `kv_evict` overrides any of the fields a request may carry (policy, budget, sink,
 window, interval, and on a server with a host store offload and recall), each drawn from the
@@ -25,6 +17,7 @@ from dataclasses import dataclass
 
 import requests
 
+from sgl_vtoken_tools.bench.stress_outcome import evicted, outcome, refusal, refused, sampling
 from sgl_vtoken_tools.bench.workload import prose
 
 KINDS = {  # kind -> weight
@@ -132,52 +125,6 @@ def prompt_ids(rng: random.Random, spec: TrafficSpec, long: bool) -> list[int]:
     return head + [rng.randrange(*spec.vocab) for _ in range(n - len(head))]
 
 
-def _sampling(max_new: int, kv: dict | None) -> dict:
-    sp = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
-    if kv is not None:
-        sp["custom_params"] = {"kv_evict": kv}
-    return sp
-
-
-def _refusal(code: int, text: str) -> str:
-    """The outcome of a request the server answered with an error `code` and body `text`."""
-    if code == 400:
-        return "rejected"
-    return "unavailable" if code == 503 and "kv_evict" in text else "error"
-
-
-def _refused(rec: dict, r) -> dict:
-    return {**rec, "status": _refusal(r.status_code, r.text), "error": r.text[:300]}
-
-
-def _outcome(rec: dict, finish, completion: int, max_new: int) -> dict:
-    """`finish`: a finish reason's type, or /generate's finish-reason object."""
-    reason = finish if isinstance(finish, dict) else {}
-    finish = reason.get("type") if isinstance(finish, dict) else finish
-    if finish == "abort" and reason.get("status_code") == 503:  # a shortage the server answered
-        rec.update(
-            status=_refusal(503, str(reason.get("message"))), error=str(reason.get("message"))[:300]
-        )
-    elif finish == "abort":
-        rec["status"] = "aborted"
-    elif finish == "length" and completion < max_new and rec.get("evict") == "none":
-        # SGLang fits an opted-out request's max_new_tokens to the pool (prompt + reply): not
-        # an error, and not expected of a request that evicts.
-        rec["status"] = "clipped"
-    elif completion != max_new:
-        rec.update(
-            status="error", error=f"{completion} tokens of {max_new}, finish reason {finish!r}"
-        )
-    else:
-        rec["status"] = "ok"
-    rec.update(finish_reason=finish, completion_tokens=completion)
-    return rec
-
-
-def _evicted(meta: dict) -> int:
-    return sum(e.get("evicted_tokens") or 0 for e in (meta.get("kv_evict") or []))
-
-
 def generate(
     base_url: str,
     rec: dict,
@@ -194,18 +141,18 @@ def generate(
     body = {
         "rid": rec["rid"],
         "input_ids": ids,
-        "sampling_params": _sampling(max_new, kv),
+        "sampling_params": sampling(max_new, kv),
         "stream": stream,
     }
     with requests.post(base_url + "/generate", json=body, stream=stream, timeout=timeout) as r:
         rec["http"] = r.status_code
         if r.status_code != 200:
-            return _refused(rec, r)
+            return refused(rec, r)
         if not stream:
             j = r.json()
             meta = j["meta_info"]
-            rec["evicted_tokens"] = _evicted(meta)
-            return _outcome(rec, meta.get("finish_reason"), meta["completion_tokens"], max_new)
+            rec["evicted_tokens"] = evicted(meta)
+            return outcome(rec, meta.get("finish_reason"), meta["completion_tokens"], max_new)
         last, chunks = None, 0
         for line in r.iter_lines():
             if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -217,7 +164,7 @@ def generate(
                 err = last["error"] if isinstance(last["error"], dict) else last
                 return {
                     **rec,
-                    "status": _refusal(int(err.get("code") or 0), json.dumps(err)),
+                    "status": refusal(int(err.get("code") or 0), json.dumps(err)),
                     "error": json.dumps(err)[:300],
                 }
             chunks += 1
@@ -229,8 +176,8 @@ def generate(
     if last is None:
         return {**rec, "status": "error", "error": "stream without data"}
     meta = last["meta_info"]
-    rec["evicted_tokens"] = _evicted(meta)
-    return _outcome(rec, meta.get("finish_reason"), meta["completion_tokens"], max_new)
+    rec["evicted_tokens"] = evicted(meta)
+    return outcome(rec, meta.get("finish_reason"), meta["completion_tokens"], max_new)
 
 
 def chat(
@@ -262,11 +209,11 @@ def chat(
     ) as r:
         rec["http"] = r.status_code
         if r.status_code != 200:
-            return _refused(rec, r), ""
+            return refused(rec, r), ""
         if not stream:
             j = r.json()
             c = j["choices"][0]
-            return _outcome(rec, c["finish_reason"], j["usage"]["completion_tokens"], max_new), c[
+            return outcome(rec, c["finish_reason"], j["usage"]["completion_tokens"], max_new), c[
                 "message"
             ]["content"] or ""
         parts, finish, completion = [], None, None
@@ -278,7 +225,7 @@ def chat(
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
                 return {
                     **rec,
-                    "status": _refusal(int(err.get("code") or 0), json.dumps(err)),
+                    "status": refusal(int(err.get("code") or 0), json.dumps(err)),
                     "error": json.dumps(err)[:300],
                 }, ""
             for c in obj.get("choices") or []:
@@ -286,7 +233,7 @@ def chat(
                 finish = c.get("finish_reason") or finish
             if obj.get("usage"):
                 completion = obj["usage"]["completion_tokens"]
-    return _outcome(rec, finish, completion, max_new), "".join(parts)
+    return outcome(rec, finish, completion, max_new), "".join(parts)
 
 
 def play(

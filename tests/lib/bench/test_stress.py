@@ -5,11 +5,10 @@ import random
 import pytest
 
 from sgl_vtoken_tools.bench.stress import StressConfig, expected, longest_gap, tally, verdict
+from sgl_vtoken_tools.bench.stress_outcome import outcome, refusal
 from sgl_vtoken_tools.bench.stress_traffic import (
     KINDS,
     TrafficSpec,
-    _outcome,
-    _refusal,
     evict_choice,
     kinds,
     play,
@@ -60,23 +59,23 @@ def test_a_503_naming_a_shortage_is_its_own_outcome_and_expected():
         "status_code": 503,
         "message": "kv_evict prefill_chunk: no free KV page ...",
     }
-    out = _outcome(dict(rec), reason, 0, 8)
+    out = outcome(dict(rec), reason, 0, 8)
     assert out["status"] == "unavailable" and expected(out)
     # Any other abort of a request nobody aborted, or another 503, is not.
     assert (
-        _outcome(dict(rec), {"type": "abort", "status_code": 500, "message": "x"}, 0, 8)["status"]
+        outcome(dict(rec), {"type": "abort", "status_code": 500, "message": "x"}, 0, 8)["status"]
         == "aborted"
     )
     assert (
-        _refusal(503, "Service overloaded") == "error"
-        and _refusal(400, "kv_evict.budget") == "rejected"
+        refusal(503, "Service overloaded") == "error"
+        and refusal(400, "kv_evict.budget") == "rejected"
     )
-    assert _outcome(dict(rec), {"type": "length"}, 8, 8)["status"] == "ok"
-    assert _outcome(dict(rec), "length", 7, 8)["status"] == "error"
+    assert outcome(dict(rec), {"type": "length"}, 8, 8)["status"] == "ok"
+    assert outcome(dict(rec), "length", 7, 8)["status"] == "error"
     # SGLang fits an opted-out request's reply to the pool; an evicting one gets every token.
-    clipped = _outcome({**rec, "evict": "none"}, "length", 7, 8)
+    clipped = outcome({**rec, "evict": "none"}, "length", 7, 8)
     assert clipped["status"] == "clipped" and expected(clipped)
-    assert _outcome({**rec, "evict": "h2o"}, "length", 7, 8)["status"] == "error"
+    assert outcome({**rec, "evict": "h2o"}, "length", 7, 8)["status"] == "error"
 
 
 def test_prompts_within_bounds_and_sharing_heads():
