@@ -6,9 +6,12 @@
                                          (:func:`sgl_vtoken_tools.quality.fastref.load_model`)
     with json_lines(path) as emit:       emit(record) writes one JSON line and flushes it; stdout
                                          when path is None, else the file, closed on the way out
+    server_flags(args, pool, evict=...)  a fp32 CPU server of args.model, args.page_size; with
+                                         `evict`, its --kv-* flags from args (budget, sink, ...)
+    with served(flags) as client:        that server started, and stopped on the way out
 
-Used by ``scripts/check_fastref.py``, ``scripts/diag_attention.py`` and
-``scripts/eval_quality.py``. Torch and transformers are imported by :func:`load` only, so
+Used by ``scripts/check_fastref.py``, ``scripts/diag_attention.py``,
+``scripts/eval_quality.py`` and the server runs (`long_doc.py`, `long_chat.py`). Torch and transformers are imported by :func:`load` only, so
 ``--help`` and flag errors answer at once.
 """
 
@@ -70,3 +73,33 @@ def json_lines(path: str | None) -> Iterator[Callable[[dict], None]]:
     finally:
         if out is not sys.stdout:
             out.close()
+
+
+def server_flags(args, pool: int, evict: str | None = None, config: dict | None = None) -> list:
+    """Flags of a fp32 CPU server of ``args.model`` at ``args.page_size`` with a pool of `pool`
+    tokens; with `evict` (a policy), ``--kv-evict`` and its budget, sink, window (when `args` has
+    one) and interval from `args`, the overlap scheduler off (eviction during prefill needs it),
+    and `config` as ``--kv-evict-config``."""
+    from sgl_vtoken_tools.launcher import cpu_server_args
+
+    flags = cpu_server_args(args.model, pool, args.page_size) + ["--dtype", "float32"]
+    if evict is None:
+        return flags
+    flags += ["--disable-overlap-schedule", "--kv-evict", evict, "--kv-budget", str(args.budget)]
+    flags += ["--kv-sink", str(args.sink), "--kv-evict-interval", str(args.interval)]
+    if getattr(args, "window", None) is not None:
+        flags += ["--kv-window", str(args.window)]
+    return flags + ["--kv-evict-config", json.dumps(config or {})]
+
+
+@contextmanager
+def served(flags: list) -> Iterator:
+    """A `server_check.Client` of a server started with `flags`, stopped on the way out."""
+    from sgl_vtoken_tools.launcher import ServerProcess
+    from sgl_vtoken_tools.quality.server_check import Client
+
+    server = ServerProcess(flags).start()
+    try:
+        yield Client(server.base_url)
+    finally:
+        server.stop()

@@ -123,28 +123,16 @@ def summary(records: list[dict], turns: int) -> list[dict]:
 
 
 def servers(args) -> list[tuple[str, list[str]]]:
-    from sgl_vtoken_tools.launcher import cpu_server_args
+    from sgl_vtoken_tools.quality.cli import server_flags
 
-    def base(pool):
-        return cpu_server_args(args.model, pool, args.page_size) + ["--dtype", "float32"]
-
-    evict = [
-        "--disable-overlap-schedule",
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(args.budget),
-        "--kv-sink",
-        str(args.sink),
-        "--kv-evict-interval",
-        str(args.interval),
-        "--kv-evict-config",
-        f'{{"prefill_chunk": {args.prefill_chunk}}}',
-    ]
+    config = {"prefill_chunk": args.prefill_chunk}
     return [
-        ("full", base(args.full_pool)),
-        (f"stock, pool {args.pool}", base(args.pool)),
-        (f"streamingllm b{args.budget}, pool {args.pool}", base(args.pool) + evict),
+        ("full", server_flags(args, args.full_pool)),
+        (f"stock, pool {args.pool}", server_flags(args, args.pool)),
+        (
+            f"streamingllm b{args.budget}, pool {args.pool}",
+            server_flags(args, args.pool, "streamingllm", config),
+        ),
     ]
 
 
@@ -172,9 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from sgl_vtoken_tools.launcher import ServerProcess
-    from sgl_vtoken_tools.quality.cli import json_lines, server_tokenizer
-    from sgl_vtoken_tools.quality.server_check import Client
+    from sgl_vtoken_tools.quality.cli import json_lines, served, server_tokenizer
 
     tok = server_tokenizer(args.model)
     convs = conversations(
@@ -185,15 +171,11 @@ def main(argv: list[str] | None = None) -> None:
     with json_lines(args.out) as emit:
         emit({"kind": "config", **vars(args), "servers": dict(plan)})
         for label, flags in plan:
-            server = ServerProcess(flags).start()
-            try:
-                client = Client(server.base_url)
+            with served(flags) as client:
                 for i, conv in enumerate(convs):
                     name = f"long-chat-{args.split}-{args.seed}-{i}"
                     records.append(play(client, tok, conv, label, name, args.max_new))
                     emit(records[-1])
-            finally:
-                server.stop()
         for line in summary(records, args.turns):
             emit(line)
 

@@ -22,41 +22,10 @@ times). Settings are the joint benchmark's chat setting; nothing here chooses th
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials
 from sgl_vtoken_tools.quality.tasks import Trial, exact_number
-
-
-def evicting_flags(args) -> list[str]:
-    from sgl_vtoken_tools.launcher import cpu_server_args
-
-    config = {"prefill_chunk": args.prefill_chunk, "host_tokens": 1 << 20}
-    return cpu_server_args(args.model, args.pool, args.page_size) + [
-        "--dtype",
-        "float32",
-        "--disable-overlap-schedule",
-        "--kv-evict",
-        args.policy,
-        "--kv-budget",
-        str(args.budget),
-        "--kv-sink",
-        str(args.sink),
-        "--kv-window",
-        str(args.window),
-        "--kv-evict-interval",
-        str(args.interval),
-        "--kv-evict-config",
-        json.dumps(config),
-    ]
-
-
-def full_flags(args, longest: int) -> list[str]:
-    from sgl_vtoken_tools.launcher import cpu_server_args
-
-    pool = longest + args.max_new + 256
-    return cpu_server_args(args.model, pool, args.page_size) + ["--dtype", "float32"]
 
 
 def trials(tok, split: str, pool: int, times: list[int], seed: int = 0, wheel_dir=None):
@@ -104,6 +73,30 @@ def summary(records: list[dict]) -> list[dict]:
     ]
 
 
+def servers(args, docs: list[Trial]) -> list[tuple[str, list[str], list[tuple[str, dict]]]]:
+    """``(name, flags, cells)`` of the two servers: the full cache with a pool that holds the
+    longest document, and the evicting one (`args.pool`) with and without recall, per request."""
+    from sgl_vtoken_tools.quality.cli import server_flags
+
+    full_pool = max(len(t.prompt) for t in docs) + args.max_new + 256
+    config = {"prefill_chunk": args.prefill_chunk, "host_tokens": 1 << 20}
+    return [
+        ("full", server_flags(args, full_pool), [("full", {"policy": "none"})]),
+        (
+            "evicting",
+            server_flags(args, args.pool, args.policy, config),
+            [
+                (f"{args.policy} b{args.budget} prefill_chunk {args.prefill_chunk}", {"recall": 0}),
+                (
+                    f"{args.policy} b{args.budget} prefill_chunk {args.prefill_chunk}"
+                    f" + recall {args.recall}",
+                    {"offload": True, "recall": args.recall},
+                ),
+            ],
+        ),
+    ]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,41 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from sgl_vtoken_tools.launcher import ServerProcess
-    from sgl_vtoken_tools.quality.cli import json_lines, server_tokenizer
-    from sgl_vtoken_tools.quality.server_check import Client
+    from sgl_vtoken_tools.quality.cli import json_lines, served, server_tokenizer
 
     tok = server_tokenizer(args.model)
     docs = trials(tok, args.split, args.pool, args.times, args.seed)
-    longest = max(len(t.prompt) for t in docs)
-    servers = [
-        ("full", full_flags(args, longest), [("full", {"policy": "none"})]),
-        (
-            "evicting",
-            evicting_flags(args),
-            [
-                (f"{args.policy} b{args.budget} prefill_chunk {args.prefill_chunk}", {"recall": 0}),
-                (
-                    f"{args.policy} b{args.budget} prefill_chunk {args.prefill_chunk}"
-                    f" + recall {args.recall}",
-                    {"offload": True, "recall": args.recall},
-                ),
-            ],
-        ),
-    ]
+    plan = servers(args, docs)
     records: list[dict] = []
     with json_lines(args.out) as emit:
-        emit({"kind": "config", **vars(args), "servers": {n: f for n, f, _ in servers}})
-        for _, flags, cells in servers:
-            server = ServerProcess(flags).start()
-            try:
-                client = Client(server.base_url)
+        emit({"kind": "config", **vars(args), "servers": {n: f for n, f, _ in plan}})
+        for _, flags, cells in plan:
+            with served(flags) as client:
                 for trial in docs:
                     for label, kv in cells:
                         records.append(ask(client, tok, trial, label, kv, args.max_new))
                         emit(records[-1])
-            finally:
-                server.stop()
         for line in summary(records):
             emit(line)
 

@@ -12,13 +12,14 @@ def test_every_document_is_its_multiple_of_the_pool_and_the_server_evicts_in_pre
     assert [t.meta["times"] for t in docs] == [2] * per + [3] * per
     assert all(len(t.prompt) > t.meta["times"] * 100 for t in docs)
     args = long_doc.build_parser().parse_args(["--split", "heldout", "--pool", "100"])
-    flags = long_doc.evicting_flags(args)
+    (_, full, _), (_, flags, cells) = long_doc.servers(args, docs)
     assert flags[flags.index("--max-total-tokens") + 1] == "100"
     assert '"prefill_chunk": 64' in flags[flags.index("--kv-evict-config") + 1]
     assert "--disable-overlap-schedule" in flags
+    assert flags[flags.index("--kv-evict") + 1] == "h2o" and "--kv-evict" not in full
     longest = max(len(t.prompt) for t in docs)
-    full = long_doc.full_flags(args, longest)
     assert int(full[full.index("--max-total-tokens") + 1]) > longest + args.max_new
+    assert [kv.get("recall") for _, kv in cells] == [0, args.recall]
 
 
 def test_the_summary_counts_whole_keys_per_cell_and_length():
