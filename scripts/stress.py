@@ -98,12 +98,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress-every", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=None, help="JSON lines file (besides stdout)")
     p.add_argument("--requests-out", type=Path, default=None, help="one JSON line per request")
+    p.add_argument(
+        "--table",
+        type=Path,
+        nargs="+",
+        metavar="JSONL",
+        help="only print the markdown table of these runs' JSON lines (--out files), and exit",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.table:
+        from sgl_vtoken_tools.bench.stress_table import HEADER, row
+
+        print("\n".join([HEADER] + [row(p) for p in args.table]))
+        return 0
     if args.server_log and not args.base_url:
         parser.error(
             "--server-log goes with --base-url (a server this script starts logs to its own file)"
