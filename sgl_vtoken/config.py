@@ -207,7 +207,12 @@ class EvictConfig:
 
     def policy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``make_policy(self.policy, **kwargs)``."""
-        kwargs = {"sink": self.sink_tokens, "window": self.window, **self.params}
+        kwargs = {
+            "sink": self.sink_tokens,
+            "window": self.window,
+            "span": self.scoring.span,
+            **self.params,
+        }
         if self.scoring.aggregation is not None:  # None: the policy's own default
             kwargs["aggregation"] = self.scoring.aggregation
         if "seed" in {f.name for f in fields(POLICIES[self.policy])}:
@@ -221,7 +226,7 @@ class EvictConfig:
         return (
             f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
             f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
-            f":o{sc.obs_window}:l{sc.score_layers}:c{self.prefill.chunk}"
+            f":o{sc.obs_window}:l{sc.score_layers}:u{sc.span}:c{self.prefill.chunk}"
             f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:rr{host.rounds}:{params}"
         )
 

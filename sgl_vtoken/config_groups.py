@@ -34,6 +34,9 @@ class Scoring:
             default: the upper half of the model's layers, ``num_layers // 2`` and up), ``"all"``
             (or None), or a list of layer ids. A rule is resolved against the served model by
             :meth:`layer_ids`.
+        span: span-aware keeping: a word or digit run (`sgl_vtoken.units`) of up to `span`
+            tokens is kept or dropped whole, longer ones in pieces of `span`; every policy.
+            0: off (each token on its own).
     """
 
     aggregation: str | None = field(default=None, metadata=_key("aggregation"))
@@ -41,6 +44,7 @@ class Scoring:
     score_layers: tuple[int, ...] | str | None = field(
         default="upper", metadata=_key("score_layers")
     )
+    span: int = field(default=0, metadata=_key("span", request=True))
 
     def __post_init__(self) -> None:
         if self.aggregation is not None:
@@ -48,6 +52,7 @@ class Scoring:
                 "aggregation", self.aggregation, AGGREGATIONS, "or null (the policy's default)"
             )
         check_int("obs_window", self.obs_window, 1)
+        check_int("span", self.span, 0)
         layers = self.score_layers
         if layers == "all":
             object.__setattr__(self, "score_layers", None)

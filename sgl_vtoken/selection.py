@@ -2,7 +2,9 @@
 
 Kept: every must-keep entry (:func:`must_keep`: sinks, recent window, and the caller's shared
 prefix and pinned entries), then the best scores up to `budget`; ties keep the later entry, NaN
-ranks last. Rows are
+ranks last. With units (span-aware keeping, `sgl_vtoken.units`), an entry scores as its unit's
+best entry, and a unit kept in part loses its entries that are not must-keep: a number or a
+word is kept whole or not at all (the row may then keep fewer than `budget`). Rows are
 lines of ``[B, W]`` tensors, each row's ``lengths[b]`` live entries first, then padding. One row
 is a batch of one (:meth:`EvictionPolicy.keep`, :func:`ranking`, :func:`top_budget`); the
 server's step selects all its rows at once. Nothing here waits for the device: the budget check
@@ -66,18 +68,74 @@ class Selection(NamedTuple):
 
 
 def select(
-    scores: torch.Tensor, must: torch.Tensor, budget: torch.Tensor, lengths: torch.Tensor
+    scores: torch.Tensor,
+    must: torch.Tensor,
+    budget: torch.Tensor,
+    lengths: torch.Tensor,
+    units: torch.Tensor | None = None,
 ) -> Selection:
     """Keep ``min(budget[b], lengths[b])`` entries of each row: every `must` entry, then the best
     `scores`. ``scores [B, W]`` float, ``must [B, W]`` bool (padding ignored), ``budget,
     lengths [B]`` int64. A row whose `must` entries outnumber its budget keeps an arbitrary part
-    of them: check :attr:`Selection.over` (:func:`check_budget`) before using it."""
+    of them: check :attr:`Selection.over` (:func:`check_budget`) before using it.
+
+    `units` ``[B, W] int64`` (each entry's unit, :func:`unit_ids`; None: every entry its own
+    unit): scores are pooled to each unit's best (:func:`unit_best`) and units kept in part
+    lose their entries that are not `must` (:func:`whole_units`), so a row keeps at most
+    ``min(budget[b], lengths[b])``."""
     b, w = scores.shape
     live = torch.arange(w, device=scores.device) < lengths[:, None]
     must = must & live
+    ids = None if units is None else unit_ids(units, live)
+    if ids is not None:
+        scores = unit_best(scores, ids, live)
     s = scores.to(torch.float64).masked_fill(must, math.inf)
     keep = top_rows(s, lengths, torch.minimum(budget, lengths))
+    if ids is not None:
+        keep = whole_units(keep, must, ids, live)
     return Selection(keep, must.sum(1) - budget)
+
+
+def unit_ids(units: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """``[B, W] int64`` flat unit ids: equal for the live entries of one unit of one row (its
+    entries need not be neighbours: a row holds recalled entries after the rest), unique across
+    rows, padding apart from every live entry. `units` ``[B, W]``: each entry's unit
+    (`sgl_vtoken.units.Words.unit_starts` of the entries' positions, >= 0). A sort per row, no
+    host synchronization."""
+    b, w = units.shape
+    u = units.masked_fill(~live, -1)
+    ordered, order = u.sort(dim=1, stable=True)
+    first = torch.ones_like(live)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    base = torch.arange(b, device=units.device)[:, None] * w
+    dense = first.to(torch.int64).cumsum(1) - 1 + base
+    return torch.empty_like(dense).scatter_(1, order, dense)
+
+
+def unit_best(scores: torch.Tensor, ids: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """``[B, W] float64``: each live entry's score replaced by its unit's best (NaN ranks as
+    -inf); `ids` from :func:`unit_ids`."""
+    s = torch.nan_to_num(scores.to(torch.float64), nan=-math.inf).masked_fill(~live, -math.inf)
+    best = torch.full((s.numel(),), -math.inf, dtype=s.dtype, device=s.device)
+    best.scatter_reduce_(0, ids.flatten(), s.flatten(), "amax")
+    return torch.where(live, best[ids], scores.to(torch.float64))
+
+
+def whole_units(
+    keep: torch.Tensor, must: torch.Tensor, ids: torch.Tensor, live: torch.Tensor
+) -> torch.Tensor:
+    """``[B, W] bool``: `keep` without the entries that are not `must` of units it keeps in part::
+
+    unit     | 3 3 3 | 6 6 6 6 | 10 |        kept in part: its free entries go
+    keep     | 1 1 1 | 0 1 1 1 |  1 |   ->   | 1 1 1 | 0 0 0 0 | 1 |
+    """
+    n = ids.numel()
+    kept = torch.zeros(n, dtype=torch.int64, device=ids.device)
+    size = torch.zeros_like(kept)
+    kept.scatter_add_(0, ids.flatten(), (keep & live).to(torch.int64).flatten())
+    size.scatter_add_(0, ids.flatten(), live.to(torch.int64).flatten())
+    part = (kept > 0) & (kept < size)
+    return keep & ~(part[ids] & ~must)
 
 
 def check_budget(over: Sequence[int], budgets: Sequence[int], names: Sequence[str]) -> None:

@@ -72,6 +72,8 @@ class EvictRow:
             private pages even where their pages are whole (the request's own prompt, which its
             tree lock would otherwise pin whole); None: only partly kept pages are copied. Rows
             with `shared` ignore it (their tree-owned prefix stays whole).
+        units: ``[L] int64`` (host) each entry's unit (`TokenView.units`), for a policy with a
+            `span`; None: every entry its own unit.
     """
 
     row: int
@@ -87,6 +89,7 @@ class EvictRow:
     pinned: torch.Tensor | None = None
     history: bool = False
     own_from: int | None = None
+    units: torch.Tensor | None = None
 
 
 @dataclass
@@ -140,6 +143,8 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     for r in rows:
         if "attn" in r.policy.needs and r.attn is None:
             raise ValueError(f"policy {r.policy.name!r} needs TokenView.attn (got None)")
+        if r.policy.span and r.units is None:
+            raise ValueError(f"policy {r.policy.name!r} has a span and needs EvictRow.units")
     meta = torch.tensor(
         [
             (
@@ -159,7 +164,13 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
         dtype=torch.int64,
     )
     lengths, cpl, idx, sink, window, shared, budget, rid, steps, own = _to(meta, dev).unbind(1)
-    positions = _to(pad_sequence([r.positions for r in rows], batch_first=True), dev)
+    spans = any(r.policy.span for r in rows)
+    # Units ride with the positions (one copy): a row without a span is one unit per entry.
+    lines = [r.positions for r in rows]
+    if spans:
+        lines += [r.units if r.policy.span and r.units is not None else r.positions for r in rows]
+    stacked = _to(pad_sequence(lines, batch_first=True), dev)
+    positions, units = stacked[: len(rows)], stacked[len(rows) :] if spans else None
     w = positions.shape[1]
     j = torch.arange(w, device=dev)
     valid = j < lengths[:, None]
@@ -176,7 +187,7 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
         )
         extra[:, : pinned.shape[1]] |= _to(pinned, dev)
     must = must_keep(positions, lengths, sink, window, extra)
-    sel = select(scores, must, budget, lengths)
+    sel = select(scores, must, budget, lengths, units)
     table_rows = [r.row for r in rows]
     d, over = _plan(pool, table_rows, sel.keep, lengths, cpl, positions, raw, sel.over, rows, own)
     check_budget(over, [r.budget for r in rows], [r.policy.name for r in rows])
@@ -369,6 +380,7 @@ def row_view(
         shared=shared,
         rid=r.rid,
         step=r.step,
+        units=None if r.units is None else r.units.to(slots.device),
     )
 
 

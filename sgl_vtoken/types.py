@@ -26,6 +26,8 @@ class TokenView:
             sharing-aware wrapper in ``consensus`` mode); None means no agreement.
         rid: stable integer identity of the request (see :func:`sgl_vtoken.rng.stable_id`).
         step: the request's eviction counter; seeded policies hash (seed, rid, step, position).
+        units: ``[n] int64`` the position of each token's unit's first token
+            (`sgl_vtoken.units`), read by policies with a `span`; None: no units.
     """
 
     positions: torch.Tensor
@@ -36,6 +38,7 @@ class TokenView:
     rid: int = 0
     step: int = 0
     values: torch.Tensor | None = None  # last: existing positional constructions stay valid
+    units: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.positions.dim() != 1:
@@ -43,7 +46,14 @@ class TokenView:
                 f"TokenView.positions must be 1-D [n] (got {tuple(self.positions.shape)})"
             )
         n = self.positions.shape[0]
-        for name, dims in (("keys", 4), ("values", 4), ("attn", 3), ("shared", 1), ("agreed", 1)):
+        for name, dims in (
+            ("keys", 4),
+            ("values", 4),
+            ("attn", 3),
+            ("shared", 1),
+            ("agreed", 1),
+            ("units", 1),
+        ):
             t = getattr(self, name)
             if t is not None and (t.dim() != dims or t.shape[0] != n):
                 raise ValueError(

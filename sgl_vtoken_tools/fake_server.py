@@ -100,6 +100,20 @@ class ReqToTokenPool:
         self.req_to_token[index] = values.to(torch.int32)
 
 
+class FakeTokenizer:
+    """The vocabulary a span reads (`sgl_vtoken.units.Words.from_tokenizer`): 65,536 ids whose
+    texts cycle through a word piece, a digit, a word with its space and a full stop, so every
+    row has units of one to three tokens."""
+
+    TEXTS = ("ab", "1", " c", ".")
+
+    def __len__(self) -> int:
+        return 1 << 16
+
+    def batch_decode(self, ids: list[list[int]]) -> list[str]:
+        return [self.TEXTS[i[0] % len(self.TEXTS)] for i in ids]
+
+
 class FakeServer:
     """One scheduler process: the real holed radix cache and hooks over `Allocator`."""
 
@@ -140,6 +154,7 @@ class FakeServer:
             token_to_kv_pool_allocator=self.alloc,
             max_total_num_tokens=pool_tokens,
             _reqs_finishing_inflight=lambda batch: [],
+            tokenizer=FakeTokenizer(),
         )
         self.model_runner = SimpleNamespace(token_to_kv_pool=self.alloc.pool, req_to_token_pool=rtt)
         self.layers = [

@@ -20,6 +20,7 @@ once, under the mask of its own step. Meant for tests and short cross-checks.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -47,10 +48,12 @@ class RequestPolicy(Protocol):
         keys: torch.Tensor | None,
         values: torch.Tensor | None,
         budget: int,
+        texts: list[str],
     ) -> list[int]:
         """One eviction of the `row` positions to `budget`: ascending row indices kept; the
         `shared` entries (tree-owned, recalled) must be. Keys and values ``[n, layers, kv_heads,
-        d]`` (post-RoPE) when `needs` them."""
+        d]`` (post-RoPE) when `needs` them; `texts` the decoded text of every token of the
+        sequence so far (index = position) when the config has a `span`, else empty."""
 
 
 class RecallRule(Protocol):
@@ -87,6 +90,20 @@ def _choice(policy: PolicyFactory | None, recall: RecallRule | None):
         policy = policy or runtime_choice.runtime_policy
         recall = recall or runtime_choice.RUNTIME_RECALL
     return policy, recall
+
+
+@functools.lru_cache(maxsize=4)
+def _vocab(path: str) -> tuple[str, ...]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    return tuple(tok.batch_decode([[i] for i in range(len(tok))]))
+
+
+def token_texts(model, ids: list[int]) -> list[str]:
+    """The decoded text of each token of `ids`, by the tokenizer saved with `model`."""
+    vocab = _vocab(model.config._name_or_path)
+    return [vocab[i] for i in ids]
 
 
 def load_model(path):
@@ -199,7 +216,8 @@ def masked_turn(
             v = torch.stack([cache.layers[i].values[0] for i in range(len(cache.layers))])
             values = v[:, :, row].permute(2, 0, 1, 3)
         shared = [p < tree_owned or p in set(pinned) for p in row]
-        keep = chooser.keep(list(row), shared, keys, values, cfg.budget)
+        texts = token_texts(model, ids) if cfg.scoring.span else []
+        keep = chooser.keep(list(row), shared, keys, values, cfg.budget, texts)
         return [row[i] for i in keep]
 
     def observe(res, first: int, end: int) -> None:

@@ -14,11 +14,13 @@ from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken.recall import candidate_mass, pick, round_quota, split, turn_rounds
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
+from sgl_vtoken.units import Words
 
 
 class RuntimeRequest:
     """`hf_reference.RequestPolicy` of `policy_from_config(cfg)` with its accumulator: the
-    layers outside `score_layers` stage zeros, as the server stages them."""
+    layers outside `score_layers` stage zeros, as the server stages them. With a `span`, the
+    units come from the texts of the sequence's tokens (`Words` of those texts)."""
 
     def __init__(self, cfg: EvictConfig, rid: str = "") -> None:
         self.cfg, self.rid, self.step = cfg, stable_id(rid), 0
@@ -35,15 +37,23 @@ class RuntimeRequest:
             probs[:, :, [i for i in range(probs.shape[2]) if i not in scored]] = 0
         self.acc.update(probs, lengths)
 
-    def keep(self, row: list[int], shared: list[bool], keys, values, budget: int) -> list[int]:
+    def keep(
+        self, row: list[int], shared: list[bool], keys, values, budget: int, texts=()
+    ) -> list[int]:
+        positions = torch.tensor(row, dtype=torch.int64)
+        span, units = self.policy.span, None
+        if span:
+            seq = list(texts)[: row[-1] + 1]
+            units = Words(seq).unit_starts(range(len(seq)), span)[positions]
         view = TokenView(
-            positions=torch.tensor(row, dtype=torch.int64),
+            positions=positions,
             keys=keys,
             attn=self.acc.stats if self.acc is not None else None,
             shared=torch.tensor(shared, dtype=torch.bool),
             rid=self.rid,
             step=self.step,
             values=values,
+            units=units,
         )
         keep = self.policy.keep(view, budget)
         if self.acc is not None:

@@ -47,6 +47,7 @@ class Scenario:
         None  # every other request scores only these layers (the rest: all)
     )
     reclaim: str = "vtoken"
+    span: int = 0  # span-aware keeping (the fake tokenizer's units)
 
     def config(self, mixed: bool = False) -> EvictConfig:
         keys = dict(
@@ -57,6 +58,7 @@ class Scenario:
             interval=self.interval,
             page_size=self.page_size,
             reclaim=self.reclaim,
+            span=self.span,
         )
         if self.offload:
             keys.update(offload=True, host_tokens=1 << 20)

@@ -10,6 +10,7 @@ gauges (`sample_held`, `sample_batch`: live tokens, retained pages, peaks), whic
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -17,6 +18,7 @@ import torch
 
 from sgl_vtoken.pages import num_pages
 from sgl_vtoken.step import KVPoolView
+from sgl_vtoken.units import Words
 
 from ..cache import host_tier
 from ..core.counters import VTokenCounters
@@ -58,6 +60,7 @@ class StepContext:
         total_tokens: the pool's size in tokens (SGLang's `max_total_num_tokens`), 0 unknown.
         overlap: SGLang's overlap scheduler runs (a retraction drops the step in flight, so the
             row before this step's eviction must stay recoverable: `retraction.py`).
+        tokenizer: the scheduler's tokenizer (None with ``--skip-tokenizer-init``): `words`.
     """
 
     tree: Any
@@ -70,6 +73,18 @@ class StepContext:
     tier: host_tier.HostTier | None
     total_tokens: int
     overlap: bool = False
+    tokenizer: Any = None
+
+    @functools.cached_property
+    def words(self) -> Words:
+        """The vocabulary's word table (`sgl_vtoken.units`), read from the tokenizer at the first
+        row whose policy has a `span`."""
+        if self.tokenizer is None:
+            raise RuntimeError(
+                "span-aware keeping (EvictConfig.span) reads words from the tokenizer, which "
+                "this server did not load (--skip-tokenizer-init)"
+            )
+        return Words.from_tokenizer(self.tokenizer)
 
     def sample_batch(self, batch) -> None:
         """Live tokens, retained pages and fragmentation over the running evicting requests of
@@ -138,5 +153,6 @@ def context_of(scheduler) -> StepContext:
         tier=proc.tier,
         total_tokens=int(getattr(scheduler, "max_total_num_tokens", 0)),
         overlap=bool(getattr(scheduler, "enable_overlap", False)),
+        tokenizer=getattr(scheduler, "tokenizer", None),
     )
     return proc.step

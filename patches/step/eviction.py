@@ -96,7 +96,7 @@ def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
         assert kv.kv_committed_len == length == kv.kv_allocated_len, (
             f"row {length} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}"
         )
-    rows = [_evict_row(row) for row in due]
+    rows = [_evict_row(ctx, row) for row in due]
     d = decide(rows, view)
     if ctx.tier is not None and any(row.st.cfg.host.offload for row in due):
         _offload(ctx, d, [(b, row.st) for b, row in enumerate(due) if row.st.cfg.host.offload])
@@ -208,8 +208,9 @@ def _save_victims(ctx: StepContext, d: Decision, saving: list) -> None:
         st.retract.save_victims(MovedRow(keep, k, v))
 
 
-def _evict_row(due: DueRow) -> EvictRow:
-    """What `step.decide` reads of a due row: its positions, policy, budget, statistics."""
+def _evict_row(ctx: StepContext, due: DueRow) -> EvictRow:
+    """What `step.decide` reads of a due row: its positions, policy, budget, statistics, and its
+    entries' units when the policy keeps words whole (a `span`)."""
     req, st, length = due
     accumulator, pinned = st.stats.accumulator, st.recall.pinned
     attn = accumulator.stats if accumulator is not None else None
@@ -238,4 +239,16 @@ def _evict_row(due: DueRow) -> EvictRow:
         pinned=None if pinned is None else torch.isin(positions, pinned),
         history=st.holed and st.prefix.hit is not None and st.cfg.page_size > 1,
         own_from=own_from,
+        units=_units(ctx, st.prompt.logical_ids(req), positions, st.policy.span)
+        if st.policy.span
+        else None,
     )
+
+
+def _units(ctx: StepContext, ids, positions: torch.Tensor, span: int) -> torch.Tensor:
+    """``[L] int64`` the unit of each row entry (`sgl_vtoken.units`), from the request's logical
+    token ids `ids` (``array("q")``, prompt then output: a position indexes them)."""
+    end = int(positions[-1]) + 1
+    if end > len(ids):
+        raise RuntimeError(f"row position {end - 1} is past the request's {len(ids)} token ids")
+    return ctx.words.unit_starts(torch.frombuffer(ids[:end], dtype=torch.int64), span)[positions]

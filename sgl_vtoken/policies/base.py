@@ -5,7 +5,8 @@ Subclasses implement :meth:`EvictionPolicy.score` (higher = keep) and nothing el
 
     row (n live tokens, positions ascending)
     | sinks: pos < sink | ........ scored, top (budget - protected) kept ........ | window |
-    keep(view, budget) -> ascending row indices, exactly min(n, budget) of them
+    keep(view, budget) -> ascending row indices, min(n, budget) of them (fewer with a `span`:
+                          a word or number kept in part is dropped, `sgl_vtoken.selection`)
 """
 
 from __future__ import annotations
@@ -59,18 +60,21 @@ class EvictionPolicy:
         sink: tokens with position < sink are always kept (attention sinks).
         window: the last `window` rows (most recent tokens) are always kept.
         aggregation: ``"sum"`` or ``"max"`` over layers and heads (attention and key policies).
+        span: span-aware keeping: words and digit runs of up to `span` tokens are kept or
+            dropped whole (``TokenView.units``, `sgl_vtoken.units`); 0: off.
     """
 
     sink: int = 4
     window: int = 0
     aggregation: str = "sum"
+    span: int = 0
 
     name: ClassVar[str] = ""
     needs: ClassVar[tuple[str, ...]] = ()  # TokenView fields the policy reads: "keys", "attn"
     accumulator: ClassVar[type | None] = None  # stats class feeding TokenView.attn
 
     def __post_init__(self) -> None:
-        for f in ("sink", "window"):
+        for f in ("sink", "window", "span"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{type(self).__name__}.{f} must be an integer >= 0 (got {v!r})")
@@ -98,8 +102,9 @@ class EvictionPolicy:
         return self.protected(view)
 
     def keep(self, view: TokenView, budget: int) -> torch.Tensor:
-        """Ascending ``[min(n, budget)] int64`` row indices of the tokens to keep: `score`, then
-        `sgl_vtoken.selection.select` on a batch of one (the batched step's rule).
+        """Ascending ``int64`` row indices of the tokens to keep (``min(n, budget)``, fewer when a
+        `span` drops a unit kept in part): `score`, then `sgl_vtoken.selection.select` on a batch
+        of one (the batched step's rule).
 
         Raises:
             ValueError: if the tokens that must be kept outnumber `budget`, or a needed statistic
@@ -111,11 +116,12 @@ class EvictionPolicy:
                     f"policy {self.name!r} needs TokenView.{need} "
                     f"(got None); the server must collect it for this policy"
                 )
+        units = view.require("units")[None] if self.span else None
         n, dev = view.n, view.positions.device
         if n <= budget:
             return torch.arange(n, device=dev)
         one = functools.partial(torch.full, (1,), dtype=torch.int64, device=dev)
-        sel = select(self.score(view)[None], self.must_keep(view)[None], one(budget), one(n))
+        sel = select(self.score(view)[None], self.must_keep(view)[None], one(budget), one(n), units)
         check_budget(sel.over.tolist(), [budget], [self.name])
         return sel.keep[0].nonzero().flatten()
 

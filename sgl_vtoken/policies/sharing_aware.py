@@ -54,6 +54,7 @@ class SharingAware(EvictionPolicy):
     sink = property(lambda self: self.inner.sink)
     window = property(lambda self: self.inner.window)
     aggregation = property(lambda self: self.inner.aggregation)
+    span = property(lambda self: self.inner.span)
 
     def score(self, view: TokenView) -> torch.Tensor:
         return self.inner.score(view)

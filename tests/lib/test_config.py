@@ -142,7 +142,7 @@ def test_groups_hold_the_flat_keys():
     )
     # the radix namespace of stored histories reads the groups as it read the flat fields
     assert cfg.history_namespace() == (
-        "vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):c32:off0:r0:rp3:rg8:rr4:{}"
+        "vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):u0:c32:off0:r0:rp3:rg8:rr4:{}"
     )
 
 

@@ -86,6 +86,7 @@ def batches(draw):
                 gap=draw(st.integers(0, 5)),
                 step=draw(st.integers(0, 3)),
                 own_from=draw(st.one_of(st.none(), st.integers(0, cpl))),
+                span=draw(st.sampled_from([0, 0, 2, 8])),
             )
         )
     return ps, seed, specs
@@ -104,7 +105,13 @@ def _build(ps, seed, specs):
         gaps = torch.randint(0, s["gap"] + 1, (L,), generator=gen)
         positions = torch.cumsum(gaps + 1, 0) - 1
         extra = {"checkpoint": kvp_checkpoint()} if s["policy"] == "kvp" else {}
-        pol = SharingAware(make_policy(s["policy"], sink=s["sink"], window=s["window"], **extra))
+        span = s.get("span", 0)
+        pol = SharingAware(
+            make_policy(s["policy"], sink=s["sink"], window=s["window"], span=span, **extra)
+        )
+        # Units: runs of entries joined at random, named by their first entry's position.
+        joins = torch.rand(L, generator=gen) < 0.6
+        units = positions[torch.where(joins, 0, torch.arange(L)).cummax(0).values]
         must = (positions < s["sink"]) | (torch.arange(L) >= L - s["window"])
         must |= torch.arange(L) < (s["cpl"] if s["shared"] else 0)
         budget = max(s["budget"], int(must.sum()))
@@ -122,6 +129,7 @@ def _build(ps, seed, specs):
                 step=s["step"],
                 attn=attn,
                 own_from=s.get("own_from"),
+                units=units if span else None,
             )
         )
     return pool, rows
@@ -336,3 +344,34 @@ def test_copies_packed_onto_the_own_part_hold_what_fresh_pages_would(batch):
     assert freed.numel() == torch.unique(freed).numel(), "a page freed twice"
     assert not torch.isin(freed, held).any(), "a page freed that the row still reads"
     assert torch.equal(torch.unique(torch.cat([held, freed])), had), "a page lost"
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_span_adds_no_sync_no_copy_and_a_fixed_number_of_launches(ps):
+    """`decide` with units: still one host copy, one host-to-device copy of the rows' metadata
+    and of their positions (the units ride with them), and the span's own launches (unit ids,
+    scatter-max, two scatter-adds) do not grow with the batch."""
+    from sgl_vtoken_tools.dispatch_count import DeviceCounter
+
+    def count(rows: int, span: int) -> dict:
+        specs = [
+            dict(
+                cpl=0, priv=40, budget=24, policy="random", sink=2, window=2, shared=False,
+                share_tree=False, gap=1, step=0, own_from=None, span=span,
+            )
+            for _ in range(rows)
+        ]  # fmt: skip
+        pool, evict_rows = _build(ps, 3, specs)
+        with DeviceCounter() as c:
+            c.mark(pool.view.req_to_token)
+            for buf in pool.view.k_buffers + pool.view.v_buffers:
+                c.mark(buf)
+            decide(evict_rows, pool.view)
+        return c.summary()
+
+    for rows in (2, 8):
+        plain, spans = count(rows, 0), count(rows, 8)
+        assert spans["host_syncs"] == plain["host_syncs"] == 1, spans["sync_sites"]
+        assert spans["h2d"] == plain["h2d"]
+    extra = [count(rows, 8)["launches"] - count(rows, 0)["launches"] for rows in (2, 8)]
+    assert extra[0] == extra[1] > 0, extra

@@ -16,6 +16,7 @@ import torch
 from .keep import keep_best, protected_entries
 from .scores import KVPScorer, aggregate, key_norm, pooled, random_scores, request_id, streaming_llm
 from .statistics import AccumulatedAttention, LastQueryAttention, PersistentImportance
+from .units import keep_whole_units, unit_starts
 
 ATTENTION = {"h2o", "tova", "scissorhands"}
 
@@ -37,10 +38,12 @@ class OracleRequest:
     "keys", "values"), `observe(row, probs [q, n, L, H], lengths [q])` with every layer's
     probabilities over the row, and `keep(row, shared, keys, values, budget)` -> ascending row
     indices kept (one eviction; the next one is the next step of the seeded policy). A layer
-    left out of `score_layers` feeds no statistic."""
+    left out of `score_layers` feeds no statistic. With `cfg.scoring.span`, `keep` reads the
+    texts of the sequence's tokens and keeps words and digit runs whole (`units.py`)."""
 
     def __init__(self, cfg, rid: str = "") -> None:
         params = dict(cfg.params)
+        self.span = cfg.scoring.span
         self.name, self.rid, self.step = cfg.policy, request_id(rid), 0
         page = cfg.page_size
         self.sink = params.get("sink", math.ceil(cfg.sink / page) * page)
@@ -89,12 +92,16 @@ class OracleRequest:
             return self.kvp.scores(keys, values, row, self.how)
         return pooled(aggregate(self.stats.stat(row), self.how), self.pool)
 
-    def keep(self, row: list[int], shared: list[bool], keys, values, budget: int) -> list[int]:
-        kept = keep_best(
-            self.scores(row, keys, values),
-            protected_entries(row, self.sink, self.window, shared),
-            budget,
-        )
+    def keep(
+        self, row: list[int], shared: list[bool], keys, values, budget: int, texts=()
+    ) -> list[int]:
+        scores = self.scores(row, keys, values)
+        protected = protected_entries(row, self.sink, self.window, shared)
+        if self.span and len(row) > budget:
+            starts = unit_starts(list(texts)[: row[-1] + 1], self.span)
+            kept = keep_whole_units(scores, protected, budget, [starts[p] for p in row])
+        else:
+            kept = keep_best(scores, protected, budget)
         self.step += 1
         if self.stats is not None:
             self.stats.forget(set(row) - {row[i] for i in kept})

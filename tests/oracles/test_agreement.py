@@ -62,6 +62,9 @@ def probs_block(g: torch.Generator, lengths: list[int], n: int) -> torch.Tensor:
     return torch.round(p * 8) / 8 if torch.rand(1, generator=g) < 0.3 else p
 
 
+VOCAB = ["a", "bc", " d", " ef", "1", "23", " 4", ".", ", ", ":", " ", "\n", "x9", "7y", ""]
+
+
 def run_request(cfg: EvictConfig, seed: int, make) -> list[list[int]]:
     """The kept rows of one request: a prompt, its window observed, then decode steps, each
     evicting when due; keys and values drawn per position (sometimes integer, so norms tie)."""
@@ -74,6 +77,7 @@ def run_request(cfg: EvictConfig, seed: int, make) -> list[list[int]]:
     shared = set(rng.sample(row, rng.randrange(0, 3)))
     window = min(len(row), rng.choice([1, 8, 16]))
     lengths = list(range(len(row) - window + 1, len(row) + 1))
+    tokens = [rng.randrange(len(VOCAB)) for _ in range(4 * cfg.budget + 80)]
     out = []
     for step in range(12):
         if "attn" in chooser.needs:
@@ -85,6 +89,7 @@ def run_request(cfg: EvictConfig, seed: int, make) -> list[list[int]]:
                 kv[row, 0] if "keys" in chooser.needs else None,
                 kv[row, 1] if "values" in chooser.needs else None,
                 cfg.budget,
+                [VOCAB[t] for t in tokens],
             )
             out.append(keep)
             row = [row[i] for i in keep]
@@ -102,6 +107,19 @@ def test_the_oracle_keeps_what_the_runtime_policy_keeps(policy, checkpoint):
         rng = random.Random(f"{policy}-{case}")
         cfg = draw_config(rng, policy, checkpoint)
         seed = 1000 * case + len(policy)
+        want = run_request(cfg, seed, runtime_policy)
+        assert run_request(cfg, seed, oracle_policy) == want, (case, cfg)
+
+
+@pytest.mark.parametrize("policy", ["streamingllm", "random", "h2o", "scissorhands"])
+def test_span_aware_keeping_keeps_what_the_definition_keeps(policy, checkpoint):
+    """With a span, words and digit runs (a toy vocabulary whose texts open and close with
+    letters, digits, spaces and punctuation) are kept or dropped whole as the definition says,
+    units cut at the span, every other option drawn at random."""
+    for case in range(CASES // 2):
+        rng = random.Random(f"span-{policy}-{case}")
+        cfg = draw_config(rng, policy, checkpoint, span=rng.choice([1, 2, 3, 8]))
+        seed = 1000 * case + 7
         want = run_request(cfg, seed, runtime_policy)
         assert run_request(cfg, seed, oracle_policy) == want, (case, cfg)
 

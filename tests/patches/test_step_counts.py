@@ -109,3 +109,13 @@ def test_requests_scoring_different_layers_still_take_one_launch_per_layer():
     assert fwd["max_alloc_bytes"] == scored_forward(sc)["max_alloc_bytes"]
     assert fwd["h2d"] == 1 + 2
     assert out["evict"]["host_syncs"] == 1
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_span_aware_keeping_adds_no_sync_and_no_repack(page_size):
+    """With `span` (units read from the fake server's tokenizer through the real hook), the
+    eviction still reads the device once and repacks in one launch."""
+    sc = Scenario("h2o", page_size, history=True, offload=True, span=8)
+    ev = count_step(sc)["evict"]
+    assert ev["host_syncs"] == 1, ev["sync_sites"]
+    assert ev["calls"] == ({"repack_kv_": 1} if repacks(sc) else {})
