@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo lint typecheck test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv clean
+.PHONY: install demo lint typecheck test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv retrieval-tuning retrieval-heldout clean
 
 install: $(STAMP)
 
@@ -219,6 +219,42 @@ kvpress: $(STAMP) $(KVPRESS_STAMP)
 	cat .cache/kvpress_a.jsonl .cache/kvpress_b.jsonl > docs/results/kvpress_smollm2.jsonl
 	$(PY) scripts/kvpress_eval.py --report docs/results/kvpress_smollm2.jsonl \
 		--ours docs/results/docqa_heldout_smollm2.jsonl --markdown docs/results/kvpress_smollm2.md
+
+# Dense retrieval (sgl_vtoken_tools/quality/retrieval.py) through the fast masked reference, with
+# and without span-aware keeping: `make retrieval-tuning` chooses on the tuning split (1K-token
+# prompts, budgets of 12%, 25% and 50%); `make retrieval-heldout` runs the choice on the held-out
+# split at 1K and 2K tokens (the figures docs/RESULTS.md quotes) and replays two trials of each
+# task on live servers. The two tasks run at once, one torch thread each.
+RETRIEVAL_RUN := OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 \
+	--sink 4 --interval 16 --retrieval-trials 20
+RETRIEVAL_TUNING := h2o h2o:span=8 h2o:span=16 tova tova:span=8 streamingllm streamingllm:span=8
+retrieval-tuning: $(STAMP)
+	$(SMOLLM2)
+	$(RETRIEVAL_RUN) --split tuning --tasks kv --server-trials 0 --budgets 128 256 512 \
+		--settings $(RETRIEVAL_TUNING) --out .cache/retrieval_tuning_kv.jsonl & a=$$!; \
+	$(RETRIEVAL_RUN) --split tuning --tasks needle --server-trials 0 --budgets 128 256 512 \
+		--settings $(RETRIEVAL_TUNING) --out .cache/retrieval_tuning_needle.jsonl; b=$$?; \
+	wait $$a && test $$b = 0
+	$(PY) scripts/eval_quality.py --report .cache/retrieval_tuning_kv.jsonl \
+		.cache/retrieval_tuning_needle.jsonl --out docs/results/retrieval_tuning_smollm2.jsonl
+RETRIEVAL_HELDOUT := h2o h2o:span=8 tova tova:span=8 scissorhands scissorhands:span=8 \
+	streamingllm streamingllm:span=8
+RETRIEVAL_1K := $(RETRIEVAL_RUN) --split heldout --retrieval-lengths 1000 --budgets 128 256 512 \
+	--server-trials 2 --server-budgets 256 --settings $(RETRIEVAL_HELDOUT)
+RETRIEVAL_2K := $(RETRIEVAL_RUN) --split heldout --retrieval-lengths 2000 --budgets 256 512 1024 \
+	--server-trials 0 --settings h2o h2o:span=8
+retrieval-heldout: $(STAMP)
+	$(SMOLLM2)
+	$(RETRIEVAL_1K) --tasks kv --out .cache/retrieval_heldout_kv_1k.jsonl & a=$$!; \
+	$(RETRIEVAL_1K) --tasks needle --out .cache/retrieval_heldout_needle_1k.jsonl; b=$$?; \
+	wait $$a && test $$b = 0
+	$(RETRIEVAL_2K) --tasks kv --out .cache/retrieval_heldout_kv_2k.jsonl & a=$$!; \
+	$(RETRIEVAL_2K) --tasks needle --out .cache/retrieval_heldout_needle_2k.jsonl; b=$$?; \
+	wait $$a && test $$b = 0
+	$(PY) scripts/eval_quality.py --report .cache/retrieval_heldout_kv_1k.jsonl \
+		.cache/retrieval_heldout_needle_1k.jsonl --out docs/results/retrieval_heldout_1k_smollm2.jsonl
+	$(PY) scripts/eval_quality.py --report .cache/retrieval_heldout_kv_2k.jsonl \
+		.cache/retrieval_heldout_needle_2k.jsonl --out docs/results/retrieval_heldout_2k_smollm2.jsonl
 
 clean:
 	rm -rf $(VENV) $(KVPRESS_VENV) .cache .pytest_cache .hypothesis

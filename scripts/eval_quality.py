@@ -90,13 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--tasks",
         nargs="+",
         default=["passkey", "recall", "lm"],
-        help="passkey recall lm (the quality run) and docqa session (the --split tasks of "
-        "sgl_vtoken_tools/quality/splits.py)",
+        help="passkey recall lm (the quality run), docqa session (the --split tasks of "
+        "sgl_vtoken_tools/quality/splits.py) and kv needle (its dense retrieval tasks, "
+        "retrieval.py)",
     )
     p.add_argument(
         "--split",
         default="heldout",
-        help="split of the docqa and session tasks: tuning "
+        help="split of the docqa, session, kv and needle tasks: tuning "
         "(for choosing settings) or heldout (the one results quote)",
     )
     p.add_argument(
@@ -106,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1000, 2000],
         help="essay tokens of the docqa prompts (one trial per length x depth x phrasing)",
     )
+    p.add_argument(
+        "--retrieval-lengths",
+        type=int,
+        nargs="+",
+        default=[1000],
+        help="tokens of the kv and needle prompts' lists and fillers",
+    )
+    p.add_argument(
+        "--retrieval-trials", type=int, default=20, help="kv and needle trials per length"
+    )
     p.add_argument("--session-trials", type=int, default=12)
     p.add_argument(
         "--session-turns", type=int, default=4, help="user turns per session, the question last"
@@ -113,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--write-tasks",
         metavar="JSONL",
-        help="write the docqa trials (token ids, answer, question_at) to this file and "
-        "exit: the input of scripts/kvpress_eval.py",
+        help="write the docqa, kv or needle trials of --tasks (token ids, answer, question_at) "
+        "to this file and exit: the input of scripts/kvpress_eval.py",
     )
     p.add_argument(
         "--passkey-lengths",
@@ -199,11 +210,14 @@ def merge_runs(paths: list[str]) -> list[dict]:
 
 
 def write_tasks(plan: Plan, path: str) -> int:
-    """One JSON line per docqa trial of the plan's split: what another implementation needs."""
+    """One JSON line per trial of the plan's one-prompt split tasks (docqa, kv, needle; docqa
+    when --tasks names none of them): what another implementation needs."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(plan.model)
-    trials = build_tasks(dataclasses.replace(plan, tasks=("docqa",)), tok)["docqa"]
+    names = tuple(t for t in plan.tasks if t in ("docqa", "kv", "needle")) or ("docqa",)
+    built = build_tasks(dataclasses.replace(plan, tasks=names), tok)
+    trials = [t for name in names for t in built[name]]
     with open(path, "w") as f:
         for t in trials:
             f.write(
@@ -220,7 +234,7 @@ def write_tasks(plan: Plan, path: str) -> int:
                 )
                 + "\n"
             )
-    print(f"{len(trials)} docqa trials ({plan.split}) -> {path}", file=sys.stderr)
+    print(f"{len(trials)} {'/'.join(names)} trials ({plan.split}) -> {path}", file=sys.stderr)
     return 0
 
 
@@ -242,6 +256,7 @@ def plan_from_args(args) -> Plan:
         args.passkey_lengths, args.passkey_depths = [120], [0.5]
         args.recall_trials, args.recall_fillers = 1, 1
         args.lm_windows, args.lm_context, args.lm_tokens, args.lm_greedy = 1, 96, 40, 8
+        args.retrieval_lengths, args.retrieval_trials = [120], 1
     if not args.model:
         raise SystemExit("argument --model: required (a Hugging Face folder), unless --report")
     from sgl_vtoken_tools.models import MODELS, ensure_model
@@ -271,6 +286,8 @@ def plan_from_args(args) -> Plan:
             tasks=tuple(args.tasks),
             split=args.split,
             docqa_lengths=tuple(args.docqa_lengths),
+            retrieval_lengths=tuple(args.retrieval_lengths),
+            retrieval_trials=args.retrieval_trials,
             session_trials=args.session_trials,
             session_turns=args.session_turns,
         )

@@ -24,7 +24,8 @@ number of the reply equal to the answer. kvpress presses keep their own tokens p
 (ours keep one set of tokens per sequence, which is what frees slots); StreamingLLM keeps the
 same tokens in every head, so with ``n_sink`` = our sinks (16) it keeps exactly what our
 ``streamingllm`` keeps: its aware answers must equal ours (docs/benchmarks.md, "kvpress side by side").
-One JSON line per (press, mode, budget, trial), then one ``summary`` per (press, mode, budget).
+One JSON line per (press, mode, budget, trial), then one ``summary`` per (task, press, mode,
+budget).
 
     python scripts/kvpress_eval.py --report docs/results/kvpress_smollm2.jsonl \
         --ours docs/results/docqa_heldout_smollm2.jsonl     # the table, in either environment
@@ -90,10 +91,11 @@ def first_number(text: str) -> str | None:
 def summarize(records: list[dict]) -> list[dict]:
     cells: dict[tuple, list[dict]] = {}
     for r in records:
-        cells.setdefault((r["press"], r["mode"], r["budget"]), []).append(r)
+        cells.setdefault((r.get("task"), r["press"], r["mode"], r["budget"]), []).append(r)
     return [
         {
             "kind": "summary",
+            "task": task,
             "press": p,
             "mode": m,
             "budget": b,
@@ -101,7 +103,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "trials": len(rs),
             "accuracy": round(sum(r["hit"] for r in rs) / len(rs), 4),
         }
-        for (p, m, b), rs in cells.items()
+        for (task, p, m, b), rs in cells.items()
     ]
 
 
@@ -275,7 +277,7 @@ def run(args) -> int:
                             "output_ids": ids,
                             "seconds": round(time.monotonic() - t0, 3),
                         }
-                        for k in ("length", "depth", "phrasing", "prompt_tokens"):
+                        for k in ("task", "length", "depth", "phrasing", "prompt_tokens"):
                             r[k] = t.get(k)
                         records.append(r)
                         out.write(json.dumps(r) + "\n")

@@ -15,12 +15,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sgl_vtoken_tools.quality import report, splits, tasks
+from sgl_vtoken_tools.quality import report, retrieval, splits, tasks
 from sgl_vtoken_tools.quality.runner import Cell, Runner, make_cells
 from sgl_vtoken_tools.quality.settings import Setting, Sweep
 
-# passkey / recall / lm: the quality run's tasks; docqa / session: the split tasks (splits.py)
-TASKS = ("passkey", "recall", "lm", "docqa", "session")
+# passkey / recall / lm: the quality run's tasks; docqa / session: the split tasks (splits.py);
+# kv / needle: the split's dense retrieval tasks (retrieval.py)
+TASKS = ("passkey", "recall", "lm", "docqa", "session", "kv", "needle")
+ONE_PROMPT = ("passkey", "docqa", "kv", "needle")  # one prompt, one answer
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,17 @@ class Plan:
     docqa_lengths: tuple[int, ...] = (1000, 2000)
     session_trials: int = 12
     session_turns: int = 4
+    retrieval_lengths: tuple[int, ...] = (1000,)
+    retrieval_trials: int = 20
     max_new: dict = field(
-        default_factory=lambda: {"passkey": 12, "recall": 24, "docqa": 12, "session": 24}
+        default_factory=lambda: {
+            "passkey": 12,
+            "recall": 24,
+            "docqa": 12,
+            "session": 24,
+            "kv": 32,  # SmolLM2 restates the question before the value
+            "needle": 32,
+        }
     )
 
     def __post_init__(self) -> None:
@@ -114,6 +125,15 @@ def build_tasks(plan: Plan, tokenizer) -> dict[str, list]:
             seed=plan.seed,
             wheel_dir=plan.wheel_dir,
         )
+    for name, make in (("kv", retrieval.kv_trials), ("needle", retrieval.needle_trials)):
+        if name in plan.tasks and plan.retrieval_trials:
+            out[name] = make(
+                tokenizer,
+                plan.split,
+                list(plan.retrieval_lengths),
+                plan.retrieval_trials,
+                plan.seed,
+            )
     if "lm" in plan.tasks and plan.lm_windows:
         out["lm"] = tasks.lm_trials(
             tokenizer, plan.lm_windows, plan.lm_context, plan.lm_tokens, plan.seed, plan.wheel_dir
@@ -141,7 +161,7 @@ def run_reference(plan: Plan, model, tokenizer, trials: dict, emit) -> list[dict
         runner = Runner(model, tokenizer, cells, keep, bar.update)
         for name, ts in trials.items():
             t0 = time.monotonic()
-            if name in ("passkey", "docqa"):
+            if name in ONE_PROMPT:
                 runner.passkey(ts, plan.max_new[name])
             elif name in ("recall", "session"):
                 runner.recall(ts, plan.max_new[name])
@@ -252,7 +272,7 @@ def run_server(
                 check = ServerCheck(
                     Client(base_url or server.base_url), tokenizer, ref, keep, bar.update
                 )
-                for name in ("passkey", "docqa"):
+                for name in ONE_PROMPT:
                     if name in subset:
                         check.passkey(subset[name], cells, plan.max_new[name])
                 for name in ("recall", "session"):

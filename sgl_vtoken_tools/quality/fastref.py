@@ -22,6 +22,7 @@ from :mod:`sgl_vtoken_tools.quality.probe`, which the model must be loaded with 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ import torch
 from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
+from sgl_vtoken.units import Words
 from sgl_vtoken_tools.quality import probe
 
 MAX_CHUNK = 1024  # teacher-forced tokens per forward without eviction (memory bound)
@@ -152,10 +154,20 @@ class Request:
 
     Start it with :meth:`start` (a fresh prompt, possibly prefilled once for many settings) or
     :meth:`prompt` (new tokens after ``history``: the previous turn's :attr:`row`), then
-    :meth:`generate` greedily or :meth:`feed` given tokens.
+    :meth:`generate` greedily or :meth:`feed` given tokens. With a `span` (span-aware keeping)
+    it needs `words` (the tokenizer's, `sgl_vtoken.units`) and, after a history, `ids`: every
+    token id the history's positions index.
     """
 
-    def __init__(self, model, cfg: EvictConfig, rid: str = "", history: Row = EMPTY) -> None:
+    def __init__(
+        self,
+        model,
+        cfg: EvictConfig,
+        rid: str = "",
+        history: Row = EMPTY,
+        words: Words | None = None,
+        ids: Sequence[int] = (),
+    ) -> None:
         if cfg.prefill.chunk is not None:
             raise ValueError(
                 f"EvictConfig.prefill_chunk {cfg.prefill.chunk}: the fast reference prefills "
@@ -163,6 +175,9 @@ class Request:
             )
         self.model, self.cfg, self.rid = model, cfg, stable_id(rid)
         self.policy = policy_from_config(cfg) if cfg.enabled else None
+        if self.policy is not None and self.policy.span and words is None:
+            raise ValueError("EvictConfig.span: the fast reference needs the tokenizer's Words")
+        self.words, self.ids = words, list(ids)
         self.acc = self.policy.new_accumulator() if self.policy is not None else None
         self.row, self.steps, self.logits = history, 0, None
         self.evicted = 0
@@ -173,7 +188,7 @@ class Request:
         if self.row.n:
             raise ValueError("Request.start: the request already has a row; use prompt()")
         w = min(self.cfg.scoring.obs_window, prompt.probs.shape[0])
-        self.row, self.logits = prompt.row, prompt.logits
+        self.row, self.logits, self.ids = prompt.row, prompt.logits, list(prompt.ids)
         self._observe(prompt.probs[-w:], prompt.lengths[-w:])
         return self.logits
 
@@ -181,6 +196,7 @@ class Request:
         """Prefill `ids` (all of them new: after the history) in one forward, no eviction."""
         w = min(self.cfg.scoring.obs_window, len(ids)) if self.acc is not None else 0
         logits, self.row, probs, lengths = extend(self.model, self.row, list(ids), num_probe=w)
+        self.ids += ids
         self._observe(probs, lengths)
         self.logits = logits[-1]
         return self.logits
@@ -199,6 +215,7 @@ class Request:
             logits, self.row, probs, lengths = extend(
                 self.model, self.row, chunk, num_probe=probe_n, num_logits=len(chunk)
             )
+            self.ids += chunk
             self._observe(probs, lengths)
             out.append(logits)
             i += len(chunk)
@@ -229,7 +246,11 @@ class Request:
     def _evict_if_due(self) -> None:
         if self.policy is None or not self.cfg.should_evict(self.row.n):
             return
-        needs = self.policy.needs
+        needs, span, positions = self.policy.needs, self.policy.span, self.row.positions
+        units = None
+        if span:
+            assert self.words is not None
+            units = self.words.unit_starts(self.ids[: int(positions[-1]) + 1], span)[positions]
         view = TokenView(
             positions=self.row.positions,
             keys=self.row.stacked("keys") if "keys" in needs else None,
@@ -237,6 +258,7 @@ class Request:
             attn=self.acc.stats if self.acc is not None else None,
             rid=self.rid,
             step=self.steps,
+            units=units,
         )
         keep = self.policy.keep(view, self.cfg.budget)
         if self.acc is not None:

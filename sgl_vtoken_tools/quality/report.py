@@ -8,6 +8,9 @@ tables (``scripts/eval_quality.py --report FILE``). One ``summary`` record per c
     recall    hits / trials (the fact asked at the last turn)
     docqa     hits / trials of the split's document questions (splits.py)
     session   hits / trials of the split's conversations (the fact asked at the last turn)
+    kv        hits / trials of the split's dense key-value lists (a whole 7-digit value);
+              kv_prefix: the fraction answered with a strict prefix of the value (retrieval.py)
+    needle    hits / trials of one 7-digit value in a repeated filler; needle_prefix likewise
     ppl       exp(sum nll / sum tokens) of the teacher-forced held-out continuations
     top1      fraction of those positions whose prediction equals the full cache's
     greedy    mean fraction of greedy continuation tokens equal to the full cache's
@@ -26,11 +29,16 @@ METRICS = {  # name: (title, higher is better)
     "recall": ("multi-turn recall, exact match", True),
     "docqa": ("document question (split tasks), exact match", True),
     "session": ("conversation recall (split tasks), exact match", True),
+    "kv": ("dense key-value retrieval (split tasks), whole value", True),
+    "kv_prefix": ("dense key-value retrieval: answers a strict prefix of the value", False),
+    "needle": ("one value in a repeated filler (split tasks), whole value", True),
+    "needle_prefix": ("one value in a filler: answers a strict prefix of the value", False),
     "ppl": ("perplexity, held-out essays", False),
     "top1": ("top-1 agreement with the full cache", True),
     "greedy": ("greedy agreement with the full cache", True),
 }
-HIT_TASKS = ("passkey", "recall", "docqa", "session")  # scored by exact match
+HIT_TASKS = ("passkey", "recall", "docqa", "session", "kv", "needle")  # scored by exact match
+PREFIX_TASKS = ("kv", "needle")  # also count answers that are a strict prefix of the value
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -47,6 +55,8 @@ def summarize(records: list[dict]) -> list[dict]:
             acc[task].append(bool(r["hit"]))
             if task == "passkey" and r.get("needle_kept") is not None:
                 acc["needle_kept"].append(r["needle_kept"])
+            if task in PREFIX_TASKS:
+                acc[f"{task}_prefix"].append(r.get("outcome") == "prefix")
         elif task == "lm":
             acc["nll"].append(r["nll"])
             acc["tokens"].append(r["tokens"])
@@ -61,6 +71,9 @@ def summarize(records: list[dict]) -> list[dict]:
             if a[task]:
                 row[task] = round(sum(a[task]) / len(a[task]), 4)
                 row[f"{task}_hits"], row[f"{task}_trials"] = sum(a[task]), len(a[task])
+        for task in PREFIX_TASKS:
+            if a[f"{task}_prefix"]:
+                row[f"{task}_prefix"] = round(sum(a[f"{task}_prefix"]) / len(a[task]), 4)
         if a["needle_kept"]:
             row["needle_kept"] = round(sum(a["needle_kept"]) / len(a["needle_kept"]), 4)
         if a["tokens"]:

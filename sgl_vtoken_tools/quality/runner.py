@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from sgl_vtoken.config import EvictConfig
+from sgl_vtoken.units import Words
 from sgl_vtoken_tools.quality.fastref import Request, prefill
+from sgl_vtoken_tools.quality.retrieval import value_outcome
 from sgl_vtoken_tools.quality.settings import Setting, Sweep
 from sgl_vtoken_tools.quality.tasks import Trial, exact_number, next_turn_ids
 
@@ -85,7 +87,16 @@ class Runner:
             progress,
         )
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        spans = any(c.cfg.enabled and c.cfg.scoring.span for c in cells)
+        self.words = Words.from_tokenizer(tokenizer) if spans else None
         self.obs = max(c.cfg.scoring.obs_window for c in cells)
+
+    def request(self, cell: Cell, trial: str, turn: int = 0, history=None) -> Request:
+        """A fresh request of `cell` (a later `turn` continues `history`, the previous one)."""
+        rid = cell.rid(trial, turn)
+        if history is None:
+            return Request(self.model, cell.cfg, rid, words=self.words)
+        return Request(self.model, cell.cfg, rid, history.row, self.words, history.ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
@@ -95,7 +106,7 @@ class Runner:
             prompt = prefill(self.model, list(t.prompt), self.obs)
             for cell in self.cells:
                 t0 = time.monotonic()
-                req = Request(self.model, cell.cfg, cell.rid(t.id))
+                req = self.request(cell, t.id)
                 req.start(prompt)
                 out = req.generate(max_new_tokens, stop=(self.eos,))
                 text = self.decode(out)
@@ -107,6 +118,7 @@ class Runner:
                         "trial": t.id,
                         **t.meta,
                         "hit": exact_number(text, t.answer),
+                        "outcome": value_outcome(text, t.answer),
                         "expected": t.answer,
                         "answer": text,
                         "output_ids": out,
@@ -122,7 +134,7 @@ class Runner:
             first = prefill(self.model, list(t.prompt), self.obs)
             for cell in self.cells:
                 t0 = time.monotonic()
-                replies, ids, req = [], [], Request(self.model, cell.cfg, cell.rid(t.id, 0))
+                replies, ids, req = [], [], self.request(cell, t.id, 0)
                 req.start(first)
                 out = req.generate(max_new_tokens, stop=(self.eos,))
                 replies.append(self.decode(out))
@@ -130,7 +142,7 @@ class Runner:
                 for turn, message in enumerate(t.messages, start=1):
                     new_ids = next_turn_ids(self.tok, message, out)
                     # The server continues from the compacted history (every page size).
-                    nxt = Request(self.model, cell.cfg, cell.rid(t.id, turn), history=req.row)
+                    nxt = self.request(cell, t.id, turn, req)
                     # The reply's last token was never fed (it ended the turn): it opens the prompt.
                     nxt.prompt(out[-1:] + new_ids)
                     req = nxt
@@ -162,13 +174,13 @@ class Runner:
             ref_top1 = ref_greedy = None
             for cell in self.cells:
                 t0 = time.monotonic()
-                req = Request(self.model, cell.cfg, cell.rid(t.id))
+                req = self.request(cell, t.id)
                 first = req.start(prompt)
                 logits = torch.cat([first[None], req.feed(cont[:-1])])  # [T, vocab]
                 logp = torch.log_softmax(logits.double(), dim=-1)
                 nll = -float(logp[torch.arange(len(cont)), torch.tensor(cont)].sum())
                 top1 = logits.argmax(dim=-1)
-                gen = Request(self.model, cell.cfg, cell.rid(t.id, 1))
+                gen = self.request(cell, t.id, 1)
                 gen.start(prompt)
                 greedy = gen.generate(greedy_tokens)
                 if ref_top1 is None:  # the first cell is the full cache

@@ -7,8 +7,9 @@ import random
 import pytest
 import torch
 
-from sgl_vtoken.config import EvictConfig, Prefill
+from sgl_vtoken.config import EvictConfig, Prefill, Scoring
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
+from sgl_vtoken.units import Words
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken_tools.quality.fastref import Request, fast_greedy, prefill
 from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
@@ -83,6 +84,33 @@ def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, kvp
         assert got == expected, f"turn {turn}"
         assert req.row.positions.tolist() == list(history[1])
         prompt = prompt + got + ids(6, seed=10 + turn)
+
+
+@pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
+def test_span_aware_keeping_equals_masked_greedy_across_turns(
+    tiny_eager, tiny_fast, tiny_tok, kvp_params, page_size, interval
+):
+    """`span` 4 (units from the tiny tokenizer): each of two turns equal to masked_turn, the
+    second continuing from the first's row with its token ids."""
+    cfg = config("h2o", page_size, interval, kvp_params, scoring=Scoring(span=4))
+    words = Words.from_tokenizer(tiny_tok)
+    prompt, history, req = ids(80, seed=21), None, None
+    for turn in range(2):
+        expected, _, history = masked_turn(
+            tiny_eager, prompt, 30, cfg, rid=f"s{turn}", history=history, **RUNTIME
+        )
+        if req is None:
+            req = Request(tiny_fast, cfg, "s0", words=words)
+            req.start(prefill(tiny_fast, prompt, cfg.scoring.obs_window))
+        else:
+            nxt = Request(tiny_fast, cfg, f"s{turn}", req.row, words, req.ids)
+            nxt.prompt(prompt[len(req.ids) :])
+            req = nxt
+        got = req.generate(30)
+        assert got == expected, f"turn {turn}"
+        prompt = prompt + got + ids(6, seed=30 + turn)
+    with pytest.raises(ValueError, match="needs the tokenizer's Words"):
+        Request(tiny_fast, cfg, "s")
 
 
 @pytest.mark.parametrize("policy", ["h2o", "scissorhands", "knorm"])
