@@ -9,8 +9,9 @@ newline) opens a new unit. A unit longer than `span` tokens is cut into pieces o
     span 4    0     0     2        3   4   5   5   5   5   9   9   9   12
 
 A unit is named by the position of its first token (`unit_starts`): the entries of a row that
-share that name are one unit, wherever the row holds them (recalled entries come after the rest). The table is read from the tokenizer once
-(:meth:`Words.from_tokenizer`); policies see the unit of each entry in ``TokenView.units``.
+share that name are one unit, wherever the row holds them (recalled entries come after the
+rest). The table is read from the tokenizer once (:meth:`Words.from_tokenizer`); policies see
+the unit of each entry in ``TokenView.units``.
 """
 
 from __future__ import annotations
