@@ -14,7 +14,7 @@ from oracles import ORACLE_RECALL, oracle_policy
 from test_eviction import generate, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
 
-from sgl_vtoken.config import EvictConfig, HostTier
+from sgl_vtoken.config import EvictConfig, HostTier, Scoring
 from sgl_vtoken_tools.hf_reference import masked_turn
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", page_size=1)]
@@ -43,10 +43,21 @@ def flush(client, timeout=30.0):
 
 
 def session(
-    client, hf_eager, policy, rid, recall, turns=5, n=24, page_size=1, rounds=1, between=None
+    client,
+    hf_eager,
+    policy,
+    rid,
+    recall,
+    turns=5,
+    n=24,
+    page_size=1,
+    rounds=1,
+    between=None,
+    span=0,
 ):
-    """One conversation with offload (and `recall` in `rounds`); asserts each turn equals the
-    reference and returns the per-turn reports. `between(k)` runs before turn k >= 1."""
+    """One conversation with offload (and `recall` in `rounds`, words kept whole with `span`);
+    asserts each turn equals the reference and returns the per-turn reports. `between(k)` runs
+    before turn k >= 1."""
     rng = random.Random(sum(map(ord, rid)))
     prompt = random_ids(30 if page_size == 1 else 70, seed=300 + recall)
     messages = [
@@ -63,6 +74,7 @@ def session(
         "interval": interval,
         "window": window,
         "recall_rounds": rounds,
+        "span": span,
     }
     cfg = EvictConfig(
         policy=policy,
@@ -71,6 +83,7 @@ def session(
         window=window,
         interval=interval,
         page_size=page_size,
+        scoring=Scoring(span=span),
         host=HostTier(
             offload=True, tokens=HOST_TOKENS, recall=recall, gap=RECALL_GAP, rounds=rounds
         ),

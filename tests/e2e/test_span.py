@@ -4,14 +4,16 @@ the Hugging Face reference that masks the same keys, its victims chosen by the i
 oracles applying the definition (`tests/oracles/units.py`), at page sizes 1 and 16, with
 eviction during prefill and with recall; the pool whole afterwards (SGLang's checkers on)."""
 
+from dataclasses import replace
+
 import pytest
 from oracles import ORACLE_RECALL, oracle_policy
 from test_eviction import generate, random_ids, wait_pool_free
-from test_exactness import BUDGET, HOST_TOKENS, RECALL_GAP, evict_server
-from test_host_tier import flush
-from test_prefill import CHUNK, SINK, prefill_server
+from test_exactness import BUDGET, evict_server
+from test_host_tier import flush, session
+from test_prefill import config, prefill_server
 
-from sgl_vtoken.config import EvictConfig, HostTier, Prefill, Scoring
+from sgl_vtoken.config import EvictConfig, Scoring
 from sgl_vtoken_tools import hf_reference
 
 pytestmark = pytest.mark.server
@@ -52,9 +54,7 @@ def test_words_are_kept_whole_exactly(
     )
     expected, _, (masks, _) = reference(hf_eager, prompt, n, cfg, rid)
     assert out["output_ids"] == expected
-    plain = EvictConfig(
-        policy=policy, budget=BUDGET, window=window, interval=interval, page_size=page_size
-    )
+    plain = replace(cfg, scoring=Scoring())
     plain_masks = reference(hf_eager, prompt, n, plain, rid)[2][0]
     assert plain_masks != masks, "span changed no token's visible keys"
     report = out["meta_info"]["kv_evict"][0]
@@ -69,29 +69,12 @@ def test_words_are_kept_whole_across_recalling_turns(
     server_factory, hf_eager, kvp_checkpoint, page_size
 ):
     """Three turns of h2o with offload and recall 8, `span` 4: every turn, its recall cut and
-    its evictions equal the reference's."""
+    its evictions equal the reference's (the host tier's conversation, `test_host_tier.session`)."""
     client = evict_server(server_factory, kvp_checkpoint, page_size)
     flush(client)
-    budget = 48 if page_size == 1 else BUDGET
-    kv = {"policy": "h2o", "budget": budget, "window": 16, "offload": True, "recall": 8}
-    kv["span"] = SPAN
-    cfg = EvictConfig(
-        policy="h2o",
-        budget=budget,
-        window=16,
-        page_size=page_size,
-        scoring=Scoring(span=SPAN),
-        host=HostTier(offload=True, tokens=HOST_TOKENS, recall=8, gap=RECALL_GAP, rounds=4),
-    )
-    prompt, history, n = random_ids(70, seed=2100 + page_size), None, 24
-    for k in range(3):
-        rid = f"span-recall-{page_size}-{k}"
-        out = generate(client, prompt, n, rid, kv)
-        expected, _, history = reference(hf_eager, prompt, n, cfg, rid, history=history)
-        assert out["output_ids"] == expected, f"turn {k}"
-        if k:
-            assert out["meta_info"]["kv_evict"][0]["recalled_tokens"] > 0, f"turn {k}"
-        prompt = prompt + out["output_ids"] + random_ids(20, seed=2200 + 10 * page_size + k)
+    rid = f"span-recall-{page_size}"
+    reports = session(client, hf_eager, "h2o", rid, 8, turns=3, page_size=page_size, span=SPAN)
+    assert all(r["recalled_tokens"] > 0 for r in reports[1:])
     wait_pool_free(client)
 
 
@@ -104,15 +87,7 @@ def test_words_are_kept_whole_during_prefill(server_factory, hf_eager, page_size
     window = 16 if policy == "h2o" else 0
     prompt, n, rid = random_ids(300, seed=2300 + page_size), 40, f"span-prefill-{page_size}"
     out = generate(client, prompt, n, rid, {"policy": policy, "window": window, "span": SPAN})
-    cfg = EvictConfig(
-        policy=policy,
-        budget=BUDGET,
-        sink=SINK,
-        window=window,
-        page_size=page_size,
-        prefill=Prefill(chunk=CHUNK),
-        scoring=Scoring(span=SPAN),
-    )
+    cfg = config(policy, page_size, scoring=Scoring(span=SPAN))
     assert out["output_ids"] == reference(hf_eager, prompt, n, cfg, rid)[0]
     assert out["meta_info"]["kv_evict"][0]["prefill_evicted_tokens"] > 0
     st = wait_pool_free(client)
