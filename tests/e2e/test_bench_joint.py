@@ -104,7 +104,9 @@ def check_history_turns(reqs, s):
     assert all(r["history_source"] in ("device", "none") for r in reqs)
     assert all((r["history_source"] == "device") == (r["history_tokens"] > 0) for r in reqs)
     later = [r for r in reqs if r["turn"] > 1]
-    device = [r for r in reqs if r["history_tokens"] > 0]
+    # later turns only, as the summary counts them: a first turn may continue a history that an
+    # earlier test on the same server left for the same opening (seen once in a fresh clone)
+    device = [r for r in later if r["history_tokens"] > 0]
     assert s["turns_from_host"] == 0 and s["history_restored_tokens"] == 0
     assert s["turns_from_device"] == len(device) >= 1  # a session's turn 2 continues turn 1's
     rest = s["turns_from_prefix"] + s["turns_prefilled_again"]
