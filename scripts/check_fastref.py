@@ -37,12 +37,14 @@ def main(argv=None) -> int:
     tok, fast = load(args.model, args.threads)
     from sgl_vtoken.config import EvictConfig
     from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
+    from sgl_vtoken.units import Words
     from sgl_vtoken_tools import hf_reference
     from sgl_vtoken_tools.quality import data
     from sgl_vtoken_tools.quality.fastref import fast_greedy
     from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
     eager = hf_reference.load_model(args.model)
+    words = Words.from_tokenizer(tok)  # the attention policies keep words whole (span 8)
     ids = tok(data.heldout_texts()[0], add_special_tokens=False)["input_ids"]
     idt = ModelIdentity.from_hf_config(eager.config.to_dict())
     kvp = str(
@@ -76,7 +78,9 @@ def main(argv=None) -> int:
                     recall=RUNTIME_RECALL,
                 )
                 t1 = time.monotonic()
-                b, _ = fast_greedy(fast, prompt, args.new_tokens, cfg, rid=f"check-{policy}")
+                b, _ = fast_greedy(
+                    fast, prompt, args.new_tokens, cfg, rid=f"check-{policy}", words=words
+                )
                 t2 = time.monotonic()
                 diff = (
                     None

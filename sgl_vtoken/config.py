@@ -47,6 +47,9 @@ __all__ = [
 
 ENV_VAR = "VTOKEN_CONFIG"
 DISABLED = "none"
+# The attention policies' default `span` (span-aware keeping), chosen on the tuning split's dense
+# retrieval tasks (docs/RESULTS.md, "Whole values").
+ATTENTION_SPAN = 8
 RECLAIM_MODES = ("vtoken", "naive")  # `reclaim`: compact and free, or free fully dead pages only
 
 
@@ -197,6 +200,14 @@ class EvictConfig:
         return self.budget
 
     @property
+    def span(self) -> int:
+        """The span in force (`Scoring.span`): the scoring group's, else the policy's default:
+        `ATTENTION_SPAN` for a policy that reads attention, 0 for the others and for none."""
+        if self.scoring.span is not None:
+            return self.scoring.span
+        return ATTENTION_SPAN if self.enabled and "attn" in POLICIES[self.policy].needs else 0
+
+    @property
     def sink_tokens(self) -> int:
         """Sinks rounded up to whole pages: a partially evicted sink page could never be freed."""
         return math.ceil(self.sink / self.page_size) * self.page_size
@@ -210,7 +221,7 @@ class EvictConfig:
         kwargs = {
             "sink": self.sink_tokens,
             "window": self.window,
-            "span": self.scoring.span,
+            "span": self.span,
             **self.params,
         }
         if self.scoring.aggregation is not None:  # None: the policy's own default
@@ -226,7 +237,7 @@ class EvictConfig:
         return (
             f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
             f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
-            f":o{sc.obs_window}:l{sc.score_layers}:u{sc.span}:c{self.prefill.chunk}"
+            f":o{sc.obs_window}:l{sc.score_layers}:u{self.span}:c{self.prefill.chunk}"
             f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:rr{host.rounds}:{params}"
         )
 

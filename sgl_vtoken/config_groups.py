@@ -36,7 +36,8 @@ class Scoring:
             :meth:`layer_ids`.
         span: span-aware keeping: a word or digit run (`sgl_vtoken.units`) of up to `span`
             tokens is kept or dropped whole, longer ones in pieces of `span`; every policy.
-            0: off (each token on its own).
+            0: off (each token on its own). None (the default): the policy's own
+            (`EvictConfig.span`: 8 for the attention policies, 0 for the others).
     """
 
     aggregation: str | None = field(default=None, metadata=_key("aggregation"))
@@ -44,7 +45,7 @@ class Scoring:
     score_layers: tuple[int, ...] | str | None = field(
         default="upper", metadata=_key("score_layers")
     )
-    span: int = field(default=0, metadata=_key("span", request=True))
+    span: int | None = field(default=None, metadata=_key("span", request=True))
 
     def __post_init__(self) -> None:
         if self.aggregation is not None:
@@ -52,7 +53,8 @@ class Scoring:
                 "aggregation", self.aggregation, AGGREGATIONS, "or null (the policy's default)"
             )
         check_int("obs_window", self.obs_window, 1)
-        check_int("span", self.span, 0)
+        if self.span is not None:
+            check_int("span", self.span, 0)
         layers = self.score_layers
         if layers == "all":
             object.__setattr__(self, "score_layers", None)

@@ -216,7 +216,7 @@ def masked_turn(
             v = torch.stack([cache.layers[i].values[0] for i in range(len(cache.layers))])
             values = v[:, :, row].permute(2, 0, 1, 3)
         shared = [p < tree_owned or p in set(pinned) for p in row]
-        texts = token_texts(model, ids) if cfg.scoring.span else []
+        texts = token_texts(model, ids) if cfg.span else []
         keep = chooser.keep(list(row), shared, keys, values, cfg.budget, texts)
         return [row[i] for i in keep]
 

@@ -57,7 +57,7 @@ def replay(setup: Setup, policy_name: str, budget: int, keys, values, probs, fut
         sink=setup.sink,
         window=window,
         params=params,
-        scoring=Scoring(obs_window=setup.obs_window),
+        scoring=Scoring(obs_window=setup.obs_window, span=0),  # the trace holds no token texts
     )
     policy = policy_from_config(cfg)
     acc = policy.new_accumulator()

@@ -20,6 +20,7 @@ from ..core.model_support import unsupported_model_reason
 from .server_args import (
     ATTENTION_POLICIES,
     KV_EVICT_CHOICES,
+    SPAN_NEEDS_TOKENIZER,
     refusals,
     server_config,
     settings_problem,
@@ -83,6 +84,8 @@ def before_create_tokenized_object(manager, obj, *args, **kwargs):
         cfg = resolve(server_config(), custom[KEY], KV_EVICT_CHOICES, refusals(manager.server_args))
         if cfg.enabled:
             check_fits_model(manager, cfg)
+        if cfg.span and getattr(manager.server_args, "skip_tokenizer_init", False):
+            raise ValueError(f"{KEY}.span: {SPAN_NEEDS_TOKENIZER.format(span=cfg.span)}")
     return None
 
 

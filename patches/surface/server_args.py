@@ -343,6 +343,8 @@ def from_cli_args(result, cls, args: argparse.Namespace):
     cfg = config_from_namespace(args)
     if cfg.enabled:
         check_model_supported(cfg, result)
+        if cfg.span and getattr(result, "skip_tokenizer_init", False):
+            _fail(f"argument --kv-evict-config: {SPAN_NEEDS_TOKENIZER.format(span=cfg.span)}")
     select_radix_backend(result, cfg)
     missing = contract.check_hooks_applied()
     if missing and cfg.enabled:
@@ -352,6 +354,12 @@ def from_cli_args(result, cls, args: argparse.Namespace):
         )
     os.environ[ENV_VAR] = cfg.to_json()  # the one way the settings reach SGLang's processes
     return result
+
+
+SPAN_NEEDS_TOKENIZER = (
+    "span {span} (span-aware keeping, the attention policies' default) reads words from the "
+    'tokenizer, which --skip-tokenizer-init leaves unloaded: set "span": 0 or load the tokenizer'
+)
 
 
 def refusals(server_args) -> tuple[str, str]:

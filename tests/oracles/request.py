@@ -4,7 +4,8 @@ The settings are read from an `EvictConfig` by attribute (policy, sink, window, 
 seed, params, scoring); the defaults below are the project's, restated: sinks rounded up to
 whole pages, attention policies pooled over 5 neighbours and scored on the upper half of the
 layers, H2O aggregated by the largest value over layers and heads and the others by the sum,
-Scissorhands over the last 32 queries with threshold 1.
+Scissorhands over the last 32 queries with threshold 1, span-aware keeping of up to 8 tokens for
+the attention policies and none for the others.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ class OracleRequest:
     "keys", "values"), `observe(row, probs [q, n, L, H], lengths [q])` with every layer's
     probabilities over the row, and `keep(row, shared, keys, values, budget)` -> ascending row
     indices kept (one eviction; the next one is the next step of the seeded policy). A layer
-    left out of `score_layers` feeds no statistic. With `cfg.scoring.span`, `keep` reads the
+    left out of `score_layers` feeds no statistic. With a span, `keep` reads the
     texts of the sequence's tokens and keeps words and digit runs whole (`units.py`)."""
 
     def __init__(self, cfg, rid: str = "") -> None:
         params = dict(cfg.params)
-        self.span = cfg.scoring.span
         self.name, self.rid, self.step = cfg.policy, request_id(rid), 0
+        span = cfg.scoring.span
+        self.span = span if span is not None else 8 if self.name in ATTENTION else 0
         page = cfg.page_size
         self.sink = params.get("sink", math.ceil(cfg.sink / page) * page)
         self.window = params.get("window", cfg.window)

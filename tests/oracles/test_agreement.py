@@ -39,6 +39,7 @@ def draw_config(rng: random.Random, policy: str, checkpoint: str, **scoring) -> 
     if policy == "random":
         params["seed"] = rng.randrange(2**32)
     scoring.setdefault("aggregation", rng.choice([None, "sum", "max"]))
+    scoring.setdefault("span", 0)  # spans: their own test below (budgets here can be < a unit)
     budget = -(-sink // page) * page + window + page + rng.randrange(1, 24)
     return EvictConfig(
         policy=policy,

@@ -243,3 +243,17 @@ def test_per_request_budget_over_the_context_is_refused(server_policy, tiny_mode
     ):
         before_create_tokenized_object(manager, _request({"policy": "random", "budget": 600}))
     before_create_tokenized_object(manager, _request({"policy": "random", "budget": 512}))
+
+
+def test_per_request_span_without_the_tokenizer_is_refused(server_policy, tiny_model):
+    """A server started with --skip-tokenizer-init has no words: a request whose policy keeps
+    spans (h2o's default) gets HTTP 400 naming kv_evict.span; `"span": 0` is served."""
+    from sgl_vtoken.patches.surface.request_options import before_create_tokenized_object
+
+    server_policy(EvictConfig())
+    manager = _manager(_model_config(tiny_model))
+    manager.server_args.skip_tokenizer_init = True
+    with pytest.raises(ValueError, match="kv_evict.span: span 8 .*--skip-tokenizer-init"):
+        before_create_tokenized_object(manager, _request({"policy": "h2o", "budget": 64}))
+    before_create_tokenized_object(manager, _request({"policy": "h2o", "budget": 64, "span": 0}))
+    before_create_tokenized_object(manager, _request({"policy": "streamingllm", "budget": 64}))

@@ -9,6 +9,7 @@ import torch
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.patches.core import process as process_module
 from sgl_vtoken_tools.fake_pool import Allocator, PagedAllocator, Req, ReqToToken
+from sgl_vtoken_tools.fake_server import FakeTokenizer
 
 
 @pytest.fixture
@@ -181,6 +182,7 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
             "tree_cache": cache,
             "req_to_token_pool": cache.req_to_token_pool,
             "token_to_kv_pool_allocator": alloc,
+            "tokenizer": FakeTokenizer(),  # h2o keeps words whole (span 8, its default)
         },
     )()
     cfg = EvictConfig(

@@ -340,3 +340,20 @@ def test_holed_radix_cache_refusals_name_the_flag(parse, capsys, flags, needle):
         parse(*flags)
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_a_span_without_the_tokenizer_is_refused_at_start_up(parse, capsys):
+    """h2o's default span reads words from the tokenizer: `--skip-tokenizer-init` is refused
+    naming both, and `"span": 0` starts."""
+    with pytest.raises(SystemExit) as e:
+        parse("--kv-evict", "h2o", "--kv-budget", "64", "--skip-tokenizer-init")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --kv-evict-config: span 8" in err and "--skip-tokenizer-init" in err
+    parse(
+        *"--kv-evict h2o --kv-budget 64 --skip-tokenizer-init".split(),
+        "--kv-evict-config",
+        '{"span": 0}',
+    )
+    assert EvictConfig.from_env().span == 0
+    parse("--kv-evict", "streamingllm", "--kv-budget", "64", "--skip-tokenizer-init")  # no span

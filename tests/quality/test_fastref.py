@@ -26,6 +26,12 @@ def ids(n, seed):
 
 
 @pytest.fixture(scope="module")
+def words(tiny_tok):
+    """The tiny tokenizer's words: the attention policies keep spans of up to 8 by default."""
+    return Words.from_tokenizer(tiny_tok)
+
+
+@pytest.fixture(scope="module")
 def kvp_params(tiny_eager, tmp_path_factory):
     """An untrained scorer for the tiny model: exactness needs the same scorer on both sides."""
     idt = ModelIdentity.from_hf_config(tiny_eager.config.to_dict())
@@ -52,20 +58,22 @@ def config(policy, page_size, interval, kvp_params, **kw):
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
 def test_greedy_equals_masked_greedy(
-    tiny_eager, tiny_fast, kvp_params, policy, page_size, interval
+    tiny_eager, tiny_fast, words, kvp_params, policy, page_size, interval
 ):
     """60 tokens after an 80-token prompt, budget 48: equal token for token, and not the full
     cache's output (the eviction changed something)."""
     prompt = ids(80, seed=POLICIES.index(policy) * 7 + page_size)
     cfg = config(policy, page_size, interval, kvp_params)
     expected, _ = masked_greedy(tiny_eager, prompt, 60, cfg, rid="q", **RUNTIME)
-    got, _ = fast_greedy(tiny_fast, prompt, 60, cfg, rid="q")
+    got, _ = fast_greedy(tiny_fast, prompt, 60, cfg, rid="q", words=words)
     assert got == expected
     assert got != fast_greedy(tiny_fast, prompt, 60, EvictConfig())[0]
 
 
 @pytest.mark.parametrize("policy", ["streamingllm", "h2o", "random"])
-def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, kvp_params, policy):
+def test_turns_continue_from_history_like_masked_turn(
+    tiny_eager, tiny_fast, words, kvp_params, policy
+):
     """Three turns, each continuing from the previous turn's kept row: equal to masked_turn."""
     cfg = config(policy, 1, 1, kvp_params)
     prompt, history, req = ids(40, seed=3), None, None
@@ -74,11 +82,11 @@ def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, kvp
             tiny_eager, prompt, 20, cfg, rid=f"t{turn}", history=history, **RUNTIME
         )
         if req is None:
-            req = Request(tiny_fast, cfg, "t0")
+            req = Request(tiny_fast, cfg, "t0", words=words)
             req.start(prefill(tiny_fast, prompt, cfg.scoring.obs_window))
         else:
-            nxt = Request(tiny_fast, cfg, f"t{turn}", history=req.row)
-            nxt.prompt(prompt[req.row.length :])
+            nxt = Request(tiny_fast, cfg, f"t{turn}", req.row, words, req.ids)
+            nxt.prompt(prompt[len(req.ids) :])
             req = nxt
         got = req.generate(20)
         assert got == expected, f"turn {turn}"
@@ -88,12 +96,11 @@ def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, kvp
 
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
 def test_span_aware_keeping_equals_masked_greedy_across_turns(
-    tiny_eager, tiny_fast, tiny_tok, kvp_params, page_size, interval
+    tiny_eager, tiny_fast, words, kvp_params, page_size, interval
 ):
     """`span` 4 (units from the tiny tokenizer): each of two turns equal to masked_turn, the
     second continuing from the first's row with its token ids."""
     cfg = config("h2o", page_size, interval, kvp_params, scoring=Scoring(span=4))
-    words = Words.from_tokenizer(tiny_tok)
     prompt, history, req = ids(80, seed=21), None, None
     for turn in range(2):
         expected, _, history = masked_turn(
@@ -114,13 +121,13 @@ def test_span_aware_keeping_equals_masked_greedy_across_turns(
 
 
 @pytest.mark.parametrize("policy", ["h2o", "scissorhands", "knorm"])
-def test_teacher_forced_chunks_equal_one_by_one(tiny_fast, kvp_params, policy):
+def test_teacher_forced_chunks_equal_one_by_one(tiny_fast, words, kvp_params, policy):
     """feed() runs up to the next eviction in one forward; feeding token by token gives the same
     predictions (fp32 rounding aside) and the same kept row."""
     cfg = config(policy, 1, 16, kvp_params)
     prompt, cont = ids(70, seed=5), ids(50, seed=6)
     pf = prefill(tiny_fast, prompt, cfg.scoring.obs_window)
-    a, b = Request(tiny_fast, cfg, "f"), Request(tiny_fast, cfg, "f")
+    a, b = Request(tiny_fast, cfg, "f", words=words), Request(tiny_fast, cfg, "f", words=words)
     a.start(pf)
     b.start(pf)
     chunked = a.feed(cont)
@@ -131,11 +138,11 @@ def test_teacher_forced_chunks_equal_one_by_one(tiny_fast, kvp_params, policy):
     assert torch.equal(a.row.positions, b.row.positions)
 
 
-def test_load_model_is_required_for_attention_statistics(tiny_eager):
+def test_load_model_is_required_for_attention_statistics(tiny_eager, words):
     """A model without the probing attention cannot feed attention policies: a clear error."""
     cfg = EvictConfig(policy="tova", budget=48, sink=4)
     with pytest.raises(RuntimeError, match="load_model"):
-        Request(tiny_eager, cfg).start(prefill(tiny_eager, ids(60, 1), 16))
+        Request(tiny_eager, cfg, words=words).start(prefill(tiny_eager, ids(60, 1), 16))
 
 
 def test_eviction_during_prefill_is_refused_not_ignored(tiny_fast):
