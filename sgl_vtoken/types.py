@@ -15,7 +15,8 @@ class TokenView:
     Only shapes are checked on construction (no device sync); :meth:`check` also checks values.
 
     Attributes:
-        positions: ``[n] int64`` logical (original RoPE) positions, strictly ascending.
+        positions: ``[n] int64`` logical (original RoPE) positions, distinct; ascending, except
+            in a recalling turn's row, whose recalled entries follow the rest.
         keys: ``[n, L, H, D]`` cached keys (post-RoPE), or None if the policy does not read keys.
         values: ``[n, L, H, D]`` cached values, or None if the policy does not read values.
         attn: ``[n, L, H]`` float attention statistic produced by the policy's accumulator
@@ -77,15 +78,6 @@ class TokenView:
                 f"a policy needs TokenView.{name} (got None); the server must collect it"
             )
         return t
-
-    def check(self) -> None:
-        """Value checks (syncs on GPU): ascending positions, bool masks."""
-        if self.n > 1 and not bool((self.positions[1:] > self.positions[:-1]).all()):
-            raise ValueError("TokenView.positions must be strictly ascending")
-        for name in ("shared", "agreed"):
-            t = getattr(self, name)
-            if t is not None and t.dtype != torch.bool:
-                raise ValueError(f"TokenView.{name} must be bool (got {t.dtype})")
 
 
 @dataclass(frozen=True)
