@@ -34,6 +34,7 @@ budget).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -52,6 +53,33 @@ PRESSES = {  # name: (kvpress class, options, modes)
     ),  # question-agnostic by design
 }
 MODES = ("aware", "agnostic")
+
+
+def parse_press(spec: str) -> tuple[str, str, dict, tuple[str, ...]]:
+    """``name[:key=value,...]`` -> ``(name, kvpress class, options, modes)``: the press of
+    PRESSES with its options overridden (integers, floats, ``true``/``false``)."""
+    name, _, rest = spec.partition(":")
+    if name not in PRESSES:
+        raise ValueError(f"--presses {spec!r}: unknown press {name!r}; choose from {list(PRESSES)}")
+    cls, opts, modes = PRESSES[name]
+    opts = dict(opts)
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not (eq and key and value):
+            raise ValueError(f"--presses {spec!r}: options are key=value (got {item!r})")
+        opts[key] = _option(spec, value)
+    return name, cls, opts, modes
+
+
+def _option(spec: str, value: str):
+    if value in ("true", "false"):
+        return value == "true"
+    for convert in (int, float):
+        try:
+            return convert(value)
+        except ValueError:
+            pass
+    raise ValueError(f"--presses {spec!r}: {value!r} is not a number, true or false")
 
 
 def ratio_for(length: int, kept: int) -> float:
@@ -107,96 +135,18 @@ def summarize(records: list[dict]) -> list[dict]:
     ]
 
 
-def agreement(
-    ours: list[dict],
-    presses: list[dict],
-    setting: str = "streamingllm",
-    press: str = "streamingllm",
-    mode: str = "aware",
-) -> list[dict]:
-    """Per budget: trials whose greedy answer ids (both end with ``<|im_end|>`` when the reply
-    closes) are equal in our `setting` and kvpress's `press` in `mode`, and the trials that differ."""
-    mine = {
-        (r["trial"], r["budget"]): r["output_ids"]
-        for r in ours
-        if r.get("kind") == "trial" and r.get("setting") == setting
-    }
-    out = []
-    for b in sorted({r["budget"] for r in presses if r.get("kind") == "press"}):
-        theirs = {
-            r["trial"]: r["output_ids"]
-            for r in presses
-            if r.get("kind") == "press"
-            and r["press"] == press
-            and r["mode"] == mode
-            and r["budget"] == b
-        }
-        both = [t for t in theirs if (t, b) in mine]
-        differ = [t for t in both if mine[(t, b)] != theirs[t]]
-        out.append(
-            {
-                "kind": "agreement",
-                "setting": setting,
-                "press": press,
-                "mode": mode,
-                "budget": b,
-                "equal": len(both) - len(differ),
-                "trials": len(both),
-                "differ": differ,
-            }
-        )
-    return out
-
-
-def table(ours: list[dict], presses: list[dict]) -> str:
-    """Markdown: docqa hits / trials per budget, our settings (full cache first) then every
-    kvpress press and mode, from the trial and press records alone."""
-    rows: dict[str, dict] = {}
-    for r in ours:
-        if r.get("kind") == "trial" and r.get("task") == "docqa":
-            rows.setdefault(f"ours `{r['setting']}`", {}).setdefault(r["budget"], []).append(
-                r["hit"]
-            )
-    for r in presses:
-        if r.get("kind") == "press":
-            rows.setdefault(f"kvpress `{r['press']}` ({r['mode']})", {}).setdefault(
-                r["budget"], []
-            ).append(r["hit"])
-    budgets = sorted({b for cells in rows.values() for b in cells if b is not None})
-    full = next((cells[None] for cells in rows.values() if None in cells), None)
-    lines = [
-        f"full cache: {sum(full)}/{len(full)}\n" if full else "",
-        "| setting | " + " | ".join(f"budget {b}" for b in budgets) + " |",
-        "|---|" + "---:|" * len(budgets),
-    ]
-    for name, cells in rows.items():
-        if None in cells:
-            continue
-        lines.append(
-            f"| {name} | "
-            + " | ".join(f"{sum(cells[b])}/{len(cells[b])}" if b in cells else "-" for b in budgets)
-            + " |"
-        )
-    return "\n".join(line for line in lines if line) + "\n"
-
-
-def report(args) -> int:
-    presses = [json.loads(line) for path in args.report for line in open(path)]
-    ours = [json.loads(line) for line in open(args.ours)] if args.ours else []
-    md = table(ours, presses)
-    if ours:
-        agree = agreement(ours, presses)
-        md += (
-            "\nStreamingLLM (aware) vs ours `streamingllm`, equal greedy answers: "
-            + ", ".join(f"budget {a['budget']} {a['equal']}/{a['trials']}" for a in agree)
-            + "\n"
-        )
-        for a in agree:
-            print(json.dumps(a), file=sys.stderr)
-    print(md)
-    if args.markdown:
-        open(args.markdown, "w").write(md)
-    return 0
+def press_runs(args) -> list[tuple[str, str]]:
+    """``(spec, mode)`` to run: `--presses` (default: every press, or none with `--presses-from`)
+    in every mode of `--modes` the press has, then the choices of `--presses-from` (a tuning
+    run's ``choice`` lines) in their own mode."""
+    specs = args.presses if args.presses is not None else [] if args.presses_from else PRESSES
+    runs = [(spec, mode) for spec in specs for mode in parse_press(spec)[3] if mode in args.modes]
+    for path in args.presses_from or []:
+        for line in open(path):
+            c = json.loads(line)
+            if c.get("kind") == "choice" and (c["spec"], c["mode"]) not in runs:
+                runs.append((c["spec"], c["mode"]))
+    return runs
 
 
 def run(args) -> int:
@@ -211,6 +161,15 @@ def run(args) -> int:
     tok = AutoTokenizer.from_pretrained(args.model)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     tasks = [json.loads(line) for line in open(args.tasks)]
+    runs = press_runs(args)
+    for spec, _ in runs:  # every option a field of its press, before any model loads
+        name, cls, opts, _ = parse_press(spec)
+        known = {f.name for f in dataclasses.fields(getattr(kvpress, cls))}
+        if set(opts) - known:
+            raise SystemExit(
+                f"--presses {spec!r}: {cls} has no option {sorted(set(opts) - known)[0]!r}; "
+                f"its options: {sorted(known - {'compression_ratio'})}"
+            )
     models = {}
 
     def model_for(press: str):
@@ -226,62 +185,62 @@ def run(args) -> int:
     out = open(args.out, "w") if args.out else sys.stdout
     records = []
     with torch.no_grad():
-        for name in args.presses:
-            cls, opts, modes = PRESSES[name]
+        for spec, mode in runs:
+            name, cls, opts, _ = parse_press(spec)
             model = model_for(name)
-            for mode in (m for m in modes if m in args.modes):
-                for budget in args.budgets:
-                    for t in tasks:
-                        t0 = time.monotonic()
-                        ctx, rest, keep = split_prompt(t, mode, budget)
-                        press = getattr(kvpress, cls)(
-                            compression_ratio=ratio_for(len(ctx), keep), **opts
+            for budget in args.budgets:
+                for t in tasks:
+                    t0 = time.monotonic()
+                    ctx, rest, keep = split_prompt(t, mode, budget)
+                    press = getattr(kvpress, cls)(
+                        compression_ratio=ratio_for(len(ctx), keep), **opts
+                    )
+                    cache = DynamicCache()
+                    with press(model):
+                        res = model(
+                            input_ids=torch.tensor([ctx]),
+                            past_key_values=cache,
+                            logits_to_keep=1,
                         )
-                        cache = DynamicCache()
-                        with press(model):
-                            res = model(
-                                input_ids=torch.tensor([ctx]),
-                                past_key_values=cache,
-                                logits_to_keep=1,
-                            )
-                        kept = cache.get_seq_length()
-                        if rest:  # the question, against the compressed cache at its own positions
-                            pos = torch.arange(len(ctx), len(ctx) + len(rest))[None]
-                            res = model(
-                                input_ids=torch.tensor([rest]),
-                                past_key_values=cache,
-                                position_ids=pos,
-                                logits_to_keep=1,
-                            )
-                        ids = [int(res.logits[0, -1].argmax())]
-                        pos = len(t["prompt"])
-                        while ids[-1] != eos and len(ids) < args.max_new:
-                            res = model(
-                                input_ids=torch.tensor([[ids[-1]]]),
-                                past_key_values=cache,
-                                position_ids=torch.tensor([[pos]]),
-                            )
-                            ids.append(int(res.logits[0, -1].argmax()))
-                            pos += 1
-                        text = tok.decode(ids, skip_special_tokens=True)
-                        r = {
-                            "kind": "press",
-                            "press": name,
-                            "mode": mode,
-                            "budget": budget,
-                            "trial": t["trial"],
-                            "kept": kept,
-                            "hit": first_number(text) == t["answer"],
-                            "expected": t["answer"],
-                            "answer": text,
-                            "output_ids": ids,
-                            "seconds": round(time.monotonic() - t0, 3),
-                        }
-                        for k in ("task", "length", "depth", "phrasing", "prompt_tokens"):
-                            r[k] = t.get(k)
-                        records.append(r)
-                        out.write(json.dumps(r) + "\n")
-                        out.flush()
+                    kept = cache.get_seq_length()
+                    if rest:  # the question, against the compressed cache at its own positions
+                        pos = torch.arange(len(ctx), len(ctx) + len(rest))[None]
+                        res = model(
+                            input_ids=torch.tensor([rest]),
+                            past_key_values=cache,
+                            position_ids=pos,
+                            logits_to_keep=1,
+                        )
+                    ids = [int(res.logits[0, -1].argmax())]
+                    pos = len(t["prompt"])
+                    while ids[-1] != eos and len(ids) < args.max_new:
+                        res = model(
+                            input_ids=torch.tensor([[ids[-1]]]),
+                            past_key_values=cache,
+                            position_ids=torch.tensor([[pos]]),
+                        )
+                        ids.append(int(res.logits[0, -1].argmax()))
+                        pos += 1
+                    text = tok.decode(ids, skip_special_tokens=True)
+                    r = {
+                        "kind": "press",
+                        "press": spec,
+                        "options": opts,
+                        "mode": mode,
+                        "budget": budget,
+                        "trial": t["trial"],
+                        "kept": kept,
+                        "hit": first_number(text) == t["answer"],
+                        "expected": t["answer"],
+                        "answer": text,
+                        "output_ids": ids,
+                        "seconds": round(time.monotonic() - t0, 3),
+                    }
+                    for k in ("task", "length", "depth", "phrasing", "prompt_tokens"):
+                        r[k] = t.get(k)
+                    records.append(r)
+                    out.write(json.dumps(r) + "\n")
+                    out.flush()
     for s in summarize(records):
         out.write(json.dumps(s) + "\n")
         print(
@@ -299,7 +258,7 @@ def run(args) -> int:
                 "torch": torch.__version__,
                 "threads": args.threads,
                 "tasks": args.tasks,
-                "presses": args.presses,
+                "runs": runs,
                 "budgets": args.budgets,
             }
         )
@@ -331,7 +290,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="our eval_quality.py --tasks docqa run on the same task file",
     )
     p.add_argument("--markdown", help="also write the table to this file")
-    p.add_argument("--presses", nargs="+", default=list(PRESSES), choices=list(PRESSES))
+    p.add_argument(
+        "--presses",
+        nargs="+",
+        default=None,
+        metavar="NAME[:KEY=VALUE,...]",
+        help=f"presses ({', '.join(PRESSES)}), each with options of its kvpress class "
+        "overriding its defaults, e.g. snapkv:window_size=16,kernel_size=1",
+    )
+    p.add_argument(
+        "--presses-from",
+        nargs="+",
+        metavar="JSONL",
+        help="also run the presses a tuning run chose (its --choose lines), each in its mode",
+    )
+    p.add_argument(
+        "--choose",
+        nargs="+",
+        metavar="JSONL",
+        help="only print the choice per press and mode of these tuning runs' lines (the spec "
+        "with the most hits; ties: the one run first) as JSON lines",
+    )
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256])
     p.add_argument(
@@ -345,8 +324,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.report:
-        return report(args)
+    for spec in args.presses or []:
+        try:
+            parse_press(spec)
+        except ValueError as e:
+            parser.error(str(e))
+    if args.choose or args.report:  # the main environment: reads lines, runs no press
+        from sgl_vtoken_tools.bench import kvpress_table
+
+        if args.report:
+            return kvpress_table.report(args)
+        records = [json.loads(line) for path in args.choose for line in open(path)]
+        for c in kvpress_table.choose(records):
+            print(json.dumps(c))
+        return 0
     if not (args.model and args.tasks):
         parser.error("--model and --tasks are required (unless --report)")
     return run(args)

@@ -1,5 +1,6 @@
 """scripts/kvpress_eval.py without kvpress: the budget -> compression ratio rule, the two prompt
-modes, the table and the StreamingLLM agreement oracle on hand-made records."""
+modes, press options, the choice of a tuning run, the table and the StreamingLLM agreement oracle
+on hand-made records."""
 
 import json
 
@@ -74,8 +75,10 @@ RECORDS_PRESS = [
 ]
 
 
-def test_agreement_counts_equal_answers_per_budget(kv):
-    (a,) = kv.agreement(RECORDS_OURS, RECORDS_PRESS)
+def test_agreement_counts_equal_answers_per_budget():
+    from sgl_vtoken_tools.bench.kvpress_table import agreement
+
+    (a,) = agreement(RECORDS_OURS, RECORDS_PRESS)
     assert (a["budget"], a["equal"], a["trials"], a["differ"]) == (128, 1, 2, ["b"])
 
 
@@ -90,6 +93,57 @@ def test_report_tables_both_sides(kv, tmp_path, capsys):
     assert "| ours `h2o` | 1/2 |" in text and "| kvpress `snapkv` (aware) | 2/2 |" in text
     assert "| kvpress `streamingllm` (agnostic) | 0/1 |" in text
     assert "budget 128 1/2" in text
+
+
+def test_press_options_override_the_defaults_and_bad_ones_are_named(kv):
+    assert kv.parse_press("snapkv") == ("snapkv", "SnapKVPress", {}, ("aware", "agnostic"))
+    name, cls, opts, _ = kv.parse_press("streamingllm:n_sink=4")
+    assert (name, cls, opts) == ("streamingllm", "StreamingLLMPress", {"n_sink": 4})
+    _, _, opts, modes = kv.parse_press("expected_attention:use_vnorm=false,epsilon=0.5")
+    assert opts == {"use_vnorm": False, "epsilon": 0.5} and modes == ("agnostic",)
+    with pytest.raises(ValueError, match="unknown press 'snap'.*snapkv"):
+        kv.parse_press("snap:window_size=16")
+    with pytest.raises(ValueError, match="options are key=value"):
+        kv.parse_press("snapkv:window_size")
+    with pytest.raises(ValueError, match="'wide' is not a number"):
+        kv.parse_press("snapkv:window_size=wide")
+    with pytest.raises(SystemExit):  # argparse names the bad spec before any model loads
+        kv.main(["--model", "m", "--tasks", "t", "--presses", "snapkv:kernel"])
+
+
+def test_a_tuning_run_chooses_the_spec_with_most_hits_and_ties_go_to_the_first(kv, tmp_path):
+    from sgl_vtoken_tools.bench.kvpress_table import choose
+
+    runs = [
+        ("snapkv", [1, 0, 0]),
+        ("snapkv:window_size=16", [1, 1, 0]),
+        ("snapkv:kernel_size=1", [0, 1, 1]),  # as many hits, run later
+        ("streamingllm", [1, 1]),
+        ("streamingllm:n_sink=4", [1, 1]),  # a tie: the first stays
+    ]
+    records = [
+        {"kind": "press", "press": spec, "mode": "aware", "budget": 128, "trial": str(i), "hit": h}
+        for spec, hits in runs
+        for i, h in enumerate(hits)
+    ]
+    got = {c["press"]: c for c in choose(records)}
+    assert got["snapkv"]["spec"] == "snapkv:window_size=16" and got["snapkv"]["hits"] == 2
+    assert got["snapkv"]["candidates"] == {
+        "snapkv": 1,
+        "snapkv:window_size=16": 2,
+        "snapkv:kernel_size=1": 2,
+    }
+    assert got["streamingllm"]["spec"] == "streamingllm" and got["streamingllm"]["trials"] == 2
+    chosen = tmp_path / "choice.jsonl"
+    chosen.write_text("".join(json.dumps(c) + "\n" for c in got.values()))
+    args = kv.build_parser().parse_args(
+        ["--presses", "tova", "--modes", "aware", "--presses-from", str(chosen)]
+    )
+    assert kv.press_runs(args) == [
+        ("tova", "aware"),
+        ("snapkv:window_size=16", "aware"),
+        ("streamingllm", "aware"),
+    ]
 
 
 def test_run_needs_model_and_tasks(kv):
