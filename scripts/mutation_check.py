@@ -118,7 +118,7 @@ def mutate(path: Path, old: str, new: str) -> str:
 def run_tests(tests: list[str], timeout: int) -> tuple[int, list[str], float]:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-x", *tests],
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests],
         cwd=REPO,
         capture_output=True,
         text=True,
