@@ -8,7 +8,9 @@
         --tasks .cache/docqa_heldout.jsonl --out docs/results/kvpress_smollm2.jsonl
 
 Runs in its own environment (kvpress needs ``transformers<5.3``; SGLang a newer one) and reads
-only the task file: it imports nothing of this repository. Each press runs in two modes:
+only the task file: running presses imports nothing of this repository (`--report` and `--choose`
+read lines in the main environment, `sgl_vtoken_tools.bench.kvpress_table`). Each press runs in
+two modes:
 
     aware      the whole prompt (question included) is prefilled under the press, which keeps
                `budget` tokens of it; the first answer token comes from that prefill (full
@@ -28,7 +30,7 @@ One JSON line per (press, mode, budget, trial), then one ``summary`` per (task, 
 budget).
 
     python scripts/kvpress_eval.py --report docs/results/kvpress_smollm2.jsonl \
-        --ours docs/results/docqa_heldout_smollm2.jsonl     # the table, in either environment
+        --ours docs/results/docqa_heldout_smollm2.jsonl     # the table (main environment)
 """
 
 from __future__ import annotations
