@@ -13,7 +13,7 @@ bytes) per turn. One JSON line per (setting, trial), then one summary line per s
     python scripts/eval_recall.py --first 20 --trials 10 --recall 128,192 --out more.jsonl   # trials 20-29
     python scripts/eval_recall.py --split heldout --recall-defaults --out heldout.jsonl     # see below
 
-`--split tuning|heldout` plays the split's sessions instead (`sgl_vtoken_tools.quality.splits`:
+`--split tuning|heldout|final` plays the split's sessions instead (`sgl_vtoken_tools.quality.splits`:
 a 5-digit fact stated once, in turn 1 or inside a later passage at the split's depths, in the
 split's phrasings; `--fillers + 2` turns). `--recall-defaults` leaves `recall_pool`,
 `recall_gap` and `recall_rounds` to the server's defaults (the script's own defaults are the same,
