@@ -17,6 +17,17 @@ import torch
 from sgl_vtoken.kernels import attn_scores_
 
 
+def layer_groups(layers: list, num_layers: int) -> dict[int, tuple]:
+    """Per layer, the requests that score it (indices, ascending; layers none scores are left
+    out): `layers[k]` is request k's scored layer ids, None for every layer."""
+    groups = {}
+    for layer in range(num_layers):
+        members = tuple(k for k, ls in enumerate(layers) if ls is None or layer in ls)
+        if members:
+            groups[layer] = members
+    return groups
+
+
 class _Slots(NamedTuple):
     """A group's launch arguments on the device (built at its first layer): the members' query
     rows, CSR offsets and slots, and (a subset only) each entry's place in the buffer."""
@@ -57,7 +68,7 @@ class DecodeScoring:
         kv_heads: int,
         device,
     ):
-        self.q_rows, self.rows, self.lengths = q_rows, rows, lengths
+        self.q_rows, self.rows, self.lengths, self.layers = q_rows, rows, lengths, layers
         self.starts = [0]
         for n in lengths:
             self.starts.append(self.starts[-1] + n)
@@ -67,15 +78,11 @@ class DecodeScoring:
         )
         # [B] keys seen by each query, one host-to-device copy; request k's is a view
         self.key_counts = torch.tensor(lengths, dtype=torch.int64).to(device, non_blocking=True)
-        self.groups: dict[int, _Group] = {}
         by_members: dict[tuple, _Group] = {}
-        for layer in range(num_layers):
-            members = tuple(k for k, ls in enumerate(layers) if ls is None or layer in ls)
-            if members:
-                group = by_members.setdefault(
-                    members, _Group(list(members), len(members) == len(rows))
-                )
-                self.groups[layer] = group
+        self.groups: dict[int, _Group] = {
+            layer: by_members.setdefault(m, _Group(list(m), len(m) == len(rows)))
+            for layer, m in layer_groups(layers, num_layers).items()
+        }
         self._lse: dict[int, tuple[torch.Tensor, str]] = {}
 
     def block(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,6 +142,18 @@ class DecodeScoring:
         )
         if s.entries is not None:
             self.buf[:, layer].index_copy_(0, s.entries, out)
+
+    def slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
+        """``[nnz]`` int64 every scored request's row slots, in buffer order (the CSR a captured
+        graph scores: `graph_scores.GraphScoring.load`)."""
+        return self._build(_Group(list(range(len(self.rows))), True), req_to_token).kv_indices
+
+    def zero_unscored(self) -> None:
+        """Zero each request's entries in the layers it does not score (a graph scores all)."""
+        for k, ls in enumerate(self.layers):
+            other = [] if ls is None else [x for x in range(self.buf.shape[1]) if x not in ls]
+            if other:
+                self.buf[self.starts[k] : self.starts[k + 1], other] = 0
 
     def _build(self, group: _Group, req_to_token: torch.Tensor) -> _Slots:
         """The group's query rows, CSR offsets and slots (gathered from `req_to_token`), and its
