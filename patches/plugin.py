@@ -2,7 +2,7 @@
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import attention, cpu, runtime
+from . import attention, cpu, graphs, runtime
 from .cache import radix
 from .step import admission, held, prefill, retraction, scores
 from .surface import observe, request_options, server_args, usage
@@ -10,6 +10,7 @@ from .surface import observe, request_options, server_args, usage
 A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 REQ = "sglang.srt.managers.schedule_batch.Req"
+GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 
 # (target, hook, type): the whole splice, in one table. `core/contract.py` checks each target
 # exists.
@@ -53,6 +54,10 @@ HOOKS = (
         scores.around_radix_attention_forward,
         R,
     ),
+    (f"{GRAPHS}.capture_one_shape", graphs.around_capture_one_shape, R),
+    (f"{GRAPHS}.can_run_graph", graphs.around_can_run_graph, R),
+    (f"{GRAPHS}.load_batch", graphs.around_load_batch, R),
+    (f"{GRAPHS}.execute", graphs.around_execute, R),
     (
         "sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens",
         held.around_kv_private_tokens,

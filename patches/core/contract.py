@@ -11,6 +11,7 @@ from importlib.metadata import version
 
 SGLANG_VERSION = "0.5.23"
 
+_GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 # Leading parameter names (self/cls included) of every target `plugin.HOOKS` hooks: exactly these
 # (tests/patches/test_contract.py), so that `check_hooks_applied` needs no hook table.
 HOOKED_PARAMS = {
@@ -79,6 +80,10 @@ HOOKED_PARAMS = {
         "v",
         "forward_batch",
     ),
+    f"{_GRAPHS}.capture_one_shape": ("self", "size", "forward"),
+    f"{_GRAPHS}.can_run_graph": ("self", "forward_batch"),
+    f"{_GRAPHS}.load_batch": ("self", "forward_batch"),
+    f"{_GRAPHS}.execute": ("self", "forward_batch"),
 }
 # ... and of every SGLang function our hooks call or override.
 CALLED_PARAMS = {

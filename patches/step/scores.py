@@ -18,8 +18,10 @@ import torch
 from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
 
 from sgl_vtoken.decode_scores import DecodeScoring
+from sgl_vtoken.graph_scores import GraphScoring
 from sgl_vtoken.policies.base import EvictionPolicy
-from sgl_vtoken.recall import candidate_mass, window_probs
+from sgl_vtoken.prefill_scores import PrefillScoring
+from sgl_vtoken.recall import candidate_mass
 from sgl_vtoken.stats import RowStats
 
 from ..core.process import process
@@ -98,13 +100,17 @@ def scored_requests(batch) -> list:
 
 @dataclass
 class Scored:
-    """What the forward about to run scores (`process().scoring`): a decode batch's requests at
-    once (`decode`), or a prefill's requests one by one (`prefill`, ``(batch index, block, score
-    layers, row, recall plan, queries, row length)`` each), over the slot table `req_to_token`."""
+    """What the forward about to run scores (`process().scoring`), over the slot table
+    `req_to_token`: a decode batch's requests (`decode`), a prefill's observation windows
+    (`window`) and its recalling turns' windows (`recall`: ``(first query, queries, row, row
+    length, score layers, recall plan)`` each, one at a time); or, while a decode CUDA graph is
+    captured, every lane on static buffers (`graph`, `patches/graphs.py`)."""
 
     decode: DecodeScoring | None
-    prefill: list
+    recall: list
     req_to_token: torch.Tensor
+    graph: GraphScoring | None = None
+    window: PrefillScoring | None = None
 
 
 def prepare(forward_batch, scored: list, model_runner) -> None:
@@ -113,7 +119,8 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
     Decode: one buffer for the batch, each request's block a view of it. Prefill: the observation
     window is the last `obs_window` queries of the whole prompt (with `prefill_chunk`, of each
     chunk evicted after it: the row up to the prefill peak); a forward stages those of its
-    queries that fall in it (always a suffix of the forward)."""
+    queries that fall in it (always a suffix of the forward): one buffer for the batch's windows,
+    each block a view of it."""
     pool = model_runner.token_to_kv_pool
     num_layers, device = pool.layer_num, pool.get_key_buffer(0).device
     seq_lens = forward_batch.seq_lens_cpu.tolist()
@@ -135,7 +142,9 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
                 st.stats.staged.append(decode.block(k))
         process().scoring = Scored(decode, [], req_to_token)
         return
-    plan = []
+    ext = forward_batch.extend_seq_lens_cpu
+    ends = [sum(ext[: i + 1]) for i in range(len(ext))]  # each request's last query + 1
+    windows, recalls = [], []
     for i, req, st in scored:
         # `n`: the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`.
         n = seq_lens[i]
@@ -157,25 +166,24 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         recall = st.recall.plan
         if recall is not None:  # a recalling turn: the window ends its first chunk
             total = min(total, recall.end)
-        q = max(
-            0, n - max(total - st.cfg.scoring.obs_window, n - forward_batch.extend_seq_lens_cpu[i])
-        )
+        q = max(0, n - max(total - st.cfg.scoring.obs_window, n - ext[i]))
         if q == 0 or ("attn" not in st.policy.needs and recall is None):
             continue
-        block = None
-        if (
-            "attn" in st.policy.needs and recall is None
-        ):  # the first chunk's window only scores recall
-            block = torch.zeros(
-                q, n, num_layers, pool.head_num, device=device
-            )  # where the KV lives
-            st.stats.staged.append((block, torch.arange(n - q + 1, n + 1, device=device)))
-        if recall is not None:
+        at = (ends[i] - q, q, req.kv.req_pool_idx, n, st.cfg.scoring.layer_ids(num_layers))
+        if recall is not None:  # the first chunk's window only scores recall
             recall.stage(device)
-        plan.append(
-            (i, block, st.cfg.scoring.layer_ids(num_layers), req.kv.req_pool_idx, recall, q, n)
+            recalls.append((*at, recall))
+        else:
+            windows.append((at, st))
+    window = None
+    if windows:
+        first, queries, rows, lengths, layers = (list(c) for c in zip(*(at for at, _ in windows)))
+        window = PrefillScoring(
+            first, queries, rows, lengths, layers, num_layers, pool.head_num, device
         )
-    process().scoring = Scored(None, plan, req_to_token)
+        for k, (_, st) in enumerate(windows):
+            st.stats.staged.append(window.block(k))
+    process().scoring = Scored(None, recalls, req_to_token, window=window)
 
 
 def clear() -> None:
@@ -196,49 +204,45 @@ def offer_lse(layer_id: int, lse: torch.Tensor, base: str = "log2") -> None:
     """For an attention backend that computed this decode layer's log-sum-exp ``[bs, hq]``
     (FlashInfer's `return_lse`: base 2): the score launch uses it instead of recomputing it."""
     scored = process().scoring
-    if scored is not None and scored.decode is not None and scored.decode.scores(layer_id):
+    if scored is not None and scored.graph is not None:
+        scored.graph.offer_lse(layer_id, lse, base)
+    elif scored is not None and scored.decode is not None and scored.decode.scores(layer_id):
         scored.decode.offer_lse(layer_id, lse, base)
 
 
 def wants_lse(layer_id: int) -> bool:
     """Whether this forward scores decode layer `layer_id` (`offer_lse` would be used)."""
     scored = process().scoring
-    return scored is not None and scored.decode is not None and scored.decode.scores(layer_id)
+    return scored is not None and (
+        scored.graph is not None or (scored.decode is not None and scored.decode.scores(layer_id))
+    )
 
 
 @torch.no_grad()
 def collect(layer, q: torch.Tensor, forward_batch, scored: Scored, pool) -> None:
     """Stage this layer's probabilities for every scored request."""
-    hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
-    q = q.view(-1, hq, layer.qk_head_dim)
+    q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
     k_buffer = pool.get_key_buffer(layer.layer_id)
+    if scored.graph is not None:  # a decode CUDA graph being captured
+        scored.graph.score(layer.layer_id, q, k_buffer, layer.scaling)
+        return
     if scored.decode is not None:
         scored.decode.score(layer.layer_id, q, k_buffer, scored.req_to_token, layer.scaling)
-    if not scored.prefill:
-        return
-    ext = forward_batch.extend_seq_lens_cpu
-    starts = [sum(ext[:i]) for i in range(len(ext))]
-    for i, block, score_layers, row, recall, nq, n in scored.prefill:
+    if scored.window is not None:
+        scored.window.score(layer.layer_id, q, k_buffer, scored.req_to_token, layer.scaling)
+    for first, nq, row, n, score_layers, recall in scored.recall:
         if score_layers is not None and layer.layer_id not in score_layers:
             continue
+        # the window's attention over the row and the host candidates
         slots = scored.req_to_token[row, :n].to(torch.int64)
-        first = starts[i] + ext[i] - nq
-        lengths = torch.arange(n - nq + 1, n + 1)
-        window = q[first : first + nq]
-        if block is not None:  # [nq, hq, n] -> group-summed over the query heads of each KV head
-            p = window_probs(window, k_buffer[slots], lengths, layer.scaling)
-            block[:, :, layer.layer_id, :] = (
-                p.view(nq, hkv, hq // hkv, n).sum(dim=2).transpose(1, 2)
-            )
-        if recall is not None:  # the window's attention over the row and the host candidates
-            t0 = time.perf_counter()
-            recall.score(
-                candidate_mass(
-                    window,
-                    k_buffer[slots],
-                    lengths,
-                    recall.layer_keys(layer.layer_id),
-                    layer.scaling,
-                ),
-                t0,
-            )
+        t0 = time.perf_counter()
+        recall.score(
+            candidate_mass(
+                q[first : first + nq],
+                k_buffer[slots],
+                torch.arange(n - nq + 1, n + 1),
+                recall.layer_keys(layer.layer_id),
+                layer.scaling,
+            ),
+            t0,
+        )

@@ -47,6 +47,10 @@ HELP = {
     "shortage_aborts": (
         "Requests ended with HTTP 503: no free KV page for what they needed, and none would come."
     ),
+    "graph_eager_steps": (
+        "Scored decode steps run eagerly instead of in the decode CUDA graph: a scored row "
+        "longer than the graph's scoring buffers hold."
+    ),
 }
 
 

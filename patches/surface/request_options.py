@@ -18,10 +18,9 @@ from sgl_vtoken.config import EvictConfig, policy_from_config, setting_keys
 
 from ..core.model_support import unsupported_model_reason
 from .server_args import (
-    ATTENTION_POLICIES,
     KV_EVICT_CHOICES,
     SPAN_NEEDS_TOKENIZER,
-    refusals,
+    refusal,
     server_config,
     settings_problem,
 )
@@ -31,12 +30,10 @@ KEY = "kv_evict"
 FIELDS = setting_keys(request=True)
 
 
-def resolve(
-    server: EvictConfig, obj, choices: tuple[str, ...], refused: tuple[str, str] = ("", "")
-) -> EvictConfig:
+def resolve(server: EvictConfig, obj, choices: tuple[str, ...], refused: str = "") -> EvictConfig:
     """The settings of one request: the server's, overridden by `obj`. Raises ValueError naming
     the field (`kv_evict.<field>`) and the allowed values. `refused`: why this server refuses
-    eviction, and attention policies ("" where it does not; `server_args.refusals`)."""
+    eviction ("" where it does not; `server_args.refusal`)."""
     if not isinstance(obj, dict):
         raise ValueError(f"{KEY} must be a JSON object with fields {list(FIELDS)} (got {obj!r})")
     unknown = sorted(set(obj) - set(FIELDS))
@@ -46,12 +43,8 @@ def resolve(
     if policy not in choices:
         raise ValueError(f"{KEY}.policy must be one of {list(choices)} (got {policy!r})")
     if policy != "none":
-        refuse, refuse_attention = refused
-        if refuse:
-            raise ValueError(f"{KEY}.policy: eviction is not available on this server: {refuse}")
-        refuse = refuse_attention if policy in ATTENTION_POLICIES else ""
-        if refuse:
-            raise ValueError(f"{KEY}.policy: {policy} is not available on this server: {refuse}")
+        if refused:
+            raise ValueError(f"{KEY}.policy: eviction is not available on this server: {refused}")
         if obj.get("budget", server.budget) is None:
             raise ValueError(f"{KEY}.budget is required: the server runs without --kv-budget")
     try:
@@ -81,7 +74,7 @@ def before_create_tokenized_object(manager, obj, *args, **kwargs):
     sp = getattr(obj, "sampling_params", None)
     custom = sp.get("custom_params") if isinstance(sp, dict) else None
     if isinstance(custom, dict) and KEY in custom:
-        cfg = resolve(server_config(), custom[KEY], KV_EVICT_CHOICES, refusals(manager.server_args))
+        cfg = resolve(server_config(), custom[KEY], KV_EVICT_CHOICES, refusal(manager.server_args))
         if cfg.enabled:
             check_fits_model(manager, cfg)
         if cfg.span and getattr(manager.server_args, "skip_tokenizer_init", False):

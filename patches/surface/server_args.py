@@ -40,7 +40,6 @@ from ..step.prefill import prefill_chunk_problem
 SERVED_NEEDS = {"keys", "values", "attn"}
 # Every registered policy whose statistics the server collects, in registry order.
 KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs) <= SERVED_NEEDS))
-ATTENTION_POLICIES = tuple(n for n, cls in POLICIES.items() if "attn" in cls.needs)
 # Settings that are the server's, not the policy's, inside --kv-evict-config (flat keys).
 SERVER_PARAMS = setting_keys(json=True)
 
@@ -148,26 +147,6 @@ def unsupported_reason(args) -> tuple[str, str] | None:
     return None
 
 
-def attention_unsupported_reason(args) -> str:
-    """Why attention-score policies cannot run on this server ("" if they can): their statistics
-    are collected eagerly next to each attention layer, outside any CUDA graph."""
-    if getattr(args, "device", None) in (None, "cpu") and not _has_cuda():
-        return ""
-    graphs_off = (
-        getattr(args, "disable_cuda_graph", False)
-        or getattr(args, "cuda_graph_backend_decode", None) == "disabled"
-    )
-    return (
-        "" if graphs_off else "needs decode CUDA graphs off (--cuda-graph-backend-decode disabled)"
-    )
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _fail(message: str) -> NoReturn:
     sys.stderr.write(f"sglang serve: error: {message}\n")
     raise SystemExit(2)
@@ -205,8 +184,6 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
     problem = unsupported_reason(args)
     if problem:
         _fail(f"argument {problem[0]}: cannot be combined with --kv-evict {policy}: {problem[1]}")
-    if policy in ATTENTION_POLICIES and attention_unsupported_reason(args):
-        _fail(f"argument --kv-evict: {policy} {attention_unsupported_reason(args)}")
     if args.kv_budget is None:
         _fail(f"argument --kv-budget: required with --kv-evict {policy}")
     try:
@@ -362,20 +339,14 @@ SPAN_NEEDS_TOKENIZER = (
 )
 
 
-def refusals(server_args) -> tuple[str, str]:
-    """Why per-request `kv_evict` must be refused on a server with `server_args` ("" if not), and
-    why attention policies must be ("" if not). Asked by the tokenizer manager, in the launcher's
-    process, from its own server args."""
+def refusal(server_args) -> str:
+    """Why per-request `kv_evict` must be refused on a server with `server_args` ("" if not).
+    Asked by the tokenizer manager, in the launcher's process, from its own server args."""
     missing = contract.check_hooks_applied()
     problem = unsupported_reason(server_args)
-    refuse = (
-        f"hooks not in place: {'; '.join(missing)}"
-        if missing
-        else f"the server runs with {problem[0]} ({problem[1]})"
-        if problem
-        else ""
-    )
-    return refuse, attention_unsupported_reason(server_args)
+    if missing:
+        return f"hooks not in place: {'; '.join(missing)}"
+    return f"the server runs with {problem[0]} ({problem[1]})" if problem else ""
 
 
 @functools.cache

@@ -7,22 +7,20 @@ from sgl_vtoken.config import EvictConfig
 
 
 def test_a_server_that_cannot_evict_refuses_per_request_eviction_naming_why(monkeypatch):
-    """The tokenizer manager asks `refusals` of its own server args: the SGLang setting eviction
-    cannot run with, hooks that failed to apply, or (GPU) decode CUDA graphs for attention
-    policies; `resolve` then refuses the request (HTTP 400) naming it."""
+    """The tokenizer manager asks `refusal` of its own server args: the SGLang setting eviction
+    cannot run with, or hooks that failed to apply; `resolve` then refuses the request (HTTP 400)
+    naming it. Decode CUDA graphs are not one of them."""
     from types import SimpleNamespace
 
     from sgl_vtoken.patches.core import contract
-    from sgl_vtoken.patches.surface import server_args
     from sgl_vtoken.patches.surface.request_options import resolve
-    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES, refusals
+    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES, refusal
 
     monkeypatch.setattr(contract, "check_hooks_applied", lambda: [])
-    assert refusals(SimpleNamespace(device="cpu")) == ("", "")
-    mixed = refusals(SimpleNamespace(device="cpu", enable_mixed_chunk=True))
+    assert refusal(SimpleNamespace(device="cpu")) == ""
+    mixed = refusal(SimpleNamespace(device="cpu", enable_mixed_chunk=True))
     assert mixed == (
-        "the server runs with --enable-mixed-chunk (mixed batches bypass the eviction hook)",
-        "",
+        "the server runs with --enable-mixed-chunk (mixed batches bypass the eviction hook)"
     )
     with pytest.raises(
         ValueError,
@@ -30,19 +28,12 @@ def test_a_server_that_cannot_evict_refuses_per_request_eviction_naming_why(monk
     ):
         resolve(EvictConfig(), {"policy": "streamingllm", "budget": 64}, KV_EVICT_CHOICES, mixed)
     assert not resolve(EvictConfig(), {"policy": "none"}, KV_EVICT_CHOICES, mixed).enabled
-    monkeypatch.setattr(server_args, "_has_cuda", lambda: True)
-    graphs = refusals(SimpleNamespace(device="cuda"))
-    assert graphs[0] == "" and "decode CUDA graphs off" in graphs[1]
-    with pytest.raises(
-        ValueError,
-        match="kv_evict.policy: h2o is not available on this server: needs decode CUDA graphs off",
-    ):
-        resolve(EvictConfig(), {"policy": "h2o", "budget": 64}, KV_EVICT_CHOICES, graphs)
-    assert resolve(
-        EvictConfig(), {"policy": "streamingllm", "budget": 64}, KV_EVICT_CHOICES, graphs
-    ).enabled
+    # decode CUDA graphs on (a GPU server's default) refuse no policy: the scoring is captured
+    graphs = refusal(SimpleNamespace(device="cuda"))
+    assert graphs == ""
+    assert resolve(EvictConfig(), {"policy": "h2o", "budget": 64}, KV_EVICT_CHOICES, graphs).enabled
     monkeypatch.setattr(contract, "check_hooks_applied", lambda: ["a.b.c"])
-    assert refusals(SimpleNamespace(device="cpu"))[0] == "hooks not in place: a.b.c"
+    assert refusal(SimpleNamespace(device="cpu")) == "hooks not in place: a.b.c"
 
 
 def test_flags_are_per_request_defaults_without_a_policy(parse):

@@ -1,0 +1,99 @@
+"""Attention policies under decode CUDA graphs: the scoring captured on static buffers.
+
+SGLang's decode graph runner captures one forward per batch size and replays it; the score
+launches of `scores.collect` are captured with it, on one `GraphScoring` per runner
+(`sgl_vtoken/graph_scores.py`; rows bounded by the server's budget + interval + page_size):
+
+    capture_one_shape  AROUND  the capture forward scores every lane on the static buffers
+    can_run_graph      AROUND  a batch with a scored row beyond the bound runs eagerly
+                               (counted: `graph_eager_steps`)
+    load_batch         AROUND  after SGLang's static inputs, the scored rows' CSR (outside)
+    execute            AROUND  after the replay, the scores into the requests' staged blocks
+
+Prefill, recall scoring and the eviction step itself stay eager. A server whose policy is not
+enabled gets no buffers; a request that evicts on it runs its decode steps eagerly (counted).
+"""
+
+from __future__ import annotations
+
+from sgl_vtoken.graph_scores import GraphScoring
+
+from .core.process import process
+from .surface.server_args import server_config
+
+ATTR = "vtoken_graph_scoring"
+
+
+def _graph(runner) -> GraphScoring | None:
+    """The runner's static scoring buffers (made at its first capture), or None."""
+    if not hasattr(runner, ATTR):
+        cfg = server_config()
+        graph = None
+        if cfg.enabled and cfg.budget is not None:
+            pool = runner.model_runner.token_to_kv_pool
+            graph = GraphScoring(
+                runner.max_bs,
+                cfg.budget + cfg.interval + cfg.page_size,
+                pool.layer_num,
+                pool.head_num,
+                pool.get_key_buffer(0).device,
+            )
+        setattr(runner, ATTR, graph)
+    return getattr(runner, ATTR)
+
+
+def _decode():
+    """The eager plan of the decode forward about to run (`scores.prepare`), or None."""
+    scored = process().scoring
+    return None if scored is None else scored.decode
+
+
+def around_capture_one_shape(original, runner, size, *args, **kwargs):
+    """AROUND `DecodeCudaGraphRunner.capture_one_shape`: capture the scoring with the forward."""
+    graph = _graph(runner)
+    if graph is None or runner.ragged_verify_mode:
+        return original(runner, size, *args, **kwargs)
+    from .step.scores import Scored
+
+    proc = process()
+    previous = proc.scoring
+    graph.capture(size)
+    proc.scoring = Scored(None, [], runner.model_runner.req_to_token_pool.req_to_token, graph)
+    try:
+        return original(runner, size, *args, **kwargs)
+    finally:
+        proc.scoring = previous
+
+
+def around_can_run_graph(original, runner, forward_batch):
+    """AROUND `can_run_graph`: a scored batch the buffers cannot hold runs eagerly."""
+    ok = original(runner, forward_batch)
+    decode = _decode()
+    if ok and decode is not None:
+        graph = _graph(runner)
+        if graph is None or not graph.fits(decode, forward_batch.batch_size):
+            process().counters.graph_eager_steps += 1
+            return False
+    return ok
+
+
+def around_load_batch(original, runner, forward_batch, *args, **kwargs):
+    """AROUND `load_batch`: the scored rows' CSR into the static buffers, for the padded batch."""
+    out = original(runner, forward_batch, *args, **kwargs)
+    decode = _decode()
+    if decode is not None:
+        graph = _graph(runner)
+        assert graph is not None, "can_run_graph lets no scored batch in without buffers"
+        graph.load(decode, runner.bs, process().scoring.req_to_token)
+    return out
+
+
+def around_execute(original, runner, forward_batch, *args, **kwargs):
+    """AROUND `execute` (the replay): the scores into the staged blocks."""
+    out = original(runner, forward_batch, *args, **kwargs)
+    decode = _decode()
+    if decode is not None:
+        graph = _graph(runner)
+        assert graph is not None
+        graph.unload(decode)
+    return out
