@@ -3,11 +3,11 @@
 # and pytest; SGLang is not needed and the package need not be installed (run it from a copy of
 # the repository as it is).
 #
-#   scripts/gpu_check.sh [OUT_DIR]                   # about 5 minutes on an H200
+#   scripts/gpu_check.sh [OUT_DIR]                   # about 6 minutes on an H200
 #   GPU_CHECK_DRY=1 scripts/gpu_check.sh [OUT_DIR]   # CPU: the same steps, tiny shapes, interpreter
 #
 # Steps, each independent (a failure is logged and the next step runs), within a time budget
-# (GPU_CHECK_BUDGET_S, default 330 s; each step gets a bounded share of what is left):
+# (GPU_CHECK_BUDGET_S, default 400 s; each step gets a bounded share of what is left):
 #   1. pytest -m gpu tests/kernels (compiled)            -> pytest-gpu.log
 #   2. scripts/bench_kernels.py: host cost per call, repacker vs copy bandwidth (256..65536 moves:
 #      do_bench, API wall, host and CUDA-graph time), scores vs their K read floor (batch 8/64/256
@@ -16,6 +16,9 @@
 #   4. launch-parameter sweeps (repacker, score kernel)  -> bench_kernels.jsonl, bench.log
 #   5. scripts/bench_evict_step.py: the batched eviction step against the per-row path, 8B shapes,
 #      batch 1/64/256, budget 2048 (time, host syncs, repack launches) -> bench_evict_step.jsonl
+#   6. scripts/bench_graph_scores.py: decode scoring captured in a CUDA graph at batch 1/8/64/256
+#      (8B shapes, rows of budget 256 + interval 16 + page 16), replays equal to eager and timed
+#      against it                                         -> bench_graph_scores.jsonl
 #   then summary.txt: device, each step's status and time, the benchmark's tables
 # OUT_DIR defaults to $OUT, else build/gpu_check. Exit status: the first failing step's.
 set -uo pipefail
@@ -24,7 +27,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-${OUT:-$ROOT/build/gpu_check}}"
 PY="${PYTHON:-python}"
 DRY="${GPU_CHECK_DRY:-0}"
-BUDGET="${GPU_CHECK_BUDGET_S:-330}"
+BUDGET="${GPU_CHECK_BUDGET_S:-400}"
 START=$SECONDS
 mkdir -p "$OUT_DIR"
 cd "$ROOT"
@@ -130,6 +133,16 @@ else
 fi
 step "5 bench_evict_step" "$OUT_DIR/bench_evict_step.log" 120 "$PY" scripts/bench_evict_step.py \
     --out "$OUT_DIR/bench_evict_step.jsonl" --deadline-s $(( $(left) > 140 ? 90 : $(left) - 50 )) "${STEP_ARGS[@]}"
+
+if [ "$DRY" = 1 ]; then
+    GRAPH_ARGS=(--device cpu)
+else
+    GRAPH_ARGS=()
+fi
+rm -f "$OUT_DIR/bench_graph_scores.jsonl"
+step "6 bench_graph_scores" "$OUT_DIR/bench_graph_scores.log" 60 "$PY" scripts/bench_graph_scores.py \
+    --out "$OUT_DIR/bench_graph_scores.jsonl" ${GRAPH_ARGS[@]+"${GRAPH_ARGS[@]}"}
+[ -s "$OUT_DIR/bench_graph_scores.jsonl" ] && cat "$OUT_DIR/bench_graph_scores.jsonl" >> "$SUMMARY"
 
 if [ -s "$OUT_DIR/bench_kernels.jsonl" ]; then
     "$PY" scripts/bench_kernels.py --summarize "$OUT_DIR/bench_kernels.jsonl" 2>&1 | tee -a "$SUMMARY"
