@@ -291,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSONL",
         help="our eval_quality.py --tasks docqa run on the same task file",
     )
+    p.add_argument(
+        "--tuned-table",
+        nargs="+",
+        metavar="SPLIT=JSONL[,JSONL]",
+        help="only print each press at its defaults and tuned (--choices), one column per "
+        "split and budget, from these runs' lines",
+    )
+    p.add_argument("--choices", nargs="+", metavar="JSONL", help="--choose lines (--tuned-table)")
     p.add_argument("--markdown", help="also write the table to this file")
     p.add_argument(
         "--presses",
@@ -331,10 +339,10 @@ def main(argv: list[str] | None = None) -> int:
             parse_press(spec)
         except ValueError as e:
             parser.error(str(e))
-    if args.choose or args.report:  # the main environment: reads lines, runs no press
+    if args.choose or args.report or args.tuned_table:  # the main environment: reads lines
         from sgl_vtoken_tools.bench import kvpress_table
 
-        if args.report:
+        if args.report or args.tuned_table:
             return kvpress_table.report(args)
         records = [json.loads(line) for path in args.choose for line in open(path)]
         for c in kvpress_table.choose(records):

@@ -110,7 +110,51 @@ def table(ours: list[dict], presses: list[dict]) -> str:
     return "\n".join(line for line in lines if line) + "\n"
 
 
+def tuned_table(splits: dict[str, list[dict]], choices: list[dict]) -> str:
+    """Markdown: docqa hits / trials per split and budget, each press and mode at its defaults
+    and (where the tuning run chose other options: `choose`'s lines) tuned."""
+    chosen = {(c["press"], c["mode"]): c["spec"] for c in choices}
+    hits: dict[tuple[str, str, str, int], list[int]] = {}
+    order: dict[tuple[str, str], None] = {}
+    for split, records in splits.items():
+        for r in records:
+            if r.get("kind") == "press":
+                hits.setdefault((split, r["press"], r["mode"], r["budget"]), []).append(r["hit"])
+                order.setdefault((r["press"].partition(":")[0], r["mode"]), None)
+    budgets = sorted({key[3] for key in hits})
+    cols = [(split, b) for split in splits for b in budgets]
+    lines = [
+        "| press (mode) | options | " + " | ".join(f"{s} {b}" for s, b in cols) + " |",
+        "|---|---|" + "---:|" * len(cols),
+    ]
+    for name, mode in order:
+        spec = chosen.get((name, mode), name)
+        tuned = (name, mode) in chosen
+        rows = [("defaults" + (" (chosen)" if tuned and spec == name else ""), name)]
+        if spec != name:
+            rows.append((f"tuned: `{spec.partition(':')[2]}`", spec))
+        for label, s in rows:
+            cells = [hits.get((split, s, mode, b)) for split, b in cols]
+            lines.append(
+                f"| `{name}` ({mode}) | {label} | "
+                + " | ".join(f"{sum(c)}/{len(c)}" if c else "-" for c in cells)
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def report(args) -> int:
+    if args.tuned_table:
+        splits = {}
+        for arg in args.tuned_table:
+            name, _, paths = arg.partition("=")
+            splits[name] = [json.loads(x) for path in paths.split(",") for x in open(path)]
+        choices = [json.loads(x) for path in args.choices or [] for x in open(path)]
+        md = tuned_table(splits, [c for c in choices if c.get("kind") == "choice"])
+        print(md)
+        if args.markdown:
+            open(args.markdown, "w").write(md)
+        return 0
     presses = [json.loads(line) for path in args.report for line in open(path)]
     ours = [json.loads(line) for line in open(args.ours)] if args.ours else []
     md = table(ours, presses)

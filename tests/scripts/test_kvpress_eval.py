@@ -146,6 +146,34 @@ def test_a_tuning_run_chooses_the_spec_with_most_hits_and_ties_go_to_the_first(k
     ]
 
 
+def test_the_tuned_table_puts_defaults_and_choices_side_by_side_per_split(kv, tmp_path, capsys):
+    def rec(spec, budget, hit, mode="aware"):
+        return {"kind": "press", "press": spec, "mode": mode, "budget": budget, "hit": hit}
+
+    heldout = [rec("snapkv", 128, 0), rec("snapkv:window_size=16", 128, 1), rec("tova", 128, 1)]
+    heldout += [rec("streamingllm", 128, 1), rec("streamingllm", 128, 0)]
+    final = [rec("snapkv", 128, 1), rec("snapkv:window_size=16", 128, 0)]
+    final += [rec("streamingllm", 128, 1), rec("streamingllm", 128, 1)]
+    choices = [
+        {"kind": "choice", "press": "snapkv", "mode": "aware", "spec": "snapkv:window_size=16"},
+        {"kind": "choice", "press": "streamingllm", "mode": "aware", "spec": "streamingllm"},
+    ]
+    paths = {}
+    for name, recs in (("h", heldout), ("f", final), ("c", choices)):
+        paths[name] = tmp_path / f"{name}.jsonl"
+        paths[name].write_text("".join(json.dumps(r) + "\n" for r in recs))
+    argv = ["--tuned-table", f"held-out={paths['h']}", f"final={paths['f']}"]
+    assert kv.main([*argv, "--choices", str(paths["c"])]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert rows[0] == "| press (mode) | options | held-out 128 | final 128 |"
+    assert rows[2:] == [
+        "| `snapkv` (aware) | defaults | 0/1 | 1/1 |",
+        "| `snapkv` (aware) | tuned: `window_size=16` | 1/1 | 0/1 |",
+        "| `tova` (aware) | defaults | 1/1 | - |",
+        "| `streamingllm` (aware) | defaults (chosen) | 1/2 | 2/2 |",
+    ]
+
+
 def test_run_needs_model_and_tasks(kv):
     with pytest.raises(SystemExit):
         kv.main(["--budgets", "128"])
