@@ -32,6 +32,12 @@ import sglang.srt.managers.detokenizer_manager  # noqa: E402,F401
 import sglang.srt.managers.scheduler  # noqa: E402,F401
 import sglang.srt.models.llama  # noqa: E402,F401
 
+if os.environ.get("VTOKEN_TEST_GRAPH_STUB"):  # decode scoring as a CUDA graph runs it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import graph_stub  # noqa: E402
+
+    graph_stub.install(os.environ["VTOKEN_TEST_GRAPH_STUB"])
+
 if __name__ == "__main__":
     sys.argv[0] = "sglang.launch_server"
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)

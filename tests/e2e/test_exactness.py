@@ -195,6 +195,44 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(
 
 # Last in the file: the page-16 server stays up for test_history.py, which uses it next.
 @pytest.mark.server_group("holed{page_size}")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_attention_policies_are_exact_with_decode_scoring_as_a_cuda_graph_runs_it(
+    server_factory, hf_eager, kvp_checkpoint, page_size, tmp_path_factory
+):
+    """h2o, tova and scissorhands at once (a decode batch of 3, padded to 4 lanes): each decode
+    step scored on the static buffers a decode CUDA graph captures, loaded before the forward and
+    copied to the requests after it (`graph_stub.py` stands in for the capture on CPU), gives
+    the masked reference's output token for token, as the eager scoring does; no step ran
+    eagerly."""
+    log = tmp_path_factory.getbasetemp() / f"graph_stub{page_size}.log"
+    env = {**MEMORY_CHECKS, "VTOKEN_TEST_GRAPH_STUB": str(log)}
+    client = evict_server(server_factory, kvp_checkpoint, page_size, env=env)
+    policies = ["h2o", "tova", "scissorhands"]
+    cases = {
+        p: (random_ids(100, seed=2000 + i + page_size), f"graph-{p}-{page_size}")
+        for i, p in enumerate(policies)
+    }
+    outs: dict = {}
+
+    def run(policy):
+        prompt, rid = cases[policy]
+        outs[policy] = generate(client, prompt, 64, rid, per_request(policy, 16))
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in policies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for policy, (prompt, rid) in cases.items():
+        expected = expected_output(hf_eager, kvp_checkpoint, prompt, 64, policy, page_size, 16, rid)
+        assert outs[policy]["output_ids"] == expected, policy
+        assert outs[policy]["meta_info"]["kv_evict"][0]["evictions"] > 0
+    assert client.vtoken_state()["graph_eager_steps"] == 0
+    steps = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    assert len(steps) >= 63 and (3, 4) in steps  # every decode step; a batch of 3 in 4 lanes
+
+
+@pytest.mark.server_group("holed{page_size}")
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (1, 16), (16, 1), (16, 16)])
 def test_every_policy_is_exact_through_the_holed_cache(
