@@ -12,7 +12,10 @@ request does not score):
                   entry (k, j, col) -> buf[base_k + j * n_k + col]
 
 Index lists are built on the host from the plan's lengths and go over in one copy; no host
-synchronization. Layout: docs/design.md, "Attention statistics".
+synchronization. That is the GPU path (`batched`, the default on CUDA). On a CPU the kernel's
+torch reference walks the launch rows one by one, so there each request's window is one explicit
+softmax instead (`recall.window_probs`, 3-4x faster than the reference), into the same blocks.
+Layout: docs/design.md, "Attention statistics".
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from sgl_vtoken.decode_scores import layer_groups
 from sgl_vtoken.kernels import attn_scores_
+from sgl_vtoken.recall import window_probs
 
 
 class PrefillScoring:
@@ -34,11 +38,16 @@ class PrefillScoring:
         layers: its scored layer ids (None: every layer).
         num_layers, kv_heads: the pool's layers and KV heads (this rank's).
         device: the pool's device.
+        batched: one launch per layer for every window (None: on CUDA), else one softmax per
+            request and layer.
     """
 
-    def __init__(self, first, queries, rows, lengths, layers, num_layers, kv_heads, device):
+    def __init__(
+        self, first, queries, rows, lengths, layers, num_layers, kv_heads, device, batched=None
+    ):
         self.first, self.queries, self.rows, self.lengths = first, queries, rows, lengths
         self.device = device
+        self.batched = torch.device(device).type == "cuda" if batched is None else batched
         self.bases = [0]
         for nq, n in zip(queries, lengths):
             self.bases.append(self.bases[-1] + nq * n)
@@ -61,9 +70,19 @@ class PrefillScoring:
 
     def score(self, layer, q, k_buffer, req_to_token, scale: float) -> None:
         """Score `layer`: `q` ``[tokens, hq, d]`` the forward's queries, `k_buffer` the layer's
-        ``[num_slots, hkv, d]`` keys. One `attn_scores_` launch and one copy into the blocks."""
+        ``[num_slots, hkv, d]`` keys. Batched: one `attn_scores_` launch and one copy into the
+        blocks."""
         members = self.groups.get(layer)
         if members is None:
+            return
+        if not self.batched:
+            for k in members:
+                block, lengths = self.block(k)
+                nq, n, hkv = block.shape[0], block.shape[1], block.shape[3]
+                slots = req_to_token[self.rows[k], :n].to(torch.int64)
+                window = q[self.first[k] : self.first[k] + nq]
+                p = window_probs(window, k_buffer[slots], lengths, scale)  # [nq, hq, n]
+                block[:, :, layer] = p.view(nq, hkv, -1, n).sum(dim=2).transpose(1, 2)
             return
         if members not in self._built:
             self._built[members] = self._build(members, req_to_token)
