@@ -76,32 +76,51 @@ def test_batches_that_do_not_fit_are_named():
         GraphScoring(4, 0, LAYERS, HKV, "cpu")
 
 
-def test_the_captured_scoring_is_static():
+def _batches(bs, g):
+    """Two batches of `bs` lanes with different scored lanes and rows (lengths 1..BOUND)."""
+    out = []
+    for every in (2, 3):
+        lanes = [b for b in range(bs) if b % every == 0]
+        lengths = torch.randint(1, BOUND + 1, (len(lanes),), generator=g).tolist()
+        rows = [b % 6 for b in lanes]
+        out.append((lanes, rows, lengths, [None] * len(lanes)))
+    return out
+
+
+@pytest.mark.parametrize("bs", [1, 8, 64])
+def test_the_captured_scoring_is_static(bs):
     """The part a graph captures, counted on CPU with the kernel standing for its launch: no
     allocation, no host read, one launch per layer, and the same argument shapes and addresses
-    for two batches of different rows (what a replay needs)."""
+    for two batches of different rows (what a replay needs); and each replay equals eager."""
     k, req_to_token, g = _pool()
-    bs = 8
     q = [torch.randn(bs, HQ, DIM, generator=g) for _ in range(LAYERS)]
-    graph = GraphScoring(8, BOUND, LAYERS, HKV, "cpu")
+    graph = GraphScoring(64, BOUND, LAYERS, HKV, "cpu")
     graph.capture(bs)
+    batches = _batches(bs, g)
     seen = []
 
     def launch(*args, **kwargs):
         seen.append(tuple((tuple(a.shape), a.data_ptr()) for a in args if torch.is_tensor(a)))
 
     counts = []
-    for _, batch in BATCHES[:2]:
+    for batch in batches:
         graph.load(DecodeScoring(*batch, LAYERS, HKV, "cpu"), bs, req_to_token)
         with dc.count_calls(gs, "attn_scores_"), dc.DeviceCounter() as c:
             c.mark(graph.indptr, graph.kv_indices, graph.buf, *k, *q)
             for layer in range(LAYERS):
                 graph.score(layer, q[layer], k[layer], SCALE)
         counts.append((c.allocs, c.syncs, c.h2d, c.calls))
+        got = DecodeScoring(*batch, LAYERS, HKV, "cpu")
+        graph.load(got, bs, req_to_token)
+        for layer in range(LAYERS):
+            graph.score(layer, q[layer], k[layer], SCALE)
+        graph.unload(got)
+        want = _eager(batch, q, k, req_to_token)
+        torch.testing.assert_close(got.buf, want.buf, rtol=1e-5, atol=1e-6)
     real = gs.attn_scores_
     try:
         gs.attn_scores_ = launch
-        for _, batch in BATCHES[:2]:
+        for batch in batches:
             graph.load(DecodeScoring(*batch, LAYERS, HKV, "cpu"), bs, req_to_token)
             for layer in range(LAYERS):
                 graph.score(layer, q[layer], k[layer], SCALE)
