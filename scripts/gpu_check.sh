@@ -100,7 +100,7 @@ export -f run_pytest
 export PYTEST_CWD PY ROOT
 K="$ROOT/tests/kernels"
 # new code first: the score kernel and the buffer-set cache, then the rest
-ORDER=("$K/test_attn_scores.py" "$K/test_buffer_set.py" "$K/test_repack.py" "$K/test_page_indices.py" "$K/test_attention_registration.py")
+ORDER=("$K/test_attn_scores.py" "$K/test_buffer_set.py" "$K/test_repack.py" "$K/test_repack_rope.py" "$K/test_page_indices.py" "$K/test_attention_registration.py")
 
 step "1 pytest -m gpu (compiled)" "$OUT_DIR/pytest-gpu.log" 150 bash -c 'run_pytest "$@"' _ -m gpu "${ORDER[@]}"
 

@@ -1,10 +1,13 @@
-"""Builders shared by the kernel tests: random KV pools, page-dense rows, compaction move lists."""
+"""Builders shared by the kernel tests: random KV pools, page-dense rows, compaction move lists,
+and the repacker run both ways."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+
+from sgl_vtoken.kernels import repack_kv_
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -87,3 +90,24 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
     ia = torch.where(ia < 0, -(ia & ((1 << (bits - 1)) - 1)), ia)
     ib = torch.where(ib < 0, -(ib & ((1 << (bits - 1)) - 1)), ib)
     return int((ia - ib).abs().max()) if a.numel() else 0
+
+
+def run_both(keys, values, src, dst, **kw):
+    """Reference on clones, Triton in place; returns (expected K, expected V)."""
+    k_exp, v_exp = [t.clone() for t in keys], [t.clone() for t in values]
+    repack_kv_(
+        k_exp,
+        v_exp,
+        src,
+        dst,
+        impl="torch",
+        **{k: v for k, v in kw.items() if k in ("rope", "check")},
+    )
+    repack_kv_(keys, values, src, dst, impl="triton", **kw)
+    return k_exp, v_exp
+
+
+def bufs(device, n=2, **kw):
+    shape = kw.get("shape", (16, 2, 8))
+    dtype = kw.get("dtype", torch.float16)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]

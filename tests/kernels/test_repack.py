@@ -1,37 +1,23 @@
-"""repack_kv_: Triton (interpreted on CPU, compiled on GPU) against the torch reference, byte for byte."""
+"""repack_kv_: Triton (interpreted on CPU, compiled on GPU) against the torch reference, byte for byte
+(RoPE re-rotation: test_repack_rope.py)."""
 
 import pytest
 import torch
 from kvtest_helpers import (
     assert_same_bytes,
+    bufs,
     compaction_moves,
     disjoint_moves,
     page_dense_rows,
     random_bytes,
     random_layers,
     raw,
-    rope_cache,
-    ulp_distance,
+    run_both,
 )
 
-from sgl_vtoken.kernels import RopeShift, repack_kv_, repack_kv_ref_
+from sgl_vtoken.kernels import repack_kv_, repack_kv_ref_
 
 COPY_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.uint8]
-
-
-def _run_both(keys, values, src, dst, **kw):
-    """Reference on clones, Triton in place; returns (expected K, expected V)."""
-    k_exp, v_exp = [t.clone() for t in keys], [t.clone() for t in values]
-    repack_kv_(
-        k_exp,
-        v_exp,
-        src,
-        dst,
-        impl="torch",
-        **{k: v for k, v in kw.items() if k in ("rope", "check")},
-    )
-    repack_kv_(keys, values, src, dst, impl="triton", **kw)
-    return k_exp, v_exp
 
 
 @pytest.mark.parametrize("dtype", COPY_DTYPES)
@@ -44,7 +30,7 @@ def test_copy_matches_reference_bytewise(device, dtype, heads, dim, idx_dtype):
     values = random_layers(3, 48, heads, dim, dtype, g, device)
     src, dst = disjoint_moves(48, 13, idx_dtype, g, device)
     before = [raw(t).clone() for t in keys + values]
-    k_exp, v_exp = _run_both(keys, values, src, dst, block_moves=4)
+    k_exp, v_exp = run_both(keys, values, src, dst, block_moves=4)
     assert_same_bytes(keys, k_exp, "k")
     assert_same_bytes(values, v_exp, "v")
     # what users rely on: dst rows hold the old src rows, every other row is untouched
@@ -93,7 +79,7 @@ def test_in_place_compaction_of_page_dense_rows(device, page_size, block_moves):
     values = random_layers(2, num_slots, 2, 24, torch.float16, g, device)
     src_t = torch.tensor(src, dtype=torch.int32, device=device)
     dst_t = torch.tensor(dst, dtype=torch.int32, device=device)
-    k_exp, v_exp = _run_both(keys, values, src_t, dst_t, check=True, block_moves=block_moves)
+    k_exp, v_exp = run_both(keys, values, src_t, dst_t, check=True, block_moves=block_moves)
     assert_same_bytes(keys, k_exp, "k")
     assert_same_bytes(values, v_exp, "v")
 
@@ -106,13 +92,13 @@ def test_column_split_matches_reference(device, col_block):
     values = random_layers(2, 40, 3, 80, torch.bfloat16, g, device)
     src = torch.tensor([3, 5, 6, 7, 9, 10, 30], device=device)
     dst = torch.tensor([2, 3, 4, 5, 6, 7, 8], device=device)
-    k_exp, v_exp = _run_both(keys, values, src, dst, check=True, block_moves=2, col_block=col_block)
+    k_exp, v_exp = run_both(keys, values, src, dst, check=True, block_moves=2, col_block=col_block)
     assert_same_bytes(keys, k_exp, "k")
     assert_same_bytes(values, v_exp, "v")
 
 
 def test_col_block_must_be_a_power_of_two(device):
-    k, v = _bufs(device), _bufs(device)
+    k, v = bufs(device), bufs(device)
     with pytest.raises(ValueError, match="col_block must be a power of 2, got 24"):
         repack_kv_(
             k,
@@ -190,7 +176,7 @@ def test_v_head_dim_different_from_k(device):
     keys = random_layers(2, 30, 2, 48, torch.float16, g, device)
     values = random_layers(2, 30, 3, 40, torch.float16, g, device)
     src, dst = disjoint_moves(30, 6, torch.int64, g, device)
-    k_exp, v_exp = _run_both(keys, values, src, dst)
+    k_exp, v_exp = run_both(keys, values, src, dst)
     assert_same_bytes(keys, k_exp, "k")
     assert_same_bytes(values, v_exp, "v")
 
@@ -218,60 +204,6 @@ def test_offsets_beyond_2_pow_31(device, idx_dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# RoPE re-rotation
-# ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("neox", [True, False])
-@pytest.mark.parametrize("dim,rot_dim", [(64, 64), (80, 32)])  # full and partial rotary
-@pytest.mark.parametrize("delta_dtype", [torch.int32, torch.int64])
-def test_rope_fp32_exact(device, neox, dim, rot_dim, delta_dtype):
-    g = torch.Generator().manual_seed(dim + rot_dim + neox)
-    keys = [torch.randn(40, 3, dim, generator=g).to(device) for _ in range(2)]
-    values = [torch.randn(40, 3, dim, generator=g).to(device) for _ in range(2)]
-    src, dst = disjoint_moves(40, 9, torch.int64, g, device)
-    delta = torch.tensor([-7, -1, 0, 3, -30, 12, -2, 5, -1], dtype=delta_dtype, device=device)
-    rope = RopeShift(delta, rope_cache(64, rot_dim).to(device), neox=neox)
-    k_exp, v_exp = _run_both(keys, values, src, dst, rope=rope, check=True, block_moves=4)
-    assert_same_bytes(keys, k_exp, "k")  # exact: same fp32 operations, no fma contraction
-    assert_same_bytes(values, v_exp, "v")  # V is copied, never rotated
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_rope_half_precision_within_one_ulp(device, dtype):
-    g = torch.Generator().manual_seed(11)
-    keys = [torch.randn(32, 2, 64, generator=g).to(dtype).to(device) for _ in range(2)]
-    values = [torch.randn(32, 2, 64, generator=g).to(dtype).to(device) for _ in range(2)]
-    src, dst = disjoint_moves(32, 8, torch.int32, g, device)
-    delta = torch.tensor([-3, -1, 2, 0, -9, 4, -20, 1], device=device)
-    rope = RopeShift(delta, rope_cache(32, 64).to(device))
-    k_exp, v_exp = _run_both(keys, values, src, dst, rope=rope)
-    # the interpreter truncates fp32 -> bf16/fp16 where torch rounds to nearest even
-    assert max(ulp_distance(a, b) for a, b in zip(keys, k_exp)) <= 1
-    assert_same_bytes(values, v_exp, "v")
-
-
-@pytest.mark.parametrize("neox", [True, False])
-def test_rope_shift_moves_keys_to_their_new_positions(device, neox):
-    """A key cached at position p, re-rotated by delta, equals the key rotated at p + delta."""
-    g = torch.Generator().manual_seed(4)
-    from sgl_vtoken.kernels.reference import rope_cos_sin_ref, rope_rotate_ref
-
-    cache = rope_cache(128, 32, dtype=torch.float64)
-    k_raw = torch.randn(6, 2, 32, generator=g, dtype=torch.float64)
-    old = torch.tensor([40, 41, 70, 99, 100, 127])
-    new = torch.tensor([4, 5, 6, 7, 8, 9])
-    k_old = rope_rotate_ref(k_raw, *rope_cos_sin_ref(old, cache), neox)
-    k_new = rope_rotate_ref(k_raw, *rope_cos_sin_ref(new, cache), neox)
-    keys = [torch.zeros(16, 2, 32, dtype=torch.float32, device=device)]
-    values = [torch.zeros(16, 2, 32, dtype=torch.float32, device=device)]
-    keys[0][:6] = k_old.float().to(device)
-    src = torch.arange(6, device=device)
-    dst = torch.arange(10, 16, device=device)
-    rope = RopeShift((new - old).to(device), cache.float().to(device), neox=neox)
-    repack_kv_(keys, values, src, dst, rope=rope, impl="triton")
-    torch.testing.assert_close(keys[0][10:16].cpu().double(), k_new, rtol=0, atol=2e-5)
-
-
-# ----------------------------------------------------------------------------------------------
 # dispatch and validation
 # ----------------------------------------------------------------------------------------------
 def test_default_impl_on_cpu_is_torch_and_matches():
@@ -285,33 +217,27 @@ def test_default_impl_on_cpu_is_torch_and_matches():
     assert_same_bytes(keys, k_exp)
 
 
-def _bufs(device, n=2, **kw):
-    shape = kw.get("shape", (16, 2, 8))
-    dtype = kw.get("dtype", torch.float16)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
-
-
 @pytest.mark.parametrize(
     "make,match",
     [
         (lambda d: dict(impl="cuda"), "impl must be one of"),
         (lambda d: dict(k_buffers=[]), "k_buffers is empty"),
-        (lambda d: dict(v_buffers=_bufs(d, 3)), "k_buffers has 2 layers but v_buffers has 3"),
+        (lambda d: dict(v_buffers=bufs(d, 3)), "k_buffers has 2 layers but v_buffers has 3"),
         (
             lambda d: dict(
-                k_buffers=[_bufs(d)[0], torch.zeros(16, 2, 9, dtype=torch.float16, device=d)]
+                k_buffers=[bufs(d)[0], torch.zeros(16, 2, 9, dtype=torch.float16, device=d)]
             ),
             r"k_buffers\[1\] has shape",
         ),
         (
-            lambda d: dict(k_buffers=_bufs(d, dtype=torch.float64)),
+            lambda d: dict(k_buffers=bufs(d, dtype=torch.float64)),
             r"k_buffers\[0\] has dtype torch.float64",
         ),
         (
-            lambda d: dict(k_buffers=[t.transpose(1, 2) for t in _bufs(d, shape=(16, 8, 2))]),
+            lambda d: dict(k_buffers=[t.transpose(1, 2) for t in bufs(d, shape=(16, 8, 2))]),
             "contiguous last dimension",
         ),
-        (lambda d: dict(v_buffers=_bufs(d, shape=(15, 2, 8))), "v_buffers hold 15 slots"),
+        (lambda d: dict(v_buffers=bufs(d, shape=(15, 2, 8))), "v_buffers hold 15 slots"),
         (
             lambda d: dict(src=torch.zeros(2, dtype=torch.int16, device=d)),
             "src has dtype torch.int16",
@@ -336,8 +262,8 @@ def _bufs(device, n=2, **kw):
 )
 def test_invalid_arguments_name_the_argument(device, make, match):
     args = dict(
-        k_buffers=_bufs(device),
-        v_buffers=_bufs(device),
+        k_buffers=bufs(device),
+        v_buffers=bufs(device),
         src=torch.tensor([1, 2], device=device),
         dst=torch.tensor([3, 4], device=device),
     )
@@ -351,7 +277,7 @@ def test_invalid_arguments_name_the_argument(device, make, match):
 def test_aliased_buffers_are_rejected_for_triton(device):
     """Programs write different buffers concurrently, so buffers sharing bytes are refused."""
     one = torch.tensor([1], device=device)
-    k = _bufs(device)
+    k = bufs(device)
     with pytest.raises(
         ValueError, match=r"k_buffers\[(\d)\] and v_buffers\[\1\] overlap in memory"
     ):
@@ -360,43 +286,6 @@ def test_aliased_buffers_are_rejected_for_triton(device):
     with pytest.raises(ValueError, match=r"overlap in memory"):  # heads 0-1 vs heads 1-2
         repack_kv_(
             [t[:, 0:2] for t in wide], [t[:, 1:3] for t in wide], one, one + 1, impl="triton"
-        )
-
-
-@pytest.mark.parametrize(
-    "rope_kw,dtype,match",
-    [
-        (dict(cs=rope_cache(8, 6)), torch.float8_e4m3fn, r"k_buffers\[0\] \(with rope\) has dtype"),
-        (
-            dict(cs=rope_cache(8, 10)),
-            torch.float16,
-            r"rot_dim 10; it must be even and in \[2, head_dim=8\]",
-        ),
-        (dict(cs=rope_cache(8, 6)[:, :5]), torch.float16, "rot_dim 5"),
-        (
-            dict(cs=rope_cache(8, 6), delta=torch.tensor([1, 2, 3])),
-            torch.float16,
-            "rope.delta has 3 entries",
-        ),
-        (
-            dict(cs=rope_cache(4, 6), delta=torch.tensor([1, -4])),
-            torch.float16,
-            r"rope.delta reaches \|4\|",
-        ),
-    ],
-)
-def test_invalid_rope_arguments(device, rope_kw, dtype, match):
-    k, v = _bufs(device, dtype=dtype), _bufs(device, dtype=dtype)
-    delta = rope_kw.get("delta", torch.tensor([1, -1])).to(device)
-    rope = RopeShift(delta, rope_kw["cs"].to(device))
-    with pytest.raises(ValueError, match=match):
-        repack_kv_(
-            k,
-            v,
-            torch.tensor([1, 2], device=device),
-            torch.tensor([3, 4], device=device),
-            rope=rope,
-            check=True,
         )
 
 
@@ -418,22 +307,7 @@ def test_gpu_realistic_compaction_matches_reference(device, dtype):
     keys = random_layers(layers, 2600 * page, heads, dim, dtype, g, device)
     values = random_layers(layers, 2600 * page, heads, dim, dtype, g, device)
     src_t, dst_t = torch.tensor(src, device=device), torch.tensor(dst, device=device)
-    k_exp, v_exp = _run_both(keys, values, src_t, dst_t, check=True)
-    torch.cuda.synchronize()
-    assert_same_bytes(keys, k_exp, "k")
-    assert_same_bytes(values, v_exp, "v")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("neox", [True, False])
-def test_gpu_rope_fp32_exact(device, neox):
-    g = torch.Generator().manual_seed(8)
-    keys = [torch.randn(4096, 8, 128, generator=g).to(device) for _ in range(4)]
-    values = [torch.randn(4096, 8, 128, generator=g).to(device) for _ in range(4)]
-    src, dst = disjoint_moves(4096, 1500, torch.int64, g, device)
-    delta = torch.randint(-4000, 4000, (1500,), generator=g).to(device)
-    rope = RopeShift(delta, rope_cache(4096, 128).to(device), neox=neox)
-    k_exp, v_exp = _run_both(keys, values, src, dst, rope=rope)
+    k_exp, v_exp = run_both(keys, values, src_t, dst_t, check=True)
     torch.cuda.synchronize()
     assert_same_bytes(keys, k_exp, "k")
     assert_same_bytes(values, v_exp, "v")
