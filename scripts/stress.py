@@ -38,7 +38,7 @@ from pathlib import Path
 
 from sgl_vtoken.patches.core.shortage import KINDS as SHORTAGE_KINDS
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
-from sgl_vtoken_tools.bench.stress_traffic import FORCED, TrafficSpec
+from sgl_vtoken_tools.bench.stress_spec import FORCED, TrafficSpec
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 REPO = Path(__file__).resolve().parent.parent

@@ -27,7 +27,8 @@ import requests
 
 from sgl_vtoken_tools.bench import probe
 from sgl_vtoken_tools.bench.server_log import parse_log, read_from, tracebacks
-from sgl_vtoken_tools.bench.stress_traffic import TrafficSpec, kinds, play
+from sgl_vtoken_tools.bench.stress_spec import TrafficSpec, kinds
+from sgl_vtoken_tools.bench.stress_traffic import play
 
 # SGLang's own memory checkers, on in the server a stress run starts.
 MEMORY_CHECKS = {

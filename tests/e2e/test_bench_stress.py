@@ -7,7 +7,7 @@ import pytest
 from conftest import BENCH_FLAGS
 
 from sgl_vtoken_tools.bench.stress import StressConfig, run_stress
-from sgl_vtoken_tools.bench.stress_traffic import TrafficSpec
+from sgl_vtoken_tools.bench.stress_spec import TrafficSpec
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("bench16")]
 

@@ -6,14 +6,8 @@ import pytest
 
 from sgl_vtoken_tools.bench.stress import StressConfig, expected, longest_gap, tally, verdict
 from sgl_vtoken_tools.bench.stress_outcome import outcome, refusal
-from sgl_vtoken_tools.bench.stress_traffic import (
-    KINDS,
-    TrafficSpec,
-    evict_choice,
-    kinds,
-    play,
-    prompt_ids,
-)
+from sgl_vtoken_tools.bench.stress_spec import KINDS, TrafficSpec, evict_choice, kinds, prompt_ids
+from sgl_vtoken_tools.bench.stress_traffic import play
 
 SPEC = TrafficSpec()
 
