@@ -10,13 +10,15 @@ launches of `scores.collect` are captured with it, on one `GraphScoring` per run
     load_batch         AROUND  after SGLang's static inputs, the scored rows' CSR (outside)
     execute            AROUND  after the replay, the scores into the requests' staged blocks
 
-Prefill, recall scoring and the eviction step itself stay eager. A server whose policy is not
-enabled gets no buffers; a request that evicts on it runs its decode steps eagerly (counted).
+Prefill, recall scoring and the eviction step itself stay eager. A server whose own policy reads
+no attention gets no buffers and captures no scoring (its graphs stay SGLang's); a request that
+asks an attention policy there runs its decode steps eagerly (counted).
 """
 
 from __future__ import annotations
 
 from sgl_vtoken.graph_scores import GraphScoring
+from sgl_vtoken.policies import POLICIES
 
 from .core.process import process
 from .surface.server_args import server_config
@@ -29,7 +31,7 @@ def _graph(runner) -> GraphScoring | None:
     if not hasattr(runner, ATTR):
         cfg = server_config()
         graph = None
-        if cfg.enabled and cfg.budget is not None:
+        if cfg.enabled and cfg.budget is not None and "attn" in POLICIES[cfg.policy].needs:
             pool = runner.model_runner.token_to_kv_pool
             graph = GraphScoring(
                 runner.max_bs,

@@ -28,7 +28,9 @@ class VTokenCounters:
     deferred_evictions: int = 0  # decode evictions put off a step: no free page (shortage.py)
     deferred_admissions: int = 0  # admissions put off a round: no free page (shortage.py)
     shortage_aborts: int = 0  # requests ended: no free page, and none would come
-    graph_eager_steps: int = 0  # scored decode steps run eagerly: a row beyond the graph's bound
+    graph_eager_steps: int = (
+        0  # scored decode steps run eagerly: beyond the graph's bound, or no buffers
+    )
 
     def no_running(self) -> None:
         """No evicting request runs: the last-step gauges go to zero (peaks stay)."""

@@ -49,7 +49,8 @@ HELP = {
     ),
     "graph_eager_steps": (
         "Scored decode steps run eagerly instead of in the decode CUDA graph: a scored row "
-        "longer than the graph's scoring buffers hold."
+        "longer than the graph's scoring buffers hold, or no buffers (the server's policy "
+        "reads no attention)."
     ),
 }
 

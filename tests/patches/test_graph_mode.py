@@ -140,7 +140,9 @@ def test_a_replayed_forward_scores_like_the_eager_one(setup, monkeypatch):
     assert process().counters.graph_eager_steps == 0
 
 
-def test_rows_beyond_the_bound_and_servers_without_a_policy_run_eagerly(setup, monkeypatch):
+def test_rows_beyond_the_bound_and_servers_without_an_attention_policy_run_eagerly(
+    setup, monkeypatch
+):
     runner, pool, req_to_token, g = setup
     fb = SimpleNamespace(batch_size=1)
     _plan(req_to_token, [0], [1], [BUDGET + INTERVAL + 2], [None])
@@ -151,14 +153,19 @@ def test_rows_beyond_the_bound_and_servers_without_a_policy_run_eagerly(setup, m
     process().scoring = None  # nothing scored: SGLang decides alone
     assert graphs.around_can_run_graph(lambda r, fb: True, runner, fb)
 
-    monkeypatch.setattr(graphs, "server_config", lambda: EvictConfig())
-    bare = SimpleNamespace(**{k: v for k, v in vars(runner).items() if k != graphs.ATTR})
-    captured = []
-    graphs.around_capture_one_shape(lambda r, size: captured.append(process().scoring), bare, 2)
-    assert captured == [None] and getattr(bare, graphs.ATTR) is None  # no buffers, no scoring
-    _plan(req_to_token, [0], [1], [3], [None])  # a request evicting on its own settings
-    assert not graphs.around_can_run_graph(lambda r, fb: True, bare, fb)
-    assert process().counters.graph_eager_steps == 2
+    no_attention = EvictConfig(policy="streamingllm", budget=BUDGET, interval=INTERVAL)
+    for n, server in enumerate([EvictConfig(), no_attention], start=2):
+        monkeypatch.setattr(graphs, "server_config", lambda server=server: server)
+        process().scoring = None  # start-up: graphs are captured before any request
+        bare = SimpleNamespace(**{k: v for k, v in vars(runner).items() if k != graphs.ATTR})
+        captured = []
+        graphs.around_capture_one_shape(
+            lambda r, size, captured=captured: captured.append(process().scoring), bare, 2
+        )
+        assert captured == [None] and getattr(bare, graphs.ATTR) is None  # SGLang's graphs only
+        _plan(req_to_token, [0], [1], [3], [None])  # a request asking h2o for itself
+        assert not graphs.around_can_run_graph(lambda r, fb: True, bare, fb)
+        assert process().counters.graph_eager_steps == n
 
 
 def test_the_buffers_are_sized_by_the_largest_batch_and_the_bound():
