@@ -255,10 +255,11 @@ $(KVPRESS_CHOICE): | $(STAMP) $(KVPRESS_STAMP)
 	cat .cache/kvpress_tune_a.jsonl .cache/kvpress_tune_b.jsonl \
 		> docs/results/kvpress_tuning_smollm2.jsonl
 	$(PY) scripts/kvpress_eval.py --choose docs/results/kvpress_tuning_smollm2.jsonl > $@
-kvpress-tuning: $(KVPRESS_CHOICE)
+KVPRESS_HELDOUT_TUNED := docs/results/kvpress_heldout_tuned_smollm2.jsonl
+$(KVPRESS_HELDOUT_TUNED): $(KVPRESS_CHOICE)
 	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
-	$(KVPRESS_RUN) --presses-from $(KVPRESS_CHOICE) \
-		--out docs/results/kvpress_heldout_tuned_smollm2.jsonl
+	$(KVPRESS_RUN) --presses-from $(KVPRESS_CHOICE) --out $@
+kvpress-tuning: $(KVPRESS_HELDOUT_TUNED)
 
 # The final split (sgl_vtoken_tools/quality/splits.py: news reports, phrasings, depths and seeds
 # no other run uses): run once per release, after every choice, and never to choose one
@@ -267,12 +268,13 @@ kvpress-tuning: $(KVPRESS_CHOICE)
 # h2o b256, h2o b256 + offload + recall 192, per request on the chat command's server), and
 # document questions and dense retrieval through the fast masked reference (streamingllm and h2o
 # at budgets 128 and 256, sinks 4, interval 16: the server's defaults), with kvpress's presses
-# beside them on the same token ids (their defaults and the options `make kvpress-tuning` chose);
+# beside them on the same token ids (their defaults and the options `make kvpress-tuning` chose,
+# whose held-out run it needs: the table of both splits is docs/results/kvpress_tuned_smollm2.md);
 # rewrites docs/results/final_*.jsonl (about 80 minutes on two quiet cores).
 FINAL_CHAT := "h2o b256 s16 w32 + host + recall 192"
 FINAL_KVPRESS = OMP_NUM_THREADS=1 $(KVPRESS_VENV)/bin/python scripts/kvpress_eval.py \
 	--model .cache/smollm2 --tasks .cache/docqa_final.jsonl --budgets 128 256
-final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_CHOICE)
+final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_HELDOUT_TUNED)
 	$(SMOLLM2)
 	$(PY) scripts/bench_joint.py --split final --cells stock "h2o b256" $(FINAL_CHAT) \
 		--out docs/results/final_joint_smollm2.jsonl --markdown docs/results/final_joint_smollm2.md
@@ -291,6 +293,9 @@ final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_CHOICE)
 	wait $$a && test $$b = 0
 	cat .cache/kvpress_final_a.jsonl .cache/kvpress_final_b.jsonl \
 		> docs/results/final_kvpress_smollm2.jsonl
+	$(PY) scripts/kvpress_eval.py --choices $(KVPRESS_CHOICE) --tuned-table \
+		held-out=docs/results/kvpress_smollm2.jsonl,$(KVPRESS_HELDOUT_TUNED) \
+		final=docs/results/final_kvpress_smollm2.jsonl --markdown docs/results/kvpress_tuned_smollm2.md
 
 # Dense retrieval (sgl_vtoken_tools/quality/retrieval.py) through the fast masked reference, with
 # and without span-aware keeping: `make retrieval-tuning` chooses on the tuning split (1K-token

@@ -112,15 +112,21 @@ def table(ours: list[dict], presses: list[dict]) -> str:
 
 def tuned_table(splits: dict[str, list[dict]], choices: list[dict]) -> str:
     """Markdown: docqa hits / trials per split and budget, each press and mode at its defaults
-    and (where the tuning run chose other options: `choose`'s lines) tuned."""
+    and (where the tuning run chose other options: `choose`'s lines) tuned. A trial run twice
+    (a split's files overlap) counts once; two runs that disagree raise ValueError."""
     chosen = {(c["press"], c["mode"]): c["spec"] for c in choices}
-    hits: dict[tuple[str, str, str, int], list[int]] = {}
+    seen: dict[tuple, bool] = {}
     order: dict[tuple[str, str], None] = {}
     for split, records in splits.items():
         for r in records:
             if r.get("kind") == "press":
-                hits.setdefault((split, r["press"], r["mode"], r["budget"]), []).append(r["hit"])
+                key = (split, r["press"], r["mode"], r["budget"], r["trial"])
+                if seen.setdefault(key, r["hit"]) != r["hit"]:
+                    raise ValueError(f"{key}: two runs of one trial disagree")
                 order.setdefault((r["press"].partition(":")[0], r["mode"]), None)
+    hits: dict[tuple, list] = {}
+    for (split, spec, mode, budget, _), hit in seen.items():
+        hits.setdefault((split, spec, mode, budget), []).append(hit)
     budgets = sorted({key[3] for key in hits})
     cols = [(split, b) for split in splits for b in budgets]
     lines = [

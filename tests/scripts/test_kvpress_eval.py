@@ -147,13 +147,17 @@ def test_a_tuning_run_chooses_the_spec_with_most_hits_and_ties_go_to_the_first(k
 
 
 def test_the_tuned_table_puts_defaults_and_choices_side_by_side_per_split(kv, tmp_path, capsys):
-    def rec(spec, budget, hit, mode="aware"):
-        return {"kind": "press", "press": spec, "mode": mode, "budget": budget, "hit": hit}
+    def rec(spec, budget, hit, trial="a", mode="aware"):
+        return {
+            "kind": "press", "press": spec, "mode": mode, "budget": budget, "trial": trial,
+            "hit": hit,
+        }  # fmt: skip
 
     heldout = [rec("snapkv", 128, 0), rec("snapkv:window_size=16", 128, 1), rec("tova", 128, 1)]
-    heldout += [rec("streamingllm", 128, 1), rec("streamingllm", 128, 0)]
+    heldout += [rec("streamingllm", 128, 1), rec("streamingllm", 128, 0, trial="b")]
+    heldout += [rec("streamingllm", 128, 1)]  # a trial run again (the tuned run's defaults)
     final = [rec("snapkv", 128, 1), rec("snapkv:window_size=16", 128, 0)]
-    final += [rec("streamingllm", 128, 1), rec("streamingllm", 128, 1)]
+    final += [rec("streamingllm", 128, 1), rec("streamingllm", 128, 1, trial="b")]
     choices = [
         {"kind": "choice", "press": "snapkv", "mode": "aware", "spec": "snapkv:window_size=16"},
         {"kind": "choice", "press": "streamingllm", "mode": "aware", "spec": "streamingllm"},
@@ -172,6 +176,9 @@ def test_the_tuned_table_puts_defaults_and_choices_side_by_side_per_split(kv, tm
         "| `tova` (aware) | defaults | 1/1 | - |",
         "| `streamingllm` (aware) | defaults (chosen) | 1/2 | 2/2 |",
     ]
+    paths["h"].write_text(paths["h"].read_text() + json.dumps(rec("tova", 128, 0)) + "\n")
+    with pytest.raises(ValueError, match="two runs of one trial disagree"):
+        kv.main([*argv, "--choices", str(paths["c"])])
 
 
 def test_run_needs_model_and_tasks(kv):
