@@ -79,13 +79,21 @@ def around_can_run_graph(original, runner, forward_batch):
     return ok
 
 
+def _replayed(runner):
+    """(plan, buffers) of the scored decode batch the runner replays now, or None."""
+    decode = _decode()
+    if decode is None:
+        return None
+    graph = _graph(runner)
+    assert graph is not None, "can_run_graph lets no scored batch in without buffers"
+    return decode, graph
+
+
 def around_load_batch(original, runner, forward_batch, *args, **kwargs):
     """AROUND `load_batch`: the scored rows' CSR into the static buffers, for the padded batch."""
     out = original(runner, forward_batch, *args, **kwargs)
-    decode = _decode()
-    if decode is not None:
-        graph = _graph(runner)
-        assert graph is not None, "can_run_graph lets no scored batch in without buffers"
+    if (replayed := _replayed(runner)) is not None:
+        decode, graph = replayed
         graph.load(decode, runner.bs, process().scoring.req_to_token)
     return out
 
@@ -93,9 +101,7 @@ def around_load_batch(original, runner, forward_batch, *args, **kwargs):
 def around_execute(original, runner, forward_batch, *args, **kwargs):
     """AROUND `execute` (the replay): the scores into the staged blocks."""
     out = original(runner, forward_batch, *args, **kwargs)
-    decode = _decode()
-    if decode is not None:
-        graph = _graph(runner)
-        assert graph is not None
+    if (replayed := _replayed(runner)) is not None:
+        decode, graph = replayed
         graph.unload(decode)
     return out
