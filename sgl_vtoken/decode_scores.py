@@ -28,6 +28,16 @@ def layer_groups(layers: list, num_layers: int) -> dict[int, tuple]:
     return groups
 
 
+def entry_columns(
+    lengths: torch.Tensor, offsets: torch.Tensor, nnz: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each entry's row and column ``[nnz]`` int64 of CSR rows of `lengths` ``[b]`` starting at
+    `offsets` ``[b + 1]`` (device tensors; `nnz` their total, known on the host: no sync)."""
+    rows = torch.arange(lengths.numel(), device=lengths.device)
+    owner = torch.repeat_interleave(rows, lengths, output_size=nnz)
+    return owner, torch.arange(nnz, device=lengths.device) - offsets[owner]
+
+
 class _Slots(NamedTuple):
     """A group's launch arguments on the device (built at its first layer): the members' query
     rows, CSR offsets and slots, and (a subset only) each entry's place in the buffer."""
@@ -178,9 +188,6 @@ class DecodeScoring:
         b = len(m)
         q_rows, rows, lens_d = dev[:b], dev[b : 2 * b], dev[2 * b : 3 * b]
         offsets, first = dev[3 * b : 4 * b + 1], dev[4 * b + 1 :]
-        owner = torch.repeat_interleave(
-            torch.arange(b, device=self.device), lens_d, output_size=nnz
-        )
-        col = torch.arange(nnz, device=self.device) - offsets[owner]
+        owner, col = entry_columns(lens_d, offsets, nnz)
         entries = None if group.everyone else first[owner] + col
         return _Slots(q_rows, offsets, req_to_token[rows[owner], col], entries)

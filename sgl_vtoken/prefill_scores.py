@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_vtoken.decode_scores import layer_groups
+from sgl_vtoken.decode_scores import entry_columns, layer_groups
 from sgl_vtoken.kernels import attn_scores_
 from sgl_vtoken.recall import window_probs
 
@@ -112,8 +112,5 @@ class PrefillScoring:
         dev = host.to(self.device, non_blocking=True)
         q_rows_d, rows_d, lens_d, places_d = (dev[i * b : (i + 1) * b] for i in range(4))
         offsets = dev[4 * b :]
-        owner = torch.repeat_interleave(
-            torch.arange(b, device=self.device), lens_d, output_size=nnz
-        )
-        col = torch.arange(nnz, device=self.device) - offsets[owner]
+        owner, col = entry_columns(lens_d, offsets, nnz)
         return q_rows_d, offsets, req_to_token[rows_d[owner], col], places_d[owner] + col

@@ -11,6 +11,7 @@ pool's device. Details: docs/design.md, "Attention statistics".
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -143,7 +144,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
         process().scoring = Scored(decode, [], req_to_token)
         return
     ext = forward_batch.extend_seq_lens_cpu
-    ends = [sum(ext[: i + 1]) for i in range(len(ext))]  # each request's last query + 1
+    ends = list(itertools.accumulate(ext))  # each request's last query + 1
     windows, recalls = [], []
     for i, req, st in scored:
         # `n`: the row as far as this chunk reaches; the prompt (or its chunk) ends at `total`.
