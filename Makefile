@@ -57,7 +57,7 @@ test: lint
 	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
 
 # Agent sessions on SmolLM2-135M-Instruct (CPU), speed and answers: stock SGLang, the full cache,
-# h2o b256 every 16 steps, and the same with host histories, on the same 8 concurrent held-out
+# h2o b256 every 16 steps, and the README's chat command, on the same 8 concurrent held-out
 # sessions of 8-10 turns (a key told early, asked last), 3 repeats each; rewrites
 # docs/results/agent_smollm2.{jsonl,md} (about an hour on two quiet cores, estimated; a smoke of 2
 # sessions in 2 cells took 38 minutes on cores shared with other servers). Then

@@ -24,8 +24,10 @@ once `--repeats` times, the tree flushed between repeats, request ids
     stock                     SGLang without sgl-vtoken (`bench.baseline`)
     full                      the plugin loaded, `--kv-evict none`: the full cache
     h2o b256                  h2o, budget 256, every 16 steps (the README's documents row)
-    h2o b256 + host histories the same, histories the radix cache evicts move to host memory
-                              and come back on the next turn instead of a prefill
+    h2o b256 s16 w32 + host + recall 192
+                              the README's chat command: 16 sinks, a recent window of 32,
+                              histories the radix cache evicts move to host memory and come
+                              back on the next turn instead of a prefill, recall 192 in rounds
 
 With `--base-url` every cell plays on that running server, a cell being ``name=JSON`` (the
 per-request ``custom_params.kv_evict``) or a bare name (the server's own flags); its runs wait
@@ -48,17 +50,12 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
+from sgl_vtoken_tools.bench.server_cells import CHAT
+
 REPO = Path(__file__).resolve().parents[1]
-# Eviction every 16 decode steps and h2o's defaults chosen on the tuning split (README, "where
-# to start"; docs/RESULTS.md, "Defaults that keep answers").
-H2O = ["--kv-evict", "h2o", "--kv-budget", "256", "--kv-evict-interval", "16"]
-HOST = {"host_tokens": 1 << 20, "offload": True}
-CELLS: dict[str, list[str] | None] = {
-    "stock": None,
-    "full": ["--kv-evict", "none"],
-    "h2o b256": H2O,
-    "h2o b256 + host histories": [*H2O, "--kv-evict-config", json.dumps(HOST)],
-}
+# The README's rows, flag for flag as the joint benchmark runs them.
+CELLS = {name: JOINT_CELLS[name] for name in ("stock", "full", "h2o b256", CHAT)}
 RID_REUSE_GAP_S = 5.0  # SGLang aborts a streamed id reused within 2 s of its end; a margin
 
 
