@@ -15,7 +15,7 @@ during prefill needs that), so cells differ in their eviction flags alone. Cells
     stock      SGLang without sgl-vtoken (SGLANG_PLUGINS lists every other plugin; a
                sitecustomize shim applies only the CPU RoPE fix the plugin carries)
     full       the plugin loaded, `--kv-evict none`: the full cache
-    others     the plugin with their eviction flags (CELLS below)
+    others     the plugin with their eviction flags (`sgl_vtoken_tools/bench/server_cells.py`)
 
 One JSON line per request (`request`), per conversation (`answer`) and per (cell, repeat)
 (`summary`: output tokens/s, prompt tokens computed, later turns continued from a device or a
