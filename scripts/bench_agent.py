@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
-from sgl_vtoken_tools.bench.server_cells import CHAT
+from sgl_vtoken_tools.bench.server_cells import CHAT, cell_flags
 
 REPO = Path(__file__).resolve().parents[1]
 # The README's rows, flag for flag as the joint benchmark runs them.
@@ -65,11 +64,7 @@ def cell_spec(spec: str, remote: bool) -> tuple[str, object]:
     name, eq, value = spec.partition("=")
     if remote:
         return (name, json.loads(value)) if eq else (name, None)
-    if eq:
-        return name, shlex.split(value)
-    if spec not in CELLS:
-        raise ValueError(f"unknown cell {spec!r}; choose from {list(CELLS)} or write name=flags")
-    return spec, CELLS[spec]
+    return cell_flags(spec, CELLS)
 
 
 def resolve_model(name: str) -> str:

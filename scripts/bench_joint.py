@@ -39,22 +39,17 @@ from pathlib import Path
 
 from sgl_vtoken_tools.bench.joint_table import plot, spread_lines, table
 from sgl_vtoken_tools.bench.server_cells import CELLS
+from sgl_vtoken_tools.bench.server_cells import cell_flags as server_cell
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def cell_flags(spec: str) -> tuple[str, list[str] | None]:
     """A `--cells` entry: a name of CELLS, or ``name=flags`` (shell words)."""
-    import shlex
-
-    name, eq, flags = spec.partition("=")
-    if eq:
-        return name, shlex.split(flags)
-    if spec not in CELLS:
-        raise SystemExit(
-            f"--cells: unknown cell {spec!r}; choose from {list(CELLS)} or write name=flags"
-        )
-    return spec, CELLS[spec]
+    try:
+        return server_cell(spec)
+    except ValueError as e:
+        raise SystemExit(f"--cells: {e}") from None
 
 
 def run(args) -> list[dict]:

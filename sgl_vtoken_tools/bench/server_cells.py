@@ -4,6 +4,7 @@ command line (None: stock SGLang without the plugin). The README's rows quote th
 from __future__ import annotations
 
 import json
+import shlex
 
 CHUNK = {"prefill_chunk": 64}
 RECALL = {**CHUNK, "offload": True, "host_tokens": 1 << 18, "recall": 64}
@@ -56,3 +57,16 @@ CELLS = {
 }
 # The README's chat command (its third row).
 CHAT = "h2o b256 s16 w32 + host + recall 192"
+
+
+def cell_flags(
+    spec: str, cells: dict[str, list[str] | None] = CELLS
+) -> tuple[str, list[str] | None]:
+    """A `--cells` entry of a launched server: a name of `cells`, or ``name=flags`` (shell
+    words). Returns ``(name, flags)``; an unknown name is a ValueError naming the choices."""
+    name, eq, flags = spec.partition("=")
+    if eq:
+        return name, shlex.split(flags)
+    if spec not in cells:
+        raise ValueError(f"unknown cell {spec!r}; choose from {list(cells)} or write name=flags")
+    return spec, cells[spec]
