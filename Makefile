@@ -59,8 +59,7 @@ test: lint
 # Agent sessions on SmolLM2-135M-Instruct (CPU), speed and answers: stock SGLang, the full cache,
 # h2o b256 every 16 steps, and the README's chat command, on the same 8 concurrent held-out
 # sessions of 8-10 turns (a key told early, asked last), 3 repeats each; rewrites
-# docs/results/agent_smollm2.{jsonl,md} (about an hour on two quiet cores, estimated; a smoke of 2
-# sessions in 2 cells took 38 minutes on cores shared with other servers). Then
+# docs/results/agent_smollm2.{jsonl,md} (58 minutes on two quiet cores, 2026-12-05). Then
 # No-Evict vs Naive-Evict vs vToken on the tiny model's synthetic agent workload (speed only, 3
 # repeats): rewrites docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and
 # docs/img/bench_*.png (about 15 to 30 minutes on two shared cores); then SGLang's own multi-turn
