@@ -71,7 +71,8 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
             if r["session"] == sess
         ]
         assert all(b > a + REPLY for a, b in zip(prompts, prompts[1:])), prompts
-    assert all(0 < r["ttft"] <= r["e2e"] and r["tpot"] > 0 for r in requests_)
+    # A reply whose tokens arrive in one read has a client-side TPOT of 0, never less.
+    assert all(0 < r["ttft"] <= r["e2e"] and r["tpot"] >= 0 for r in requests_)
     assert s["completed"] == SESSIONS * TURNS and s["failed"] == 0 and s["output_tokens_per_s"] > 0
 
     # Client-side usage == the server's Prometheus counters over the run.
