@@ -20,6 +20,16 @@ chunk's cut its window's queries, computed over the kept tokens, score every can
 statistic: the fraction of the fact's tokens and digits among the 64 picked; also the answer,
 and how much of the fact the device row kept.
 
+`--task agent` (the split's agent sessions, `sgl_vtoken_tools.quality.agent_sessions`, replies
+greedy with the full cache, at most 64 tokens, the last at most 16; `--cache` keeps the played
+conversations for reruns): the whole conversation visible, the candidates every token after the
+16 sinks and before the last 32 of the history; per set of queries, the rank (0 = best) of each
+of the key's five digits among the candidates under the sum / upper-half sum / max-head sum /
+max statistics: the last prompt's scoring window (what the server's recall scores with), the
+full-cache reply's tokens before its first digit ("The pass key is"), and the last of them alone
+(the query that emits the first digit); and the fraction of the digits among the `--recall`
+(default 192) picked by the sum and upper-half sum at (pool, gap) (1, 0), (5, 0), (5, 8).
+
 Statistics: layers (all / upper half / lower half) x aggregation over layers and heads (sum;
 max over heads, summed over layers; max over both), each picked with `sgl_vtoken.recall.pick`
 at (pool, gap) (1, 0), (5, 0), (5, 8) and, for sessions, (7, 8).
@@ -218,13 +228,113 @@ def docqa_lines(args, tok, model):
         yield line
 
 
+def _ranks(per: torch.Tensor, at: list[int]) -> dict[str, list[int]]:
+    """``[L, H, c]`` mass -> per statistic the ranks (0 = best) of candidate indices `at`."""
+    n = per.shape[0]
+    stats = {
+        "sum": per.sum((0, 1)),
+        "upper": per[n // 2 :].sum((0, 1)),
+        "maxhead": per.amax(1).sum(0),
+        "max": per.amax((0, 1)),
+    }
+    out = {}
+    for name, sc in stats.items():
+        rank = torch.empty(sc.numel(), dtype=torch.int64)
+        rank[torch.argsort(sc, descending=True)] = torch.arange(sc.numel())
+        out[name] = [int(rank[i]) for i in at]
+    return out
+
+
+def agent_lines(args, tok, model):
+    from sgl_vtoken_tools.quality.agent_sessions import SYSTEM, AgentSpec, agent_sessions
+
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def ids_of(msgs, gen=True):
+        text = tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False)
+        return tok(text, add_special_tokens=False).input_ids
+
+    def greedy(ids, n):
+        out = []
+        with torch.no_grad():
+            o = model(torch.tensor([ids]), use_cache=True)
+            for _ in range(n):
+                nxt = int(o.logits[0, -1].argmax())
+                if nxt == eos:
+                    break
+                out.append(nxt)
+                o = model(torch.tensor([[nxt]]), past_key_values=o.past_key_values, use_cache=True)
+        return out
+
+    cache = Path(args.cache) if args.cache else None
+    convs = json.loads(cache.read_text()) if cache and cache.exists() else {}
+    spec = AgentSpec(args.split, args.trials, (8, 10), (200, 600), 0)
+    w = 16
+    for s in agent_sessions(tok, spec, args.wheel_dir):
+        if s.id not in convs:  # the conversation as the full cache plays it
+            msgs = [{"role": "system", "content": SYSTEM}]
+            for t, (_, text) in enumerate(s.turns, 1):
+                msgs.append({"role": "user", "content": text})
+                if t < len(s.turns):
+                    reply = tok.decode(greedy(ids_of(msgs), 64))
+                    msgs.append({"role": "assistant", "content": reply})
+            ids = ids_of(msgs)
+            convs[s.id] = {
+                "ids": ids,
+                "hist": len(ids_of(msgs[:-1], False)),
+                "reply": greedy(ids, 16),
+            }
+            if cache:
+                cache.write_text(json.dumps(convs))
+        ids, hist, reply = (convs[s.id][k] for k in ("ids", "hist", "reply"))
+        text = [tok.decode([i]).strip() for i in ids]
+        key = next(p for p in range(len(ids)) if "".join(text[p : p + 5]) == s.answer)
+        first = next(
+            (j for j, i in enumerate(reply) if any(c.isdigit() for c in tok.decode([i]))), 0
+        )
+        n, cand = len(ids), torch.arange(16, hist - 32)
+        with torch.no_grad():  # the last w + 1 prompt tokens and the reply's prefix, attentions out
+            o = model(torch.tensor([ids[: n - w - 1]]), use_cache=True)
+            att = model(
+                torch.tensor([ids[n - w - 1 :] + reply[:first]]),
+                past_key_values=o.past_key_values,
+                output_attentions=True,
+            ).attentions
+        per = torch.stack([a[0][:, :, cand] for a in att])  # [L, H, queries, c]
+        at, digits_at = [p - 16 for p in range(key, key + 5)], list(range(key, key + 5))
+        line = {
+            "trial": s.id,
+            "fact_turn": s.meta["fact_turn"],
+            "prompt_tokens": n,
+            "key": [key, key + 5],
+            "candidates": len(cand),
+            "full_cache_reply": tok.decode(reply),
+        }
+        queries = {"window": per[:, :, :w].sum(2)}
+        if first:  # the reply names a number: the queries before its first digit
+            queries.update(answer_prefix=per[:, :, w + 1 :].sum(2), first_digit_query=per[:, :, -1])
+        for name, mass in queries.items():
+            picked = coverage(
+                {k: v for k, v in statistics(mass).items() if k in ("all/sum", "upper/sum")},
+                cand,
+                args.recall or 192,
+                ((1, 0), (5, 0), (5, 8)),
+                {"digits": digits_at},
+            )
+            line[name] = {
+                "ranks": _ranks(mass, at),
+                "picked": {k: v["digits"] for k, v in picked.items()},
+            }
+        yield line
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         epilog=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--task", choices=("session", "docqa"), required=True)
+    p.add_argument("--task", choices=("session", "docqa", "agent"), required=True)
     p.add_argument("--model", default=str(REPO / ".cache" / "smollm2"))
     p.add_argument("--split", default="tuning", help="tuning (where rules are chosen) or heldout")
     p.add_argument(
@@ -233,10 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="h2o", help="docqa: the policy evicting during prefill")
     p.add_argument("--window", type=int, default=32, help="docqa: the policy's recent window")
     p.add_argument(
-        "--recall", type=int, default=0, help="tokens picked (default 128 sessions, 64 docqa)"
+        "--recall",
+        type=int,
+        default=0,
+        help="tokens picked (default 128 sessions, 64 docqa, 192 agent)",
     )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--wheel-dir", default=str(REPO / ".cache" / "wheels"))
+    p.add_argument("--cache", help="agent: JSON file of the played conversations (reused)")
     p.add_argument("--out", help="JSON lines file (default: stdout only)")
     args = p.parse_args(argv)
     if args.trials < 1 or args.recall < 0:
@@ -248,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     tok, model = AutoTokenizer.from_pretrained(args.model), load_model(args.model)
     out = open(args.out, "w") if args.out else None
-    for line in (session_lines if args.task == "session" else docqa_lines)(args, tok, model):
+    lines = {"session": session_lines, "docqa": docqa_lines, "agent": agent_lines}[args.task]
+    for line in lines(args, tok, model):
         print(json.dumps(line), flush=True)
         if out:
             out.write(json.dumps(line) + "\n")
