@@ -20,15 +20,12 @@ chunk's cut its window's queries, computed over the kept tokens, score every can
 statistic: the fraction of the fact's tokens and digits among the 64 picked; also the answer,
 and how much of the fact the device row kept.
 
-`--task agent` (the split's agent sessions, `sgl_vtoken_tools.quality.agent_sessions`, replies
-greedy with the full cache, at most 64 tokens, the last at most 16; `--cache` keeps the played
-conversations for reruns): the whole conversation visible, the candidates every token after the
-16 sinks and before the last 32 of the history; per set of queries, the rank (0 = best) of each
-of the key's five digits among the candidates under the sum / upper-half sum / max-head sum /
-max statistics: the last prompt's scoring window (what the server's recall scores with), the
-full-cache reply's tokens before its first digit ("The pass key is"), and the last of them alone
-(the query that emits the first digit); and the fraction of the digits among the `--recall`
-(default 192) picked by the sum and upper-half sum at (pool, gap) (1, 0), (5, 0), (5, 8).
+`--task agent` (the split's agent sessions played greedily with the full cache; `--cache` keeps
+them for reruns): for the last prompt's scoring window (what the server's recall scores with)
+and the query that writes the reply's first digit, the ranks of the key's digits and the
+fraction of them among the `--recall` (192) picked, by the all-layer and upper-half sums; once
+with every token visible (candidates: all but the 16 sinks and the last 32), once with the last
+message seeing only the sinks and the last `--recent` history tokens (the key evicted).
 
 Statistics: layers (all / upper half / lower half) x aggregation over layers and heads (sum;
 max over heads, summed over layers; max over both), each picked with `sgl_vtoken.recall.pick`
@@ -45,7 +42,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-RULES = {"session": ((1, 0), (5, 0), (7, 8), (5, 8)), "docqa": ((1, 0), (5, 0), (5, 8))}
+RULES = {
+    "session": ((1, 0), (5, 0), (7, 8), (5, 8)),
+    "docqa": ((1, 0), (5, 0), (5, 8)),
+    "agent": ((1, 0), (5, 0), (5, 8)),
+}
 
 
 def statistics(per: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -96,16 +97,7 @@ def session_lines(args, tok, model):
     eos = tok.convert_tokens_to_ids("<|im_end|>")
 
     def greedy(ids, n=16):
-        out, nxt = [], None
-        with torch.no_grad():
-            o = model(torch.tensor([ids]), use_cache=True)
-            for _ in range(n):
-                nxt = int(o.logits[0, -1].argmax())
-                out.append(nxt)
-                if nxt == eos:
-                    break
-                o = model(torch.tensor([[nxt]]), past_key_values=o.past_key_values, use_cache=True)
-        return out
+        return _greedy(model, ids, n, eos, keep_eos=True)
 
     trials = session_trials(
         tok, args.split, args.trials, turns=5, passage_tokens=120, seed=0, wheel_dir=args.wheel_dir
@@ -228,17 +220,29 @@ def docqa_lines(args, tok, model):
         yield line
 
 
-def _ranks(per: torch.Tensor, at: list[int]) -> dict[str, list[int]]:
-    """``[L, H, c]`` mass -> per statistic the ranks (0 = best) of candidate indices `at`."""
-    n = per.shape[0]
-    stats = {
-        "sum": per.sum((0, 1)),
-        "upper": per[n // 2 :].sum((0, 1)),
-        "maxhead": per.amax(1).sum(0),
-        "max": per.amax((0, 1)),
-    }
+STATS = ("all/sum", "upper/sum")
+
+
+def _greedy(model, ids: list[int], n: int, eos: int, keep_eos: bool = False) -> list[int]:
+    """At most `n` greedy tokens after `ids`; stops at `eos` (kept with `keep_eos`)."""
+    out: list[int] = []
+    with torch.no_grad():
+        o = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(n):
+            nxt = int(o.logits[0, -1].argmax())
+            if nxt == eos and not keep_eos:
+                break
+            out.append(nxt)
+            if nxt == eos:
+                break
+            o = model(torch.tensor([[nxt]]), past_key_values=o.past_key_values, use_cache=True)
+    return out
+
+
+def _ranks(scores: dict[str, torch.Tensor], at: list[int]) -> dict[str, list[int]]:
+    """Per named ``[c]`` score, the ranks (0 = best) of candidate indices `at`."""
     out = {}
-    for name, sc in stats.items():
+    for name, sc in scores.items():
         rank = torch.empty(sc.numel(), dtype=torch.int64)
         rank[torch.argsort(sc, descending=True)] = torch.arange(sc.numel())
         out[name] = [int(rank[i]) for i in at]
@@ -254,18 +258,6 @@ def agent_lines(args, tok, model):
         text = tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False)
         return tok(text, add_special_tokens=False).input_ids
 
-    def greedy(ids, n):
-        out = []
-        with torch.no_grad():
-            o = model(torch.tensor([ids]), use_cache=True)
-            for _ in range(n):
-                nxt = int(o.logits[0, -1].argmax())
-                if nxt == eos:
-                    break
-                out.append(nxt)
-                o = model(torch.tensor([[nxt]]), past_key_values=o.past_key_values, use_cache=True)
-        return out
-
     cache = Path(args.cache) if args.cache else None
     convs = json.loads(cache.read_text()) if cache and cache.exists() else {}
     spec = AgentSpec(args.split, args.trials, (8, 10), (200, 600), 0)
@@ -276,14 +268,11 @@ def agent_lines(args, tok, model):
             for t, (_, text) in enumerate(s.turns, 1):
                 msgs.append({"role": "user", "content": text})
                 if t < len(s.turns):
-                    reply = tok.decode(greedy(ids_of(msgs), 64))
+                    reply = tok.decode(_greedy(model, ids_of(msgs), 64, eos))
                     msgs.append({"role": "assistant", "content": reply})
             ids = ids_of(msgs)
-            convs[s.id] = {
-                "ids": ids,
-                "hist": len(ids_of(msgs[:-1], False)),
-                "reply": greedy(ids, 16),
-            }
+            hist, reply = len(ids_of(msgs[:-1], False)), _greedy(model, ids, 16, eos)
+            convs[s.id] = {"ids": ids, "hist": hist, "reply": reply}
             if cache:
                 cache.write_text(json.dumps(convs))
         ids, hist, reply = (convs[s.id][k] for k in ("ids", "hist", "reply"))
@@ -292,40 +281,72 @@ def agent_lines(args, tok, model):
         first = next(
             (j for j, i in enumerate(reply) if any(c.isdigit() for c in tok.decode([i]))), 0
         )
-        n, cand = len(ids), torch.arange(16, hist - 32)
-        with torch.no_grad():  # the last w + 1 prompt tokens and the reply's prefix, attentions out
-            o = model(torch.tensor([ids[: n - w - 1]]), use_cache=True)
-            att = model(
-                torch.tensor([ids[n - w - 1 :] + reply[:first]]),
-                past_key_values=o.past_key_values,
-                output_attentions=True,
-            ).attentions
-        per = torch.stack([a[0][:, :, cand] for a in att])  # [L, H, queries, c]
-        at, digits_at = [p - 16 for p in range(key, key + 5)], list(range(key, key + 5))
-        line = {
-            "trial": s.id,
-            "fact_turn": s.meta["fact_turn"],
-            "prompt_tokens": n,
-            "key": [key, key + 5],
-            "candidates": len(cand),
-            "full_cache_reply": tok.decode(reply),
-        }
-        queries = {"window": per[:, :, :w].sum(2)}
-        if first:  # the reply names a number: the queries before its first digit
-            queries.update(answer_prefix=per[:, :, w + 1 :].sum(2), first_digit_query=per[:, :, -1])
-        for name, mass in queries.items():
-            picked = coverage(
-                {k: v for k, v in statistics(mass).items() if k in ("all/sum", "upper/sum")},
-                cand,
-                args.recall or 192,
-                ((1, 0), (5, 0), (5, 8)),
-                {"digits": digits_at},
-            )
-            line[name] = {
-                "ranks": _ranks(mass, at),
-                "picked": {k: v["digits"] for k, v in picked.items()},
-            }
+        seq, n, digits_at = ids + reply[:first], len(ids), list(range(key, key + 5))
+        line = {"trial": s.id, "fact_turn": s.meta["fact_turn"], "prompt_tokens": n}
+        line.update(key=[key, key + 5], full_cache_reply=tok.decode(reply))
+        # Full: every token visible, the candidates all but the sinks and the last 32. Row: the
+        # last message and the reply's prefix see the sinks and the last `--recent` tokens of
+        # the history (the key evicted), as the server's view would; the rest are candidates.
+        for view, recent, masked in (("", 32, False), ("row_", args.recent, True)):
+            cand = torch.arange(16, hist - recent)
+            want = list(range(n - w - 1, len(seq)))
+            per = _candidate_mass(model, seq, hist, recent, masked, want)
+            line[f"{view}candidates"] = len(cand)
+            queries = {"window": per[:, :w]}
+            if first:  # the reply names a number: the query that writes its first digit
+                queries["first_digit_query"] = per[:, -1:]
+            for name, mass in queries.items():
+                stats = statistics(mass.sum(1))
+                stats = {k: stats[k] for k in STATS}
+                picked = coverage(stats, cand, args.recall or 192, RULES["agent"], {"d": digits_at})
+                line[view + name] = {
+                    "ranks": _ranks(stats, [p - 16 for p in digits_at]),
+                    "picked": {k: v["d"] for k, v in picked.items()},
+                }
         yield line
+
+
+def _candidate_mass(model, seq, hist, recent, masked, want) -> torch.Tensor:
+    """``[L, len(want), H, c]``: each wanted query's softmax mass on the candidates
+    ``[16, hist - recent)``, in one distribution with the keys it sees (all earlier ones, or
+    with `masked` the sinks, the last `recent` of the history and the message so far; for
+    positions < hist every earlier one). Queries post-RoPE, taken at each layer's input."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from sgl_vtoken.recall import window_probs
+    from sgl_vtoken_tools.hf_reference import _mask
+
+    row = list(range(16)) + list(range(hist - recent, hist))
+    sees = [list(range(i + 1)) for i in range(len(seq))]
+    if masked:
+        sees[hist:] = [row + list(range(hist, i + 1)) for i in range(hist, len(seq))]
+    qs = {}
+
+    def grab(mod, args, kwargs):
+        h, (cos, sin) = kwargs["hidden_states"], kwargs["position_embeddings"]
+        q = mod.q_proj(h).view(*h.shape[:-1], -1, mod.head_dim).transpose(1, 2)
+        qs[mod.layer_idx] = apply_rotary_pos_emb(q, q, cos, sin)[0][0][:, want].transpose(0, 1)
+
+    att = [layer.self_attn for layer in model.model.layers]
+    hooks = [a.register_forward_pre_hook(grab, with_kwargs=True) for a in att]
+    try:
+        with torch.no_grad():
+            res = model(torch.tensor([seq]), attention_mask=_mask(sees, len(seq)), use_cache=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    # Each query sees the keys outside the candidates up to itself (a prefix of them in position
+    # order, masked or not) and every candidate: one `window_probs` per layer.
+    cand = torch.arange(16, hist - recent)
+    other = torch.tensor([k for k in range(len(seq)) if not 16 <= k < hist - recent])
+    lengths = torch.tensor([int((other <= p).sum()) for p in want])
+    per = []
+    for layer, q in sorted(qs.items()):
+        keys = res.past_key_values.layers[layer].keys[0].transpose(0, 1)  # [n, hkv, d]
+        scale = model.model.layers[layer].self_attn.scaling
+        p = window_probs(q, keys[torch.cat([other, cand])], lengths, scale, open_tail=len(cand))
+        per.append(p[:, :, len(other) :])
+    return torch.stack(per)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--wheel-dir", default=str(REPO / ".cache" / "wheels"))
     p.add_argument("--cache", help="agent: JSON file of the played conversations (reused)")
+    p.add_argument("--recent", type=int, default=240, help="agent: history tokens the row keeps")
     p.add_argument("--out", help="JSON lines file (default: stdout only)")
     args = p.parse_args(argv)
     if args.trials < 1 or args.recall < 0:
