@@ -230,9 +230,8 @@ def _greedy(model, ids: list[int], n: int, eos: int, keep_eos: bool = False) -> 
         o = model(torch.tensor([ids]), use_cache=True)
         for _ in range(n):
             nxt = int(o.logits[0, -1].argmax())
-            if nxt == eos and not keep_eos:
-                break
-            out.append(nxt)
+            if nxt != eos or keep_eos:
+                out.append(nxt)
             if nxt == eos:
                 break
             o = model(torch.tensor([[nxt]]), past_key_values=o.past_key_values, use_cache=True)
@@ -287,10 +286,9 @@ def agent_lines(args, tok, model):
         # Full: every token visible, the candidates all but the sinks and the last 32. Row: the
         # last message and the reply's prefix see the sinks and the last `--recent` tokens of
         # the history (the key evicted), as the server's view would; the rest are candidates.
+        want = list(range(n - w - 1, len(seq)))  # the window, the last prompt token, the prefix
         for view, recent, masked in (("", 32, False), ("row_", args.recent, True)):
-            cand = torch.arange(16, hist - recent)
-            want = list(range(n - w - 1, len(seq)))
-            per = _candidate_mass(model, seq, hist, recent, masked, want)
+            cand, per = _candidate_mass(model, seq, hist, recent, masked, want)
             line[f"{view}candidates"] = len(cand)
             queries = {"window": per[:, :w]}
             if first:  # the reply names a number: the query that writes its first digit
@@ -306,9 +304,9 @@ def agent_lines(args, tok, model):
         yield line
 
 
-def _candidate_mass(model, seq, hist, recent, masked, want) -> torch.Tensor:
-    """``[L, len(want), H, c]``: each wanted query's softmax mass on the candidates
-    ``[16, hist - recent)``, in one distribution with the keys it sees (all earlier ones, or
+def _candidate_mass(model, seq, hist, recent, masked, want) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidates ``[16, hist - recent)`` ``[c]`` and ``[L, len(want), H, c]``: each wanted
+    query's softmax mass on them, in one distribution with the keys it sees (all earlier ones, or
     with `masked` the sinks, the last `recent` of the history and the message so far; for
     positions < hist every earlier one). Queries post-RoPE, taken at each layer's input."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -346,7 +344,7 @@ def _candidate_mass(model, seq, hist, recent, masked, want) -> torch.Tensor:
         scale = model.model.layers[layer].self_attn.scaling
         p = window_probs(q, keys[torch.cat([other, cand])], lengths, scale, open_tail=len(cand))
         per.append(p[:, :, len(other) :])
-    return torch.stack(per)
+    return cand, torch.stack(per)
 
 
 def main(argv: list[str] | None = None) -> int:
