@@ -6,7 +6,7 @@ therefore its cached K/V) are computed with the keys that were live when that to
 decoded: prompt tokens causally (the prompt is prefilled whole, or chunk by chunk with
 `prefill_chunk`, each chunk over the row kept after the previous one), decode token `t` with
 the row kept at step `t` plus itself. Victims are chosen by the `policy` and `recall` objects
-the caller passes (:class:`RequestPolicy`, :class:`RecallRule`) from the inputs the server has
+the caller passes (`hf_rules.RequestPolicy`, `hf_rules.RecallRule`) from the inputs the server has
 (positions, post-RoPE keys, values, every layer's attention, rid, eviction step), without
 reading them from the server: the exactness tests pass the independent oracles of
 `tests/oracles`; the default, `sgl_vtoken_tools.runtime_choice`, is the runtime's own code.
@@ -22,64 +22,12 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Protocol
 
 import torch
 
 from sgl_vtoken.config import EvictConfig
-
-
-class RequestPolicy(Protocol):
-    """One request's victim chooser (it holds the request's statistics and eviction count)."""
-
-    needs: frozenset[str]  # what `keep` reads: "attn" (via `observe`), "keys", "values"
-
-    def observe(self, row: list[int], probs: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Fold queries' attention ``probs [q, n, layers, kv_heads]`` (every layer, summed over
-        each KV head's query heads) over the `row` positions; ``lengths [q]``: the row entries
-        each query attends (the first ones; zeros beyond)."""
-
-    def keep(
-        self,
-        row: list[int],
-        shared: list[bool],
-        keys: torch.Tensor | None,
-        values: torch.Tensor | None,
-        budget: int,
-        texts: list[str],
-    ) -> list[int]:
-        """One eviction of the `row` positions to `budget`: ascending row indices kept; the
-        `shared` entries (tree-owned, recalled) must be. Keys and values ``[n, layers, kv_heads,
-        d]`` (post-RoPE) when `needs` them; `texts` the decoded text of every token of the
-        sequence so far (index = position) when the config has a `span`, else empty."""
-
-
-class RecallRule(Protocol):
-    """The host tier's recall: where a recalling prefill is cut, the rounds, which come back."""
-
-    def split(self, cfg: EvictConfig, prefix: int, total: int) -> tuple[int, int] | None: ...
-
-    def rounds(self, cfg: EvictConfig) -> int: ...
-
-    def quota(self, cfg: EvictConfig, done: int, last: bool) -> int: ...
-
-    def choose(
-        self,
-        cfg: EvictConfig,
-        layers: list,
-        lengths: torch.Tensor,
-        k: int,
-        positions: list[int],
-        recalled: list[int],
-    ) -> list[int]:
-        """Indices of the `k` candidates recalled; `layers`: ``(queries [nq, hq, d], scale,
-        row_keys [n, hkv, d], cand_keys [c, hkv, d])`` of every layer in order; `positions`
-        the candidates' (ascending), `recalled` those the turn's earlier rounds brought back."""
-
-
-PolicyFactory = Callable[[EvictConfig, str], RequestPolicy]
+from sgl_vtoken_tools.hf_rules import PolicyFactory, RecallRule
 
 
 def _choice(policy: PolicyFactory | None, recall: RecallRule | None):
@@ -189,7 +137,11 @@ def masked_turn(
     kept for the rest of the turn, and the second chunk (the scoring window rounded to pages, and
     the prompt's end) is computed with them visible; with `recall_rounds` R the window is
     recomputed after each of R rounds of ``recall // R`` (the last: what is left) and scores the
-    candidates left. The view stored for the next turn leaves them out (they stay candidates).
+    candidates left. With `cfg.host.steps` S (decode-time recall) the candidates are the tokens
+    with KV the row lacks at the first decode step; each of the first S decode steps scores
+    those left with its own query, the ones `recall.decode` picks join the row before the step's
+    own token, and the step is computed again with them visible (its first result dropped). The
+    view stored for the next turn leaves every recalled token out (they stay candidates).
     Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
     With `stop`, the turn ends after that token (included), as a server's stop token ends it.
     """
@@ -292,7 +244,7 @@ def masked_turn(
         observe(res, pos, end)
         row = evict(res, row)
         pos = end
-    out = []
+    out, later = [], []  # later: decode-time recall's candidates left
     for k in range(max_new_tokens):
         if k == 0:  # the whole prompt; its last chunk's observation window
             res = model(
@@ -304,14 +256,19 @@ def masked_turn(
             observe(res, pos, len(prompt))
         else:  # the new token alone, over the cached K/V of every earlier token (each computed
             t = len(ids) - 1  # once, under its own step's mask, as the server computes it)
-            res = model(
-                torch.tensor([[ids[t]]]),
-                attention_mask=_mask([allowed[t]], t + 1, first=t),
-                past_key_values=res.past_key_values,
-                position_ids=torch.tensor([[t]]),
-                use_cache=True,
-                output_attentions=attn,
-            )
+            recalling = k <= cfg.host.steps and cfg.enabled
+            if recalling and k == 1:  # the turn's decode candidates: what the row lacks now
+                taken = set(row)
+                later = [p for p in range(t) if p not in taken]
+            with _queries(model, recalling and bool(later)) as queries:
+                res = _step(model, ids[t], t, allowed[t], res.past_key_values, attn)
+            if recalling and later:
+                got = _decode_recall(res, queries, later, row, cfg, rule)
+                later = [p for p in later if p not in set(got)]
+                pinned, row = pinned + got, row[:-1] + got + row[-1:]  # before its own entry
+                allowed[t] = list(row)
+                res.past_key_values.crop(-1)  # the step again, with them visible
+                res = _step(model, ids[t], t, allowed[t], res.past_key_values, attn)
             if attn:  # the new token's query
                 chooser.observe(row, *_group_probs(res.attentions, [t], row, model.config, first=t))
         nxt = int(res.logits[0, -1].argmax())
@@ -327,6 +284,35 @@ def masked_turn(
         allowed.append(list(row))
     view = [p for p in allowed[-2] if p not in set(pinned)]  # recalled tokens serve this turn only
     return out, row, (allowed[:-1], view)
+
+
+def _step(model, token: int, t: int, sees: list[int], cache, attn: bool):
+    """The forward of `token` at position `t` alone, seeing the positions `sees` (itself too)."""
+    return model(
+        torch.tensor([[token]]),
+        attention_mask=_mask([sees], t + 1, first=t),
+        past_key_values=cache,
+        position_ids=torch.tensor([[t]]),
+        use_cache=True,
+        output_attentions=attn,
+    )
+
+
+def _decode_recall(res, queries, candidates: list[int], row: list[int], cfg, rule) -> list[int]:
+    """The candidates a decode step's query recalls under `rule`, ascending (`row`: what it
+    sees, itself included)."""
+    layers = []
+    for layer, (q, scale) in enumerate(queries):
+        keys = res.past_key_values.layers[layer].keys[0]  # [hkv, T, d]
+        layers.append(
+            (
+                q[0][:, -1:].transpose(0, 1),
+                scale,
+                keys[:, row].transpose(0, 1),
+                keys[:, candidates].transpose(0, 1),
+            )
+        )
+    return [candidates[i] for i in rule.decode(cfg, layers, candidates)]
 
 
 @contextmanager

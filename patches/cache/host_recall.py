@@ -100,6 +100,13 @@ class RecallPlan:
             k_device=self.k_device,
         )
 
+    def drop(self, sel: torch.Tensor) -> None:
+        """The candidates `sel` (indices into those left) are no longer candidates."""
+        left = torch.ones(self.scores.numel(), dtype=torch.bool)
+        left[sel] = False
+        live = torch.arange(self.candidates.numel()) if self.unpicked is None else self.unpicked
+        self.unpicked = live.cpu()[left]
+
     def score(self, mass: torch.Tensor, t0: float) -> None:
         """Add one layer's window mass on the candidates, ``[c]`` float32 (`scores.collect`, which
         started computing it at `time.perf_counter()` `t0`)."""
@@ -119,13 +126,52 @@ class Recall:
         None  # [n] int64 positions recalled this turn (ascending): kept like sinks
     )
     planned: bool = False  # its turn's candidates were looked at (`begin_turn`)
+    # Decode-time recall (`step/decode_recall.py`): the candidates left for the turn's first
+    # decode steps, looked up once (`decode_looked`); `stepping`: the plan the running forward
+    # scores.
+    decode_plan: RecallPlan | None = None
+    decode_looked: bool = False
+    stepping: RecallPlan | None = None
 
     def reset(self, unpin: bool = False) -> None:
         """No recall is pending (the turn's prefill starts over, is not cut where the plan needs,
         or the request finished); `unpin`: the recalled positions are no longer kept either."""
-        self.plan = None
+        self.plan = self.decode_plan = self.stepping = None
+        self.decode_looked = False
         if unpin:
             self.pinned = None
+
+    def look_up(self, plan: RecallPlan | None) -> None:
+        """Decode-time recall: the turn's candidates were looked up (`plan`; None: none)."""
+        self.decode_looked, self.decode_plan = True, plan
+
+    def arm(self, on: bool) -> bool:
+        """Whether the decode step about to run scores the candidates left (`on`: it is one of the
+        turn's first `recall_steps`); if so `stepping` is their plan, its scores zeroed."""
+        if not on:
+            self.decode_plan = None
+        self.stepping = self.decode_plan
+        if self.stepping is not None:
+            self.stepping.scores = torch.zeros(self.stepping.left_positions().numel())
+        return self.stepping is not None
+
+    def take_step(self) -> RecallPlan:
+        """The plan the step's forward scored (no longer scored by the forwards after it)."""
+        plan, self.stepping = self.stepping, None
+        assert plan is not None, "a step recalls only when it was armed"
+        return plan
+
+    def pin(self, recalled: torch.Tensor) -> None:
+        """Positions `recalled` ``[n]`` joined the row: kept for the rest of the turn."""
+        pinned = recalled if self.pinned is None else torch.cat([self.pinned, recalled.cpu()])
+        self.pinned = pinned.cpu().sort().values
+
+    def decoded(self, plan: RecallPlan, sel: torch.Tensor) -> None:
+        """The candidates `sel` (indices into those left) of the decode `plan` joined the row;
+        when none is left the turn recalls no more."""
+        plan.drop(sel)
+        if not plan.left_positions().numel():
+            self.decode_plan = None
 
 
 def begin_turn(req, st) -> None:
@@ -144,25 +190,39 @@ def begin_turn(req, st) -> None:
     if not st.host.chunks:
         return
     t0 = time.perf_counter()
-    chunks = [
-        c.wait() for c in st.host.chunks
-    ]  # offloaded at an earlier step: their copies have landed
     depth = st.row.offset + st.row.kept_pos.numel()
-    positions = torch.cat([c.positions for c in chunks])
-    idx = dedupe(positions, depth, st.row.kept_pos)
-    st.report.recall_from(int(idx.numel()))
+    found = candidates(st, depth, st.row.kept_pos)
+    st.report.recall_from(0 if found is None else int(found[0].numel()))
     cut = split(req.prefix_len, total, st.cfg.scoring.obs_window, st.cfg.page_size)
-    if not idx.numel() or cut is None:
+    if found is None or cut is None:
         return
     st.recall.plan = RecallPlan(
-        positions[idx],
-        torch.cat([c.k for c in chunks])[idx],
-        torch.cat([c.v for c in chunks])[idx],
-        torch.zeros(idx.numel()),
+        *found,
+        torch.zeros(found[0].numel()),
         *cut,
         rounds=turn_rounds(st.cfg.host.recall, st.cfg.host.rounds),
     )
     st.recall.plan.seconds += time.perf_counter() - t0
+
+
+def candidates(
+    st, below: int, exclude: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The request's recall candidates: what its host chunks hold at logical positions below
+    `below` and not in `exclude` (its row's), once each, ascending, as ``(positions [c] int64,
+    k, v [c, layers, H, D])`` on the host; None when there is none."""
+    if not st.host.chunks:
+        return None
+    chunks = [c.wait() for c in st.host.chunks]  # offloaded at an earlier step: copies landed
+    positions = torch.cat([c.positions for c in chunks])
+    idx = dedupe(positions, below, exclude)
+    if not idx.numel():
+        return None
+    return (
+        positions[idx],
+        torch.cat([c.k for c in chunks])[idx],
+        torch.cat([c.v for c in chunks])[idx],
+    )
 
 
 def recall_prompt(scheduler, req, st, alloc) -> None:
@@ -192,7 +252,8 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     allocator = scheduler.token_to_kv_pool_allocator
     row = req_to_token[kv.req_pool_idx, :end].to(torch.int64)
     positions = st.row.positions(end)
-    slots = _row_slots(scheduler, row[:back], int(sel.numel()), alloc) if sel.numel() else row[:0]
+    n = int(sel.numel())
+    slots = row_slots(allocator.page_size, row[:back], n, alloc) if n else row[:0]
     if slots is None:  # no free page: the turn goes on without them
         st.report.skip_recall(int(sel.numel()))
         tier.count_skip()
@@ -204,7 +265,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
         allocator.free_page_ids(tail[::ps] // ps)
     chosen = plan.chosen(sel)
     if n:
-        _write_kv(allocator.get_kvcache(), slots, plan.k[chosen], plan.v[chosen])
+        write_kv(allocator.get_kvcache(), slots, plan.k[chosen], plan.v[chosen])
         req_to_token[kv.req_pool_idx, back : back + n] = slots.to(req_to_token.dtype)
     kv.kv_committed_len = kv.kv_allocated_len = back + n
     recalled = plan.candidates[chosen]
@@ -232,7 +293,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     st.recall.plan = plan.next_round(sel, n)
 
 
-def _write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Write the recalled tokens' K/V (host ``[n, layers, H, D]``) at `slots` in every layer: one
     asynchronous copy to the device for K and one for V, then one write per layer."""
     device = kvcache.k_buffer[0].device
@@ -246,10 +307,10 @@ def _write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
         vb[slots] = v[:, layer].to(vb.dtype)
 
 
-def _row_slots(scheduler, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:
-    """Slots for `n` entries after `row`, page-dense (splice rule 6): the rest of the row's last
-    page (its own), then fresh pages from `alloc` (whole pages). None: no free page."""
-    ps = scheduler.token_to_kv_pool_allocator.page_size
+def row_slots(ps: int, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:
+    """Slots for `n` entries after `row`, page-dense at page size `ps` (splice rule 6): the rest
+    of the row's last page (its own), then fresh pages from `alloc` (whole pages). None: no free
+    page."""
     if ps == 1:
         return alloc(n)
     room = min(n, (ps - row.numel() % ps) % ps)

@@ -75,7 +75,7 @@ def pick(
 
 
 class OracleRecall:
-    """The recall rule (`hf_reference.RecallRule`), settings read from an `EvictConfig`."""
+    """The recall rule (`hf_rules.RecallRule`), settings read from an `EvictConfig`."""
 
     def split(self, cfg, prefix: int, total: int) -> tuple[int, int] | None:
         """Row lengths ``(end, back)`` where the prefill is cut: `end` the last page boundary
@@ -105,6 +105,19 @@ class OracleRecall:
             q, scale, row_keys, cand_keys = layers[i]
             total += candidate_mass(q, scale, row_keys, lengths, cand_keys)
         return pick(total.tolist(), k, cfg.host.pool, cfg.host.gap, list(positions), list(recalled))
+
+    def decode(self, cfg, layers, positions) -> list[int]:
+        """Indices of the candidates a decode step recalls: the best by the step's query (summed
+        over the scored layers; ties: the later), and every candidate after it whose position
+        is less than `recall_span` past its own."""
+        total = torch.zeros(layers[0][3].shape[0])
+        for i in scored_layers(cfg.scoring.score_layers, len(layers)):
+            q, scale, row_keys, cand_keys = layers[i]
+            total += candidate_mass(q, scale, row_keys, [row_keys.shape[0]], cand_keys)
+        s = total.tolist()
+        best = max(range(len(s)), key=lambda i: (s[i], i))
+        start = positions[best]
+        return [i for i, p in enumerate(positions) if start <= p < start + cfg.host.span]
 
 
 ORACLE_RECALL = OracleRecall()

@@ -35,7 +35,7 @@ def scored_layers(rule, num_layers: int) -> list[int]:
 class OracleRequest:
     """Chooses one request's victims under `cfg`'s policy; `rid` seeds the random policy.
 
-    Interface (`hf_reference.RequestPolicy`): `needs` (statistics `keep` reads: "attn",
+    Interface (`hf_rules.RequestPolicy`): `needs` (statistics `keep` reads: "attn",
     "keys", "values"), `observe(row, probs [q, n, L, H], lengths [q])` with every layer's
     probabilities over the row, and `keep(row, shared, keys, values, budget)` -> ascending row
     indices kept (one eviction; the next one is the next step of the seeded policy). A layer

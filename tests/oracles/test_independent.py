@@ -1,7 +1,8 @@
 """The oracles share no code with what they check: no module of `tests/oracles` (its tests
 aside, which compare with the runtime) imports `sgl_vtoken`, `sgl_vtoken_tools` or `patches`,
 and `hf_reference`'s victim choice reaches the runtime only through `runtime_choice` (the
-adapter, its default) and reads `sgl_vtoken.config` only for settings. Imports are found anywhere
+adapter, its default) and reads `sgl_vtoken.config` only for settings (and `hf_rules`, the
+interfaces it asks through). Imports are found anywhere
 in a module: at module level, inside functions, through `importlib.import_module` / `__import__`.
 """
 
@@ -12,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 ORACLES = Path(__file__).resolve().parent
 HF_REFERENCE = REPO / "sgl_vtoken_tools" / "hf_reference.py"
 RUNTIME = ("sgl_vtoken", "sgl_vtoken_tools", "patches", "kernels")
-HF_ALLOWED = {"sgl_vtoken.config", "sgl_vtoken_tools.runtime_choice"}
+HF_ALLOWED = {"sgl_vtoken.config", "sgl_vtoken_tools.hf_rules", "sgl_vtoken_tools.runtime_choice"}
 
 
 def imports(source: str) -> list[tuple[int, str]]:
