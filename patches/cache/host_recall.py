@@ -253,9 +253,9 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     row = req_to_token[kv.req_pool_idx, :end].to(torch.int64)
     positions = st.row.positions(end)
     n = int(sel.numel())
-    slots = row_slots(allocator.page_size, row[:back], n, alloc) if n else row[:0]
+    slots = page_dense(row[:back], back, n, allocator.page_size, alloc) if n else row[:0]
     if slots is None:  # no free page: the turn goes on without them
-        st.report.skip_recall(int(sel.numel()))
+        st.report.skip_recall(n)
         tier.count_skip()
         process().shortages.note("recall_skipped", req.rid, "page")
         sel, slots = sel[:0], row[:0]
@@ -307,25 +307,25 @@ def write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
         vb[slots] = v[:, layer].to(vb.dtype)
 
 
-def row_slots(ps: int, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:
-    """Slots for `n` entries after `row`, page-dense at page size `ps` (splice rule 6): the rest
-    of the row's last page (its own), then fresh pages from `alloc` (whole pages). None: no free
-    page."""
-    if ps == 1:
-        return alloc(n)
-    room = min(n, (ps - row.numel() % ps) % ps)
-    head = (
-        int(row[-1]) + 1 + torch.arange(room, device=row.device)
-        if room
-        else row[:0].to(torch.int64)
-    )
+def page_dense(row: torch.Tensor, at: int, n: int, ps: int, alloc) -> torch.Tensor | None:
+    """``[n] int64`` slots for `n` row entries from entry `at` on, page-dense at page size `ps`
+    (splice rule 6), `row` the row's slots: the rest of entry `at`'s page, which the row owns
+    (from ``row[at]`` when it holds that entry, else from the slot after ``row[at - 1]``), then
+    fresh pages from `alloc` (whole pages). None: no free page::
+
+        ps 4, row slots 40 41 42 43 | 56 57     at 6 -> 58 59, then fresh pages
+                                                at 5 -> 57 58 59, then fresh pages
+    """
+    room = min(n, (ps - at % ps) % ps if at == row.numel() else ps - at % ps)
+    first = int(row[at]) if at < row.numel() else int(row[at - 1]) + 1 if room else 0
+    head = first + torch.arange(room, device=row.device)
     rest = n - room
     if not rest:
-        return head.to(torch.int64)
+        return head
     fresh = alloc(-(-rest // ps) * ps)
     if fresh is None:
         return None
-    return torch.cat([head.to(torch.int64), fresh[:rest].to(head.device, torch.int64)])
+    return torch.cat([head, fresh[:rest].to(head.device, torch.int64)])
 
 
 def drop_recalled(req, tree) -> None:

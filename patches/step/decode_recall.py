@@ -23,6 +23,7 @@ Every lane of the batch is recomputed (same inputs, same slots). Design: docs/de
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -93,7 +94,8 @@ def join(batch, i: int, req, st) -> bool:
     s, allocator = kv.kv_committed_len, tree.token_to_kv_pool_allocator
     req_to_token = batch.req_to_token_pool.req_to_token
     row = req_to_token[kv.req_pool_idx, :s].to(torch.int64)
-    slots = _slots(allocator.page_size, row, n, lambda m: pool.alloc(tree, m, req, "recall"))
+    alloc = partial(pool.alloc, tree, req=req, kind="recall")
+    slots = host_recall.page_dense(row, s - 1, n + 1, allocator.page_size, alloc)
     tier = process().tier
     if slots is None:  # no free page: the step goes on without them
         st.report.skip_recall(n)
@@ -115,21 +117,6 @@ def join(batch, i: int, req, st) -> bool:
     st.report.recall_step(n, st.recall.pinned.tolist(), seconds * 1e3)
     tier.count_recall(n, seconds)
     return True
-
-
-def _slots(ps: int, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:
-    """``[n + 1]`` slots of the row's entries from its last one on (`row`: its slots, the last
-    the step's own), page-dense at page size `ps`: the rest of that entry's page (its slot
-    first), then fresh pages from `alloc` (whole pages). None: no free page."""
-    room = min(n + 1, ps - (row.numel() - 1) % ps)
-    head = int(row[-1]) + torch.arange(room, device=row.device)
-    rest = n + 1 - room
-    if not rest:
-        return head
-    fresh = alloc(-(-rest // ps) * ps)
-    if fresh is None:
-        return None
-    return torch.cat([head, fresh[:rest].to(head.device, torch.int64)])
 
 
 def _grow(batch, i: int, n: int, slot: int) -> None:
