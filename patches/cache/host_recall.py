@@ -225,6 +225,16 @@ def candidates(
     )
 
 
+def skipped(st, rid, tokens: int, why: str) -> None:
+    """A recall of `tokens` went without (`why`: "page", no free page; "cut", the prefill was not
+    cut where it needed): reported, counted by the host tier, noted as a shortage."""
+    st.report.skip_recall(tokens)
+    tier = process().tier
+    assert tier is not None, "a recall needs the host tier"
+    tier.count_skip()
+    process().shortages.note("recall_skipped", rid, why)
+
+
 def recall_prompt(scheduler, req, st, alloc) -> None:
     """Between a recalling turn's two prefill chunks (`prefill.py`): the best candidates join the
     row at `back`, the first chunk's entries from `back` on leave it (their slots are freed; the
@@ -255,9 +265,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     n = int(sel.numel())
     slots = page_dense(row[:back], back, n, allocator.page_size, alloc) if n else row[:0]
     if slots is None:  # no free page: the turn goes on without them
-        st.report.skip_recall(n)
-        tier.count_skip()
-        process().shortages.note("recall_skipped", req.rid, "page")
+        skipped(st, req.rid, n, "page")
         sel, slots = sel[:0], row[:0]
     n, ps = int(sel.numel()), allocator.page_size
     tail = row[-(-back // ps) * ps :]  # whole pages past `back`'s page

@@ -2,7 +2,7 @@
 store's candidates with its own query, and the best come back before the step's token is taken.
 
 A prompt's question rarely points at the fact its answer needs; the query that writes the answer
-does (docs/results/RESULTS.md, "Which queries find the key"). AROUND
+does (docs/RESULTS.md, "Which queries find the key"). AROUND
 `TpModelWorker.forward_batch_generation` (no overlap scheduler): a decode batch with a due lane
 (one of its turn's first `recall_steps` steps, candidates left) runs; its forward scores the
 lane's candidates with the lane's query over the row and the candidates (`scores.py`); the best
@@ -96,11 +96,8 @@ def join(batch, i: int, req, st) -> bool:
     row = req_to_token[kv.req_pool_idx, :s].to(torch.int64)
     alloc = partial(pool.alloc, tree, req=req, kind="recall")
     slots = host_recall.page_dense(row, s - 1, n + 1, allocator.page_size, alloc)
-    tier = process().tier
     if slots is None:  # no free page: the step goes on without them
-        st.report.skip_recall(n)
-        tier.count_skip()
-        process().shortages.note("recall_skipped", req.rid, "page")
+        host_recall.skipped(st, req.rid, n, "page")
         return False
     host_recall.write_kv(allocator.get_kvcache(), slots[:n], plan.k[chosen], plan.v[chosen])
     req_to_token[kv.req_pool_idx, s - 1 : s + n] = slots.to(req_to_token.dtype)
@@ -115,7 +112,7 @@ def join(batch, i: int, req, st) -> bool:
     st.recall.decoded(plan, sel)
     seconds = time.perf_counter() - t0
     st.report.recall_step(n, st.recall.pinned.tolist(), seconds * 1e3)
-    tier.count_recall(n, seconds)
+    process().tier.count_recall(n, seconds)
     return True
 
 

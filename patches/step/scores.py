@@ -25,6 +25,7 @@ from sgl_vtoken.prefill_scores import PrefillScoring
 from sgl_vtoken.recall import candidate_mass
 from sgl_vtoken.stats import RowStats
 
+from ..cache import host_recall
 from ..core.process import process
 from ..core.state import state_of
 from ..core.tp import tp_gather
@@ -168,11 +169,8 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             total = min(total, st.cfg.prefill_peak)
         pending = st.recall.plan
         if pending is not None and n > pending.end:  # not cut where its recall needs it
-            st.report.skip_recall(min(st.cfg.host.recall, int(pending.scores.numel())))
-            proc = process()
-            assert proc.tier is not None, "a recall plan needs the host tier"
-            proc.tier.count_skip()
-            proc.shortages.note("recall_skipped", req.rid, "cut")
+            quota = min(st.cfg.host.recall, int(pending.scores.numel()))
+            host_recall.skipped(st, req.rid, quota, "cut")
             st.recall.reset()
         recall = st.recall.plan
         if recall is not None:  # a recalling turn: the window ends its first chunk
