@@ -2,7 +2,7 @@
 
 SGLang's decode graph runner captures one forward per batch size and replays it; the score
 launches of `scores.collect` are captured with it, on one `GraphScoring` per runner
-(`sgl_vtoken/graph_scores.py`; rows bounded by the server's decode peak, `EvictConfig.decode_peak`):
+(`sgl_vtoken/graph_scores.py`; rows bounded by the server's budget + interval + page_size):
 
     capture_one_shape  AROUND  the capture forward scores every lane on the static buffers
     can_run_graph      AROUND  a batch with a scored row beyond the bound runs eagerly
@@ -35,7 +35,7 @@ def _graph(runner) -> GraphScoring | None:
             pool = runner.model_runner.token_to_kv_pool
             graph = GraphScoring(
                 runner.max_bs,
-                cfg.decode_peak,
+                cfg.budget + cfg.interval + cfg.page_size,
                 pool.layer_num,
                 pool.head_num,
                 pool.get_key_buffer(0).device,

@@ -13,8 +13,7 @@ Row arithmetic the fields describe (one request, row coordinates, `budget` live 
     row before eviction                          row after eviction (budget tokens)
     |sink|.......... evictable ..........|window|   ->   |sink|... kept ...|window|
     0    sink                  len-window     len       0                     budget
-    eviction runs when len >= budget + interval and keeps exactly `budget` tokens (tokens
-    recalled from the host tier this turn come on top of both).
+    eviction runs when len >= budget + interval and keeps exactly `budget` tokens.
 """
 
 from __future__ import annotations
@@ -144,6 +143,14 @@ class EvictConfig:
                 f"EvictConfig.offload needs reclaim 'vtoken' at page_size {self.page_size} "
                 f"(got {self.reclaim!r})"
             )
+        host = self.host
+        recall = host.recall + host.steps * host.span  # the most a turn pins
+        if self.budget is not None and self.sink_tokens + self.window + recall + 1 > self.budget:
+            raise ValueError(
+                f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
+                f"recall + recall_steps * recall_span + 1 = {self.sink_tokens} + {self.window} "
+                f"+ {host.recall} + {host.steps} * {host.span} + 1 > budget {self.budget}"
+            )
 
     def _check_prefill_chunk(self, c: int) -> None:
         ps = self.page_size
@@ -175,16 +182,8 @@ class EvictConfig:
     @property
     def decode_peak(self) -> int:
         """KV tokens an evicting request holds at most while it decodes: the row reaches
-        ``budget + interval`` before each eviction, plus the tokens its turn recalled (kept on
-        top of the budget: `recall` + `recall_steps * recall_span`), plus the partly filled
-        page of the next."""
-        return self.row_budget + self.pinned_max + self.interval + self.page_size
-
-    @property
-    def pinned_max(self) -> int:
-        """Tokens a turn recalls at most (its prompt's rounds and its decode steps), kept on top
-        of `budget` for the rest of the turn."""
-        return self.host.recall + self.host.steps * self.host.span
+        ``budget + interval`` before each eviction, plus the partly filled page of the next."""
+        return self.row_budget + self.interval + self.page_size
 
     @property
     def enabled(self) -> bool:
@@ -214,10 +213,9 @@ class EvictConfig:
         """Sinks rounded up to whole pages: a partially evicted sink page could never be freed."""
         return math.ceil(self.sink / self.page_size) * self.page_size
 
-    def should_evict(self, row_len: int, pinned: int = 0) -> bool:
-        """True when a row of `row_len` live tokens, `pinned` of them recalled this turn (kept on
-        top of the budget), must be evicted down to ``budget + pinned``."""
-        return self.enabled and row_len - pinned >= self.row_budget + self.interval
+    def should_evict(self, row_len: int) -> bool:
+        """True when a row of `row_len` live tokens must be evicted down to `budget`."""
+        return self.enabled and row_len >= self.row_budget + self.interval
 
     def policy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``make_policy(self.policy, **kwargs)``."""

@@ -134,7 +134,7 @@ class HostTier:
             released first.
         recall: tokens a new turn may bring back from its history's host store (0: offload
             only). Scored after the new message's prefill by its last `obs_window` queries; the
-            recalled tokens are kept for the rest of the turn, on top of `budget`. With
+            recalled tokens are kept for the rest of the turn, within `budget`. With
             `prefill_chunk` the prompt's last chunk scores and recalls, from the history's store
             and from what the prefill itself evicted.
         pool (``recall_pool``): odd; each candidate's recall score is first averaged with its
@@ -150,7 +150,7 @@ class HostTier:
             decode steps scores the host store's candidates with its own query (the one about to
             write the next token), and the best comes back with the candidates after it, within
             `recall_span` positions; the step is then recomputed with them visible before its
-            token is taken (0: off). Kept for the rest of the turn, on top of `budget`. Needs
+            token is taken (0: off). Kept for the rest of the turn, within `budget`. Needs
             offload; independent of `recall` (the prompt's rounds).
         span (``recall_span``): positions a decode-time recall brings back from the best
             candidate on (its number's digits, its sentence's next words).

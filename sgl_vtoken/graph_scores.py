@@ -3,7 +3,7 @@
 A captured decode forward runs the same launches on the same addresses at every replay, so the
 scoring it captures may not size, allocate or read anything by the batch's data. `GraphScoring`
 holds, once per graph runner, buffers for its largest captured batch size `max_bs` and a row
-bound `bound` (the evicting rows' peak, `EvictConfig.decode_peak`):
+bound `bound` (the evicting rows' peak: budget + interval + page_size):
 
     indptr      [max_bs + 1] int64   lane b's entries are indptr[b] .. indptr[b+1]
     kv_indices  [max_bs * bound]     their slots (entries past indptr[bs] are never read)
@@ -37,7 +37,7 @@ class GraphScoring:
 
     Args:
         max_bs: the largest captured batch size.
-        bound: the most row entries one lane may score (`EvictConfig.decode_peak`).
+        bound: the most row entries one lane may score (budget + interval + page_size).
         num_layers, kv_heads: the pool's layers and KV heads (this rank's).
         device: the pool's device.
     """

@@ -134,15 +134,14 @@ def masked_turn(
     score that eviction. With `cfg.host.recall` (host tier) the tokens with KV that the view lacks
     are candidates, and the prompt is prefilled in two chunks (`sgl_vtoken.recall.split`): the
     first chunk's last `obs_window` queries score them, the best `recall` join the row and are
-    kept for the rest of the turn (on top of the budget: the row is evicted to ``budget +
-    recalled`` when it holds ``budget + recalled + interval``), and the second chunk (the scoring
-    window rounded to pages, and the prompt's end) is computed with them visible; with
-    `recall_rounds` R the window is recomputed after each of R rounds of ``recall // R`` (the
-    last: what is left) and scores the candidates left. With `cfg.host.steps` S (decode-time
-    recall) the candidates are the tokens with KV the row lacks at the first decode step; each of
-    the first S decode steps scores those left with its own query, the ones `recall.decode` picks
-    join the row before the step's own token (kept on top of the budget too), and the step is
-    computed again with them visible (its first result dropped). The view stored for the next turn leaves every recalled token out (they stay candidates).
+    kept for the rest of the turn, and the second chunk (the scoring window rounded to pages, and
+    the prompt's end) is computed with them visible; with `recall_rounds` R the window is
+    recomputed after each of R rounds of ``recall // R`` (the last: what is left) and scores the
+    candidates left. With `cfg.host.steps` S (decode-time recall) the candidates are the tokens
+    with KV the row lacks at the first decode step; each of the first S decode steps scores
+    those left with its own query, the ones `recall.decode` picks join the row before the step's
+    own token, and the step is computed again with them visible (its first result dropped). The
+    view stored for the next turn leaves every recalled token out (they stay candidates).
     Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
     With `stop`, the turn ends after that token (included), as a server's stop token ends it.
     """
@@ -170,8 +169,7 @@ def masked_turn(
             values = v[:, :, row].permute(2, 0, 1, 3)
         shared = [p < tree_owned or p in set(pinned) for p in row]
         texts = token_texts(model, ids) if cfg.span else []
-        budget = cfg.budget + len(pinned)  # recalled tokens are kept on top of it
-        keep = chooser.keep(list(row), shared, keys, values, budget, texts)
+        keep = chooser.keep(list(row), shared, keys, values, cfg.budget, texts)
         return [row[i] for i in keep]
 
     def observe(res, first: int, end: int) -> None:
@@ -280,7 +278,7 @@ def masked_turn(
         if nxt == stop:  # the turn ends: no forward (nor eviction) for the stop token
             allowed.append(row + [t])
             break
-        if chooser is not None and cfg.should_evict(len(row), len(pinned)):
+        if chooser is not None and cfg.should_evict(len(row)):
             row = evict(res, row)
         row.append(t)
         allowed.append(list(row))

@@ -161,11 +161,6 @@ class Recall:
         assert plan is not None, "a step recalls only when it was armed"
         return plan
 
-    @property
-    def held(self) -> int:
-        """Positions recalled this turn, kept on top of the budget (`EvictConfig.pinned_max`)."""
-        return 0 if self.pinned is None else int(self.pinned.numel())
-
     def pin(self, recalled: torch.Tensor) -> None:
         """Positions `recalled` ``[n]`` joined the row: kept for the rest of the turn."""
         pinned = recalled if self.pinned is None else torch.cat([self.pinned, recalled.cpu()])

@@ -88,8 +88,7 @@ def peak_problem(cfg, pool_tokens: int, budget_name: str = "argument --kv-budget
     the scheduler's start and each request with its own settings ask this one rule."""
     if cfg.decode_peak <= pool_tokens:
         return ""
-    recalled = " + recall + recall_steps * recall_span" if cfg.pinned_max else ""
     return (
         f"{budget_name} {cfg.budget}: an evicting request holds up to budget + interval + "
-        f"page_size{recalled} = {cfg.decode_peak} KV tokens, more than the pool's {pool_tokens}"
+        f"page_size = {cfg.decode_peak} KV tokens, more than the pool's {pool_tokens}"
     )

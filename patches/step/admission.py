@@ -3,11 +3,10 @@
 (`init_req_max_new_tokens`) and a shared prefix capped on a stock radix cache
 (`Req._compute_max_prefix_len`).
 
-An evicting request reserves at most its decode peak (`EvictConfig.decode_peak`: `budget` plus
-what its turn may recall, `interval` and a page) of its own tokens, not `prompt +
-max_new_tokens`, and a chunk evicted during prefill ends at the prefill peak. A request refused
-on an idle pool would be refused at every pass and hold up the queue: it asks at most what an
-idle pool offers when evicted during prefill, else ends with HTTP 400.
+An evicting request reserves at most its decode peak, `budget + interval + page_size` of its own
+tokens, not `prompt + max_new_tokens`, and a chunk evicted during prefill ends at the prefill
+peak. A request refused on an idle pool would be refused at every pass and hold up the queue: it
+asks at most what an idle pool offers when evicted during prefill, else ends with HTTP 400.
 Reservations and reasons: docs/design.md, "Admission".
 """
 

@@ -46,7 +46,7 @@ def evict_batch(ctx: StepContext, batch, skip: set) -> None:
     due = [
         (i, DueRow(req, st, lens[i]))
         for i, req, st in evicting
-        if req not in skip and st.cfg.should_evict(lens[i], st.recall.held)
+        if req not in skip and st.cfg.should_evict(lens[i])
     ]
     freed_before = ctx.counters.pages_freed
     outcomes = evict_rows(ctx, [row for _, row in due]) if due else []
@@ -230,7 +230,7 @@ def _evict_row(ctx: StepContext, due: DueRow) -> EvictRow:
         length=length,
         positions=positions,
         policy=st.policy,
-        budget=st.cfg.row_budget + st.recall.held,  # recalled tokens on top of it
+        budget=st.cfg.row_budget,
         cpl=cpl,
         shared=not st.holed,
         rid=st.rid,

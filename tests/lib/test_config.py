@@ -211,23 +211,6 @@ def test_interval_hysteresis():
     every_step = EvictConfig(policy="streamingllm", budget=10, interval=1)
     assert [every_step.should_evict(n) for n in (10, 11)] == [False, True]
     assert cfg.decode_peak == 10 + 3 + 1
-    # Recalled tokens are kept on top of the budget: they neither trigger an eviction nor count
-    # in what it keeps, and the peak a request reserves grows by the most a turn recalls.
-    assert [cfg.should_evict(n, pinned=5) for n in (17, 18)] == [False, True]
-    recalling = EvictConfig.from_dict(
-        dict(
-            policy="h2o",
-            budget=64,
-            interval=16,
-            offload=True,
-            host_tokens=100,
-            recall=48,
-            recall_steps=4,
-            recall_span=8,
-        )
-    )
-    assert recalling.pinned_max == 48 + 4 * 8
-    assert recalling.decode_peak == 64 + 80 + 16 + 1
     assert (
         EvictConfig(policy="streamingllm", budget=64, interval=16, page_size=16).decode_peak == 96
     )
@@ -304,6 +287,7 @@ def test_prefill_chunk_ends_chunks_on_whole_pages():
             dict(offload=True, host_tokens=100, page_size=16, budget=64, reclaim="naive"),
             "offload needs reclaim 'vtoken'",
         ),
+        (dict(offload=True, host_tokens=100, recall=61), "recall must leave room in the budget"),
         (dict(offload="yes", host_tokens=100), "offload must be true or false"),
         (dict(offload=True, host_tokens=100, recall=8, recall_pool=4), "recall_pool must be odd"),
         (dict(offload=True, host_tokens=100, recall=8, recall_gap=-1), "recall_gap must be >= 0"),
@@ -318,6 +302,11 @@ def test_prefill_chunk_ends_chunks_on_whole_pages():
         (dict(recall_steps=2), "recall_steps 2 needs offload"),
         (dict(offload=True, host_tokens=100, recall_steps=-1), "recall_steps must be >= 0"),
         (dict(offload=True, host_tokens=100, recall_steps=2, recall_span=0), "recall_span must"),
+        # sink 4 + window 0 + recall 8 + 7 steps * span 8 + 1 = 69 > budget 64
+        (
+            dict(offload=True, host_tokens=100, recall=8, recall_steps=7),
+            r"recall \+ recall_steps \* recall_span \+ 1 = 4 \+ 0 \+ 8 \+ 7 \* 8 \+ 1 > budget 64",
+        ),
     ],
 )
 def test_offload_settings_are_validated_naming_the_field(kwargs, needle):
