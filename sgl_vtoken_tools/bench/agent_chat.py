@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from sgl_vtoken_tools.bench.http_client import stream_chat
-from sgl_vtoken_tools.bench.joint import history_fields
+from sgl_vtoken_tools.bench.joint import held_tokens, history_fields
 from sgl_vtoken_tools.quality.agent_sessions import SYSTEM, AgentSession
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
 
@@ -80,10 +80,7 @@ def _session(
         recs.append(rec)
         if rec["error"] is not None:
             break  # the session cannot go on without the reply
-        held = rec["live_tokens"]
-        kv = max(
-            kv, held if held is not None else (rec["prompt_tokens"] or 0) + rec["completion_tokens"]
-        )
+        kv = max(kv, held_tokens(rec))
         messages.append({"role": "assistant", "content": reply})
     failed = any(r["error"] is not None for r in recs)
     return recs, answer_record(sess, reply, failed, kv)

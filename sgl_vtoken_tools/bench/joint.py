@@ -14,6 +14,7 @@
                                cache's answers, device KV per conversation, retractions and
                                peak running requests from the server's log
     history_fields(report)     a request's history source and restored tokens
+    held_tokens(rec)           the device KV a request held at its end
     history_turns(reqs)        later turns continued from a device or a host history, from
                                SGLang's radix prefix, or prefilled again
     host_counters(state)       the host-history counters of a plugin state reading
@@ -160,12 +161,7 @@ def _conversation(
         recs.append(rec)
         if rec["error"] is not None:
             break
-        held = (
-            rec["live_tokens"]
-            if rec["live_tokens"] is not None
-            else (rec["prompt_tokens"] or 0) + rec["completion_tokens"]
-        )
-        kv = max(kv, held)
+        kv = max(kv, held_tokens(rec))
         messages.append({"role": "assistant", "content": reply})
     return recs, answer_record(conv, reply, any(r["error"] is not None for r in recs), kv)
 
@@ -184,6 +180,17 @@ def history_fields(report: dict | None) -> dict:
         "history_source": source,
         "history_restored_tokens": report.get("history_restored_tokens") or 0,
     }
+
+
+def held_tokens(rec: dict) -> int:
+    """Device KV tokens request record `rec` held at its end: `live_tokens` after its last
+    eviction; without one, the stored view it continued (`history_view_tokens`, 0 for none) plus
+    the prompt tokens past that history and its reply (without the plugin or a stored history:
+    the whole prompt and reply)."""
+    if rec["live_tokens"] is not None:
+        return rec["live_tokens"]
+    past = (rec["prompt_tokens"] or 0) - (rec.get("history_tokens") or 0)
+    return (rec.get("history_view_tokens") or 0) + past + rec["completion_tokens"]
 
 
 def host_counters(state: dict | None) -> dict | None:

@@ -184,6 +184,16 @@ def test_history_fields_read_the_report_and_its_absence():
     assert named["history_source"] == "none"
 
 
+def test_held_tokens_count_the_device_kv_not_the_logical_prompt():
+    rec = {"live_tokens": None, "prompt_tokens": 1900, "completion_tokens": 12}
+    # a last turn that ended before its first eviction, continuing a 1,800-token history whose
+    # stored view holds 260: the view, the 100 new prompt tokens and the reply
+    continued = {**rec, "history_tokens": 1800, "history_view_tokens": 260}
+    assert joint.held_tokens(continued) == 260 + 100 + 12
+    assert joint.held_tokens(rec) == 1900 + 12  # no stored history (or no plugin): all of it
+    assert joint.held_tokens({**continued, "live_tokens": 270}) == 270  # after an eviction
+
+
 def _turn(conv, turn, source, prompt, cached, restored=0, error=None):
     return {
         **_req(conv, turn, 8, 0.1, error, prompt, cached),
