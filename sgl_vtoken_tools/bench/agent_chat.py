@@ -1,16 +1,18 @@
 """Plays scored agent sessions (`sgl_vtoken_tools.quality.agent_sessions`) as a chat client does:
 the shared system prompt, then each turn appended to the history with the model's own reply
-(greedy, at most `reply_tokens` tokens, stops at EOS) fed back; one streamed chat completion per
-turn (`http_client.stream_chat`).
+(greedy, at most `reply_tokens` tokens, stops at EOS) fed back, or another run's reply to that
+turn (`load_replies`); one streamed chat completion per turn (`http_client.stream_chat`).
 
     play(...)            every session at once (or `concurrency` at a time): request records in
                          time order, answer records in session order, wall seconds
     answer_record(...)   a session's score: the first number of its last reply against the key
+    load_replies(...)    a cell's replies from a run's lines, to feed back instead
 
 Request ids are ``{rid_prefix}-{session id}-t{turn}``, the same on every server, so seeded
 per-request choices are the same in every cell. Each request record carries how its history
-came back (`joint.history_fields`: `history_source`, `history_restored_tokens`). Tool outputs go as role `tool_role`: "user"
-(default: SmolLM2's template was trained on user and assistant turns only) or "tool".
+came back (`joint.history_fields`: `history_source`, `history_restored_tokens`) and its
+`reply`. Tool outputs go as role `tool_role`: "user" (default: SmolLM2's template was trained on
+user and assistant turns only) or "tool".
 """
 
 from __future__ import annotations
@@ -45,6 +47,25 @@ def answer_record(sess: AgentSession, reply: str, failed: bool, kv_tokens: int) 
     }
 
 
+def load_replies(lines: list[dict], cell: str) -> dict[tuple[str, int], str]:
+    """``(session id, turn) -> reply`` of `cell`'s first repeat in a run's JSON `lines` (request
+    records with their `reply`), for `play`'s `replies`.
+
+    Raises:
+        ValueError: the lines hold no reply of that cell."""
+    got = {
+        (r["conversation"], r["turn"]): r["reply"]
+        for r in lines
+        if r.get("kind") == "request"
+        and r.get("cell") == cell
+        and r.get("repeat") == 0
+        and "reply" in r
+    }
+    if not got:
+        raise ValueError(f"no request line of cell {cell!r}, repeat 0, carries a reply")
+    return got
+
+
 def request_id(prefix: str, sess: AgentSession, turn: int) -> str:
     return f"{prefix}-{sess.id}-t{turn}"
 
@@ -68,7 +89,7 @@ def _session(
             payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
         rec = stream_chat(http, base_url, payload, opts["timeout"], kv_evict=True)
         rec.update(history_fields(rec.pop("kv_evict")))
-        reply = rec.pop("text")
+        reply = rec["reply"] = rec.pop("text")
         rec.update(
             kind="request",
             conversation=sess.id,
@@ -81,7 +102,9 @@ def _session(
         if rec["error"] is not None:
             break  # the session cannot go on without the reply
         kv = max(kv, held_tokens(rec))
-        messages.append({"role": "assistant", "content": reply})
+        # the history goes on with the reply given (`replies`: another run's), else the server's
+        said = opts["replies"].get((sess.id, turn), reply)
+        messages.append({"role": "assistant", "content": said})
     failed = any(r["error"] is not None for r in recs)
     return recs, answer_record(sess, reply, failed, kv)
 
@@ -96,10 +119,14 @@ def play(
     tool_role: str = "user",
     concurrency: int = 0,
     timeout: float = 1800.0,
+    replies: dict[tuple[str, int], str] | None = None,
 ) -> tuple[list[dict], list[dict], float]:
     """Play every session (at most `concurrency` at once; 0: all); `kv_evict`: the per-request
-    ``custom_params.kv_evict`` (None: the server's flags). Returns the request records (time
-    order), the answer records (session order) and the wall seconds."""
+    ``custom_params.kv_evict`` (None: the server's flags); `replies`: ``(session id, turn) ->
+    text`` fed back in the history instead of the server's own reply to that turn (another
+    run's, `load_replies`), so two servers answer the same conversation. Returns the request
+    records (time order, each with its `reply`), the answer records (session order) and the
+    wall seconds."""
     if tool_role not in ("user", "tool"):
         raise ValueError(f"tool_role must be 'user' or 'tool' (got {tool_role!r})")
     opts = {
@@ -108,6 +135,7 @@ def play(
         "reply_tokens": reply_tokens,
         "tool_role": tool_role,
         "timeout": timeout,
+        "replies": replies or {},
     }
     slots = threading.Semaphore(concurrency) if concurrency else None
     t0 = time.monotonic()

@@ -177,6 +177,29 @@ def test_scored_sessions_script(client, tiny_model, fake_essays, load_script, tm
             assert long and all(0 < r["live_tokens"] < BUDGET + INTERVAL for r in long)
             assert s["kv_tokens_max"] < BUDGET + INTERVAL
 
+    # --replies: the evicting cell answers the full cache's conversations, its own replies
+    # recorded but not fed back, so every turn's prompt is the full cache's to the token
+    again = tmp_path / "replayed.jsonl"
+    rc = load_script("bench_agent").main(
+        [
+            *("--base-url", client.base_url, "--model", str(tiny_model)),
+            *("--wheel-dir", str(fake_essays), "--cells", "evict"),
+            *("--sessions", "2", "--repeats", "1", "--turns", "8", "8"),
+            *("--tool-tokens", "60", "120", "--reply-tokens", "8"),
+            *("--replies", str(out), "full", "--out", str(again)),
+        ]
+    )
+    full = {
+        (r["conversation"], r["turn"]): r
+        for r in lines
+        if r["kind"] == "request" and r["cell"] == "full"
+    }
+    replayed = [json.loads(line) for line in again.read_text().splitlines()]
+    reqs = [r for r in replayed if r["kind"] == "request"]
+    assert rc == 0 and len(reqs) == 2 * 8 and all("reply" in r for r in reqs)
+    for r in reqs:
+        assert r["prompt_tokens"] == full[r["conversation"], r["turn"]]["prompt_tokens"], r
+
 
 CELLS = ("full", "evict")
 
