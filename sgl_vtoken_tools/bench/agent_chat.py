@@ -126,9 +126,21 @@ def play(
     text`` fed back in the history instead of the server's own reply to that turn (another
     run's, `load_replies`), so two servers answer the same conversation. Returns the request
     records (time order, each with its `reply`), the answer records (session order) and the
-    wall seconds."""
+    wall seconds.
+
+    Raises:
+        ValueError: a bad `tool_role`, or `replies` lacking a turn before a session's last."""
     if tool_role not in ("user", "tool"):
         raise ValueError(f"tool_role must be 'user' or 'tool' (got {tool_role!r})")
+    if replies is not None:  # a missing one would silently become the server's own
+        missing = [
+            (s.id, t) for s in sessions for t in range(1, len(s.turns)) if (s.id, t) not in replies
+        ]
+        if missing:
+            raise ValueError(
+                f"replies lack {len(missing)} turns before a session's last, e.g. {missing[0]} "
+                "(another split, seed or turn count, or a session that failed there)"
+            )
     opts = {
         "kv_evict": kv_evict,
         "rid_prefix": rid_prefix,

@@ -340,3 +340,21 @@ def test_the_host_cells_run_alone_with_the_recommended_flags(bench, monkeypatch,
     assert seen["cells"] == args.cells
     out = capsys.readouterr().out
     assert "| h2o b256 s16 w32 + host + recall 192 | 10.0 | 1.00 |" in out
+
+
+def test_agent_replies_must_cover_every_turn_before_the_last():
+    """bench_agent --replies: a run's replies of one cell feed the others' histories; a turn they
+    lack is refused before any request, not silently answered with the server's own reply."""
+    from sgl_vtoken_tools.bench.agent_chat import load_replies, play
+    from sgl_vtoken_tools.quality.agent_sessions import AgentSession
+
+    lines = [
+        {"kind": "request", "cell": "full", "repeat": 0, "conversation": "s", "turn": t, "reply": r}
+        for t, r in ((1, "a"), (2, "b"))
+    ] + [{"kind": "request", "cell": "evict", "repeat": 0, "conversation": "s", "turn": 1}]
+    assert load_replies(lines, "full") == {("s", 1): "a", ("s", 2): "b"}
+    with pytest.raises(ValueError, match="no request line of cell 'evict', repeat 0"):
+        load_replies(lines, "evict")
+    sess = AgentSession("s", (("user", "x"),) * 4, "12345")  # turns 1-3 are fed back
+    with pytest.raises(ValueError, match=r"replies lack 1 turns .* \('s', 3\)"):
+        play("http://127.0.0.1:9", "m", [sess], replies=load_replies(lines, "full"))
