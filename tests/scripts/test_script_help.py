@@ -13,6 +13,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 @pytest.mark.parametrize(
     "script,flag",
     [
+        ("agent_turns.py", "--fed"),
         ("bench_joint.py", "--cells"),
         ("chat_clients.py", "--stuck-after"),
         ("check_fastref.py", "--cases"),
