@@ -6,8 +6,9 @@
 An evicting request reserves at most its decode peak, `budget + interval + page_size` of its own
 tokens (or what its prompt holds plus the `evict_after` tokens its reply writes before its first
 eviction, when more), not `prompt + max_new_tokens`, and a chunk evicted during prefill ends at
-the prefill peak. A request refused on an idle pool would be refused at every pass and hold up the queue: it
-asks at most what an idle pool offers when evicted during prefill, else ends with HTTP 400.
+the prefill peak. A request refused on an idle pool would be refused at every pass and hold up
+the queue: it asks at most what an idle pool offers when evicted during prefill, else ends with
+HTTP 400.
 Reservations and reasons: docs/design.md, "Admission".
 """
 

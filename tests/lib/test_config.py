@@ -225,9 +225,11 @@ def test_first_eviction_waits_for_evict_after_reply_tokens():
     assert late.should_evict(50) and late.decode_peak == 10 + 1 + 1  # the trigger is the same
     for n in (0, 1):
         at_once = EvictConfig.from_dict(dict(policy="h2o", budget=10, evict_after=n))
-        assert at_once.settled(1) and at_once.history_namespace() == EvictConfig(
-            policy="h2o", budget=10
-        ).history_namespace()
+        assert (
+            at_once.settled(1)
+            and at_once.history_namespace()
+            == EvictConfig(policy="h2o", budget=10).history_namespace()
+        )
 
 
 def test_policy_kwargs_pass_seed_only_to_seeded_policies():
