@@ -34,7 +34,9 @@ class Scoring:
             tokens: they are written from the whole row as prefilled, and an attention policy's
             statistics fold their queries before it chooses (a reply that restates a fact of
             its history reads it before the prompt's queries alone could evict it). The row
-            grows by that many tokens past the prefill first (admission reserves them). 0 (the
+            grows by that many tokens past the prefill first (admission reserves them). A reply
+            that ends before `evict_after` tokens leaves its turn unevicted: its history is
+            stored as the row stands and the next turn's first eviction compacts it. 0 (the
             default) or 1: at the first decode step that reaches the trigger.
         score_layers: attention policies: the layers whose attention is scored: ``"upper"`` (the
             default: the upper half of the model's layers, ``num_layers // 2`` and up), ``"all"``
