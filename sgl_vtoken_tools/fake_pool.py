@@ -1,7 +1,7 @@
 """A fake of the SGLang objects the holed radix cache and the eviction step touch: a slot
 allocator (page size 1, or whole pages with a one-layer K/V pool), the request-to-token table,
-a request, and a decode batch. Tests and `scripts/trace_step.py` drive the real `patches/` code
-on them without a server."""
+a request, and a decode batch. Tests drive the real `patches/` code on them without a
+server."""
 
 from __future__ import annotations
 
