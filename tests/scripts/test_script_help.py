@@ -18,7 +18,6 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
         ("chat_clients.py", "--stuck-after"),
         ("check_fastref.py", "--cases"),
         ("collect_traces.py", "--cut-every"),
-        ("diag_attention.py", "--obs-window"),
         ("eval_kvp.py", "--ppl-budgets"),
         ("eval_quality.py", "--kvp-checkpoint"),
         ("kvpress_eval.py", "--modes"),  # without kvpress installed: it is imported only to run
