@@ -10,9 +10,8 @@
                                          `evict`, its --kv-* flags from args (budget, sink, ...)
     with served(flags) as client:        that server started, and stopped on the way out
 
-Used by ``scripts/check_fastref.py``, ``scripts/eval_quality.py`` and the server runs
-(`long_doc.py`, `long_chat.py`). Torch and transformers are imported by :func:`load` only, so
-``--help`` and flag errors answer at once.
+Used by ``scripts/eval_quality.py`` and the server runs (`long_doc.py`, `long_chat.py`). Torch
+and transformers are imported by :func:`load` only, so ``--help`` and flag errors answer at once.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
         ("agent_turns.py", "--fed"),
         ("bench_joint.py", "--cells"),
         ("chat_clients.py", "--stuck-after"),
-        ("check_fastref.py", "--cases"),
         ("collect_traces.py", "--cut-every"),
         ("eval_kvp.py", "--ppl-budgets"),
         ("eval_quality.py", "--kvp-checkpoint"),
