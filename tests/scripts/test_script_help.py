@@ -22,7 +22,6 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
         ("kvpress_eval.py", "--modes"),  # without kvpress installed: it is imported only to run
         ("mutation_check.py", "--only"),
         ("probe_retokenize.py", "--conversations"),
-        ("recall_statistics.py", "--cache"),
         ("train_kvp.py", "--heldout"),
         ("train_tiny_lm.py", "--eval-windows"),
     ],
