@@ -17,7 +17,6 @@ imports this package (`tests/test_layout.py`).
     reference          pure-torch oracles of what the server does around the kernels
     step_ref           the per-row eviction path, oracle of `sgl_vtoken.step`
     row                RequestRow, the CPU model of one request's row
-    retokenize         how often a chat client's next turn reproduces the stored token ids
     kernel_bench       timers, move patterns and floors of `scripts/bench_kernels.py`
     kernel_bench_runs  that script's workloads, one function per part
 """

@@ -21,7 +21,6 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
         ("eval_quality.py", "--kvp-checkpoint"),
         ("kvpress_eval.py", "--modes"),  # without kvpress installed: it is imported only to run
         ("mutation_check.py", "--only"),
-        ("probe_retokenize.py", "--conversations"),
         ("train_kvp.py", "--heldout"),
         ("train_tiny_lm.py", "--eval-windows"),
     ],
