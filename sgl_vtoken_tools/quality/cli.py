@@ -1,6 +1,5 @@
-"""What the quality command lines share: the model, threads and output flags, loading, JSON lines.
+"""What the quality command lines share: loading, JSON lines, servers.
 
-    add_model_flags(parser)              --model (required), --threads (0: torch's default), --out
     tok, model = load(path, threads)     torch's thread count set first (when threads > 0), then
                                          the tokenizer and the fast reference's model
                                          (:func:`sgl_vtoken_tools.quality.fastref.load_model`)
@@ -10,24 +9,17 @@
                                          `evict`, its --kv-* flags from args (budget, sink, ...)
     with served(flags) as client:        that server started, and stopped on the way out
 
-Used by ``scripts/eval_quality.py`` and the server runs (`long_doc.py`, `long_chat.py`). Torch
-and transformers are imported by :func:`load` only, so ``--help`` and flag errors answer at once.
+Used by ``scripts/eval_quality.py`` and the quality CLIs (`chat_recall.py`, `chat_server.py`,
+`long_doc.py`, `long_chat.py`). Torch and transformers are imported by :func:`load` only, so
+``--help`` and flag errors answer at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-
-
-def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """--model, --threads and --out, as every quality script spells them."""
-    parser.add_argument("--model", required=True, help="Hugging Face model folder")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--out", help="JSON lines file (default stdout)")
 
 
 def load(path: str, threads: int = 0):
