@@ -13,7 +13,6 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 @pytest.mark.parametrize(
     "script,flag",
     [
-        ("agent_turns.py", "--fed"),
         ("bench_joint.py", "--cells"),
         ("chat_clients.py", "--stuck-after"),
         ("collect_traces.py", "--cut-every"),
