@@ -13,7 +13,6 @@ cli.py           the quality scripts' shared flags, model loading and JSON-lines
 chats.py         chat-shaped recall conversations (replies the model's own) from a split
 chat_recall.py   those conversations through the masked reference, per setting (a CLI)
 chat_server.py   the same conversations played on a server, per-request cells (a CLI)
-chat_diag.py     the answer turn of one of them under one-change masks (a CLI)
 long_doc.py      documents longer than the pool, asked on servers (a CLI)
 long_chat.py     50-turn chats that run past the pool, played on servers (a CLI)
 """
