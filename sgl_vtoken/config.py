@@ -214,14 +214,8 @@ class EvictConfig:
         return math.ceil(self.sink / self.page_size) * self.page_size
 
     def should_evict(self, row_len: int) -> bool:
-        """True when a row of `row_len` live tokens must be evicted down to `budget` (in decode
-        also :meth:`settled`)."""
+        """True when a row of `row_len` live tokens must be evicted down to `budget`."""
         return self.enabled and row_len >= self.row_budget + self.interval
-
-    def settled(self, decoded: int) -> bool:
-        """True once a reply of `decoded` tokens (sampled so far, >= 1 at any decode step) may be
-        evicted: ``decoded >= evict_after``."""
-        return decoded >= self.scoring.evict_after
 
     def policy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``make_policy(self.policy, **kwargs)``."""
@@ -242,8 +236,6 @@ class EvictConfig:
         params = json.dumps(dict(self.params), sort_keys=True)
         sc, host = self.scoring, self.host
         decode = f":rs{host.steps}:rn{host.span}" if host.steps else ""  # decode-time recall
-        if sc.evict_after > 1:  # 0 and 1 evict alike
-            decode += f":ea{sc.evict_after}"
         return (
             f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
             f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"

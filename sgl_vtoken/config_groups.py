@@ -30,14 +30,6 @@ class Scoring:
             others).
         obs_window: attention policies: prompt queries whose attention seeds the statistics at
             prefill (the last `obs_window`, SnapKV-style).
-        evict_after: a request's first eviction in decode waits until its reply has this many
-            tokens: they are written from the whole row as prefilled, and an attention policy's
-            statistics fold their queries before it chooses (a reply that restates a fact of
-            its history reads it before the prompt's queries alone could evict it). The row
-            grows by that many tokens past the prefill first (admission reserves them). A reply
-            that ends before `evict_after` tokens leaves its turn unevicted: its history is
-            stored as the row stands and the next turn's first eviction compacts it. 0 (the
-            default) or 1: at the first decode step that reaches the trigger.
         score_layers: attention policies: the layers whose attention is scored: ``"upper"`` (the
             default: the upper half of the model's layers, ``num_layers // 2`` and up), ``"all"``
             (or None), or a list of layer ids. A rule is resolved against the served model by
@@ -50,7 +42,6 @@ class Scoring:
 
     aggregation: str | None = field(default=None, metadata=_key("aggregation"))
     obs_window: int = field(default=16, metadata=_key("obs_window"))
-    evict_after: int = field(default=0, metadata=_key("evict_after", request=True))
     score_layers: tuple[int, ...] | str | None = field(
         default="upper", metadata=_key("score_layers")
     )
@@ -62,7 +53,6 @@ class Scoring:
                 "aggregation", self.aggregation, AGGREGATIONS, "or null (the policy's default)"
             )
         check_int("obs_window", self.obs_window, 1)
-        check_int("evict_after", self.evict_after, 0)
         if self.span is not None:
             check_int("span", self.span, 0)
         layers = self.score_layers

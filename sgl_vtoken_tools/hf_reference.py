@@ -141,9 +141,7 @@ def masked_turn(
     with KV the row lacks at the first decode step; each of the first S decode steps scores
     those left with its own query, the ones `recall.decode` picks join the row before the step's
     own token, and the step is computed again with them visible (its first result dropped). The
-    view stored for the next turn leaves every recalled token out (they stay candidates). With
-    `cfg.scoring.evict_after` E the turn's first decode eviction waits until its reply has E
-    tokens (their queries observed first).
+    view stored for the next turn leaves every recalled token out (they stay candidates).
     Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
     With `stop`, the turn ends after that token (included), as a server's stop token ends it.
     """
@@ -280,7 +278,7 @@ def masked_turn(
         if nxt == stop:  # the turn ends: no forward (nor eviction) for the stop token
             allowed.append(row + [t])
             break
-        if chooser is not None and cfg.should_evict(len(row)) and cfg.settled(len(out)):
+        if chooser is not None and cfg.should_evict(len(row)):
             row = evict(res, row)
         row.append(t)
         allowed.append(list(row))

@@ -4,11 +4,9 @@
 (`Req._compute_max_prefix_len`).
 
 An evicting request reserves at most its decode peak, `budget + interval + page_size` of its own
-tokens (or what its prompt holds plus the `evict_after` tokens its reply writes before its first
-eviction, when more), not `prompt + max_new_tokens`, and a chunk evicted during prefill ends at
-the prefill peak. A request refused on an idle pool would be refused at every pass and hold up
-the queue: it asks at most what an idle pool offers when evicted during prefill, else ends with
-HTTP 400.
+tokens, not `prompt + max_new_tokens`, and a chunk evicted during prefill ends at the prefill
+peak. A request refused on an idle pool would be refused at every pass and hold up the queue: it
+asks at most what an idle pool offers when evicted during prefill, else ends with HTTP 400.
 Reservations and reasons: docs/design.md, "Admission".
 """
 
@@ -27,14 +25,6 @@ from ..core.state import state_of
 from .prefill import chunk_limit, evicts_in_prefill
 
 
-def growth(req, st, own: int) -> int:
-    """KV tokens an evicting request holding `own` tokens of its own may still add: up to its
-    decode peak, and first the rest of its reply's `evict_after` tokens, written before its first
-    eviction."""
-    settle = st.cfg.scoring.evict_after - len(req.output_ids)
-    return max(0, st.cfg.decode_peak - own, settle)
-
-
 @contextmanager
 def _clipped(reqs):
     """Temporarily clip the remaining `max_new_tokens` of evicting requests to what their KV can
@@ -51,7 +41,7 @@ def _clipped(reqs):
         tree = (
             (req.kv.cache_protected_len if req.kv.holds_kv else req.prefix_len) if st.holed else 0
         )
-        room = growth(req, st, row - tree)
+        room = max(0, st.cfg.decode_peak - (row - tree))
         clipped = done + min(req.sampling_params.max_new_tokens - done, room)
         if clipped < req.sampling_params.max_new_tokens:
             saved.append((req, req.sampling_params.max_new_tokens))
@@ -81,15 +71,13 @@ def _refuse(req, st, message: str, status=HTTPStatus.BAD_REQUEST) -> None:
     )
 
 
-def _never_fits(req, st, pool_tokens: int) -> str:
+def _never_fits(req, pool_tokens: int) -> str:
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-    settle = st.cfg.scoring.evict_after if st is not None else 0
-    reply = f" and the {settle} reply tokens before its first eviction (evict_after)"
     return (
         f"this request can never be scheduled: its prefill of {extend} tokens (past a cached "
-        f"prefix of {req.prefix_len}), plus a page{reply if settle > 1 else ''}, needs more "
-        f"than the {pool_tokens}-token KV pool holds with nothing else in it; send a shorter "
-        "prompt, or evict during prefill (kv_evict prefill_chunk)"
+        f"prefix of {req.prefix_len}), plus a page, needs more than the {pool_tokens}-token KV "
+        "pool holds with nothing else in it; send a shorter prompt, or evict during prefill "
+        "(kv_evict prefill_chunk)"
     )
 
 
@@ -126,7 +114,7 @@ def adder_class(base: type) -> type:
             # Under the holed radix cache tree-owned tokens leave the row; its own part grows to
             # the cap.
             own = req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
-            return min(stock, growth(req, st, own))
+            return min(stock, max(0, st.cfg.decode_peak - own))
 
         def _peers(self, req):
             running = self.running_batch.reqs if self.running_batch is not None else []
@@ -237,7 +225,7 @@ def adder_class(base: type) -> type:
                 and req not in self.can_run_list
                 and self._idle(has_chunked_req)
             ):
-                _refuse(req, st, _never_fits(req, st, self.token_to_kv_pool_allocator.size))
+                _refuse(req, st, _never_fits(req, self.token_to_kv_pool_allocator.size))
             if (
                 st is not None
                 and st.retract.real_outputs is not None

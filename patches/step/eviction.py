@@ -46,7 +46,7 @@ def evict_batch(ctx: StepContext, batch, skip: set) -> None:
     due = [
         (i, DueRow(req, st, lens[i]))
         for i, req, st in evicting
-        if req not in skip and st.cfg.should_evict(lens[i]) and _settled(req, st, lens[i])
+        if req not in skip and st.cfg.should_evict(lens[i])
     ]
     freed_before = ctx.counters.pages_freed
     outcomes = evict_rows(ctx, [row for _, row in due]) if due else []
@@ -66,17 +66,6 @@ def evict_batch(ctx: StepContext, batch, skip: set) -> None:
         _shift_lens(batch, delta)
     ctx.sample_held()
     ctx.sample_batch(batch)
-
-
-def _settled(req, st, length: int) -> bool:
-    """Whether the reply is past `evict_after` (`EvictConfig.settled`): its tokens sampled so far
-    are counted from the logical position of the row's last entry (the last token with KV; the
-    one sampled after it counts too), so the count is the same with and without the overlap
-    scheduler."""
-    if st.cfg.scoring.evict_after <= 1:
-        return True
-    prompt = st.prompt.logical if st.prompt.logical is not None else req.origin_input_ids
-    return st.cfg.settled(int(st.row.positions(length)[-1]) + 2 - len(prompt))
 
 
 def _shift_lens(batch, delta: torch.Tensor) -> None:

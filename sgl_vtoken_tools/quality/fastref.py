@@ -173,11 +173,6 @@ class Request:
                 f"EvictConfig.prefill_chunk {cfg.prefill.chunk}: the fast reference prefills "
                 "whole prompts; eviction during prefill is defined by sgl_vtoken_tools.hf_reference"
             )
-        if cfg.scoring.evict_after > 1:
-            raise ValueError(
-                f"EvictConfig.evict_after {cfg.scoring.evict_after}: the fast reference evicts at "
-                "the trigger; a delayed first eviction is defined by sgl_vtoken_tools.hf_reference"
-            )
         self.model, self.cfg, self.rid = model, cfg, stable_id(rid)
         self.policy = policy_from_config(cfg) if cfg.enabled else None
         if self.policy is not None and self.policy.span and words is None:

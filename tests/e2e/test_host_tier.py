@@ -54,11 +54,10 @@ def session(
     rounds=1,
     between=None,
     span=0,
-    evict_after=0,
 ):
-    """One conversation with offload (and `recall` in `rounds`, words kept whole with `span`, the
-    first eviction of each reply after `evict_after` tokens); asserts each turn equals the
-    reference and returns the per-turn reports. `between(k)` runs before turn k >= 1."""
+    """One conversation with offload (and `recall` in `rounds`, words kept whole with `span`);
+    asserts each turn equals the reference and returns the per-turn reports. `between(k)` runs
+    before turn k >= 1."""
     rng = random.Random(sum(map(ord, rid)))
     prompt = random_ids(30 if page_size == 1 else 70, seed=300 + recall)
     messages = [
@@ -76,7 +75,6 @@ def session(
         "window": window,
         "recall_rounds": rounds,
         "span": span,
-        "evict_after": evict_after,
     }
     cfg = EvictConfig(
         policy=policy,
@@ -85,7 +83,7 @@ def session(
         window=window,
         interval=interval,
         page_size=page_size,
-        scoring=Scoring(span=span, evict_after=evict_after),
+        scoring=Scoring(span=span),
         host=HostTier(
             offload=True, tokens=HOST_TOKENS, recall=recall, gap=RECALL_GAP, rounds=rounds
         ),
@@ -172,27 +170,6 @@ def test_recall_in_rounds_equals_the_reference(server_factory, kvp_checkpoint, h
             and len(r["recalled_positions"]) == RECALL
         )
         assert 3 <= r["recomputed_tokens"] <= 3 * 16
-    wait_pool_free(client)
-    flush(client)
-    st = wait_pool_free(client)
-    assert st["pool_available_tokens"] == st["pool_total_tokens"]
-
-
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_a_first_eviction_after_the_reply_began_equals_the_reference(
-    server_factory, kvp_checkpoint, hf_eager, page_size
-):
-    """`evict_after` 12 (per request), h2o with recall 8 in rounds: every turn's reply writes its
-    first 12 tokens from the whole row (the view, what came back, the new message), its queries
-    folded into the statistics, and only then is evicted; every turn equals HF doing the same
-    (the same steps under the overlap scheduler), and the row still ends within the budget."""
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
-    flush(client)
-    reports = session(
-        client, hf_eager, "h2o", f"after-{page_size}", RECALL, page_size=page_size, evict_after=12
-    )
-    budget = BUDGET if page_size == 1 else 64
-    assert all(r["evictions"] > 0 and r["live_tokens"] <= budget + 16 for r in reports)
     wait_pool_free(client)
     flush(client)
     st = wait_pool_free(client)

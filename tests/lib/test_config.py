@@ -80,7 +80,6 @@ def test_budget_required_when_enabled():
         ),
         ("score_layers", [], r"EvictConfig.score_layers must be"),
         ("interval", 0, r"EvictConfig.interval must be >= 1"),
-        ("evict_after", -1, r"EvictConfig.evict_after must be >= 0"),
         ("page_size", 0, r"EvictConfig.page_size must be >= 1"),
         ("sink", -1, r"EvictConfig.sink must be >= 0"),
         ("window", 1.5, r"EvictConfig.window must be an integer"),
@@ -217,21 +216,6 @@ def test_interval_hysteresis():
     )
 
 
-def test_first_eviction_waits_for_evict_after_reply_tokens():
-    """A reply is evicted once it has `evict_after` tokens (0 and 1: from its first), whatever
-    the row's length."""
-    late = EvictConfig.from_dict(dict(policy="h2o", budget=10, evict_after=4))
-    assert [late.settled(n) for n in (1, 3, 4, 9)] == [False, False, True, True]
-    assert late.should_evict(50) and late.decode_peak == 10 + 1 + 1  # the trigger is the same
-    for n in (0, 1):
-        at_once = EvictConfig.from_dict(dict(policy="h2o", budget=10, evict_after=n))
-        assert (
-            at_once.settled(1)
-            and at_once.history_namespace()
-            == EvictConfig(policy="h2o", budget=10).history_namespace()
-        )
-
-
 def test_policy_kwargs_pass_seed_only_to_seeded_policies():
     assert EvictConfig(policy="random", budget=9, seed=5).policy_kwargs()["seed"] == 5
     assert "seed" not in EvictConfig(policy="h2o", budget=9, seed=5).policy_kwargs()
@@ -254,9 +238,8 @@ def test_history_namespace_names_every_setting_that_changes_the_kv():
         EvictConfig(policy="streamingllm", budget=64, window=4),
         EvictConfig(policy="streamingllm", budget=64, interval=2),
         EvictConfig(policy="streamingllm", budget=64, prefill=Prefill(chunk=32)),
-        EvictConfig(policy="streamingllm", budget=64, scoring=Scoring(evict_after=16)),
     ]
-    assert len({base.history_namespace(), *(c.history_namespace() for c in others)}) == 8
+    assert len({base.history_namespace(), *(c.history_namespace() for c in others)}) == 7
     assert (
         base.history_namespace()
         == EvictConfig(policy="streamingllm", budget=64).history_namespace()

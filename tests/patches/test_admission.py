@@ -10,7 +10,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 from sglang.srt.mem_cache.prefill_budget import PrefillBudget
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-from sgl_vtoken.config import EvictConfig, Prefill, Scoring
+from sgl_vtoken.config import EvictConfig, Prefill
 from sgl_vtoken.patches.runtime import new_state
 from sgl_vtoken.patches.step.admission import adder_class
 
@@ -186,24 +186,6 @@ def test_an_evicting_request_that_never_fits_is_refused_instead_of_blocking_the_
     a = adder(adder_class(PrefillAdder))
     a.add_one_req(fits, has_chunked_req=False, truncation_align_size=None)
     assert a.can_run_list == [fits] and a.new_chunked_req is None and fits.to_finish is None
-
-
-def test_the_reply_tokens_before_the_first_eviction_are_reserved():
-    """With `evict_after` 64 a prompt is admitted only with room for the 64 reply tokens it
-    writes before its first eviction: 2031 tokens never fit the idle pool (refused, naming
-    evict_after), 1920 do."""
-    late = streaming(scoring=Scoring(evict_after=64))
-    a, req = adder(adder_class(PrefillAdder)), request(2031, late)
-    assert (
-        a.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
-        == AddReqResult.NO_TOKEN
-    )
-    assert isinstance(req.to_finish, FINISH_ABORT) and req.to_finish.status_code == 400
-    assert "64 reply tokens before its first eviction (evict_after)" in req.to_finish.message
-    fits = request(1920, late)
-    a = adder(adder_class(PrefillAdder))
-    a.add_one_req(fits, has_chunked_req=False, truncation_align_size=None)
-    assert a.can_run_list == [fits] and fits.to_finish is None
 
 
 @pytest.mark.parametrize("chunk", [None, 64])

@@ -152,10 +152,3 @@ def test_eviction_during_prefill_is_refused_not_ignored(tiny_fast):
         ValueError, match="prefill_chunk 32: the fast reference prefills whole prompts"
     ):
         Request(tiny_fast, cfg)
-
-
-def test_a_delayed_first_eviction_is_refused_not_ignored(tiny_fast):
-    """The fast reference evicts at the trigger: an `evict_after` setting is an error."""
-    cfg = EvictConfig(policy="streamingllm", budget=48, sink=4, scoring=Scoring(evict_after=8))
-    with pytest.raises(ValueError, match="evict_after 8: the fast reference evicts at"):
-        Request(tiny_fast, cfg)
