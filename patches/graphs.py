@@ -70,10 +70,6 @@ def around_capture_one_shape(original, runner, size, *args, **kwargs):
 def around_can_run_graph(original, runner, forward_batch):
     """AROUND `can_run_graph`: a scored batch the buffers cannot hold runs eagerly."""
     ok = original(runner, forward_batch)
-    scored = process().scoring
-    if ok and scored is not None and scored.recall:  # decode-time recall scores eagerly
-        process().counters.graph_eager_steps += 1
-        return False
     decode = _decode()
     if ok and decode is not None:
         graph = _graph(runner)

@@ -4,7 +4,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import attention, cpu, graphs, runtime
 from .cache import radix
-from .step import admission, decode_recall, held, prefill, retraction, scores
+from .step import admission, held, prefill, retraction, scores
 from .surface import observe, request_options, server_args, usage
 
 A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
@@ -52,11 +52,6 @@ HOOKS = (
     (
         "sglang.srt.layers.radix_attention.RadixAttention.forward",
         scores.around_radix_attention_forward,
-        R,
-    ),
-    (
-        "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
-        decode_recall.around_forward_batch_generation,
         R,
     ),
     (f"{GRAPHS}.capture_one_shape", graphs.around_capture_one_shape, R),

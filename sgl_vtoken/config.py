@@ -143,13 +143,12 @@ class EvictConfig:
                 f"EvictConfig.offload needs reclaim 'vtoken' at page_size {self.page_size} "
                 f"(got {self.reclaim!r})"
             )
-        host = self.host
-        recall = host.recall + host.steps * host.span  # the most a turn pins
+        recall = self.host.recall
         if self.budget is not None and self.sink_tokens + self.window + recall + 1 > self.budget:
             raise ValueError(
                 f"EvictConfig.recall must leave room in the budget: sink_tokens + window + "
-                f"recall + recall_steps * recall_span + 1 = {self.sink_tokens} + {self.window} "
-                f"+ {host.recall} + {host.steps} * {host.span} + 1 > budget {self.budget}"
+                f"recall + 1 = {self.sink_tokens} + {self.window} + {recall} + 1 > "
+                f"budget {self.budget}"
             )
 
     def _check_prefill_chunk(self, c: int) -> None:
@@ -235,13 +234,12 @@ class EvictConfig:
         """Radix-cache namespace of compacted histories: every setting that changes their KV."""
         params = json.dumps(dict(self.params), sort_keys=True)
         sc, host = self.scoring, self.host
-        decode = f":rs{host.steps}:rn{host.span}" if host.steps else ""  # decode-time recall
         return (
             f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
             f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
             f":o{sc.obs_window}:l{sc.score_layers}:u{self.span}:c{self.prefill.chunk}"
             f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:rr{host.rounds}"
-            f"{decode}:{params}"
+            f":{params}"
         )
 
     # --- serialization -------------------------------------------------------------------------

@@ -146,14 +146,6 @@ class HostTier:
             recall_rounds`` tokens (the last takes what is left); after each, the scoring window
             is recomputed with what came back visible and scores the candidates left, so a fact
             whose first token came back brings the rest (1: one round; at most `recall` rounds).
-        steps (``recall_steps``): decode-time recall: each of the turn's first `recall_steps`
-            decode steps scores the host store's candidates with its own query (the one about to
-            write the next token), and the best comes back with the candidates after it, within
-            `recall_span` positions; the step is then recomputed with them visible before its
-            token is taken (0: off). Kept for the rest of the turn, within `budget`. Needs
-            offload; independent of `recall` (the prompt's rounds).
-        span (``recall_span``): positions a decode-time recall brings back from the best
-            candidate on (its number's digits, its sentence's next words).
     """
 
     offload: bool = field(default=False, metadata=_key("offload", request=True))
@@ -162,8 +154,6 @@ class HostTier:
     pool: int = field(default=5, metadata=_key("recall_pool"))
     gap: int = field(default=8, metadata=_key("recall_gap"))
     rounds: int = field(default=4, metadata=_key("recall_rounds", request=True))
-    steps: int = field(default=0, metadata=_key("recall_steps", request=True))
-    span: int = field(default=8, metadata=_key("recall_span", request=True))
 
     def __post_init__(self) -> None:
         check_int("host_tokens", self.tokens, 0)
@@ -171,18 +161,15 @@ class HostTier:
         check_int("recall_pool", self.pool, 1)
         check_int("recall_gap", self.gap, 0)
         check_int("recall_rounds", self.rounds, 1)
-        check_int("recall_steps", self.steps, 0)
-        check_int("recall_span", self.span, 1)
         if self.pool % 2 == 0:
             raise ValueError(f"EvictConfig.recall_pool must be odd (got {self.pool})")
         if not isinstance(self.offload, bool):
             raise ValueError(f"EvictConfig.offload must be true or false (got {self.offload!r})")
-        for key, value in (("recall", self.recall), ("recall_steps", self.steps)):
-            if value and not self.offload:
-                raise ValueError(
-                    f"EvictConfig.{key} {value} needs offload: true (recalled tokens come "
-                    "from the host store)"
-                )
+        if self.recall and not self.offload:
+            raise ValueError(
+                f"EvictConfig.recall {self.recall} needs offload: true (recalled tokens come "
+                "from the host store)"
+            )
         if self.offload and self.tokens < 1:
             raise ValueError(
                 "EvictConfig.offload needs host_tokens >= 1: the server's host store "

@@ -4,11 +4,9 @@ A turn continuing a stored view is prefilled in two chunks (`split`); the last `
 queries of the first chunk score every candidate (an evicted token below the view's depth that
 the view does not hold) by its share of one softmax over the row and the candidates together
 (`candidate_mass`), and `pick` takes the best after pooling, holes of at most `recall_gap`
-between them; `recall_rounds` repeats it with what came back visible. At decode
-(`recall_steps`) a step's own query scores them the same way and `decode_pick` takes the best
-with the candidates that follow it. The server (`patches/step/scores.py`,
-`patches/step/decode_recall.py`) calls these functions; the statistic and its rounds:
-docs/design.md, "The recall statistic" and "Decode-time recall".
+between them; `recall_rounds` repeats it with what came back visible. The server
+(`patches/step/scores.py`) calls these functions; the statistic and its rounds:
+docs/design.md, "The recall statistic".
 """
 
 from __future__ import annotations
@@ -132,18 +130,6 @@ def pick(
         if len(taken) - len(before) + hi - lo <= k:
             taken[j:j] = range(lo, hi)  # i with its holes: the run between its neighbours
     return torch.tensor([back[j] for j in taken if j in back], dtype=torch.int64)
-
-
-def decode_pick(scores: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
-    """Ascending indices of the candidates a decode step recalls: the best of `scores` ``[c]``
-    (ties: the later one) and every candidate after it within `span` positions (`positions`
-    ``[c]`` ascending)::
-
-        candidates   12 13 14 15 19 20 31      best 13, span 8:  13 14 15 19 20  (< 13 + 8)
-    """
-    best = int(ranking(scores.double().cpu())[0])
-    pos = positions.cpu()
-    return ((pos >= pos[best]) & (pos < pos[best] + span)).nonzero().flatten()
 
 
 def turn_rounds(recall: int, rounds: int) -> int:

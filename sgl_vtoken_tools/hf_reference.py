@@ -137,11 +137,7 @@ def masked_turn(
     kept for the rest of the turn, and the second chunk (the scoring window rounded to pages, and
     the prompt's end) is computed with them visible; with `recall_rounds` R the window is
     recomputed after each of R rounds of ``recall // R`` (the last: what is left) and scores the
-    candidates left. With `cfg.host.steps` S (decode-time recall) the candidates are the tokens
-    with KV the row lacks at the first decode step; each of the first S decode steps scores
-    those left with its own query, the ones `recall.decode` picks join the row before the step's
-    own token, and the step is computed again with them visible (its first result dropped). The
-    view stored for the next turn leaves every recalled token out (they stay candidates).
+    candidates left. The view stored for the next turn leaves them out (they stay candidates).
     Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
     With `stop`, the turn ends after that token (included), as a server's stop token ends it.
     """
@@ -244,7 +240,7 @@ def masked_turn(
         observe(res, pos, end)
         row = evict(res, row)
         pos = end
-    out, later = [], []  # later: decode-time recall's candidates left
+    out = []
     for k in range(max_new_tokens):
         if k == 0:  # the whole prompt; its last chunk's observation window
             res = model(
@@ -256,19 +252,14 @@ def masked_turn(
             observe(res, pos, len(prompt))
         else:  # the new token alone, over the cached K/V of every earlier token (each computed
             t = len(ids) - 1  # once, under its own step's mask, as the server computes it)
-            recalling = k <= cfg.host.steps and cfg.enabled
-            if recalling and k == 1:  # the turn's decode candidates: what the row lacks now
-                taken = set(row)
-                later = [p for p in range(t) if p not in taken]
-            with _queries(model, recalling and bool(later)) as queries:
-                res = _step(model, ids[t], t, allowed[t], res.past_key_values, attn)
-            if recalling and later:
-                got = _decode_recall(res, queries, later, row, cfg, rule)
-                later = [p for p in later if p not in set(got)]
-                pinned, row = pinned + got, row[:-1] + got + row[-1:]  # before its own entry
-                allowed[t] = list(row)
-                res.past_key_values.crop(-1)  # the step again, with them visible
-                res = _step(model, ids[t], t, allowed[t], res.past_key_values, attn)
+            res = model(
+                torch.tensor([[ids[t]]]),
+                attention_mask=_mask([allowed[t]], t + 1, first=t),
+                past_key_values=res.past_key_values,
+                position_ids=torch.tensor([[t]]),
+                use_cache=True,
+                output_attentions=attn,
+            )
             if attn:  # the new token's query
                 chooser.observe(row, *_group_probs(res.attentions, [t], row, model.config, first=t))
         nxt = int(res.logits[0, -1].argmax())
@@ -284,35 +275,6 @@ def masked_turn(
         allowed.append(list(row))
     view = [p for p in allowed[-2] if p not in set(pinned)]  # recalled tokens serve this turn only
     return out, row, (allowed[:-1], view)
-
-
-def _step(model, token: int, t: int, sees: list[int], cache, attn: bool):
-    """The forward of `token` at position `t` alone, seeing the positions `sees` (itself too)."""
-    return model(
-        torch.tensor([[token]]),
-        attention_mask=_mask([sees], t + 1, first=t),
-        past_key_values=cache,
-        position_ids=torch.tensor([[t]]),
-        use_cache=True,
-        output_attentions=attn,
-    )
-
-
-def _decode_recall(res, queries, candidates: list[int], row: list[int], cfg, rule) -> list[int]:
-    """The candidates a decode step's query recalls under `rule`, ascending (`row`: what it
-    sees, itself included)."""
-    layers = []
-    for layer, (q, scale) in enumerate(queries):
-        keys = res.past_key_values.layers[layer].keys[0]  # [hkv, T, d]
-        layers.append(
-            (
-                q[0][:, -1:].transpose(0, 1),
-                scale,
-                keys[:, row].transpose(0, 1),
-                keys[:, candidates].transpose(0, 1),
-            )
-        )
-    return [candidates[i] for i in rule.decode(cfg, layers, candidates)]
 
 
 @contextmanager

@@ -59,9 +59,5 @@ class RecallRule(Protocol):
         row_keys [n, hkv, d], cand_keys [c, hkv, d])`` of every layer in order; `positions`
         the candidates' (ascending), `recalled` those the turn's earlier rounds brought back."""
 
-    def decode(self, cfg: EvictConfig, layers: list, positions: list[int]) -> list[int]:
-        """Ascending indices of the candidates a decode step recalls (`recall_steps`); `layers`
-        as for `choose`, one query (the step's) seeing every row key."""
-
 
 PolicyFactory = Callable[[EvictConfig, str], RequestPolicy]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from sgl_vtoken.config import EvictConfig, policy_from_config
-from sgl_vtoken.recall import candidate_mass, decode_pick, pick, round_quota, split, turn_rounds
+from sgl_vtoken.recall import candidate_mass, pick, round_quota, split, turn_rounds
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
 from sgl_vtoken.units import Words
@@ -95,16 +95,6 @@ class RuntimeRecall:
             torch.tensor(list(positions), dtype=torch.int64),
             torch.tensor(list(recalled), dtype=torch.int64),
         ).tolist()
-
-    def decode(self, cfg: EvictConfig, layers, positions) -> list[int]:
-        scores = torch.zeros(layers[0][3].shape[0])
-        scored = cfg.scoring.layer_ids(len(layers))
-        for i, (q, scale, row_keys, cand_keys) in enumerate(layers):
-            if scored is None or i in scored:
-                lengths = torch.tensor([row_keys.shape[0]])
-                scores += candidate_mass(q, row_keys, lengths, cand_keys, scale)
-        pos = torch.tensor(list(positions), dtype=torch.int64)
-        return decode_pick(scores, pos, cfg.host.span).tolist()
 
 
 RUNTIME_RECALL = RuntimeRecall()

@@ -100,13 +100,6 @@ class RecallPlan:
             k_device=self.k_device,
         )
 
-    def drop(self, sel: torch.Tensor) -> None:
-        """The candidates `sel` (indices into those left) are no longer candidates."""
-        left = torch.ones(self.scores.numel(), dtype=torch.bool)
-        left[sel] = False
-        live = torch.arange(self.candidates.numel()) if self.unpicked is None else self.unpicked
-        self.unpicked = live.cpu()[left]
-
     def score(self, mass: torch.Tensor, t0: float) -> None:
         """Add one layer's window mass on the candidates, ``[c]`` float32 (`scores.collect`, which
         started computing it at `time.perf_counter()` `t0`)."""
@@ -126,52 +119,13 @@ class Recall:
         None  # [n] int64 positions recalled this turn (ascending): kept like sinks
     )
     planned: bool = False  # its turn's candidates were looked at (`begin_turn`)
-    # Decode-time recall (`step/decode_recall.py`): the candidates left for the turn's first
-    # decode steps, looked up once (`decode_looked`); `stepping`: the plan the running forward
-    # scores.
-    decode_plan: RecallPlan | None = None
-    decode_looked: bool = False
-    stepping: RecallPlan | None = None
 
     def reset(self, unpin: bool = False) -> None:
         """No recall is pending (the turn's prefill starts over, is not cut where the plan needs,
         or the request finished); `unpin`: the recalled positions are no longer kept either."""
-        self.plan = self.decode_plan = self.stepping = None
-        self.decode_looked = False
+        self.plan = None
         if unpin:
             self.pinned = None
-
-    def look_up(self, plan: RecallPlan | None) -> None:
-        """Decode-time recall: the turn's candidates were looked up (`plan`; None: none)."""
-        self.decode_looked, self.decode_plan = True, plan
-
-    def arm(self, on: bool) -> bool:
-        """Whether the decode step about to run scores the candidates left (`on`: it is one of the
-        turn's first `recall_steps`); if so `stepping` is their plan, its scores zeroed."""
-        if not on:
-            self.decode_plan = None
-        self.stepping = self.decode_plan
-        if self.stepping is not None:
-            self.stepping.scores = torch.zeros(self.stepping.left_positions().numel())
-        return self.stepping is not None
-
-    def take_step(self) -> RecallPlan:
-        """The plan the step's forward scored (no longer scored by the forwards after it)."""
-        plan, self.stepping = self.stepping, None
-        assert plan is not None, "a step recalls only when it was armed"
-        return plan
-
-    def pin(self, recalled: torch.Tensor) -> None:
-        """Positions `recalled` ``[n]`` joined the row: kept for the rest of the turn."""
-        pinned = recalled if self.pinned is None else torch.cat([self.pinned, recalled.cpu()])
-        self.pinned = pinned.cpu().sort().values
-
-    def decoded(self, plan: RecallPlan, sel: torch.Tensor) -> None:
-        """The candidates `sel` (indices into those left) of the decode `plan` joined the row;
-        when none is left the turn recalls no more."""
-        plan.drop(sel)
-        if not plan.left_positions().numel():
-            self.decode_plan = None
 
 
 def begin_turn(req, st) -> None:
@@ -190,39 +144,23 @@ def begin_turn(req, st) -> None:
     if not st.host.chunks:
         return
     t0 = time.perf_counter()
+    chunks = [c.wait() for c in st.host.chunks]  # offloaded at an earlier step: copies landed
     depth = st.row.offset + st.row.kept_pos.numel()
-    found = candidates(st, depth, st.row.kept_pos)
-    st.report.recall_from(0 if found is None else int(found[0].numel()))
+    positions = torch.cat([c.positions for c in chunks])
+    idx = dedupe(positions, depth, st.row.kept_pos)
+    st.report.recall_from(int(idx.numel()))
     cut = split(req.prefix_len, total, st.cfg.scoring.obs_window, st.cfg.page_size)
-    if found is None or cut is None:
+    if not idx.numel() or cut is None:
         return
     st.recall.plan = RecallPlan(
-        *found,
-        torch.zeros(found[0].numel()),
+        positions[idx],
+        torch.cat([c.k for c in chunks])[idx],
+        torch.cat([c.v for c in chunks])[idx],
+        torch.zeros(idx.numel()),
         *cut,
         rounds=turn_rounds(st.cfg.host.recall, st.cfg.host.rounds),
     )
     st.recall.plan.seconds += time.perf_counter() - t0
-
-
-def candidates(
-    st, below: int, exclude: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The request's recall candidates: what its host chunks hold at logical positions below
-    `below` and not in `exclude` (its row's), once each, ascending, as ``(positions [c] int64,
-    k, v [c, layers, H, D])`` on the host; None when there is none."""
-    if not st.host.chunks:
-        return None
-    chunks = [c.wait() for c in st.host.chunks]  # offloaded at an earlier step: copies landed
-    positions = torch.cat([c.positions for c in chunks])
-    idx = dedupe(positions, below, exclude)
-    if not idx.numel():
-        return None
-    return (
-        positions[idx],
-        torch.cat([c.k for c in chunks])[idx],
-        torch.cat([c.v for c in chunks])[idx],
-    )
 
 
 def skipped(st, rid, tokens: int, why: str) -> None:
@@ -263,7 +201,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     row = req_to_token[kv.req_pool_idx, :end].to(torch.int64)
     positions = st.row.positions(end)
     n = int(sel.numel())
-    slots = page_dense(row[:back], back, n, allocator.page_size, alloc) if n else row[:0]
+    slots = _row_slots(allocator.page_size, row[:back], n, alloc) if n else row[:0]
     if slots is None:  # no free page: the turn goes on without them
         skipped(st, req.rid, n, "page")
         sel, slots = sel[:0], row[:0]
@@ -273,7 +211,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
         allocator.free_page_ids(tail[::ps] // ps)
     chosen = plan.chosen(sel)
     if n:
-        write_kv(allocator.get_kvcache(), slots, plan.k[chosen], plan.v[chosen])
+        _write_kv(allocator.get_kvcache(), slots, plan.k[chosen], plan.v[chosen])
         req_to_token[kv.req_pool_idx, back : back + n] = slots.to(req_to_token.dtype)
     kv.kv_committed_len = kv.kv_allocated_len = back + n
     recalled = plan.candidates[chosen]
@@ -301,7 +239,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     st.recall.plan = plan.next_round(sel, n)
 
 
-def write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Write the recalled tokens' K/V (host ``[n, layers, H, D]``) at `slots` in every layer: one
     asynchronous copy to the device for K and one for V, then one write per layer."""
     device = kvcache.k_buffer[0].device
@@ -315,18 +253,15 @@ def write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
         vb[slots] = v[:, layer].to(vb.dtype)
 
 
-def page_dense(row: torch.Tensor, at: int, n: int, ps: int, alloc) -> torch.Tensor | None:
-    """``[n] int64`` slots for `n` row entries from entry `at` on, page-dense at page size `ps`
-    (splice rule 6), `row` the row's slots: the rest of entry `at`'s page, which the row owns
-    (from ``row[at]`` when it holds that entry, else from the slot after ``row[at - 1]``), then
-    fresh pages from `alloc` (whole pages). None: no free page::
+def _row_slots(ps: int, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:
+    """``[n] int64`` slots for `n` entries after `row` (the row's slots), page-dense at page size
+    `ps` (splice rule 6): the rest of the row's last page (its own), then fresh pages from `alloc`
+    (whole pages). None: no free page::
 
-        ps 4, row slots 40 41 42 43 | 56 57     at 6 -> 58 59, then fresh pages
-                                                at 5 -> 57 58 59, then fresh pages
+        ps 4, row slots 40 41 42 43 | 56 57     -> 58 59, then fresh pages
     """
-    room = min(n, (ps - at % ps) % ps if at == row.numel() else ps - at % ps)
-    first = int(row[at]) if at < row.numel() else int(row[at - 1]) + 1 if room else 0
-    head = first + torch.arange(room, device=row.device)
+    room = min(n, (ps - row.numel() % ps) % ps)
+    head = (int(row[-1]) + 1 if room else 0) + torch.arange(room, device=row.device)
     rest = n - room
     if not rest:
         return head

@@ -80,11 +80,6 @@ HOOKED_PARAMS = {
         "v",
         "forward_batch",
     ),
-    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": (
-        "self",
-        "batch",
-        "forward_batch",
-    ),
     f"{_GRAPHS}.capture_one_shape": ("self", "size", "forward"),
     f"{_GRAPHS}.can_run_graph": ("self", "forward_batch"),
     f"{_GRAPHS}.load_batch": ("self", "forward_batch"),

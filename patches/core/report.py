@@ -28,9 +28,7 @@ class Report:
         offloaded_tokens, host_bytes: its victims in the host store.
         recall_candidates, recall_skipped_tokens, pinned_tokens, recalled_tokens,
             recalled_positions, recall_rounds, recall_ms, recomputed_tokens: its turn's recall
-            (rounds summed; pinned, recalled and positions count decode-time recall too).
-        recalling_steps, decode_recalled_tokens: its decode steps that recalled (each computed
-            again) and the tokens they brought back (`recall_steps`).
+            (rounds summed).
         retracted_reprefill: retracted, then prefilled again with full attention.
     """
 
@@ -55,8 +53,6 @@ class Report:
     recall_rounds: int | None = None
     recall_ms: float | None = None
     recomputed_tokens: int | None = None
-    recalling_steps: int | None = None
-    decode_recalled_tokens: int | None = None
     retracted_reprefill: bool | None = None
 
     def as_dict(self, policy: str, budget: int | None) -> dict:
@@ -120,15 +116,6 @@ class Report:
         self.recall_rounds = 1 if first else (self.recall_rounds or 0) + 1
         self.recall_ms = round(ms if first else (self.recall_ms or 0) + ms, 3)
         self.recomputed_tokens = recomputed if first else (self.recomputed_tokens or 0) + recomputed
-
-    def recall_step(self, n: int, positions: list[int], ms: float) -> None:
-        """A decode step recalled `n` tokens in `ms`; the turn's recalled tokens are now at
-        logical `positions`."""
-        self.pinned_tokens = self.recalled_tokens = len(positions)
-        self.recalled_positions = positions
-        self.recalling_steps = (self.recalling_steps or 0) + 1
-        self.decode_recalled_tokens = (self.decode_recalled_tokens or 0) + n
-        self.recall_ms = round((self.recall_ms or 0) + ms, 3)
 
     def reprefill(self) -> None:
         """Retracted without a row to resume from: prefilled again with full attention."""

@@ -91,11 +91,7 @@ def scored_requests(batch) -> list:
         (i, r, st)
         for i, r in enumerate(batch.reqs)
         if (st := state_of(r)) is not None
-        and (
-            "attn" in st.policy.needs
-            or st.recall.plan is not None
-            or st.recall.stepping is not None
-        )
+        and ("attn" in st.policy.needs or st.recall.plan is not None)
     ]
 
 
@@ -131,7 +127,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
     num_layers, device = pool.layer_num, pool.get_key_buffer(0).device
     seq_lens = forward_batch.seq_lens_cpu.tolist()
     req_to_token = model_runner.req_to_token_pool.req_to_token
-    if forward_batch.forward_mode.is_decode():  # a prompt's recall plan scores its prefill
+    if forward_batch.forward_mode.is_decode():  # recall plans score prefills only
         batch = [(i, req, st) for i, req, st in scored if "attn" in st.policy.needs]
         decode: DecodeScoring | None = None
         if batch:
@@ -146,13 +142,7 @@ def prepare(forward_batch, scored: list, model_runner) -> None:
             )
             for k, (_, _, st) in enumerate(batch):
                 st.stats.staged.append(decode.block(k))
-        recalls = []  # decode-time recall (`decode_recall.py`): the lane's query, its whole row
-        for i, req, st in scored:
-            if (plan := st.recall.stepping) is not None:
-                plan.stage(device)
-                at = (i, 1, req.kv.req_pool_idx, seq_lens[i], st.cfg.scoring.layer_ids(num_layers))
-                recalls.append((*at, plan))
-        process().scoring = Scored(decode, recalls, req_to_token)
+        process().scoring = Scored(decode, [], req_to_token)
         return
     ext = forward_batch.extend_seq_lens_cpu
     ends = list(itertools.accumulate(ext))  # each request's last query + 1

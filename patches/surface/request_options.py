@@ -17,7 +17,6 @@ import re
 from sgl_vtoken.config import EvictConfig, policy_from_config, setting_keys
 
 from ..core.model_support import unsupported_model_reason
-from ..step.decode_recall import OVERLAP_PROBLEM
 from .server_args import (
     KV_EVICT_CHOICES,
     SPAN_NEEDS_TOKENIZER,
@@ -78,8 +77,6 @@ def before_create_tokenized_object(manager, obj, *args, **kwargs):
         cfg = resolve(server_config(), custom[KEY], KV_EVICT_CHOICES, refusal(manager.server_args))
         if cfg.enabled:
             check_fits_model(manager, cfg)
-        if cfg.host.steps and not getattr(manager.server_args, "disable_overlap_schedule", False):
-            raise ValueError(f"{KEY}.{OVERLAP_PROBLEM}")
         if cfg.span and getattr(manager.server_args, "skip_tokenizer_init", False):
             raise ValueError(f"{KEY}.span: {SPAN_NEEDS_TOKENIZER.format(span=cfg.span)}")
     return None

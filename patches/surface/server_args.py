@@ -33,7 +33,6 @@ from sgl_vtoken.policies import POLICIES, SharingAware
 from ..cache import radix
 from ..core import contract
 from ..core.model_support import peak_problem, server_model_config, unsupported_model_reason
-from ..step.decode_recall import OVERLAP_PROBLEM
 from ..step.prefill import prefill_chunk_problem
 
 # Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys and values,
@@ -200,8 +199,6 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         )
         if chunk_problem:
             _fail(f"argument --kv-evict-config: {chunk_problem}")
-    if cfg.host.steps and not getattr(args, "disable_overlap_schedule", False):
-        _fail(f"argument --kv-evict-config: {OVERLAP_PROBLEM}")
     chunked = getattr(args, "chunked_prefill_size", None)
     if cfg.host.recall and chunked is not None and chunked <= 0:
         _fail(

@@ -29,8 +29,6 @@ SUMMED = (
     "recomputed_tokens",
     "pinned_tokens",
     "recall_ms",
-    "recalling_steps",
-    "decode_recalled_tokens",
     "host_bytes",
 )
 # The eviction figures a streamed request has seen so far, by request id (one dict per request:
@@ -59,12 +57,9 @@ def around_accept(original, acc, *args, req, **kwargs):
         req.customized_info, req.stream = info, stream
     if len(acc.rids) > before and st.prompt.logical is not None:
         # evicted prompt tokens: a stored history's (not prefilled) and this prefill's (computed);
-        # the tokens a prompt's recall brought back sit in the row ids again, though none was
-        # prefilled now (a decode step's recalled tokens never entered the ids)
+        # the tokens a recall brought back sit in the row ids again, though none was prefilled now
         hidden = len(st.prompt.logical) - len(req.origin_input_ids)
-        rep = st.report
-        in_ids = (rep.pinned_tokens or 0) - (rep.decode_recalled_tokens or 0)
-        cached = hidden + in_ids - st.prompt.prefill_evicted
+        cached = hidden + (st.report.pinned_tokens or 0) - st.prompt.prefill_evicted
         acc.prompt_tokens[-1] += hidden
         acc.cached_tokens[-1] += cached
         details = getattr(acc, "cached_tokens_details", None)  # Prometheus' cached_tokens_total

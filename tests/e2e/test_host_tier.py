@@ -343,18 +343,3 @@ def test_recall_without_chunked_prefill_answers_unrecalled_and_counts_it(
             assert report["recall_skipped_tokens"] > 0, report
     assert shortages_met(before, client.vtoken_state()).get("recall_skipped:cut", 0) >= 2
     assert client.server.healthy()
-
-
-def test_decode_recall_on_an_overlap_server_is_refused(client):
-    """The overlap scheduler takes a step's token before the step could be computed again: a
-    request asking for recall_steps there is refused (HTTP 400 naming the field and the flag it
-    needs), and the server serves the next request."""
-    kv = {"policy": "streamingllm", "budget": BUDGET, "offload": True, "recall_steps": 2}
-    body = {
-        "input_ids": random_ids(20, seed=5),
-        "sampling_params": {"max_new_tokens": 4, "custom_params": {"kv_evict": kv}},
-    }
-    r = requests.post(client.base_url + "/generate", json=body, timeout=60)
-    assert r.status_code == 400, r.text
-    assert "kv_evict.recall_steps" in r.text and "--disable-overlap-schedule" in r.text
-    assert len(generate(client, random_ids(20, seed=5), 4, "after-refusal")["output_ids"]) == 4

@@ -102,16 +102,3 @@ def test_round_quotas_add_up_to_recall_and_rounds_are_capped_by_it():
     assert (
         round_quota(8, 3, 3, True) == 5
     )  # an earlier round that took fewer leaves more to the last
-
-
-def test_a_decode_step_recalls_its_best_candidate_with_those_after_it_within_the_span():
-    """The docstring's example: best 13 with span 8 brings 13, 14, 15, 19, 20 (not 12, nor 31);
-    on a tie the later candidate is the best."""
-    from sgl_vtoken.recall import decode_pick
-
-    positions = torch.tensor([12, 13, 14, 15, 19, 20, 31])
-    scores = torch.tensor([0.1, 0.9, 0.2, 0.0, 0.3, 0.0, 0.5])
-    assert decode_pick(scores, positions, 8).tolist() == [1, 2, 3, 4, 5]
-    assert decode_pick(scores, positions, 1).tolist() == [1]
-    tied = torch.tensor([0.9, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0])
-    assert decode_pick(tied, positions, 2).tolist() == [1, 2]

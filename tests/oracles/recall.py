@@ -106,18 +106,5 @@ class OracleRecall:
             total += candidate_mass(q, scale, row_keys, lengths, cand_keys)
         return pick(total.tolist(), k, cfg.host.pool, cfg.host.gap, list(positions), list(recalled))
 
-    def decode(self, cfg, layers, positions) -> list[int]:
-        """Indices of the candidates a decode step recalls: the best by the step's query (summed
-        over the scored layers; ties: the later), and every candidate after it whose position
-        is less than `recall_span` past its own."""
-        total = torch.zeros(layers[0][3].shape[0])
-        for i in scored_layers(cfg.scoring.score_layers, len(layers)):
-            q, scale, row_keys, cand_keys = layers[i]
-            total += candidate_mass(q, scale, row_keys, [row_keys.shape[0]], cand_keys)
-        s = total.tolist()
-        best = max(range(len(s)), key=lambda i: (s[i], i))
-        start = positions[best]
-        return [i for i, p in enumerate(positions) if start <= p < start + cfg.host.span]
-
 
 ORACLE_RECALL = OracleRecall()

@@ -14,7 +14,6 @@ from oracles import ORACLE_RECALL, oracle_policy
 from oracles.recall import pick
 from sgl_vtoken.config import EvictConfig, HostTier, Scoring
 from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
-from sgl_vtoken.recall import decode_pick
 from sgl_vtoken.recall import pick as runtime_pick
 from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
@@ -206,37 +205,3 @@ def test_the_recall_rule_equals_the_runtime_one():
         assert ORACLE_RECALL.choose(
             cfg, layers, lengths, k, positions, recalled
         ) == RUNTIME_RECALL.choose(cfg, layers, lengths, k, positions, recalled), case
-
-
-def test_the_decode_recall_rule_equals_the_runtime_one():
-    """Decode-time recall (`recall_steps`): the candidates one step's query brings back (scored
-    layers, span) on random rows and candidates at random ascending positions; and the runtime's
-    pick on integer scores (many ties: the later candidate wins) against the definition."""
-    rng, g = random.Random(9), torch.Generator().manual_seed(9)
-    for case in range(CASES):
-        span = rng.choice([1, 2, 4, 8])
-        cfg = EvictConfig(
-            policy="h2o",
-            budget=400,
-            sink=0,
-            scoring=Scoring(score_layers=rng.choice(["upper", "all", (1, 3)])),
-            host=HostTier(offload=True, tokens=1000, steps=4, span=span),
-        )
-        n, c = rng.randrange(4, 40), rng.randrange(1, 40)
-        positions = sorted(rng.sample(range(3 * c + 10), c))
-        layers = [
-            (
-                torch.randn(1, 2 * H, D, generator=g),
-                D**-0.5,
-                torch.randn(n, H, D, generator=g),
-                torch.randn(c, H, D, generator=g),
-            )
-            for _ in range(L)
-        ]
-        got = RUNTIME_RECALL.decode(cfg, layers, positions)
-        assert ORACLE_RECALL.decode(cfg, layers, positions) == got, case
-        assert got and got == sorted(got) and positions[got[-1]] < positions[got[0]] + span
-        scores = [float(rng.randrange(3)) for _ in range(c)]
-        best = max(i for i in range(c) if scores[i] == max(scores))
-        want = [i for i in range(c) if positions[best] <= positions[i] < positions[best] + span]
-        assert decode_pick(torch.tensor(scores), torch.tensor(positions), span).tolist() == want

@@ -142,17 +142,6 @@ def test_flags_build_the_config(parse):
         (
             [
                 "--kv-evict",
-                "h2o",
-                "--kv-budget",
-                "256",
-                "--kv-evict-config",
-                '{"host_tokens": 4096, "offload": true, "recall_steps": 8}',
-            ],
-            "argument --kv-evict-config: recall_steps needs --disable-overlap-schedule",
-        ),
-        (
-            [
-                "--kv-evict",
                 "streamingllm",
                 "--kv-budget",
                 "64",
