@@ -35,6 +35,7 @@ __all__ = [
     "ENV_VAR",
     "KEYS",
     "RECLAIM_MODES",
+    "TRIGGERS",
     "EvictConfig",
     "History",
     "HostTier",
@@ -51,6 +52,8 @@ DISABLED = "none"
 # retrieval tasks (docs/RESULTS.md, "Whole values").
 ATTENTION_SPAN = 8
 RECLAIM_MODES = ("vtoken", "naive")  # `reclaim`: compact and free, or free fully dead pages only
+# `trigger`: evict whenever a row reaches budget + interval, or only when the pool is short
+TRIGGERS = ("budget", "pressure")
 
 
 def _group(cls: type) -> Any:
@@ -76,6 +79,11 @@ class EvictConfig:
             > 1 it is rounded up to whole pages (:attr:`sink_tokens`): sink pages hold no holes.
         window: the most recent tokens of the row that are always kept.
         interval: hysteresis; evict when the row reaches ``budget + interval`` (1 = every step).
+        trigger: ``"budget"``: a row is evicted whenever it reaches ``budget + interval``;
+            ``"pressure"``: only when the pool cannot hold what the running rows and the next
+            waiting request need, the rows furthest above their budget first, each down to its
+            budget (the floor); with room to spare a row keeps every token
+            (`patches/step/pressure.py`).
         reclaim: ``"vtoken"`` (compact survivors, free pages) or ``"naive"`` (same victims; a page
             is freed only when all its tokens are dead).
         page_size: KV pool page size in tokens (SGLang ``--page-size``).
@@ -91,6 +99,7 @@ class EvictConfig:
     sink: int = field(default=4, metadata={"flag": "--kv-sink", "request": True})
     window: int = field(default=0, metadata={"flag": "--kv-window", "request": True})
     interval: int = field(default=1, metadata={"flag": "--kv-evict-interval", "request": True})
+    trigger: str = field(default="budget", metadata={"flag": "--kv-evict-trigger", "request": True})
     reclaim: str = field(default="vtoken", metadata={"flag": "--kv-reclaim"})
     page_size: int = field(default=1, metadata={"flag": "--page-size"})
     seed: int = 0
@@ -105,6 +114,7 @@ class EvictConfig:
         if self.policy not in names:
             raise ValueError(f"EvictConfig.policy must be one of {names} (got {self.policy!r})")
         check_choice("reclaim", self.reclaim, RECLAIM_MODES)
+        check_choice("trigger", self.trigger, TRIGGERS)
         check_int("page_size", self.page_size, 1)
         check_int("sink", self.sink, 0)
         check_int("window", self.window, 0)
@@ -212,8 +222,14 @@ class EvictConfig:
         """Sinks rounded up to whole pages: a partially evicted sink page could never be freed."""
         return math.ceil(self.sink / self.page_size) * self.page_size
 
+    @property
+    def on_pressure(self) -> bool:
+        """Whether decode evicts only under memory pressure (`trigger` "pressure")."""
+        return self.enabled and self.trigger == "pressure"
+
     def should_evict(self, row_len: int) -> bool:
-        """True when a row of `row_len` live tokens must be evicted down to `budget`."""
+        """True when a row of `row_len` live tokens reached its trigger, ``budget + interval``
+        (under `trigger` "pressure" the least a row holds before a shortage may evict it)."""
         return self.enabled and row_len >= self.row_budget + self.interval
 
     def policy_kwargs(self) -> dict[str, Any]:
@@ -239,7 +255,7 @@ class EvictConfig:
             f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
             f":o{sc.obs_window}:l{sc.score_layers}:u{self.span}:c{self.prefill.chunk}"
             f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:rr{host.rounds}"
-            f":{params}"
+            f"{':tpressure' if self.trigger == 'pressure' else ''}:{params}"
         )
 
     # --- serialization -------------------------------------------------------------------------

@@ -154,6 +154,8 @@ class FakeServer:
             token_to_kv_pool_allocator=self.alloc,
             max_total_num_tokens=pool_tokens,
             _reqs_finishing_inflight=lambda batch: [],
+            waiting_queue=[],
+            max_running_requests=max_reqs,
             tokenizer=FakeTokenizer(),
         )
         self.model_runner = SimpleNamespace(token_to_kv_pool=self.alloc.pool, req_to_token_pool=rtt)

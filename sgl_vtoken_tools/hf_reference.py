@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Collection
 from contextlib import contextmanager
 
 import torch
@@ -83,6 +84,7 @@ def masked_greedy(
     *,
     policy: PolicyFactory | None = None,
     recall: RecallRule | None = None,
+    evicted_at: Collection[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions).
 
@@ -92,7 +94,9 @@ def masked_greedy(
     (another request's prompt): the policy must keep them. The first `cached` came from the
     prefix cache: their queries are not recomputed, so they seed no attention statistics.
     `policy(cfg, rid)` makes the request's chooser and `recall` is the recall rule (None: the
-    runtime's, `sgl_vtoken_tools.runtime_choice`).
+    runtime's, `sgl_vtoken_tools.runtime_choice`). Under the pressure trigger the server reports
+    when the pool was short: `evicted_at` (its `usage` report's list), the logical lengths at
+    which the decode row was evicted to the budget, replaces the budget + interval trigger.
     """
     out, row, _ = masked_turn(
         model,
@@ -104,6 +108,7 @@ def masked_greedy(
         cached=cached,
         policy=policy,
         recall=recall,
+        evicted_at=evicted_at,
     )
     return out, row
 
@@ -122,6 +127,7 @@ def masked_turn(
     policy: PolicyFactory | None = None,
     recall: RecallRule | None = None,
     stop: int | None = None,
+    evicted_at: Collection[int] | None = None,
 ):
     """:func:`masked_greedy` for one turn of a conversation; returns (tokens, row, history).
 
@@ -140,7 +146,15 @@ def masked_turn(
     candidates left. The view stored for the next turn leaves them out (they stay candidates).
     Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
     With `stop`, the turn ends after that token (included), as a server's stop token ends it.
+    With `evicted_at` (the pressure trigger: :func:`masked_greedy`) a decode eviction runs
+    exactly when the row holds that many logical tokens, not at ``budget + interval``.
     """
+    if evicted_at is None and cfg.on_pressure:
+        raise ValueError(
+            "trigger 'pressure' evicts when the server's pool was short: pass the server's "
+            "evicted_at"
+        )
+    pressed = None if evicted_at is None else set(evicted_at)
     make, rule = _choice(policy, recall)
     chooser = make(cfg, rid) if cfg.enabled else None
     attn = chooser is not None and "attn" in chooser.needs
@@ -269,7 +283,8 @@ def masked_turn(
         if nxt == stop:  # the turn ends: no forward (nor eviction) for the stop token
             allowed.append(row + [t])
             break
-        if chooser is not None and cfg.should_evict(len(row)):
+        due = cfg.should_evict(len(row)) if pressed is None else t in pressed
+        if chooser is not None and due:
             row = evict(res, row)
         row.append(t)
         allowed.append(list(row))

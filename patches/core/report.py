@@ -30,6 +30,8 @@ class Report:
             recalled_positions, recall_rounds, recall_ms, recomputed_tokens: its turn's recall
             (rounds summed).
         retracted_reprefill: retracted, then prefilled again with full attention.
+        evicted_at: under the pressure trigger, the logical length of the row (tokens with KV)
+            at each of its decode evictions, when the pool was short.
     """
 
     evicted_tokens: int = 0
@@ -54,6 +56,7 @@ class Report:
     recall_ms: float | None = None
     recomputed_tokens: int | None = None
     retracted_reprefill: bool | None = None
+    evicted_at: list[int] | None = None
 
     def as_dict(self, policy: str, budget: int | None) -> dict:
         """The JSON object users read: the request's `policy` and `budget`, the figures of
@@ -66,6 +69,10 @@ class Report:
         the totals so far."""
         self.evicted_tokens += evicted
         self.live_tokens, self.pages_freed, self.evictions = live, pages_freed, evictions
+
+    def record_pressure(self, length: int) -> None:
+        """A decode eviction ran because the pool was short, at a row of logical `length`."""
+        self.evicted_at = [*(self.evicted_at or []), length]
 
     def defer_eviction(self) -> None:
         """A decode eviction was put off a step (no free page for its copies)."""

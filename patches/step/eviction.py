@@ -9,6 +9,7 @@ coordinates", "Splice rules"); `prefill.py` evicts a prefill chunk through `evic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
@@ -25,14 +26,19 @@ from sgl_vtoken.step import (
 from ..cache import host_tier, pool
 from ..core.process import process
 from ..core.state import state_of
+from . import pressure
 from .context import DueRow, RowOutcome, StepContext
 from .retraction import MovedRow
 
 
-def evict_batch(ctx: StepContext, batch, skip: set) -> None:
+def evict_batch(
+    ctx: StepContext, batch, skip: set, waiting: Sequence = (), room: bool = True
+) -> None:
     """Evict every request of `batch` (SGLang's `ScheduleBatch`) whose row reached its trigger, in
-    one pass, skipping the requests in `skip` (finishing in flight); fix the batch's lengths and
-    sample the pool gauges before and after."""
+    one pass, skipping the requests in `skip` (finishing in flight): rows under the budget
+    trigger at ``budget + interval``, rows under the pressure trigger when the pool is short
+    (`pressure.due_rows`; `waiting` SGLang's waiting queue, `room` whether the batch could take
+    one more request). Fix the batch's lengths and sample the pool gauges before and after."""
     evicting = [
         (i, req, st) for i, req in enumerate(batch.reqs) if (st := state_of(req)) is not None
     ]
@@ -43,11 +49,14 @@ def evict_batch(ctx: StepContext, batch, skip: set) -> None:
         st.stats.fold(ctx.tp_group)
     seq_lens_cpu = batch.seq_lens_cpu
     lens = seq_lens_cpu.tolist()
-    due = [
-        (i, DueRow(req, st, lens[i]))
-        for i, req, st in evicting
-        if req not in skip and st.cfg.should_evict(lens[i])
-    ]
+    rows = [(i, DueRow(req, st, lens[i])) for i, req, st in evicting if req not in skip]
+    due = [(i, row) for i, row in rows if not row.st.cfg.on_pressure and _reached(row)]
+    pressed = [(i, row) for i, row in rows if row.st.cfg.on_pressure]
+    if pressed:
+        pressed = pressure.due_rows(ctx, batch, pressed, waiting, room)
+        due = sorted(due + pressed, key=lambda x: x[0])
+    # the logical length of each row compacted under pressure, for its report (`evicted_at`)
+    at = {i: int(row.st.row.positions(row.length)[-1]) + 1 for i, row in pressed}
     freed_before = ctx.counters.pages_freed
     outcomes = evict_rows(ctx, [row for _, row in due]) if due else []
     delta = torch.zeros_like(seq_lens_cpu)
@@ -58,6 +67,8 @@ def evict_batch(ctx: StepContext, batch, skip: set) -> None:
             process().shortages.note("eviction_deferred", row.req.rid)
         else:
             delta[i] = n
+            if i in at:
+                row.st.report.record_pressure(at[i])
     if ctx.counters.pages_freed > freed_before:
         # SGLang stops admitting after a failed admission until the batch shrinks; memory
         # freed by eviction must reopen admission the same way.
@@ -66,6 +77,10 @@ def evict_batch(ctx: StepContext, batch, skip: set) -> None:
         _shift_lens(batch, delta)
     ctx.sample_held()
     ctx.sample_batch(batch)
+
+
+def _reached(row: DueRow) -> bool:
+    return row.st.cfg.should_evict(row.length)
 
 
 def _shift_lens(batch, delta: torch.Tensor) -> None:

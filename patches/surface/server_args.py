@@ -23,6 +23,7 @@ from typing import NoReturn
 from sgl_vtoken.config import (
     ENV_VAR,
     RECLAIM_MODES,
+    TRIGGERS,
     EvictConfig,
     flag_of,
     policy_from_config,
@@ -117,6 +118,16 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
         help="Evict when a row reaches budget + interval tokens (1 = every step). Default 1.",
     )
     g.add_argument(
+        "--kv-evict-trigger",
+        type=str,
+        default="budget",
+        choices=TRIGGERS,
+        help="'budget': evict a row whenever it reaches budget + interval tokens; 'pressure': "
+        "only when the KV pool cannot hold what the running requests and the next waiting one "
+        "need, the rows furthest above their budget first (each down to its budget); with room "
+        "to spare every row keeps all its tokens. Default budget.",
+    )
+    g.add_argument(
         "--kv-reclaim",
         type=str,
         default="vtoken",
@@ -170,6 +181,7 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         sink=args.kv_sink,
         window=args.kv_window,
         interval=args.kv_evict_interval,
+        trigger=getattr(args, "kv_evict_trigger", "budget"),
         reclaim=args.kv_reclaim,
         page_size=getattr(args, "page_size", None) or 1,
     )

@@ -192,7 +192,6 @@ def test_from_dict_rejects_unknown_keys_listing_fields():
         EvictConfig.from_dict({"kv_budget": 3})
     # settings the server never honoured are unknown fields, not silently accepted ones
     for name, value in (
-        ("trigger", "fragmentation"),
         ("frag_threshold", 0.25),
         ("free_watermark", 0.1),
     ):
@@ -201,6 +200,9 @@ def test_from_dict_rejects_unknown_keys_listing_fields():
             match=rf"no field\(s\) \['{name}'\]; allowed: \[.*'reuse_history', 'prefill_chunk', 'offload', 'host_tokens', 'recall', 'recall_pool', 'recall_gap', 'recall_rounds'\]",
         ):
             EvictConfig.from_dict({"policy": "none", name: value})
+    # `trigger` is a setting: a value it does not know is refused with the allowed ones
+    with pytest.raises(ValueError, match=r"trigger must be one of \['budget', 'pressure'\]"):
+        EvictConfig.from_dict({"policy": "none", "trigger": "fragmentation"})
     with pytest.raises(ValueError, match="malformed"):
         EvictConfig.from_json("{policy:")
 

@@ -1,0 +1,103 @@
+"""Eviction under memory pressure (`trigger` "pressure"): a row keeps every token while the pool
+holds what the running rows and the queue's next request need; when it cannot, rows are
+compacted to their budget, the furthest above it first, until it can. The budget is the floor:
+a row is never evicted below it, and a row within `interval` of it is not evicted at all (the
+hysteresis of the budget trigger, so a row compacted now is not chosen again for `interval`
+steps).
+
+At each decode step, before SGLang's decode memory check (`eviction.evict_batch`)::
+
+    free      = free slots + evictable tree slots
+    need      = a page for every running row's next token
+              + each evicting row's growth to its decode peak (what admission reserved for it,
+                `reserve`)
+              + the first waiting request's prefill and reservation, when the batch has room
+                for it and compacting every row could make it fit
+    shortfall = need - free
+    compact   rows with row_len >= budget + interval, the largest surplus (row_len - budget)
+              first, until the surplus chosen covers the shortfall (`choose`)
+
+With no shortfall nothing is evicted and a row's output is the full cache's. Rows under the
+budget trigger are evicted at their own trigger as before, whatever the pool holds.
+docs/design.md, "Eviction under memory pressure".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..core.state import ReqEvictState, state_of
+from .context import DueRow, StepContext
+
+TRIGGER = "pressure"
+
+
+def reserve(st: ReqEvictState, own: int) -> int:
+    """KV tokens an evicting request holding `own` tokens of its own may still add: up to its
+    decode peak (admission reserves this much; a row above its peak gives back, under pressure,
+    whatever it holds above its budget)."""
+    return max(0, st.cfg.decode_peak - own)
+
+
+def own_tokens(req, st: ReqEvictState) -> int:
+    """The running request's KV tokens not owned by the radix tree (under the holed cache the
+    tree-owned ones leave the row as it evicts; the whole row otherwise)."""
+    return req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
+
+
+def choose(surplus: Sequence[int], shortfall: int) -> list[int]:
+    """Indices into `surplus` (tokens each candidate row gives back when compacted to its budget)
+    of the rows to compact: the largest surplus first (ties: the lower index), until their sum
+    covers `shortfall`; none when `shortfall` <= 0, all when even all do not cover it."""
+    if shortfall <= 0:
+        return []
+    order = sorted(range(len(surplus)), key=lambda i: (-surplus[i], i))
+    chosen, covered = [], 0
+    for i in order:
+        if covered >= shortfall:
+            break
+        chosen.append(i)
+        covered += surplus[i]
+    return sorted(chosen)
+
+
+def _head_demand(waiting: Sequence, page_size: int) -> int:
+    """KV tokens the first waiting request asks at admission: its uncached prompt (as last
+    matched; the whole prompt before any match) and its reservation, plus a page."""
+    if not waiting:
+        return 0
+    req = waiting[0]
+    ids = getattr(req, "full_untruncated_fill_ids", None) or req.origin_input_ids
+    extend = max(0, len(ids) - int(getattr(req, "prefix_len", 0) or 0))
+    st = state_of(req)
+    grow = reserve(st, extend) if st is not None else 0
+    return extend + grow + page_size
+
+
+def due_rows(
+    ctx: StepContext,
+    batch,
+    rows: Sequence[tuple[int, DueRow]],
+    waiting: Sequence = (),
+    room: bool = True,
+) -> list[tuple[int, DueRow]]:
+    """The rows of `rows` (``(batch index, row)``: the pressure-triggered requests of `batch`
+    not finishing in flight) to compact at this step. `waiting`: SGLang's waiting queue;
+    `room`: whether the batch could take another request (its size below the running limit)."""
+    ps = ctx.page_size
+    candidates = [
+        (i, row) for i, row in rows if row.length >= row.st.cfg.row_budget + row.st.cfg.interval
+    ]
+    if not candidates:
+        return []
+    need = ps * len(batch.reqs)
+    for req in batch.reqs:
+        st = state_of(req)
+        if st is not None and req.kv.holds_kv:
+            need += reserve(st, own_tokens(req, st))
+    free = ctx.allocator.available_size() + ctx.tree.evictable_size()
+    surplus = [row.length - row.st.cfg.row_budget for _, row in candidates]
+    head = _head_demand(waiting, ps) if room else 0
+    if head and need + head <= free + sum(surplus):
+        need += head
+    return [candidates[k] for k in choose(surplus, need - free)]

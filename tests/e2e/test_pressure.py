@@ -1,0 +1,113 @@
+"""The pressure trigger on a 256-token pool under SGLang's overlap scheduler (the edge servers of
+`test_pool_edge.py`, their StreamingLLM budget-64 policy overridden per request with
+`"trigger": "pressure"`): alone, a request keeps every token and its output is full attention's;
+three at once outgrow the pool, and the rows the shortage compacts (each request's
+`evicted_at`) give outputs equal to the masked reference evicting exactly there, victims chosen
+by the independent oracles; the pool is whole afterwards under SGLang's checkers."""
+
+import threading
+from functools import partial
+
+import pytest
+from conftest import MEMORY_CHECKS
+from oracles import ORACLE_RECALL, oracle_policy
+from test_eviction import generate, random_ids, wait_pool_free
+
+from sgl_vtoken.config import EvictConfig
+from sgl_vtoken_tools import hf_reference
+
+masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
+
+pytestmark = [pytest.mark.server]
+
+BUDGET, INTERVAL, POOL = 64, 16, 256
+WINDOW = {"h2o": 16}
+
+
+def edge_server(server_factory, page_size):
+    """The server of `test_pool_edge.py` (one start per page size for both files)."""
+    return server_factory(
+        page_size=page_size,
+        extra=("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-interval", "16"),
+        env=MEMORY_CHECKS,
+        pool=POOL,
+    )
+
+
+def pressure(policy: str) -> dict:
+    return {"policy": policy, "trigger": "pressure", "window": WINDOW.get(policy, 0)}
+
+
+def config(policy: str, page_size: int) -> EvictConfig:
+    return EvictConfig(
+        policy=policy,
+        budget=BUDGET,
+        window=WINDOW.get(policy, 0),
+        interval=INTERVAL,
+        page_size=page_size,
+        trigger="pressure",
+    )
+
+
+@pytest.mark.server_group("edge{page_size}")
+@pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
+@pytest.mark.parametrize("policy", ["streamingllm", "h2o"])
+def test_a_request_alone_keeps_every_token_and_equals_full_attention(
+    server_factory, hf_eager, page_size, policy
+):
+    """60 prompt tokens and 150 generated: a 210-token row, more than three times the budget,
+    that the pool holds with room for its next page: nothing is evicted (0 evicted tokens, no
+    `evicted_at`) and the output is full attention's, token for token."""
+    client = edge_server(server_factory, page_size)
+    prompt, n = random_ids(60, seed=400 + page_size), 150
+    rid = f"alone-{policy}-{page_size}"
+    out = generate(client, prompt, n, rid, pressure(policy))
+    report = out["meta_info"]["kv_evict"][0]
+    assert report["evicted_tokens"] == 0 and report["evictions"] == 0, report
+    assert "evicted_at" not in report
+    assert out["output_ids"] == masked_greedy(hf_eager, prompt, n, EvictConfig())[0]
+
+
+@pytest.mark.server_group("edge{page_size}")
+@pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
+@pytest.mark.parametrize("policy", ["streamingllm", "h2o"])
+def test_rows_compacted_when_the_pool_is_short_equal_the_reference_evicting_there(
+    server_factory, hf_eager, page_size, policy
+):
+    """Three requests of 60 prompt tokens and 120 generated would hold 540 tokens in a 256-token
+    pool: the shortage compacts the longest rows to the budget, never below it and never a row
+    within the interval of it, and admits the third request when the others can give back its
+    room; no request is retracted or refused. Each output equals the masked reference evicting
+    at the logical lengths the server reports (`evicted_at`); the pool is whole afterwards."""
+    client = edge_server(server_factory, page_size)
+    n = 120
+    prompts = {
+        f"pressed-{policy}-{page_size}-{k}": random_ids(60, seed=500 + 10 * page_size + k)
+        for k in range(3)
+    }
+    results = {}
+
+    def one(rid):
+        results[rid] = generate(client, prompts[rid], n, rid, pressure(policy))
+
+    threads = [threading.Thread(target=one, args=(rid,)) for rid in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cfg = config(policy, page_size)
+    compacted = 0
+    for rid, prompt in prompts.items():
+        out = results[rid]
+        report = out["meta_info"]["kv_evict"][0]
+        at = report.get("evicted_at", [])
+        assert report["evictions"] == len(at), report
+        assert all(t >= BUDGET + INTERVAL for t in at), report
+        assert not report.get("retracted_reprefill"), report
+        compacted += len(at)
+        expected = masked_greedy(hf_eager, prompt, n, cfg, rid=rid, evicted_at=at)[0]
+        assert out["output_ids"] == expected, (rid, at)
+    assert compacted, "the pool never ran short: the test no longer exercises the trigger"
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in client.server.log_text()
