@@ -8,10 +8,16 @@ It travels in SGLang's own per-request `custom_params` (SGLang rejects unknown s
                          extra body {"custom_params": {"kv_evict": {...}}}
 The tokenizer process validates it once (invalid values: HTTP 400 naming the field), policy
 parameters included; the scheduler only builds its config in `Req.__init__`.
+
+A field the request does not send is the server's, fitted to what the request did send: the
+server's `recall` becomes the most that fits the request's budget, sinks and window
+(``budget - sink_tokens - window - 1``; 0 without offload). A value the request sent that does
+not fit is refused naming it and what would fit.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from sgl_vtoken.config import EvictConfig, policy_from_config, setting_keys
@@ -52,20 +58,63 @@ def resolve(server: EvictConfig, obj, choices: tuple[str, ...], refused: str = "
         if cfg.enabled:
             policy_from_config(cfg)  # the policy's parameters: validated once, here
     except ValueError as e:
-        raise ValueError(re.sub(r"EvictConfig\.(\w+)", rf"{KEY}.\1", str(e))) from None
+        raise ValueError(
+            re.sub(r"EvictConfig\.(\w+)", rf"{KEY}.\1", _what_fits(server, obj, e))
+        ) from None
     return cfg
 
 
 def merged(server: EvictConfig, obj: dict) -> EvictConfig:
     """The server's settings overridden by a request's `kv_evict` object (ValueError if the
-    result is invalid; `resolve` is the validation of a request)."""
+    result is invalid; `resolve` is the validation of a request). A server `recall` the request
+    does not send is cut to the most that fits the request's settings (`_room`)."""
     policy = obj.get("policy", server.policy)
     if policy == "none":
         return EvictConfig(page_size=server.page_size)
     data = {**server.to_dict(), **obj, "policy": policy}
     if policy != server.policy:
         data["params"] = {}
+    if "recall" not in obj:
+        if data.get("offload") is not True:  # the request turned offload off: nothing to recall
+            data["recall"] = 0
+        elif (room := _room(data)) is not None and data["recall"] > room:
+            data["recall"] = room
     return EvictConfig.from_dict(data)
+
+
+def _room(data: dict) -> int | None:
+    """The largest recall that fits the budget, sinks and window of `data` (flat keys):
+    ``budget - sink_tokens - window - 1``, at least 0; None while any of them is not an integer
+    (the config's own checks name it)."""
+    values = [data.get(k) for k in ("budget", "sink", "window", "page_size")]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        return None
+    budget, sink, window, page_size = values
+    sink_tokens = math.ceil(sink / page_size) * page_size
+    return max(budget - sink_tokens - window - 1, 0)
+
+
+def _what_fits(server: EvictConfig, obj: dict, e: ValueError) -> str:
+    """The message of `e`, saying what would fit where a value the request sent does not fit the
+    rest: its `recall` (the largest that fits), or its `interval` against the server's
+    `prefill_chunk` (a server setting, named by the request field that broke it)."""
+    msg = str(e)
+    if msg.startswith("EvictConfig.recall must leave room"):
+        room = _room({**server.to_dict(), **obj})
+        if room is not None:
+            return f"{msg}: the largest recall that fits this budget, sinks and window is {room}"
+    chunk = server.prefill.chunk
+    if (
+        msg.startswith("EvictConfig.prefill_chunk")
+        and "interval" in obj
+        and chunk is not None
+        and chunk % server.page_size == 0
+    ):
+        return (
+            f"{KEY}.interval must be < this server's prefill_chunk {chunk}, at most "
+            f"{chunk - 1} (got {obj['interval']})"
+        )
+    return msg
 
 
 def before_create_tokenized_object(manager, obj, *args, **kwargs):

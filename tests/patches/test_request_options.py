@@ -78,3 +78,79 @@ def test_every_request_field_is_type_checked_before_arithmetic(server, field, va
     obj = {"offload": True, field: value} if field == "recall" else {field: value}
     with pytest.raises(ValueError, match=rf"kv_evict\.(offload|{field}) "):
         resolve(EvictConfig.from_dict(server), obj, KV_EVICT_CHOICES)
+
+
+# The README's chat command: a server recall that fits its budget 256 but not a lower one.
+CHAT_FLAGS = (
+    "--kv-evict",
+    "h2o",
+    "--kv-budget",
+    "256",
+    "--kv-sink",
+    "16",
+    "--kv-window",
+    "32",
+    "--kv-evict-interval",
+    "16",
+    "--kv-evict-config",
+    '{"host_tokens": 1048576, "offload": true, "recall": 192}',
+)
+
+
+def test_an_inherited_recall_is_cut_to_what_the_request_budget_leaves(parse):
+    """A request that lowers only its budget keeps the server's offload, with the most recall its
+    budget, sinks and window leave (128 - 16 - 32 - 1 = 79), not an HTTP 400 about a `recall` it
+    never sent; the scheduler, which builds the same config unvalidated, gets the same one."""
+    from types import SimpleNamespace
+
+    from sgl_vtoken.patches.surface.request_options import request_config, resolve
+    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES
+
+    parse(*CHAT_FLAGS)
+    server = EvictConfig.from_env()
+    assert (server.budget, server.host.offload, server.host.recall) == (256, True, 192)
+    obj = {"policy": "random", "budget": 128}
+    cfg = resolve(server, obj, KV_EVICT_CHOICES)
+    assert (cfg.policy, cfg.budget, cfg.host.offload, cfg.host.recall) == ("random", 128, True, 79)
+    assert request_config(server, SimpleNamespace(custom_params={"kv_evict": obj})) == cfg
+    # a recall that still fits is the server's; without offload the request recalls nothing
+    assert resolve(server, {"budget": 250}, KV_EVICT_CHOICES).host.recall == 192
+    assert resolve(server, {"window": 64}, KV_EVICT_CHOICES).host.recall == 256 - 16 - 64 - 1
+    off = resolve(server, {"offload": False}, KV_EVICT_CHOICES)
+    assert (off.host.offload, off.host.recall) == (False, 0)
+    # a budget that leaves nothing past the sinks and window still recalls nothing, not below 0
+    assert resolve(server, {"budget": 49}, KV_EVICT_CHOICES).host.recall == 0
+
+
+def test_a_recall_the_request_sends_that_does_not_fit_is_refused_naming_what_fits(parse):
+    """The request's own recall is not cut: HTTP 400 naming `kv_evict.recall` and the largest
+    recall its budget, sinks and window leave; a budget with no room for the sinks and window
+    fails on the budget, as before."""
+    from sgl_vtoken.patches.surface.request_options import resolve
+    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES
+
+    parse(*CHAT_FLAGS)
+    server = EvictConfig.from_env()
+    with pytest.raises(ValueError, match=r"^kv_evict\.recall must leave room.*is 79$"):
+        resolve(server, {"budget": 128, "recall": 100}, KV_EVICT_CHOICES)
+    assert resolve(server, {"budget": 128, "recall": 79}, KV_EVICT_CHOICES).host.recall == 79
+    with pytest.raises(ValueError, match=r"^kv_evict\.budget must be >= 49 .*\(got 40\)"):
+        resolve(server, {"policy": "random", "budget": 40}, KV_EVICT_CHOICES)
+
+
+def test_an_interval_that_breaks_the_server_prefill_chunk_is_refused_naming_interval():
+    """`prefill_chunk` is the server's (no request field): a request interval at or above it is
+    refused naming `kv_evict.interval` and the most that fits."""
+    from sgl_vtoken.patches.surface.request_options import resolve
+    from sgl_vtoken.patches.surface.server_args import KV_EVICT_CHOICES
+
+    server = EvictConfig.from_dict(
+        dict(policy="streamingllm", budget=64, page_size=16, interval=16, prefill_chunk=64)
+    )
+    assert resolve(server, {"interval": 63}, KV_EVICT_CHOICES).interval == 63
+    with pytest.raises(
+        ValueError,
+        match=r"^kv_evict\.interval must be < this server's prefill_chunk 64, at most 63 "
+        r"\(got 64\)$",
+    ):
+        resolve(server, {"interval": 64}, KV_EVICT_CHOICES)
