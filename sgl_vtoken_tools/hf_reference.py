@@ -85,6 +85,7 @@ def masked_greedy(
     policy: PolicyFactory | None = None,
     recall: RecallRule | None = None,
     evicted_at: Collection[int] | None = None,
+    prefill_whole: bool = False,
 ) -> tuple[list[int], list[int]]:
     """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions).
 
@@ -109,6 +110,7 @@ def masked_greedy(
         policy=policy,
         recall=recall,
         evicted_at=evicted_at,
+        prefill_whole=prefill_whole,
     )
     return out, row
 
@@ -128,6 +130,7 @@ def masked_turn(
     recall: RecallRule | None = None,
     stop: int | None = None,
     evicted_at: Collection[int] | None = None,
+    prefill_whole: bool = False,
 ):
     """:func:`masked_greedy` for one turn of a conversation; returns (tokens, row, history).
 
@@ -147,7 +150,9 @@ def masked_turn(
     Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
     With `stop`, the turn ends after that token (included), as a server's stop token ends it.
     With `evicted_at` (the pressure trigger: :func:`masked_greedy`) a decode eviction runs
-    exactly when the row holds that many logical tokens, not at ``budget + interval``.
+    exactly when the row holds that many logical tokens, not at ``budget + interval``, and with
+    `prefill_whole` (a prompt the server's pool held whole: no `prefill_evicted_tokens` in its
+    report) the prompt is prefilled without eviction whatever `prefill_chunk` says.
     """
     if evicted_at is None and cfg.on_pressure:
         raise ValueError(
@@ -198,7 +203,7 @@ def masked_turn(
     while True:
         end = (
             len(prompt)
-            if chooser is None or cfg.prefill_peak is None or pinned
+            if chooser is None or cfg.prefill_peak is None or pinned or prefill_whole
             else min(len(prompt), pos + cfg.prefill_peak - len(row))
         )
         if end == len(prompt) and recalling:

@@ -271,14 +271,16 @@ class HoledRadixCache(RadixCache):
         when the policy reads attention: their queries seed its statistics, so a request's
         victims (and output) do not depend on whether its prompt was cached. Under eviction
         during prefill a hit stops short of the prefill peak (by `obs_window` for attention
-        policies, a page otherwise), so the first chunk runs and is evicted like an uncached one."""
+        policies, a page otherwise), so the first chunk runs and is evicted like an uncached one;
+        under the pressure trigger it does not (a whole history is matched whole; a prompt that
+        must still be evicted during prefill evicts after its first page, `prefill.chunk_limit`)."""
         if st is None:
             return result
         cap = len(key)
         attn = "attn" in st.policy.needs
         if attn:
             cap = min(cap, len(key.token_ids) - st.cfg.scoring.obs_window)
-        if st.cfg.prefill_peak is not None:
+        if st.cfg.prefill_peak is not None and not st.cfg.on_pressure:
             cap = min(
                 cap, st.cfg.prefill_peak - (st.cfg.scoring.obs_window if attn else st.cfg.page_size)
             )

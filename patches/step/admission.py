@@ -177,6 +177,8 @@ def adder_class(base: type) -> type:
             if st is not None and st.prefix.restore_blocked:  # its host history does not fit yet
                 self._defer(req, st, "a history restored from host", "restore", has_chunked_req)
                 return AddReqResult.NO_TOKEN
+            if st is not None and not req.kv.holds_kv:  # pressure: whole when it fits the pool
+                st.prompt.decide_whole(st, req, self.token_to_kv_pool_allocator.size)
             limit = chunk_limit(req)  # eviction during prefill: its first chunk ends at the peak
             saved, exact = self.rem_chunk_tokens, getattr(self, "exact_chunk_fill", False)
             # Without SGLang's chunked prefill (`saved` None) nothing cuts the prompt: only a

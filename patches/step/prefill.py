@@ -27,6 +27,7 @@ class Prompt:
 
     logical: array | None = None
     prefill_evicted: int = 0
+    whole: bool = False  # pressure trigger: the prompt fits the pool, so it is prefilled whole
 
     def logical_ids(self, req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
@@ -59,13 +60,33 @@ class Prompt:
     def reset(self) -> None:
         """Retraction: its prefill starts over, nothing of it evicted."""
         self.prefill_evicted = 0
+        self.whole = False
+
+    def decide_whole(self, st, req, pool_tokens: int) -> None:
+        """Pressure trigger, at the prompt's admission: it is prefilled whole, without eviction,
+        when its row (cached prefix, the rest of the prompt, its growth to the decode peak and a
+        page) fits the `pool_tokens`-token pool; only a prompt that never could is evicted chunk
+        by chunk. A whole prompt that does not fit now waits, and the running rows are compacted
+        for it (`pressure.due_rows`)."""
+        if not st.cfg.on_pressure or st.cfg.prefill_peak is None or req.output_ids:
+            return
+        extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+        peak = st.cfg.decode_peak
+        self.whole = (
+            req.prefix_len + extend + max(0, peak - extend) + st.cfg.page_size <= pool_tokens
+        )
 
 
 def evicts_in_prefill(st, req) -> bool:
     """Whether `req`'s prefill is evicted in chunks (`prefill_chunk`): a prompt's, not the
     re-prefill of a retracted request's outputs, nor the rest of a last chunk that recalled (it
     is prefilled whole, its scoring window at the prompt's end)."""
-    return st.cfg.prefill_peak is not None and not req.output_ids and st.recall.pinned is None
+    return (
+        st.cfg.prefill_peak is not None
+        and not req.output_ids
+        and st.recall.pinned is None
+        and not st.prompt.whole
+    )
 
 
 def chunk_limit(req) -> int | None:
@@ -82,6 +103,10 @@ def chunk_limit(req) -> int | None:
     if not evicts_in_prefill(st, req):
         return None
     limit = st.cfg.prefill_peak - req.prefix_len
+    if limit <= 0 and st.cfg.on_pressure:
+        # A pressure request's cached prefix may pass the peak (whole histories are matched
+        # whole): a first chunk of a page, then the row is evicted to the budget.
+        return st.cfg.page_size
     if limit <= 0:  # the row reached the peak with prompt left, unevicted: a splice bug
         raise RuntimeError(
             f"request {req.rid}: its row holds {req.prefix_len} tokens, the prefill "

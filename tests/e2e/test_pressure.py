@@ -111,3 +111,36 @@ def test_rows_compacted_when_the_pool_is_short_equal_the_reference_evicting_ther
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
+
+
+@pytest.mark.server_group("prefill{page_size}")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_prefill_is_evicted_only_when_the_prompt_cannot_fit_the_pool(
+    server_factory, hf_eager, page_size
+):
+    """The prefill servers of `test_prefill.py` (StreamingLLM budget 64, prefill_chunk 32, no
+    overlap scheduler). Under the pressure trigger a 400-token prompt on the 4,096-token pool is
+    prefilled whole and nothing is evicted: full attention's output. A prompt three times the
+    256-token pool cannot be held whole: it is evicted chunk by chunk as under the budget
+    trigger, and its output equals the chunked masked reference."""
+    from test_prefill import SMALL_POOL, config, prefill_server
+
+    kv = {"policy": "streamingllm", "trigger": "pressure"}
+    client = prefill_server(server_factory, page_size)
+    prompt, n = random_ids(400, seed=960 + page_size), 40
+    out = generate(client, prompt, n, f"whole-prefill-{page_size}", kv)
+    report = out["meta_info"]["kv_evict"][0]
+    assert "prefill_evicted_tokens" not in report and report["evicted_tokens"] == 0, report
+    assert out["output_ids"] == masked_greedy(hf_eager, prompt, n, EvictConfig())[0]
+
+    small = prefill_server(server_factory, page_size, pool=SMALL_POOL)
+    prompt, rid = random_ids(3 * SMALL_POOL, seed=970 + page_size), f"long-pressed-{page_size}"
+    out = generate(small, prompt, 24, rid, kv)
+    report = out["meta_info"]["kv_evict"][0]
+    assert report["prefill_evicted_tokens"] > 2 * SMALL_POOL, report
+    cfg = config("streamingllm", page_size, trigger="pressure")
+    at = report.get("evicted_at", [])
+    assert out["output_ids"] == masked_greedy(hf_eager, prompt, 24, cfg, rid=rid, evicted_at=at)[0]
+    for c in (client, small):
+        st = wait_pool_free(c)
+        assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
