@@ -144,3 +144,52 @@ def test_prefill_is_evicted_only_when_the_prompt_cannot_fit_the_pool(
     for c in (client, small):
         st = wait_pool_free(c)
         assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+
+
+@pytest.mark.server_group("holed{page_size}", page_size=1)
+def test_an_idle_pool_chat_through_the_chat_api_equals_the_full_cache(
+    server_factory, kvp_checkpoint
+):
+    """A client's chat through `/v1/chat/completions` (the whole conversation re-sent as text each
+    turn, the replies fed back) with the chat settings of the README under the pressure trigger,
+    alone on a 4,096-token pool: every turn's reply is the full cache's (`{"policy": "none"}`),
+    nothing is evicted, and each later turn continues its history from the radix cache. The
+    same chat under the budget trigger evicts (the rows do pass the budget)."""
+    import openai
+    from test_exactness import evict_server
+
+    client = evict_server(server_factory, kvp_checkpoint, 1)
+    oai = openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
+    chat = {"policy": "h2o", "budget": 64, "sink": 16, "window": 32, "interval": 16}
+    chat |= {"offload": True, "recall": 8}
+    settings = {
+        "full": {"policy": "none"},
+        "pressure": {**chat, "trigger": "pressure"},
+        "budget": chat,
+    }
+    words = "pool page slot row budget window sink token cache tree history reply".split()
+    messages = {name: [] for name in settings}
+    replies = {name: [] for name in settings}
+    figures = {name: [] for name in settings}
+    for turn in range(4):
+        text = " ".join(words[(turn * 7 + k * 5) % len(words)] for k in range(60))
+        for name, kv in settings.items():
+            messages[name].append({"role": "user", "content": f"Turn {turn}: {text}"})
+            r = oai.chat.completions.create(
+                model="tiny",
+                messages=messages[name],
+                max_tokens=40,
+                temperature=0,
+                extra_body={"custom_params": {"kv_evict": kv}},
+            )
+            reply = r.choices[0].message.content
+            messages[name].append({"role": "assistant", "content": reply})
+            replies[name].append(reply)
+            figures[name].append((r.usage.model_extra or {}).get("kv_evict"))
+            if name == "pressure" and turn:
+                assert r.usage.prompt_tokens_details.cached_tokens > 0, turn
+    assert replies["pressure"] == replies["full"]
+    assert all(f["evicted_tokens"] == 0 and "evicted_at" not in f for f in figures["pressure"])
+    assert sum(f["evicted_tokens"] for f in figures["budget"]) > 0
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
