@@ -88,6 +88,14 @@ class Prefix:
         self.hit = None
 
 
+def _whole_view(req, st) -> bool:
+    """A finished pressure-trigger row that never evicted is stored as a view without holes in
+    its history namespace when it offloads (instead of SGLang's plain insert), so that when the
+    tree's LRU evicts it, it moves to host memory whole, like any stored view
+    (`host_history.offload_view`), and its next turn restores it."""
+    return req.finished() and st.cfg.on_pressure and st.cfg.host.offload and st.cfg.history.reuse
+
+
 def factory(ctx):
     """`register_radix_cache_backend` factory."""
     for bad, why in (
@@ -315,7 +323,7 @@ class HoledRadixCache(RadixCache):
         st = state_of(req)
         if st is None or not st.holed:
             return super().checkpoint(req, up_to=up_to)
-        if st.row.steps == 0 and st.prefix.hit is None:
+        if st.row.steps == 0 and st.prefix.hit is None and not _whole_view(req, st):
             return super().checkpoint(req, up_to=up_to)  # contiguous, full attention: stock
         if req.finished() and st.cfg.history.reuse:
             if st.retract.resume_node is not None or st.prefix.restored is not None:

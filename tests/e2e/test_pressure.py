@@ -193,3 +193,38 @@ def test_an_idle_pool_chat_through_the_chat_api_equals_the_full_cache(
     assert sum(f["evicted_tokens"] for f in figures["budget"]) > 0
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+
+
+@pytest.mark.server_group("holed{page_size}", page_size=1)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_whole_history_the_tree_evicts_moves_to_host_whole_and_comes_back(
+    server_factory, kvp_checkpoint, hf_eager, page_size
+):
+    """Under the pressure trigger with offload a finished turn that never evicted is stored whole;
+    when a full-cache request then needs nearly the whole pool, the tree's LRU moves that history
+    to host memory, whole, and the next turn restores it (`history_source` "host", every token
+    of the first turn back) and prefills only its new message: nothing is evicted in either turn
+    and both outputs are full attention's."""
+    from test_exactness import evict_server
+    from test_host_tier import NONE, flush
+
+    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    flush(client)
+    kv = {"policy": "h2o", "window": 16, "trigger": "pressure", "offload": True}
+    first, n = random_ids(300, seed=990 + page_size), 40
+    out1 = generate(client, first, n, f"whole-host-{page_size}-0", kv)
+    generate(client, random_ids(4060, seed=995), 4, f"whole-host-fill-{page_size}", NONE)
+    assert client.vtoken_state()["host_histories_held"] == 1
+    second = first + out1["output_ids"] + random_ids(50, seed=996 + page_size)
+    out2 = generate(client, second, n, f"whole-host-{page_size}-1", kv)
+    report = out2["meta_info"]["kv_evict"][0]
+    assert report["history_source"] == "host", report
+    assert report["history_restored_tokens"] >= len(first) + n - 1 - page_size, report
+    assert out2["meta_info"]["cached_tokens"] >= len(first) + n - 1 - page_size
+    assert out1["meta_info"]["kv_evict"][0]["evicted_tokens"] == report["evicted_tokens"] == 0
+    assert out1["output_ids"] == masked_greedy(hf_eager, first, n, EvictConfig())[0]
+    assert out2["output_ids"] == masked_greedy(hf_eager, second, n, EvictConfig())[0]
+    flush(client)
+    st = wait_pool_free(client)
+    assert st["host_histories_held"] == 0
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
