@@ -48,39 +48,20 @@ import argparse
 import json
 import sys
 import time
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.cell_server import RID_REUSE_GAP_S, cell_server, resolve_model
+from sgl_vtoken_tools.bench.cell_server import cell_spec as shared_cell_spec
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
-from sgl_vtoken_tools.bench.server_cells import CHAT, cell_flags
+from sgl_vtoken_tools.bench.server_cells import CHAT
 
-REPO = Path(__file__).resolve().parents[1]
 # The README's rows, flag for flag as the joint benchmark runs them.
 CELLS = {name: JOINT_CELLS[name] for name in ("stock", "full", "h2o b256", CHAT)}
-RID_REUSE_GAP_S = 5.0  # SGLang aborts a streamed id reused within 2 s of its end; a margin
 
 
 def cell_spec(spec: str, remote: bool) -> tuple[str, object]:
-    """A `--cells` entry. Launched servers: a CELLS name or ``name=flags`` (shell words); a
-    running server (`remote`): ``name=JSON`` (per-request kv_evict) or a name (its own flags)."""
-    name, eq, value = spec.partition("=")
-    if remote:
-        return (name, json.loads(value)) if eq else (name, None)
-    return cell_flags(spec, CELLS)
-
-
-def resolve_model(name: str) -> str:
-    """smollm2 (built into .cache/smollm2), tiny (the random-weight tiny Llama, .cache/tiny-llama)
-    or a Hugging Face folder."""
-    if name == "tiny":
-        from sgl_vtoken_tools.tiny_model import ensure_tiny_model
-
-        return str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
-    from sgl_vtoken_tools.models import MODELS, ensure_model
-
-    if name in MODELS and not Path(name).exists():
-        return str(ensure_model(name, REPO / ".cache" / name))
-    return name
+    """A `--cells` entry (`cell_server.cell_spec` over this script's CELLS)."""
+    return shared_cell_spec(spec, remote, CELLS)
 
 
 def longest_session(tok, sessions, reply_tokens: int) -> int:
@@ -94,37 +75,6 @@ def longest_session(tok, sessions, reply_tokens: int) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
     return max(tokens(s) + len(s.turns) * (reply_tokens + 2) for s in sessions)
-
-
-@contextmanager
-def cell_server(args, model: str, name: str, flags):
-    """(base url, log path, per-request kv_evict) of a cell: a server started for it, or the
-    running one of `--base-url` (then `flags` is the per-request object)."""
-    if args.base_url:
-        yield args.base_url.rstrip("/"), args.server_log, flags
-        return
-    from sgl_vtoken_tools.bench.baseline import baseline_env, plugin_in_server
-    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
-
-    base = cpu_server_args(model, args.pool, args.page_size) + [
-        "--dtype",
-        "float32",
-        "--enable-cache-report",
-        "--decode-log-interval",
-        "1",
-        *args.server_args.split(),
-    ]
-    env = {"OMP_NUM_THREADS": str(args.server_threads)}
-    with ExitStack() as stack:
-        if flags is None:
-            env.update(stack.enter_context(baseline_env()))
-        server = stack.enter_context(ServerProcess(base + (flags or []), env=env))
-        if plugin_in_server(server) != (flags is not None):
-            raise RuntimeError(
-                f"cell {name!r}: sgl-vtoken is {'' if flags is None else 'not '}loaded in its "
-                "server (stock must run without it, every other cell with it)"
-            )
-        yield server.base_url, str(server.log_path), None
 
 
 def run(args) -> list[dict]:
@@ -183,7 +133,17 @@ def run(args) -> list[dict]:
     full: dict[int, list[dict]] = {}
     ended = 0.0
     for name, flags in cells:
-        with cell_server(args, model, name, flags) as (url, log_path, kv_evict):
+        with cell_server(
+            model,
+            name,
+            flags,
+            args.pool,
+            args.page_size,
+            args.server_args.split(),
+            args.server_threads,
+            args.base_url,
+            args.server_log,
+        ) as (url, log_path, kv_evict):
             served = (probe.get_json(url, "/v1/models") or {}).get("data") or [{}]
             for rep in range(args.repeats):
                 if args.base_url:  # the same ids on one server: wait out SGLang's abort window

@@ -10,6 +10,8 @@ over HTTP and started through `sgl_vtoken_tools.launcher`).
     agent_summary  the summary line of such a run (latency, concurrency, memory, counters)
     agent_chat     scored agent sessions (quality/agent_sessions.py) played as a chat client
     agent_score    their summaries: throughput, accuracy, agreement with the full cache
+    chat_rounds    pass-key chats through the chat API, in rounds or one at a time, scored
+    cell_server    a benchmark cell's server: launched (stock or with the plugin) or running
     quantiles      percentiles and the spread over repeats
     cells          the benchmark matrix's cells and their per-run figures
     matrix         the No-Evict / Naive-Evict / vToken matrix: servers, cells, repeats

@@ -57,6 +57,10 @@ CELLS = {
 }
 # The README's chat command (its third row).
 CHAT = "h2o b256 s16 w32 + host + recall 192"
+# The chat command under the pressure trigger: a row keeps every token while the pool has room
+# and is compacted to its budget only when the pool runs short (docs/design.md, "Eviction under
+# memory pressure").
+CELLS["pressure"] = [*CELLS[CHAT], "--kv-evict-trigger", "pressure"]
 
 
 def cell_flags(

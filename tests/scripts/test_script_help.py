@@ -13,6 +13,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 @pytest.mark.parametrize(
     "script,flag",
     [
+        ("bench_chat.py", "--one-at-a-time"),
         ("bench_joint.py", "--cells"),
         ("chat_clients.py", "--stuck-after"),
         ("collect_traces.py", "--cut-every"),

