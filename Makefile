@@ -61,17 +61,19 @@ test: lint
 # sessions of 8-10 turns (a key told early, asked last), 3 repeats each; rewrites
 # docs/results/agent_smollm2.{jsonl,md} (58 minutes on two quiet cores, 2026-12-05). Then
 # No-Evict vs Naive-Evict vs vToken on the tiny model's synthetic agent workload (speed only, 3
-# repeats): rewrites docs/results/bench_agent.jsonl, the bench section of docs/RESULTS.md and
-# docs/img/bench_*.png (about 15 to 30 minutes on two shared cores); then SGLang's own multi-turn
+# repeats): rewrites docs/results/bench_agent.jsonl, the bench section of
+# docs/results/agent-benchmark.md and docs/img/bench_*.png (about 15 to 30 minutes on two shared
+# cores); then SGLang's own multi-turn
 # chat benchmark, stock vs streamingllm without and with eviction during prefill, at page sizes 1
 # and 16 (2 repeats, about 35 minutes): rewrites docs/results/multiturn.jsonl and the multiturn
-# section of docs/RESULTS.md; then bench-joint.
+# section of docs/results/sglang-multiturn.md; then bench-joint.
 bench: $(STAMP)
 	$(PY) scripts/bench_agent.py --out docs/results/agent_smollm2.jsonl \
 		--markdown docs/results/agent_smollm2.md
 	$(PY) scripts/bench_matrix.py
 	rm -f docs/results/multiturn.jsonl
-	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
+	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl \
+		--results-md docs/results/sglang-multiturn.md
 	$(MAKE) bench-joint
 
 # Speed and answers in one run on SmolLM2-135M-Instruct (CPU): stock SGLang, the full cache and
@@ -100,7 +102,7 @@ STRESS := $(PY) scripts/stress.py --duration $(STRESS_S) --pool $(STRESS_POOL) -
 CHUNK := --kv-evict-config '{"prefill_chunk": 64}' --disable-overlap-schedule
 HOST := --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}' --budgets 128,256
 STRESS_RUNS := page16 page1 page16_prefill_chunk page1_prefill_chunk page16_host_tier page1_host_tier \
-	page16_retract page1_retract page16_retract_no_overlap
+	page16_retract page1_retract page16_retract_no_overlap page16_pressure page1_pressure_host_tier
 .PHONY: $(addprefix stress-,$(STRESS_RUNS))
 stress: $(STAMP)
 	$(MAKE) -j $(STRESS_JOBS) $(addprefix stress-,$(STRESS_RUNS))
@@ -123,6 +125,14 @@ stress-page1_retract:
 stress-page16_retract_no_overlap:
 	$(STRESS) --retract --disable-overlap-schedule --forced-shortages copies,tail,resume \
 		--out docs/results/stress_page16_retract_no_overlap.jsonl
+# The pressure trigger: rows compacted only when the pool is short, prompts longer than the pool
+# evicted during prefill, and (page 1) whole histories moved to host memory and restored.
+stress-page16_pressure:
+	$(STRESS) --trigger pressure $(CHUNK) --forced-shortages copies,tail \
+		--out docs/results/stress_page16_pressure.jsonl
+stress-page1_pressure_host_tier:
+	$(STRESS) --page-size 1 --trigger pressure $(HOST) --forced-shortages recall \
+		--out docs/results/stress_page1_pressure_host_tier.jsonl
 
 # Learned eviction (KVP) on CPU: collect K/V traces of the model on held-out-split text, train
 # the per-(layer, KV head) scorers, compare them with the heuristics (tables of docs/RESULTS.md).

@@ -9,7 +9,7 @@
     python scripts/stress.py --retract                # SGLang's forced retractions (SGLANG_TEST_RETRACT)
     python scripts/stress.py --base-url http://127.0.0.1:30000 --server-log server.log
 
-Starts the tiny model on CPU (`--kv-evict P --kv-budget B --kv-evict-interval I`, pool
+Starts the tiny model on CPU (`--kv-evict P --kv-budget B --kv-evict-interval I --kv-evict-trigger T`, pool
 `--max-total-tokens POOL`) with SGLang's memory checkers on (SGLANG_ENABLE_STRICT_MEM_CHECK_
 DURING_BUSY, SGLANG_DEBUG_MEMORY_POOL, SGLANG_CHECK_KV_PAGE_INVARIANTS), or uses `--base-url`.
 `--workers` request loops then send, for `--duration` seconds, a seeded mix of /generate (plain
@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="streamingllm", help="the server's --kv-evict")
     p.add_argument("--budget", type=int, default=128, help="the server's --kv-budget")
     p.add_argument("--interval", type=int, default=16, help="the server's --kv-evict-interval")
+    p.add_argument(
+        "--trigger",
+        default="budget",
+        choices=("budget", "pressure"),
+        help="the server's --kv-evict-trigger",
+    )
     p.add_argument("--kv-evict-config", default=None, help="the server's --kv-evict-config (JSON)")
     p.add_argument(
         "--disable-overlap-schedule", action="store_true", help="(prefill_chunk needs it)"
@@ -149,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.budget),
                 "--kv-evict-interval",
                 str(args.interval),
+                "--kv-evict-trigger",
+                args.trigger,
             ]
             flags += ["--kv-evict-config", args.kv_evict_config] if args.kv_evict_config else []
             flags += ["--disable-overlap-schedule"] if args.disable_overlap_schedule else []
