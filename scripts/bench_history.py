@@ -14,7 +14,8 @@ reply + a new user message (token ids through `/generate`, streamed: TTFT = firs
 Prints JSON lines: one per (page size, mode, turn) with TTFT p50/mean and mean prefilled / cached
 / history tokens, one summary per (page size, mode) with the server counters (peak pool slots held
 against the bound `system + sessions x (budget + interval + page + 1)`, history hits). `--plot` writes a PNG of TTFT per turn;
-`--results-md` rewrites the `history` and `sharing` sections of docs/RESULTS.md.
+`--results-md` rewrites the `history` and `sharing` sections of
+docs/results/prefix-sharing-history.md.
 
 The sharing part (`--part sharing`): the same sessions' first turn at page size 16, all at once,
 with the holed radix cache vs no radix cache: peak pool slots held, against the bound

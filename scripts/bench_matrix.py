@@ -13,7 +13,7 @@ are organised), then writes
 
 - every run's JSON lines, tagged with cell, repeat and run, plus the fairness checks and the cells'
   figure spreads, to `--jsonl` (default docs/results/bench_agent.jsonl, committed next to
-  docs/RESULTS.md; a `--quick` run writes into `--raw-dir` instead);
+  docs/results/agent-benchmark.md; a `--quick` run writes into `--raw-dir` instead);
 - from that file alone: the section between `<!-- bench:begin -->` and `<!-- bench:end -->` of
   `--results-md` (appended at the end when missing; nothing else in the file changes) and the
   plots `bench_*.png` in `--img-dir` (`sgl_vtoken_tools.bench.report`, `plots`);
@@ -113,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no servers: render --results-md and the plots from --jsonl",
     )
-    p.add_argument("--results-md", type=Path, default=REPO / "docs" / "RESULTS.md")
+    p.add_argument(
+        "--results-md", type=Path, default=REPO / "docs" / "results" / "agent-benchmark.md"
+    )
     p.add_argument("--img-dir", type=Path, default=REPO / "docs" / "img")
     p.add_argument("--raw-dir", type=Path, default=REPO / ".cache" / "bench")
     p.add_argument("--no-progress", action="store_true")

@@ -2,7 +2,7 @@
 """SGLang's multi-turn chat benchmark (`sglang.bench_serving`, generated-shared-prefix, chat
 backend) against stock SGLang and `--kv-evict streamingllm`, side by side in one run (CPU).
 
-    python scripts/bench_multiturn.py --out docs/results/multiturn.jsonl --results-md docs/RESULTS.md
+    python scripts/bench_multiturn.py --out docs/results/multiturn.jsonl --results-md docs/results/sglang-multiturn.md
 
 Cells: stock, streamingllm (budget below the system prompt; interval 1 at page size 1, 16 at
 page size 16) and streamingllm with eviction during prefill (`prefill_chunk`) at each page size,

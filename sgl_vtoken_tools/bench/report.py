@@ -1,7 +1,8 @@
 """The agent benchmark's markdown section: a headline table per policy, budget and page size,
 the full tables, TTFT per turn and the rate ladder, every figure as the median over repeats with
 its range, "median (min-max)". `render(meta, cells, checks, plots)` returns the section's text
-(`results_md.write_section` puts it into docs/RESULTS.md); the prose is in `report_text.py`."""
+(`results_md.write_section` puts it into docs/results/agent-benchmark.md); the prose is in
+`report_text.py`."""
 
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ def render(meta: dict, cells: list[Cell], checks: list[dict], plots: list[str]) 
         )
         if not settings["quick"]:
             L += ladder_table(by_mode, settings) + [""]
-    L += [f"![{p}](img/{p})" for p in plots]
+    img = meta.get("img_link", "img")  # the plots' folder, relative to the markdown file
+    L += [f"![{p}]({img}/{p})" for p in plots]
     L += ["", report_text.measuring(meta)]
     return "\n".join(L)
 
@@ -229,6 +231,7 @@ def publish(jsonl: Path, results_md: Path, img_dir: Path, repo: Path) -> list[di
     checks = fairness_checks(cells)
     meta["jsonl"] = os.path.relpath(Path(jsonl).resolve(), Path(repo).resolve())
     meta["jsonl_link"] = os.path.relpath(Path(jsonl).resolve(), Path(results_md).resolve().parent)
+    meta["img_link"] = os.path.relpath(Path(img_dir).resolve(), Path(results_md).resolve().parent)
     plots = plot(meta["settings"], cells, img_dir)
     write_section(results_md, "bench", render(meta, cells, checks, plots), heading=HEADING)
     return checks

@@ -1,7 +1,7 @@
 """The prose of the agent benchmark's section: provenance, setup, what each column isolates
 (with the run's own fairness checks) and how the figures are measured, each computed from the
-run's settings and checks. What the figures mean is written by hand in docs/RESULTS.md, after
-the generated section, never in this template."""
+run's settings and checks. What the figures mean is written by hand in
+docs/results/agent-benchmark.md, after the generated section, never in this template."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Rewriting one generated section of a markdown file (docs/RESULTS.md) in place: the text
-between `<!-- NAME:begin -->` and `<!-- NAME:end -->`; nothing else in the file changes."""
+"""Rewriting one generated section of a markdown file (a page of docs/results/) in place: the
+text between `<!-- NAME:begin -->` and `<!-- NAME:end -->`; nothing else in the file changes."""
 
 from __future__ import annotations
 

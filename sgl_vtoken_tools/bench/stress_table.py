@@ -1,4 +1,4 @@
-"""One markdown row per stress run, from its JSON lines alone (docs/RESULTS.md, "Stress run").
+"""One markdown row per stress run, from its JSON lines alone (docs/results/stress-run.md).
 
 Columns: run, page size, requests (ok + clipped / aborted / rejected with HTTP 400 / HTTP 503 /
 unexpected), over-pool prompts (ok / rejected / 503), evicted tokens, history hits, retracted

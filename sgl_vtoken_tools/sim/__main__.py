@@ -26,7 +26,8 @@ from sgl_vtoken_tools.sim.workload import WORKLOADS
 SIM_POLICIES = sorted(name for name, cls in POLICIES.items() if "values" not in cls.needs)
 BEGIN, END = "<!-- sim:begin -->", "<!-- sim:end -->"
 COMMAND = (
-    "python -m sgl_vtoken_tools.sim --out docs/sim --img-dir docs/img --results-md docs/RESULTS.md"
+    "python -m sgl_vtoken_tools.sim --out docs/sim --img-dir docs/img"
+    " --results-md docs/results/simulator.md"
 )
 
 

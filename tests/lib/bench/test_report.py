@@ -118,3 +118,14 @@ def test_publish_rewrites_only_its_section_and_draws_the_plots(tmp_path, loaded)
     assert all(f"![{p}](img/{p})" in text for p in pngs)
     publish(SAMPLE, md, tmp_path / "img", tmp_path)
     assert md.read_text() == text  # the same lines render the same section
+
+
+def test_publish_links_the_raw_lines_and_plots_from_the_page(tmp_path):
+    """A page under docs/results/ links docs/img/ and its raw lines relative to itself."""
+    md = tmp_path / "docs" / "results" / "agent-benchmark.md"
+    md.parent.mkdir(parents=True)
+    md.write_text("# Agent benchmark\n\n<!-- bench:begin -->\nold\n<!-- bench:end -->\n")
+    publish(SAMPLE, md, tmp_path / "docs" / "img", tmp_path)
+    text = md.read_text()
+    assert "![bench_running.png](../img/bench_running.png)" in text
+    assert "](../../../matrix_sample.jsonl)" not in text and "(img/" not in text

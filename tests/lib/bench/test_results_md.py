@@ -1,8 +1,15 @@
 """Rewriting one generated section of a markdown file, and only that section."""
 
+import importlib.util
+import re
+from pathlib import Path
+
 import pytest
 
-from sgl_vtoken_tools.bench.results_md import write_section
+from sgl_vtoken_tools.bench.results_md import markers, write_section
+from sgl_vtoken_tools.sim import __main__ as sim_main
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_replaces_only_its_section(tmp_path):
@@ -29,3 +36,22 @@ def test_appends_under_a_heading_or_refuses(tmp_path):
     )
     write_section(tmp_path / "new.md", "bench", "b", heading="## H")
     assert (tmp_path / "new.md").read_text().startswith("# Results\n\n## H\n")
+
+
+def test_the_writers_default_to_the_pages_that_hold_their_sections():
+    """`make bench`'s matrix and multi-turn steps and the simulator's command rewrite sections of
+    the results pages; each names the page whose markers it rewrites (a missing one would be
+    appended to the wrong file, or refused)."""
+    spec = importlib.util.spec_from_file_location("bench_matrix", REPO / "scripts/bench_matrix.py")
+    bench_matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_matrix)
+    makefile = (REPO / "Makefile").read_text()
+    multiturn = re.search(r"bench_multiturn\.py [^\n]*\\?\n?\s*--results-md (\S+)", makefile)
+    sim = re.search(r"--results-md (\S+)", sim_main.COMMAND)
+    for path, name in [
+        (bench_matrix.build_parser().parse_args([]).results_md, "bench"),
+        (REPO / multiturn.group(1), "multiturn"),
+        (REPO / sim.group(1), "sim"),
+    ]:
+        text = Path(path).read_text()
+        assert all(m in text for m in markers(name)), (path, name)
