@@ -11,6 +11,9 @@ back), all conversations turn by turn together, or one at a time (`scripts/bench
     score(convs, reqs)                  answer records (the first 5-digit number of the last reply
                                         is the key) and leaks (a reply holding another
                                         conversation's key) marked on the request records
+    send_turn(...)                      one streamed turn of a conversation (`new_state`): its
+                                        request record, the reply appended to its history
+    peak_tokens(tok, messages, n)       the most KV a conversation holds (replies of n tokens)
     cell_line(...)                      one (cell, repeat)'s figures; `table(cells)` the markdown
 
 Splits: `tuning`, `heldout` and `final` read disjoint essays (the even- and odd-indexed haystack
@@ -187,6 +190,16 @@ def conversations(
     return out
 
 
+def peak_tokens(tok, messages: list[dict], max_tokens: int) -> int:
+    """The most KV a conversation holds: its messages (system and user turns, `tok`'s chat
+    template with the generation prompt) plus a reply of `max_tokens` and its end token (2) for
+    every user turn: its last turn's prompt if every earlier reply took `max_tokens`, and that
+    turn's reply. A pool smaller than this cannot hold the conversation."""
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    turns = sum(m["role"] != "system" for m in messages)
+    return len(tok(text, add_special_tokens=False)["input_ids"]) + turns * (max_tokens + 2)
+
+
 def reply_key(text: str) -> str | None:
     """The first number of exactly 5 digits in `text` (None without one)."""
     m = KEY_RE.search(text)
@@ -228,15 +241,27 @@ def score(convs: list[Conversation], reqs: list[dict]) -> list[dict]:
     return out
 
 
-def _turn(base_url: str, model: str, conv: Conversation, state: dict, turn: int, opts: dict):
-    """Send turn `turn` of `conv` (its history in `state`); the record, the reply appended."""
-    state["messages"].append({"role": "user", "content": conv.messages[turn - 1]})
+def new_state(messages: list[dict] | tuple = ()) -> dict:
+    """A conversation's client state for `send_turn`: its HTTP session, the history so far
+    (`messages`, e.g. a system prompt) and whether its last turn succeeded (`alive`)."""
+    return {"http": requests.Session(), "messages": list(messages), "alive": True}
+
+
+def send_turn(
+    base_url: str, model: str, conv_id: str, content: str, state: dict, turn: int, opts: dict
+) -> dict:
+    """Send user turn `turn` (`content`) of conversation `conv_id`, its history in `state`
+    (`new_state`), streamed; returns its request record and appends the reply to the history.
+    `opts`: ``kv_evict`` (per-request ``custom_params.kv_evict``, None: the server's flags),
+    ``rid_prefix`` (request id ``{rid_prefix}-{conv_id}-t{turn}``), ``max_tokens``,
+    ``timeout`` and ``t0`` (monotonic; the record's `t_start` and `t_end` count from it)."""
+    state["messages"].append({"role": "user", "content": content})
     payload = {
         "model": model,
         "messages": list(state["messages"]),
         "max_tokens": opts["max_tokens"],
         "temperature": 0,
-        "rid": f"{opts['rid_prefix']}-{conv.id}-t{turn}",
+        "rid": f"{opts['rid_prefix']}-{conv_id}-t{turn}",
     }
     if opts["kv_evict"] is not None:
         payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
@@ -248,7 +273,7 @@ def _turn(base_url: str, model: str, conv: Conversation, state: dict, turn: int,
     t0 = opts["t0"]
     return {
         "kind": "request",
-        "conversation": conv.id,
+        "conversation": conv_id,
         "turn": turn,
         "rid": payload["rid"],
         "prompt_tokens": rec["prompt_tokens"],
@@ -295,13 +320,14 @@ def play(
         "timeout": timeout,
         "t0": time.monotonic(),
     }
-    states = {c.id: {"http": requests.Session(), "messages": [], "alive": True} for c in convs}
+    states = {c.id: new_state() for c in convs}
     reqs, rounds = [], []
     if one_at_a_time:
         for c in convs:
             t = time.monotonic()
             for turn in range(1, len(c.messages) + 1):
-                reqs.append(_turn(base_url, model, c, states[c.id], turn, opts))
+                msg = c.messages[turn - 1]
+                reqs.append(send_turn(base_url, model, c.id, msg, states[c.id], turn, opts))
                 if not states[c.id]["alive"]:
                     break
             rounds.append(round(time.monotonic() - t, 3))
@@ -311,7 +337,10 @@ def play(
                 live = [c for c in convs if states[c.id]["alive"] and turn <= len(c.messages)]
                 t = time.monotonic()
                 reqs += pool.map(
-                    lambda c, turn=turn: _turn(base_url, model, c, states[c.id], turn, opts), live
+                    lambda c, turn=turn: send_turn(
+                        base_url, model, c.id, c.messages[turn - 1], states[c.id], turn, opts
+                    ),
+                    live,
                 )
                 rounds.append(round(time.monotonic() - t, 3))
     wall = time.monotonic() - opts["t0"]
@@ -363,7 +392,8 @@ def cell_line(
     }
 
 
-def _median(vals: list, digits: int = 1) -> str:
+def median_text(vals: list, digits: int = 1) -> str:
+    """The median of `vals` (None left out) with (min-max) when they differ; "-" without any."""
     s = spread(vals)
     if s is None:
         return "-"
@@ -389,8 +419,9 @@ def table(cells: list[dict]) -> str:
         per = "" if min(hits) == max(hits) else f" ({min(hits)}-{max(hits)})"
         lines.append(
             f"| {cell} | {key_at} | {mode} | {len(rows)} | {sum(hits)}/{total}{per} "
-            f"| {sum(r['leaks'] for r in rows)} | {_median([r['output_tokens_per_s'] for r in rows])} "
-            f"| {_median([r['prompt_tokens_computed'] for r in rows], 0)} "
-            f"| {_median([r['retractions'] for r in rows], 0)} |"
+            f"| {sum(r['leaks'] for r in rows)} "
+            f"| {median_text([r['output_tokens_per_s'] for r in rows])} "
+            f"| {median_text([r['prompt_tokens_computed'] for r in rows], 0)} "
+            f"| {median_text([r['retractions'] for r in rows], 0)} |"
         )
     return "\n".join(lines) + "\n"

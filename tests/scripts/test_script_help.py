@@ -15,6 +15,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
     [
         ("bench_chat.py", "--one-at-a-time"),
         ("bench_joint.py", "--cells"),
+        ("bench_ladder.py", "--loads"),
         ("chat_clients.py", "--stuck-after"),
         ("collect_traces.py", "--cut-every"),
         ("eval_kvp.py", "--ppl-budgets"),
