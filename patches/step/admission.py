@@ -227,7 +227,12 @@ def adder_class(base: type) -> type:
                 and req not in self.can_run_list
                 and self._idle(has_chunked_req)
             ):
-                _refuse(req, st, _never_fits(req, self.token_to_kv_pool_allocator.size))
+                if st is not None and st.prompt.whole:
+                    # Pressure trigger: refused whole on an idle pool, the prompt is evicted
+                    # during prefill from the next pass on instead.
+                    st.prompt.split()
+                else:
+                    _refuse(req, st, _never_fits(req, self.token_to_kv_pool_allocator.size))
             if (
                 st is not None
                 and st.retract.real_outputs is not None

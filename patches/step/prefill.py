@@ -28,6 +28,7 @@ class Prompt:
     logical: array | None = None
     prefill_evicted: int = 0
     whole: bool = False  # pressure trigger: the prompt fits the pool, so it is prefilled whole
+    split_: bool = False  # pressure trigger: refused whole on an idle pool: evicted in prefill
 
     def logical_ids(self, req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
@@ -60,7 +61,12 @@ class Prompt:
     def reset(self) -> None:
         """Retraction: its prefill starts over, nothing of it evicted."""
         self.prefill_evicted = 0
-        self.whole = False
+        self.whole = self.split_ = False
+
+    def split(self) -> None:
+        """Pressure trigger: its prompt was refused whole on an idle pool (SGLang's admission
+        reserves more than `decide_whole` counts), so it is evicted during prefill instead."""
+        self.whole, self.split_ = False, True
 
     def decide_whole(self, st, req, pool_tokens: int) -> None:
         """Pressure trigger, at the prompt's admission: it is prefilled whole, without eviction,
@@ -68,7 +74,7 @@ class Prompt:
         page) fits the `pool_tokens`-token pool; only a prompt that never could is evicted chunk
         by chunk. A whole prompt that does not fit now waits, and the running rows are compacted
         for it (`pressure.due_rows`)."""
-        if not st.cfg.on_pressure or st.cfg.prefill_peak is None or req.output_ids:
+        if not st.cfg.on_pressure or st.cfg.prefill_peak is None or req.output_ids or self.split_:
             return
         extend = len(req.full_untruncated_fill_ids) - req.prefix_len
         peak = st.cfg.decode_peak

@@ -87,9 +87,10 @@ def _room(data: dict) -> int | None:
     ``budget - sink_tokens - window - 1``, at least 0; None while any of them is not an integer
     (the config's own checks name it)."""
     values = [data.get(k) for k in ("budget", "sink", "window", "page_size")]
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+    ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if len(ints) != len(values):
         return None
-    budget, sink, window, page_size = values
+    budget, sink, window, page_size = ints
     sink_tokens = math.ceil(sink / page_size) * page_size
     return max(budget - sink_tokens - window - 1, 0)
 

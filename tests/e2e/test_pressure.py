@@ -228,3 +228,37 @@ def test_a_whole_history_the_tree_evicts_moves_to_host_whole_and_comes_back(
     st = wait_pool_free(client)
     assert st["host_histories_held"] == 0
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+
+
+@pytest.mark.server_group("prefill{page_size}", page_size=16)
+def test_a_chat_that_outgrows_the_pool_is_answered_every_turn(server_factory):
+    """A chat client's conversation through `/v1/chat/completions` (the text re-sent each turn)
+    on the 256-token pool of the prefill server, under the pressure trigger: it grows to several
+    times the pool and every turn is answered (HTTP 200), its later turns continuing what the
+    server stored, evicted during prefill only once a prompt could not be held whole; the pool
+    is whole afterwards."""
+    import openai
+    from test_prefill import SMALL_POOL, prefill_server
+
+    client = prefill_server(server_factory, 16, pool=SMALL_POOL)
+    oai = openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
+    kv = {"policy": "streamingllm", "trigger": "pressure"}
+    words = "pool page slot row budget window sink token cache tree history reply".split()
+    messages, prompts, prefill_evicted = [], [], 0
+    for turn in range(12):
+        text = " ".join(words[(turn * 5 + k * 7) % len(words)] for k in range(50))
+        messages.append({"role": "user", "content": f"Turn {turn}: {text}"})
+        r = oai.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            extra_body={"custom_params": {"kv_evict": kv}},
+        )
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        prompts.append(r.usage.prompt_tokens)
+        prefill_evicted += r.usage.model_extra["kv_evict"].get("prefill_evicted_tokens", 0)
+    assert prompts[-1] > 3 * SMALL_POOL, prompts
+    assert prefill_evicted > 0
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
