@@ -70,17 +70,17 @@ class Prompt:
 
     def decide_whole(self, st, req, pool_tokens: int) -> None:
         """Pressure trigger, at the prompt's admission: it is prefilled whole, without eviction,
-        when its row (cached prefix, the rest of the prompt, its growth to the decode peak and a
-        page) fits the `pool_tokens`-token pool; only a prompt that never could is evicted chunk
-        by chunk. A whole prompt that does not fit now waits, and the running rows are compacted
-        for it (`pressure.due_rows`)."""
+        when its row fits the `pool_tokens`-token pool: the cached prefix in whole pages (and
+        the copy of its partial last page), the rest of the prompt in whole pages, its growth to
+        the decode peak and a page; only a prompt that never could is evicted chunk by chunk. A
+        whole prompt that does not fit now waits, and the running rows are compacted for it
+        (`pressure.due_rows`)."""
         if not st.cfg.on_pressure or st.cfg.prefill_peak is None or req.output_ids or self.split_:
             return
-        extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-        peak = st.cfg.decode_peak
-        self.whole = (
-            req.prefix_len + extend + max(0, peak - extend) + st.cfg.page_size <= pool_tokens
-        )
+        ps, prefix = st.cfg.page_size, req.prefix_len
+        extend = len(req.full_untruncated_fill_ids) - prefix
+        row = -(-prefix // ps) * ps + (ps if prefix % ps else 0) + -(-extend // ps) * ps
+        self.whole = row + max(0, st.cfg.decode_peak - extend) + ps <= pool_tokens
 
 
 def evicts_in_prefill(st, req) -> bool:
