@@ -66,15 +66,15 @@ def cell_spec(spec: str, remote: bool) -> tuple[str, object]:
 
 def longest_session(tok, sessions, reply_tokens: int) -> int:
     """Tokens of the longest session's last turn if every reply took `reply_tokens` (+ its end)."""
+    from sgl_vtoken_tools.bench.chat_rounds import peak_tokens
     from sgl_vtoken_tools.quality.agent_sessions import SYSTEM
 
-    def tokens(sess) -> int:
-        msgs = [{"role": "system", "content": SYSTEM}]
-        msgs += [{"role": "user", "content": text} for _, text in sess.turns]
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        return len(tok(text, add_special_tokens=False)["input_ids"])
+    def messages(sess) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM}] + [
+            {"role": "user", "content": text} for _, text in sess.turns
+        ]
 
-    return max(tokens(s) + len(s.turns) * (reply_tokens + 2) for s in sessions)
+    return max(peak_tokens(tok, messages(s), reply_tokens) for s in sessions)
 
 
 def run(args) -> list[dict]:

@@ -73,13 +73,12 @@ DEFAULT_CELLS = ("stock", "full", CHAT, "pressure")
 
 def longest(tok, convs, max_tokens: int) -> int:
     """Tokens of the longest conversation's last turn if every reply took `max_tokens` (+ its end)."""
+    from sgl_vtoken_tools.bench.chat_rounds import peak_tokens
 
-    def tokens(conv) -> int:
-        msgs = [{"role": "user", "content": m} for m in conv.messages]
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        return len(tok(text, add_special_tokens=False)["input_ids"])
-
-    return max(tokens(c) + len(c.messages) * (max_tokens + 2) for c in convs)
+    return max(
+        peak_tokens(tok, [{"role": "user", "content": m} for m in c.messages], max_tokens)
+        for c in convs
+    )
 
 
 def ordered(cells: list[tuple[str, object]]) -> list[tuple[str, object]]:
