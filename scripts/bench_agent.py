@@ -52,6 +52,7 @@ from pathlib import Path
 
 from sgl_vtoken_tools.bench.cell_server import RID_REUSE_GAP_S, cell_server, resolve_model
 from sgl_vtoken_tools.bench.cell_server import cell_spec as shared_cell_spec
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
 from sgl_vtoken_tools.bench.server_cells import CHAT
 
@@ -106,14 +107,8 @@ def run(args) -> list[dict]:
         path, cell = args.replies
         with open(path) as f:
             replies = load_replies([json.loads(line) for line in f], cell)
-    out = open(args.out, "w") if args.out else None
-    lines: list[dict] = []
-
-    def emit(rec: dict) -> None:
-        lines.append(rec)
-        if out:
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
+    run = RunLog(args.out, append=False)
+    lines, emit = run.records, run.emit
 
     emit(
         {
@@ -182,8 +177,7 @@ def run(args) -> list[dict]:
                 )
     for c in cell_lines([r for r in lines if r["kind"] == "summary"]):
         emit(c)
-    if out:
-        out.close()
+    run.close()
     return lines
 
 

@@ -66,6 +66,7 @@ import time
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.cell_server import RID_REUSE_GAP_S, cell_server, cell_spec
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 
 DEFAULT_CELLS = ("stock", "full", CHAT, "pressure")
@@ -105,14 +106,8 @@ def run(args) -> list[dict]:
         )
     cells = ordered([cell_spec(c, bool(args.base_url), CELLS) for c in args.cells])
     mode = "one-at-a-time" if args.one_at_a_time else "rounds"
-    out = open(args.out, "a") if args.out else None
-    lines: list[dict] = []
-
-    def emit(rec: dict) -> None:
-        lines.append(rec)
-        if out:
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
+    run = RunLog(args.out, append=True)
+    lines, emit = run.records, run.emit
 
     emit(
         {
@@ -186,8 +181,7 @@ def run(args) -> list[dict]:
                 file=sys.stderr,
                 flush=True,
             )
-    if out:
-        out.close()
+    run.close()
     return lines
 
 

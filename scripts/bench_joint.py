@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.joint_table import plot, spread_lines, table
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS
 from sgl_vtoken_tools.bench.server_cells import cell_flags as server_cell
 
@@ -85,14 +86,8 @@ def run(args) -> list[dict]:
     cells = sorted(
         (cell_flags(c) for c in args.cells), key=lambda c: c[0] != "full"
     )  # agreement needs it first
-    out = open(args.out, "w") if args.out else None
-    lines: list[dict] = []
-
-    def emit(rec: dict) -> None:
-        lines.append(rec)
-        if out:
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
+    run = RunLog(args.out, append=False)
+    lines, emit = run.records, run.emit
 
     emit(
         {
@@ -167,8 +162,7 @@ def run(args) -> list[dict]:
                     )
     for c in spread_lines([r for r in lines if r["kind"] == "summary"]):
         emit(c)
-    if out:
-        out.close()
+    run.close()
     return lines
 
 

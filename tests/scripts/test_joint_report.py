@@ -316,14 +316,16 @@ def test_the_host_cells_run_alone_with_the_recommended_flags(bench, monkeypatch,
     # the README's chat command: the recall cell with 16 sinks and a window of 32
     chat = bench.cell_flags("h2o b256 s16 w32 + host + recall 192")[1]
     assert chat == [*recall[:-2], "--kv-sink", "16", "--kv-window", "32", *recall[-2:]]
-    # ... flag for flag (as a set of flag-value pairs) the README's "chats" row
+    # ... and with the pressure trigger, flag for flag (as a set of flag-value pairs) the README's
+    # chat command (the code block under "**Chats:")
     import shlex
 
-    row = next(
-        r for r in (bench.REPO / "README.md").read_text().splitlines() if r.startswith("| chats |")
-    )
-    readme = shlex.split(row.split("`")[1])
-    assert dict(zip(readme[::2], readme[1::2])) == dict(zip(chat[::2], chat[1::2]))
+    readme_text = (bench.REPO / "README.md").read_text()
+    block = readme_text.split("**Chats:", 1)[1].split("```", 2)[1]
+    readme = shlex.split(block.replace("\n", " "))
+    pressure = bench.cell_flags("pressure")[1]
+    assert pressure == [*chat, "--kv-evict-trigger", "pressure"]
+    assert dict(zip(readme[::2], readme[1::2])) == dict(zip(pressure[::2], pressure[1::2]))
     # the documented command of the host run names exactly stock and the README's chat cell
     doc = bench.__doc__.split("recall 192) against stock:")[1]
     words = shlex.split(doc.replace("\\\n", " ").split("python scripts/bench_joint.py")[1])
