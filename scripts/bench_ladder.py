@@ -30,8 +30,9 @@ scaled. A session plays its turns back to back from its arrival. The rate of a l
         the model's tokenizer and chat template (`chat_rounds.peak_tokens`; every reply taken
         at max_tokens, + 2 for its end); every session's must fit `--pool`, checked first
     D = the mean over sessions of the duration estimate: turns x max_tokens x t, t the decode
-        seconds per token measured on the first server (TPOT of one greedy request alone,
-        `ladder.decode_seconds_per_token`) or `--decode-s-per-token`
+        seconds per token measured on the first server (the least TPOT of three greedy requests
+        sent alone, `ladder.decode_seconds_per_token`) or `--decode-s-per-token` (pass the
+        measured value on a busy machine: the rates follow it)
     pool = `--pool` (with `--base-url`: the server's own pool when it reports one)
 
 By Little's law rate x D sessions are in the server at once on average, each holding up to K

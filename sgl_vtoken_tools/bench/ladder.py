@@ -9,12 +9,14 @@ turn, the server's own reply fed back, streamed: TTFT and TPOT per request).
                                   as a Session, its peak KV counted with the model's tokenizer
     mix_counts(n, chat, agent)    how many of `n` sessions are chats at a chat:agent ratio
     arrival_order(sessions, seed) the sessions in a seeded arrival order
-    unit_arrivals(n, seed)        seeded Poisson arrival times at rate 1 (first at 0); at rate r
-                                  they are divided by r, so every rate plays the same schedule
+    unit_arrivals(n, seed)        seeded Poisson arrival times at rate 1 (first at 0, mean gap
+                                  exactly 1); at rate r they are divided by r, so every rate
+                                  plays the same schedule
     rate_for_load(load, pool, sessions, s_per_token)
                                   the arrival rate that offers `load` (module docstring of the
                                   script: load = rate x mean duration x mean peak KV / pool)
-    decode_seconds_per_token(...) a server's TPOT alone (the duration estimate's time per token)
+    decode_seconds_per_token(...) a server's least TPOT alone (the duration estimate's time per
+                                  token)
     play_load(...)                every session from its arrival time on, turn by turn
     score(sessions, reqs)         answer records: each kind's own scoring (`chat_rounds.score`,
                                   `agent_chat.answer_record`), leaks across all sessions' keys
@@ -100,13 +102,17 @@ def arrival_order(sessions: list[Session], seed: int) -> list[Session]:
 
 
 def unit_arrivals(n: int, seed: int) -> list[float]:
-    """`n` arrival times of a Poisson process of rate 1 from `seed`: the first at 0, then gaps
-    drawn from Exp(1). At rate r session i arrives at ``unit[i] / r``."""
+    """`n` arrival times from `seed` at rate 1: the first at 0, gaps drawn from Exp(1) and
+    scaled so that their mean is exactly 1 (the last at n - 1): a Poisson process conditioned on
+    its count, so that at rate r the sessions arrive over exactly (n - 1) / r seconds and offer
+    the load r was chosen for (12 unscaled draws can span anywhere from 5 to 20). At rate r
+    session i arrives at ``unit[i] / r``."""
     rng = random.Random(f"ladder/{seed}/arrivals")
-    times, t = [], 0.0
-    for i in range(n):
-        if i:
-            t += rng.expovariate(1.0)
+    gaps = [rng.expovariate(1.0) for _ in range(max(n - 1, 0))]
+    scale = len(gaps) / sum(gaps) if gaps else 1.0
+    times, t = [0.0] if n else [], 0.0
+    for g in gaps:
+        t += g * scale
         times.append(t)
     return times
 
@@ -128,10 +134,11 @@ def rate_for_load(load: float, pool: int, sessions: list[Session], s_per_token: 
 
 
 def decode_seconds_per_token(
-    base_url: str, model: str, tokens: int = 32, timeout: float = 600.0
+    base_url: str, model: str, tokens: int = 32, probes: int = 3, timeout: float = 600.0
 ) -> float:
-    """TPOT of one request alone (`tokens` tokens past EOS, greedy), the second of two (the
-    first warms the server up).
+    """The least TPOT of `probes` greedy requests sent alone one after another (`tokens` tokens
+    each, EOS ignored), after one that warms the server up: the least is the one other processes
+    on the machine slowed least.
 
     Raises:
         RuntimeError: a probe failed or returned too few tokens."""
@@ -142,12 +149,14 @@ def decode_seconds_per_token(
         "temperature": 0,
         "ignore_eos": True,
     }
+    seen = []
     with requests.Session() as http:
-        for _ in range(2):
+        for _ in range(probes + 1):
             rec = stream_chat(http, base_url, payload, timeout)
             if rec["error"] is not None or rec["tpot"] is None:
                 raise RuntimeError(f"decode probe failed: {rec['error'] or rec}")
-    return rec["tpot"]
+            seen.append(rec["tpot"])
+    return min(seen[1:])
 
 
 def play_load(
