@@ -154,8 +154,9 @@ def around_update_running_batch(original, scheduler, batch):
         proc = process()
         if any(state_of(r) is not None for r in batch.reqs):
             skip = set(scheduler._reqs_finishing_inflight(batch))
-            room = batch.batch_size() < getattr(scheduler, "max_running_requests", 1 << 30)
-            evict_batch(context_of(scheduler), batch, skip, scheduler.waiting_queue, room)
+            limit = getattr(scheduler, "max_running_requests", 1 << 30)
+            places = limit - batch.batch_size()
+            evict_batch(context_of(scheduler), batch, skip, scheduler.waiting_queue, places)
         else:  # no evicting request runs
             proc.counters.no_running()
         if proc.metrics is not None:

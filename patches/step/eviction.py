@@ -32,13 +32,13 @@ from .retraction import MovedRow
 
 
 def evict_batch(
-    ctx: StepContext, batch, skip: set, waiting: Sequence = (), room: bool = True
+    ctx: StepContext, batch, skip: set, waiting: Sequence = (), places: int = 1 << 30
 ) -> None:
     """Evict every request of `batch` (SGLang's `ScheduleBatch`) whose row reached its trigger, in
     one pass, skipping the requests in `skip` (finishing in flight): rows under the budget
     trigger at ``budget + interval``, rows under the pressure trigger when the pool is short
-    (`pressure.due_rows`; `waiting` SGLang's waiting queue, `room` whether the batch could take
-    one more request). Fix the batch's lengths and sample the pool gauges before and after."""
+    (`pressure.due_rows`; `waiting` SGLang's waiting queue, `places` how many more requests
+    the batch could take). Fix the batch's lengths and sample the pool gauges before and after."""
     evicting = [
         (i, req, st) for i, req in enumerate(batch.reqs) if (st := state_of(req)) is not None
     ]
@@ -53,7 +53,7 @@ def evict_batch(
     due = [(i, row) for i, row in rows if not row.st.cfg.on_pressure and _reached(row)]
     pressed = [(i, row) for i, row in rows if row.st.cfg.on_pressure]
     if pressed:
-        pressed = pressure.due_rows(ctx, batch, pressed, waiting, room)
+        pressed = pressure.due_rows(ctx, batch, pressed, waiting, places)
         due = sorted(due + pressed, key=lambda x: x[0])
     # the logical length of each row compacted under pressure, for its report (`evicted_at`)
     at = {i: int(row.st.row.positions(row.length)[-1]) + 1 for i, row in pressed}

@@ -1,6 +1,6 @@
 """Eviction under memory pressure (`trigger` "pressure"): a row keeps every token while the pool
-holds what the running rows and the queue's next request need; when it cannot, rows are
-compacted to their budget, the furthest above it first, until it can. The budget is the floor:
+holds what the running rows and the requests waiting for a place in the batch need; when it
+cannot, rows are compacted to their budget, the furthest above it first, until it can. The budget is the floor:
 a row is never evicted below it, and a row within `interval` of it is not evicted at all (the
 hysteresis of the budget trigger, so a row compacted now is not chosen again for `interval`
 steps).
@@ -11,8 +11,8 @@ At each decode step, before SGLang's decode memory check (`eviction.evict_batch`
     need      = a page for every running row's next token
               + each evicting row's growth to its decode peak (what admission reserved for it,
                 `reserve`)
-              + the first waiting request's prefill and reservation, when the batch has room
-                for it and compacting every row could make it fit
+              + the prefill and reservation of the waiting requests the batch has places for,
+                in queue order, as many as would fit with every row at its budget
     shortfall = need - free
     compact   rows with row_len >= budget + interval, the largest surplus (row_len - budget)
               first, until the surplus chosen covers the shortfall (`choose`)
@@ -61,12 +61,9 @@ def choose(surplus: Sequence[int], shortfall: int) -> list[int]:
     return sorted(chosen)
 
 
-def _head_demand(waiting: Sequence, page_size: int) -> int:
-    """KV tokens the first waiting request asks at admission: its uncached prompt (as last
-    matched; the whole prompt before any match) and its reservation, plus a page."""
-    if not waiting:
-        return 0
-    req = waiting[0]
+def demand(req, page_size: int) -> int:
+    """KV tokens waiting request `req` asks at admission: its uncached prompt (as last matched;
+    the whole prompt before any match) and its reservation, plus a page."""
     ids = getattr(req, "full_untruncated_fill_ids", None) or req.origin_input_ids
     extend = max(0, len(ids) - int(getattr(req, "prefix_len", 0) or 0))
     st = state_of(req)
@@ -74,16 +71,28 @@ def _head_demand(waiting: Sequence, page_size: int) -> int:
     return extend + grow + page_size
 
 
+def admissible(demands: Sequence[int], room: int) -> int:
+    """KV tokens of the longest run of `demands` (the waiting requests in queue order) whose sum
+    fits in `room` (the slots the pool would have with every row at its budget): the queue is
+    admitted in order, so a request that cannot fit stops the run."""
+    total = 0
+    for d in demands:
+        if total + d > room:
+            break
+        total += d
+    return total
+
+
 def due_rows(
     ctx: StepContext,
     batch,
     rows: Sequence[tuple[int, DueRow]],
     waiting: Sequence = (),
-    room: bool = True,
+    places: int = 1 << 30,
 ) -> list[tuple[int, DueRow]]:
     """The rows of `rows` (``(batch index, row)``: the pressure-triggered requests of `batch`
     not finishing in flight) to compact at this step. `waiting`: SGLang's waiting queue;
-    `room`: whether the batch could take another request (its size below the running limit)."""
+    `places`: how many more requests the batch could take (the running limit less its size)."""
     ps = ctx.page_size
     candidates = [
         (i, row) for i, row in rows if row.length >= row.st.cfg.row_budget + row.st.cfg.interval
@@ -97,7 +106,6 @@ def due_rows(
             need += reserve(st, own_tokens(req, st))
     free = ctx.allocator.available_size() + ctx.tree.evictable_size()
     surplus = [row.length - row.st.cfg.row_budget for _, row in candidates]
-    head = _head_demand(waiting, ps) if room else 0
-    if head and need + head <= free + sum(surplus):
-        need += head
+    queue = [demand(req, ps) for req in list(waiting)[: max(0, places)]]
+    need += admissible(queue, free + sum(surplus) - need)
     return [candidates[k] for k in choose(surplus, need - free)]

@@ -45,11 +45,11 @@ def _ctx(free: int, evictable: int = 0):
     )
 
 
-def _due(ctx, lengths, waiting=(), room=True):
+def _due(ctx, lengths, waiting=(), places=8):
     reqs = [_req(n, rid=f"r{i}") for i, n in enumerate(lengths)]
     batch = SimpleNamespace(reqs=reqs)
     rows = [(i, DueRow(r, r.vtoken, n)) for i, (r, n) in enumerate(zip(reqs, lengths))]
-    return [i for i, _ in due_rows(ctx, batch, rows, waiting, room)]
+    return [i for i, _ in due_rows(ctx, batch, rows, waiting, places)]
 
 
 def test_no_row_is_compacted_while_the_pool_holds_what_the_rows_need():
@@ -84,10 +84,22 @@ def test_a_row_below_its_decode_peak_keeps_its_reservation():
 def test_the_next_waiting_request_is_made_room_for_when_it_can_fit():
     waiting = [_req(300, rid="w")]  # asks 300 + a page (its prompt is past its decode peak)
     assert _due(_ctx(free=100), [500, 900], waiting) == [1]  # 900 - 64 covers the 201 missing
-    assert _due(_ctx(free=100), [500, 900], waiting, room=False) == []  # the batch is full
+    assert _due(_ctx(free=100), [500, 900], waiting, places=0) == []  # the batch is full
     # A request that would not fit even with every row at its budget compacts nothing.
     huge = [_req(5000, rid="w")]
     assert _due(_ctx(free=100), [500, 900], huge) == []
+
+
+def test_every_waiting_request_the_batch_has_places_for_is_made_room_for_in_queue_order():
+    # Two requests of 500 + a page wait: 100 free slots; the 900 row gives 836 back, the 500 row
+    # 436. One waiting request needs the 900 row compacted; two need both rows.
+    two = [_req(500, rid="w0"), _req(500, rid="w1")]
+    assert _due(_ctx(free=100), [500, 900], two) == [0, 1]
+    assert _due(_ctx(free=100), [500, 900], two, places=1) == [1]  # one place: one request
+    # Queue order: a request that cannot fit stops the run, the one behind it is not admitted
+    # ahead of it.
+    blocked = [_req(300, rid="w0"), _req(5000, rid="w1"), _req(300, rid="w2")]
+    assert _due(_ctx(free=100), [500, 900], blocked) == [1]
 
 
 @pytest.mark.parametrize("trigger", ["budget", "pressure"])
