@@ -50,7 +50,8 @@ if ! "$PY" -c "import pytest" 2>/dev/null; then
 fi
 
 # sgl_vtoken.kernels lives in kernels/ and is mapped into the package at install time. Without an
-# install, assemble the package from symlinks in a scratch directory (no SGLang import happens).
+# install, assemble the package from symlinks in a scratch directory (no SGLang import happens),
+# and put tools/ (sgl_vtoken_tools, which the benchmark scripts import) on the path beside it.
 PYTEST_CWD="$ROOT"
 if ! "$PY" -c "import sgl_vtoken.kernels" 2>/dev/null; then
     SHIM="$(mktemp -d)"
@@ -60,7 +61,7 @@ if ! "$PY" -c "import sgl_vtoken.kernels" 2>/dev/null; then
     [ -e "$SHIM/sgl_vtoken/__init__.py" ] || : > "$SHIM/sgl_vtoken/__init__.py"
     ln -s "$ROOT/kernels" "$SHIM/sgl_vtoken/kernels"
     ln -s "$ROOT/patches" "$SHIM/sgl_vtoken/patches"  # patches/attention.py imports SGLang lazily
-    export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$SHIM:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}"
     PYTEST_CWD="$SHIM"  # `python -m pytest` puts the cwd first: keep the repo's sgl_vtoken/ off it
     (cd "$SHIM" && "$PY" -c "import sgl_vtoken.kernels") || { echo "gpu_check: cannot import sgl_vtoken.kernels" | tee -a "$SUMMARY" >&2; exit 2; }
 fi

@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ORACLES = Path(__file__).resolve().parent
-HF_REFERENCE = REPO / "sgl_vtoken_tools" / "hf_reference.py"
+HF_REFERENCE = REPO / "tools" / "sgl_vtoken_tools" / "hf_reference.py"
 RUNTIME = ("sgl_vtoken", "sgl_vtoken_tools", "patches", "kernels")
 HF_ALLOWED = {"sgl_vtoken.config", "sgl_vtoken_tools.hf_rules", "sgl_vtoken_tools.runtime_choice"}
 

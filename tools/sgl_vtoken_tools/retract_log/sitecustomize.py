@@ -1,7 +1,7 @@
 """Logs the KV picture of the running batch at every retraction of an SGLang server: put this
 folder first on PYTHONPATH of the server (and of whatever starts it), e.g.
 
-    PYTHONPATH=sgl_vtoken_tools/retract_log RETRACT_LOG=/tmp/retract.jsonl \
+    PYTHONPATH=tools/sgl_vtoken_tools/retract_log RETRACT_LOG=/tmp/retract.jsonl \
         python -m sglang.launch_server ...
 
 One JSON line per `ScheduleBatch.retract_decode` call: the pool's available, evictable and

@@ -1,7 +1,8 @@
 """sgl-vtoken's tooling: what scripts and tests use around the plugin, never the server.
 
 The runtime is `sgl_vtoken` (with `sgl_vtoken.kernels` and `sgl_vtoken.patches`); nothing in it
-imports this package (`tests/test_layout.py`).
+imports this package (`tests/test_layout.py`). Each is its own distribution: `sgl-vtoken` (the
+repository's pyproject.toml) and this one, `sgl-vtoken-tools` (tools/pyproject.toml).
 
     bench/             benchmark and stress machinery the `scripts/bench_*.py` are command lines over
     quality/           answer quality under eviction: tasks, fast masked reference, server check

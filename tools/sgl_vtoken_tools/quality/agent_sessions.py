@@ -16,7 +16,7 @@ split and depth ``i`` (cyclic): the split's 5-digit key sentence and question
 (`splits.PHRASINGS`), so a setting chosen on the tuning split is quoted on the held-out split.
 The key is the only 5-digit number of the session (essay sentences with one are skipped,
 generated numbers have at most 4 digits). Session `i` of (split, seed) is the same whatever
-`num` is; the model's replies come between the turns (`sgl_vtoken_tools/bench/agent_chat.py`).
+`num` is; the model's replies come between the turns (`tools/sgl_vtoken_tools/bench/agent_chat.py`).
 """
 
 from __future__ import annotations

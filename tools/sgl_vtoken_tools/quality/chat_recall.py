@@ -195,7 +195,7 @@ def _choice(oracles: bool) -> dict:
         import sys
         from pathlib import Path
 
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
         from oracles import ORACLE_RECALL, oracle_policy  # type: ignore[import-not-found]
 
         return {"policy": oracle_policy, "recall": ORACLE_RECALL}

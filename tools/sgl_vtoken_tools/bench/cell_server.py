@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sgl_vtoken_tools.bench.server_cells import CELLS, cell_flags
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RID_REUSE_GAP_S = 5.0  # SGLang aborts a streamed id reused within 2 s of its end; a margin
 
 

