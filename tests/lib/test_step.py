@@ -1,6 +1,6 @@
 """The batched eviction step equals the per-row path on random batches: same victims, rows,
-KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle sgl_vtoken_tools/step_ref.py),
-for the policies' choices (`decide`) and for explicit keep masks (`plan_keep`)."""
+KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle
+tools/sgl_vtoken_tools/step_ref.py), for the policies' choices (`decide`) and for explicit keep masks (`plan_keep`)."""
 
 import copy
 import functools
