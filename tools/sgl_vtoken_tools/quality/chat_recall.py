@@ -138,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--recall-pool", type=int, default=5)
     ap.add_argument("--recall-gap", type=int, default=8)
     ap.add_argument("--recall-rounds", type=int, default=4)
-    ap.add_argument("--oracles", action="store_true", help="tests/oracles' rule (else runtime)")
+    ap.add_argument(
+        "--oracles", action="store_true", help="tests/runtime/oracles' rule (else runtime)"
+    )
     ap.add_argument(
         "--rule-before",
         action="store_true",
@@ -195,7 +197,7 @@ def _choice(oracles: bool) -> dict:
         import sys
         from pathlib import Path
 
-        sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "runtime"))
         from oracles import ORACLE_RECALL, oracle_policy  # type: ignore[import-not-found]
 
         return {"policy": oracle_policy, "recall": ORACLE_RECALL}
