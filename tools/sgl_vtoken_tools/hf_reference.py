@@ -9,7 +9,7 @@ the row kept at step `t` plus itself. Victims are chosen by the `policy` and `re
 the caller passes (`hf_rules.RequestPolicy`, `hf_rules.RecallRule`) from the inputs the server has
 (positions, post-RoPE keys, values, every layer's attention, rid, eviction step), without
 reading them from the server: the exactness tests pass the independent oracles of
-`tests/oracles`; the default, `sgl_vtoken_tools.runtime_choice`, is the runtime's own code.
+`tests/runtime/oracles`; the default, `sgl_vtoken_tools.runtime_choice`, is the runtime's own code.
 
 The model is a `transformers` causal LM loaded in fp32 with `attn_implementation="eager"` (the
 attention policies read its attention probabilities): :func:`load_model`. Prompt chunks are

@@ -1,5 +1,5 @@
 """The interfaces through which the Hugging Face oracle (`hf_reference`) asks who is evicted
-and what is recalled: the caller passes objects of these shapes (`tests/oracles` the
+and what is recalled: the caller passes objects of these shapes (`tests/runtime/oracles` the
 independent ones, `sgl_vtoken_tools.runtime_choice` the runtime's)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ reaches `sgl_vtoken`'s policies, statistics and recall rule.
 
 Scripts and the quality harness pass these (`policy=runtime_policy`, `recall=RUNTIME_RECALL`)
 to replay what the server's own code would choose; the exactness tests pass the independent
-oracles of `tests/oracles` instead, so that they check the policies, not only the plumbing.
+oracles of `tests/runtime/oracles` instead, so that they check the policies, not only the plumbing.
 """
 
 from __future__ import annotations
