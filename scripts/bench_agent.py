@@ -9,7 +9,7 @@ settings on the same concurrent multi-turn tool-use sessions, each scored on a f
         server                                          # a running server, per-request settings
     python scripts/bench_agent.py --report agent.jsonl  # the table again
 
-Sessions (`sgl_vtoken_tools/quality/agent_sessions.py`, split `--split`): a system prompt with
+Sessions (`tools/sgl_vtoken_tools/quality/agent_sessions.py`, split `--split`): a system prompt with
 JSON tool definitions shared by every session, the user's task, tool outputs of `--tool-tokens`
 tokens (logs, code search results, file listings, JSON records built from the split's essays),
 `--turns` turns in all; the task or the first tool output states a 5-digit key once, the last
@@ -36,8 +36,8 @@ feeds back that run's replies of CELL (its first repeat) instead of each server'
 cells answer the same conversations (a server's reply to the last turn is still what is scored).
 
 JSON lines: `config`, one `request` per request, one `answer` per session, one `summary` per
-(cell, repeat) (`sgl_vtoken_tools/bench/agent_score.py`: output tokens/s, prompt tokens computed,
-mean TTFT, accuracy, agreement with the full cache's answers of the same repeat, later turns by
+(cell, repeat) (`tools/sgl_vtoken_tools/bench/agent_score.py`: output tokens/s, prompt tokens
+computed, mean TTFT, accuracy, agreement with the full cache's answers of the same repeat, later turns by
 how their history came back, host bytes moved, device KV per session, retractions, peak running), then one `cell` line per cell (spreads over repeats,
 throughput ratio to stock) and the markdown table.
 """

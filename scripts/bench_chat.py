@@ -11,7 +11,7 @@ them (the whole conversation re-sent as text every turn), answers and speed per 
         --cells full='{"policy": "none"}' server                       # a running server
     python scripts/bench_chat.py --report chat.jsonl                   # the table again
 
-Conversations (`sgl_vtoken_tools/bench/chat_rounds.py`; SmolLM2-135M-Instruct by default,
+Conversations (`tools/sgl_vtoken_tools/bench/chat_rounds.py`; SmolLM2-135M-Instruct by default,
 greedy): `--key-at first`: turn 1 states a 5-digit pass key ("Remember this pass key: 48213.
 ..."), turns 2 to `--passages` + 1 ask for a summary of an essay passage of 160-180 words,
 the last turn asks for the key; `--key-at passage`: turn 1 is a passage to summarise too and the
@@ -29,7 +29,7 @@ turn); `--one-at-a-time`: each conversation alone, turn by turn, one after anoth
 Scoring: a conversation answers when the first 5-digit number of its last reply is its key;
 a reply that holds another conversation's key is a leak (must be 0).
 
-Cells (`--cells`: names of `sgl_vtoken_tools/bench/server_cells.py`'s CELLS or ``name=flags``;
+Cells (`--cells`: names of `tools/sgl_vtoken_tools/bench/server_cells.py`'s CELLS or ``name=flags``;
 default stock, full, the README's chat command and pressure):
 
     stock       SGLang without sgl-vtoken

@@ -7,15 +7,16 @@ same concurrent chat conversations whose answers are known, side by side in one 
     python scripts/bench_joint.py --report docs/results/joint_smollm2.jsonl   # tables again
 
 Every cell starts one CPU server on the same pool (`--pool`, small enough that stock SGLang runs
-only a few conversations at once) and plays the same conversations (`sgl_vtoken_tools/bench/joint.py`:
-the split's sessions and document questions, all sent at once, the same request ids) `--repeats`
-times, the tree flushed between repeats. Every server runs without the overlap scheduler (eviction
-during prefill needs that), so cells differ in their eviction flags alone. Cells (`--cells`, `name=flags` for others):
+only a few conversations at once) and plays the same conversations
+(`tools/sgl_vtoken_tools/bench/joint.py`: the split's sessions and document questions, all sent
+at once, the same request ids) `--repeats` times, the tree flushed between repeats. Every server
+runs without the overlap scheduler (eviction during prefill needs that), so cells differ in their
+eviction flags alone. Cells (`--cells`, `name=flags` for others):
 
     stock      SGLang without sgl-vtoken (SGLANG_PLUGINS lists every other plugin; a
                sitecustomize shim applies only the CPU RoPE fix the plugin carries)
     full       the plugin loaded, `--kv-evict none`: the full cache
-    others     the plugin with their eviction flags (`sgl_vtoken_tools/bench/server_cells.py`)
+    others     the plugin with their eviction flags (`tools/sgl_vtoken_tools/bench/server_cells.py`)
 
 One JSON line per request (`request`), per conversation (`answer`) and per (cell, repeat)
 (`summary`: output tokens/s, prompt tokens computed, later turns continued from a device or a
@@ -23,7 +24,7 @@ host history, from SGLang's radix prefix or prefilled again, host bytes moved pe
 plugin's host counters over the repeat), mean TTFT, accuracy, agreement with the full cache's answers of the same repeat,
 device KV per conversation, retractions, peak running), then one `cell` line per cell (the
 spread over repeats, throughput and prompt tokens computed as ratios to stock's) and the
-markdown table (`sgl_vtoken_tools/bench/joint_table.py`). The README's chat command (host
+markdown table (`tools/sgl_vtoken_tools/bench/joint_table.py`). The README's chat command (host
 histories, offload, recall 192) against stock:
 
     python scripts/bench_joint.py --cells stock "h2o b256 s16 w32 + host + recall 192" \

@@ -10,8 +10,8 @@ Parts: `host` (per-call Python cost of repack_kv_ outside Triton's launch), `rep
 count and pattern: do_bench time as % of a same-size copy, back-to-back API wall time, host
 enqueue time, CUDA-graph device time), `page_indices`, `scores` (attn_scores_ per batch x
 context, with and without the LSE, as % of its K read floor). Timers and floors are defined in
-`sgl_vtoken_tools/kernel_bench.py`. Each measurement is independent: a failure is recorded as an
-`error` line and the run goes on; past `--deadline-s` the rest is recorded as skipped. Needs
+`tools/sgl_vtoken_tools/kernel_bench.py`. Each measurement is independent: a failure is recorded as
+an `error` line and the run goes on; past `--deadline-s` the rest is recorded as skipped. Needs
 torch and triton only (no SGLang).
 """
 

@@ -9,7 +9,7 @@ what the KV pool holds, answers and speed per server cell and offered load.
         --cells full='{"policy": "none"}' server                        # a running server
     python scripts/bench_ladder.py --report ladder.jsonl --plot ladder.png   # table, plot again
 
-Sessions (`sgl_vtoken_tools/bench/ladder.py`): `--sessions N` of them, chats and agents at
+Sessions (`tools/sgl_vtoken_tools/bench/ladder.py`): `--sessions N` of them, chats and agents at
 `--mix CHAT:AGENT` (default 1:1, chats rounded half up). Chats are `bench_chat.py`'s pass-key
 conversations (`chat_rounds.conversations`: the key, `--passages` passages to summarise, the
 question; replies of at most `--max-tokens`); agents are `bench_agent.py`'s sessions
@@ -41,7 +41,7 @@ real sessions last longer and the KV offered is higher). The rates go out in a `
 on stderr. `--loads` (default 0.1,0.25,0.5,1,2) play in order on one server per (cell, repeat),
 its cache flushed (`/flush_cache`) before each load.
 
-Cells (`--cells`: names of `sgl_vtoken_tools/bench/server_cells.py`'s CELLS or ``name=flags``;
+Cells (`--cells`: names of `tools/sgl_vtoken_tools/bench/server_cells.py`'s CELLS or ``name=flags``;
 default stock, full, the README's chat command and pressure, the same under
 `--kv-evict-trigger pressure`): CPU servers as `bench_chat.py` starts them (`--max-total-tokens`
 `--pool`, `--disable-overlap-schedule`, `--enable-cache-report`). `--repeats R` (default 3):

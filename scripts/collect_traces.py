@@ -9,7 +9,7 @@
 Runs a Hugging Face model (eager attention, full causal attention, fp32) over `--num-seqs`
 seeded windows of `--seq-len` tokens of the text (`sgl_vtoken_tools.corpus`; default: the stdlib's
 .py files; `--text pydoc` for Python's documentation prose, `--text FILE` for any text) and
-writes one file in the format documented in `sgl_vtoken_tools/kvp_train.py` (`Traces`):
+writes one file in the format documented in `tools/sgl_vtoken_tools/kvp_train.py` (`Traces`):
 keys and values in float16, the future attention mass of every token at cut points
 `--min-cut, --min-cut + --cut-every, ...` up to `seq_len - horizon`, summed over the next
 `--horizon` queries and over the query heads of each KV head. The file's size is estimated

@@ -11,7 +11,8 @@ Every (setting, budget) cell runs through the fast masked reference
 then the first `--server-trials` trials of each task are replayed through a live sgl-vtoken
 server for every setting at `--server-budgets` (default: the middle budget), token for token,
 in the same command (`--server-trials 0` skips it; `--base-url` uses a running server). Tasks,
-scores and records are described in `sgl_vtoken_tools/quality/` (tasks.py, runner.py, report.py).
+scores and records are described in `tools/sgl_vtoken_tools/quality/` (tasks.py, runner.py,
+report.py).
 
 Settings are `policy[:key=value,...]` (e.g. `h2o:window=32`, `tova:pool=5`); the full cache is
 always the first row. `--kvp-checkpoint PATH` adds `kvp:checkpoint=PATH`. Sinks, interval and
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["passkey", "recall", "lm"],
         help="passkey recall lm (the quality run), docqa session (the --split tasks of "
-        "sgl_vtoken_tools/quality/splits.py) and kv needle (its dense retrieval tasks, "
+        "tools/sgl_vtoken_tools/quality/splits.py) and kv needle (its dense retrieval tasks, "
         "retrieval.py)",
     )
     p.add_argument(

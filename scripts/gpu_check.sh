@@ -8,7 +8,7 @@
 #
 # Steps, each independent (a failure is logged and the next step runs), within a time budget
 # (GPU_CHECK_BUDGET_S, default 400 s; each step gets a bounded share of what is left):
-#   1. pytest -m gpu tests/kernels (compiled)            -> pytest-gpu.log
+#   1. pytest -m gpu tests/runtime/kernels (compiled)    -> pytest-gpu.log
 #   2. scripts/bench_kernels.py: host cost per call, repacker vs copy bandwidth (256..65536 moves:
 #      do_bench, API wall, host and CUDA-graph time), scores vs their K read floor (batch 8/64/256
 #      x 2K/4K, with and without LSE)                    -> bench_kernels.jsonl, bench.log
@@ -50,7 +50,8 @@ if ! "$PY" -c "import pytest" 2>/dev/null; then
 fi
 
 # sgl_vtoken.kernels lives in kernels/ and is mapped into the package at install time. Without an
-# install, assemble the package from symlinks in a scratch directory (no SGLang import happens).
+# install, assemble the package from symlinks in a scratch directory (no SGLang import happens),
+# and put tools/ (sgl_vtoken_tools, which the benchmark scripts import) on the path beside it.
 PYTEST_CWD="$ROOT"
 if ! "$PY" -c "import sgl_vtoken.kernels" 2>/dev/null; then
     SHIM="$(mktemp -d)"
@@ -60,7 +61,7 @@ if ! "$PY" -c "import sgl_vtoken.kernels" 2>/dev/null; then
     [ -e "$SHIM/sgl_vtoken/__init__.py" ] || : > "$SHIM/sgl_vtoken/__init__.py"
     ln -s "$ROOT/kernels" "$SHIM/sgl_vtoken/kernels"
     ln -s "$ROOT/patches" "$SHIM/sgl_vtoken/patches"  # patches/attention.py imports SGLang lazily
-    export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$SHIM:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}"
     PYTEST_CWD="$SHIM"  # `python -m pytest` puts the cwd first: keep the repo's sgl_vtoken/ off it
     (cd "$SHIM" && "$PY" -c "import sgl_vtoken.kernels") || { echo "gpu_check: cannot import sgl_vtoken.kernels" | tee -a "$SUMMARY" >&2; exit 2; }
 fi
@@ -98,7 +99,7 @@ step() {  # step NAME LOG MAX_S CMD...: run with a time limit (SIGINT first: pyt
 run_pytest() { (cd "$PYTEST_CWD" && "$PY" -m pytest --rootdir "$ROOT" -c "$ROOT/pyproject.toml" -q -rfE -p no:cacheprovider "$@"); }
 export -f run_pytest
 export PYTEST_CWD PY ROOT
-K="$ROOT/tests/kernels"
+K="$ROOT/tests/runtime/kernels"
 # new code first: the score kernel and the buffer-set cache, then the rest
 ORDER=("$K/test_attn_scores.py" "$K/test_buffer_set.py" "$K/test_repack.py" "$K/test_repack_rope.py" "$K/test_page_indices.py" "$K/test_attention_registration.py")
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Mutation check: change one policy detail of the runtime at a time and see which tests fail.
 
-The policy oracles (`tests/oracles/`) restate every policy from its paper and share no code with
+The policy oracles (`tests/runtime/oracles/`) restate every policy from its paper and share no code with
 `sgl_vtoken/`; a detail that drifts in the runtime must make them disagree. Each mutation below
 replaces one exact string (found exactly once) in one runtime file, runs `--tests` against the
 mutated tree, and puts the file back (also on Ctrl-C or an error). One JSON line per mutation:
 whether a test failed ("caught") and which.
 
     python scripts/mutation_check.py --out docs/results/mutation_check.jsonl
-    python scripts/mutation_check.py --only window-off-by-one --tests tests/oracles
+    python scripts/mutation_check.py --only window-off-by-one --tests tests/runtime/oracles
 
 Run it on a clean tree: it edits files of the working tree in place, one at a time.
 """
@@ -100,7 +100,7 @@ MUTATIONS = {
         "recall ranks candidates without pooling their scores",
     ),
 }
-DEFAULT_TESTS = ["tests/oracles", "tests/lib/policies"]
+DEFAULT_TESTS = ["tests/runtime/oracles", "tests/runtime/lib/policies"]
 
 
 def mutate(path: Path, old: str, new: str) -> str:

@@ -7,8 +7,8 @@
 Objective: the ranking objective of arXiv:2602.10238 (Plackett-Luce rankings sampled by
 Gumbel-sort, REINFORCE with a leave-one-out baseline, reward = minus the future attention mass
 evicted summed over every budget, normalized between the oracle and the reverse ranking; see
-`sgl_vtoken_tools/kvp_train.py`). Seeded and CPU-deterministic: same traces and arguments, same
-checkpoint bytes (the sha256 is printed). The checkpoint records the traced model's identity;
+`tools/sgl_vtoken_tools/kvp_train.py`). Seeded and CPU-deterministic: same traces and arguments,
+same checkpoint bytes (the sha256 is printed). The checkpoint records the traced model's identity;
 the server refuses it for another model. Prints JSON lines: progress every `--log-every` steps,
 then the noise-free normalized reward (0 = oracle ranking, -1 = reverse, about -0.5 = random)
 on the training and held-out traces, before and after training, and that of two per-head

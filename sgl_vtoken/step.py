@@ -12,7 +12,8 @@ between::
     apply(decision, copies)  slot plan, ONE repack launch for all rows, ONE row write
                              -> Applied (the freed pages: the caller frees them in one call)
 
-Its oracle is the per-row path in `sgl_vtoken_tools/step_ref.py` (`tests/lib/test_step.py`).
+Its oracle is the per-row path in `tools/sgl_vtoken_tools/step_ref.py`
+(`tests/runtime/lib/test_step.py`).
 """
 
 from __future__ import annotations

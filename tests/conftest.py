@@ -1,4 +1,6 @@
-"""Test-session setup shared by every test folder.
+"""Test-session setup shared by every test folder: tests/runtime (the plugin: sgl_vtoken, its
+kernels and patches, end to end on servers, the policy oracles) and tests/tools (the tooling:
+sgl_vtoken_tools and scripts/), plus the repository checks beside this file.
 
 Triton kernels compile for the GPU wherever CUDA is present, and run under the CPU interpreter
 elsewhere: the switch is read when `@triton.jit` decorates, so it is set here, before any kernel
@@ -22,6 +24,9 @@ INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 # spin-waiting against them (a 200-token forward of the tiny model: 15 ms instead of ~1 s).
 torch.set_num_threads(1)
 HAS_GPU = torch.cuda.is_available()
+# The end-to-end server fixtures (tests/servers/), shared by tests/runtime/e2e and tests/tools/e2e:
+# one plugin, so each server configuration starts once per session whichever tree uses it.
+pytest_plugins = ("servers",)
 
 
 # Server groups, costliest first (measured: `make test` prints each test's seconds). `make test`

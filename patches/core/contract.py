@@ -2,7 +2,7 @@
 SGLang symbols the hooks call or subclass.
 
 A version bump that renames, moves or re-signs one of them must fail loudly here (and in
-`tests/patches/test_contract.py`), not silently run stock SGLang.
+`tests/runtime/patches/test_contract.py`), not silently run stock SGLang.
 """
 
 import inspect
@@ -13,7 +13,7 @@ SGLANG_VERSION = "0.5.23"
 
 _GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 # Leading parameter names (self/cls included) of every target `plugin.HOOKS` hooks: exactly these
-# (tests/patches/test_contract.py), so that `check_hooks_applied` needs no hook table.
+# (tests/runtime/patches/test_contract.py), so that `check_hooks_applied` needs no hook table.
 HOOKED_PARAMS = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": ("parser",),
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("cls", "args"),

@@ -2,7 +2,7 @@
 through `state_of(req)`, None for a request without eviction; `runtime.new_state` builds it).
 
 It composes typed parts; each part is a class of the module of its concern, and only that module
-assigns its fields (`tests/patches/test_state_ownership.py`; the table of parts is in
+assigns its fields (`tests/runtime/patches/test_state_ownership.py`; the table of parts is in
 docs/design.md, "Request state"). `cfg`, `policy`, `rid`, `holed` and `reclaim` never change;
 `report` is the request's `meta_info["kv_evict"][0]`. This leaf module imports nothing above it:
 the parts defined in higher layers are typed `Any`, their classes named in `PARTS`.

@@ -1,0 +1,105 @@
+"""A prompt longer than the KV pool on a real model: SmolLM2-135M-Instruct (fp32, CPU) on a
+512-token pool, `--kv-evict streamingllm` with eviction during prefill (`prefill_chunk`), takes a
+prompt three times the pool and decodes, token for token, what the Hugging Face reference that
+evicts the same chunks decodes, at page sizes 1 and 16. SGLang alone refuses any prompt over
+`pool - 6` tokens; a request evicted during prefill never holds more than `budget +
+prefill_chunk + page_size` (docs/reference.md, "Prompts longer than the pool").
+"""
+
+import json
+from functools import partial
+
+import pytest
+import torch
+from oracles import ORACLE_RECALL, oracle_policy
+from servers import MEMORY_CHECKS
+from test_eviction import wait_pool_free
+
+from sgl_vtoken.config import EvictConfig, Prefill
+from sgl_vtoken_tools import hf_reference
+
+masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
+
+pytestmark = [pytest.mark.server, pytest.mark.server_group("long")]
+
+POOL, BUDGET, SINK, CHUNK, INTERVAL, NEW = 512, 128, 16, 64, 16, 16
+
+
+@pytest.fixture(scope="module")
+def prompt(smollm2_model):
+    """Three times the pool: Python documentation prose, then a question about it."""
+    import pydoc_data.topics
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_model)
+    text = "\n\n".join(pydoc_data.topics.topics[t] for t in ("for", "while", "try", "with"))
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    question = tok("\n\nQuestion: which statement is described last?", add_special_tokens=False)
+    body = 3 * POOL - len(question["input_ids"])
+    assert len(ids) >= body
+    return ids[:body] + question["input_ids"]
+
+
+@pytest.fixture(scope="module", params=[1, 16], ids=lambda ps: f"page{ps}")
+def page_size(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def server(page_size, server_factory, smollm2_model):
+    extra = (
+        "--kv-evict",
+        "streamingllm",
+        "--kv-budget",
+        str(BUDGET),
+        "--kv-sink",
+        str(SINK),
+        "--kv-evict-interval",
+        str(INTERVAL),
+        "--kv-evict-config",
+        json.dumps({"prefill_chunk": CHUNK}),
+        "--disable-overlap-schedule",
+    )
+    client = server_factory(
+        page_size=page_size,
+        extra=extra,
+        env={**MEMORY_CHECKS, "OMP_NUM_THREADS": "1"},
+        pool=POOL,
+        model=smollm2_model,
+    )
+    yield client
+    server_factory.stop(client)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_model, prompt):
+    """The masked reference's tokens, once for both page sizes: with 16 sinks and a budget and
+    chunk of whole pages, page size 16 keeps the same positions as page size 1."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(
+        smollm2_model, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    cfg = EvictConfig(
+        policy="streamingllm",
+        budget=BUDGET,
+        sink=SINK,
+        interval=INTERVAL,
+        prefill=Prefill(chunk=CHUNK),
+    )
+    return masked_greedy(hf, prompt, NEW, cfg, rid="long")[0]
+
+
+def test_a_prompt_three_times_the_pool_equals_the_masked_reference(server, prompt, reference):
+    params = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+    out = server.post(
+        "/generate", {"rid": "long", "input_ids": prompt, "sampling_params": params}, timeout=600
+    )
+    meta = out["meta_info"]
+    assert meta["prompt_tokens"] == len(prompt) == 3 * POOL
+    assert meta["kv_evict"][0]["prefill_evicted_tokens"] > 2 * POOL
+    assert out["output_ids"] == reference
+    st = wait_pool_free(server)
+    assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
+    assert "Traceback" not in server.server.log_text()

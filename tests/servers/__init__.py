@@ -1,0 +1,197 @@
+"""Servers for end-to-end tests: started once per test session per configuration, always stopped;
+the tiny model's Hugging Face reference and KVP checkpoint. Shared by the plugin's end-to-end tests
+(tests/runtime/e2e) and the benchmarks' (tests/tools/e2e), which use the same servers: a pytest
+plugin of tests/conftest.py (`pytest_plugins`), so each fixture exists once per session, and a
+module the tests import their constants and helpers from (`from servers import BENCH_FLAGS`).
+Every session loads it, the GPU check's kernel tests too: it imports nothing at module level but
+pytest and torch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+
+if TYPE_CHECKING:
+    from sgl_vtoken_tools.launcher import ServerProcess
+
+
+class Client:
+    """Thin HTTP client bound to one server."""
+
+    def __init__(self, server: ServerProcess):
+        self.server = server
+        self.base_url = server.base_url
+
+    def post(self, path: str, payload: dict, timeout: float = 120.0) -> dict:
+        import requests
+
+        r = requests.post(self.base_url + path, json=payload, timeout=timeout)
+        assert r.status_code == 200, f"{path} -> {r.status_code}: {r.text[:500]}"
+        return r.json()
+
+    def get(self, path: str, timeout: float = 30.0) -> dict:
+        import requests
+
+        r = requests.get(self.base_url + path, timeout=timeout)
+        assert r.status_code == 200, f"{path} -> {r.status_code}: {r.text[:500]}"
+        return r.json()
+
+    def vtoken_state(self) -> dict:
+        return self.get("/get_server_info")["internal_states"][0]["vtoken"]
+
+    def generate_ids(self, input_ids: list[int], max_new_tokens: int, **sampling) -> dict:
+        params = {
+            "temperature": 0.0,
+            "max_new_tokens": max_new_tokens,
+            "ignore_eos": True,
+            **sampling,
+        }
+        return self.post("/generate", {"input_ids": input_ids, "sampling_params": params})
+
+
+def wait_pool_free(client: Client, timeout: float = 30.0) -> dict:
+    """Poll until every KV slot is free or reclaimable again; return the last state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = client.vtoken_state()
+        if st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]:
+            return st
+        if time.monotonic() > deadline:
+            return st
+        time.sleep(0.5)
+
+
+def kept_floor(policy: str, budget: int) -> int:
+    """The fewest tokens an eviction of `policy` keeps at `budget`: the budget, less up to
+    ``span - 1`` where the policy keeps words whole (span 8, the attention policies' default)."""
+    from sgl_vtoken.config import EvictConfig
+
+    return budget - max(EvictConfig(policy=policy, budget=budget).span - 1, 0)
+
+
+def shortages_met(before: dict, after: dict) -> dict:
+    """The page shortages met between two `vtoken_state()` readings, by path (patches/core/shortage.py)."""
+    b = before.get("shortages") or {}
+    return {
+        k: n - b.get(k, 0) for k, n in (after.get("shortages") or {}).items() if n - b.get(k, 0)
+    }
+
+
+# Requests whose id starts with SHORTAGE get no page the plugin asks for (patches/core/shortage.py).
+SHORTAGE = "shortage-"
+# SGLang's own memory checkers, on in every test server unless a test asks otherwise; and the
+# plugin's page refusal for SHORTAGE requests.
+MEMORY_CHECKS = {
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+    "SGLANG_DEBUG_MEMORY_POOL": "1",
+    "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
+    "VTOKEN_TEST_SHORTAGE": SHORTAGE,
+}
+# The StreamingLLM server of the bench tests and the capacity tests (budget 64 unless a request
+# asks for another, interval 16, page size 16): one configuration, started once.
+BENCH_FLAGS = (
+    "--kv-evict",
+    "streamingllm",
+    "--kv-budget",
+    "64",
+    "--kv-evict-interval",
+    "16",
+    "--enable-metrics",
+    "--decode-log-interval",
+    "1",
+)
+MAX_ALIVE = (
+    2  # servers one test process keeps (each takes ~3 GB on CPU); the least recently used goes
+)
+# Test servers fork SGLang's scheduler and detokenizer from the launcher
+# (tests/servers/fork_launch.py, ~15 s less per start). The stock page-1 server (no flags: what a
+# user gets from a plain `launch_server` with the plugin installed) runs SGLang's own spawn path,
+# as in production.
+FORK_ENTRY = (str(Path(__file__).with_name("fork_launch.py")),)
+SPAWN_ENTRY = ("-m", "sglang.launch_server")
+
+
+@pytest.fixture(scope="session")
+def server_factory(tiny_model, startup_log):
+    """`server_factory(page_size=16, extra=(...), env={...}, pool=4096, model=None, spawn=False)` -> Client.
+
+    One server per distinct configuration (model: the tiny model unless a path is given), started
+    on first use with one OpenMP thread (two test processes and their servers share two cores);
+    the least recently used one is stopped when more than `MAX_ALIVE` would run. All are stopped
+    at the end of the session; `server_factory.stop(client)` stops one earlier. A stop kills the
+    process group at once (no test reads a server after it stops; SGLang's own shutdown takes
+    ~5 s). `spawn=True` (and the stock page-1 configuration) starts it through `python -m
+    sglang.launch_server` itself (children spawned, as in production) instead of the forking
+    test launcher. Each start's seconds go to `startup_log`.
+    """
+    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+
+    started: dict[tuple, ServerProcess] = {}
+
+    def get(
+        page_size: int = 1,
+        extra: tuple[str, ...] = (),
+        env: dict | None = None,
+        pool: int = 4096,
+        model=None,
+        spawn: bool = False,
+    ) -> Client:
+        spawn = spawn or (
+            page_size == 1 and not extra and env is None and pool == 4096 and model is None
+        )
+        env = {**(MEMORY_CHECKS if env is None else env), "OMP_NUM_THREADS": "1"}
+        model = tiny_model if model is None else model
+        key = (str(model), page_size, tuple(extra), tuple(sorted(env.items())), pool, spawn)
+        if key in started:
+            started[key] = started.pop(key)  # most recently used last
+        else:
+            while len(started) >= MAX_ALIVE:
+                started.pop(next(iter(started))).stop(kill=True)
+            args = cpu_server_args(model, max_total_tokens=pool, page_size=page_size)
+            args += ["--dtype", "float32", "--enable-cache-report", *extra]
+            server = ServerProcess(
+                args, env=env, entry=SPAWN_ENTRY if spawn else FORK_ENTRY
+            ).start()
+            startup_log(server, Path(model).name, page_size, extra, spawn)
+            started[key] = server
+        return Client(started[key])
+
+    def stop(client: Client) -> None:
+        for key, server in list(started.items()):
+            if server is client.server:
+                started.pop(key).stop(kill=True)
+
+    get.stop = stop
+    yield get
+    for server in started.values():
+        server.stop(kill=True)
+
+
+@pytest.fixture(scope="session")
+def hf_eager(tiny_model):
+    """The tiny model in Hugging Face with eager attention (the masked reference reads its
+    probabilities), loaded once per session."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        tiny_model, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
+@pytest.fixture(scope="session")
+def kvp_checkpoint(hf_eager, tmp_path_factory):
+    """A KVP scorer trained in seconds on traces of the random-weight tiny model (exactness does
+    not need a good scorer, only the same one on both sides)."""
+    from sgl_vtoken.kvp import KVPScorer, save_checkpoint
+    from sgl_vtoken_tools.kvp_traces import collect
+    from sgl_vtoken_tools.kvp_train import train
+
+    seqs = torch.randint(10, 2000, (4, 128), generator=torch.Generator().manual_seed(900))
+    tr = collect(hf_eager, seqs, torch.tensor([48, 64, 80]), horizon=32, meta={})
+    scorer = KVPScorer(tr.identity, hidden=16, seed=0)
+    train(scorer, tr, steps=30, seed=0, batch=4)
+    return str(save_checkpoint(scorer, tmp_path_factory.mktemp("kvp") / "kvp.safetensors"))

@@ -1,0 +1,125 @@
+"""scripts/eval_quality.py at toy size on the tiny model: JSON lines with one trial record per
+(task, trial, cell), a summary per cell and the run record; --report re-renders the tables."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "eval_quality.py"
+
+
+def load_cli():
+    spec = importlib.util.spec_from_file_location("eval_quality", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke_run_writes_json_lines(tiny_model, wheel_dir, tmp_path, capsys):
+    cli = load_cli()
+    out, plot, md = tmp_path / "q.jsonl", tmp_path / "q.png", tmp_path / "q.md"
+    rc = cli.main(
+        [
+            "--smoke",
+            "--model",
+            str(tiny_model),
+            "--wheel-dir",
+            str(wheel_dir),
+            "--server-trials",
+            "0",
+            "--settings",
+            "streamingllm",
+            "h2o:window=16",
+            "knorm",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+            "--markdown",
+            str(md),
+        ]
+    )
+    assert rc == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    kinds = [r["kind"] for r in recs]
+    assert kinds[0] == "plan" and kinds[-1] == "run"
+    trials = [r for r in recs if r["kind"] == "trial"]
+    cells = {(r["setting"], r["budget"]) for r in trials}
+    assert cells == {("full", None), ("streamingllm", 64), ("h2o:window=16", 64), ("knorm", 64)}
+    assert sorted({r["task"] for r in trials}) == ["lm", "passkey", "recall"]
+    assert len(trials) == 3 * 4  # one trial per task at smoke size, four cells
+    full_lm = next(r for r in trials if r["task"] == "lm" and r["setting"] == "full")
+    assert full_lm["top1"] == full_lm["tokens"] and full_lm["greedy_agree"] == 1.0
+    summaries = [r for r in recs if r["kind"] == "summary"]
+    assert [s["setting"] for s in summaries][0] == "full" and len(summaries) == 4
+    assert plot.read_bytes()[:4] == b"\x89PNG" and "budget 64" in md.read_text()
+    assert cli.main(["--report", str(out)]) == 0
+    assert "perplexity" in capsys.readouterr().out
+
+
+def test_bad_setting_names_the_flag(tiny_model, wheel_dir):
+    cli = load_cli()
+    try:
+        cli.main(["--model", str(tiny_model), "--settings", "h2o:window=999", "--budgets", "128"])
+    except SystemExit as e:
+        assert "h2o:window=999" in str(e) and "budget" in str(e)
+    else:
+        raise AssertionError("a window larger than the budget must be refused")
+
+
+def test_split_tasks_run_and_export(tiny_model, wheel_dir, tmp_path, capsys):
+    cli = load_cli()
+    out, tasks = tmp_path / "s.jsonl", tmp_path / "tasks.jsonl"
+    common = [
+        "--model",
+        str(tiny_model),
+        "--wheel-dir",
+        str(wheel_dir),
+        "--split",
+        "tuning",
+        "--docqa-lengths",
+        "120",
+    ]
+    rc = cli.main(
+        [
+            "--smoke",
+            *common,
+            "--tasks",
+            "docqa",
+            "session",
+            "--session-trials",
+            "2",
+            "--session-turns",
+            "2",
+            "--server-trials",
+            "0",
+            "--settings",
+            "streamingllm",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    trials = [r for r in map(json.loads, out.read_text().splitlines()) if r["kind"] == "trial"]
+    count = {
+        (t, s): sum(r["task"] == t and r["setting"] == s for r in trials)
+        for t in ("docqa", "session")
+        for s in ("full", "streamingllm")
+    }
+    assert count == {
+        ("docqa", "full"): 8,
+        ("docqa", "streamingllm"): 8,  # 4 depths x 2 phrasings
+        ("session", "full"): 2,
+        ("session", "streamingllm"): 2,
+    }
+    assert {r["split"] for r in trials} == {"tuning"}
+    assert "document question" in capsys.readouterr().err
+    assert cli.main([*common, "--write-tasks", str(tasks)]) == 0
+    lines = [json.loads(line) for line in tasks.read_text().splitlines()]
+    assert [x["trial"] for x in lines] == [
+        r["trial"] for r in trials if r["task"] == "docqa" and r["setting"] == "full"
+    ]
+    assert all(
+        x["question_at"] < len(x["prompt"]) == x["prompt_tokens"] and x["answer"].isdigit()
+        for x in lines
+    )

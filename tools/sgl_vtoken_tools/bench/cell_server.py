@@ -1,0 +1,111 @@
+"""A benchmark cell's server, shared by the scored chat benchmarks (`scripts/bench_agent.py`,
+`scripts/bench_chat.py`): one CPU server per cell, started on a free 127.0.0.1 port and always
+stopped, or a running server whose cells are per-request settings.
+
+    resolve_model(name)          smollm2 (built into .cache/smollm2 when missing), tiny or a folder
+    cell_spec(spec, remote)      a `--cells` entry: a cell name or ``name=flags`` of a launched
+                                 server; ``name=JSON`` (per-request kv_evict) or a name on a
+                                 running one
+    launch(model, name, flags)   a started `ServerProcess` for a cell (flags None: stock SGLang
+                                 without the plugin, checked either way)
+    cell_server(...)             (base url, log path, per-request kv_evict) of a cell, launched or
+                                 the running one
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from sgl_vtoken_tools.bench.server_cells import CELLS, cell_flags
+
+REPO = Path(__file__).resolve().parents[3]
+RID_REUSE_GAP_S = 5.0  # SGLang aborts a streamed id reused within 2 s of its end; a margin
+
+
+def resolve_model(name: str) -> str:
+    """smollm2 (built into .cache/smollm2), tiny (the random-weight tiny Llama, .cache/tiny-llama)
+    or a Hugging Face folder."""
+    if name == "tiny":
+        from sgl_vtoken_tools.tiny_model import ensure_tiny_model
+
+        return str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
+    from sgl_vtoken_tools.models import MODELS, ensure_model
+
+    if name in MODELS and not Path(name).exists():
+        return str(ensure_model(name, REPO / ".cache" / name))
+    return name
+
+
+def cell_spec(
+    spec: str, remote: bool, cells: dict[str, list[str] | None] = CELLS
+) -> tuple[str, object]:
+    """A `--cells` entry. Launched servers: a name of `cells` or ``name=flags`` (shell words); a
+    running server (`remote`): ``name=JSON`` (per-request kv_evict) or a name (its own flags).
+    A bad entry is a ValueError."""
+    name, eq, value = spec.partition("=")
+    if remote:
+        return (name, json.loads(value)) if eq else (name, None)
+    return cell_flags(spec, cells)
+
+
+@contextmanager
+def launch(
+    model: str,
+    name: str,
+    flags: list[str] | None,
+    pool: int,
+    page_size: int = 1,
+    server_args: list[str] | tuple[str, ...] = (),
+    threads: int = 2,
+):
+    """Yields a started `ServerProcess` of cell `name`: the CPU flags on a `pool`-token KV pool,
+    fp32, SGLang's cache report and a decode record every step, `server_args`, then the cell's
+    `flags` (None: stock SGLang, the plugin left out through `baseline.baseline_env`);
+    `OMP_NUM_THREADS` = `threads`. Raises RuntimeError when the plugin is loaded where it must
+    not be, or missing where it must be. The server stops when the block ends."""
+    from sgl_vtoken_tools.bench.baseline import baseline_env, plugin_in_server
+    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+
+    base = cpu_server_args(model, pool, page_size) + [
+        "--dtype",
+        "float32",
+        "--enable-cache-report",
+        "--decode-log-interval",
+        "1",
+        *server_args,
+    ]
+    env = {"OMP_NUM_THREADS": str(threads)}
+    with ExitStack() as stack:
+        if flags is None:
+            env.update(stack.enter_context(baseline_env()))
+        server = stack.enter_context(ServerProcess(base + (flags or []), env=env))
+        if plugin_in_server(server) != (flags is not None):
+            raise RuntimeError(
+                f"cell {name!r}: sgl-vtoken is {'' if flags is None else 'not '}loaded in its "
+                "server (stock must run without it, every other cell with it)"
+            )
+        yield server
+
+
+@contextmanager
+def cell_server(
+    model: str,
+    name: str,
+    flags,
+    pool: int,
+    page_size: int = 1,
+    server_args: list[str] | tuple[str, ...] = (),
+    threads: int = 2,
+    base_url: str | None = None,
+    server_log: str | None = None,
+):
+    """Yields ``(base url, log path or None, per-request kv_evict)`` of a cell: a server
+    `launch`ed for it (kv_evict None: the server's flags), or with `base_url` that running server
+    and its `server_log`, `flags` being the per-request object (`cell_spec` with `remote`)."""
+    if base_url:
+        yield base_url.rstrip("/"), server_log, flags
+        return
+    with launch(model, name, flags, pool, page_size, server_args, threads) as server:
+        yield server.base_url, str(server.log_path), None
