@@ -60,7 +60,14 @@ CHAT = "h2o b256 s16 w32 + host + recall 192"
 # The chat command under the pressure trigger: a row keeps every token while the pool has room
 # and is compacted to its budget only when the pool runs short (docs/design.md, "Eviction under
 # memory pressure").
-CELLS["pressure"] = [*CELLS[CHAT], "--kv-evict-trigger", "pressure"]
+# With `prefill_chunk` a prompt that could never fit the pool whole is evicted during its
+# prefill (a conversation longer than the pool is served); one that fits is prefilled whole.
+CELLS["pressure"] = [
+    *CELLS[CHAT][:-1],
+    json.dumps({**HOST, "recall": 192, "prefill_chunk": 64}),
+    "--kv-evict-trigger",
+    "pressure",
+]
 
 
 def cell_flags(
