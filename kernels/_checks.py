@@ -7,6 +7,8 @@ says what is allowed, so a caller can fix the call without reading the kernel.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Collection, Iterable
+from types import ModuleType
 
 import torch
 
@@ -15,7 +17,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def names(dtypes) -> str:
+def names(dtypes: Iterable[torch.dtype]) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
@@ -28,7 +30,7 @@ def resolve_impl(impl: str | None, device: torch.device) -> str:
     return impl
 
 
-def triton_module(name: str):
+def triton_module(name: str) -> ModuleType:
     """The Triton launcher module `sgl_vtoken.kernels.<name>`, imported on first use (so that
     importing the package needs only torch; TRITON_INTERPRET is read at that import)."""
     mod = _TRITON_MODULES.get(name)
@@ -37,10 +39,10 @@ def triton_module(name: str):
     return mod
 
 
-_TRITON_MODULES: dict = {}
+_TRITON_MODULES: dict[str, ModuleType] = {}
 
 
-def interpreted(kernel, device: torch.device, module: str) -> bool:
+def interpreted(kernel: object, device: torch.device, module: str) -> bool:
     """Whether `kernel` (a Triton JIT function of `sgl_vtoken.kernels.<module>`) runs in the
     interpreter. CPU tensors need it: raises ValueError when they would reach a compiled kernel."""
     interp = type(kernel).__name__ == "InterpretedFunction"
@@ -52,13 +54,13 @@ def interpreted(kernel, device: torch.device, module: str) -> bool:
     return interp
 
 
-def check_tensor(t, name: str) -> torch.Tensor:
+def check_tensor(t: object, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     return t
 
 
-def check_dtype(t: torch.Tensor, name: str, allowed) -> None:
+def check_dtype(t: torch.Tensor, name: str, allowed: Collection[torch.dtype]) -> None:
     if t.dtype not in allowed:
         raise ValueError(f"{name} has dtype {t.dtype}; allowed: {names(allowed)}")
 
@@ -76,7 +78,7 @@ def check_device(t: torch.Tensor, name: str, device: torch.device, ref_name: str
 
 
 def check_index_vector(
-    t, name: str, device: torch.device, ref_name: str, numel: int | None = None
+    t: torch.Tensor, name: str, device: torch.device, ref_name: str, numel: int | None = None
 ) -> None:
     check_tensor(t, name)
     check_ndim(t, name, 1, "[n]")
@@ -86,7 +88,7 @@ def check_index_vector(
         raise ValueError(f"{name} has {t.numel()} entries, expected {numel}")
 
 
-def index_pair_ok(src, dst, device: torch.device) -> bool:
+def index_pair_ok(src: object, dst: object, device: torch.device) -> bool:
     """Fast path of the move-list checks (attributes only, no sync): both are fine 1-D index
     vectors of one length on `device`. When False, the detailed checks name the problem."""
     return (

@@ -26,8 +26,9 @@ _TILE_BYTES = 32768  # bytes of K per tile on a GPU
 _MAX_LOGITS = 8192  # BLOCK_R x HQ_PAD fp32 logits per tile
 
 
+# Kernel parameters stay unannotated: Triton reads their annotations (tl.constexpr).
 @triton.jit
-def _qk_tile(
+def _qk_tile(  # type: ignore[no-untyped-def]
     k_ptr, stride_ks, stride_kh, kv_indices_ptr, q_t, n0, hi,
     HKV: tl.constexpr, HKV_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
@@ -52,7 +53,7 @@ def _qk_tile(
 
 
 @triton.jit
-def _attn_scores_kernel(
+def _attn_scores_kernel(  # type: ignore[no-untyped-def]
     # Inputs
     q_ptr,  # [bs, HQ, D]
     stride_qb,
@@ -166,7 +167,7 @@ def _attn_scores_kernel(
 
 
 @triton.jit
-def _fold(ptrs, p, mask, decay, MODE: tl.constexpr):
+def _fold(ptrs, p, mask, decay, MODE: tl.constexpr):  # type: ignore[no-untyped-def]
     if MODE == 0:
         tl.atomic_add(ptrs, p, mask=mask)
     elif MODE == 1:
@@ -216,21 +217,21 @@ def default_launch(
 
 
 def launch_attn_scores(
-    q,
-    k_buffer,
-    kv_indptr,
-    kv_indices,
-    score,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    score: torch.Tensor,
     sm_scale: float,
-    lse,
+    lse: torch.Tensor | None,
     lse_base: str,
     decay: float,
     *,
-    by_entry=False,
-    block_n=None,
-    num_splits=None,
-    num_warps=None,
-    num_stages=None,
+    by_entry: bool = False,
+    block_n: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> None:
     """Launch on arguments `sgl_vtoken.kernels.attn_scores_` validated (its docstring gives the
     shapes, dtypes and tuning knobs); no host sync."""

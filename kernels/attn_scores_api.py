@@ -132,7 +132,9 @@ def attn_scores_(
     )  # fmt: skip
 
 
-def _check_score_rows(kv_indptr, kv_indices, num_slots, decay) -> None:
+def _check_score_rows(
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_slots: int, decay: float
+) -> None:
     ptr = kv_indptr.long()
     if bool((ptr[1:] < ptr[:-1]).any()) or int(ptr[0]) < 0 or int(ptr[-1]) > kv_indices.numel():
         raise ValueError(

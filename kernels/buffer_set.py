@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +30,8 @@ COPY_DTYPES = (
     torch.uint8,
     torch.int8,
 )
+# K or V of every layer: a [num_slots, H, D] tensor per layer, or one [L, num_slots, H, D] tensor.
+KVBuffers = Sequence[torch.Tensor] | torch.Tensor
 _MAX_ENTRIES = 16
 _DATA_PTR = torch.Tensor.data_ptr
 _IS = operator.is_
@@ -82,7 +84,9 @@ class _Entry:
 _cache: dict[tuple[int, int], _Entry] = {}
 
 
-def buffer_set(k_buffers, v_buffers, *, revalidate: bool = False) -> KVBufferSet:
+def buffer_set(
+    k_buffers: KVBuffers, v_buffers: KVBuffers, *, revalidate: bool = False
+) -> KVBufferSet:
     """The validated buffer set of (k_buffers, v_buffers), from the cache when they are unchanged.
 
     Args:
@@ -113,7 +117,7 @@ def clear_buffer_cache() -> None:
     _cache.clear()
 
 
-def validate(k_buffers, v_buffers) -> KVBufferSet:
+def validate(k_buffers: KVBuffers, v_buffers: KVBuffers) -> KVBufferSet:
     """Full validation of a K/V layer-buffer pair (no cache)."""
     keys = as_layer_list(k_buffers, "k_buffers")
     values = as_layer_list(v_buffers, "v_buffers")
@@ -144,7 +148,7 @@ def _triple(dims: Sequence[int]) -> tuple[int, int, int]:
     return a, b, c
 
 
-def require_disjoint(bufs: KVBufferSet, k_buffers, v_buffers) -> None:
+def require_disjoint(bufs: KVBufferSet, k_buffers: KVBuffers, v_buffers: KVBuffers) -> None:
     """Check once per buffer set that no two layer buffers share memory (the Triton
     precondition); marks `bufs.disjoint`."""
     if bufs.disjoint:
@@ -158,7 +162,7 @@ def require_disjoint(bufs: KVBufferSet, k_buffers, v_buffers) -> None:
     bufs.disjoint = True
 
 
-def as_layer_list(buffers, name: str) -> list[torch.Tensor]:
+def as_layer_list(buffers: KVBuffers, name: str) -> list[torch.Tensor]:
     """The layers of `buffers`: a sequence of per-layer [num_slots, H, D] tensors, or one stacked
     [L, num_slots, H, D] tensor (unbound, views)."""
     if isinstance(buffers, torch.Tensor):
@@ -178,7 +182,9 @@ def as_layer_list(buffers, name: str) -> list[torch.Tensor]:
     return [C.check_tensor(b, f"{name}[{i}]") for i, b in enumerate(buffers)]
 
 
-def check_layer_group(layers: list[torch.Tensor], name: str, allowed_dtypes) -> None:
+def check_layer_group(
+    layers: list[torch.Tensor], name: str, allowed_dtypes: Collection[torch.dtype]
+) -> None:
     """All layers of one group (K or V) share shape, dtype, strides and device."""
     first = layers[0]
     C.check_ndim(first, f"{name}[0]", 3, "[num_slots, H, D]")
@@ -248,7 +254,7 @@ def _in_difference_set(delta: int, dims: list[tuple[int, int]]) -> bool:
     )
 
 
-def _same(obj, refs: tuple, ptrs: tuple) -> bool:
+def _same(obj: KVBuffers, refs: tuple, ptrs: tuple) -> bool:
     if isinstance(obj, torch.Tensor):
         return len(refs) == 1 and refs[0]() is obj and obj.data_ptr() == ptrs[0]
     try:
@@ -261,11 +267,11 @@ def _same(obj, refs: tuple, ptrs: tuple) -> bool:
         return False
 
 
-def _refs(obj) -> tuple:
+def _refs(obj: KVBuffers) -> tuple:
     return (weakref.ref(obj),) if isinstance(obj, torch.Tensor) else tuple(map(weakref.ref, obj))
 
 
-def _ptrs(obj) -> tuple[int, ...]:
+def _ptrs(obj: KVBuffers) -> tuple[int, ...]:
     return (obj.data_ptr(),) if isinstance(obj, torch.Tensor) else tuple(map(_DATA_PTR, obj))
 
 

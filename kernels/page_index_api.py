@@ -110,7 +110,12 @@ def _total_pages(seq_lens: torch.Tensor, page_size: int) -> int:
     return int(((seq_lens.long() + page_size - 1) // page_size).sum())
 
 
-def _check_rows(req_to_token, req_pool_indices, seq_lens, page_size) -> None:
+def _check_rows(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+) -> None:
     max_reqs, max_ctx = req_to_token.shape
     if req_pool_indices.numel():
         lo, hi = int(req_pool_indices.min()), int(req_pool_indices.max())

@@ -8,8 +8,23 @@ bit for bit; RoPE and softmax maths run in fp32.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
+
+
+class Rope(Protocol):
+    """What the repack reference reads of a `RopeShift` (`repack_api.py` imports this module)."""
+
+    @property
+    def delta(self) -> torch.Tensor: ...
+
+    @property
+    def cos_sin_cache(self) -> torch.Tensor: ...
+
+    @property
+    def neox(self) -> bool: ...
+
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -53,7 +68,7 @@ def repack_kv_ref_(
     v_buffers: list[torch.Tensor],  # L x [num_slots, Hv, Dv]
     src: torch.Tensor,  # [n] int32/int64
     dst: torch.Tensor,  # [n] int32/int64
-    rope=None,  # RopeShift or None
+    rope: Rope | None = None,  # a RopeShift
 ) -> None:
     """buf[dst] = buf[src] for every K and V layer, gathering all sources before scattering.
 
@@ -131,7 +146,9 @@ def attn_lse_ref(
     return out
 
 
-def _logits(qb, k_buffer, slots, group, sm_scale):  # -> [Hq, n] fp32
+def _logits(
+    qb: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, group: int, sm_scale: float
+) -> torch.Tensor:  # [Hq, n] fp32
     k = k_buffer[slots.long()].float()  # [n, Hkv, D]; query head h reads KV head h // group
     q = qb.float().view(k.shape[1], group, -1)  # [Hkv, group, D]
     return torch.einsum("kgd,nkd->kgn", q, k).reshape(qb.shape[0], -1) * sm_scale

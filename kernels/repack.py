@@ -13,6 +13,7 @@ tensors, or TRITON_INTERPRET=1 (set before this module is imported) on CPU tenso
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -21,14 +22,18 @@ import triton.language as tl
 from . import _checks as C
 from .buffer_set import KVBufferSet
 
+if TYPE_CHECKING:
+    from .repack_api import RopeShift
+
 _COPY_TL = {1: tl.uint8, 2: tl.int16, 4: tl.int32}
 _FLOAT_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 _CHUNK_BYTES = 32768  # bytes of K (and again of V) a program loads per chunk on a GPU
 _MAX_ROW_BYTES = 512  # widest head row one program copies whole
 
 
+# Kernel parameters stay unannotated: Triton reads their annotations (tl.constexpr).
 @triton.jit
-def _repack_kernel(
+def _repack_kernel(  # type: ignore[no-untyped-def]
     # In/out (through address tables)
     k_table,  # [num_layers] int64 data_ptr of each K layer [num_slots, H, D]
     v_table,  # [num_layers] int64 data_ptr of each V layer (same layout); unused without HAS_V
@@ -116,7 +121,7 @@ def launch_repack(
     bufs: KVBufferSet,
     src: torch.Tensor,
     dst: torch.Tensor,
-    rope=None,
+    rope: RopeShift | None = None,
     *,
     block_moves: int | None = None,
     num_warps: int | None = None,
@@ -155,6 +160,7 @@ def launch_repack(
     src, dst = src.contiguous(), dst.contiguous()
     for grid, k_table, v_table, strides, meta in launches:
         if meta["ROPE"]:
+            assert rope is not None, "a launch re-rotates K only when given a rope"
             delta, cos_sin, stride_cs = (
                 rope.delta.contiguous(),
                 rope.cos_sin_cache,
@@ -199,7 +205,14 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _prepare(bufs: KVBufferSet, rope_key, block_moves, num_warps, col_block, interpreted) -> list:
+def _prepare(
+    bufs: KVBufferSet,
+    rope_key: tuple[int, bool, torch.dtype] | None,
+    block_moves: int | None,
+    num_warps: int | None,
+    col_block: int | None,
+    interpreted: bool,
+) -> list:
     """Per group (K with V, or K then V): grid, address tables, strides and launch constants."""
     same_layout = bufs.k_shape[1:] == bufs.v_shape[1:] and bufs.k_dtype == bufs.v_dtype
     groups = [("k", same_layout, rope_key)]

@@ -13,7 +13,7 @@ import torch
 
 from . import _checks as C
 from . import reference as ref
-from .buffer_set import KVBufferSet, as_layer_list, buffer_set, require_disjoint
+from .buffer_set import KVBuffers, KVBufferSet, as_layer_list, buffer_set, require_disjoint
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class RopeShift:
 
 
 def repack_kv_(
-    k_buffers,
-    v_buffers,
+    k_buffers: KVBuffers,
+    v_buffers: KVBuffers,
     src: torch.Tensor,
     dst: torch.Tensor,
     *,

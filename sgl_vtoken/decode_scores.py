@@ -73,11 +73,11 @@ class DecodeScoring:
         q_rows: list[int],
         rows: list[int],
         lengths: list[int],
-        layers: list,
+        layers: list[tuple[int, ...] | None],
         num_layers: int,
         kv_heads: int,
-        device,
-    ):
+        device: torch.device | str,
+    ) -> None:
         self.q_rows, self.rows, self.lengths, self.layers = q_rows, rows, lengths, layers
         self.starts = [0]
         for n in lengths:

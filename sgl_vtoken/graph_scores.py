@@ -42,7 +42,9 @@ class GraphScoring:
         device: the pool's device.
     """
 
-    def __init__(self, max_bs: int, bound: int, num_layers: int, kv_heads: int, device):
+    def __init__(
+        self, max_bs: int, bound: int, num_layers: int, kv_heads: int, device: torch.device | str
+    ) -> None:
         if max_bs < 1 or bound < 1:
             raise ValueError(f"max_bs and bound must be >= 1, got {max_bs} and {bound}")
         self.max_bs, self.bound, self.num_layers = max_bs, bound, num_layers

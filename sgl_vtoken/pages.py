@@ -12,6 +12,7 @@ region is *dense* when every row page lives in one physical page at matching off
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 import torch
 
@@ -109,7 +110,7 @@ class PageAllocator:
         self._used.update(pages)
         return pages
 
-    def free(self, pages) -> None:
+    def free(self, pages: torch.Tensor | Iterable[int]) -> None:
         """Return pages to the pool. Raises ValueError on a page that is not allocated."""
         pages = [int(p) for p in (pages.tolist() if torch.is_tensor(pages) else pages)]
         bad = [p for p in pages if p not in self._used]

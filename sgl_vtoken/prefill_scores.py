@@ -43,8 +43,17 @@ class PrefillScoring:
     """
 
     def __init__(
-        self, first, queries, rows, lengths, layers, num_layers, kv_heads, device, batched=None
-    ):
+        self,
+        first: list[int],
+        queries: list[int],
+        rows: list[int],
+        lengths: list[int],
+        layers: list[tuple[int, ...] | None],
+        num_layers: int,
+        kv_heads: int,
+        device: torch.device | str,
+        batched: bool | None = None,
+    ) -> None:
         self.first, self.queries, self.rows, self.lengths = first, queries, rows, lengths
         self.device = device
         self.batched = torch.device(device).type == "cuda" if batched is None else batched
@@ -68,7 +77,14 @@ class PrefillScoring:
         """Whether some request scores `layer`."""
         return layer in self.groups
 
-    def score(self, layer, q, k_buffer, req_to_token, scale: float) -> None:
+    def score(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        req_to_token: torch.Tensor,
+        scale: float,
+    ) -> None:
         """Score `layer`: `q` ``[tokens, hq, d]`` the forward's queries, `k_buffer` the layer's
         ``[num_slots, hkv, d]`` keys. Batched: one `attn_scores_` launch and one copy into the
         blocks."""
@@ -93,7 +109,9 @@ class PrefillScoring:
         )
         self.buf[:, layer].index_copy_(0, dest, out)
 
-    def _build(self, members: tuple, req_to_token: torch.Tensor):
+    def _build(
+        self, members: tuple, req_to_token: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The launch rows of `members`' window queries: query rows, CSR offsets, slots and each
         entry's place in the buffer (host lists, one copy)."""
         q_rows, rows, lens, places = [], [], [], []

@@ -30,7 +30,7 @@ def mix32_py(x: int) -> int:
     return (x >> 16) ^ x
 
 
-def hash_u32(positions: torch.Tensor, *keys) -> torch.Tensor:
+def hash_u32(positions: torch.Tensor, *keys: int | torch.Tensor) -> torch.Tensor:
     """int64 values in ``[0, 2**32)``: a hash of (keys..., position) per token, shaped like
     `positions`. A key is an int or an int64 tensor that broadcasts against `positions` (a
     batch of rows: ``[B, 1]`` request ids against ``[B, n]`` positions), same values either way."""
@@ -41,7 +41,7 @@ def hash_u32(positions: torch.Tensor, *keys) -> torch.Tensor:
     return h
 
 
-def hash_u01(positions: torch.Tensor, *keys) -> torch.Tensor:
+def hash_u01(positions: torch.Tensor, *keys: int | torch.Tensor) -> torch.Tensor:
     """float64 uniform in ``[0, 1)`` shaped like `positions`, reproducible from (keys...,
     position)."""
     return hash_u32(positions, *keys).to(torch.float64) / 2.0**32

@@ -114,11 +114,11 @@ def _as_block(probs: torch.Tensor, ndim: int = 4) -> torch.Tensor:
 class AttentionSum(RowStats):
     """H2O statistic: total attention each token received from all queries so far."""
 
-    def update(self, probs, lengths=None):
+    def update(self, probs: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
         probs = _as_block(probs)
         self.state = attention_sum_update(self._grow(probs), probs)
 
-    def check_integrity(self):
+    def check_integrity(self) -> None:
         super().check_integrity()
         if self.state is not None:
             assert bool((self.state >= 0).all()) and bool(torch.isfinite(self.state).all())
@@ -127,7 +127,7 @@ class AttentionSum(RowStats):
 class LastAttention(RowStats):
     """TOVA statistic: the attention of the most recent query."""
 
-    def update(self, probs, lengths=None):
+    def update(self, probs: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
         probs = _as_block(probs)
         self._grow(probs)
         self.state = probs[-1].to(self.dtype)
@@ -154,7 +154,7 @@ class LowImportanceCount(RowStats):
         # is staged as zeros; counted, every zero would be a low-importance step.
         self.observed: torch.Tensor | None = None
 
-    def update(self, probs, lengths=None):
+    def update(self, probs: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
         probs = _as_block(probs)
         seen = probs.sum(dim=(0, 1)) > 0  # a scored layer's probabilities sum to 1 per query
         self.observed = seen if self.observed is None else self.observed | seen
@@ -163,7 +163,7 @@ class LowImportanceCount(RowStats):
         )
 
     @property
-    def stats(self):
+    def stats(self) -> torch.Tensor | None:
         """``[n, L, H]`` minus the low-importance count; NaN where no query scored the layer and
         head (`aggregate` leaves those out)."""
         if self.state is None:
@@ -171,7 +171,7 @@ class LowImportanceCount(RowStats):
         count = -low_importance_count(self.state, self.history).to(torch.float32)
         return count if self.observed is None else count.masked_fill(~self.observed, torch.nan)
 
-    def check_integrity(self):
+    def check_integrity(self) -> None:
         super().check_integrity()
         if self.state is not None:
             assert bool((self.state >= 0).all() and (self.state < (1 << self.history)).all()), (

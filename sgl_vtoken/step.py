@@ -19,7 +19,7 @@ Its oracle is the per-row path in `tools/sgl_vtoken_tools/step_ref.py`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -235,7 +235,9 @@ def copies_in_own_part(d: Decision, b: int, own_from: int, cpl: int) -> bool:
     return whole >= tree_kept.numel() or int(tree_kept[whole]) >= own_from
 
 
-def pack_onto_own(d: Decision, b: int, own: torch.Tensor, ps: int):
+def pack_onto_own(
+    d: Decision, b: int, own: torch.Tensor, ps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Row `b`'s copies on its own part's slots instead of fresh pages, when that part has left
     the tree (`copies_in_own_part` must hold): the k-th copy goes to ``own[k]``, which the
     repack's in-place order allows (every copy moves to or before its source)::
@@ -289,7 +291,7 @@ def apply(
     pool: KVPoolView,
     copy_slots: list[torch.Tensor] | None = None,
     active: list[bool] | None = None,
-    move_stream=None,
+    move_stream: AbstractContextManager[object] | None = None,
 ) -> Applied:
     """Carry out the decision for the `active` rows (default all): one repack launch (on
     `move_stream` when given), one row write. `copy_slots[b]`: the fresh pages (slots, on the
@@ -327,12 +329,20 @@ def apply(
     return Applied(sp.freed, freed_counts, num_moves)
 
 
-def _to(t: torch.Tensor, device) -> torch.Tensor:
+def _to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """A host tensor on `device` without waiting for the device (no host synchronization)."""
     return t.to(device, non_blocking=True)
 
 
-def _scores(rows, pool: KVPoolView, positions, valid, raw, rid, steps) -> torch.Tensor:
+def _scores(
+    rows: list[EvictRow],
+    pool: KVPoolView,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    raw: torch.Tensor,
+    rid: torch.Tensor,
+    steps: torch.Tensor,
+) -> torch.Tensor:
     """``[B, W] float64`` scores: one `score_rows` call per policy object, else row by row."""
     out = torch.zeros(positions.shape, dtype=torch.float64, device=positions.device)
     groups: dict[int, list[int]] = {}
@@ -368,7 +378,7 @@ def row_view(
 ) -> TokenView:
     """The `TokenView` of one row, read on the pool's device (keys and values only if needed)."""
 
-    def gather(buffers):
+    def gather(buffers: list[torch.Tensor]) -> torch.Tensor:
         return pool.gather_heads(torch.stack([buf[slots] for buf in buffers], dim=1), dim=2)
 
     needs = r.policy.needs

@@ -17,8 +17,17 @@ the unit of each entry in ``TokenView.units``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
+
+
+class Tokenizer(Protocol):
+    """What `Words.from_tokenizer` reads of a Hugging Face tokenizer."""
+
+    def __len__(self) -> int: ...
+
+    def batch_decode(self, sequences: list[list[int]]) -> list[str]: ...
 
 
 def _alnum(ch: str) -> bool:
@@ -39,7 +48,7 @@ class Words:
         self.closes = torch.tensor([bool(t) and _alnum(t[-1]) for t in texts], dtype=torch.bool)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> Words:
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> Words:
         """The table of a Hugging Face tokenizer (one batched decode of the whole vocabulary)."""
         return cls(tokenizer.batch_decode([[i] for i in range(len(tokenizer))]))
 

@@ -5,6 +5,8 @@ Adding a policy: see docs/adding-a-policy.md (one file, one line below, one test
 
 from __future__ import annotations
 
+from typing import Any
+
 from sgl_vtoken.policies.base import EvictionPolicy, aggregate
 from sgl_vtoken.policies.h2o import H2O
 from sgl_vtoken.policies.knorm import KNorm
@@ -21,7 +23,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
 }
 
 
-def make_policy(name: str, **kwargs) -> EvictionPolicy:
+def make_policy(name: str, **kwargs: Any) -> EvictionPolicy:
     """Instantiate the policy registered as `name` with its hyperparameters.
 
     Raises:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from sgl_vtoken.selection import check_budget, must_keep, select
+from sgl_vtoken.stats import RowStats
 from sgl_vtoken.types import RowBatch, TokenView
 
 AGGREGATIONS = ("sum", "max")
@@ -125,7 +126,7 @@ class EvictionPolicy:
         check_budget(sel.over.tolist(), [budget], [self.name])
         return sel.keep[0].nonzero().flatten()
 
-    def new_accumulator(self, **kwargs):
+    def new_accumulator(self, **kwargs: Any) -> RowStats | None:
         """A fresh per-request statistics accumulator, or None if the policy needs none."""
         return None if self.accumulator is None else self.accumulator(**kwargs)
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from sgl_vtoken.kvp import ModelIdentity, load_scorer
+from sgl_vtoken.kvp import KVPScorer, ModelIdentity, load_scorer
 from sgl_vtoken.policies.base import EvictionPolicy, aggregate
 from sgl_vtoken.types import TokenView
 
@@ -38,7 +38,7 @@ class KVP(EvictionPolicy):
         load_scorer(self.checkpoint)  # fails now, naming the path, not at the first eviction
 
     @property
-    def scorer(self):
+    def scorer(self) -> KVPScorer:
         return load_scorer(self.checkpoint)
 
     def check_model(self, hf_config: dict) -> None:

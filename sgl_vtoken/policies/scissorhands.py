@@ -11,7 +11,7 @@ first. The recent window is protected as in the paper.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sgl_vtoken.policies.base import AttentionPolicy
 from sgl_vtoken.stats import LowImportanceCount
@@ -30,5 +30,5 @@ class Scissorhands(AttentionPolicy):
         super().__post_init__()
         LowImportanceCount(self.history, self.threshold)  # validates both, naming the field
 
-    def new_accumulator(self, **kwargs):
+    def new_accumulator(self, **kwargs: Any) -> LowImportanceCount:
         return LowImportanceCount(history=self.history, threshold=self.threshold, **kwargs)

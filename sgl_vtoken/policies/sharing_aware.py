@@ -11,9 +11,12 @@ added to the must-keep set. In ``consensus`` mode a shared token may go when
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from sgl_vtoken.policies.base import EvictionPolicy
+from sgl_vtoken.stats import RowStats
 from sgl_vtoken.types import RowBatch, TokenView
 
 MODES = ("never", "consensus")
@@ -41,7 +44,7 @@ class SharingAware(EvictionPolicy):
     def __repr__(self) -> str:
         return f"SharingAware({self.inner!r}, mode={self.mode!r})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, SharingAware) and (self.inner, self.mode) == (
             other.inner,
             other.mode,
@@ -71,5 +74,5 @@ class SharingAware(EvictionPolicy):
             shared = shared & ~view.agreed
         return must | shared
 
-    def new_accumulator(self, **kwargs):
+    def new_accumulator(self, **kwargs: Any) -> RowStats | None:
         return self.inner.new_accumulator(**kwargs)
