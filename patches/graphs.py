@@ -94,7 +94,9 @@ def around_load_batch(original, runner, forward_batch, *args, **kwargs):
     out = original(runner, forward_batch, *args, **kwargs)
     if (replayed := _replayed(runner)) is not None:
         decode, graph = replayed
-        graph.load(decode, runner.bs, process().scoring.req_to_token)
+        scored = process().scoring
+        assert scored is not None, "a replayed scored batch has its plan"
+        graph.load(decode, runner.bs, scored.req_to_token)
     return out
 
 

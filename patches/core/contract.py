@@ -7,7 +7,9 @@ A version bump that renames, moves or re-signs one of them must fail loudly here
 
 import inspect
 import pkgutil
+from collections.abc import Callable
 from importlib.metadata import version
+from typing import Any
 
 SGLANG_VERSION = "0.5.23"
 
@@ -141,7 +143,7 @@ EXPECTED_PARAMS = {**HOOKED_PARAMS, **CALLED_PARAMS}
 EXPECTED_GLOBALS = (("sglang.srt.layers.rotary_embedding.base", "_is_cpu"),)
 
 
-def _raw(target: str):
+def _raw(target: str) -> Callable[..., Any]:
     owner_path, attr = target.rsplit(".", 1)
     owner = pkgutil.resolve_name(owner_path)
     raw = (

@@ -10,8 +10,19 @@ when an evicting request's peak does not fit the pool.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def unsupported_model_reason(model_config) -> str:
+if TYPE_CHECKING:
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.server_args import ServerArgs
+    from transformers import PretrainedConfig
+
+    from sgl_vtoken.config import EvictConfig
+
+    from .sglang_types import KVPool
+
+
+def unsupported_model_reason(model_config: ModelConfig) -> str:
     """Why eviction cannot serve the model of SGLang's `ModelConfig` ("" when it can)."""
     from sglang.srt.configs.model_config import AttentionArch, is_encoder_decoder_model
     from sglang.srt.mem_cache.kv_cache_builder import uses_ssm_state
@@ -41,7 +52,7 @@ def unsupported_model_reason(model_config) -> str:
     return ""
 
 
-def _non_full_layers(text_config) -> str:
+def _non_full_layers(text_config: PretrainedConfig) -> str:
     """Names of the attention types other than full attention ("" if every layer is full)."""
     types = getattr(text_config, "layer_types", None)
     if types:
@@ -54,14 +65,14 @@ def _non_full_layers(text_config) -> str:
     return ""
 
 
-def server_model_config(server_args):
+def server_model_config(server_args: ServerArgs) -> ModelConfig:
     """SGLang's `ModelConfig` of the served model (reads its config only, no weights)."""
     from sglang.srt.configs.model_config import ModelConfig
 
     return ModelConfig.from_server_args(server_args)
 
 
-def unsupported_pool_reason(pool) -> str:
+def unsupported_pool_reason(pool: object) -> str:
     """Why eviction cannot compact rows of this KV pool ("" when it can)."""
     k, v = getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None)
     if (
@@ -77,12 +88,14 @@ def unsupported_pool_reason(pool) -> str:
     return ""
 
 
-def kv_bytes_per_token(pool) -> int:
+def kv_bytes_per_token(pool: KVPool) -> int:
     """Bytes of K and V of one token over every layer of a per-layer K/V pool."""
     return sum(b[0].numel() * b.element_size() for b in (*pool.k_buffer, *pool.v_buffer))
 
 
-def peak_problem(cfg, pool_tokens: int, budget_name: str = "argument --kv-budget") -> str:
+def peak_problem(
+    cfg: EvictConfig, pool_tokens: int, budget_name: str = "argument --kv-budget"
+) -> str:
     """Why one evicting request under `cfg` (an `EvictConfig`) cannot fit a pool of `pool_tokens`
     ("" when it can): while it decodes it holds up to `cfg.decode_peak` KV tokens. The launcher,
     the scheduler's start and each request with its own settings ask this one rule."""

@@ -10,10 +10,33 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
 
 from .counters import VTokenCounters
 from .shortage import REFUSE_ENV_VAR, Shortages
+
+if TYPE_CHECKING:
+    from sgl_vtoken.decode_scores import DecodeScoring
+    from sgl_vtoken.graph_scores import GraphScoring
+    from sgl_vtoken.prefill_scores import PrefillScoring
+
+
+class MetricsPart(Protocol):
+    """`metrics`, a `surface/metrics.PrometheusExport`."""
+
+    def publish(self, counters: VTokenCounters, host: dict | None = None) -> None: ...
+
+
+class ScoringPart(Protocol):
+    """`scoring`, a `step/scores.Scored`."""
+
+    decode: DecodeScoring | None
+    recall: list
+    req_to_token: torch.Tensor
+    graph: GraphScoring | None
+    window: PrefillScoring | None
 
 
 @dataclass
@@ -37,11 +60,12 @@ class VTokenProcess:
     context_len: int = 0
     counters: VTokenCounters = field(default_factory=VTokenCounters)
     shortages: Shortages = field(default_factory=Shortages)
-    # Defined in layers above this one (which import it), so typed `Any` here:
+    # Defined in layers above this one (which import it), so typed `Any` or by a Protocol of what
+    # the modules use of them here:
     tier: Any = None  # cache/host_tier.HostTier
     step: Any = None  # step/context.StepContext
-    metrics: Any = None  # surface/metrics.PrometheusExport
-    scoring: Any = None  # step/scores.Scored
+    metrics: MetricsPart | None = None
+    scoring: ScoringPart | None = None
 
 
 # The process object, replaced by `start`; the only module-level state of the plugin.

@@ -13,6 +13,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sglang_types import Req
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +65,10 @@ class Shortages:
     """
 
     refuse: str | None = None
-    met: Counter = field(default_factory=Counter)
+    met: Counter[str] = field(default_factory=Counter)
     warned: set[str] = field(default_factory=set)
 
-    def refused(self, req, kind: str) -> bool:
+    def refused(self, req: Req, kind: str) -> bool:
         """Whether pages of `kind` (`KINDS`) asked for on behalf of `req` (an SGLang `Req`) are
         refused for testing."""
         if self.refuse is None:
@@ -75,7 +79,7 @@ class Shortages:
         named = [k for k in KINDS if rid.startswith(f"{self.refuse}{k}-")]
         return not named or named[0] == kind
 
-    def note(self, kind: str, rid, detail: str | None = None) -> None:
+    def note(self, kind: str, rid: str, detail: str | None = None) -> None:
         """A shortage of `kind` (`MESSAGES`) met by request `rid` at `kind:detail` (`PATHS`):
         tallied, and logged at warning level the first time per kind (the caller moves the
         counters of `/get_server_info` and the request's report). Never raises: it runs inside

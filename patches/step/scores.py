@@ -26,7 +26,7 @@ from sgl_vtoken.recall import candidate_mass
 from sgl_vtoken.stats import RowStats
 
 from ..cache import host_recall
-from ..core.process import process
+from ..core.process import ScoringPart, process
 from ..core.state import state_of
 from ..core.tp import tp_gather
 from .prefill import evicts_in_prefill
@@ -218,7 +218,7 @@ def wants_lse(layer_id: int) -> bool:
 
 
 @torch.no_grad()
-def collect(layer, q: torch.Tensor, forward_batch, scored: Scored, pool) -> None:
+def collect(layer, q: torch.Tensor, forward_batch, scored: ScoringPart, pool) -> None:
     """Stage this layer's probabilities for every scored request."""
     q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
     k_buffer = pool.get_key_buffer(layer.layer_id)
