@@ -16,12 +16,16 @@ from __future__ import annotations
 import time
 from array import array
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from ..core.process import process
+
+if TYPE_CHECKING:
+    from ..core.sglang_types import RadixTree, Req, TreeNode
+    from ..core.state import ReqEvictState
 
 
 class StoredView(NamedTuple):
@@ -60,42 +64,42 @@ class NodeRecord:
         self.live += int(slots.numel())
 
 
-def offload_on_evict(node, ns: str | None) -> None:
+def offload_on_evict(node: TreeNode, ns: str | None) -> None:
     """The view at `node` moves to host memory under namespace `ns` when the tree evicts it
     (None: it is dropped with the node)."""
     node.vt.host_ns = ns
 
 
-def record_of(node) -> NodeRecord | None:
+def record_of(node: TreeNode) -> NodeRecord | None:
     """The record of a holed radix node, or None (a hole-free node)."""
     return getattr(node, "vt", None)
 
 
-def view_of(node) -> StoredView | None:
+def view_of(node: TreeNode) -> StoredView | None:
     """The view stored at `node`, or None."""
     record = record_of(node)
     return None if record is None else record.view
 
 
-def live(node) -> int:
+def live(node: TreeNode) -> int:
     """Live slots of `node` (all of its key unless it is holed)."""
     record = record_of(node)
     return len(node.key) if record is None else record.live
 
 
-def _count(node) -> int:
+def _count(node: TreeNode) -> int:
     return int((node.value >= 0).sum())
 
 
 def insert_view(
-    tree,
-    parent,
+    tree: RadixTree,
+    parent: TreeNode,
     key: RadixKey,
     value: torch.Tensor,
     priority: int,
     view: StoredView,
     pages: torch.Tensor | None = None,
-):
+) -> tuple[int, TreeNode]:
     """Insert the holed `key` below `parent` (`value`: a slot per position, -1 a hole) and
     store `view` at the node where it ends. A new node gets its record and counts only its live
     slots (the slots of its `pages` at page size > 1). Returns ``(matched, node)`` as
@@ -108,7 +112,7 @@ def insert_view(
     return matched, node
 
 
-def split(new_node, child) -> None:
+def split(new_node: TreeNode, child: TreeNode) -> None:
     """SGLang split `child`, `new_node` taking the front of its key: if `child` is holed,
     `new_node` is too. Its pages stay with `child` (the view's node); per-position nodes recount."""
     record = record_of(child)
@@ -121,12 +125,14 @@ def split(new_node, child) -> None:
         record.live = _count(child)
 
 
-def namespace(req, st) -> str:
+def namespace(req: Req, st: ReqEvictState) -> str:
     """Radix namespace of `req`'s stored histories: its own extra key and eviction settings."""
     return f"{req.extra_key or ''}|{st.cfg.history_namespace()}"
 
 
-def find_view(tree, last, logical: array, limit: int, ns: str):
+def find_view(
+    tree: RadixTree, last: TreeNode | None, logical: array, limit: int, ns: str
+) -> tuple[TreeNode, int] | None:
     """Where `logical[:limit]` continues a stored history: ``(node, depth)`` of a view and the
     logical tokens of it to reuse, or None.
 
@@ -183,7 +189,7 @@ def _common(a: array, b: array) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def _any_view(node):
+def _any_view(node: TreeNode) -> TreeNode | None:
     """`node` if it holds a view, else the most recently used view below it, or None."""
     best, stack = None, [node]
     while stack:
@@ -197,7 +203,7 @@ def _any_view(node):
     return best
 
 
-def cut_view(node, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+def cut_view(node: TreeNode, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The entries of `node`'s view at logical positions < `depth`: ``(positions, slots)``, a
     prefix of its row."""
     positions, slots = node.vt.view.positions, node.vt.view.slots
@@ -205,7 +211,7 @@ def cut_view(node, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (positions, slots) if n == len(positions) else (positions[:n], slots[:n])
 
 
-def insert_history(tree, req, st, row_len: int) -> None:
+def insert_history(tree: RadixTree, req: Req, st: ReqEvictState, row_len: int) -> None:
     """Insert the finished row `[0, row_len)` with holes; the tree then owns all of it. The row
     stays private if the tree holds other KV, or holes, at its positions."""
     logical = st.prompt.logical_ids(req)
@@ -247,7 +253,7 @@ def insert_history(tree, req, st, row_len: int) -> None:
     punch(tree, node)
 
 
-def hand_over(tree, req, st, node, row_len: int) -> None:
+def hand_over(tree: RadixTree, req: Req, st: ReqEvictState, node: TreeNode, row_len: int) -> None:
     """The finished row `[0, row_len)` is now the stored view at `node` (any page size): the
     evicted tokens' host store goes with the view, the request's lock moves to `node`, and the
     tree owns the whole row."""
@@ -260,7 +266,7 @@ def hand_over(tree, req, st, node, row_len: int) -> None:
     req.kv.cache_protected_len = row_len
 
 
-def release_dropped(tree, req, dropped: torch.Tensor) -> int:
+def release_dropped(tree: RadixTree, req: Req, dropped: torch.Tensor) -> int:
     """Free the slots at the logical positions `dropped` (host int64: tree-owned entries `req`'s
     eviction dropped from its row, so live ones: no device read) that lie in holed nodes only its
     row can reach (its stored view, not continued by anyone, and that view's chain, locked only by
@@ -280,14 +286,14 @@ def release_dropped(tree, req, dropped: torch.Tensor) -> int:
     return freed
 
 
-def drop_view(node) -> None:
+def drop_view(node: TreeNode) -> None:
     """The view of holed `node` becomes unusable; its host store (`host_tier.py`) is released."""
     node.vt.view = None
     if (tier := process().tier) is not None:
         tier.detach(node)
 
 
-def free_where(tree, node, where: torch.Tensor, n: int | None = None) -> int:
+def free_where(tree: RadixTree, node: TreeNode, where: torch.Tensor, n: int | None = None) -> int:
     """Free live slots of a locked holed node (they become holes): those under the mask `where`,
     or, with `n`, the `n` live entries at the indices `where` (no device read). Returns `n`."""
     if n is None:
@@ -301,7 +307,7 @@ def free_where(tree, node, where: torch.Tensor, n: int | None = None) -> int:
     return n
 
 
-def punch(tree, node) -> None:
+def punch(tree: RadixTree, node: TreeNode) -> None:
     """Free the live slots of `node`'s holed ancestors that its view does not use and that no
     other row or view can reach (a chain locked only by `node`'s holder)."""
     keep = node.vt.view.slots
@@ -312,7 +318,7 @@ def punch(tree, node) -> None:
         a = a.parent
 
 
-def restore(req, st) -> array:
+def restore(req: Req, st: ReqEvictState) -> array:
     """Undo a previous round's match: logical ids back in the request; returns them."""
     st.retract.restore_outputs(req)
     if not st.restore_prompt(req):
@@ -320,7 +326,7 @@ def restore(req, st) -> array:
     return req.full_untruncated_fill_ids
 
 
-def adopt(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+def adopt(req: Req, st: ReqEvictState, logical: array, positions: torch.Tensor, depth: int) -> None:
     """Continue from a stored view: the request's ids become the view's ids + the new ids (row
     coordinates), its positions those of the view, then `depth` onwards; the report says how
     much of its history it continues (`history_tokens`, `history_view_tokens`)."""

@@ -11,6 +11,7 @@ copied on write into a new request's own page at admission (`own_tail`). Sizes c
 from __future__ import annotations
 
 from array import array
+from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -20,14 +21,18 @@ from sgl_vtoken.kernels import repack_kv_
 from . import history
 from .pool import alloc
 
+if TYPE_CHECKING:
+    from ..core.sglang_types import RadixTree, Req, TreeNode
+    from ..core.state import ReqEvictState
 
-def owned(node) -> torch.Tensor | None:
+
+def owned(node: TreeNode) -> torch.Tensor | None:
     """Slots of the whole pages `node` owns (page size > 1, host), or None (a per-position node)."""
     record = history.record_of(node)
     return None if record is None else record.pages
 
 
-def insert(tree, req, st, row_len: int) -> None:
+def insert(tree: RadixTree, req: Req, st: ReqEvictState, row_len: int) -> None:
     """Store the finished row `[0, row_len)` as a view: its private pages go to a new leaf. The
     row stays private when a view is stored at these positions already, or when its tree-owned
     pages are not on the new node's path."""
@@ -58,9 +63,9 @@ def insert(tree, req, st, row_len: int) -> None:
         assert node_pages is not None, "a node of a view's path owns pages (page size > 1)"
         reachable.append(node_pages.to(row.device))
         a = a.parent
-    reachable = torch.cat(reachable) // ps if reachable else row[:0]
+    reachable_pages = torch.cat(reachable) // ps if reachable else row[:0]
     missing = torch.unique(row[:cpl] // ps)
-    missing = missing[~torch.isin(missing, reachable)]
+    missing = missing[~torch.isin(missing, reachable_pages)]
     if missing.numel() and not rehome(
         tree, st.prefix.hit.node if st.prefix.hit else None, on_path, missing
     ):
@@ -86,7 +91,9 @@ def insert(tree, req, st, row_len: int) -> None:
     punch(tree, node)
 
 
-def rehome(tree, view_node, on_path: set, pages: torch.Tensor) -> bool:
+def rehome(
+    tree: RadixTree, view_node: TreeNode | None, on_path: set[TreeNode], pages: torch.Tensor
+) -> bool:
     """The row continued a view cut short (`view_node`, on another branch) and keeps some of its
     `pages`: move each such page from the view's chain to the first of its ancestors on the new
     path (their common ancestor), which outlives both branches. Returns whether every page in
@@ -111,7 +118,7 @@ def rehome(tree, view_node, on_path: set, pages: torch.Tensor) -> bool:
     return not todo.numel()
 
 
-def punch(tree, node) -> None:
+def punch(tree: RadixTree, node: TreeNode) -> None:
     """Free the pages of `node`'s holed ancestors that its view does not use and that no other
     row or view can reach (a chain locked only by `node`'s holder)."""
     keep = torch.unique(node.vt.view.slots // tree.page_size).cpu()
@@ -122,7 +129,7 @@ def punch(tree, node) -> None:
         a = a.parent
 
 
-def release_unused(tree, req, kept_pages: torch.Tensor) -> int:
+def release_unused(tree: RadixTree, req: Req, kept_pages: torch.Tensor) -> int:
     """After an eviction of `req`'s row: free the pages of the stored view it continues, and of
     that view's chain, that only it can reach and that the row no longer uses; those views
     become unusable. `kept_pages` (host): the tree-owned pages the row still references (the
@@ -138,7 +145,7 @@ def release_unused(tree, req, kept_pages: torch.Tensor) -> int:
     return freed
 
 
-def free_unused(tree, node, keep_pages: torch.Tensor) -> int:
+def free_unused(tree: RadixTree, node: TreeNode, keep_pages: torch.Tensor) -> int:
     """Free the pages a locked node owns that are not in `keep_pages` (host page ids). Returns
     the pages freed."""
     ps, slots = tree.page_size, node.vt.pages
@@ -151,7 +158,7 @@ def free_unused(tree, node, keep_pages: torch.Tensor) -> int:
     return n // ps
 
 
-def own_tail(tree, req, st) -> bool:
+def own_tail(tree: RadixTree, req: Req, st: ReqEvictState) -> bool:
     """At admission (`admission.py`): a request continuing a view (`st.prefix.hit`) gets its own
     copy of the view's partial last page, so its prefill continues there (SGLang charges every
     admitted request a page for a partly filled last page: this is that page). False when no page
@@ -166,7 +173,7 @@ def own_tail(tree, req, st) -> bool:
     return True
 
 
-def copy_tail(tree, slots: torch.Tensor, req=None) -> torch.Tensor | None:
+def copy_tail(tree: RadixTree, slots: torch.Tensor, req: Req | None = None) -> torch.Tensor | None:
     """The view `slots` as a new request's prefix: its partial last page copied into a fresh
     page (KV of every layer), so the request's prefill continues there. Returns the prefix, or
     None when no page is free (`pool.alloc`)."""

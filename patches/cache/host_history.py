@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -26,6 +27,10 @@ from . import history
 from .host_tier import Chunk, HostHistory, HostTier, to_host
 from .pool import alloc
 
+if TYPE_CHECKING:
+    from ..core.sglang_types import RadixTree, Req, TreeNode
+    from ..core.state import ReqEvictState
+
 
 def host_key(ns: str, cache_salt: str | None) -> str:
     """The key host histories are filed under: the radix namespace of the request's histories and
@@ -34,7 +39,7 @@ def host_key(ns: str, cache_salt: str | None) -> str:
 
 
 def _gather(
-    tree, slots: torch.Tensor
+    tree: RadixTree, slots: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
     """K and V of `slots` (every layer) copied to the host: ``[n, layers, H, D]`` each, and the
     event after which they hold the values (`to_host`)."""
@@ -46,7 +51,16 @@ def _gather(
     return k, v, ready
 
 
-def _keep(tier: HostTier, tree, ns: str, ids: array, positions, slots, store, used) -> bool:
+def _keep(
+    tier: HostTier,
+    tree: RadixTree,
+    ns: str,
+    ids: array,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    store: list[Chunk],
+    used: float,
+) -> bool:
     """A host history of the entries at logical `positions` (KV at device `slots`) covering
     `ids`, with the recall `store` (chunks the caller owns), if the cap makes room for it among
     what was used before `used`. Returns whether it was kept (if not, `store` is released)."""
@@ -62,7 +76,7 @@ def _keep(tier: HostTier, tree, ns: str, ids: array, positions, slots, store, us
     return True
 
 
-def offload_view(tree, node) -> None:
+def offload_view(tree: RadixTree, node: TreeNode) -> None:
     """BEFORE the radix cache frees the evicted leaf `node`: its view, if stored with offload on,
     moves to host memory with its store (its ancestors still hold the view's other slots)."""
     tier, record = process().tier, history.record_of(node)
@@ -81,7 +95,9 @@ def offload_view(tree, node) -> None:
     _keep(tier, tree, ns, ids, view.positions, view.slots, store, node.last_access_time)
 
 
-def find(tier: HostTier, ns: str, logical: array, limit: int, floor: int):
+def find(
+    tier: HostTier, ns: str, logical: array, limit: int, floor: int
+) -> tuple[HostHistory, int] | None:
     """The host history of namespace `ns` that `logical[:limit]` continues deepest, past depth
     `floor`: ``(history, depth)``, or None. As `history.find_view`: a history the prompt extends
     whole is reused whole; one it leaves at a differing id is cut there; one the prompt merely
@@ -110,7 +126,9 @@ def restorable(positions: torch.Tensor, depth: int, page_size: int) -> bool:
     return depth >= page_size and bool((positions < depth).any())
 
 
-def restore(tree, req, st, h: HostHistory, depth: int):
+def restore(
+    tree: RadixTree, req: Req, st: ReqEvictState, h: HostHistory, depth: int
+) -> TreeNode | None:
     """Write `h`'s entries at positions < `depth` into fresh slots (whole pages at page size > 1)
     as a holed leaf under the root in a namespace of its own, which takes `h`'s store; `h` leaves
     host memory. Returns the node, or None when the pool cannot give the slots now (`h` stays).
@@ -153,7 +171,7 @@ def restore(tree, req, st, h: HostHistory, depth: int):
     return node
 
 
-def store_row(tree, req, st, row_len: int) -> None:
+def store_row(tree: RadixTree, req: Req, st: ReqEvictState, row_len: int) -> None:
     """A finished turn whose row started from a restored history (or a resumed retraction): the
     row `[0, row_len)` goes to host memory as its conversation's history, with its recall store;
     the node it started from keeps no view. Nothing happens without offload."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +26,10 @@ from sgl_vtoken.step import KVPoolView, apply, plan_keep
 from ..core.process import process
 from ..core.state import state_of
 from . import host_tier
+
+if TYPE_CHECKING:
+    from ..core.sglang_types import KVPool, RadixTree, Req, Scheduler
+    from ..core.state import ReqEvictState
 
 
 @dataclass
@@ -50,7 +56,7 @@ class RecallPlan:
     k_ready: torch.cuda.Event | None = None
     scored: torch.cuda.Event | None = None
 
-    def stage(self, device) -> None:
+    def stage(self, device: torch.device | str) -> None:
         """Before a forward that scores the candidates (`scores.prepare`): the scores accumulate
         on `device` (the pool's), and the candidates' keys go there once, asynchronously."""
         self.scores = self.scores.to(device)
@@ -128,7 +134,7 @@ class Recall:
             self.pinned = None
 
 
-def begin_turn(req, st) -> None:
+def begin_turn(req: Req, st: ReqEvictState) -> None:
     """Before each prefill chunk of a turn (admission, then its forward): it takes its view's store
     once (`host_tier.take_store`); with `recall`, at the prompt's last chunk (its first, unless
     `prefill_chunk` evicts before it), the candidates (what the request's store holds below its
@@ -163,7 +169,7 @@ def begin_turn(req, st) -> None:
     st.recall.plan.seconds += time.perf_counter() - t0
 
 
-def skipped(st, rid, tokens: int, why: str) -> None:
+def skipped(st: ReqEvictState, rid: str, tokens: int, why: str) -> None:
     """A recall of `tokens` went without (`why`: "page", no free page; "cut", the prefill was not
     cut where it needed): reported, counted by the host tier, noted as a shortage."""
     st.report.skip_recall(tokens)
@@ -173,7 +179,12 @@ def skipped(st, rid, tokens: int, why: str) -> None:
     process().shortages.note("recall_skipped", rid, why)
 
 
-def recall_prompt(scheduler, req, st, alloc) -> None:
+def recall_prompt(
+    scheduler: Scheduler,
+    req: Req,
+    st: ReqEvictState,
+    alloc: Callable[[int], torch.Tensor | None],
+) -> None:
     """Between a recalling turn's two prefill chunks (`prefill.py`): the best candidates join the
     row at `back`, the first chunk's entries from `back` on leave it (their slots are freed; the
     rest of `back`'s page is refilled), and the ids become row coordinates, so SGLang prefills
@@ -239,7 +250,7 @@ def recall_prompt(scheduler, req, st, alloc) -> None:
     st.recall.plan = plan.next_round(sel, n)
 
 
-def _write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _write_kv(kvcache: KVPool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Write the recalled tokens' K/V (host ``[n, layers, H, D]``) at `slots` in every layer: one
     asynchronous copy to the device for K and one for V, then one write per layer."""
     device = kvcache.k_buffer[0].device
@@ -253,7 +264,9 @@ def _write_kv(kvcache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
         vb[slots] = v[:, layer].to(vb.dtype)
 
 
-def _row_slots(ps: int, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None:
+def _row_slots(
+    ps: int, row: torch.Tensor, n: int, alloc: Callable[[int], torch.Tensor | None]
+) -> torch.Tensor | None:
     """``[n] int64`` slots for `n` entries after `row` (the row's slots), page-dense at page size
     `ps` (splice rule 6): the rest of the row's last page (its own), then fresh pages from `alloc`
     (whole pages). None: no free page::
@@ -271,7 +284,7 @@ def _row_slots(ps: int, row: torch.Tensor, n: int, alloc) -> torch.Tensor | None
     return torch.cat([head, fresh[:rest].to(head.device, torch.int64)])
 
 
-def drop_recalled(req, tree) -> None:
+def drop_recalled(req: Req, tree: RadixTree) -> None:
     """A finished request's recalled tokens leave its row before it is stored (the view keeps
     what the policy kept, and the host store still has them): planned as an eviction is
     (`step.plan_keep`: compaction at page size > 1), applied and freed here, before SGLang

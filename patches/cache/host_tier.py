@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..core.process import process
 from ..core.state import state_of
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ..core.sglang_types import Req, TreeNode
+    from ..core.state import ReqEvictState
 
 
 @dataclass(eq=False)
@@ -84,7 +91,8 @@ class HostTier:
         self.cap, self.tokens, self.bytes, self.peak_bytes = cap, 0, 0, 0
         self.offloaded = self.dropped = self.recalled = self.recalls = self.skipped_recalls = 0
         self.recall_seconds = 0.0
-        self.nodes: dict[int, tuple] = {}  # id -> (radix node, the chunks its view's store holds)
+        # id -> (radix node, the chunks its view's store holds)
+        self.nodes: dict[int, tuple[TreeNode, list[Chunk]]] = {}
         self.histories: dict[int, HostHistory] = {}  # id -> a history moved here whole
         self.histories_stored = self.histories_restored = self.histories_dropped = 0
         self.bytes_to_host = self.bytes_to_device = 0
@@ -92,7 +100,7 @@ class HostTier:
             torch.device, torch.cuda.Stream
         ] = {}  # device -> side stream of its copies to the device (CUDA)
 
-    def hold(self, chunks) -> None:
+    def hold(self, chunks: Iterable[Chunk]) -> None:
         for c in chunks:
             if c.refs == 0:
                 self.tokens += c.positions.numel()
@@ -100,7 +108,7 @@ class HostTier:
             c.refs += 1
         self.peak_bytes = max(self.peak_bytes, self.bytes)
 
-    def drop(self, chunks) -> None:
+    def drop(self, chunks: Iterable[Chunk]) -> None:
         for c in chunks:
             c.refs -= 1
             assert c.refs >= 0, "a host chunk was released twice"
@@ -108,7 +116,7 @@ class HostTier:
                 self.tokens -= c.positions.numel()
                 self.bytes -= c.nbytes
 
-    def store(self, node, st) -> None:
+    def store(self, node: TreeNode, st: ReqEvictState) -> None:
         """A finished request's chunks become the store of the view at radix `node`."""
         self.detach(node)
         st.report.hold_host(sum(c.nbytes for c in st.host.chunks))
@@ -116,24 +124,24 @@ class HostTier:
             self.nodes[id(node)] = (node, st.host.chunks)
             st.host.chunks = []
 
-    def store_of(self, node) -> list[Chunk] | None:
+    def store_of(self, node: TreeNode) -> list[Chunk] | None:
         """The chunks of the store of `node`'s view, or None."""
         entry = self.nodes.get(id(node))
         return None if entry is None else entry[1]
 
-    def detach(self, node) -> None:
+    def detach(self, node: TreeNode) -> None:
         """Release the store of `node`'s view (the view is gone or replaced)."""
         entry = self.nodes.pop(id(node), None)
         if entry is not None:
             self.drop(entry[1])
 
-    def take_store(self, node) -> list[Chunk]:
+    def take_store(self, node: TreeNode) -> list[Chunk]:
         """The chunks of `node`'s view's store, which leaves the node (their owners' count
         unchanged: the caller owns them now); [] when it has none."""
         entry = self.nodes.pop(id(node), None)
         return [] if entry is None else entry[1]
 
-    def share_below(self, node, below: int) -> list[Chunk]:
+    def share_below(self, node: TreeNode, below: int) -> list[Chunk]:
         """The chunks of `node`'s view's store cut to positions ``< below``, held for the
         caller; the node keeps its store. A request continuing the view to depth `below` takes
         these: where it left the stored history at a differing id (a cut), the entries past the
@@ -150,7 +158,7 @@ class HostTier:
         self.hold(out)
         return out
 
-    def give_store(self, node, chunks: list[Chunk]) -> None:
+    def give_store(self, node: TreeNode, chunks: list[Chunk]) -> None:
         """`chunks` (owned by the caller) become the store of `node`'s view."""
         self.detach(node)
         if chunks:
@@ -180,7 +188,7 @@ class HostTier:
         least recently used first (only those used before `before`), while it does not fit.
         Returns the tokens that fit (<= m)."""
         if self.tokens + m > self.cap:
-            entries: list[tuple[float, object, HostHistory | None]] = [
+            entries: list[tuple[float, TreeNode | None, HostHistory | None]] = [
                 (node.last_access_time, node, None) for node, _ in self.nodes.values()
             ]
             entries += [(h.last_access, None, h) for h in self.histories.values()]
@@ -188,6 +196,7 @@ class HostTier:
                 if used >= before:
                     break
                 if history is None:
+                    assert node is not None, "an entry is a stored view's node or a host history"
                     self.detach(node)
                 else:
                     self.release(history)
@@ -228,7 +237,13 @@ class HostTier:
 
 
 # --- offload (eviction.py) ------------------------------------------------------------------
-def offload(tier: HostTier, rows: list, slots: torch.Tensor, k_buffers, v_buffers) -> None:
+def offload(
+    tier: HostTier,
+    rows: list[tuple[ReqEvictState, torch.Tensor]],
+    slots: torch.Tensor,
+    k_buffers: list[torch.Tensor],
+    v_buffers: list[torch.Tensor],
+) -> None:
     """Copy the victims of `rows` (``(state, positions [m_b] host)`` each, in order) to the host
     before their slots are freed. `slots`: all their slots, row after row (``[sum m_b]``, pool
     device). One gather per layer, one copy to the host for K and one for V, asynchronous on CUDA
@@ -268,7 +283,9 @@ def to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     return host, ready
 
 
-def to_device(host: torch.Tensor, device) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+def to_device(
+    host: torch.Tensor, device: torch.device | str
+) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """`host` on `device`: on CUDA copied asynchronously from pinned memory on a side stream, with
     the event the stream that reads it must wait for (`torch.cuda.current_stream().wait_event`);
     elsewhere `host` itself and None."""
@@ -294,7 +311,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return streams[device]
 
 
-def take_store(st) -> list[Chunk]:
+def take_store(st: ReqEvictState) -> list[Chunk]:
     """Before a request's first prefill chunk (admission, then its first forward; once): it
     takes the store of the view it continues, cut to the positions its row covers
     (`HostTier.share_below`). Returns those chunks ([] when there is none, or nothing to
@@ -312,7 +329,7 @@ def take_store(st) -> list[Chunk]:
     return chunks
 
 
-def release_finished(req) -> None:
+def release_finished(req: Req) -> None:
     """After a request's KV is released: a finished (or aborted) request's chunks that no stored
     view took are released; a retracted one keeps them."""
     st = state_of(req)

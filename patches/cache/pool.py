@@ -8,13 +8,20 @@ defers, blocks or ends the request and counts it (`core/shortage.py`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from ..core.process import process
 
+if TYPE_CHECKING:
+    from ..core.sglang_types import RadixTree, Req
 
-def alloc(tree, n: int, req=None, kind: str = "copies") -> torch.Tensor | None:
+
+def alloc(
+    tree: RadixTree, n: int, req: Req | None = None, kind: str = "copies"
+) -> torch.Tensor | None:
     """``[n]`` slots (whole pages: `n` is a multiple of the page size) from the pool of the
     radix cache `tree`, evicting its unlocked nodes if needed; None when the pool cannot give
     them, or when a test refuses pages of `kind` for `req` (`Shortages.refused`)."""

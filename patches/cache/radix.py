@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import heapq
 import time
+from array import array
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
@@ -25,16 +26,25 @@ from sglang.srt.mem_cache.base_prefix_cache import (
     MatchPrefixParams,
     MatchResult,
 )
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from ..core.process import process
 from ..core.state import state_of
 from . import history, history_pages, host_history
 
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext
+
+    from sgl_vtoken.config import EvictConfig
+
+    from ..core.sglang_types import Req, TreeNode
+    from ..core.state import ReqEvictState
+
 NAME = "vtoken"
 
 
-def tree_mode(cfg) -> bool:
+def tree_mode(cfg: EvictConfig) -> bool:
     """Whether a request under `cfg` is served by this cache's paths: its prompt is shared,
     tree-owned tokens may leave its row, and (`reuse_history`) its history is stored.
     Naive-Evict takes them too (same caching, same victims; only its footprint differs)."""
@@ -66,7 +76,7 @@ class Prefix:
     restore_blocked: bool = False  # a host history it continues does not fit the pool yet
 
     def continue_from(
-        self, node, slots: torch.Tensor | None, attach: int, copied: bool = False
+        self, node: TreeNode | None, slots: torch.Tensor | None, attach: int, copied: bool = False
     ) -> None:
         """The row starts as the stored view at radix `node`, whose KV is at `slots` (`node`
         None: no view); `attach`: the logical prefix whose KV is hole-free; `copied`: `slots` end
@@ -88,7 +98,7 @@ class Prefix:
         self.hit = None
 
 
-def _whole_view(req, st) -> bool:
+def _whole_view(req: Req, st: ReqEvictState) -> bool:
     """A finished pressure-trigger row that never evicted is stored as a view without holes in
     its history namespace when it offloads (instead of SGLang's plain insert), so that when the
     tree's LRU evicts it, it moves to host memory whole, like any stored view
@@ -96,7 +106,7 @@ def _whole_view(req, st) -> bool:
     return req.finished() and st.cfg.on_pressure and st.cfg.host.offload and st.cfg.history.reuse
 
 
-def factory(ctx):
+def factory(ctx: TreeCacheBuildContext) -> HoledRadixCache:
     """`register_radix_cache_backend` factory."""
     for bad, why in (
         (ctx.disable_radix_cache, "--disable-radix-cache"),
@@ -112,7 +122,7 @@ class HoledRadixCache(RadixCache):
     """`RadixCache` whose holed nodes (`node.vt`, `history.NodeRecord`) count only live slots."""
 
     # --- sizes count live slots -----------------------------------------------------------------
-    def inc_lock_ref(self, node) -> IncLockRefResult:
+    def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
         delta = 0
         while node != self.root_node:
             if node.lock_ref == 0:
@@ -125,7 +135,7 @@ class HoledRadixCache(RadixCache):
             node = node.parent
         return IncLockRefResult(delta=delta)
 
-    def dec_lock_ref(self, node, params=None) -> DecLockRefResult:
+    def dec_lock_ref(self, node: TreeNode, params: object = None) -> DecLockRefResult:
         delta = 0
         while node != self.root_node:
             if node.lock_ref == 1:
@@ -138,23 +148,23 @@ class HoledRadixCache(RadixCache):
             node = node.parent
         return DecLockRefResult(delta=delta)
 
-    def _split_node(self, key, child, split_len):
+    def _split_node(self, key: RadixKey, child: TreeNode, split_len: int) -> TreeNode:
         new_node = super()._split_node(key, child, split_len)
         history.split(new_node, child)  # a holed node's front part is holed too
         return new_node
 
-    def _delete_leaf(self, node):
+    def _delete_leaf(self, node: TreeNode) -> None:
         super()._delete_leaf(node)
         self.evictable_size_ += len(node.key) - history.live(node)
         if (tier := process().tier) is not None:
             tier.detach(node)  # the view's host store goes with it
 
-    def reset(self):
+    def reset(self) -> None:
         super().reset()
         if (tier := process().tier) is not None:
             tier.reset()
 
-    def evict(self, params) -> EvictResult:
+    def evict(self, params: EvictParams) -> EvictResult:
         start = time.perf_counter()
         heap = [(self.eviction_strategy.get_priority(n), n) for n in self.evictable_leaves]
         heapq.heapify(heap)
@@ -177,10 +187,10 @@ class HoledRadixCache(RadixCache):
         self.update_eviction_metrics(evicted, start)
         return EvictResult(num_tokens_evicted=evicted)
 
-    def total_size(self):
+    def total_size(self) -> int:
         return int(self.all_values_flatten().numel())
 
-    def all_values_flatten(self):
+    def all_values_flatten(self) -> torch.Tensor:
         values, stack = [torch.zeros(0, dtype=torch.int64, device=self.device)], [self.root_node]
         while stack:
             for child in stack.pop().children.values():
@@ -239,7 +249,9 @@ class HoledRadixCache(RadixCache):
             cache_protected_len=len(positions) // self.page_size * self.page_size,
         )
 
-    def _from_host(self, req, st, logical, limit: int, floor: int):
+    def _from_host(
+        self, req: Req, st: ReqEvictState, logical: array, limit: int, floor: int
+    ) -> tuple[TreeNode, int] | None:
         """The host history `logical[:limit]` continues past depth `floor`, restored to the
         device (`host_history.py`; once: a later round of its admission finds it restored):
         ``(node, depth)``, or None. `st.prefix.restore_blocked`: one was found and does not fit
@@ -266,7 +278,9 @@ class HoledRadixCache(RadixCache):
         st.prefix.restored, st.prefix.restore_blocked = node, node is None
         return None if node is None else (node, hit[1])
 
-    def _plain(self, req, st, result: MatchResult, key: RadixKey) -> MatchResult:
+    def _plain(
+        self, req: Req, st: ReqEvictState, result: MatchResult, key: RadixKey
+    ) -> MatchResult:
         """A plain prefill's match (`_observed`); matched for its first chunk, it sets where the
         request's own prompt begins (`Prefix.matched`)."""
         result = self._observed(result, key, st)
@@ -274,7 +288,9 @@ class HoledRadixCache(RadixCache):
             st.prefix.matched = result.device_prefix_len
         return result
 
-    def _observed(self, result: MatchResult, key: RadixKey, st) -> MatchResult:
+    def _observed(
+        self, result: MatchResult, key: RadixKey, st: ReqEvictState | None
+    ) -> MatchResult:
         """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
         when the policy reads attention: their queries seed its statistics, so a request's
         victims (and output) do not depend on whether its prompt was cached. Under eviction
@@ -307,7 +323,7 @@ class HoledRadixCache(RadixCache):
             )
         )
 
-    def prefix_device_indices(self, req) -> torch.Tensor:
+    def prefix_device_indices(self, req: Req) -> torch.Tensor:
         st = state_of(req)
         hit = st.prefix.hit if st is not None else None
         if st is not None and hit is not None and req.last_node is hit.node:
@@ -319,7 +335,7 @@ class HoledRadixCache(RadixCache):
         return super().prefix_device_indices(req)
 
     # --- inserting ------------------------------------------------------------------------------
-    def checkpoint(self, req, *, up_to: int):
+    def checkpoint(self, req: Req, *, up_to: int) -> None:
         st = state_of(req)
         if st is None or not st.holed:
             return super().checkpoint(req, up_to=up_to)
@@ -338,24 +354,25 @@ class HoledRadixCache(RadixCache):
                 counters.history_hits += 1
                 counters.history_tokens_reused += st.report.history_tokens
 
-    def release_dropped(self, req, dropped: torch.Tensor) -> int:
+    def release_dropped(self, req: Req, dropped: torch.Tensor) -> int:
         """Free the slots at the logical positions `dropped` (host) that `req`'s eviction dropped
         and only its row can reach (`history.py`)."""
         return history.release_dropped(self, req, dropped)
 
-    def release_unused_pages(self, req, kept_pages: torch.Tensor) -> int:
+    def release_unused_pages(self, req: Req, kept_pages: torch.Tensor) -> int:
         """Page size > 1: free the pages of `req`'s stored view that its row no longer uses (it
         keeps the tree pages `kept_pages`, host) and only it can reach (`history_pages.py`).
         Returns the pages freed."""
         return history_pages.release_unused(self, req, kept_pages)
 
-    def detach_own(self, req, depth: int, length: int) -> torch.Tensor | None:
+    def detach_own(self, req: Req, depth: int, length: int) -> torch.Tensor | None:
         """Take the hole-free path of `req`'s lock below logical `depth` out of the tree when
         only `req` holds it (locked by it alone, no other branch) and it is `length` tokens
         long: its slots become the request's own, and its lock moves up to `depth`. Returns
         those slots ``[length] int64`` in logical order, or None (nothing changes) when anyone
         else could reach them or the path is not `length` long."""
-        node, chain = req.last_node, list[TreeNode]()
+        node = req.last_node
+        chain: list[TreeNode] = []
         if node is None or node is self.root_node:
             return None
         end = 0
@@ -384,7 +401,7 @@ class HoledRadixCache(RadixCache):
         req.lock, req.last_node = self.lock(parent), parent
         return slots
 
-    def relock_shallower(self, req, need: int) -> None:
+    def relock_shallower(self, req: Req, need: int) -> None:
         """Move `req`'s lock on a hole-free path up to the shallowest node that still covers the
         first `need` tokens of the path, splitting at a page boundary: the deeper part of the
         prompt then belongs to whoever else holds it, or becomes evictable."""
