@@ -12,9 +12,10 @@ Reservations and reasons: docs/design.md, "Admission".
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sgl_vtoken.config import EvictConfig
 
@@ -24,9 +25,15 @@ from ..core.process import process
 from ..core.state import state_of
 from .prefill import chunk_limit, evicts_in_prefill
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    from ..core.sglang_types import Req, Scheduler
+    from ..core.state import ReqEvictState
+
 
 @contextmanager
-def _clipped(reqs):
+def _clipped(reqs: Iterable[Req]) -> Iterator[None]:
     """Temporarily clip the remaining `max_new_tokens` of evicting requests to what their KV can
     grow."""
     saved = []
@@ -53,7 +60,9 @@ def _clipped(reqs):
             req.sampling_params.max_new_tokens = value
 
 
-def _refuse(req, st, message: str, status=HTTPStatus.BAD_REQUEST) -> None:
+def _refuse(
+    req: Req, st: ReqEvictState | None, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST
+) -> None:
     """Finish a request SGLang can never admit (HTTP 400) or the plugin can never give its pages
     (HTTP 503) instead of letting it hold up the queue; an evicting request gets its logical ids
     back first, so that the abort's one-token prompt stays. Requests without eviction too: SGLang
@@ -71,7 +80,7 @@ def _refuse(req, st, message: str, status=HTTPStatus.BAD_REQUEST) -> None:
     )
 
 
-def _never_fits(req, pool_tokens: int) -> str:
+def _never_fits(req: Req, pool_tokens: int) -> str:
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
     return (
         f"this request can never be scheduled: its prefill of {extend} tokens (past a cached "
@@ -99,14 +108,14 @@ def adder_class(base: type) -> type:
 
     class VTokenPrefillAdder(base):
         # `PrefillAdder` fields this class writes (set by SGLang's __init__; annotations only).
-        new_chunked_req: Any
+        new_chunked_req: Req | None
         rem_chunk_tokens: int | None
         chunked_req_limit: int | None
         exact_chunk_fill: bool
 
-        _vt_cut = None  # the request `add_one_req` admits for a prefill-eviction chunk
+        _vt_cut: Req | None = None  # the request `add_one_req` admits for a prefill-eviction chunk
 
-        def _get_running_request_total_token_offset(self, req):
+        def _get_running_request_total_token_offset(self, req: Req) -> int:
             stock = super()._get_running_request_total_token_offset(req)
             st = state_of(req)
             if st is None:
@@ -116,11 +125,13 @@ def adder_class(base: type) -> type:
             own = req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
             return min(stock, max(0, st.cfg.decode_peak - own))
 
-        def _peers(self, req):
+        def _peers(self, req: Req) -> list[Req]:
             running = self.running_batch.reqs if self.running_batch is not None else []
             return [req, *running, *self.can_run_list]
 
-        def _check_prefill_budget(self, req, *, total_tokens, **kwargs):
+        def _check_prefill_budget(
+            self, req: Req, *, total_tokens: int, **kwargs: Any
+        ) -> tuple[bool, int | None]:
             if self._vt_cut is req:
                 # Eviction during prefill: SGLang asks room for the whole rest of the prompt, more
                 # than the pool offers even idle when the prompt is near its size. Ask at most what
@@ -130,7 +141,7 @@ def adder_class(base: type) -> type:
                 total_tokens = min(total_tokens, idle - 1)
             return super()._check_prefill_budget(req, total_tokens=total_tokens, **kwargs)
 
-        def _idle(self, has_chunked_req) -> bool:
+        def _idle(self, has_chunked_req: bool) -> bool:
             """Nothing runs or was admitted, and every slot of the pool is free or evictable: what
             SGLang refuses now it refuses at every pass (nothing can free memory for it)."""
             if self.can_run_list or has_chunked_req or self.new_chunked_req is not None:
@@ -140,7 +151,7 @@ def adder_class(base: type) -> type:
             pool = self.token_to_kv_pool_allocator
             return pool.available_size() + self.tree_cache.evictable_size() >= pool.size
 
-        def _take_back(self, req) -> None:
+        def _take_back(self, req: Req) -> None:
             """Undo SGLang's admission of `req` this round: out of the batch, its prefix unlocked
             (what it was charged stays charged: this round admits less)."""
             self.can_run_list.remove(req)
@@ -149,7 +160,9 @@ def adder_class(base: type) -> type:
             self.tree_cache.unlock(req.lock)
             req.lock = None
 
-        def _defer(self, req, st, what: str, page: str, has_chunked_req) -> None:
+        def _defer(
+            self, req: Req, st: ReqEvictState, what: str, page: str, has_chunked_req: bool
+        ) -> None:
             """`req` waits a round: no free page for `what` (`page`: a kind of `shortage.KINDS`;
             counted, `core/shortage.py`); on an idle pool it never gets one, and ends with HTTP
             503."""
@@ -167,7 +180,9 @@ def adder_class(base: type) -> type:
                     HTTPStatus.SERVICE_UNAVAILABLE,
                 )
 
-        def add_one_req(self, req, has_chunked_req, *args, **kwargs):
+        def add_one_req(
+            self, req: Req, has_chunked_req: bool, *args: Any, **kwargs: Any
+        ) -> AddReqResult:
             from sglang.srt.managers.schedule_policy import AddReqResult
 
             st = state_of(req)
@@ -199,7 +214,7 @@ def adder_class(base: type) -> type:
                 # whole number of pages past the prefix, which after a stored view's partial
                 # page misses the boundary (or does not cut at all).
                 self.exact_chunk_fill = True
-            if forcing and evicts_in_prefill(st, req):
+            if forcing and st is not None and evicts_in_prefill(st, req):  # forcing: st is set
                 self._vt_cut = req
             try:
                 with _clipped(self._peers(req)):
@@ -217,6 +232,7 @@ def adder_class(base: type) -> type:
                 and not history_pages.own_tail(self.tree_cache, req, st)
             )
             if deferred:
+                assert st is not None, "only an evicting request is deferred"
                 self._take_back(req)
                 self._defer(
                     req, st, "the copy of a stored view's last page", "tail", has_chunked_req
@@ -241,7 +257,7 @@ def adder_class(base: type) -> type:
                 st.retract.restore_outputs(req)  # not admitted this round: its real outputs back
             return result
 
-        def add_chunked_req(self, req, *args, **kwargs):
+        def add_chunked_req(self, req: Req, *args: Any, **kwargs: Any) -> Req | None:
             limit, saved = chunk_limit(req), self.chunked_req_limit
             if limit is not None:  # eviction during prefill: the chunk ends at the peak
                 self.chunked_req_limit = limit if saved is None else min(saved, limit)
@@ -256,12 +272,16 @@ def adder_class(base: type) -> type:
     return VTokenPrefillAdder
 
 
-def around_get_prefill_adder_class(original, scheduler):
+def around_get_prefill_adder_class(
+    original: Callable[[Scheduler], type], scheduler: Scheduler
+) -> type:
     """AROUND `Scheduler.get_prefill_adder_class`."""
     return adder_class(original(scheduler))
 
 
-def around_init_req_max_new_tokens(original, scheduler, req):
+def around_init_req_max_new_tokens(
+    original: Callable[[Scheduler, Req], None], scheduler: Scheduler, req: Req
+) -> None:
     """AROUND `Scheduler.init_req_max_new_tokens`: keep the context-length clip, drop the memory
     clip for evicting requests (their KV stays bounded by the budget)."""
     requested = req.sampling_params.max_new_tokens
@@ -282,7 +302,9 @@ def around_init_req_max_new_tokens(original, scheduler, req):
     req.sampling_params.max_new_tokens = value
 
 
-def around_compute_max_prefix_len(original, req, input_len: int) -> int:
+def around_compute_max_prefix_len(
+    original: Callable[[Req, int], int], req: Req, input_len: int
+) -> int:
     """AROUND `Req._compute_max_prefix_len`: an evicting request reuses at most
     `budget - window` tokens of a shared prefix (tree-owned tokens are pinned and count against
     its budget; the sinks lie inside the prefix, the window after it)."""
@@ -297,7 +319,12 @@ def around_compute_max_prefix_len(original, req, input_len: int) -> int:
 _INPUT_MARGIN = 6
 
 
-def around_validate_input_length(original, req, max_req_input_len: int, allow_auto_truncate):
+def around_validate_input_length(
+    original: Callable[[Req, int, bool], str | None],
+    req: Req,
+    max_req_input_len: int,
+    allow_auto_truncate: bool,
+) -> str | None:
     """AROUND `validate_input_length` (as the scheduler calls it): a request evicted during
     prefill holds at most `cfg.prefill_hold` tokens however long its prompt, so its prompt is
     limited by the model's context length, not by the pool (SGLang's `pool - 6`). A request the

@@ -11,8 +11,9 @@ gauges (`sample_held`, `sample_batch`: live tokens, retained pages, peaks), whic
 from __future__ import annotations
 
 import functools
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -27,11 +28,19 @@ from ..core.process import process
 from ..core.state import ReqEvictState, state_of
 from ..core.tp import tp_gather
 
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    from sgl_vtoken.units import Tokenizer
+
+    from ..cache.radix import HoledRadixCache
+    from ..core.sglang_types import Allocator, Req, ScheduleBatch, Scheduler, TpGroup
+
 
 class DueRow(NamedTuple):
     """A request whose row reached its trigger: SGLang's `req`, its state, its live row entries."""
 
-    req: Any  # SGLang's Req
+    req: Req
     st: ReqEvictState
     length: int
 
@@ -63,17 +72,17 @@ class StepContext:
         tokenizer: the scheduler's tokenizer (None with ``--skip-tokenizer-init``): `words`.
     """
 
-    tree: Any
-    allocator: Any
+    tree: HoledRadixCache | RadixCache
+    allocator: Allocator
     view: KVPoolView
     page_size: int
     counters: VTokenCounters
-    stream: Any | None
-    tp_group: Any | None
+    stream: AbstractContextManager[object] | None
+    tp_group: TpGroup | None
     tier: host_tier.HostTier | None
     total_tokens: int
     overlap: bool = False
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
 
     @functools.cached_property
     def words(self) -> Words:
@@ -86,7 +95,7 @@ class StepContext:
             )
         return Words.from_tokenizer(self.tokenizer)
 
-    def sample_batch(self, batch) -> None:
+    def sample_batch(self, batch: ScheduleBatch) -> None:
         """Live tokens, retained pages and fragmentation over the running evicting requests of
         `batch` (SGLang's `ScheduleBatch`), after this step's eviction."""
         c, ps = self.counters, self.page_size
@@ -120,7 +129,7 @@ class StepContext:
         self.counters.peak_pool_held_tokens = max(self.counters.peak_pool_held_tokens, int(held))
 
 
-def context_of(scheduler) -> StepContext:
+def context_of(scheduler: Scheduler) -> StepContext:
     """The step context of `scheduler` (an SGLang `Scheduler`), made at the first call and kept
     on the process object (`core/process.py`)."""
     proc = process()

@@ -9,8 +9,10 @@ coordinates", "Splice rules"); `prefill.py` evicts a prefill chunk through `evic
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,9 +32,17 @@ from . import pressure
 from .context import DueRow, RowOutcome, StepContext
 from .retraction import MovedRow
 
+if TYPE_CHECKING:
+    from ..core.sglang_types import Req, ScheduleBatch
+    from ..core.state import ReqEvictState
+
 
 def evict_batch(
-    ctx: StepContext, batch, skip: set, waiting: Sequence = (), places: int = 1 << 30
+    ctx: StepContext,
+    batch: ScheduleBatch,
+    skip: set[Req],
+    waiting: Sequence[Req] = (),
+    places: int = 1 << 30,
 ) -> None:
     """Evict every request of `batch` (SGLang's `ScheduleBatch`) whose row reached its trigger, in
     one pass, skipping the requests in `skip` (finishing in flight): rows under the budget
@@ -83,7 +93,7 @@ def _reached(row: DueRow) -> bool:
     return row.st.cfg.should_evict(row.length)
 
 
-def _shift_lens(batch, delta: torch.Tensor) -> None:
+def _shift_lens(batch: ScheduleBatch, delta: torch.Tensor) -> None:
     """Every row of `batch` is `delta[i]` entries shorter. New tensors: the in-flight forward
     (overlap scheduler) keeps reading the old ones."""
     batch.seq_lens_cpu = batch.seq_lens_cpu - delta
@@ -166,7 +176,7 @@ def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
     return evicted
 
 
-def _offload(ctx: StepContext, d: Decision, offloading: list) -> None:
+def _offload(ctx: StepContext, d: Decision, offloading: list[tuple[int, ReqEvictState]]) -> None:
     """The victims of the rows `offloading` (``(b, state)``) go to the host tier before their
     slots are freed or overwritten: their row entries are known on the host (`d.keep`), so one
     index copy to the device gathers their slots, and the copies run on the stream that then
@@ -186,7 +196,14 @@ def _offload(ctx: StepContext, d: Decision, offloading: list) -> None:
         )
 
 
-def _detach_own(ctx: StepContext, d: Decision, b: int, req, st, detached: list):
+def _detach_own(
+    ctx: StepContext,
+    d: Decision,
+    b: int,
+    req: Req,
+    st: ReqEvictState,
+    detached: list[torch.Tensor],
+) -> torch.Tensor | None:
     """No free page for row `b`'s copies of its own prompt: when only it holds that part of the
     tree (`radix.HoledRadixCache.detach_own`) and every copy comes from it, the part leaves the
     tree and the copies are packed onto its own slots (`step.pack_onto_own`; docs/design.md,
@@ -205,7 +222,7 @@ def _detach_own(ctx: StepContext, d: Decision, b: int, req, st, detached: list):
     return slots
 
 
-def _save_victims(ctx: StepContext, d: Decision, saving: list) -> None:
+def _save_victims(ctx: StepContext, d: Decision, saving: list[tuple[int, ReqEvictState]]) -> None:
     """The rows `saving` (``(b, state)``) keep their victims' K/V (every layer, on the device)
     before the repack writes over them, on the stream the repack then runs on: a retraction in
     this step resumes from the row before it (`retraction.MovedRow`)."""
@@ -260,7 +277,7 @@ def _evict_row(ctx: StepContext, due: DueRow) -> EvictRow:
     )
 
 
-def _units(ctx: StepContext, ids, positions: torch.Tensor, span: int) -> torch.Tensor:
+def _units(ctx: StepContext, ids: array, positions: torch.Tensor, span: int) -> torch.Tensor:
     """``[L] int64`` the unit of each row entry (`sgl_vtoken.units`), from the request's logical
     token ids `ids` (``array("q")``, prompt then output: a position indexes them)."""
     end = int(positions[-1]) + 1

@@ -10,13 +10,18 @@ KV. Design: docs/design.md, "Naive-Evict inside the server".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import torch
 
 from sgl_vtoken.pages import num_pages
 
 from ..core.state import ReqEvictState, state_of
+
+if TYPE_CHECKING:
+    from ..core.sglang_types import Allocator, KvInfo, Req
 
 
 @dataclass
@@ -83,7 +88,7 @@ def hold_naive_pages(
     return pool[extra:]
 
 
-def release_held(req, allocator) -> int:
+def release_held(req: Req, allocator: Allocator) -> int:
     """Free every page `req` holds back (request release or retraction); returns the count."""
     st = state_of(req)
     if st is None or not len(st.naive.held):
@@ -96,7 +101,7 @@ def release_held(req, allocator) -> int:
 _KV_CLASSES: dict[type, type] = {}
 
 
-def count_held(req, st: ReqEvictState) -> None:
+def count_held(req: Req, st: ReqEvictState) -> None:
     """From now on SGLang counts the pages `st` holds back as `req`'s own: `req.kv` (fresh, at
     request creation) becomes the same record with a `held_for` slot."""
     base = type(req.kv)
@@ -112,7 +117,9 @@ def count_held(req, st: ReqEvictState) -> None:
     req.kv = _KV_CLASSES[base](**values, held_for=st)
 
 
-def around_kv_private_tokens(original, kv, page_size: int) -> int:
+def around_kv_private_tokens(
+    original: Callable[[KvInfo, int], int], kv: KvInfo, page_size: int
+) -> int:
     """AROUND `pool_stats_observer.kv_private_tokens`: held pages are the request's own."""
     st = getattr(kv, "held_for", None)
     return original(kv, page_size) + (len(st.naive.held) * page_size if st is not None else 0)

@@ -10,13 +10,19 @@ docs/design.md, "Eviction during prefill" and "Recall inside prefill eviction".
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..cache import host_recall, pool
 from ..core.process import process
 from ..core.state import state_of
-from .context import DueRow, context_of
+from .context import DueRow, StepContext, context_of
 from .eviction import evict_rows
+
+if TYPE_CHECKING:
+    from ..core.sglang_types import Req, Scheduler
+    from ..core.state import ReqEvictState
 
 
 @dataclass
@@ -30,18 +36,18 @@ class Prompt:
     whole: bool = False  # pressure trigger: the prompt fits the pool, so it is prefilled whole
     split_: bool = False  # pressure trigger: refused whole on an idle pool: evicted in prefill
 
-    def logical_ids(self, req) -> array:
+    def logical_ids(self, req: Req) -> array:
         """The request's logical token ids (prompt + output), whatever its row holds."""
         prompt = req.origin_input_ids if self.logical is None else self.logical
         return array("q", prompt) + array("q", req.output_ids)
 
-    def adopt(self, req, prompt: array) -> None:
+    def adopt(self, req: Req, prompt: array) -> None:
         """`req` continues from a stored view: its prompt becomes the row coordinates `prompt`, its
         logical prompt is kept for `restore`. Its fill ids are the caller's to set."""
         self.logical = req.origin_input_ids
         req.origin_input_ids = prompt
 
-    def row_ids(self, req, ids: array) -> None:
+    def row_ids(self, req: Req, ids: array) -> None:
         """`req`'s ids become the row coordinates `ids` (fill ids refreshed); its logical prompt
         is kept for `restore` the first time."""
         if self.logical is None:
@@ -49,7 +55,7 @@ class Prompt:
         req.origin_input_ids = ids
         req.refresh_fill_ids()
 
-    def restore(self, req) -> bool:
+    def restore(self, req: Req) -> bool:
         """`req` gets its logical prompt back (fill ids refreshed). Returns whether it held row
         coordinates (`ReqEvictState.restore_prompt`)."""
         if self.logical is None:
@@ -68,7 +74,7 @@ class Prompt:
         reserves more than `decide_whole` counts), so it is evicted during prefill instead."""
         self.whole, self.split_ = False, True
 
-    def decide_whole(self, st, req, pool_tokens: int) -> None:
+    def decide_whole(self, st: ReqEvictState, req: Req, pool_tokens: int) -> None:
         """Pressure trigger, at the prompt's admission: it is prefilled whole, without eviction,
         when its row fits the `pool_tokens`-token pool: the cached prefix in whole pages (and
         the copy of its partial last page), the rest of the prompt in whole pages, its growth to
@@ -83,7 +89,7 @@ class Prompt:
         self.whole = row + max(0, st.cfg.decode_peak - extend) + ps <= pool_tokens
 
 
-def evicts_in_prefill(st, req) -> bool:
+def evicts_in_prefill(st: ReqEvictState, req: Req) -> bool:
     """Whether `req`'s prefill is evicted in chunks (`prefill_chunk`): a prompt's, not the
     re-prefill of a retracted request's outputs, nor the rest of a last chunk that recalled (it
     is prefilled whole, its scoring window at the prompt's end)."""
@@ -95,7 +101,7 @@ def evicts_in_prefill(st, req) -> bool:
     )
 
 
-def chunk_limit(req) -> int | None:
+def chunk_limit(req: Req) -> int | None:
     """The most prompt tokens `req`'s next prefill chunk may take (its row stops at the prefill
     peak, or where a recalling turn's first chunk ends), or None when nothing cuts its prefill."""
     st = state_of(req)
@@ -108,6 +114,7 @@ def chunk_limit(req) -> int | None:
         return plan.end - req.prefix_len
     if not evicts_in_prefill(st, req):
         return None
+    assert st.cfg.prefill_peak is not None, "a prefill evicted in chunks has a peak"
     limit = st.cfg.prefill_peak - req.prefix_len
     if limit <= 0 and st.cfg.on_pressure:
         # A pressure request's cached prefix may pass the peak (whole histories are matched
@@ -121,7 +128,9 @@ def chunk_limit(req) -> int | None:
     return limit
 
 
-def around_stash_chunked_request(original, scheduler, req):
+def around_stash_chunked_request(
+    original: Callable[[Scheduler, Req], None], scheduler: Scheduler, req: Req
+) -> None:
     """AROUND `Scheduler.stash_chunked_request`: after SGLang published a prefill chunk, recall
     into the row if the chunk ends a recalling turn's first chunk (`host_recall.recall_prompt`),
     or evict the row to the budget if it reached the prefill peak."""
@@ -136,6 +145,7 @@ def around_stash_chunked_request(original, scheduler, req):
         return
     if not evicts_in_prefill(st, req):
         return
+    assert st.cfg.prefill_peak is not None, "a prefill evicted in chunks has a peak"
     row_len = req.kv.kv_committed_len
     if row_len < st.cfg.prefill_peak or req.prefix_len != row_len:
         return
@@ -159,7 +169,7 @@ def around_stash_chunked_request(original, scheduler, req):
     req.prefix_len = req.already_computed = row_len - evicted
 
 
-def _end_short(scheduler, ctx, req) -> None:
+def _end_short(scheduler: Scheduler, ctx: StepContext, req: Req) -> None:
     """No free page for the copies of the cached prompt tokens the row keeps: its prefill cannot
     go on past the peak. The request ends with HTTP 503 through SGLang's own abort of a chunked
     request (its KV released, its client answered); the server serves everyone else."""
@@ -178,13 +188,13 @@ def _end_short(scheduler, ctx, req) -> None:
     scheduler.process_pending_chunked_abort()
 
 
-def unsupported_reason(scheduler) -> str:
+def unsupported_reason(scheduler: Scheduler) -> str:
     """Why this scheduler cannot evict during prefill ("" when it can), with the settings SGLang
     resolved (`prefill_chunk_problem`)."""
     return prefill_chunk_problem(scheduler.chunked_prefill_size or 0, not scheduler.enable_overlap)
 
 
-def prefill_chunk_problem(chunked_prefill_size, overlap_disabled: bool) -> str:
+def prefill_chunk_problem(chunked_prefill_size: int | None, overlap_disabled: bool) -> str:
     """Why eviction during prefill cannot run with these SGLang settings ("" when it can): its
     chunks are SGLang's chunked prefill, and the eviction between two chunks needs the first
     chunk's forward to have run (no overlap scheduler)."""

@@ -25,9 +25,13 @@ docs/design.md, "Eviction under memory pressure".
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..core.state import ReqEvictState, state_of
 from .context import DueRow, StepContext
+
+if TYPE_CHECKING:
+    from ..core.sglang_types import Req, ScheduleBatch
 
 TRIGGER = "pressure"
 
@@ -39,7 +43,7 @@ def reserve(st: ReqEvictState, own: int) -> int:
     return max(0, st.cfg.decode_peak - own)
 
 
-def own_tokens(req, st: ReqEvictState) -> int:
+def own_tokens(req: Req, st: ReqEvictState) -> int:
     """The running request's KV tokens not owned by the radix tree (under the holed cache the
     tree-owned ones leave the row as it evicts; the whole row otherwise)."""
     return req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
@@ -61,7 +65,7 @@ def choose(surplus: Sequence[int], shortfall: int) -> list[int]:
     return sorted(chosen)
 
 
-def demand(req, page_size: int) -> int:
+def demand(req: Req, page_size: int) -> int:
     """KV tokens waiting request `req` asks at admission: its uncached prompt (as last matched;
     the whole prompt before any match) and its reservation, plus a page."""
     ids = getattr(req, "full_untruncated_fill_ids", None) or req.origin_input_ids
@@ -85,9 +89,9 @@ def admissible(demands: Sequence[int], room: int) -> int:
 
 def due_rows(
     ctx: StepContext,
-    batch,
+    batch: ScheduleBatch,
     rows: Sequence[tuple[int, DueRow]],
-    waiting: Sequence = (),
+    waiting: Sequence[Req] = (),
     places: int = 1 << 30,
 ) -> list[tuple[int, DueRow]]:
     """The rows of `rows` (``(batch index, row)``: the pressure-triggered requests of `batch`

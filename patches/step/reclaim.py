@@ -8,7 +8,9 @@ Table: docs/design.md, "Reclaim strategies".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +20,9 @@ from sgl_vtoken.step import Decision, EvictRow
 from ..core.state import ReqEvictState
 from . import held
 from .context import DueRow, RowOutcome, StepContext
+
+if TYPE_CHECKING:
+    from ..core.sglang_types import Req
 
 
 class Reclaim:
@@ -52,7 +57,7 @@ class Reclaim:
         return RowOutcome(evicted, freed)
 
     def release_tree(
-        self, ctx: StepContext, req, st: ReqEvictState, dropped: torch.Tensor, depth: int
+        self, ctx: StepContext, req: Req, st: ReqEvictState, dropped: torch.Tensor, depth: int
     ) -> None:
         """Before the repack, for a holed row whose view changed below its protected length:
         `dropped` the logical positions (host) of the tree-owned entries it no longer uses,
@@ -68,14 +73,16 @@ class Reclaim:
     ) -> None:
         """The row (`slots` at logical `positions`) is about to change in the request's state."""
 
-    def release_history(self, ctx: StepContext, req, st: ReqEvictState, kept_pages) -> None:
+    def release_history(
+        self, ctx: StepContext, req: Req, st: ReqEvictState, kept_pages: Callable[[], torch.Tensor]
+    ) -> None:
         """After the repack, for a holed row: free what of its stored history nobody reaches any
         more. `kept_pages()`: the host ids of the tree-owned pages the row still references."""
 
     def to_free(
         self,
         ctx: StepContext,
-        req,
+        req: Req,
         st: ReqEvictState,
         kept_pos: torch.Tensor,
         next_pos: int,
@@ -91,7 +98,9 @@ class Reclaim:
 class Slots(Reclaim):
     """Page size 1: the row is compacted and its dead slots freed."""
 
-    def release_tree(self, ctx, req, st, dropped, depth) -> None:
+    def release_tree(
+        self, ctx: StepContext, req: Req, st: ReqEvictState, dropped: torch.Tensor, depth: int
+    ) -> None:
         if st.prefix.hit is None:
             ctx.tree.relock_shallower(req, depth)
             return
@@ -99,7 +108,9 @@ class Slots(Reclaim):
         ctx.counters.pages_freed += freed
         st.row.count_freed(freed)
 
-    def before_record(self, st, slots, positions) -> None:
+    def before_record(
+        self, st: ReqEvictState, slots: torch.Tensor, positions: torch.Tensor
+    ) -> None:
         if st.holed:  # what a retraction in this step resumes from
             st.retract.save_undo(slots, positions, st.row, st.report)
 
@@ -107,15 +118,19 @@ class Slots(Reclaim):
 class Pages(Reclaim):
     """Page size > 1: kept tokens are packed onto the request's own pages and whole pages freed."""
 
-    def release_tree(self, ctx, req, st, dropped, depth) -> None:
+    def release_tree(
+        self, ctx: StepContext, req: Req, st: ReqEvictState, dropped: torch.Tensor, depth: int
+    ) -> None:
         # Whole pages need not be a prefix (sinks, then a later run): lock up to the last one.
         ctx.tree.relock_shallower(req, depth)
 
-    def saves_victims(self, ctx, st) -> bool:
+    def saves_victims(self, ctx: StepContext, st: ReqEvictState) -> bool:
         # Only the overlap scheduler resumes from the row before the step (retraction.py).
         return st.holed and ctx.overlap
 
-    def before_record(self, st, slots, positions) -> None:
+    def before_record(
+        self, st: ReqEvictState, slots: torch.Tensor, positions: torch.Tensor
+    ) -> None:
         if not st.holed:
             return
         if st.retract.undo is not None and st.retract.undo.victims is not None:
@@ -123,7 +138,9 @@ class Pages(Reclaim):
         else:  # the repack moved kept tokens onto evicted ones: the row before is gone
             st.retract.lose_undo()
 
-    def release_history(self, ctx, req, st, kept_pages) -> None:
+    def release_history(
+        self, ctx: StepContext, req: Req, st: ReqEvictState, kept_pages: Callable[[], torch.Tensor]
+    ) -> None:
         if st.prefix.hit is None:
             return
         freed = ctx.tree.release_unused_pages(req, kept_pages())
@@ -135,13 +152,24 @@ class NaivePages(Pages):
     """`--kv-reclaim naive` at page size > 1: the same layout, but the pages a Naive-Evict cache
     could not free are held back by the request (`held.py`)."""
 
-    def saves_victims(self, ctx, st) -> bool:
+    def saves_victims(self, ctx: StepContext, st: ReqEvictState) -> bool:
         return False  # its held pages are not kept: a retracted request is re-prefilled
 
-    def release_tree(self, ctx, req, st, dropped, depth) -> None:
+    def release_tree(
+        self, ctx: StepContext, req: Req, st: ReqEvictState, dropped: torch.Tensor, depth: int
+    ) -> None:
         pass  # Naive-Evict keeps its lock on the shared pages: moved in `to_free`
 
-    def to_free(self, ctx, req, st, kept_pos, next_pos, own, freed) -> torch.Tensor:
+    def to_free(
+        self,
+        ctx: StepContext,
+        req: Req,
+        st: ReqEvictState,
+        kept_pos: torch.Tensor,
+        next_pos: int,
+        own: int,
+        freed: torch.Tensor,
+    ) -> torch.Tensor:
         freed = held.hold_naive_pages(st, kept_pos, next_pos, own, freed)
         if st.holed:
             ctx.tree.relock_shallower(req, st.naive.tree_lock)

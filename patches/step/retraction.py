@@ -13,16 +13,19 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import MatchResult
-from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
+from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from ..cache import history
 from ..cache.pool import alloc
 from ..core.report import Report
-from ..core.state import Row, state_of
+from ..core.state import ReqEvictState, Row, state_of
+
+if TYPE_CHECKING:
+    from ..core.sglang_types import KVPool, RadixTree, Req, ScheduleBatch, TreeNode
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,15 @@ class Retraction:
         self.stash, self.resume_prefill = None, False
         self.undo = StepUndo(stats)
 
-    def resume(self, tree, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
+    def resume(
+        self,
+        tree: RadixTree,
+        req: Req,
+        st: ReqEvictState,
+        logical: array,
+        limit: int,
+        result: MatchResult,
+    ) -> MatchResult:
         """The radix cache matches a request holding a stash (`resume` below): called through
         the part, so the cache never imports the step layer."""
         return resume(tree, req, st, logical, limit, result)
@@ -135,7 +146,7 @@ class Retraction:
         if self.undo is not None:
             self.undo = self.undo._replace(lost=True, victims=None)
 
-    def restore_outputs(self, req) -> None:
+    def restore_outputs(self, req: Req) -> None:
         """A resumed request gets its real outputs back (its prefill is set up, or it was not
         admitted this round); its prompt stays in row coordinates."""
         if self.real_outputs is not None:
@@ -143,7 +154,7 @@ class Retraction:
             req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
 
 
-def before_release_req(*args, req, tree_cache, **kwargs):
+def before_release_req(*args: object, req: Req, tree_cache: RadixTree, **kwargs: object) -> None:
     """BEFORE `schedule_batch.release_req` (retraction only): stash an evicting request's row;
     without a stash it is re-prefilled with full attention, which the report says."""
     st = state_of(req)
@@ -173,7 +184,7 @@ def before_release_req(*args, req, tree_cache, **kwargs):
     return None
 
 
-def undo_step(st) -> RowBefore | None:
+def undo_step(st: ReqEvictState) -> RowBefore | None:
     """A retraction drops this step: the statistics go back to its start and its eviction, if
     any, is undone (`Retraction.start_step`, `save_undo`), once: a request retracted again before
     its next step (just resumed) has nothing left to undo. Returns the row before that eviction,
@@ -189,7 +200,7 @@ def undo_step(st) -> RowBefore | None:
     return undo.before
 
 
-def stash_row(req, st, tree_cache) -> RetractStash | None:
+def stash_row(req: Req, st: ReqEvictState, tree_cache: RadixTree) -> RetractStash | None:
     """Copy the row the request resumes from (K/V of every layer, positions) to host memory, and
     put its policy state back to that moment (docs/design.md, "Retraction"). Returns None when
     that row is gone (`StepUndo.lost`) or holds no whole page of ids: re-prefilled then.
@@ -243,7 +254,9 @@ def stash_row(req, st, tree_cache) -> RetractStash | None:
     )
 
 
-def _moved_kv(pool, moved: MovedRow, row: torch.Tensor, live: int, device):
+def _moved_kv(
+    pool: KVPool, moved: MovedRow, row: torch.Tensor, live: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K/V ``[layers, live, kv_heads, head_dim]`` of the first `live` entries of the row before a
     repack: kept entries from the row as it is now (`row`, its slot table row; they lead it in
     order), victims from `moved`'s copy (in row order, so those among the first `live` lead it)."""
@@ -263,7 +276,7 @@ def _moved_kv(pool, moved: MovedRow, row: torch.Tensor, live: int, device):
     return out[0], out[1]
 
 
-def write_back(tree_cache, stash: RetractStash, req) -> torch.Tensor | None:
+def write_back(tree_cache: RadixTree, stash: RetractStash, req: Req) -> torch.Tensor | None:
     """Fresh slots holding the stash's K/V (whole pages at page size > 1: the last one partly
     filled; ``[ceil(n / page) * page]``, the first n hold the entries), or None when the pool
     cannot hold them now."""
@@ -280,7 +293,14 @@ def write_back(tree_cache, stash: RetractStash, req) -> torch.Tensor | None:
     return slots.to(torch.int64)
 
 
-def resume(tree, req, st, logical: array, limit: int, result: MatchResult) -> MatchResult:
+def resume(
+    tree: RadixTree,
+    req: Req,
+    st: ReqEvictState,
+    logical: array,
+    limit: int,
+    result: MatchResult,
+) -> MatchResult:
     """`HoledRadixCache.match_prefix` of a retracted request: its stashed row, written back into
     the tree if the tree no longer holds it; with no room for it yet, the plain `result`, and the
     request is `blocked` (not admitted this round)."""
@@ -312,7 +332,7 @@ def resume(tree, req, st, logical: array, limit: int, result: MatchResult) -> Ma
     )
 
 
-def _insert_stash(tree, stash: RetractStash, req) -> TreeNode | None:
+def _insert_stash(tree: RadixTree, stash: RetractStash, req: Req) -> TreeNode | None:
     """A holed leaf under the root holding the stash's row in fresh slots, or None. Page size 1:
     a slot per position; page size > 1: the node owns the fresh pages and its key is the whole
     pages of the stash's ids, the rest its view's tail (`history_pages.py`)."""
@@ -335,7 +355,9 @@ def _insert_stash(tree, stash: RetractStash, req) -> TreeNode | None:
     return node
 
 
-def adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int) -> None:
+def adopt_retracted(
+    req: Req, st: ReqEvictState, logical: array, positions: torch.Tensor, depth: int
+) -> None:
     """Resume a retracted request from its view. SGLang prefills `origin + output` past the
     prefix, but the view may hold fewer entries than the request has outputs (outputs evicted
     too). Until its prefill is prepared the request is therefore split at the view instead:
@@ -351,7 +373,7 @@ def adopt_retracted(req, st, logical: array, positions: torch.Tensor, depth: int
     st.row.start_at(positions, depth)
 
 
-def after_prepare_for_extend(result, batch):
+def after_prepare_for_extend(result: None, batch: ScheduleBatch) -> None:
     """AFTER `ScheduleBatch.prepare_for_extend`: SGLang set up the prefills; a resumed request
     gets its real outputs back, and its prefill is a resume's (its row ends there;
     `scores.prepare`)."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
@@ -26,10 +28,23 @@ from sgl_vtoken.recall import candidate_mass
 from sgl_vtoken.stats import RowStats
 
 from ..cache import host_recall
-from ..core.process import ScoringPart, process
+from ..core.process import process
 from ..core.state import state_of
 from ..core.tp import tp_gather
 from .prefill import evicts_in_prefill
+
+if TYPE_CHECKING:
+    from ..core.process import ScoringPart
+    from ..core.sglang_types import (
+        AttentionLayer,
+        ForwardBatch,
+        KVPool,
+        ModelRunner,
+        Req,
+        ScheduleBatch,
+        TpGroup,
+    )
+    from ..core.state import ReqEvictState
 
 
 @dataclass
@@ -42,7 +57,7 @@ class Stats:
     accumulator: RowStats | None = None
     staged: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
-    def fold(self, tp_group=None) -> None:
+    def fold(self, tp_group: TpGroup | None = None) -> None:
         """Fold the staged probabilities into the accumulator, oldest block first (an eviction's
         start). With tensor parallelism every rank folds every rank's KV heads."""
         if self.accumulator is None:
@@ -84,7 +99,7 @@ class Stats:
             self.accumulator = policy.new_accumulator()
 
 
-def scored_requests(batch) -> list:
+def scored_requests(batch: ScheduleBatch) -> list[tuple[int, Req, ReqEvictState]]:
     """(batch index, request, state) of the requests of `batch` whose policy reads attention or
     whose turn scores recall candidates (`host_tier.py`)."""
     return [
@@ -115,7 +130,11 @@ class Scored:
     window: PrefillScoring | None = None
 
 
-def prepare(forward_batch, scored: list, model_runner) -> None:
+def prepare(
+    forward_batch: ForwardBatch,
+    scored: list[tuple[int, Req, ReqEvictState]],
+    model_runner: ModelRunner,
+) -> None:
     """Allocate each scored request's staging block for this forward (row lengths known now).
 
     Decode: one buffer for the batch, each request's block a view of it. Prefill: the observation
@@ -190,7 +209,16 @@ def clear() -> None:
     process().scoring = None
 
 
-def around_radix_attention_forward(original, layer, q, k, v, forward_batch, *args, **kwargs):
+def around_radix_attention_forward(
+    original: Callable[..., torch.Tensor],
+    layer: AttentionLayer,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    forward_batch: ForwardBatch,
+    *args: object,
+    **kwargs: object,
+) -> torch.Tensor:
     """AROUND `RadixAttention.forward`: run attention, then stage the probabilities."""
     out = original(layer, q, k, v, forward_batch, *args, **kwargs)
     scored = process().scoring
@@ -218,7 +246,13 @@ def wants_lse(layer_id: int) -> bool:
 
 
 @torch.no_grad()
-def collect(layer, q: torch.Tensor, forward_batch, scored: ScoringPart, pool) -> None:
+def collect(
+    layer: AttentionLayer,
+    q: torch.Tensor,
+    forward_batch: ForwardBatch,
+    scored: ScoringPart,
+    pool: KVPool,
+) -> None:
     """Stage this layer's probabilities for every scored request."""
     q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
     k_buffer = pool.get_key_buffer(layer.layer_id)
