@@ -10,7 +10,13 @@ is imported only inside functions, so importing this module is cheap; the backen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .paged_kv import BACKEND_NAME
+
+if TYPE_CHECKING:
+    from .core.sglang_types import ModelRunner
+    from .flashinfer_backend import VTokenFlashInferAttnBackend
 
 
 def register_attention_backend() -> None:
@@ -26,7 +32,7 @@ def register_attention_backend() -> None:
     attention_registry.register_attention_backend(BACKEND_NAME)(create_vtoken_flashinfer_backend)
 
 
-def create_vtoken_flashinfer_backend(runner):
+def create_vtoken_flashinfer_backend(runner: ModelRunner) -> VTokenFlashInferAttnBackend:
     """Registry factory: SGLang calls it with the ModelRunner."""
     if runner.use_mla_backend:
         raise ValueError(

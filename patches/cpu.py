@@ -8,10 +8,19 @@ it makes RoPE use `forward_native`. Applied only when the scheduler is built wit
 GPU processes are never touched.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import sglang.srt.layers.rotary_embedding.base as rope_base
 
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
 
-def before_scheduler_init(self, server_args, *args, **kwargs):
+
+def before_scheduler_init(
+    self: object, server_args: ServerArgs, *args: object, **kwargs: object
+) -> None:
     """BEFORE `Scheduler.__init__`: the model (and its RoPE) is built inside it."""
     if getattr(server_args, "device", None) == "cpu":
         rope_base._is_cpu = True

@@ -8,6 +8,8 @@ is imported in every SGLang process and on machines without SGLang (`scripts/gpu
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from flashinfer.decode import fast_decode_plan
 from sglang.srt.layers.attention import flashinfer_backend as fb
@@ -18,12 +20,28 @@ from sgl_vtoken.kernels import page_indices
 from .paged_kv import BACKEND_NAME, lse_to, page_indptr_host, read_kv_as_pages
 from .step import scores
 
+if TYPE_CHECKING:
+    from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
+    from flashinfer.prefill import (
+        BatchPrefillWithPagedKVCacheWrapper,
+        BatchPrefillWithRaggedKVCacheWrapper,
+    )
+
+    from .core.sglang_types import AttentionLayer, ForwardBatch, ModelRunner
+
 
 def _unsupported(what: str) -> NotImplementedError:
     return NotImplementedError(f"--attention-backend {BACKEND_NAME} does not support {what}")
 
 
-def _fill_paged_indices(updater, req_pool_indices, lens, lens_sum, kv_indptr, kv_indices_out):
+def _fill_paged_indices(
+    updater: PagedDecodeUpdater | PagedPrefillUpdater,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    lens_sum: int,
+    kv_indptr: torch.Tensor,
+    kv_indices_out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Page-level CSR into SGLang's persistent buffers; returns ``(kv_indptr, kv_indices,
     last_page_len)``."""
     backend = updater.attn_backend
@@ -47,20 +65,20 @@ class PagedDecodeUpdater(fb.FlashInferIndicesUpdaterDecode):
 
     def call_begin_forward(
         self,
-        wrapper,
-        paged_kernel_lens,
-        paged_kernel_lens_sum,
-        kv_indptr,
-        kv_start_idx,
-        spec_info,
-        seq_lens_cpu,
-        use_sliding_window_kv_pool=False,
-        fixed_split_size=None,
-        disable_split_kv=None,
+        wrapper: BatchDecodeWithPagedKVCacheWrapper,
+        paged_kernel_lens: torch.Tensor,
+        paged_kernel_lens_sum: int,
+        kv_indptr: torch.Tensor,
+        kv_start_idx: torch.Tensor | None,
+        spec_info: object,
+        seq_lens_cpu: torch.Tensor | None,
+        use_sliding_window_kv_pool: bool = False,
+        fixed_split_size: int | None = None,
+        disable_split_kv: bool | None = None,
         *,
-        plan,
-        req_pool_indices,
-    ):
+        plan: object,
+        req_pool_indices: torch.Tensor,
+    ) -> None:
         if spec_info is not None:
             raise _unsupported("speculative decoding")
         if kv_start_idx is not None or use_sliding_window_kv_pool:
@@ -99,28 +117,28 @@ class PagedPrefillUpdater(fb.FlashInferIndicesUpdaterPrefill):
 
     def call_begin_forward(
         self,
-        wrapper_ragged,
-        wrapper_paged,
-        req_pool_indices,
-        paged_kernel_lens,
-        paged_kernel_lens_sum,
-        seq_lens,
-        prefix_lens,
-        kv_start_idx,
-        kv_indptr,
-        qo_indptr,
-        use_ragged,
-        spec_info,
-        use_sliding_window_kv_pool=False,
-        fixed_split_size=None,
-        multi_item_params=None,
-        cross_attention_custom_mask=None,
-        seq_lens_cpu=None,
-        custom_kv_indices=None,
-        window_left=-1,
+        wrapper_ragged: BatchPrefillWithRaggedKVCacheWrapper,
+        wrapper_paged: BatchPrefillWithPagedKVCacheWrapper,
+        req_pool_indices: torch.Tensor,
+        paged_kernel_lens: torch.Tensor,
+        paged_kernel_lens_sum: int,
+        seq_lens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        kv_start_idx: torch.Tensor | None,
+        kv_indptr: torch.Tensor,
+        qo_indptr: torch.Tensor,
+        use_ragged: bool,
+        spec_info: object,
+        use_sliding_window_kv_pool: bool = False,
+        fixed_split_size: int | None = None,
+        multi_item_params: fb.MultiItemScoringParams | None = None,
+        cross_attention_custom_mask: torch.Tensor | None = None,
+        seq_lens_cpu: torch.Tensor | None = None,
+        custom_kv_indices: torch.Tensor | None = None,
+        window_left: int = -1,
         *,
-        plan,
-    ):
+        plan: object,
+    ) -> None:
         if spec_info is not None:
             raise _unsupported("speculative decoding or verify")
         if kv_start_idx is not None or use_sliding_window_kv_pool or window_left >= 0:
@@ -163,7 +181,7 @@ class PagedPrefillUpdater(fb.FlashInferIndicesUpdaterPrefill):
 class VTokenFlashInferAttnBackend(fb.FlashInferAttnBackend):
     """FlashInfer planned at SGLang's page size over page-dense rows."""
 
-    def __init__(self, model_runner, **kwargs):
+    def __init__(self, model_runner: ModelRunner, **kwargs: Any) -> None:
         super().__init__(model_runner, **kwargs)
         for bad, what in (
             (self.dispatch_reason is not None, "sliding-window or cross attention"),
@@ -184,7 +202,15 @@ class VTokenFlashInferAttnBackend(fb.FlashInferAttnBackend):
         for w in self.decode_wrappers + self.prefill_wrappers_paged:
             read_kv_as_pages(w, self.page_size)
 
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: AttentionLayer,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
         """When this layer's decode is scored (H2O, TOVA, Scissorhands), FlashInfer also returns its
         LSE, which the score launch reads instead of recomputing it (one read of K, not two)."""
         if not scores.wants_lse(layer.layer_id):
@@ -193,19 +219,25 @@ class VTokenFlashInferAttnBackend(fb.FlashInferAttnBackend):
         with lse_to(wrapper, lambda lse: scores.offer_lse(layer.layer_id, lse, "log2")):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
 
-    def _create_decode_wrappers(self, *args, **kwargs):
+    def _create_decode_wrappers(
+        self, *args: Any, **kwargs: Any
+    ) -> list[BatchDecodeWithPagedKVCacheWrapper]:
         return [
             read_kv_as_pages(w, self.page_size)
             for w in super()._create_decode_wrappers(*args, **kwargs)
         ]
 
-    def _create_prefill_wrappers(self, *args, **kwargs):
+    def _create_prefill_wrappers(
+        self, *args: Any, **kwargs: Any
+    ) -> list[BatchPrefillWithPagedKVCacheWrapper]:
         return [
             read_kv_as_pages(w, self.page_size)
             for w in super()._create_prefill_wrappers(*args, **kwargs)
         ]
 
-    def _create_full_cg_prefill_wrappers(self, *args, **kwargs):
+    def _create_full_cg_prefill_wrappers(
+        self, *args: Any, **kwargs: Any
+    ) -> list[BatchPrefillWithPagedKVCacheWrapper]:
         return [
             read_kv_as_pages(w, self.page_size)
             for w in super()._create_full_cg_prefill_wrappers(*args, **kwargs)

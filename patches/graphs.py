@@ -17,16 +17,24 @@ asks an attention policy there runs its decode steps eagerly (counted).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from sgl_vtoken.graph_scores import GraphScoring
 from sgl_vtoken.policies import POLICIES
 
 from .core.process import process
 from .surface.server_args import server_config
 
+if TYPE_CHECKING:
+    from sgl_vtoken.decode_scores import DecodeScoring
+
+    from .core.sglang_types import DecodeGraphRunner, ForwardBatch
+
 ATTR = "vtoken_graph_scoring"
 
 
-def _graph(runner) -> GraphScoring | None:
+def _graph(runner: DecodeGraphRunner) -> GraphScoring | None:
     """The runner's static scoring buffers (made at its first capture), or None."""
     if not hasattr(runner, ATTR):
         cfg = server_config()
@@ -44,13 +52,19 @@ def _graph(runner) -> GraphScoring | None:
     return getattr(runner, ATTR)
 
 
-def _decode():
+def _decode() -> DecodeScoring | None:
     """The eager plan of the decode forward about to run (`scores.prepare`), or None."""
     scored = process().scoring
     return None if scored is None else scored.decode
 
 
-def around_capture_one_shape(original, runner, size, *args, **kwargs):
+def around_capture_one_shape(
+    original: Callable[..., object],
+    runner: DecodeGraphRunner,
+    size: int,
+    *args: object,
+    **kwargs: object,
+) -> object:
     """AROUND `DecodeCudaGraphRunner.capture_one_shape`: capture the scoring with the forward."""
     graph = _graph(runner)
     if graph is None or runner.ragged_verify_mode:
@@ -67,7 +81,11 @@ def around_capture_one_shape(original, runner, size, *args, **kwargs):
         proc.scoring = previous
 
 
-def around_can_run_graph(original, runner, forward_batch):
+def around_can_run_graph(
+    original: Callable[[DecodeGraphRunner, ForwardBatch], bool],
+    runner: DecodeGraphRunner,
+    forward_batch: ForwardBatch,
+) -> bool:
     """AROUND `can_run_graph`: a scored batch the buffers cannot hold runs eagerly."""
     ok = original(runner, forward_batch)
     decode = _decode()
@@ -79,7 +97,7 @@ def around_can_run_graph(original, runner, forward_batch):
     return ok
 
 
-def _replayed(runner):
+def _replayed(runner: DecodeGraphRunner) -> tuple[DecodeScoring, GraphScoring] | None:
     """(plan, buffers) of the scored decode batch the runner replays now, or None."""
     decode = _decode()
     if decode is None:
@@ -89,7 +107,13 @@ def _replayed(runner):
     return decode, graph
 
 
-def around_load_batch(original, runner, forward_batch, *args, **kwargs):
+def around_load_batch(
+    original: Callable[..., object],
+    runner: DecodeGraphRunner,
+    forward_batch: ForwardBatch,
+    *args: object,
+    **kwargs: object,
+) -> object:
     """AROUND `load_batch`: the scored rows' CSR into the static buffers, for the padded batch."""
     out = original(runner, forward_batch, *args, **kwargs)
     if (replayed := _replayed(runner)) is not None:
@@ -100,7 +124,13 @@ def around_load_batch(original, runner, forward_batch, *args, **kwargs):
     return out
 
 
-def around_execute(original, runner, forward_batch, *args, **kwargs):
+def around_execute(
+    original: Callable[..., object],
+    runner: DecodeGraphRunner,
+    forward_batch: ForwardBatch,
+    *args: object,
+    **kwargs: object,
+) -> object:
     """AROUND `execute` (the replay): the scores into the staged blocks."""
     out = original(runner, forward_batch, *args, **kwargs)
     if (replayed := _replayed(runner)) is not None:

@@ -5,14 +5,30 @@ host index arrays shared by the backend's registration (`attention.py`) and its 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 BACKEND_NAME = "vtoken_flashinfer"
 
+# A paged KV cache as FlashInfer's `run` takes it: a (K, V) pair, or one tensor.
+PagedKV = torch.Tensor | Sequence[torch.Tensor]
 
-def as_pages(kv_cache, page_size: int):
+
+class Wrapper(Protocol):
+    """What is patched of a FlashInfer paged wrapper (`BatchDecodeWithPagedKVCacheWrapper`,
+    `BatchPrefillWithPagedKVCacheWrapper`): its `run` methods, replaced on the instance."""
+
+    run: Callable[..., Any]
+    run_return_lse: Callable[..., Any]
+
+
+W = TypeVar("W", bound=Wrapper)
+
+
+def as_pages(kv_cache: PagedKV, page_size: int) -> PagedKV:
     """View a (K, V) pair of [rows, H, D] buffers as FlashInfer NHD pages [rows / P, P, H, D]."""
     if page_size == 1 or not isinstance(kv_cache, (tuple, list)):
         return kv_cache
@@ -27,13 +43,13 @@ def as_pages(kv_cache, page_size: int):
     return tuple(out)
 
 
-def read_kv_as_pages(wrapper, page_size: int):
+def read_kv_as_pages(wrapper: W, page_size: int) -> W:
     """Make a FlashInfer paged wrapper accept SGLang's [rows, H, D] buffers at page size P."""
     if page_size == 1 or getattr(wrapper.run, "page_size", None) == page_size:
         return wrapper  # already reads pages of this size
     run = wrapper.run
 
-    def paged_run(q, paged_kv_cache, *args, **kwargs):
+    def paged_run(q: torch.Tensor, paged_kv_cache: PagedKV, *args: Any, **kwargs: Any) -> Any:
         return run(q, as_pages(paged_kv_cache, page_size), *args, **kwargs)
 
     paged_run.page_size = page_size  # type: ignore[attr-defined]  # marks the wrapped `run`
@@ -43,12 +59,12 @@ def read_kv_as_pages(wrapper, page_size: int):
 
 
 @contextmanager
-def lse_to(wrapper, sink):
+def lse_to(wrapper: Wrapper, sink: Callable[[torch.Tensor], None]) -> Iterator[None]:
     """While in it, FlashInfer's decode `wrapper.run` also returns the log-sum-exp (``[bs, hq]``
     float32, base 2), hands it to `sink(lse)` and returns the attention output as before."""
     own, run = "run" in vars(wrapper), wrapper.run
 
-    def run_keeping_lse(*args, **kwargs):
+    def run_keeping_lse(*args: Any, **kwargs: Any) -> Any:
         out, lse = run(*args, return_lse=True, **kwargs)
         sink(lse)
         return out

@@ -6,6 +6,9 @@ request's own `kv_evict`): other requests behave exactly as in stock SGLang.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 
 from sgl_vtoken.config import EvictConfig, policy_from_config
@@ -24,6 +27,16 @@ from .step.reclaim import reclaim_for
 from .surface import metrics
 from .surface.request_options import request_config
 from .surface.server_args import server_config
+
+if TYPE_CHECKING:
+    from .core.sglang_types import (
+        ForwardBatch,
+        ModelRunner,
+        RadixTree,
+        Req,
+        ScheduleBatch,
+        Scheduler,
+    )
 
 
 def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:
@@ -48,7 +61,7 @@ def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:
     )
 
 
-def after_req_init(result, req, rid, *args, **kwargs):
+def after_req_init(result: None, req: Req, rid: str, *args: object, **kwargs: object) -> None:
     """AFTER `Req.__init__`: attach eviction state (server settings, or the request's own
     `kv_evict`); an evicting request is never inserted into the radix tree as if its compacted
     row were contiguous (splice rule 3, docs/design.md)."""
@@ -61,7 +74,7 @@ def after_req_init(result, req, rid, *args, **kwargs):
             held.count_held(req, req.vtoken)
 
 
-def after_reset_for_retract(result, req):
+def after_reset_for_retract(result: None, req: Req) -> None:
     """AFTER `Req.reset_for_retract`: back to the logical ids; the request resumes from its stash
     (`retraction.py`) or is re-prefilled from its ids with full attention."""
     st = state_of(req)
@@ -70,7 +83,9 @@ def after_reset_for_retract(result, req):
         st.reset()
 
 
-def before_release_kv_cache(req, tree_cache, *args, **kwargs):
+def before_release_kv_cache(
+    req: Req, tree_cache: RadixTree, *args: object, **kwargs: object
+) -> None:
     """BEFORE `mem_cache.common.release_kv_cache`: return pages held back in naive mode; a
     finished request's recalled tokens leave its row before it is stored (`host_recall.py`)."""
     held.release_held(req, tree_cache.token_to_kv_pool_allocator)
@@ -78,14 +93,23 @@ def before_release_kv_cache(req, tree_cache, *args, **kwargs):
         host_recall.drop_recalled(req, tree_cache)
 
 
-def after_release_kv_cache(result, req, tree_cache, *args, **kwargs):
+def after_release_kv_cache(
+    result: object, req: Req, tree_cache: RadixTree, *args: object, **kwargs: object
+) -> object:
     """AFTER `mem_cache.common.release_kv_cache`: a finished request's host chunks that its
     stored view did not take are released (`host_tier.py`)."""
     host_tier.release_finished(req)
     return result
 
 
-def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
+def after_forward_batch_init(
+    result: ForwardBatch,
+    cls: type,
+    batch: ScheduleBatch,
+    model_runner: ModelRunner,
+    *args: object,
+    **kwargs: object,
+) -> ForwardBatch:
     """AFTER `ForwardBatch.init_new`: add each request's position offset (splice rule 1,
     docs/design.md).
 
@@ -117,7 +141,9 @@ def after_forward_batch_init(result, cls, batch, model_runner, *args, **kwargs):
     return result
 
 
-def after_scheduler_init(result, scheduler, *args, **kwargs):
+def after_scheduler_init(
+    result: None, scheduler: Scheduler, *args: object, **kwargs: object
+) -> None:
     """AFTER `Scheduler.__init__`. With a server policy: refuse a pool eviction cannot compact or
     too small for one evicting request, and size the counters. Without one, nothing of the pool
     is read until a request evicts (any pool type, MLA's included, starts as in stock SGLang)."""
@@ -147,7 +173,11 @@ def after_scheduler_init(result, scheduler, *args, **kwargs):
     proc.metrics = metrics.maybe_create(scheduler)
 
 
-def around_update_running_batch(original, scheduler, batch):
+def around_update_running_batch(
+    original: Callable[[Scheduler, ScheduleBatch], ScheduleBatch | None],
+    scheduler: Scheduler,
+    batch: ScheduleBatch,
+) -> ScheduleBatch | None:
     """AROUND `Scheduler.update_running_batch`: evict before `check_decode_mem` and
     `prepare_for_decode`, skipping requests whose last token is already in flight."""
     if batch is not None and not batch.is_empty():

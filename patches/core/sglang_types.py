@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, TreeLock
     from sglang.srt.mem_cache.radix_cache import RadixKey
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.server_args import ServerArgs
 
 
 class KVPool(Protocol):
@@ -218,6 +219,17 @@ class ModelRunner(Protocol):
 
     token_to_kv_pool: KVPool
     req_to_token_pool: ReqToTokenPool
+    use_mla_backend: bool
+    init_new_workspace: bool
+
+
+class DecodeGraphRunner(Protocol):
+    """`model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner`."""
+
+    model_runner: ModelRunner
+    max_bs: int
+    bs: int  # the padded batch size of the replay being loaded
+    ragged_verify_mode: bool
 
 
 class AttentionLayer(Protocol):
@@ -227,6 +239,23 @@ class AttentionLayer(Protocol):
     tp_q_head_num: int
     qk_head_dim: int
     scaling: float
+
+
+class TokenizerManager(Protocol):
+    """`managers.tokenizer_manager.TokenizerManager`."""
+
+    server_args: ServerArgs
+    model_config: ModelConfig
+    context_len: int
+
+
+class StreamAccumulator(Protocol):
+    """`managers.scheduler_components.output_streamer._GenerationStreamAccumulator`: per output
+    in a batch, its request id and token counts."""
+
+    rids: list[str]
+    prompt_tokens: list[int]
+    cached_tokens: list[int]
 
 
 class TpGroup(Protocol):

@@ -10,8 +10,12 @@ tier's figures of `HOST_HELP` when the server has a host store.
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from ..core.counters import VTokenCounters
+
+if TYPE_CHECKING:
+    from ..core.sglang_types import Scheduler
 
 HELP = {
     "evictions": "Evictions performed (one per request per eviction step).",
@@ -73,7 +77,7 @@ HOST_HELP = {
 class PrometheusExport:
     """One `sglang:vtoken_*` gauge per counter, labelled like SGLang's (tp_rank, ...)."""
 
-    def __init__(self, labels: dict):
+    def __init__(self, labels: dict) -> None:
         from prometheus_client import Gauge  # after PROMETHEUS_MULTIPROC_DIR is set
 
         self.labels = {k: str(v) for k, v in labels.items()}
@@ -104,7 +108,7 @@ class PrometheusExport:
             (gauge.labels(**self.labels) if self.labels else gauge).set(value)
 
 
-def maybe_create(scheduler) -> PrometheusExport | None:
+def maybe_create(scheduler: Scheduler) -> PrometheusExport | None:
     reporter = getattr(scheduler, "metrics_reporter", None)
     if reporter is None or not getattr(reporter, "enable_metrics", False):
         return None

@@ -8,14 +8,20 @@ last eviction, pages freed. Server-wide: the settings and `VTokenCounters`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from ..core.process import process
 from ..core.state import state_of
 from .server_args import server_config
 
+if TYPE_CHECKING:
+    from ..core.sglang_types import Scheduler
+
 META_KEY = "kv_evict"
 
 
-def naive_held_requests(scheduler) -> int:
+def naive_held_requests(scheduler: Scheduler) -> int:
     """Requests holding pages back (`held.py`). Only a decoding request holds any (release and
     retraction return them), so it is in the running batch or in the batch that ran last."""
     batches = (getattr(scheduler, "running_batch", None), getattr(scheduler, "last_batch", None))
@@ -23,7 +29,9 @@ def naive_held_requests(scheduler) -> int:
     return sum(1 for r in reqs.values() if (st := state_of(r)) is not None and len(st.naive.held))
 
 
-def after_get_internal_state(result, scheduler, *args, **kwargs):
+def after_get_internal_state(
+    result: object, scheduler: Scheduler, *args: object, **kwargs: object
+) -> object:
     """AFTER `Scheduler.get_internal_state`: add the settings and counters under "vtoken"."""
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
@@ -46,6 +54,8 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
     return result
 
 
-def around_is_request_level_key(original, streamer, key: str) -> bool:
+def around_is_request_level_key(
+    original: Callable[[object, str], bool], streamer: object, key: str
+) -> bool:
     """AROUND `SchedulerOutputStreamer.is_request_level_customized_info_key`."""
     return key == META_KEY or original(streamer, key)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING
 
 from sgl_vtoken.config import EvictConfig, policy_from_config, setting_keys
 
@@ -31,12 +32,17 @@ from .server_args import (
     settings_problem,
 )
 
+if TYPE_CHECKING:
+    from ..core.sglang_types import SamplingParams, TokenizerManager
+
 KEY = "kv_evict"
 # The flat keys a request may override (field metadata `request`).
 FIELDS = setting_keys(request=True)
 
 
-def resolve(server: EvictConfig, obj, choices: tuple[str, ...], refused: str = "") -> EvictConfig:
+def resolve(
+    server: EvictConfig, obj: object, choices: tuple[str, ...], refused: str = ""
+) -> EvictConfig:
     """The settings of one request: the server's, overridden by `obj`. Raises ValueError naming
     the field (`kv_evict.<field>`) and the allowed values. `refused`: why this server refuses
     eviction ("" where it does not; `server_args.refusal`)."""
@@ -118,7 +124,9 @@ def _what_fits(server: EvictConfig, obj: dict, e: ValueError) -> str:
     return msg
 
 
-def before_create_tokenized_object(manager, obj, *args, **kwargs):
+def before_create_tokenized_object(
+    manager: TokenizerManager, obj: object, *args: object, **kwargs: object
+) -> None:
     """BEFORE `TokenizerManager._create_tokenized_object`: reject an invalid `kv_evict` (HTTP
     400)."""
     sp = getattr(obj, "sampling_params", None)
@@ -132,7 +140,7 @@ def before_create_tokenized_object(manager, obj, *args, **kwargs):
     return None
 
 
-def check_fits_model(manager, cfg: EvictConfig) -> None:
+def check_fits_model(manager: TokenizerManager, cfg: EvictConfig) -> None:
     """Raise ValueError (HTTP 400) if the served model cannot be evicted or `cfg` does not fit it.
     Read from the tokenizer's `ModelConfig` by each request that asks for eviction."""
     model_config = manager.model_config
@@ -146,7 +154,7 @@ def check_fits_model(manager, cfg: EvictConfig) -> None:
         raise ValueError(problem)
 
 
-def request_config(server: EvictConfig, sampling_params) -> EvictConfig:
+def request_config(server: EvictConfig, sampling_params: SamplingParams) -> EvictConfig:
     """The settings of a scheduler-side request: built, not validated again (the tokenizer
     process has validated its `kv_evict`)."""
     custom = getattr(sampling_params, "custom_params", None) or {}

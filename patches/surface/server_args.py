@@ -18,7 +18,7 @@ import json
 import os
 import re
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from sgl_vtoken.config import (
     ENV_VAR,
@@ -35,6 +35,9 @@ from ..cache import radix
 from ..core import contract
 from ..core.model_support import peak_problem, server_model_config, unsupported_model_reason
 from ..step.prefill import prefill_chunk_problem
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
 
 # Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys and values,
 # and attention probabilities recomputed next to each attention layer (`scores.py`).
@@ -86,7 +89,7 @@ UNSUPPORTED = (
 )
 
 
-def add_cli_args(result, parser: argparse.ArgumentParser):
+def add_cli_args(result: None, parser: argparse.ArgumentParser) -> None:
     """AFTER `ServerArgs.add_cli_args(parser)` (a staticmethod)."""
     g = parser.add_argument_group("sgl-vtoken (token-level KV eviction)")
     g.add_argument(
@@ -150,7 +153,7 @@ def add_cli_args(result, parser: argparse.ArgumentParser):
     )
 
 
-def unsupported_reason(args) -> tuple[str, str] | None:
+def unsupported_reason(args: object) -> tuple[str, str] | None:
     """(flag, why) of the first SGLang setting eviction cannot run with, or None."""
     for attr, bad, flag, why in UNSUPPORTED:
         if hasattr(args, attr) and bad(getattr(args, attr)):
@@ -226,7 +229,7 @@ def _fail_naming_flag(e: ValueError) -> NoReturn:
     _fail(f"argument {flag_of(m.group(1)) if m else '--kv-evict'}: {e}")
 
 
-def check_model_supported(cfg: EvictConfig, server_args) -> None:
+def check_model_supported(cfg: EvictConfig, server_args: ServerArgs) -> None:
     """With a server policy: exit 2 before weights load if the served model cannot be evicted,
     or the settings do not fit it (budget over the context length or the pool, score_layers
     outside its layers)."""
@@ -285,7 +288,7 @@ def settings_problem(
     return ""
 
 
-def check_policy_fits_model(cfg: EvictConfig, args) -> None:
+def check_policy_fits_model(cfg: EvictConfig, args: argparse.Namespace) -> None:
     """Exit if the policy is tied to a model (KVP's trained scorers) and the served one differs."""
     policy = policy_from_config(cfg)
     inner = policy.inner if isinstance(policy, SharingAware) else policy
@@ -313,7 +316,7 @@ def check_policy_fits_model(cfg: EvictConfig, args) -> None:
         _fail(f"argument --kv-evict-config: {e}")
 
 
-def select_radix_backend(server_args, cfg: EvictConfig) -> None:
+def select_radix_backend(server_args: ServerArgs, cfg: EvictConfig) -> None:
     """The holed radix cache (`radix.py`) serves prompt sharing under eviction and history
     reuse: chosen automatically with a server policy, refused explicitly where it cannot run."""
     backend = getattr(server_args, "radix_cache_backend", None)
@@ -327,7 +330,7 @@ def select_radix_backend(server_args, cfg: EvictConfig) -> None:
         server_args.radix_cache_backend = radix.NAME
 
 
-def from_cli_args(result, cls, args: argparse.Namespace):
+def from_cli_args(result: ServerArgs, cls: type, args: argparse.Namespace) -> ServerArgs:
     """AFTER `ServerArgs.from_cli_args(args)` (a classmethod): validate and publish the settings."""
     cfg = config_from_namespace(args)
     if cfg.enabled:
@@ -351,7 +354,7 @@ SPAN_NEEDS_TOKENIZER = (
 )
 
 
-def refusal(server_args) -> str:
+def refusal(server_args: ServerArgs) -> str:
     """Why per-request `kv_evict` must be refused on a server with `server_args` ("" if not).
     Asked by the tokenizer manager, in the launcher's process, from its own server args."""
     missing = contract.check_hooks_applied()

@@ -9,10 +9,17 @@ request evicted (summed over choices). Details: docs/design.md, "Usage".
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Callable
 from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
 from ..core.state import state_of
 from .observe import META_KEY
+
+if TYPE_CHECKING:
+    from sglang.srt.entrypoints.openai.protocol import UsageInfo
+
+    from ..core.sglang_types import Req, StreamAccumulator, TokenizerManager
 
 SUMMED = (
     "evicted_tokens",
@@ -36,7 +43,13 @@ SUMMED = (
 _STREAMED: ContextVar[dict | None] = ContextVar("vtoken_streamed_kv_evict", default=None)
 
 
-def around_accept(original, acc, *args, req, **kwargs):
+def around_accept(
+    original: Callable[..., None],
+    acc: StreamAccumulator,
+    *args: object,
+    req: Req,
+    **kwargs: object,
+) -> None:
     """AROUND `_GenerationStreamAccumulator.accept`: logical prompt counts; the eviction figures
     (the one place `Report.as_dict` serialises them), a stream's with its final chunk."""
     st = state_of(req)
@@ -67,12 +80,17 @@ def around_accept(original, acc, *args, req, **kwargs):
             details[-1] = {**details[-1], "device": details[-1].get("device", 0) + cached}
 
 
-def around_generate_request(original, manager, *args, **kwargs):
+def around_generate_request(
+    original: Callable[..., AsyncGenerator[object, None]],
+    manager: TokenizerManager,
+    *args: object,
+    **kwargs: object,
+) -> AsyncGenerator[object, None]:
     """AROUND `TokenizerManager.generate_request` (an async generator): remember the eviction
     figures each output carries, for the streamed usage chunk."""
     outputs = original(manager, *args, **kwargs)
 
-    async def relay():
+    async def relay() -> AsyncGenerator[object, None]:
         try:
             async for out in outputs:
                 meta = out.get("meta_info") if isinstance(out, dict) else None
@@ -99,7 +117,7 @@ def summarize(reports: list[dict]) -> dict:
     return out
 
 
-def _with_figures(usage, reports: list[dict]):
+def _with_figures(usage: UsageInfo, reports: list[dict]) -> UsageInfo:
     if reports and usage is not None:
         if usage.__pydantic_extra__ is None:  # built before extras were allowed
             object.__setattr__(usage, "__pydantic_extra__", {})
@@ -107,7 +125,9 @@ def _with_figures(usage, reports: list[dict]):
     return usage
 
 
-def around_calculate_response_usage(original, responses, *args, **kwargs):
+def around_calculate_response_usage(
+    original: Callable[..., UsageInfo], responses: list[Any], *args: object, **kwargs: object
+) -> UsageInfo:
     """AROUND `UsageProcessor.calculate_response_usage` (non-streamed responses)."""
     reports = [
         r["meta_info"][META_KEY][0]
@@ -119,7 +139,9 @@ def around_calculate_response_usage(original, responses, *args, **kwargs):
     return _with_figures(original(responses, *args, **kwargs), reports)
 
 
-def around_calculate_streaming_usage(original, *args, **kwargs):
+def around_calculate_streaming_usage(
+    original: Callable[..., UsageInfo], *args: object, **kwargs: object
+) -> UsageInfo:
     """AROUND `UsageProcessor.calculate_streaming_usage` (the usage chunk of a stream)."""
     reports = list((_STREAMED.get() or {}).values())
     if reports:
