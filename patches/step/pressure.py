@@ -1,9 +1,9 @@
 """Eviction under memory pressure (`trigger` "pressure"): a row keeps every token while the pool
 holds what the running rows and the requests waiting for a place in the batch need; when it
-cannot, rows are compacted to their budget, the furthest above it first, until it can. The budget is the floor:
-a row is never evicted below it, and a row within `interval` of it is not evicted at all (the
-hysteresis of the budget trigger, so a row compacted now is not chosen again for `interval`
-steps).
+cannot, rows are compacted to their budget, the furthest above it first, until it can. The
+budget is the floor: a row is never evicted below it, and a row within `interval` of it is not
+evicted at all (the hysteresis of the budget trigger, so a row compacted now is not chosen again
+for `interval` steps).
 
 At each decode step, before SGLang's decode memory check (`eviction.evict_batch`)::
 
