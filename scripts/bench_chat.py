@@ -7,6 +7,8 @@ them (the whole conversation re-sent as text every turn), answers and speed per 
     python scripts/bench_chat.py --one-at-a-time --conversations 10 --pool 16384 \\
         --cells full pressure --key-at passage --out chat.jsonl      # the idle-pool case
     python scripts/bench_chat.py --cells stock pressure --conversations 2 --repeats 1   # smoke
+    python scripts/bench_chat.py --one-at-a-time --conversations 2 --passages 48 --pool 2048 \
+        --past-pool --cells pressure --repeats 1 --out chat.jsonl     # 50 turns, past the pool
     python scripts/bench_chat.py --base-url URL --model PATH \\
         --cells full='{"policy": "none"}' server                       # a running server
     python scripts/bench_chat.py --report chat.jsonl                   # the table again
@@ -99,10 +101,10 @@ def run(args) -> list[dict]:
         args.split, args.conversations, args.key_at, args.passages, args.seed, args.wheel_dir
     )
     need = longest(AutoTokenizer.from_pretrained(model), convs, args.max_tokens)
-    if not args.base_url and need > args.pool:
+    if not args.base_url and not args.past_pool and need > args.pool:
         raise ValueError(
             f"--pool {args.pool} cannot hold the longest conversation (up to {need} tokens): "
-            "raise --pool or lower --passages / --max-tokens"
+            "raise --pool, lower --passages / --max-tokens, or pass --past-pool"
         )
     cells = ordered([cell_spec(c, bool(args.base_url), CELLS) for c in args.cells])
     mode = "one-at-a-time" if args.one_at_a_time else "rounds"
@@ -222,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--passages", type=int, default=3, help="passages to summarise after the key's turn"
     )
     p.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every turn")
+    p.add_argument(
+        "--past-pool",
+        action="store_true",
+        help="conversations may outgrow --pool (a turn a server refuses counts as failed)",
+    )
     p.add_argument(
         "--one-at-a-time",
         action="store_true",
