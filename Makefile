@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo lint typecheck test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv retrieval-tuning retrieval-heldout kvpress-tuning final clean
+.PHONY: install demo lint typecheck test bench bench-joint stress quality docqa-tuning kvpress kvpress-venv retrieval-tuning retrieval-heldout kvpress-tuning final clean
 
 install: $(STAMP)
 
@@ -138,51 +138,11 @@ stress-page1_pressure_host_tier:
 	$(STRESS) --page-size 1 --trigger pressure $(HOST) --forced-shortages recall \
 		--out docs/results/stress_page1_pressure_host_tier.jsonl
 
-# Learned eviction (KVP) on CPU: collect K/V traces of the model on held-out-split text, train
-# the per-(layer, KV head) scorers, compare them with the heuristics (tables of docs/RESULTS.md).
-# Default: SmolLM2-135M-Instruct (30 layers x 3 KV heads = 90 scorers) on Python's documentation
-# prose, checkpoint .cache/kvp-smollm2/kvp.safetensors. `make kvp KVP_MODEL=tiny-lm`: the tiny
-# Llama trained on the stdlib's sources first (checkpoint .cache/kvp/kvp.safetensors).
-KVP_MODEL ?= smollm2
-# Torch threads of the scripts: on a machine other jobs share, 1 (two OpenMP threads spin-wait).
-KVP_THREADS ?= 2
-ifeq ($(KVP_MODEL),smollm2)
-KVP_DIR := .cache/kvp-smollm2
-KVP_LM := .cache/smollm2
-KVP_TEXT := --text pydoc --heldout-every 4
-KVP_TRAIN := --num-seqs 24 --cut-every 64 --max-mb 400
-KVP_HELDOUT := --num-seqs 8 --cut-every 64
-KVP_FIT := --steps 600
-KVP_PLOT := docs/img/kvp_smollm2_retained_mass.png
-else
-KVP_DIR := .cache/kvp
-KVP_LM := .cache/tiny-lm
-KVP_TEXT :=
-KVP_TRAIN :=
-KVP_HELDOUT := --num-seqs 16
-KVP_FIT :=
-KVP_PLOT := docs/img/kvp_retained_mass.png
-endif
-kvp: $(STAMP)
-ifeq ($(KVP_MODEL),smollm2)
-	$(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '$(KVP_LM)'))"
-else
-	$(PY) scripts/train_tiny_lm.py --out $(KVP_LM)
-endif
-	$(PY) scripts/collect_traces.py --model $(KVP_LM) $(KVP_TEXT) $(KVP_TRAIN) --threads $(KVP_THREADS) \
-		--out $(KVP_DIR)/traces-train.pt
-	$(PY) scripts/collect_traces.py --model $(KVP_LM) $(KVP_TEXT) --split heldout $(KVP_HELDOUT) \
-		--threads $(KVP_THREADS) --out $(KVP_DIR)/traces-heldout.pt
-	$(PY) scripts/train_kvp.py --traces $(KVP_DIR)/traces-train.pt $(KVP_FIT) --threads $(KVP_THREADS) \
-		--heldout $(KVP_DIR)/traces-heldout.pt --out $(KVP_DIR)/kvp.safetensors
-	$(PY) scripts/eval_kvp.py --model $(KVP_LM) $(KVP_TEXT) --threads $(KVP_THREADS) \
-		--checkpoint $(KVP_DIR)/kvp.safetensors --out $(KVP_DIR)/eval.jsonl --plot $(KVP_PLOT)
-
 # Answer quality under eviction on SmolLM2-135M-Instruct (CPU): every policy at three budgets
 # through the fast masked reference, a subset replayed on live servers; rewrites
 # docs/results/quality_smollm2.{jsonl,md} and docs/img/quality_smollm2.png (about an hour on two
-# quiet cores). KVP_CKPT=path adds a kvp row. One torch thread: on a busy machine two threads
-# spin-wait on each other and a decode step becomes 10-50x slower.
+# quiet cores). One torch thread: on a busy machine two threads spin-wait on each other and a
+# decode step becomes 10-50x slower.
 # The names run with today's scoring defaults; docs/RESULTS.md's quality section ran them with the
 # earlier ones (all layers, pool 1, sum) and says how to spell those.
 UPPER := score_layers=15-29
@@ -191,9 +151,9 @@ QUALITY_SETTINGS := streamingllm random random:window=32 knorm knorm:window=32 \
 	scissorhands:window=32 scissorhands:window=32,pool=5,$(UPPER)
 quality: $(STAMP)
 	$(PY) scripts/eval_quality.py --model smollm2 --threads 1 --settings $(QUALITY_SETTINGS) \
-		$(if $(KVP_CKPT),--kvp-checkpoint $(KVP_CKPT)) --budgets 128 256 512 \
-		--out docs/results/quality_smollm2.jsonl --markdown docs/results/quality_smollm2.md \
-		--plot docs/img/quality_smollm2.png --title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"
+		--budgets 128 256 512 --out docs/results/quality_smollm2.jsonl \
+		--markdown docs/results/quality_smollm2.md --plot docs/img/quality_smollm2.png \
+		--title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"
 
 # Document questions of the split tasks (tools/sgl_vtoken_tools/quality/splits.py) for our
 # settings through the fast masked reference: `make docqa-tuning` on the tuning split (where

@@ -15,9 +15,9 @@ scores and records are described in `tools/sgl_vtoken_tools/quality/` (tasks.py,
 report.py).
 
 Settings are `policy[:key=value,...]` (e.g. `h2o:window=32`, `tova:pool=5`); the full cache is
-always the first row. `--kvp-checkpoint PATH` adds `kvp:checkpoint=PATH`. Sinks, interval and
-page size apply to every cell (`--sink 16 --interval 16 --page-size 1`: the same victims as page
-size 16, whose sinks round up to 16; page size 1 lets the server reuse multi-turn histories).
+always the first row. Sinks, interval and page size apply to every cell (`--sink 16 --interval
+16 --page-size 1`: the same victims as page size 16, whose sinks round up to 16; page size 1 lets
+the server reuse multi-turn histories).
 
 Output: JSON lines (`--out`, default stdout): `trial` and `server` records, `timing` records,
 one `summary` per cell and a final `run` record (wall time, agreement); markdown tables on
@@ -78,10 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--settings",
         nargs="*",
         default=DEFAULT_SETTINGS,
-        help="[label=]policy[:key=value,...] each (none: only --kvp-checkpoint's rows)",
-    )
-    p.add_argument(
-        "--kvp-checkpoint", help="add kvp rows (window 0 and 32) with this scorer checkpoint"
+        help="[label=]policy[:key=value,...] each",
     )
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512])
     p.add_argument("--sink", type=int, default=16)
@@ -246,12 +243,8 @@ def plan_from_args(args) -> Plan:
         settings = [Setting.parse(s) for s in args.settings]
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    if args.kvp_checkpoint:
-        ckpt = (("checkpoint", args.kvp_checkpoint),)
-        settings.append(Setting("kvp", ckpt, label="kvp"))
-        settings.append(Setting("kvp", (("window", 32),) + ckpt, label="kvp:window=32"))
     if not settings:
-        raise SystemExit("argument --settings: give at least one setting or --kvp-checkpoint")
+        raise SystemExit("argument --settings: give at least one setting")
     if args.smoke:
         args.budgets = [64]
         args.passkey_lengths, args.passkey_depths = [120], [0.5]

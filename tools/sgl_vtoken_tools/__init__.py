@@ -10,10 +10,6 @@ repository's pyproject.toml) and this one, `sgl-vtoken-tools` (tools/pyproject.t
     launcher           start and stop an SGLang server in a child process
     tiny_model         the embedded tiny Llama (`python -m sgl_vtoken_tools.tiny_model DIR`)
     models             real models built offline (`python -m sgl_vtoken_tools.models smollm2 DIR`)
-    corpus             Python's own text as train and held-out token streams
-    kvp_traces         K/V traces of a Hugging Face model for KVP training
-    kvp_train          training the KVP scorers
-    kvp_eval           eviction policies replayed on a full-attention trace
     hf_reference       Hugging Face oracle: greedy decoding with the server's evictions as a mask
     reference          pure-torch oracles of what the server does around the kernels
     step_ref           the per-row eviction path, oracle of `sgl_vtoken.step`

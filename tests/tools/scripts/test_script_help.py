@@ -1,4 +1,4 @@
-"""The KVP and quality scripts run as `python scripts/X.py` over the installed package: `--help`
+"""The benchmark and quality scripts run as `python scripts/X.py` over the installed package: `--help`
 answers with status 0 from any working directory, with no sys.path edit to lean on."""
 
 import subprocess
@@ -17,13 +17,9 @@ SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
         ("bench_joint.py", "--cells"),
         ("bench_ladder.py", "--loads"),
         ("chat_clients.py", "--stuck-after"),
-        ("collect_traces.py", "--cut-every"),
-        ("eval_kvp.py", "--ppl-budgets"),
-        ("eval_quality.py", "--kvp-checkpoint"),
+        ("eval_quality.py", "--settings"),
         ("kvpress_eval.py", "--modes"),  # without kvpress installed: it is imported only to run
         ("mutation_check.py", "--only"),
-        ("train_kvp.py", "--heldout"),
-        ("train_tiny_lm.py", "--eval-windows"),
     ],
 )
 def test_help_exits_0(script, flag, tmp_path):
