@@ -1,20 +1,18 @@
-"""scripts/bench_evict_step.py drives the real step and its per-row oracle on a fake pool: both
-paths move the same tokens, the batched one in one repack launch."""
+"""`python -m sgl_vtoken_tools evict-step` drives the real step and its per-row oracle on a fake
+pool: both paths move the same tokens, the batched one in one repack launch."""
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "bench_evict_step.py"
+COMMAND = [sys.executable, "-m", "sgl_vtoken_tools", "evict-step"]
 
 
 def test_both_paths_evict_the_same_tokens_and_the_batched_one_launches_once(tmp_path):
     out = tmp_path / "step.jsonl"
     proc = subprocess.run(
         [
-            sys.executable,
-            str(SCRIPT),
+            *COMMAND,
             "--device",
             "cpu",
             "--batches",
@@ -48,7 +46,7 @@ def test_both_paths_evict_the_same_tokens_and_the_batched_one_launches_once(tmp_
 
 def test_an_unknown_policy_is_refused_naming_the_flag():
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--policies", "lru"],
+        [*COMMAND, "--device", "cpu", "--policies", "lru"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -61,8 +59,7 @@ def test_full_step_lines_count_one_sync_and_one_score_launch_per_layer(tmp_path)
     out = tmp_path / "full.jsonl"
     proc = subprocess.run(
         [
-            sys.executable,
-            str(SCRIPT),
+            *COMMAND,
             "--full",
             "--device",
             "cpu",

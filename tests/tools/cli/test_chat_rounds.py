@@ -1,4 +1,4 @@
-"""scripts/bench_chat.py without a server: its conversations (the key where the variant puts it,
+"""tools/sgl_vtoken_tools/cli/chat.py without a server: its conversations (the key where the variant puts it,
 disjoint splits, phrasings of its own), the scoring and leak detection, the cell figures and the
 table, the pressure cell's flags and the command line's checks."""
 
@@ -214,13 +214,13 @@ def test_pressure_cell_is_the_chat_command_under_the_pressure_trigger():
         (("--base-url", "http://127.0.0.1:9", "--cells", "a={"), "--cells"),
     ],
 )
-def test_bad_flags_exit_2_naming_the_flag(load_script, capsys, argv, flag):
+def test_bad_flags_exit_2_naming_the_flag(command, capsys, argv, flag):
     with pytest.raises(SystemExit) as e:
-        load_script("bench_chat").main(list(argv))
+        command("chat").main(list(argv))
     assert e.value.code == 2 and flag in capsys.readouterr().err.splitlines()[-1]
 
 
-def test_report_renders_a_run(load_script, tmp_path, capsys):
+def test_report_renders_a_run(command, tmp_path, capsys):
     import json
 
     path = tmp_path / "run.jsonl"
@@ -238,6 +238,6 @@ def test_report_renders_a_run(load_script, tmp_path, capsys):
     }
     path.write_text(json.dumps({"kind": "config"}) + "\n" + json.dumps(cell) + "\n")
     md = tmp_path / "t.md"
-    assert load_script("bench_chat").main(["--report", str(path), "--markdown", str(md)]) == 0
+    assert command("chat").main(["--report", str(path), "--markdown", str(md)]) == 0
     assert "| stock | passage | one-at-a-time | 1 | 1/2 | 0 | 12.5 | 300 | - |" in md.read_text()
     assert md.read_text() in capsys.readouterr().out

@@ -6,8 +6,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def bench(load_script):
-    return load_script("bench_decode_batch")
+def bench(command):
+    return command("decode_batch")
 
 
 def test_step_time_reads_only_records_at_the_batch(bench):

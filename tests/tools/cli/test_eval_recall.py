@@ -1,4 +1,4 @@
-"""scripts/eval_recall.py without a server: `--render` of several runs (trial ranges) gives one
+"""tools/sgl_vtoken_tools/cli/recall.py without a server: `--render` of several runs (trial ranges) gives one
 summary per setting over all their trials; bad ranges are refused naming the flags; `--split`
 plays that split's sessions and `--recall-defaults` leaves the recall rule to the server."""
 
@@ -8,8 +8,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def eval_recall(load_script):
-    return load_script("eval_recall")
+def eval_recall(command):
+    return command("recall")
 
 
 def _trial(setting, i, hit, live, recall_ms=None):

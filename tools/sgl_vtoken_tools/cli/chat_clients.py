@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Concurrent multi-turn chat clients against one running server (OpenAI `/v1/chat/completions`).
 
-    python scripts/chat_clients.py --base-url http://127.0.0.1:30000 --clients 10 --duration 300
+    python -m sgl_vtoken_tools chat-clients --base-url http://127.0.0.1:30000 --clients 10 --duration 300
 
 Each of `--clients` threads holds a conversation and re-sends its whole history every turn: a
 user message of 10-400 words of essay-like English (a fixed word list, seeded per client),
@@ -21,7 +20,6 @@ or `summary` (exit status 0).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -31,6 +29,8 @@ import time
 from collections import Counter
 
 import requests
+
+from sgl_vtoken_tools.cli import common
 
 WORDS = (
     "the of and to in is that it was for on are as with his they at be this from have or by one "
@@ -240,7 +240,7 @@ def server_figures(base: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, __name__)
     p.add_argument("--base-url", required=True)
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--duration", type=float, default=300.0)
@@ -301,9 +301,6 @@ def main(argv=None) -> int:
         for t in threads:
             t.join(timeout=args.timeout)
     sys.stdout.flush()
-    return 2 if stuck else 0
-
-
-if __name__ == "__main__":
-    code = main()
-    os._exit(code)  # stuck: client threads still block on the server
+    if stuck:  # client threads still block on the server: leave without waiting for them
+        os._exit(2)
+    return 0

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """How one decode step's cost grows with the batch, on stock SGLang: the ceiling on what running
 more requests at once can buy on this machine.
 
-    python scripts/bench_decode_batch.py --out docs/results/decode_batch_smollm2.jsonl
+    python -m sgl_vtoken_tools decode-batch --out docs/results/decode_batch_smollm2.jsonl
 
 One server (stock SGLang, no plugin; `--plugin` for the plugin with `--kv-evict none`) on a pool
 large enough that every batch runs whole. For each batch size B, B greedy `/generate` requests of
@@ -24,12 +23,11 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from sgl_vtoken_tools.bench.jsonl import RunLog
+from sgl_vtoken_tools.cli import common
 
 
 def batch_line(records: list[tuple[int, float]], batch: int) -> dict:
@@ -93,10 +91,8 @@ def prefill_line(length: int, seconds: list[float]) -> dict:
 
 def run(args) -> list[dict]:
     from sgl_vtoken_tools.bench import probe, server_log
-    from sgl_vtoken_tools.bench.baseline import baseline_env, plugin_in_server
+    from sgl_vtoken_tools.bench.cell_server import launch, resolve_model
     from sgl_vtoken_tools.bench.http_client import generate
-    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
-    from sgl_vtoken_tools.models import MODELS, ensure_model
 
     batch = max(args.batches) * (args.prompt_tokens + args.new_tokens)
     need = max([batch] + [n + 1 for n in args.prefill_lengths])
@@ -105,111 +101,89 @@ def run(args) -> list[dict]:
             f"--pool {args.pool} is below the {need} tokens of the largest batch or prompt: "
             "it would queue"
         )
-    model = args.model
-    if model in MODELS and not Path(model).exists():
-        model = str(ensure_model(model, REPO / ".cache" / model))
-    flags = cpu_server_args(model, args.pool) + [
-        "--dtype",
-        "float32",
-        "--decode-log-interval",
-        "1",
-        "--max-running-requests",
-        str(max(args.batches)),
-    ]
-    if args.plugin:
-        flags += ["--kv-evict", "none"]
-    env = {"OMP_NUM_THREADS": str(args.server_threads)}
+    model = resolve_model(args.model)
     rng = random.Random(args.seed)
-    out = open(args.out, "w") if args.out else None
-    lines: list[dict] = []
+    log = RunLog(args.out)
+    lines = log.records
 
     def emit(rec: dict) -> None:
-        lines.append(rec)
+        log.emit(rec)
         print(json.dumps(rec), flush=True)
-        if out:
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
 
-    with baseline_env() as stock:
-        with ServerProcess(flags, env=env if args.plugin else {**env, **stock}) as server:
-            if plugin_in_server(server) != args.plugin:
-                raise RuntimeError("the server's plugin state is not the one asked for (--plugin)")
-            emit(
-                {
-                    "kind": "config",
-                    "model": model,
-                    "pool": args.pool,
-                    "plugin": args.plugin,
-                    "prompt_tokens": args.prompt_tokens,
-                    "new_tokens": args.new_tokens,
-                    "server_threads": args.server_threads,
-                    "batches": args.batches,
-                    "repeats": args.repeats,
-                }
-            )
-            for rep in range(args.repeats):
-                for b in args.batches:
-                    probe.flush_cache(server.base_url)
-                    prompts = [
-                        [rng.randrange(100, 20000) for _ in range(args.prompt_tokens)]
-                        for _ in range(b)
-                    ]
-                    start = server.log_path.stat().st_size
-                    t0 = time.perf_counter()
-                    with ThreadPoolExecutor(b) as ex:
-                        list(
-                            ex.map(
-                                lambda ip: generate(
-                                    server.base_url,
-                                    ip[1],
-                                    args.new_tokens,
-                                    1800,
-                                    rid=f"db-r{rep}-b{b}-{ip[0]}",
-                                ),
-                                enumerate(prompts),
-                            )
+    with launch(
+        model,
+        "plugin" if args.plugin else "stock",
+        ["--kv-evict", "none"] if args.plugin else None,
+        args.pool,
+        server_args=["--max-running-requests", str(max(args.batches))],
+        threads=args.server_threads,
+    ) as server:
+        emit(
+            {
+                "kind": "config",
+                "model": model,
+                "pool": args.pool,
+                "plugin": args.plugin,
+                "prompt_tokens": args.prompt_tokens,
+                "new_tokens": args.new_tokens,
+                "server_threads": args.server_threads,
+                "batches": args.batches,
+                "repeats": args.repeats,
+            }
+        )
+        for rep in range(args.repeats):
+            for b in args.batches:
+                probe.flush_cache(server.base_url)
+                prompts = [
+                    [rng.randrange(100, 20000) for _ in range(args.prompt_tokens)] for _ in range(b)
+                ]
+                start = server.log_path.stat().st_size
+                t0 = time.perf_counter()
+                with ThreadPoolExecutor(b) as ex:
+                    list(
+                        ex.map(
+                            lambda ip: generate(
+                                server.base_url,
+                                ip[1],
+                                args.new_tokens,
+                                1800,
+                                rid=f"db-r{rep}-b{b}-{ip[0]}",
+                            ),
+                            enumerate(prompts),
                         )
-                    wall = time.perf_counter() - t0
-                    records = server_log.decode_throughput(
-                        server_log.read_from(server.log_path, start)
                     )
-                    emit(
-                        {
-                            "kind": "batch",
-                            "repeat": rep,
-                            "wall_s": round(wall, 2),
-                            **batch_line(records, b),
-                        }
-                    )
-            for n in args.prefill_lengths:
-                seconds = []
-                for rep in range(args.repeats):
-                    probe.flush_cache(server.base_url)
-                    t0 = time.perf_counter()
-                    generate(
-                        server.base_url,
-                        [rng.randrange(100, 20000) for _ in range(n)],
-                        1,
-                        1800,
-                        rid=f"pf-r{rep}-{n}",
-                    )
-                    seconds.append(time.perf_counter() - t0)
-                emit(prefill_line(n, seconds))
+                wall = time.perf_counter() - t0
+                records = server_log.decode_throughput(server_log.read_from(server.log_path, start))
+                emit(
+                    {
+                        "kind": "batch",
+                        "repeat": rep,
+                        "wall_s": round(wall, 2),
+                        **batch_line(records, b),
+                    }
+                )
+        for n in args.prefill_lengths:
+            seconds = []
+            for rep in range(args.repeats):
+                probe.flush_cache(server.base_url)
+                t0 = time.perf_counter()
+                generate(
+                    server.base_url,
+                    [rng.randrange(100, 20000) for _ in range(n)],
+                    1,
+                    1800,
+                    rid=f"pf-r{rep}-{n}",
+                )
+                seconds.append(time.perf_counter() - t0)
+            emit(prefill_line(n, seconds))
     emit(scaling([r for r in lines if r["kind"] == "batch"]))
-    if out:
-        out.close()
+    log.close()
     return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)"
-    )
+    p = common.parser(__doc__, __name__)
+    common.model_flag(p, help="Hugging Face folder, or smollm2 (built into .cache)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24])
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=32)
@@ -220,10 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="also time prompts of these lengths alone (one output token): prefill tokens/s",
     )
-    p.add_argument(
-        "--pool", type=int, default=8192, help="--max-total-tokens (every batch must fit)"
+    common.server_flags(
+        p,
+        8192,
+        "--max-total-tokens (every batch must fit)",
+        page_size=False,
+        threads_help="OMP_NUM_THREADS of the server",
     )
-    p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument(
         "--plugin",
@@ -241,7 +218,3 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--batches, --prefill-lengths and --repeats must be >= 1")
     run(args)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """The eviction step, batched against per row, on an SGLang-shaped fake pool (no SGLang).
 
-    python scripts/bench_evict_step.py                        # CUDA: 8B and SmolLM2 shapes, bf16
-    python scripts/bench_evict_step.py --device cpu           # CPU: SmolLM2 shapes, small rows
-    python scripts/bench_evict_step.py --summarize run.jsonl  # the table of an earlier run
-    python scripts/bench_evict_step.py --full --device cpu    # the whole step (needs SGLang)
+    python -m sgl_vtoken_tools evict-step                        # CUDA: 8B and SmolLM2 shapes, bf16
+    python -m sgl_vtoken_tools evict-step --device cpu           # CPU: SmolLM2 shapes, small rows
+    python -m sgl_vtoken_tools evict-step --summarize run.jsonl  # the table of an earlier run
+    python -m sgl_vtoken_tools evict-step --full --device cpu    # the whole step (needs SGLang)
 
 For every shape x policy x interval x batch, both paths evict the same rows of `budget +
 interval` tokens down to `budget` (`sgl_vtoken_tools.bench.evict_step`): one JSON line per path with
@@ -21,7 +20,6 @@ with the device work of one step counted on the way (`host_syncs`, `score_launch
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -29,13 +27,14 @@ import time
 import torch
 
 from sgl_vtoken_tools.bench.evict_step import POLICIES, SHAPES, Case, measure
+from sgl_vtoken_tools.cli import common
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def parse_args(argv=None):
     cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, __name__)
     p.add_argument("--device", default="cuda" if cuda else "cpu")
     p.add_argument(
         "--shapes",
@@ -208,7 +207,3 @@ def _key(case: Case) -> dict:
         budget=case.budget,
         device=case.device,
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Server eviction on CPU with the tiny model: capacity under a small KV pool, and what the plugin costs when off.
 
 Prints one JSON line per configuration or measurement to stdout; progress goes to stderr.
 
-    python scripts/bench_eviction.py                      # both parts (several minutes on 2 cores)
-    python scripts/bench_eviction.py --part capacity      # or: --part overhead
-    python scripts/bench_eviction.py --quick              # smoke run: fewer tokens and runs
+    python -m sgl_vtoken_tools eviction                      # both parts (several minutes on 2 cores)
+    python -m sgl_vtoken_tools eviction --part capacity      # or: --part overhead
+    python -m sgl_vtoken_tools eviction --quick              # smoke run: fewer tokens and runs
 
 capacity: 16 concurrent requests x 1024 generated tokens (48-token seeded random prompts, greedy,
 `ignore_eos`) under `--max-total-tokens 4096 --page-size 16`, in one run: stock SGLang
@@ -55,8 +54,8 @@ from sgl_vtoken_tools.bench.server_log import (
     peak_running_from_log,
     retracted_requests,
 )
-
-REPO = Path(__file__).resolve().parent.parent
+from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import REPO
 
 # ---------------------------------------------------------------------------------------------
 
@@ -178,9 +177,8 @@ def capacity(args, model: Path, log_dir: Path) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = common.parser(__doc__, __name__)
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     p.add_argument("--part", choices=("capacity", "overhead", "all"), default="all")
     p.add_argument(
         "--quick",
@@ -283,7 +281,3 @@ def main(argv=None) -> int:
     if args.part in ("overhead", "all"):
         plugin_overhead.overhead(args, model, log_dir, say=log, emit=emit)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Decode scoring captured in a CUDA graph, against the eager scoring, at 8B shapes (no SGLang).
 
-    python scripts/bench_graph_scores.py                  # CUDA: batch 1/8/64/256, 8B, bf16
-    python scripts/bench_graph_scores.py --device cpu     # CPU dry run: tiny shapes, no capture
+    python -m sgl_vtoken_tools graph-scores                  # CUDA: batch 1/8/64/256, 8B, bf16
+    python -m sgl_vtoken_tools graph-scores --device cpu     # CPU dry run: tiny shapes, no capture
 
 Per batch size, one `GraphScoring` (rows bounded by budget + interval + page_size) is captured in
 a `torch.cuda.CUDAGraph` (every layer's score launch, on static query buffers); then random
@@ -15,17 +14,16 @@ bytes. On CPU the capture is stubbed (the captured calls run again): the check, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
-import sys
 import time
 
 import torch
 
 from sgl_vtoken.decode_scores import DecodeScoring
 from sgl_vtoken.graph_scores import GraphScoring
+from sgl_vtoken_tools.cli import common
 
 SHAPES = {"llama8b": (32, 32, 8, 128), "tiny": (2, 4, 2, 16)}  # layers, q heads, KV heads, dim
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -33,7 +31,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 def parse_args(argv=None):
     cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, __name__)
     p.add_argument("--device", default="cuda" if cuda else "cpu")
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama8b" if cuda else "tiny")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16" if cuda else "fp32")
@@ -147,7 +145,3 @@ def main(argv=None) -> int:
     if out:
         out.close()
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Multi-turn sessions with and without compacted-history reuse, side by side in one run (CPU, tiny model).
 
 History part: three servers per page size (`--page-sizes`, default 1 and 16; interval 1 at page
@@ -21,14 +20,13 @@ The sharing part (`--part sharing`): the same sessions' first turn at page size 
 with the holed radix cache vs no radix cache: peak pool slots held, against the bound
 `prompt once + sessions x (budget/page + 2) pages`, retractions, TTFT and throughput.
 
-    python scripts/bench_history.py                       # 16 sessions x 8 turns, system 2048, budget 512
-    python scripts/bench_history.py --part sharing        # page 16 only
-    python scripts/bench_history.py --quick               # smoke run
+    python -m sgl_vtoken_tools history                       # 16 sessions x 8 turns, system 2048, budget 512
+    python -m sgl_vtoken_tools history --part sharing        # page 16 only
+    python -m sgl_vtoken_tools history --quick               # smoke run
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -41,10 +39,10 @@ from sgl_vtoken_tools.bench.http_client import stream_generate
 from sgl_vtoken_tools.bench.probe import vtoken_state
 from sgl_vtoken_tools.bench.results_md import write_section
 from sgl_vtoken_tools.bench.server_log import count_retractions
+from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 from sgl_vtoken_tools.tiny_model import ensure_tiny_model
-
-REPO = Path(__file__).resolve().parent.parent
 
 # mode -> extra server flags: continue from the stored compacted history; cache full-attention
 # prompts only (each turn prefills what its cached prompt lacks); no radix cache at all.
@@ -207,7 +205,7 @@ def markdown(args, rows: dict, states: dict) -> str:
         f"{args.sessions} sessions x {args.turns} turns sharing a {args.system_tokens}-token system prompt, "
         f"{args.user_tokens}-token user messages, {args.reply_tokens}-token replies, streamingllm "
         f"budget {args.budget} (interval 1 at page size 1, 16 at page size 16), pool {args.pool} "
-        f"(`python scripts/bench_history.py --part history`)."
+        f"(`python -m sgl_vtoken_tools history --part history`)."
     ]
     for p in pages:
         lines += [
@@ -261,7 +259,7 @@ def sharing_markdown(args, results: dict) -> str:
         f"{args.sessions} requests at once, each a shared {args.system_tokens}-token system prompt + "
         f"{args.user_tokens} own tokens, {args.sharing_tokens} generated tokens, streamingllm budget "
         f"{args.budget}, interval 16, page size 16, pool {args.sharing_pool} "
-        f"(`python scripts/bench_history.py --part sharing`). Bound: prompt once + sessions x "
+        f"(`python -m sgl_vtoken_tools history --part sharing`). Bound: prompt once + sessions x "
         f"(budget/page + 2) pages = {pages * 16} slots.",
         "",
         "| radix cache | cached tokens per request | peak pool slots held | peak running | "
@@ -299,8 +297,8 @@ def plot(rows: dict, out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser(__doc__, __name__)
     p.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=8)
@@ -323,7 +321,7 @@ def main() -> None:
     )
     p.add_argument("--plot", type=Path, default=None, help="PNG of TTFT per turn")
     p.add_argument("--results-md", type=Path, default=None, help="rewrite its history section")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.budget = 4, 3, 256, 64
     model = args.model or str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
@@ -378,7 +376,3 @@ def main() -> None:
         plot(rows, args.plot)
     if args.results_md:
         write_section(args.results_md, "history", markdown(args, rows, states))
-
-
-if __name__ == "__main__":
-    main()

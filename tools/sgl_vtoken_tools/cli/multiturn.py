@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """SGLang's multi-turn chat benchmark (`sglang.bench_serving`, generated-shared-prefix, chat
 backend) against stock SGLang and `--kv-evict streamingllm`, side by side in one run (CPU).
 
-    python scripts/bench_multiturn.py --out docs/results/multiturn.jsonl --results-md docs/results/sglang-multiturn.md
+    python -m sgl_vtoken_tools multiturn --out docs/results/multiturn.jsonl --results-md docs/results/sglang-multiturn.md
 
 Cells: stock, streamingllm (budget below the system prompt; interval 1 at page size 1, 16 at
 page size 16) and streamingllm with eviction during prefill (`prefill_chunk`) at each page size,
@@ -12,28 +11,25 @@ every cell once, in order. JSON lines: one per (cell, repeat), see `sgl_vtoken_t
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 
-from sgl_vtoken_tools.bench.multiturn import Workload, cells, run_cell
+from sgl_vtoken_tools.bench.cell_server import resolve_model
+from sgl_vtoken_tools.bench.multiturn import cells, run_cell
+from sgl_vtoken_tools.bench.quantiles import median_text
 from sgl_vtoken_tools.bench.results_md import write_section
-from sgl_vtoken_tools.tiny_model import ensure_tiny_model
-
-REPO = Path(__file__).resolve().parent.parent
+from sgl_vtoken_tools.cli import common
 
 
 def table(lines: list[dict], args) -> str:
-    """Markdown: per cell the median over repeats (range in brackets when repeated)."""
+    """Markdown: per cell the median over repeats (range in brackets when repeats differ)."""
     w = lines[0]["workload"]
     out = [
         f"`python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name generated-shared-prefix` "
         f"({w['groups']} groups x {w['prompts_per_group']} conversations, {w['turns']} turns, system prompt "
         f"{w['system_len']}, questions {w['question_len']}, replies {w['output_len']} tokens, all sent at once), "
         f"tiny model on CPU, pool {lines[0]['pool']} tokens, no overlap scheduler, {args.repeats} repeat(s); "
-        f"`python scripts/bench_multiturn.py`. Raw lines: `{args.out}`.",
+        f"`python -m sgl_vtoken_tools multiturn`. Raw lines: `{args.out}`.",
         "",
         "| server | output tok/s | mean TTFT (ms) | mean TPOT (ms) | completed | prefilled tokens | "
         "cached tokens | peak running | retractions |",
@@ -42,14 +38,8 @@ def table(lines: list[dict], args) -> str:
     for label in dict.fromkeys(line["cell"] for line in lines):
         rs = [line for line in lines if line["cell"] == label]
 
-        def fmt(key, digits=0):
-            vals = [r[key] for r in rs if r[key] is not None]
-            if not vals:
-                return "-"
-            med = f"{statistics.median(vals):.{digits}f}"
-            return (
-                med if len(vals) == 1 else f"{med} ({min(vals):.{digits}f}-{max(vals):.{digits}f})"
-            )
+        def fmt(key, digits=0, rs=rs):
+            return median_text([r[key] for r in rs], digits)
 
         out.append(
             f"| {label} | {fmt('output_throughput', 1)} | {fmt('mean_ttft_ms')} | {fmt('mean_tpot_ms', 1)} | "
@@ -59,8 +49,8 @@ def table(lines: list[dict], args) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser(__doc__, __name__)
     p.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--pool", type=int, default=4096, help="--max-total-tokens of every server")
@@ -72,24 +62,12 @@ def main() -> None:
         help="prefill_chunk of the cells that evict during prefill (0: no such cells)",
     )
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--groups", type=int, default=2)
-    p.add_argument("--prompts-per-group", type=int, default=8)
-    p.add_argument("--system-len", type=int, default=512)
-    p.add_argument("--question-len", type=int, default=256)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--turns", type=int, default=4)
+    common.workload_flags(p, prompts_per_group=8, system_len=512, output_len=128)
     p.add_argument("--out", default=None, help="append the JSON lines here too")
     p.add_argument("--results-md", type=Path, default=None, help="rewrite its multiturn section")
-    args = p.parse_args()
-    model = args.model or str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
-    work = Workload(
-        args.groups,
-        args.prompts_per_group,
-        args.system_len,
-        args.question_len,
-        args.output_len,
-        args.turns,
-    )
+    args = p.parse_args(argv)
+    model = args.model or resolve_model("tiny")
+    work = common.workload(args)
     lines = []
     for repeat in range(args.repeats):
         for cell in cells(
@@ -97,17 +75,11 @@ def main() -> None:
             tuple(int(x) for x in args.page_sizes.split(",")),
             args.prefill_chunk or None,
         ):
-            print(f"[bench_multiturn] repeat {repeat}: {cell.label}", file=sys.stderr)
+            print(f"[multiturn] repeat {repeat}: {cell.label}", file=sys.stderr)
             line = {"repeat": repeat, **run_cell(cell, model, model, work, args.pool)}
             lines.append(line)
-            print(json.dumps(line), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(line) + "\n")
+            common.emit_appending(line, args.out)
     print(table(lines, args), file=sys.stderr)
     if args.results_md:
         write_section(args.results_md, "multiturn", table(lines, args))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Mutation check: change one policy detail of the runtime at a time and see which tests fail.
 
 The policy oracles (`tests/runtime/oracles/`) restate every policy from its paper and share no code with
@@ -7,15 +6,14 @@ replaces one exact string (found exactly once) in one runtime file, runs `--test
 mutated tree, and puts the file back (also on Ctrl-C or an error). One JSON line per mutation:
 whether a test failed ("caught") and which.
 
-    python scripts/mutation_check.py --out docs/results/mutation_check.jsonl
-    python scripts/mutation_check.py --only window-off-by-one --tests tests/runtime/oracles
+    python -m sgl_vtoken_tools mutation-check --out docs/results/mutation_check.jsonl
+    python -m sgl_vtoken_tools mutation-check --only window-off-by-one --tests tests/runtime/oracles
 
 Run it on a clean tree: it edits files of the working tree in place, one at a time.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -23,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import REPO
 
 # name: (file, exact text, replacement, what the change means)
 MUTATIONS = {
@@ -129,7 +128,7 @@ def run_tests(tests: list[str], timeout: int) -> tuple[int, list[str], float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__)
+    p = common.parser(__doc__, __name__)
     p.add_argument("--only", nargs="+", choices=list(MUTATIONS), help="these mutations only")
     p.add_argument("--tests", nargs="+", default=DEFAULT_TESTS, help="pytest paths to run")
     p.add_argument("--timeout", type=int, default=1200, help="seconds per test run")
@@ -166,7 +165,3 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

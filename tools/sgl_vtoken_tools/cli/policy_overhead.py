@@ -9,23 +9,22 @@ same batch with one new token and subtracts it, so a slow prefill (a real model 
 not count. The attention policies add the recomputation of attention probabilities next to
 every layer; `knorm` gathers the cached keys. Example:
 
-    python scripts/bench_policy_overhead.py --runs 3
+    python -m sgl_vtoken_tools policy-overhead --runs 3
 """
 
-import argparse
 import json
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import requests
 
+from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
-REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("none", "streamingllm", "random", "knorm", "h2o", "tova", "scissorhands")
 
 
@@ -67,8 +66,8 @@ def run_batch(base_url: str, policy: str, args, run: int, new_tokens: int | None
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = common.parser(__doc__, __name__)
     parser.add_argument("--model-path", default=None)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--batch", type=int, default=8)
@@ -84,7 +83,7 @@ def main() -> None:
         help="also time each round's batch with 1 new token (prefill) and report "
         "(T(new_tokens) - T(1)) / (new_tokens - 1): for models whose prefill is not negligible",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.decode_only and args.new_tokens < 2:
         parser.error("--decode-only needs --new-tokens >= 2")
 
@@ -133,7 +132,3 @@ def main() -> None:
             ),
             flush=True,
         )
-
-
-if __name__ == "__main__":
-    main()

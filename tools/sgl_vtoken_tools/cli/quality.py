@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Answer quality under KV eviction: retrieval, multi-turn recall, language modelling.
 
-    python scripts/eval_quality.py --model .cache/smollm2 --out docs/results/quality_smollm2.jsonl \\
+    python -m sgl_vtoken_tools quality --model .cache/smollm2 --out docs/results/quality_smollm2.jsonl \\
         --plot docs/img/quality_smollm2.png
-    python scripts/eval_quality.py --report docs/results/quality_smollm2.jsonl   # tables only
-    python scripts/eval_quality.py --smoke --model DIR --out /tmp/q.jsonl          # toy sizes
+    python -m sgl_vtoken_tools quality --report docs/results/quality_smollm2.jsonl   # tables only
+    python -m sgl_vtoken_tools quality --smoke --model DIR --out /tmp/q.jsonl          # toy sizes
 
 Every (setting, budget) cell runs through the fast masked reference
 (`sgl_vtoken_tools.quality.fastref`: the server's maths, incrementally, on Hugging Face transformers),
@@ -34,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.quality.cli import json_lines, load
 from sgl_vtoken_tools.quality.evaluate import (
     Plan,
@@ -43,8 +44,6 @@ from sgl_vtoken_tools.quality.evaluate import (
     write_outputs,
 )
 from sgl_vtoken_tools.quality.settings import Setting, Sweep
-
-REPO = Path(__file__).resolve().parent.parent
 
 DEFAULT_SETTINGS = [
     "streamingllm",
@@ -57,11 +56,7 @@ DEFAULT_SETTINGS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = common.parser(__doc__, __name__)
     p.add_argument(
         "--model",
         help="Hugging Face folder, or `smollm2` (built into .cache/smollm2 "
@@ -123,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--write-tasks",
         metavar="JSONL",
         help="write the docqa, kv or needle trials of --tasks (token ids, answer, question_at) "
-        "to this file and exit: the input of scripts/kvpress_eval.py",
+        "to this file and exit: the input of tools/sgl_vtoken_tools/cli/kvpress.py",
     )
     p.add_argument(
         "--passkey-lengths",
@@ -365,7 +360,3 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0 if equal == len(server) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,10 +8,10 @@ Score: the answer's first number is the key. Besides the hits, each record carri
 the request kept (`live_tokens`), the host tier's figures (offloaded, recalled, recall time, host
 bytes) per turn. One JSON line per (setting, trial), then one summary line per setting.
 
-    python scripts/eval_recall.py --trials 20 --recall 128,192 --out docs/results/recall_host_tier_gap8.jsonl
-    python scripts/eval_recall.py --render docs/results/recall_host_tier_gap8.jsonl --plot docs/img/recall_host_tier.png
-    python scripts/eval_recall.py --first 20 --trials 10 --recall 128,192 --out more.jsonl   # trials 20-29
-    python scripts/eval_recall.py --split heldout --recall-defaults --out heldout.jsonl     # see below
+    python -m sgl_vtoken_tools recall --trials 20 --recall 128,192 --out docs/results/recall_host_tier_gap8.jsonl
+    python -m sgl_vtoken_tools recall --render docs/results/recall_host_tier_gap8.jsonl --plot docs/img/recall_host_tier.png
+    python -m sgl_vtoken_tools recall --first 20 --trials 10 --recall 128,192 --out more.jsonl   # trials 20-29
+    python -m sgl_vtoken_tools recall --split heldout --recall-defaults --out heldout.jsonl     # see below
 
 `--split tuning|heldout|final` plays the split's sessions instead (`sgl_vtoken_tools.quality.splits`:
 a 5-digit fact stated once, in turn 1 or inside a later passage at the split's depths, in the
@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.probe import flush_cache
+from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 from sgl_vtoken_tools.quality.server_check import Client, _strip
 from sgl_vtoken_tools.quality.splits import SPLITS, session_trials
 from sgl_vtoken_tools.quality.tasks import exact_number, next_turn_ids, recall_trials
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def settings(
@@ -201,9 +201,7 @@ def server_config(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = common.parser(__doc__, __name__)
     ap.add_argument("--model", default=str(REPO / ".cache" / "smollm2"))
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument(
@@ -267,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.first < 0 or args.trials < 1:
@@ -379,7 +377,3 @@ def requests_state(base_url: str) -> dict:
     return requests.get(base_url + "/get_server_info", timeout=30).json()["internal_states"][0][
         "vtoken"
     ]
-
-
-if __name__ == "__main__":
-    main()

@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Stress one sgl-vtoken server with mixed traffic, then check it for crashes and leaks.
 
-    python scripts/stress.py                          # 5 minutes, tiny model, CPU, page 16
-    python scripts/stress.py --page-size 1 --duration 120
-    python scripts/stress.py --kv-evict-config '{"prefill_chunk": 64}' --disable-overlap-schedule
-    python scripts/stress.py --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}' \
+    python -m sgl_vtoken_tools stress                          # 5 minutes, tiny model, CPU, page 16
+    python -m sgl_vtoken_tools stress --page-size 1 --duration 120
+    python -m sgl_vtoken_tools stress --kv-evict-config '{"prefill_chunk": 64}' --disable-overlap-schedule
+    python -m sgl_vtoken_tools stress --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}' \
         --budgets 128,256
-    python scripts/stress.py --retract                # SGLang's forced retractions (SGLANG_TEST_RETRACT)
-    python scripts/stress.py --base-url http://127.0.0.1:30000 --server-log server.log
+    python -m sgl_vtoken_tools stress --retract                # SGLang's forced retractions (SGLANG_TEST_RETRACT)
+    python -m sgl_vtoken_tools stress --base-url http://127.0.0.1:30000 --server-log server.log
 
 Starts the tiny model on CPU (`--kv-evict P --kv-budget B --kv-evict-interval I --kv-evict-trigger T`, pool
 `--max-total-tokens POOL`) with SGLang's memory checkers on (SGLANG_ENABLE_STRICT_MEM_CHECK_
@@ -39,17 +38,13 @@ from pathlib import Path
 from sgl_vtoken.patches.core.shortage import KINDS as SHORTAGE_KINDS
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken_tools.bench.stress_spec import FORCED, TrafficSpec
+from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    p = common.parser(__doc__, __name__)
     p.add_argument("--duration", type=float, default=300.0, help="seconds of traffic")
     p.add_argument("--workers", type=int, default=8, help="concurrent request loops")
     p.add_argument("--seed", type=int, default=0)
@@ -231,7 +226,3 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0 if summary["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
