@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from sgl_vtoken_tools.bench import cell_server as cell_server_mod
 from sgl_vtoken_tools.bench import ladder
 from sgl_vtoken_tools.bench import probe as probe_mod
 from sgl_vtoken_tools.bench.quantiles import quantile
@@ -179,7 +180,7 @@ def test_score_each_kind_by_its_rules_and_leaks_across_kinds(fake_essays, tok):
 def test_run_plays_one_schedule_in_every_cell(
     bench, tok, tiny_model, fake_essays, tmp_path, monkeypatch
 ):
-    """The script's run with fake servers and a fake player: every (cell, repeat) plays every
+    """The command's run with fake servers and a fake player: every (cell, repeat) plays every
     load in order on one server, the cache flushed before each, the same sessions at the same
     times (the seeded schedule over the load's rate) under the same request ids; the cell lines
     add up their request lines and count each load's own retractions."""
@@ -203,7 +204,7 @@ def test_run_plays_one_schedule_in_every_cell(
                 reqs.append({**r, "rid": f"{rid_prefix}-{s.id}-t{turn}", "t_start": times[i]})
         return reqs, 2.0
 
-    monkeypatch.setattr(bench, "cell_server", fake_server)
+    monkeypatch.setattr(cell_server_mod, "cell_server", fake_server)
     monkeypatch.setattr(ladder, "play_load", fake_play)
     monkeypatch.setattr(probe_mod, "flush_cache", lambda url: flushed.append(url))
     monkeypatch.setattr(probe_mod, "get_json", lambda url, path: {"data": [{"id": "m"}]})

@@ -46,7 +46,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, cell_server, resolve_model, served_model
+from sgl_vtoken_tools.bench.cell_server import Plays, resolve_model, served_model
 from sgl_vtoken_tools.bench.cell_server import cell_spec as shared_cell_spec
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
@@ -106,34 +106,23 @@ def run(args) -> list[dict]:
     lines, emit = run.records, run.emit
 
     emit(
-        {
-            "kind": "config",
-            "model": model,
-            "base_url": args.base_url,
-            "pool": None if args.base_url else args.pool,
-            "page_size": args.page_size,
-            "spec": {**vars(spec), "reply_tokens": args.reply_tokens, "tool_role": args.tool_role},
-            "cells": dict(cells),
-            "repeats": args.repeats,
-            "session_tokens_max": need,
-            "server_threads": args.server_threads,
-            "replies": args.replies,
-        }
+        common.config_line(
+            args,
+            model,
+            cells,
+            spec={**vars(spec), "reply_tokens": args.reply_tokens, "tool_role": args.tool_role},
+            session_tokens_max=need,
+            replies=args.replies,
+        )
     )
     full: dict[int, list[dict]] = {}
     plays = Plays(bool(args.base_url))
     for name, flags in cells:
-        with cell_server(
-            model,
-            name,
-            flags,
-            args.pool,
-            args.page_size,
-            args.server_args.split(),
-            args.server_threads,
-            args.base_url,
-            args.server_log,
-        ) as (url, log_path, kv_evict):
+        with common.server_of(args, model, name, flags, no_overlap=False) as (
+            url,
+            log_path,
+            kv_evict,
+        ):
             model_id = served_model(url)
             for rep in range(args.repeats):
                 with plays.play(url, log_path) as window:

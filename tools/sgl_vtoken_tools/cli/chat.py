@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, cell_server, cell_spec, served_model
+from sgl_vtoken_tools.bench.cell_server import Plays, cell_spec, served_model
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 from sgl_vtoken_tools.cli import common
@@ -107,39 +107,24 @@ def run(args) -> list[dict]:
     lines, emit = run.records, run.emit
 
     emit(
-        {
-            "kind": "config",
-            "model": model,
-            "base_url": args.base_url,
-            "pool": None if args.base_url else args.pool,
-            "page_size": args.page_size,
-            "split": args.split,
-            "seed": args.seed,
-            "key_at": args.key_at,
-            "mode": mode,
-            "conversations": len(convs),
-            "passages": args.passages,
-            "max_tokens": args.max_tokens,
-            "cells": dict(cells),
-            "repeats": args.repeats,
-            "conversation_tokens_max": need,
-            "server_threads": args.server_threads,
-        }
+        common.config_line(
+            args,
+            model,
+            cells,
+            split=args.split,
+            seed=args.seed,
+            key_at=args.key_at,
+            mode=mode,
+            conversations=len(convs),
+            passages=args.passages,
+            max_tokens=args.max_tokens,
+            conversation_tokens_max=need,
+        )
     )
     plays = Plays(bool(args.base_url))
     for rep in range(args.repeats):
         for name, flags in cells:
-            with cell_server(
-                model,
-                name,
-                flags,
-                args.pool,
-                args.page_size,
-                ["--disable-overlap-schedule", *args.server_args.split()],
-                args.server_threads,
-                args.base_url,
-                args.server_log,
-            ) as (url, log_path, kv_evict):
+            with common.server_of(args, model, name, flags) as (url, log_path, kv_evict):
                 with plays.play(url, log_path) as window:
                     reqs, wall, rounds = play(
                         url,
@@ -171,12 +156,7 @@ def run(args) -> list[dict]:
 def build_parser():
     p = common.parser(__doc__, __name__)
     common.model_flag(p)
-    p.add_argument(
-        "--cells",
-        nargs="+",
-        default=list(DEFAULT_CELLS),
-        help="names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)",
-    )
+    common.cells_flag(p, DEFAULT_CELLS)
     common.server_flags(
         p,
         2048,

@@ -166,3 +166,46 @@ def emit_appending(line: dict, path: str | None) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+CELLS_HELP = "names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)"
+
+
+def cells_flag(p: argparse.ArgumentParser, default, help: str = CELLS_HELP) -> None:
+    p.add_argument("--cells", nargs="+", default=list(default), help=help)
+
+
+def server_of(args, model: str, name: str, flags, no_overlap: bool = True):
+    """`cell_server` of cell `name` with the command's server flags (`server_flags`): launched
+    on `--pool` tokens at `--page-size` with `--server-args` (after ``--disable-overlap-schedule``
+    where `no_overlap`), or the running `--base-url` server."""
+    from sgl_vtoken_tools.bench.cell_server import cell_server
+
+    extra = args.server_args.split()
+    return cell_server(
+        model,
+        name,
+        flags,
+        args.pool,
+        args.page_size,
+        ["--disable-overlap-schedule", *extra] if no_overlap else extra,
+        args.server_threads,
+        getattr(args, "base_url", None),
+        getattr(args, "server_log", None),
+    )
+
+
+def config_line(args, model: str, cells, **more) -> dict:
+    """The `config` line of a server benchmark: model, server, cells, repeats, then `more`."""
+    base_url = getattr(args, "base_url", None)
+    return {
+        "kind": "config",
+        "model": model,
+        "base_url": base_url,
+        "pool": None if base_url else args.pool,
+        "page_size": args.page_size,
+        "cells": dict(cells),
+        "repeats": args.repeats,
+        "server_threads": args.server_threads,
+        **more,
+    }

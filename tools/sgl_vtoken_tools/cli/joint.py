@@ -35,7 +35,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, cell_server, resolve_model, served_model
+from sgl_vtoken_tools.bench.cell_server import Plays, resolve_model, served_model
 from sgl_vtoken_tools.bench.joint_table import plot, spread_lines, table
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS
@@ -81,31 +81,11 @@ def run(args) -> list[dict]:
     run = RunLog(args.out, append=False)
     lines, emit = run.records, run.emit
 
-    emit(
-        {
-            "kind": "config",
-            "model": model,
-            "pool": args.pool,
-            "page_size": args.page_size,
-            "spec": vars(spec),
-            "cells": {n: f for n, f in cells},
-            "repeats": args.repeats,
-            "conversations": len(convs),
-            "server_threads": args.server_threads,
-        }
-    )
+    emit(common.config_line(args, model, cells, spec=vars(spec), conversations=len(convs)))
     full: dict[int, list[dict]] = {}
     plays = Plays(remote=False)
     for name, flags in cells:
-        with cell_server(
-            model,
-            name,
-            flags,
-            args.pool,
-            args.page_size,
-            ["--disable-overlap-schedule", *args.server_args.split()],
-            args.server_threads,
-        ) as (url, log_path, _):
+        with common.server_of(args, model, name, flags) as (url, log_path, _):
             model_id = served_model(url)
             for rep in range(args.repeats):
                 with plays.play(url, log_path) as window:

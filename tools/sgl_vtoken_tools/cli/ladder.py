@@ -65,7 +65,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, cell_server, cell_spec, served_model
+from sgl_vtoken_tools.bench.cell_server import Plays, cell_spec, served_model
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 from sgl_vtoken_tools.cli import common
@@ -133,48 +133,33 @@ def run(args) -> list[dict]:
     lines, emit = run.records, run.emit
 
     emit(
-        {
-            "kind": "config",
-            "model": model,
-            "base_url": args.base_url,
-            "pool": None if args.base_url else args.pool,
-            "page_size": args.page_size,
-            "split": args.split,
-            "seed": args.seed,
-            "mix": list(args.mix),
-            "sessions": [
+        common.config_line(
+            args,
+            model,
+            cells,
+            split=args.split,
+            seed=args.seed,
+            mix=list(args.mix),
+            sessions=[
                 {"id": s.id, "kind": s.kind, "turns": len(s.turns), "peak_tokens": s.peak_tokens}
                 for s in sessions
             ],
-            "arrivals_unit": [round(t, 6) for t in unit],
-            "key_at": args.key_at,
-            "passages": args.passages,
-            "max_tokens": args.max_tokens,
-            "agent_turns": args.agent_turns,
-            "tool_tokens": args.tool_tokens,
-            "reply_tokens": args.reply_tokens,
-            "loads": args.loads,
-            "cells": dict(cells),
-            "repeats": args.repeats,
-            "server_threads": args.server_threads,
-        }
+            arrivals_unit=[round(t, 6) for t in unit],
+            key_at=args.key_at,
+            passages=args.passages,
+            max_tokens=args.max_tokens,
+            agent_turns=args.agent_turns,
+            tool_tokens=args.tool_tokens,
+            reply_tokens=args.reply_tokens,
+            loads=args.loads,
+        )
     )
     rates: dict[float, float] | None = None
     full: dict[tuple[int, int], list[dict]] = {}
     plays = Plays(bool(args.base_url))
     for rep in range(args.repeats):
         for name, flags in cells:
-            with cell_server(
-                model,
-                name,
-                flags,
-                args.pool,
-                args.page_size,
-                ["--disable-overlap-schedule", *args.server_args.split()],
-                args.server_threads,
-                args.base_url,
-                args.server_log,
-            ) as (url, log_path, kv_evict):
+            with common.server_of(args, model, name, flags) as (url, log_path, kv_evict):
                 model_id = served_model(url)
                 if rates is None:  # once per run: every cell and repeat plays the same rates
                     rates = choose_rates(args, url, model_id, sessions, emit)
@@ -267,12 +252,7 @@ def mix_arg(text: str) -> tuple[int, int]:
 def build_parser() -> argparse.ArgumentParser:
     p = common.parser(__doc__, __name__)
     common.model_flag(p)
-    p.add_argument(
-        "--cells",
-        nargs="+",
-        default=list(DEFAULT_CELLS),
-        help="names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)",
-    )
+    common.cells_flag(p, DEFAULT_CELLS)
     common.server_flags(
         p,
         2048,
