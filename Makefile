@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo lint typecheck test bench bench-joint stress kvp quality docqa-tuning kvpress kvpress-venv retrieval-tuning retrieval-heldout kvpress-tuning final clean
+.PHONY: install demo lint typecheck test bench bench-joint stress quality docqa-tuning kvpress kvpress-venv retrieval-tuning retrieval-heldout kvpress-tuning final clean
 
 install: $(STAMP)
 
@@ -72,22 +72,23 @@ test: lint
 # and 16 (2 repeats, about 35 minutes): rewrites docs/results/multiturn.jsonl and the multiturn
 # section of docs/results/sglang-multiturn.md; then bench-joint.
 bench: $(STAMP)
-	$(PY) scripts/bench_agent.py --out docs/results/agent_smollm2.jsonl \
+	$(PY) -m sgl_vtoken_tools agent --out docs/results/agent_smollm2.jsonl \
 		--markdown docs/results/agent_smollm2.md
-	$(PY) scripts/bench_matrix.py
+	$(PY) -m sgl_vtoken_tools matrix
 	rm -f docs/results/multiturn.jsonl
-	$(PY) scripts/bench_multiturn.py --repeats 2 --out docs/results/multiturn.jsonl \
+	$(PY) -m sgl_vtoken_tools multiturn --repeats 2 --out docs/results/multiturn.jsonl \
 		--results-md docs/results/sglang-multiturn.md
 	$(MAKE) bench-joint
 
 # Speed and answers in one run on SmolLM2-135M-Instruct (CPU): stock SGLang, the full cache and
-# eviction settings (scripts/bench_joint.py CELLS) on the same concurrent held-out conversations
-# (sessions that state a fact once and ask for it last, document questions), 3 repeats each;
+# eviction settings (tools/sgl_vtoken_tools/bench/server_cells.py CELLS) on the same concurrent
+# held-out conversations (sessions that state a fact once and ask for it last, document
+# questions), 3 repeats each;
 # rewrites docs/results/joint_smollm2.{jsonl,md} and docs/img/joint_smollm2.png (about an hour
 # on two quiet cores). Host histories alone against stock (about 20 minutes): docs/benchmarks.md,
 # "Speed and answers in one run".
 bench-joint: $(STAMP)
-	$(PY) scripts/bench_joint.py --out docs/results/joint_smollm2.jsonl \
+	$(PY) -m sgl_vtoken_tools joint --out docs/results/joint_smollm2.jsonl \
 		--markdown docs/results/joint_smollm2.md --plot docs/img/joint_smollm2.png
 
 # Mixed traffic against one evicting server per configuration users run, at page sizes 1 and 16:
@@ -102,7 +103,7 @@ bench-joint: $(STAMP)
 STRESS_S ?= 600
 STRESS_POOL ?= 2048
 STRESS_JOBS ?= 1
-STRESS := $(PY) scripts/stress.py --duration $(STRESS_S) --pool $(STRESS_POOL) --over-pool
+STRESS := $(PY) -m sgl_vtoken_tools stress --duration $(STRESS_S) --pool $(STRESS_POOL) --over-pool
 CHUNK := --kv-evict-config '{"prefill_chunk": 64}' --disable-overlap-schedule
 HOST := --kv-evict-config '{"host_tokens": 65536, "offload": true, "recall": 32}' --budgets 128,256
 STRESS_RUNS := page16 page1 page16_prefill_chunk page1_prefill_chunk page16_host_tier page1_host_tier \
@@ -138,51 +139,11 @@ stress-page1_pressure_host_tier:
 	$(STRESS) --page-size 1 --trigger pressure $(HOST) --forced-shortages recall \
 		--out docs/results/stress_page1_pressure_host_tier.jsonl
 
-# Learned eviction (KVP) on CPU: collect K/V traces of the model on held-out-split text, train
-# the per-(layer, KV head) scorers, compare them with the heuristics (tables of docs/RESULTS.md).
-# Default: SmolLM2-135M-Instruct (30 layers x 3 KV heads = 90 scorers) on Python's documentation
-# prose, checkpoint .cache/kvp-smollm2/kvp.safetensors. `make kvp KVP_MODEL=tiny-lm`: the tiny
-# Llama trained on the stdlib's sources first (checkpoint .cache/kvp/kvp.safetensors).
-KVP_MODEL ?= smollm2
-# Torch threads of the scripts: on a machine other jobs share, 1 (two OpenMP threads spin-wait).
-KVP_THREADS ?= 2
-ifeq ($(KVP_MODEL),smollm2)
-KVP_DIR := .cache/kvp-smollm2
-KVP_LM := .cache/smollm2
-KVP_TEXT := --text pydoc --heldout-every 4
-KVP_TRAIN := --num-seqs 24 --cut-every 64 --max-mb 400
-KVP_HELDOUT := --num-seqs 8 --cut-every 64
-KVP_FIT := --steps 600
-KVP_PLOT := docs/img/kvp_smollm2_retained_mass.png
-else
-KVP_DIR := .cache/kvp
-KVP_LM := .cache/tiny-lm
-KVP_TEXT :=
-KVP_TRAIN :=
-KVP_HELDOUT := --num-seqs 16
-KVP_FIT :=
-KVP_PLOT := docs/img/kvp_retained_mass.png
-endif
-kvp: $(STAMP)
-ifeq ($(KVP_MODEL),smollm2)
-	$(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '$(KVP_LM)'))"
-else
-	$(PY) scripts/train_tiny_lm.py --out $(KVP_LM)
-endif
-	$(PY) scripts/collect_traces.py --model $(KVP_LM) $(KVP_TEXT) $(KVP_TRAIN) --threads $(KVP_THREADS) \
-		--out $(KVP_DIR)/traces-train.pt
-	$(PY) scripts/collect_traces.py --model $(KVP_LM) $(KVP_TEXT) --split heldout $(KVP_HELDOUT) \
-		--threads $(KVP_THREADS) --out $(KVP_DIR)/traces-heldout.pt
-	$(PY) scripts/train_kvp.py --traces $(KVP_DIR)/traces-train.pt $(KVP_FIT) --threads $(KVP_THREADS) \
-		--heldout $(KVP_DIR)/traces-heldout.pt --out $(KVP_DIR)/kvp.safetensors
-	$(PY) scripts/eval_kvp.py --model $(KVP_LM) $(KVP_TEXT) --threads $(KVP_THREADS) \
-		--checkpoint $(KVP_DIR)/kvp.safetensors --out $(KVP_DIR)/eval.jsonl --plot $(KVP_PLOT)
-
 # Answer quality under eviction on SmolLM2-135M-Instruct (CPU): every policy at three budgets
 # through the fast masked reference, a subset replayed on live servers; rewrites
 # docs/results/quality_smollm2.{jsonl,md} and docs/img/quality_smollm2.png (about an hour on two
-# quiet cores). KVP_CKPT=path adds a kvp row. One torch thread: on a busy machine two threads
-# spin-wait on each other and a decode step becomes 10-50x slower.
+# quiet cores). One torch thread: on a busy machine two threads spin-wait on each other and a
+# decode step becomes 10-50x slower.
 # The names run with today's scoring defaults; docs/RESULTS.md's quality section ran them with the
 # earlier ones (all layers, pool 1, sum) and says how to spell those.
 UPPER := score_layers=15-29
@@ -190,10 +151,10 @@ QUALITY_SETTINGS := streamingllm random random:window=32 knorm knorm:window=32 \
 	h2o:window=32 h2o:window=32,pool=5,$(UPPER) tova tova:pool=5,$(UPPER) \
 	scissorhands:window=32 scissorhands:window=32,pool=5,$(UPPER)
 quality: $(STAMP)
-	$(PY) scripts/eval_quality.py --model smollm2 --threads 1 --settings $(QUALITY_SETTINGS) \
-		$(if $(KVP_CKPT),--kvp-checkpoint $(KVP_CKPT)) --budgets 128 256 512 \
-		--out docs/results/quality_smollm2.jsonl --markdown docs/results/quality_smollm2.md \
-		--plot docs/img/quality_smollm2.png --title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"
+	$(PY) -m sgl_vtoken_tools quality --model smollm2 --threads 1 --settings $(QUALITY_SETTINGS) \
+		--budgets 128 256 512 --out docs/results/quality_smollm2.jsonl \
+		--markdown docs/results/quality_smollm2.md --plot docs/img/quality_smollm2.png \
+		--title "SmolLM2-135M-Instruct (fp32), sinks 16, interval 16"
 
 # Document questions of the split tasks (tools/sgl_vtoken_tools/quality/splits.py) for our
 # settings through the fast masked reference: `make docqa-tuning` on the tuning split (where
@@ -206,13 +167,13 @@ quality: $(STAMP)
 # off (the last one: the defaults before they were chosen, docs/RESULTS.md "Defaults that keep answers").
 SPLIT_SETTINGS := streamingllm knorm h2o tova scissorhands h2o:window=32 scissorhands:window=32 \
 	h2o:aggregation=sum h2o:pool=1 h2o:score_layers=all h2o:pool=1,aggregation=sum,score_layers=all
-SPLIT_RUN := OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 \
+SPLIT_RUN := OMP_NUM_THREADS=1 $(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --threads 1 \
 	--tasks docqa --server-trials 0 --budgets 128 256 --settings $(SPLIT_SETTINGS)
 SMOLLM2 := $(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '.cache/smollm2'))"
 KVPRESS_VENV := .venv-kvpress
 KVPRESS_STAMP := $(KVPRESS_VENV)/.kvpress-installed
 KVPRESS_TASKS := .cache/docqa_heldout.jsonl
-KVPRESS_RUN := OMP_NUM_THREADS=1 $(KVPRESS_VENV)/bin/python scripts/kvpress_eval.py --model .cache/smollm2 \
+KVPRESS_RUN := OMP_NUM_THREADS=1 PYTHONPATH=tools $(KVPRESS_VENV)/bin/python -m sgl_vtoken_tools kvpress --model .cache/smollm2 \
 	--tasks $(KVPRESS_TASKS) --budgets 128 256
 # The torch SGLang 0.5.23 pins, then kvpress with the transformers it accepts.
 $(KVPRESS_STAMP):
@@ -227,13 +188,13 @@ docqa-tuning: $(STAMP)
 	$(SPLIT_RUN) --split tuning --out docs/results/docqa_tuning_smollm2.jsonl
 kvpress: $(STAMP) $(KVPRESS_STAMP)
 	$(SMOLLM2)
-	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
+	$(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
 	$(KVPRESS_RUN) --presses streamingllm snapkv tova --out .cache/kvpress_a.jsonl & a=$$!; \
 	$(KVPRESS_RUN) --presses knorm observed_attention expected_attention --out .cache/kvpress_b.jsonl & b=$$!; \
 	$(SPLIT_RUN) --split heldout --out docs/results/docqa_heldout_smollm2.jsonl; c=$$?; \
 	wait $$a && wait $$b && test $$c = 0
 	cat .cache/kvpress_a.jsonl .cache/kvpress_b.jsonl > docs/results/kvpress_smollm2.jsonl
-	$(PY) scripts/kvpress_eval.py --report docs/results/kvpress_smollm2.jsonl \
+	$(PY) -m sgl_vtoken_tools kvpress --report docs/results/kvpress_smollm2.jsonl \
 		--ours docs/results/docqa_heldout_smollm2.jsonl --markdown docs/results/kvpress_smollm2.md
 
 # kvpress's options chosen as ours were: every press that has options searched on the tuning
@@ -253,12 +214,12 @@ KVPRESS_GRID_AGNOSTIC := expected_attention expected_attention:n_sink=16 \
 	expected_attention:n_future_positions=128,use_vnorm=false \
 	expected_attention:n_sink=16,n_future_positions=128,use_vnorm=false
 KVPRESS_CHOICE := docs/results/kvpress_choice_smollm2.jsonl
-KVPRESS_TUNE := OMP_NUM_THREADS=1 $(KVPRESS_VENV)/bin/python scripts/kvpress_eval.py \
+KVPRESS_TUNE := OMP_NUM_THREADS=1 PYTHONPATH=tools $(KVPRESS_VENV)/bin/python -m sgl_vtoken_tools kvpress \
 	--model .cache/smollm2 --tasks .cache/docqa_tuning.jsonl --budgets 128 256
 # The choice is a file: `make final` searches first where it is missing; delete it to search again.
 $(KVPRESS_CHOICE): | $(STAMP) $(KVPRESS_STAMP)
 	$(SMOLLM2)
-	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split tuning \
+	$(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --split tuning \
 		--write-tasks .cache/docqa_tuning.jsonl
 	$(KVPRESS_TUNE) --modes aware --presses $(KVPRESS_GRID_AWARE) \
 		--out .cache/kvpress_tune_a.jsonl & a=$$!; \
@@ -267,10 +228,10 @@ $(KVPRESS_CHOICE): | $(STAMP) $(KVPRESS_STAMP)
 	wait $$a && test $$b = 0
 	cat .cache/kvpress_tune_a.jsonl .cache/kvpress_tune_b.jsonl \
 		> docs/results/kvpress_tuning_smollm2.jsonl
-	$(PY) scripts/kvpress_eval.py --choose docs/results/kvpress_tuning_smollm2.jsonl > $@
+	$(PY) -m sgl_vtoken_tools kvpress --choose docs/results/kvpress_tuning_smollm2.jsonl > $@
 KVPRESS_HELDOUT_TUNED := docs/results/kvpress_heldout_tuned_smollm2.jsonl
 $(KVPRESS_HELDOUT_TUNED): $(KVPRESS_CHOICE)
-	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
+	$(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
 	$(KVPRESS_RUN) --presses-from $(KVPRESS_CHOICE) --out $@
 kvpress-tuning: $(KVPRESS_HELDOUT_TUNED)
 
@@ -285,19 +246,19 @@ kvpress-tuning: $(KVPRESS_HELDOUT_TUNED)
 # whose held-out run it needs: the table of both splits is docs/results/kvpress_tuned_smollm2.md);
 # rewrites docs/results/final_*.jsonl (about 80 minutes on two quiet cores).
 FINAL_CHAT := "h2o b256 s16 w32 + host + recall 192"
-FINAL_KVPRESS = OMP_NUM_THREADS=1 $(KVPRESS_VENV)/bin/python scripts/kvpress_eval.py \
+FINAL_KVPRESS = OMP_NUM_THREADS=1 PYTHONPATH=tools $(KVPRESS_VENV)/bin/python -m sgl_vtoken_tools kvpress \
 	--model .cache/smollm2 --tasks .cache/docqa_final.jsonl --budgets 128 256
 final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_HELDOUT_TUNED)
 	$(SMOLLM2)
-	$(PY) scripts/bench_joint.py --split final --cells stock "h2o b256" $(FINAL_CHAT) \
+	$(PY) -m sgl_vtoken_tools joint --split final --cells stock "h2o b256" $(FINAL_CHAT) \
 		--out docs/results/final_joint_smollm2.jsonl --markdown docs/results/final_joint_smollm2.md
 	$(PY) -m sgl_vtoken_tools.quality.chat_server --split final --trials 10 --cells 0,1,2 \
 		--server-args=--disable-overlap-schedule --out docs/results/final_chat_server.jsonl
-	OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 \
+	OMP_NUM_THREADS=1 $(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --threads 1 \
 		--split final --tasks docqa kv needle --retrieval-lengths 1000 --server-trials 0 \
 		--sink 4 --interval 16 --budgets 128 256 --settings streamingllm h2o \
 		--out docs/results/final_quality_smollm2.jsonl
-	$(PY) scripts/eval_quality.py --model .cache/smollm2 --split final \
+	$(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --split final \
 		--write-tasks .cache/docqa_final.jsonl
 	$(FINAL_KVPRESS) --presses streamingllm snapkv tova --presses-from $(KVPRESS_CHOICE) \
 		--out .cache/kvpress_final_a.jsonl & a=$$!; \
@@ -306,7 +267,7 @@ final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_HELDOUT_TUNED)
 	wait $$a && test $$b = 0
 	cat .cache/kvpress_final_a.jsonl .cache/kvpress_final_b.jsonl \
 		> docs/results/final_kvpress_smollm2.jsonl
-	$(PY) scripts/kvpress_eval.py --choices $(KVPRESS_CHOICE) --tuned-table \
+	$(PY) -m sgl_vtoken_tools kvpress --choices $(KVPRESS_CHOICE) --tuned-table \
 		held-out=docs/results/kvpress_smollm2.jsonl,$(KVPRESS_HELDOUT_TUNED) \
 		final=docs/results/final_kvpress_smollm2.jsonl --markdown docs/results/kvpress_tuned_smollm2.md
 
@@ -315,7 +276,7 @@ final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_HELDOUT_TUNED)
 # prompts, budgets of 12%, 25% and 50%); `make retrieval-heldout` runs the choice on the held-out
 # split at 1K and 2K tokens (the figures docs/RESULTS.md quotes) and replays two trials of each
 # task on live servers. The two tasks run at once, one torch thread each.
-RETRIEVAL_RUN := OMP_NUM_THREADS=1 $(PY) scripts/eval_quality.py --model .cache/smollm2 --threads 1 \
+RETRIEVAL_RUN := OMP_NUM_THREADS=1 $(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --threads 1 \
 	--sink 4 --interval 16 --retrieval-trials 20
 # span is spelled out both ways: the attention policies' default is span 8 since this choice.
 RETRIEVAL_TUNING := h2o:span=0 h2o:span=8 h2o:span=16 tova:span=0 tova:span=8 streamingllm \
@@ -327,7 +288,7 @@ retrieval-tuning: $(STAMP)
 	$(RETRIEVAL_RUN) --split tuning --tasks needle --server-trials 0 --budgets 128 256 512 \
 		--settings $(RETRIEVAL_TUNING) --out .cache/retrieval_tuning_needle.jsonl; b=$$?; \
 	wait $$a && test $$b = 0
-	$(PY) scripts/eval_quality.py --report .cache/retrieval_tuning_kv.jsonl \
+	$(PY) -m sgl_vtoken_tools quality --report .cache/retrieval_tuning_kv.jsonl \
 		.cache/retrieval_tuning_needle.jsonl --out docs/results/retrieval_tuning_smollm2.jsonl
 RETRIEVAL_HELDOUT := h2o:span=0 h2o:span=8 tova:span=0 tova:span=8 scissorhands:span=0 \
 	scissorhands:span=8 streamingllm streamingllm:span=8
@@ -343,9 +304,9 @@ retrieval-heldout: $(STAMP)
 	$(RETRIEVAL_2K) --tasks kv --out .cache/retrieval_heldout_kv_2k.jsonl & a=$$!; \
 	$(RETRIEVAL_2K) --tasks needle --out .cache/retrieval_heldout_needle_2k.jsonl; b=$$?; \
 	wait $$a && test $$b = 0
-	$(PY) scripts/eval_quality.py --report .cache/retrieval_heldout_kv_1k.jsonl \
+	$(PY) -m sgl_vtoken_tools quality --report .cache/retrieval_heldout_kv_1k.jsonl \
 		.cache/retrieval_heldout_needle_1k.jsonl --out docs/results/retrieval_heldout_1k_smollm2.jsonl
-	$(PY) scripts/eval_quality.py --report .cache/retrieval_heldout_kv_2k.jsonl \
+	$(PY) -m sgl_vtoken_tools quality --report .cache/retrieval_heldout_kv_2k.jsonl \
 		.cache/retrieval_heldout_needle_2k.jsonl --out docs/results/retrieval_heldout_2k_smollm2.jsonl
 
 clean:

@@ -9,14 +9,14 @@
 # Steps, each independent (a failure is logged and the next step runs), within a time budget
 # (GPU_CHECK_BUDGET_S, default 400 s; each step gets a bounded share of what is left):
 #   1. pytest -m gpu tests/runtime/kernels (compiled)    -> pytest-gpu.log
-#   2. scripts/bench_kernels.py: host cost per call, repacker vs copy bandwidth (256..65536 moves:
+#   2. `sgl_vtoken_tools kernels`: host cost per call, repacker vs copy bandwidth (256..65536 moves:
 #      do_bench, API wall, host and CUDA-graph time), scores vs their K read floor (batch 8/64/256
 #      x 2K/4K, with and without LSE)                    -> bench_kernels.jsonl, bench.log
 #   3. every other kernel test, compiled on the GPU      -> pytest-compiled.log
 #   4. launch-parameter sweeps (repacker, score kernel)  -> bench_kernels.jsonl, bench.log
-#   5. scripts/bench_evict_step.py: the batched eviction step against the per-row path, 8B shapes,
+#   5. `sgl_vtoken_tools evict-step`: the batched eviction step against the per-row path, 8B shapes,
 #      batch 1/64/256, budget 2048 (time, host syncs, repack launches) -> bench_evict_step.jsonl
-#   6. scripts/bench_graph_scores.py: decode scoring captured in a CUDA graph at batch 1/8/64/256
+#   6. `sgl_vtoken_tools graph-scores`: decode scoring captured in a CUDA graph at batch 1/8/64/256
 #      (8B shapes, rows of budget 256 + interval 16 + page 16), replays equal to eager and timed
 #      against it                                         -> bench_graph_scores.jsonl
 #   then summary.txt: device, each step's status and time, the benchmark's tables
@@ -51,7 +51,9 @@ fi
 
 # sgl_vtoken.kernels lives in kernels/ and is mapped into the package at install time. Without an
 # install, assemble the package from symlinks in a scratch directory (no SGLang import happens),
-# and put tools/ (sgl_vtoken_tools, which the benchmark scripts import) on the path beside it.
+# and put tools/ (sgl_vtoken_tools, whose commands run the benchmarks) on the path beside it. The
+# commands run as `python -P -m sgl_vtoken_tools`: -P keeps the working directory, the repository
+# root, off sys.path, so its sgl_vtoken/ (without kernels/) does not hide the assembled package.
 PYTEST_CWD="$ROOT"
 if ! "$PY" -c "import sgl_vtoken.kernels" 2>/dev/null; then
     SHIM="$(mktemp -d)"
@@ -110,7 +112,7 @@ bench() {  # bench NAME CAP ARGS...: the benchmark, stopping new measurements 30
     local name="$1" cap="$2"; shift 2
     local limit; limit=$(left); [ "$limit" -gt "$cap" ] && limit=$cap
     local extra=(); [ "$DRY" = 1 ] && extra=(--cpu-smoke)
-    step "$name" "$OUT_DIR/bench.log" "$cap" "$PY" scripts/bench_kernels.py --out "$OUT_DIR/bench_kernels.jsonl" \
+    step "$name" "$OUT_DIR/bench.log" "$cap" "$PY" -P -m sgl_vtoken_tools kernels --out "$OUT_DIR/bench_kernels.jsonl" \
         --deadline-s $((limit - 30)) ${extra[@]+"${extra[@]}"} "$@"
 }
 bench "2 bench_kernels (default launches)" 150
@@ -132,7 +134,7 @@ if [ "$DRY" = 1 ]; then
 else
     STEP_ARGS=(--shapes llama8b --batches 1,64,256 --intervals 16 --repeats 3 --policies streamingllm,random,knorm,h2o)
 fi
-step "5 bench_evict_step" "$OUT_DIR/bench_evict_step.log" 120 "$PY" scripts/bench_evict_step.py \
+step "5 bench_evict_step" "$OUT_DIR/bench_evict_step.log" 120 "$PY" -P -m sgl_vtoken_tools evict-step \
     --out "$OUT_DIR/bench_evict_step.jsonl" --deadline-s $(( $(left) > 140 ? 90 : $(left) - 50 )) "${STEP_ARGS[@]}"
 
 if [ "$DRY" = 1 ]; then
@@ -141,12 +143,12 @@ else
     GRAPH_ARGS=()
 fi
 rm -f "$OUT_DIR/bench_graph_scores.jsonl"
-step "6 bench_graph_scores" "$OUT_DIR/bench_graph_scores.log" 60 "$PY" scripts/bench_graph_scores.py \
+step "6 bench_graph_scores" "$OUT_DIR/bench_graph_scores.log" 60 "$PY" -P -m sgl_vtoken_tools graph-scores \
     --out "$OUT_DIR/bench_graph_scores.jsonl" ${GRAPH_ARGS[@]+"${GRAPH_ARGS[@]}"}
 [ -s "$OUT_DIR/bench_graph_scores.jsonl" ] && cat "$OUT_DIR/bench_graph_scores.jsonl" >> "$SUMMARY"
 
 if [ -s "$OUT_DIR/bench_kernels.jsonl" ]; then
-    "$PY" scripts/bench_kernels.py --summarize "$OUT_DIR/bench_kernels.jsonl" 2>&1 | tee -a "$SUMMARY"
+    "$PY" -P -m sgl_vtoken_tools kernels --summarize "$OUT_DIR/bench_kernels.jsonl" 2>&1 | tee -a "$SUMMARY"
 fi
 echo "gpu_check: done in $((SECONDS - START)) s, status $status; files: $(cd "$OUT_DIR" && ls | tr '\n' ' ')" | tee -a "$SUMMARY"
 exit $status

@@ -2,8 +2,8 @@
 
 No SGLang here: the step reads an SGLang-shaped pool (:class:`KVPoolView`) and rows described by
 the caller (:class:`EvictRow`), so the same code runs in the server (`patches/step/eviction.py`)
-and in `scripts/bench_evict_step.py` on a fake pool. Two calls, with the caller's tree work
-between::
+and in `python -m sgl_vtoken_tools evict-step` on a fake pool. Two calls, with the caller's tree
+work between::
 
     decide(rows, pool)       scores -> keep (`selection.select`) -> index plan (`step_plan`), on
                              the pool's device; ONE host copy (keep masks, counts) -> Decision

@@ -1,6 +1,6 @@
 """Test-session setup shared by every test folder: tests/runtime (the plugin: sgl_vtoken, its
 kernels and patches, end to end on servers, the policy oracles) and tests/tools (the tooling:
-sgl_vtoken_tools and scripts/), plus the repository checks beside this file.
+sgl_vtoken_tools and its commands), plus the repository checks beside this file.
 
 Triton kernels compile for the GPU wherever CUDA is present, and run under the CPU interpreter
 elsewhere: the switch is read when `@triton.jit` decorates, so it is set here, before any kernel
@@ -230,18 +230,9 @@ def fake_essays(wheel_dir, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def load_script():
-    """`load_script("eval_recall")` -> scripts/eval_recall.py imported as a module (scripts are
-    not a package; each call imports it afresh)."""
-    import importlib.util
-    from pathlib import Path
+def command():
+    """`command("recall")` -> the module of `python -m sgl_vtoken_tools recall`
+    (`sgl_vtoken_tools.cli.recall`), whose `main(argv)` runs it."""
+    import importlib
 
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return load
+    return lambda name: importlib.import_module(f"sgl_vtoken_tools.cli.{name}")

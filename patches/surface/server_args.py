@@ -29,7 +29,7 @@ from sgl_vtoken.config import (
     policy_from_config,
     setting_keys,
 )
-from sgl_vtoken.policies import POLICIES, SharingAware
+from sgl_vtoken.policies import POLICIES
 
 from ..cache import radix
 from ..core import contract
@@ -206,7 +206,6 @@ def config_from_namespace(args: argparse.Namespace) -> EvictConfig:
         policy_from_config(cfg)  # the policy's parameters: validated once, here
     except ValueError as e:
         _fail_naming_flag(e)
-    check_policy_fits_model(cfg, args)
     if cfg.prefill.chunk is not None:
         chunk_problem = prefill_chunk_problem(
             getattr(args, "chunked_prefill_size", None),
@@ -286,34 +285,6 @@ def settings_problem(
             f"< {num_layers} (the model's layers)"
         )
     return ""
-
-
-def check_policy_fits_model(cfg: EvictConfig, args: argparse.Namespace) -> None:
-    """Exit if the policy is tied to a model (KVP's trained scorers) and the served one differs."""
-    policy = policy_from_config(cfg)
-    inner = policy.inner if isinstance(policy, SharingAware) else policy
-    check = getattr(inner, "check_model", None)
-    if check is None:
-        return
-    try:
-        from transformers import AutoConfig
-
-        hf = AutoConfig.from_pretrained(
-            args.model_path,
-            trust_remote_code=getattr(args, "trust_remote_code", False),
-            revision=getattr(args, "revision", None),
-        )
-        model_config = {**hf.get_text_config().to_dict(), "model_type": hf.model_type}
-    except Exception as e:  # any reason the config cannot be read: refuse rather than guess
-        _fail(
-            "argument --kv-evict-config: cannot read the config of --model-path "
-            f"{args.model_path!r} to check the {cfg.policy} checkpoint against it "
-            f"({type(e).__name__}: {e})"
-        )
-    try:
-        check(model_config)
-    except ValueError as e:
-        _fail(f"argument --kv-evict-config: {e}")
 
 
 def select_radix_backend(server_args: ServerArgs, cfg: EvictConfig) -> None:

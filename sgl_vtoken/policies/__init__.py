@@ -10,7 +10,6 @@ from typing import Any
 from sgl_vtoken.policies.base import EvictionPolicy, aggregate
 from sgl_vtoken.policies.h2o import H2O
 from sgl_vtoken.policies.knorm import KNorm
-from sgl_vtoken.policies.kvp import KVP
 from sgl_vtoken.policies.random_policy import RandomPolicy
 from sgl_vtoken.policies.scissorhands import Scissorhands
 from sgl_vtoken.policies.sharing_aware import SharingAware
@@ -19,7 +18,7 @@ from sgl_vtoken.policies.tova import TOVA
 from sgl_vtoken.selection import top_budget
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (StreamingLLM, RandomPolicy, KNorm, H2O, TOVA, Scissorhands, KVP)
+    cls.name: cls for cls in (StreamingLLM, RandomPolicy, KNorm, H2O, TOVA, Scissorhands)
 }
 
 
@@ -42,7 +41,6 @@ __all__ = [
     "EvictionPolicy",
     "H2O",
     "KNorm",
-    "KVP",
     "RandomPolicy",
     "Scissorhands",
     "SharingAware",

@@ -1,4 +1,4 @@
-"""Random eviction: the baseline of the vToken and KVP evaluations.
+"""Random eviction: the baseline of the evaluations.
 
 Scores are a counter-based hash of (seed, request id, eviction step, position), so the victims
 are reproducible by anyone holding those integers (see :mod:`sgl_vtoken.rng`), independent of

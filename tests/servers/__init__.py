@@ -1,5 +1,5 @@
 """Servers for end-to-end tests: started once per test session per configuration, always stopped;
-the tiny model's Hugging Face reference and KVP checkpoint. Shared by the plugin's end-to-end tests
+the tiny model's Hugging Face reference. Shared by the plugin's end-to-end tests
 (tests/runtime/e2e) and the benchmarks' (tests/tools/e2e), which use the same servers: a pytest
 plugin of tests/conftest.py (`pytest_plugins`), so each fixture exists once per session, and a
 module the tests import their constants and helpers from (`from servers import BENCH_FLAGS`).
@@ -180,18 +180,3 @@ def hf_eager(tiny_model):
     return AutoModelForCausalLM.from_pretrained(
         tiny_model, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-
-
-@pytest.fixture(scope="session")
-def kvp_checkpoint(hf_eager, tmp_path_factory):
-    """A KVP scorer trained in seconds on traces of the random-weight tiny model (exactness does
-    not need a good scorer, only the same one on both sides)."""
-    from sgl_vtoken.kvp import KVPScorer, save_checkpoint
-    from sgl_vtoken_tools.kvp_traces import collect
-    from sgl_vtoken_tools.kvp_train import train
-
-    seqs = torch.randint(10, 2000, (4, 128), generator=torch.Generator().manual_seed(900))
-    tr = collect(hf_eager, seqs, torch.tensor([48, 64, 80]), horizon=32, meta={})
-    scorer = KVPScorer(tr.identity, hidden=16, seed=0)
-    train(scorer, tr, steps=30, seed=0, batch=4)
-    return str(save_checkpoint(scorer, tmp_path_factory.mktemp("kvp") / "kvp.safetensors"))

@@ -1,23 +1,20 @@
-"""sgl-vtoken's tooling: what scripts and tests use around the plugin, never the server.
+"""sgl-vtoken's tooling: the benchmarks and what tests use around the plugin, never the server.
 
 The runtime is `sgl_vtoken` (with `sgl_vtoken.kernels` and `sgl_vtoken.patches`); nothing in it
 imports this package (`tests/test_layout.py`). Each is its own distribution: `sgl-vtoken` (the
 repository's pyproject.toml) and this one, `sgl-vtoken-tools` (tools/pyproject.toml).
 
-    bench/             benchmark and stress machinery the `scripts/bench_*.py` are command lines over
+    cli/               the benchmarks and evaluations: `python -m sgl_vtoken_tools <command>`
+    bench/             benchmark and stress machinery the commands are built on
     quality/           answer quality under eviction: tasks, fast masked reference, server check
     sim/               `python -m sgl_vtoken_tools.sim`: seeded traces through policies and allocator
     launcher           start and stop an SGLang server in a child process
     tiny_model         the embedded tiny Llama (`python -m sgl_vtoken_tools.tiny_model DIR`)
     models             real models built offline (`python -m sgl_vtoken_tools.models smollm2 DIR`)
-    corpus             Python's own text as train and held-out token streams
-    kvp_traces         K/V traces of a Hugging Face model for KVP training
-    kvp_train          training the KVP scorers
-    kvp_eval           eviction policies replayed on a full-attention trace
     hf_reference       Hugging Face oracle: greedy decoding with the server's evictions as a mask
     reference          pure-torch oracles of what the server does around the kernels
     step_ref           the per-row eviction path, oracle of `sgl_vtoken.step`
     row                RequestRow, the CPU model of one request's row
-    kernel_bench       timers, move patterns and floors of `scripts/bench_kernels.py`
+    kernel_bench       timers, move patterns and floors of `python -m sgl_vtoken_tools kernels`
     kernel_bench_runs  that script's workloads, one function per part
 """

@@ -10,7 +10,7 @@ Timers (GPU): `median_us` is triton's `do_bench` (L2 flushed between calls, medi
 end to end, host-bound when the host is slower; `wall_us` back-to-back calls through the public
 API (validation included) per call; `host_us` the host's enqueue time per call; `graph_us` the
 device time per call from CUDA-graph replays. On CPU (Triton interpreter) every timer is a
-perf_counter best-of and `graph_us` is None. Used by `scripts/bench_kernels.py`; needs torch and
+perf_counter best-of and `graph_us` is None. Used by `python -m sgl_vtoken_tools kernels`; needs torch and
 triton only.
 """
 

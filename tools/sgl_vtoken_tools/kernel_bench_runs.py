@@ -1,6 +1,6 @@
 """The kernel benchmark's workloads: one function per part, each measurement through `measure`.
 
-`measure(what, fn)` (from `scripts/bench_kernels.py`) records `what` plus the dict `fn` returns,
+`measure(what, fn)` (from `python -m sgl_vtoken_tools kernels`) records `what` plus the dict `fn` returns,
 or the error `fn` raised, so one failing measurement never ends a run. Shapes come from the
 command line (`args`); timers and floors from `kernel_bench.py`.
 """

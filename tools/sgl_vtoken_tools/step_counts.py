@@ -173,7 +173,7 @@ def scenarios(**kw) -> list[Scenario]:
     from sgl_vtoken.policies import POLICIES
 
     out = []
-    for policy in sorted(set(POLICIES) - {"kvp"}):
+    for policy in sorted(POLICIES):
         for ps in (1, 16):
             for history, offload in ((False, False), (True, False), (True, True)):
                 out.append(Scenario(policy, ps, history=history, offload=offload, **kw))

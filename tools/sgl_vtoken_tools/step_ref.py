@@ -1,5 +1,5 @@
 """The per-row eviction path: the reference of the batched step (`sgl_vtoken/step.py`,
-`sgl_vtoken/step_plan.py`) and its baseline in `scripts/bench_evict_step.py`.
+`sgl_vtoken/step_plan.py`) and its baseline in `python -m sgl_vtoken_tools evict-step`.
 
 One row at a time: the policy's `keep` (a batch of one of the step's selection), then the
 per-row repack planner: `drop_tree_rows` / `split_tree_pages` for tree-owned victims,

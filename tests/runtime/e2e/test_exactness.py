@@ -21,35 +21,30 @@ from sgl_vtoken_tools.hf_reference import masked_greedy
 pytestmark = pytest.mark.server
 
 BUDGET = 64
-POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
+POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
 WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters plus a recent window
 
 
 HOST_TOKENS, RECALL_GAP = 100_000, 4
 
 
-def evict_server(
-    server_factory, kvp_checkpoint, page_size, *extra, env=MEMORY_CHECKS, host_tokens=HOST_TOKENS
-):
-    """A server whose own policy is kvp (its checkpoint loaded, interval 1) with a host store of
-    `host_tokens` (recalls take holes of up to RECALL_GAP); other policies, intervals, offload and
-    recall come per request."""
+def evict_server(server_factory, page_size, *extra, env=MEMORY_CHECKS, host_tokens=HOST_TOKENS):
+    """A server whose own policy is streamingllm (interval 1) with a host store of `host_tokens`
+    (recalls take holes of up to RECALL_GAP); the policy of each request, its interval, offload
+    and recall come with the request."""
     flags = (
         "--kv-evict",
-        "kvp",
+        "streamingllm",
         "--kv-budget",
         str(BUDGET),
         "--kv-evict-config",
-        json.dumps(
-            {"checkpoint": kvp_checkpoint, "host_tokens": host_tokens, "recall_gap": RECALL_GAP}
-        ),
+        json.dumps({"host_tokens": host_tokens, "recall_gap": RECALL_GAP}),
         *extra,
     )
     return server_factory(page_size=page_size, extra=flags, env=env)
 
 
-def expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, page_size, interval, rid):
-    params = {"checkpoint": kvp_checkpoint} if policy == "kvp" else {}
+def expected_output(hf_eager, prompt, n, policy, page_size, interval, rid):
     cfg = EvictConfig(
         policy=policy,
         budget=BUDGET,
@@ -57,7 +52,6 @@ def expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, page_size, inte
         window=WINDOW.get(policy, 0),
         interval=interval,
         page_size=page_size,
-        params=params,
     )
     return masked_greedy(
         hf_eager, prompt, n, cfg, rid=rid, policy=oracle_policy, recall=ORACLE_RECALL
@@ -65,25 +59,20 @@ def expected_output(hf_eager, kvp_checkpoint, prompt, n, policy, page_size, inte
 
 
 def per_request(policy, interval=1):
-    """The request's `kv_evict` (policy kvp: the server's own, with its checkpoint)."""
-    kv = {"interval": interval}
-    return kv if policy == "kvp" else {**kv, "policy": policy, "window": WINDOW.get(policy, 0)}
+    """The request's `kv_evict`."""
+    return {"interval": interval, "policy": policy, "window": WINDOW.get(policy, 0)}
 
 
 @pytest.mark.server_group("chunked16")
 @pytest.mark.parametrize("policy", ["h2o", "tova", "scissorhands"])
-def test_attention_policies_are_exact_under_chunked_prefill(
-    server_factory, hf_eager, kvp_checkpoint, policy
-):
+def test_attention_policies_are_exact_under_chunked_prefill(server_factory, hf_eager, policy):
     """A 100-token prompt prefilled in chunks of 32: the observation window (the prompt's last 16
     queries) spans the last two chunks; the statistics and the output equal the unchunked
     reference."""
-    client = evict_server(server_factory, kvp_checkpoint, 16, "--chunked-prefill-size", "32")
+    client = evict_server(server_factory, 16, "--chunked-prefill-size", "32")
     prompt, n, rid = random_ids(100, seed=1200 + POLICIES.index(policy)), 120, f"chunked-{policy}"
     out = generate(client, prompt, n, rid, per_request(policy))
-    assert out["output_ids"] == expected_output(
-        hf_eager, kvp_checkpoint, prompt, n, policy, 16, 1, rid
-    )
+    assert out["output_ids"] == expected_output(hf_eager, prompt, n, policy, 16, 1, rid)
 
 
 @pytest.mark.server_group("retract{page_size}")
@@ -92,9 +81,9 @@ def test_attention_policies_are_exact_under_chunked_prefill(
     [(1, True, 1), (1, False, 1), (16, False, 16), (16, True, 16), (16, True, 1)],
     ids=["page1", "page1-no-overlap", "page16-no-overlap", "page16", "page16-interval1"],
 )
-@pytest.mark.parametrize("policy", ["streamingllm", "random", "h2o", "scissorhands", "kvp"])
+@pytest.mark.parametrize("policy", ["streamingllm", "random", "h2o", "scissorhands"])
 def test_forced_retractions_resume_from_the_compacted_row_exactly(
-    server_factory, hf_eager, kvp_checkpoint, policy, page_size, overlap, interval
+    server_factory, hf_eager, policy, page_size, overlap, interval
 ):
     """SGLang retracts a running request every few steps; two requests of one policy run together,
     so one of them is retracted again and again after it has evicted. Each resumes from its
@@ -104,7 +93,7 @@ def test_forced_retractions_resume_from_the_compacted_row_exactly(
     row before that eviction (at page size 16 the repack wrote over it: its victims were kept)."""
     env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "9"}
     extra = () if overlap else ("--disable-overlap-schedule",)
-    client = evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=env)
+    client = evict_server(server_factory, page_size, *extra, env=env)
     seed = 1300 + 10 * POLICIES.index(policy) + 100 * (interval < page_size)  # no shared prompt
     prompts = [random_ids(100, seed=seed + k) for k in range(2)]
     rids = [f"retract-{policy}-{page_size}-{interval}-{k}" for k in range(2)]
@@ -121,9 +110,7 @@ def test_forced_retractions_resume_from_the_compacted_row_exactly(
     assert sum(o["meta_info"].get("num_retractions", 0) for o in outs) > 0
     for k in range(2):
         assert not outs[k]["meta_info"]["kv_evict"][0].get("retracted_reprefill")
-        expected = expected_output(
-            hf_eager, kvp_checkpoint, prompts[k], 120, policy, page_size, interval, rids[k]
-        )
+        expected = expected_output(hf_eager, prompts[k], 120, policy, page_size, interval, rids[k])
         assert outs[k]["output_ids"] == expected, (k, outs[k]["meta_info"].get("num_retractions"))
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
@@ -138,7 +125,7 @@ def test_forced_retractions_resume_from_the_compacted_row_exactly(
     ids=["page16-no-overlap-h2o", "page1-tova"],
 )
 def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(
-    server_factory, hf_eager, kvp_checkpoint, page_size, overlap, policy
+    server_factory, hf_eager, page_size, overlap, policy
 ):
     """The resume pages refused to requests named SHORTAGE + "resume-" (`shortage.py`), forced
     retractions: a request that evicted is retracted (it has decoded less than its neighbour) and
@@ -149,7 +136,7 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(
     stashed row, and the step SGLang runs an aborted request through took the server down."""
     env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "9"}
     extra = () if overlap else ("--disable-overlap-schedule",)
-    client = evict_server(server_factory, kvp_checkpoint, page_size, *extra, env=env)
+    client = evict_server(server_factory, page_size, *extra, env=env)
     kv = per_request(policy, 16)
     prompts = [random_ids(100, seed=1400 + k) for k in range(2)]
     before = client.vtoken_state()
@@ -178,7 +165,7 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(
     assert r.status_code == 503, r.text[:500]
     assert "no free KV page for a retracted row written back" in r.text
     assert keeper["output_ids"] == expected_output(
-        hf_eager, kvp_checkpoint, prompts[0], 200, policy, page_size, 16, "keeper"
+        hf_eager, prompts[0], 200, policy, page_size, 16, "keeper"
     )
     st = wait_pool_free(client)
     assert st["deferred_admissions"] > before["deferred_admissions"]
@@ -197,7 +184,7 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(
 @pytest.mark.server_group("holed{page_size}")
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_attention_policies_are_exact_with_decode_scoring_as_a_cuda_graph_runs_it(
-    server_factory, hf_eager, kvp_checkpoint, page_size, tmp_path_factory
+    server_factory, hf_eager, page_size, tmp_path_factory
 ):
     """h2o, tova and scissorhands at once (a decode batch of 3, padded to 4 lanes): each decode
     step scored on the static buffers a decode CUDA graph captures, loaded before the forward and
@@ -206,7 +193,7 @@ def test_attention_policies_are_exact_with_decode_scoring_as_a_cuda_graph_runs_i
     eagerly."""
     log = tmp_path_factory.getbasetemp() / f"graph_stub{page_size}.log"
     env = {**MEMORY_CHECKS, "VTOKEN_TEST_GRAPH_STUB": str(log)}
-    client = evict_server(server_factory, kvp_checkpoint, page_size, env=env)
+    client = evict_server(server_factory, page_size, env=env)
     policies = ["h2o", "tova", "scissorhands"]
     cases = {
         p: (random_ids(100, seed=2000 + i + page_size), f"graph-{p}-{page_size}")
@@ -224,7 +211,7 @@ def test_attention_policies_are_exact_with_decode_scoring_as_a_cuda_graph_runs_i
     for t in threads:
         t.join()
     for policy, (prompt, rid) in cases.items():
-        expected = expected_output(hf_eager, kvp_checkpoint, prompt, 64, policy, page_size, 16, rid)
+        expected = expected_output(hf_eager, prompt, 64, policy, page_size, 16, rid)
         assert outs[policy]["output_ids"] == expected, policy
         assert outs[policy]["meta_info"]["kv_evict"][0]["evictions"] > 0
     assert client.vtoken_state()["graph_eager_steps"] == 0
@@ -236,17 +223,15 @@ def test_attention_policies_are_exact_with_decode_scoring_as_a_cuda_graph_runs_i
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (1, 16), (16, 1), (16, 16)])
 def test_every_policy_is_exact_through_the_holed_cache(
-    server_factory, hf_eager, kvp_checkpoint, page_size, interval, policy
+    server_factory, hf_eager, page_size, interval, policy
 ):
     """fp32, a prompt longer than the budget, 96 new tokens: equal to the masked reference, not to
     full attention (the same server, `{"policy": "none"}`), and the row ends at the budget."""
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    client = evict_server(server_factory, page_size)
     seed = 1000 + 10 * POLICIES.index(policy) + page_size + interval
     prompt, n, rid = random_ids(100, seed=seed), 96, f"matrix-{policy}-{page_size}-{interval}"
     out = generate(client, prompt, n, rid, per_request(policy, interval))
-    expected = expected_output(
-        hf_eager, kvp_checkpoint, prompt, n, policy, page_size, interval, rid
-    )
+    expected = expected_output(hf_eager, prompt, n, policy, page_size, interval, rid)
     assert out["output_ids"] == expected
     full = generate(client, prompt, n, rid + "-full", {"policy": "none"})["output_ids"]
     assert full != expected

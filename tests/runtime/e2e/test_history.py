@@ -27,9 +27,9 @@ BUDGET, SINK = 48, 4  # the servers' sinks; the budget comes with each request
 
 
 @pytest.fixture
-def client(server_factory, kvp_checkpoint):
+def client(server_factory):
     """The exactness matrix's page-1 server (started again if the factory stopped it)."""
-    return evict_server(server_factory, kvp_checkpoint, 1)
+    return evict_server(server_factory, 1)
 
 
 def run_session(client, first, messages, n, policy, rid, interval=1):
@@ -83,12 +83,12 @@ def test_six_turns_continue_from_compacted_history_exactly(client, hf_eager, pol
 @pytest.mark.server_group("holed16")
 @pytest.mark.parametrize("policy,interval", [("streamingllm", 16), ("random", 1), ("h2o", 1)])
 def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(
-    server_factory, hf_eager, kvp_checkpoint, policy, interval
+    server_factory, hf_eager, policy, interval
 ):
     """Page size 16 (the exactness matrix's server): every turn continues from the previous
     turn's stored view, whose partial last page is copied into the new turn's own page, and
     generates exactly what HF generates over the whole conversation with the same masks."""
-    client = evict_server(server_factory, kvp_checkpoint, 16)
+    client = evict_server(server_factory, 16)
     budget, window = 64, 16 if policy == "h2o" else 0
     rng = random.Random(11)
     first = random_ids(70, seed=170 + interval)
@@ -127,15 +127,13 @@ def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(
 
 
 @pytest.mark.server_group("holed16")
-def test_a_turn_without_a_page_for_its_views_last_page_waits_then_ends_with_503(
-    server_factory, kvp_checkpoint
-):
+def test_a_turn_without_a_page_for_its_views_last_page_waits_then_ends_with_503(server_factory):
     """The view-tail pages refused to requests named SHORTAGE + "tail-" (`shortage.py`): a turn
     continuing a stored page-16 view whose last page is partly filled needs its own copy of that
     page when it is admitted. It waits (counted); on an idle pool no page will come, so it ends
     with HTTP 503 naming the shortage instead of holding up the queue or raising in the
     scheduler. The same turn under another id continues from the view; the pool is whole."""
-    client = evict_server(server_factory, kvp_checkpoint, 16)
+    client = evict_server(server_factory, 16)
     kv = {"policy": "streamingllm", "interval": 16}
     first = random_ids(70, seed=190)
     prompt = (
@@ -175,16 +173,14 @@ def test_a_turn_without_a_page_for_its_views_last_page_waits_then_ends_with_503(
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_a_prompt_that_leaves_the_history_continues_from_the_view_cut_there(
-    request, server_factory, hf_eager, kvp_checkpoint, page_size
+    request, server_factory, hf_eager, page_size
 ):
     """A next turn whose ids differ from the stored history inside the previous reply (a reply
     that re-tokenizes differently) continues from the stored view cut before the first differing
     id: it reuses the view's entries before that point, prefills the rest, and generates exactly
     what HF generates with that cut history; its own history is stored for the turn after."""
     client = (
-        request.getfixturevalue("client")
-        if page_size == 1
-        else evict_server(server_factory, kvp_checkpoint, 16)
+        request.getfixturevalue("client") if page_size == 1 else evict_server(server_factory, 16)
     )
     budget, interval = (BUDGET, 1) if page_size == 1 else (64, 16)
     kv = {"policy": "streamingllm", "budget": budget, "interval": interval}
@@ -237,14 +233,12 @@ def test_requests_without_eviction_never_see_holed_histories(client, hf_eager):
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_concurrent_sessions_share_the_system_prompt_without_leaks(
-    request, server_factory, kvp_checkpoint, page_size
+    request, server_factory, page_size
 ):
     """8 sessions x 4 turns at once, sharing a 200-token system prompt: every later turn reuses
     its history, the pool is whole afterwards, and SGLang's checkers stay quiet."""
     client = (
-        request.getfixturevalue("client")
-        if page_size == 1
-        else evict_server(server_factory, kvp_checkpoint, 16)
+        request.getfixturevalue("client") if page_size == 1 else evict_server(server_factory, 16)
     )
     interval = 1 if page_size == 1 else 16
     system = random_ids(200, seed=90)

@@ -19,14 +19,14 @@ pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", p
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_a_history_the_tree_evicts_moves_to_host_and_its_next_turn_restores_it(
-    server_factory, kvp_checkpoint, hf_eager, page_size
+    server_factory, hf_eager, page_size
 ):
     """Before each later turn a full-cache request needs nearly the whole pool, so the radix cache
     evicts the conversation's stored history: with offload it moves to host memory (its kept K/V,
     positions and evicted tokens' store) and the next turn restores it into fresh slots, prefilling
     only its new message, with recall in rounds from the restored store; every turn equals the
     reference, as if the history had never left the device. A flush empties the host store."""
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    client = evict_server(server_factory, page_size)
     flush(client)
     base = client.vtoken_state()
     held = []
@@ -66,7 +66,7 @@ def test_a_history_the_tree_evicts_moves_to_host_and_its_next_turn_restores_it(
 
 @pytest.mark.server_group("retract1")
 def test_a_turn_resumed_after_forced_retractions_goes_to_host_and_its_next_turn_restores_it(
-    server_factory, kvp_checkpoint, hf_eager
+    server_factory, hf_eager
 ):
     """SGLang retracts running requests every few steps (page size 1, overlap scheduler): a
     retracted turn resumes from its stashed row in a namespace of its own, and when it ends its
@@ -74,7 +74,7 @@ def test_a_turn_resumed_after_forced_retractions_goes_to_host_and_its_next_turn_
     leaves its history in the device tree). Both turns of both conversations equal the
     reference; the pool is whole and the host store empty after a flush."""
     env = {**MEMORY_CHECKS, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "9"}
-    client = evict_server(server_factory, kvp_checkpoint, 1, env=env)
+    client = evict_server(server_factory, 1, env=env)
     flush(client)
     kv = {"policy": "h2o", "budget": BUDGET, "window": 16, "interval": 1, "offload": True}
     cfg = EvictConfig(
@@ -126,12 +126,12 @@ def test_a_turn_resumed_after_forced_retractions_goes_to_host_and_its_next_turn_
 
 @pytest.mark.server_group("unchunked1")
 def test_a_history_over_the_host_cap_is_dropped_counted_and_its_next_turn_prefilled_again(
-    server_factory, kvp_checkpoint, hf_eager
+    server_factory, hf_eager
 ):
     """A host store too small for the history the tree evicts: the history is dropped (counted),
     the next turn is prefilled whole and answered equal to the reference without a history, and
     nothing leaks (pool whole, host store empty after a flush)."""
-    client = unchunked_server(server_factory, kvp_checkpoint)
+    client = unchunked_server(server_factory)
     flush(client)
     base = client.vtoken_state()
     kv = {"policy": "streamingllm", "budget": BUDGET, "offload": True}
@@ -159,14 +159,14 @@ def test_a_history_over_the_host_cap_is_dropped_counted_and_its_next_turn_prefil
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_a_host_history_that_kept_nothing_of_a_shared_opening_is_not_waited_for(
-    server_factory, kvp_checkpoint, hf_eager, page_size
+    server_factory, hf_eager, page_size
 ):
     """Conversation A (StreamingLLM, no sinks) keeps only its newest tokens; its history goes to
     host memory. Conversation B shares only A's 40-token opening, with the same settings: A's
     host history is the deepest B's prompt continues, cut at 40, where A kept nothing. B is
     prefilled as a new conversation and equals the reference; it was kept waiting for pages the
     empty restore could never use, then ended with HTTP 503 on the idle pool."""
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    client = evict_server(server_factory, page_size)
     flush(client)
     interval = 1 if page_size == 1 else 16
     kv = {"policy": "streamingllm", "budget": 32, "sink": 0, "interval": interval}

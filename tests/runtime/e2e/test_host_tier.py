@@ -25,9 +25,9 @@ SMALL_HOST = 300  # tokens: less than one stored history of the cap test needs
 
 
 @pytest.fixture
-def client(server_factory, kvp_checkpoint):
+def client(server_factory):
     """The exactness matrix's page-1 server, which has a host store."""
-    return evict_server(server_factory, kvp_checkpoint, 1)
+    return evict_server(server_factory, 1)
 
 
 def flush(client, timeout=30.0):
@@ -117,7 +117,7 @@ def session(
     "policy,page_size", [("streamingllm", 1), ("h2o", 1), ("streamingllm", 16), ("h2o", 16)]
 )
 def test_recall_turns_equal_the_reference_and_the_store_is_released(
-    server_factory, kvp_checkpoint, hf_eager, policy, page_size
+    server_factory, hf_eager, policy, page_size
 ):
     """Five turns, budget 48 (64 at page size 16), recall 8: from turn 2 on each turn's prefill
     is cut in two, the first chunk's window recalls up to 8 of its history's evicted tokens, and
@@ -126,7 +126,7 @@ def test_recall_turns_equal_the_reference_and_the_store_is_released(
     16 page-dense, then compacted away before the history is stored); outputs equal HF applying
     the oracles' recall rule. The stored history holds the host chunks until the tree lets it go
     (flush), and the pool is whole under SGLang's checkers."""
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    client = evict_server(server_factory, page_size)
     flush(client)
     reports = session(
         client, hf_eager, policy, f"recall-{policy}-{page_size}", RECALL, page_size=page_size
@@ -150,13 +150,13 @@ def test_recall_turns_equal_the_reference_and_the_store_is_released(
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_recall_in_rounds_equals_the_reference(server_factory, kvp_checkpoint, hf_eager, page_size):
+def test_recall_in_rounds_equals_the_reference(server_factory, hf_eager, page_size):
     """`recall_rounds` 3 (per request), recall 8: each recalling turn's prefill is cut once per
     round; the scoring window, recomputed with what the rounds before brought back visible,
     recalls 2, 2, then the 4 left of the candidates left. Every turn equals HF replaying the same
     rounds, and the report sums the rounds (all recalled positions, each round's recomputed
     window)."""
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    client = evict_server(server_factory, page_size)
     flush(client)
     reports = session(
         client, hf_eager, "h2o", f"rounds-{page_size}", RECALL, page_size=page_size, rounds=3
@@ -288,11 +288,10 @@ def test_host_store_moves_with_a_history_the_tree_evicts_and_goes_with_an_aborte
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
 
 
-def unchunked_server(server_factory, kvp_checkpoint):
+def unchunked_server(server_factory):
     """Page size 1 without SGLang's chunked prefill, and a host store of only SMALL_HOST tokens."""
     return evict_server(
         server_factory,
-        kvp_checkpoint,
         1,
         "--chunked-prefill-size",
         "-1",
@@ -303,14 +302,12 @@ def unchunked_server(server_factory, kvp_checkpoint):
 
 
 @pytest.mark.server_group("unchunked1")
-def test_recall_without_chunked_prefill_answers_unrecalled_and_counts_it(
-    server_factory, kvp_checkpoint, hf_eager
-):
+def test_recall_without_chunked_prefill_answers_unrecalled_and_counts_it(server_factory, hf_eager):
     """A server without SGLang's chunked prefill (`--chunked-prefill-size -1`) cannot cut a
     turn's prefill where recall needs it: a request asking for recall gets every turn answered,
     equal to the reference that recalls nothing, and the skip is counted (the request's
     `recall_skipped_tokens`, the server's `recall_skipped:cut`); the scheduler goes on."""
-    client = unchunked_server(server_factory, kvp_checkpoint)
+    client = unchunked_server(server_factory)
     before = client.vtoken_state()
     kv = {"policy": "streamingllm", "budget": BUDGET, "offload": True, "recall": RECALL}
     cfg = EvictConfig(

@@ -147,9 +147,7 @@ def test_prefill_is_evicted_only_when_the_prompt_cannot_fit_the_pool(
 
 
 @pytest.mark.server_group("holed{page_size}", page_size=1)
-def test_an_idle_pool_chat_through_the_chat_api_equals_the_full_cache(
-    server_factory, kvp_checkpoint
-):
+def test_an_idle_pool_chat_through_the_chat_api_equals_the_full_cache(server_factory):
     """A client's chat through `/v1/chat/completions` (the whole conversation re-sent as text each
     turn, the replies fed back) with the chat settings of the README under the pressure trigger,
     alone on a 4,096-token pool: every turn's reply is the full cache's (`{"policy": "none"}`),
@@ -158,7 +156,7 @@ def test_an_idle_pool_chat_through_the_chat_api_equals_the_full_cache(
     import openai
     from test_exactness import evict_server
 
-    client = evict_server(server_factory, kvp_checkpoint, 1)
+    client = evict_server(server_factory, 1)
     oai = openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
     chat = {"policy": "h2o", "budget": 64, "sink": 16, "window": 32, "interval": 16}
     chat |= {"offload": True, "recall": 8}
@@ -198,7 +196,7 @@ def test_an_idle_pool_chat_through_the_chat_api_equals_the_full_cache(
 @pytest.mark.server_group("holed{page_size}", page_size=1)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_a_whole_history_the_tree_evicts_moves_to_host_whole_and_comes_back(
-    server_factory, kvp_checkpoint, hf_eager, page_size
+    server_factory, hf_eager, page_size
 ):
     """Under the pressure trigger with offload a finished turn that never evicted is stored whole;
     when a full-cache request then needs nearly the whole pool, the tree's LRU moves that history
@@ -208,7 +206,7 @@ def test_a_whole_history_the_tree_evicts_moves_to_host_whole_and_comes_back(
     from test_exactness import evict_server
     from test_host_tier import NONE, flush
 
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    client = evict_server(server_factory, page_size)
     flush(client)
     kv = {"policy": "h2o", "window": 16, "trigger": "pressure", "offload": True}
     first, n = random_ids(300, seed=990 + page_size), 40

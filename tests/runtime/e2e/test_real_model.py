@@ -1,9 +1,8 @@
 """Exactness on a real model: SmolLM2-135M-Instruct (fp32, CPU) served under every eviction policy
 at page sizes 1 and 16 decodes, token for token, what the Hugging Face masked reference decodes.
 
-One server per page size, `--kv-evict kvp` with a KVP checkpoint for this model (so the holed
-radix cache is on and `kvp` is served from its flags); every other policy is asked per request
-(`custom_params.kv_evict`). Sinks are 16 at both page sizes, so one reference per policy checks
+One server per page size, `--kv-evict streamingllm` (so the holed radix cache is on); each policy
+is asked per request (`custom_params.kv_evict`). Sinks are 16 at both page sizes, so one reference per policy checks
 both servers. Prompts are Python documentation prose (`pydoc_data.topics`), a different topic per
 policy, longer than the budget, so the first decode step already evicts and every later one too.
 """
@@ -25,12 +24,9 @@ masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("real")]
 
-POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
+POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
 TOPICS = dict(
-    zip(
-        POLICIES,
-        ["assert", "atom-identifiers", "augassign", "break", "bitwise", "booleans", "class"],
-    )
+    zip(POLICIES, ["assert", "atom-identifiers", "augassign", "break", "bitwise", "booleans"])
 )
 WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters plus a recent window
 BUDGET, SINK, PROMPT, NEW = 64, 16, 128, 24
@@ -64,38 +60,18 @@ def prompts(smollm2_model):
     return out
 
 
-@pytest.fixture(scope="module")
-def kvp_checkpoint(hf_model, prompts, tmp_path_factory):
-    """A seeded, untrained KVP scorer for SmolLM2 (30 layers x 3 KV heads x 64), its features
-    standardized on one full-attention pass: exactness needs the same scorer on both sides, not
-    a good one."""
-    from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
-
-    scorer = KVPScorer(ModelIdentity.from_hf_config(hf_model.config.to_dict()), hidden=16, seed=0)
-    with torch.no_grad():
-        cache = hf_model(torch.tensor([prompts["kvp"]]), use_cache=True).past_key_values
-        keys = torch.stack([layer.keys[0] for layer in cache.layers]).permute(
-            2, 0, 1, 3
-        )  # [T, L, H, D]
-        values = torch.stack([layer.values[0] for layer in cache.layers]).permute(2, 0, 1, 3)
-        x = scorer.features(keys, values, torch.arange(keys.shape[0]))  # [T, G, F]
-        scorer.feat_mean.copy_(x.mean(0))
-        scorer.feat_std.copy_(x.std(0).clamp_min(1e-6))
-    return str(save_checkpoint(scorer, tmp_path_factory.mktemp("kvp-smollm2") / "kvp.safetensors"))
-
-
 @pytest.fixture(scope="module", params=[1, 16], ids=lambda ps: f"page{ps}")
-def server(request, server_factory, smollm2_model, kvp_checkpoint):
+def server(request, server_factory, smollm2_model):
     """One SmolLM2 server per page size, stopped before the next starts."""
     extra = (
         "--kv-evict",
-        "kvp",
+        "streamingllm",
         "--kv-budget",
         str(BUDGET),
         "--kv-sink",
         str(SINK),
         "--kv-evict-config",
-        json.dumps({"checkpoint": kvp_checkpoint, "host_tokens": 1 << 16}),
+        json.dumps({"host_tokens": 1 << 16}),
     )
     # One OpenMP thread: on a busy machine two spin-wait on each other and a decode step of this
     # model takes seconds instead of tens of milliseconds.
@@ -111,19 +87,17 @@ def server(request, server_factory, smollm2_model, kvp_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def references(hf_model, kvp_checkpoint):
+def references(hf_model):
     """policy -> masked-reference tokens, computed once for both page sizes."""
     cache = {}
 
     def get(policy, prompt, rid):
         if policy not in cache:
-            params = {"checkpoint": kvp_checkpoint} if policy == "kvp" else {}
             cfg = EvictConfig(
                 policy=policy,
                 budget=BUDGET,
                 sink=SINK,
                 window=WINDOW.get(policy, 0),
-                params=params,
                 scoring=Scoring(span=SPAN.get(policy)),
             )
             cache[policy] = masked_greedy(hf_model, prompt, NEW, cfg, rid=rid)[0]
@@ -146,10 +120,10 @@ def test_greedy_equals_masked_reference(server, references, prompts, policy):
     """fp32, interval 1, a 128-token prompt cut to a 64-token budget at the first decode step and
     one token evicted at every later step: the server's 24 greedy tokens equal HF attending to
     exactly the kept keys at their original positions (victims chosen by the library policy from
-    HF's own keys, values and eager attention probabilities), and differ from full attention on
+    HF's own keys and eager attention probabilities), and differ from full attention on
     the same server (the eviction changed the output)."""
     prompt, rid = prompts[policy], f"real-{policy}"
-    kv = None if policy == "kvp" else {"policy": policy, "window": WINDOW.get(policy, 0)}
+    kv = {"policy": policy, "window": WINDOW.get(policy, 0)}
     if policy in SPAN:
         kv["span"] = SPAN[policy]
     out = generate(server, prompt, rid, kv)

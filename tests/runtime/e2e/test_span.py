@@ -33,12 +33,10 @@ def reference(hf_eager, prompt, n, cfg, rid, **kw):
 @pytest.mark.server_group("holed{page_size}")
 @pytest.mark.parametrize("policy", ["streamingllm", "random", "h2o", "scissorhands"])
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 1), (16, 16)])
-def test_words_are_kept_whole_exactly(
-    server_factory, hf_eager, kvp_checkpoint, page_size, interval, policy
-):
+def test_words_are_kept_whole_exactly(server_factory, hf_eager, page_size, interval, policy):
     """A prompt longer than the budget, 96 new tokens, `span` 4: the output equals the
     reference applying the same rule, in which some token sees other keys than without it."""
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    client = evict_server(server_factory, page_size)
     window = WINDOW.get(policy, 0)
     prompt, n = random_ids(100, seed=2000 + page_size + interval), 96
     rid = f"span-{policy}-{page_size}-{interval}"
@@ -65,12 +63,10 @@ def test_words_are_kept_whole_exactly(
 
 @pytest.mark.server_group("holed{page_size}")
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_words_are_kept_whole_across_recalling_turns(
-    server_factory, hf_eager, kvp_checkpoint, page_size
-):
+def test_words_are_kept_whole_across_recalling_turns(server_factory, hf_eager, page_size):
     """Three turns of h2o with offload and recall 8, `span` 4: every turn, its recall cut and
     its evictions equal the reference's (the host tier's conversation, `test_host_tier.session`)."""
-    client = evict_server(server_factory, kvp_checkpoint, page_size)
+    client = evict_server(server_factory, page_size)
     flush(client)
     rid = f"span-recall-{page_size}"
     reports = session(client, hf_eager, "h2o", rid, 8, turns=3, page_size=page_size, span=SPAN)

@@ -68,7 +68,7 @@ def test_budget_required_when_enabled():
         (
             "policy",
             "lru",
-            r"EvictConfig.policy must be one of \['none', 'h2o', 'knorm', 'kvp', 'random', "
+            r"EvictConfig.policy must be one of \['none', 'h2o', 'knorm', 'random', "
             r"'scissorhands', 'streamingllm', 'tova'\]",
         ),
         ("reclaim", "eager", r"EvictConfig.reclaim must be one of \['vtoken', 'naive'\]"),

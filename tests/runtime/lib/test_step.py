@@ -3,9 +3,6 @@ KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle
 tools/sgl_vtoken_tools/step_ref.py), for the policies' choices (`decide`) and for explicit keep masks (`plan_keep`)."""
 
 import copy
-import functools
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sgl_vtoken.kernels.reference import repack_kv_ref_
-from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken.pages import PageAllocator
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.policies.sharing_aware import SharingAware
@@ -29,16 +25,7 @@ from sgl_vtoken.step import (
 from sgl_vtoken_tools.step_ref import evict_row_ref, plan_eviction
 
 LAYERS, H, D = 2, 2, 4
-POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
-
-
-@functools.cache
-def kvp_checkpoint() -> str:
-    """A small random KVP scorer for the fake pool's shapes (written once per test process)."""
-    path = Path(tempfile.mkdtemp()) / "kvp.safetensors"
-    return str(
-        save_checkpoint(KVPScorer(ModelIdentity("llama", LAYERS, H, D), hidden=4, seed=1), path)
-    )
+POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
 
 
 class FakePool:
@@ -104,11 +91,8 @@ def _build(ps, seed, specs):
         pool.view.req_to_token[b, :L] = torch.cat([tree, private]).to(torch.int32)
         gaps = torch.randint(0, s["gap"] + 1, (L,), generator=gen)
         positions = torch.cumsum(gaps + 1, 0) - 1
-        extra = {"checkpoint": kvp_checkpoint()} if s["policy"] == "kvp" else {}
         span = s.get("span", 0)
-        pol = SharingAware(
-            make_policy(s["policy"], sink=s["sink"], window=s["window"], span=span, **extra)
-        )
+        pol = SharingAware(make_policy(s["policy"], sink=s["sink"], window=s["window"], span=span))
         # Units: runs of entries joined at random, named by their first entry's position.
         joins = torch.rand(L, generator=gen) < 0.6
         units = positions[torch.where(joins, 0, torch.arange(L)).cummax(0).values]

@@ -6,7 +6,7 @@ only the plumbing. `oracle_policy(cfg, rid)` (the definitions) and `ORACLE_RECAL
 `sgl_vtoken_tools.hf_reference` (its `policy=` and `recall=` arguments).
 
     keep         the keep rule: protected tokens, then the best scores; ties keep the later
-    scores       position (StreamingLLM), key norm, seeded hash (random), KVP, aggregation, pooling
+    scores       position (StreamingLLM), key norm, seeded hash (random), aggregation, pooling
     statistics   H2O's accumulated attention, TOVA's last query, Scissorhands' persistence
     recall       the host tier's recall: split, rounds, candidate mass, pick
     request      one request's victim chooser from an `EvictConfig` (read, never imported)

@@ -15,7 +15,7 @@ import math
 import torch
 
 from .keep import keep_best, protected_entries
-from .scores import KVPScorer, aggregate, key_norm, pooled, random_scores, request_id, streaming_llm
+from .scores import aggregate, key_norm, pooled, random_scores, request_id, streaming_llm
 from .statistics import AccumulatedAttention, LastQueryAttention, PersistentImportance
 from .units import keep_whole_units, unit_starts
 
@@ -65,17 +65,10 @@ class OracleRequest:
                 params.get("history", 32), params.get("threshold", 1.0)
             ),
         }.get(self.name, lambda: None)()
-        self.kvp = KVPScorer(params["checkpoint"]) if self.name == "kvp" else None
         self.needs = frozenset(
-            {"attn"}
-            if self.name in ATTENTION
-            else {"keys"}
-            if self.name == "knorm"
-            else {"keys", "values"}
-            if self.name == "kvp"
-            else set()
+            {"attn"} if self.name in ATTENTION else {"keys"} if self.name == "knorm" else set()
         )
-        if self.name not in ATTENTION | {"streamingllm", "random", "knorm", "kvp"}:
+        if self.name not in ATTENTION | {"streamingllm", "random", "knorm"}:
             raise ValueError(f"no oracle for policy {self.name!r}")
 
     def observe(self, row: list[int], probs: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -90,8 +83,6 @@ class OracleRequest:
             return random_scores(row, self.seed, self.rid, self.step)
         if self.name == "knorm":
             return key_norm(keys, self.how)
-        if self.name == "kvp":
-            return self.kvp.scores(keys, values, row, self.how)
         return pooled(aggregate(self.stats.stat(row), self.how), self.pool)
 
     def keep(

@@ -4,9 +4,7 @@ reductions every policy shares."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import struct
 
 import torch
 
@@ -72,49 +70,3 @@ def key_norm(keys: torch.Tensor, how: str) -> list[float]:
     EMNLP 2024, arXiv:2406.11430: keys of low L2 norm draw attention, so keep them. Score:
     minus each ``[n, L, H, D]`` key's norm, aggregated over layers and heads."""
     return aggregate(-torch.linalg.vector_norm(keys.float(), dim=-1), how)
-
-
-def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """Tensors and metadata of a safetensors file: an 8-byte little-endian header length, the
-    JSON header (name -> dtype, shape, byte offsets; ``__metadata__``), then the data."""
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-        data = f.read()
-    meta = header.pop("__metadata__", {})
-    dtypes = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64}
-    tensors = {}
-    for name, t in header.items():
-        lo, hi = t["data_offsets"]
-        raw = torch.frombuffer(bytearray(data[lo:hi]), dtype=dtypes[t["dtype"]])
-        tensors[name] = raw.reshape(t["shape"])
-    return tensors, meta
-
-
-class KVPScorer:
-    """Moschella, Manduchi, Sener, "Learning to Evict from Key-Value Cache", arXiv:2602.10238:
-    one MLP per (layer, KV head) scores each cached token from its key, its value, its age
-    ``log1p(t - pos)`` and ``pos / (t + 1)`` (t: the newest position), features standardized;
-    each head's scores become a distribution over the row (softmax: the Plackett-Luce
-    probability of being ranked first), aggregated over layers and heads. Weights: the
-    checkpoint (``w1 [G, F, K]``, ``b1 [G, K]``, ``w2 [G, K]``, ``b2 [G]``, ``feat_mean``,
-    ``feat_std [G, F]``, G = layers x KV heads in that order)."""
-
-    def __init__(self, path: str) -> None:
-        self.t, _ = read_safetensors(path)
-
-    def scores(
-        self, keys: torch.Tensor, values: torch.Tensor, positions: list[int], how: str
-    ) -> list[float]:
-        n, layers, heads, _ = keys.shape
-        pos = torch.tensor(positions, dtype=torch.float32)
-        newest = pos.max()
-        age = torch.log1p((newest - pos).clamp_min(0.0))
-        rel = pos / (newest + 1.0)
-        k = keys.float().reshape(n, layers * heads, -1)
-        v = values.float().reshape(n, layers * heads, -1)
-        x = torch.cat([k, v, torch.stack([age, rel], -1)[:, None].expand(-1, k.shape[1], 2)], -1)
-        x = (x - self.t["feat_mean"]) / self.t["feat_std"]  # [n, G, F]
-        hidden = torch.relu(torch.einsum("ngf,gfk->ngk", x, self.t["w1"]) + self.t["b1"])
-        s = (hidden * self.t["w2"]).sum(-1) + self.t["b2"]  # [n, G]
-        return aggregate(torch.softmax(s.double(), dim=0), how)

@@ -13,24 +13,16 @@ import torch
 from oracles import ORACLE_RECALL, oracle_policy
 from oracles.recall import pick
 from sgl_vtoken.config import EvictConfig, HostTier, Scoring
-from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken.recall import pick as runtime_pick
 from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
 L, H, D, CASES = 4, 2, 8, 200
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    idt = ModelIdentity("llama", L, H, D)
-    path = tmp_path_factory.mktemp("kvp") / "kvp.safetensors"
-    return str(save_checkpoint(KVPScorer(idt, hidden=8, seed=3), path))
-
-
-def draw_config(rng: random.Random, policy: str, checkpoint: str, **scoring) -> EvictConfig:
+def draw_config(rng: random.Random, policy: str, **scoring) -> EvictConfig:
     page = rng.choice([1, 1, 4, 16])
     sink, window = rng.choice([0, 2, 4]), rng.choice([0, 0, 3, 8])
-    params = {"checkpoint": checkpoint} if policy == "kvp" else {}
+    params: dict = {}
     if policy in ("h2o", "tova", "scissorhands"):
         params["pool"] = rng.choice([1, 3, 5, 5])
         scoring.setdefault("score_layers", rng.choice(["upper", "all", (0, 2)]))
@@ -100,39 +92,39 @@ def run_request(cfg: EvictConfig, seed: int, make) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    "policy", ["streamingllm", "random", "knorm", "kvp", "h2o", "tova", "scissorhands"]
+    "policy", ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
 )
-def test_the_oracle_keeps_what_the_runtime_policy_keeps(policy, checkpoint):
+def test_the_oracle_keeps_what_the_runtime_policy_keeps(policy):
     """The runtime keeps exactly what the definition keeps, every option drawn at random."""
     for case in range(CASES):
         rng = random.Random(f"{policy}-{case}")
-        cfg = draw_config(rng, policy, checkpoint)
+        cfg = draw_config(rng, policy)
         seed = 1000 * case + len(policy)
         want = run_request(cfg, seed, runtime_policy)
         assert run_request(cfg, seed, oracle_policy) == want, (case, cfg)
 
 
 @pytest.mark.parametrize("policy", ["streamingllm", "random", "h2o", "scissorhands"])
-def test_span_aware_keeping_keeps_what_the_definition_keeps(policy, checkpoint):
+def test_span_aware_keeping_keeps_what_the_definition_keeps(policy):
     """With a span, words and digit runs (a toy vocabulary whose texts open and close with
     letters, digits, spaces and punctuation) are kept or dropped whole as the definition says,
     units cut at the span, every other option drawn at random."""
     for case in range(CASES // 2):
         rng = random.Random(f"span-{policy}-{case}")
-        cfg = draw_config(rng, policy, checkpoint, span=rng.choice([1, 2, 3, 8]))
+        cfg = draw_config(rng, policy, span=rng.choice([1, 2, 3, 8]))
         seed = 1000 * case + 7
         want = run_request(cfg, seed, runtime_policy)
         assert run_request(cfg, seed, oracle_policy) == want, (case, cfg)
 
 
-def test_scissorhands_ignores_the_layers_it_does_not_score(checkpoint):
+def test_scissorhands_ignores_the_layers_it_does_not_score():
     """By the definition, a layer left out of `score_layers` feeds no statistic. The server
     stages such a layer as zeros; Scissorhands must not count them as low importance (under
     ``sum`` every unscored layer would otherwise favour the tokens fewer recent queries
     attended)."""
     for case in range(CASES):
         rng = random.Random(case)
-        cfg = draw_config(rng, "scissorhands", checkpoint, score_layers="upper", aggregation="sum")
+        cfg = draw_config(rng, "scissorhands", score_layers="upper", aggregation="sum")
         seed = 7 * case
         assert run_request(cfg, seed, oracle_policy) == run_request(cfg, seed, runtime_policy)
 

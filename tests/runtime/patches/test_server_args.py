@@ -272,7 +272,7 @@ def test_launcher_fails_fast_on_bogus_policy(tiny_model, entry):
     assert proc.returncode != 0
     assert (
         "argument --kv-evict: invalid choice: 'bogus' (choose from 'none', 'streamingllm', "
-        "'random', 'knorm', 'h2o', 'tova', 'scissorhands', 'kvp')"
+        "'random', 'knorm', 'h2o', 'tova', 'scissorhands')"
     ) in proc.stderr
     assert "Load weight" not in proc.stdout + proc.stderr
 

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def cli(load_script):
-    return load_script("bench_kernels")
+def cli(command):
+    return command("kernels")
 
 
 @pytest.mark.parametrize("pattern", ["compaction", "scatter"])

@@ -1,5 +1,5 @@
 """The agent benchmark's report, rendered from committed raw lines (data/matrix_sample.jsonl: a
-small real run, `python scripts/bench_matrix.py --repeats 2 --policies random --sessions 2
+small real run, `python -m sgl_vtoken_tools matrix --repeats 2 --policies random --sessions 2
 --turns 2 --reply-tokens 8 --tool-tokens 64 --tool-max 128 --rates 4 --baseline-sessions 1
 --sample-interval 0.5`): the figures in the tables are the raw lines' figures, with their spread."""
 

@@ -1,6 +1,5 @@
 """Rewriting one generated section of a markdown file, and only that section."""
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -42,11 +41,10 @@ def test_the_writers_default_to_the_pages_that_hold_their_sections():
     """`make bench`'s matrix and multi-turn steps and the simulator's command rewrite sections of
     the results pages; each names the page whose markers it rewrites (a missing one would be
     appended to the wrong file, or refused)."""
-    spec = importlib.util.spec_from_file_location("bench_matrix", REPO / "scripts/bench_matrix.py")
-    bench_matrix = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_matrix)
+    from sgl_vtoken_tools.cli import matrix as bench_matrix
+
     makefile = (REPO / "Makefile").read_text()
-    multiturn = re.search(r"bench_multiturn\.py [^\n]*\\?\n?\s*--results-md (\S+)", makefile)
+    multiturn = re.search(r"sgl_vtoken_tools multiturn [^\n]*\\?\n?\s*--results-md (\S+)", makefile)
     sim = re.search(r"--results-md (\S+)", sim_main.COMMAND)
     for path, name in [
         (bench_matrix.build_parser().parse_args([]).results_md, "bench"),

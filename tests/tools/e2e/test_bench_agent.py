@@ -1,11 +1,9 @@
 """The agent benchmarks and the quality harness against one evicting test server: the speed
 client's report agrees with the server's own counters, the scored sessions script plays and
-scores every session, and eval_quality's replays equal its reference."""
+scores every session, and the `quality` command's replays equal its reference."""
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 
 import pytest
 from servers import BENCH_FLAGS
@@ -15,7 +13,6 @@ from sgl_vtoken_tools.bench.workload import WorkloadSpec
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("bench16")]
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 BUDGET, INTERVAL = 64, 16  # the server's (BENCH_FLAGS)
 SESSIONS, TURNS, REPLY = 4, 3, 48
 
@@ -121,13 +118,13 @@ def test_agent_report_agrees_with_server_counters(client, tmp_path):
     assert 0 < vt["retained_pages_per_req"] <= (BUDGET + INTERVAL) / 16 + 1
 
 
-def test_scored_sessions_script(client, tiny_model, fake_essays, load_script, tmp_path, capsys):
-    """scripts/bench_agent.py on the running server (the tiny model), the full cache and the
+def test_scored_sessions_script(client, tiny_model, fake_essays, command, tmp_path, capsys):
+    """tools/sgl_vtoken_tools/cli/agent.py on the running server (the tiny model), the full cache and the
     server's streamingllm b64 as two cells: every turn of every session answered under the same
     request ids in both, each recorded score is the last reply checked against the key, the
     summaries are their rates, and an evicting turn holds at most its budget (+ one interval)."""
     out = tmp_path / "scored.jsonl"
-    rc = load_script("bench_agent").main(
+    rc = command("agent").main(
         [
             *("--base-url", client.base_url, "--server-log", str(client.server.log_path)),
             *("--model", str(tiny_model), "--wheel-dir", str(fake_essays)),
@@ -180,7 +177,7 @@ def test_scored_sessions_script(client, tiny_model, fake_essays, load_script, tm
     # --replies: the evicting cell answers the full cache's conversations, its own replies
     # recorded but not fed back, so every turn's prompt is the full cache's to the token
     again = tmp_path / "replayed.jsonl"
-    rc = load_script("bench_agent").main(
+    rc = command("agent").main(
         [
             *("--base-url", client.base_url, "--model", str(tiny_model)),
             *("--wheel-dir", str(fake_essays), "--cells", "evict"),
@@ -216,11 +213,10 @@ def first_digits(reply: str) -> str | None:
 
 
 def test_quality_replay_matches_the_reference(client, tiny_model, fake_essays, tmp_path):
-    """eval_quality replays its reference trials on a running server (per-request settings,
+    """`quality` replays its reference trials on a running server (per-request settings,
     the server's sinks, interval and page size): every replay is token-equal."""
-    spec = importlib.util.spec_from_file_location("eval_quality", SCRIPTS / "eval_quality.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    from sgl_vtoken_tools.cli import quality as cli
+
     out = tmp_path / "quality.jsonl"
     rc = cli.main(
         [

@@ -1,4 +1,4 @@
-"""scripts/bench_chat.py against the evicting test server of the bench group (the tiny model):
+"""tools/sgl_vtoken_tools/cli/chat.py against the evicting test server of the bench group (the tiny model):
 two 3-turn conversations in rounds under the full cache and the server's streamingllm b64, then
 one at a time; every request line carries its prompt and cached tokens, rounds wait for each
 other, and each cell line is the sum of its request and answer lines."""
@@ -19,8 +19,8 @@ def client(server_factory):
     return server_factory(page_size=16, extra=BENCH_FLAGS)
 
 
-def play(load_script, client, tiny_model, fake_essays, out, *extra: str) -> list[dict]:
-    rc = load_script("bench_chat").main(
+def play(command, client, tiny_model, fake_essays, out, *extra: str) -> list[dict]:
+    rc = command("chat").main(
         [
             *("--base-url", client.base_url, "--server-log", str(client.server.log_path)),
             *("--model", str(tiny_model), "--wheel-dir", str(fake_essays)),
@@ -60,10 +60,10 @@ def check_cell(lines: list[dict], cell: str) -> tuple[list[dict], dict]:
     return reqs, c
 
 
-def test_rounds_and_one_at_a_time(client, tiny_model, fake_essays, load_script, tmp_path):
+def test_rounds_and_one_at_a_time(client, tiny_model, fake_essays, command, tmp_path):
     out = tmp_path / "chat.jsonl"
     lines = play(
-        load_script,
+        command,
         client,
         tiny_model,
         fake_essays,
@@ -91,7 +91,7 @@ def test_rounds_and_one_at_a_time(client, tiny_model, fake_essays, load_script, 
     # one at a time: a conversation's turns all end before the next conversation starts
     again = tmp_path / "alone.jsonl"
     lines = play(
-        load_script, client, tiny_model, fake_essays, again, "--cells", "evict", "--one-at-a-time"
+        command, client, tiny_model, fake_essays, again, "--cells", "evict", "--one-at-a-time"
     )
     reqs, c = check_cell(lines, "evict")
     assert c["mode"] == "one-at-a-time" and len(c["round_s"]) == CONVS

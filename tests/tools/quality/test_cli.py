@@ -1,24 +1,14 @@
-"""scripts/eval_quality.py at toy size on the tiny model: JSON lines with one trial record per
-(task, trial, cell), a summary per cell and the run record; --report re-renders the tables."""
+"""`python -m sgl_vtoken_tools quality` at toy size on the tiny model: JSON lines with one trial
+record per (task, trial, cell), a summary per cell and the run record; --report re-renders the tables."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "eval_quality.py"
-
-
-def load_cli():
-    spec = importlib.util.spec_from_file_location("eval_quality", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from sgl_vtoken_tools.cli import quality
 
 
 def test_smoke_run_writes_json_lines(tiny_model, wheel_dir, tmp_path, capsys):
-    cli = load_cli()
     out, plot, md = tmp_path / "q.jsonl", tmp_path / "q.png", tmp_path / "q.md"
-    rc = cli.main(
+    rc = quality.main(
         [
             "--smoke",
             "--model",
@@ -53,14 +43,15 @@ def test_smoke_run_writes_json_lines(tiny_model, wheel_dir, tmp_path, capsys):
     summaries = [r for r in recs if r["kind"] == "summary"]
     assert [s["setting"] for s in summaries][0] == "full" and len(summaries) == 4
     assert plot.read_bytes()[:4] == b"\x89PNG" and "budget 64" in md.read_text()
-    assert cli.main(["--report", str(out)]) == 0
+    assert quality.main(["--report", str(out)]) == 0
     assert "perplexity" in capsys.readouterr().out
 
 
 def test_bad_setting_names_the_flag(tiny_model, wheel_dir):
-    cli = load_cli()
     try:
-        cli.main(["--model", str(tiny_model), "--settings", "h2o:window=999", "--budgets", "128"])
+        quality.main(
+            ["--model", str(tiny_model), "--settings", "h2o:window=999", "--budgets", "128"]
+        )
     except SystemExit as e:
         assert "h2o:window=999" in str(e) and "budget" in str(e)
     else:
@@ -68,7 +59,6 @@ def test_bad_setting_names_the_flag(tiny_model, wheel_dir):
 
 
 def test_split_tasks_run_and_export(tiny_model, wheel_dir, tmp_path, capsys):
-    cli = load_cli()
     out, tasks = tmp_path / "s.jsonl", tmp_path / "tasks.jsonl"
     common = [
         "--model",
@@ -80,7 +70,7 @@ def test_split_tasks_run_and_export(tiny_model, wheel_dir, tmp_path, capsys):
         "--docqa-lengths",
         "120",
     ]
-    rc = cli.main(
+    rc = quality.main(
         [
             "--smoke",
             *common,
@@ -114,7 +104,7 @@ def test_split_tasks_run_and_export(tiny_model, wheel_dir, tmp_path, capsys):
     }
     assert {r["split"] for r in trials} == {"tuning"}
     assert "document question" in capsys.readouterr().err
-    assert cli.main([*common, "--write-tasks", str(tasks)]) == 0
+    assert quality.main([*common, "--write-tasks", str(tasks)]) == 0
     lines = [json.loads(line) for line in tasks.read_text().splitlines()]
     assert [x["trial"] for x in lines] == [
         r["trial"] for r in trials if r["task"] == "docqa" and r["setting"] == "full"

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from sgl_vtoken.config import EvictConfig, Prefill, Scoring
-from sgl_vtoken.kvp import KVPScorer, ModelIdentity, save_checkpoint
 from sgl_vtoken.units import Words
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 from sgl_vtoken_tools.quality.fastref import Request, fast_greedy, prefill
@@ -16,7 +15,7 @@ from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
 RUNTIME = {"policy": runtime_policy, "recall": RUNTIME_RECALL}  # the fast reference's own choice
 
-POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands", "kvp"]
+POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
 WINDOW = {"h2o": 8, "scissorhands": 8}
 
 
@@ -31,18 +30,7 @@ def words(tiny_tok):
     return Words.from_tokenizer(tiny_tok)
 
 
-@pytest.fixture(scope="module")
-def kvp_params(tiny_eager, tmp_path_factory):
-    """An untrained scorer for the tiny model: exactness needs the same scorer on both sides."""
-    idt = ModelIdentity.from_hf_config(tiny_eager.config.to_dict())
-    path = save_checkpoint(
-        KVPScorer(idt, hidden=8, seed=0), tmp_path_factory.mktemp("kvp") / "kvp.safetensors"
-    )
-    return {"checkpoint": str(path)}
-
-
-def config(policy, page_size, interval, kvp_params, **kw):
-    params = kvp_params if policy == "kvp" else {}
+def config(policy, page_size, interval, **kw):
     return EvictConfig(
         policy=policy,
         budget=48,
@@ -50,20 +38,17 @@ def config(policy, page_size, interval, kvp_params, **kw):
         window=WINDOW.get(policy, 0),
         page_size=page_size,
         interval=interval,
-        params=params,
         **kw,
     )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
-def test_greedy_equals_masked_greedy(
-    tiny_eager, tiny_fast, words, kvp_params, policy, page_size, interval
-):
+def test_greedy_equals_masked_greedy(tiny_eager, tiny_fast, words, policy, page_size, interval):
     """60 tokens after an 80-token prompt, budget 48: equal token for token, and not the full
     cache's output (the eviction changed something)."""
     prompt = ids(80, seed=POLICIES.index(policy) * 7 + page_size)
-    cfg = config(policy, page_size, interval, kvp_params)
+    cfg = config(policy, page_size, interval)
     expected, _ = masked_greedy(tiny_eager, prompt, 60, cfg, rid="q", **RUNTIME)
     got, _ = fast_greedy(tiny_fast, prompt, 60, cfg, rid="q", words=words)
     assert got == expected
@@ -71,11 +56,9 @@ def test_greedy_equals_masked_greedy(
 
 
 @pytest.mark.parametrize("policy", ["streamingllm", "h2o", "random"])
-def test_turns_continue_from_history_like_masked_turn(
-    tiny_eager, tiny_fast, words, kvp_params, policy
-):
+def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, words, policy):
     """Three turns, each continuing from the previous turn's kept row: equal to masked_turn."""
-    cfg = config(policy, 1, 1, kvp_params)
+    cfg = config(policy, 1, 1)
     prompt, history, req = ids(40, seed=3), None, None
     for turn in range(3):
         expected, _, history = masked_turn(
@@ -96,11 +79,11 @@ def test_turns_continue_from_history_like_masked_turn(
 
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
 def test_span_aware_keeping_equals_masked_greedy_across_turns(
-    tiny_eager, tiny_fast, words, kvp_params, page_size, interval
+    tiny_eager, tiny_fast, words, page_size, interval
 ):
     """`span` 4 (units from the tiny tokenizer): each of two turns equal to masked_turn, the
     second continuing from the first's row with its token ids."""
-    cfg = config("h2o", page_size, interval, kvp_params, scoring=Scoring(span=4))
+    cfg = config("h2o", page_size, interval, scoring=Scoring(span=4))
     prompt, history, req = ids(80, seed=21), None, None
     for turn in range(2):
         expected, _, history = masked_turn(
@@ -121,10 +104,10 @@ def test_span_aware_keeping_equals_masked_greedy_across_turns(
 
 
 @pytest.mark.parametrize("policy", ["h2o", "scissorhands", "knorm"])
-def test_teacher_forced_chunks_equal_one_by_one(tiny_fast, words, kvp_params, policy):
+def test_teacher_forced_chunks_equal_one_by_one(tiny_fast, words, policy):
     """feed() runs up to the next eviction in one forward; feeding token by token gives the same
     predictions (fp32 rounding aside) and the same kept row."""
-    cfg = config(policy, 1, 16, kvp_params)
+    cfg = config(policy, 1, 16)
     prompt, cont = ids(70, seed=5), ids(50, seed=6)
     pf = prefill(tiny_fast, prompt, cfg.scoring.obs_window)
     a, b = Request(tiny_fast, cfg, "f", words=words), Request(tiny_fast, cfg, "f", words=words)

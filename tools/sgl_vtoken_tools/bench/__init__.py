@@ -1,5 +1,5 @@
-"""Benchmark and stress machinery shared by `scripts/` (no sglang import: servers are reached
-over HTTP and started through `sgl_vtoken_tools.launcher`).
+"""Benchmark and stress machinery shared by the commands (`sgl_vtoken_tools.cli`; no sglang
+import: servers are reached over HTTP and started through `sgl_vtoken_tools.launcher`).
 
     server_log     the text an SGLang server logs: decode batches, retractions, failures
     probe          a running server's HTTP endpoints: vToken state, loads, Prometheus counters

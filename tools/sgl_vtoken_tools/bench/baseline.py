@@ -1,4 +1,4 @@
-"""The baseline of overhead A/B runs (`scripts/bench_eviction.py --part overhead`): SGLang on CPU
+"""The baseline of overhead A/B runs (`python -m sgl_vtoken_tools eviction --part overhead`): SGLang on CPU
 *without* the sgl-vtoken plugin, and the process-level measurements both servers share.
 
 - `baseline_plugin_whitelist`: `SGLANG_PLUGINS` that loads every other installed general plugin

@@ -1,6 +1,6 @@
-"""A benchmark cell's server, shared by the scored chat benchmarks (`scripts/bench_agent.py`,
-`scripts/bench_chat.py`): one CPU server per cell, started on a free 127.0.0.1 port and always
-stopped, or a running server whose cells are per-request settings.
+"""A benchmark cell's server, shared by the server benchmarks (`python -m sgl_vtoken_tools chat`,
+`agent`, `ladder`, `joint`, `decode-batch`): one CPU server per cell, started on a free 127.0.0.1
+port and always stopped, or a running server whose cells are per-request settings.
 
     resolve_model(name)          smollm2 (built into .cache/smollm2 when missing), tiny or a folder
     cell_spec(spec, remote)      a `--cells` entry: a cell name or ``name=flags`` of a launched
@@ -10,11 +10,15 @@ stopped, or a running server whose cells are per-request settings.
                                  without the plugin, checked either way)
     cell_server(...)             (base url, log path, per-request kv_evict) of a cell, launched or
                                  the running one
+    served_model(url)            the model name a server answers to
+    Plays(remote).play(url, log) one measured play: cache flushed, vToken state before and after,
+                                 the log lines it wrote
 """
 
 from __future__ import annotations
 
 import json
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -109,3 +113,61 @@ def cell_server(
         return
     with launch(model, name, flags, pool, page_size, server_args, threads) as server:
         yield server.base_url, str(server.log_path), None
+
+
+def served_model(url: str) -> str:
+    """The model name the server at `url` answers to (its first `/v1/models` entry)."""
+    from sgl_vtoken_tools.bench import probe
+
+    served = (probe.get_json(url, "/v1/models") or {}).get("data") or [{}]
+    return served[0].get("id", "default")
+
+
+class Window:
+    """What one play changed on a server: its vToken state `before` and `after` (None without
+    the plugin) and the `log` text it wrote (None without a log file)."""
+
+    def __init__(self, url: str, log_path: str | None):
+        from sgl_vtoken_tools.bench import probe
+
+        self.url, self.log_path = url, log_path
+        self.start = Path(log_path).stat().st_size if log_path else 0
+        self.before = probe.vtoken_state(url)
+        self.after: dict | None = None
+        self.log: str | None = None
+
+    def end(self) -> None:
+        from sgl_vtoken_tools.bench import probe
+        from sgl_vtoken_tools.bench.server_log import read_from
+
+        self.after = probe.vtoken_state(self.url)
+        self.log = read_from(self.log_path, self.start) if self.log_path else None
+
+    def evicted(self) -> int | None:
+        """Tokens the server evicted during the play; None without the plugin."""
+        if self.before is None or self.after is None:
+            return None
+        return self.after.get("evicted_tokens", 0) - self.before.get("evicted_tokens", 0)
+
+
+class Plays:
+    """Measured plays on cells' servers, one after another. On a running server (`remote`) every
+    cell reuses the same request ids, so a play first waits out SGLang's abort window after the
+    previous one."""
+
+    def __init__(self, remote: bool):
+        self.remote, self.ended = remote, 0.0
+
+    @contextmanager
+    def play(self, url: str, log_path: str | None):
+        """Yields the play's `Window`: the server's cache flushed, its state and log end noted;
+        the state and the log text again when the block ends."""
+        from sgl_vtoken_tools.bench import probe
+
+        if self.remote:
+            time.sleep(max(0.0, self.ended + RID_REUSE_GAP_S - time.monotonic()))
+        probe.flush_cache(url)
+        window = Window(url, log_path)
+        yield window
+        self.ended = time.monotonic()
+        window.end()

@@ -1,6 +1,6 @@
 """Chats in rounds: pass-key conversations played through the OpenAI chat API the way chat
 clients send them (the whole conversation re-sent as text every turn, the server's own reply fed
-back), all conversations turn by turn together, or one at a time (`scripts/bench_chat.py`).
+back), all conversations turn by turn together, or one at a time (`python -m sgl_vtoken_tools chat`).
 
     conversations(split, num, key_at)   seeded conversations: a pass key stated in turn 1 (`first`)
                                         or mid-passage in turn 2 (`passage`), essay passages of
@@ -37,7 +37,7 @@ import requests
 
 from sgl_vtoken_tools.bench.http_client import stream_chat
 from sgl_vtoken_tools.bench.joint import history_fields, history_turns
-from sgl_vtoken_tools.bench.quantiles import spread
+from sgl_vtoken_tools.bench.quantiles import median_text
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 from sgl_vtoken_tools.quality import data
 from sgl_vtoken_tools.quality.splits import SPLITS
@@ -390,15 +390,6 @@ def cell_line(
         "mean_latency_s": round(statistics.mean(lat), 3) if lat else None,
         "round_s": rounds,
     }
-
-
-def median_text(vals: list, digits: int = 1) -> str:
-    """The median of `vals` (None left out) with (min-max) when they differ; "-" without any."""
-    s = spread(vals)
-    if s is None:
-        return "-"
-    mid = f"{s['median']:.{digits}f}"
-    return mid if s["min"] == s["max"] else f"{mid} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
 
 
 def table(cells: list[dict]) -> str:

@@ -1,4 +1,4 @@
-"""The joint benchmark's cells from its `summary` lines (`scripts/bench_joint.py`):
+"""The joint benchmark's cells from its `summary` lines (`python -m sgl_vtoken_tools joint`):
 
     spread_lines(summaries)   one `cell` line per cell: each figure's spread over repeats, and
                               the throughput and prompt tokens computed as ratios to stock's of

@@ -1,7 +1,7 @@
-"""Reading NVIDIA kvpress runs (`scripts/kvpress_eval.py` lines) beside ours: the docqa table,
+"""Reading NVIDIA kvpress runs (`python -m sgl_vtoken_tools kvpress` lines) beside ours: the docqa table,
 the StreamingLLM agreement, and the choice of each press's options on a tuning run.
 
-`scripts/kvpress_eval.py --report/--choose` call these in the main environment; the presses
+`python -m sgl_vtoken_tools kvpress --report/--choose` call these in the main environment; the presses
 themselves run in kvpress's own (docs/benchmarks.md, "kvpress side by side").
 """
 

@@ -1,4 +1,4 @@
-"""The load ladder (`scripts/bench_ladder.py`): scored chat and agent sessions that arrive at
+"""The load ladder (`python -m sgl_vtoken_tools ladder`): scored chat and agent sessions that arrive at
 Poisson rates, the rate set as a fraction of what the KV pool holds, played through
 `/v1/chat/completions` as chat clients send them (the whole conversation re-sent as text every
 turn, the server's own reply fed back, streamed: TTFT and TPOT per request).
@@ -36,10 +36,10 @@ import requests
 
 from sgl_vtoken_tools.bench import chat_rounds
 from sgl_vtoken_tools.bench.agent_chat import answer_record
-from sgl_vtoken_tools.bench.chat_rounds import median_text, new_state, peak_tokens, send_turn
+from sgl_vtoken_tools.bench.chat_rounds import new_state, peak_tokens, send_turn
 from sgl_vtoken_tools.bench.http_client import stream_chat
 from sgl_vtoken_tools.bench.joint import held_tokens
-from sgl_vtoken_tools.bench.quantiles import percentiles, spread
+from sgl_vtoken_tools.bench.quantiles import median_text, percentiles, spread
 from sgl_vtoken_tools.quality.agent_sessions import SYSTEM
 
 KINDS = ("chat", "agent")
@@ -49,7 +49,7 @@ PROBE_PROMPT = "Count from one to two hundred in words, separated by commas."
 @dataclass(frozen=True)
 class Session:
     """`turns`: the user messages in order (an agent's tool outputs go as user messages, as
-    `scripts/bench_agent.py` sends them by default); `system`: the agents' shared system prompt
+    `python -m sgl_vtoken_tools agent` sends them by default); `system`: the agents' shared system prompt
     (None for chats); `peak_tokens`: its longest prompt + `max_tokens` (`chat_rounds.peak_tokens`);
     `source`: the Conversation or AgentSession it was made from (scored by its kind's rules)."""
 

@@ -1,5 +1,5 @@
 """A simple concurrent load: `num` greedy `/generate` requests of seeded random token ids, one
-thread each, timed as a whole (`scripts/bench_eviction.py`'s capacity part)."""
+thread each, timed as a whole (`python -m sgl_vtoken_tools eviction`'s capacity part)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The plugin's cost when off: single-stream decode tokens/s and server CPU per token of
-`--kv-evict none` against SGLang without the plugin (scripts/bench_eviction.py --part overhead,
+`--kv-evict none` against SGLang without the plugin (tools/sgl_vtoken_tools/cli/eviction.py --part overhead,
 whose docstring describes the baseline and its shim)."""
 
 from __future__ import annotations

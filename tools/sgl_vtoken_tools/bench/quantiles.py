@@ -39,3 +39,13 @@ def spread(values: list[float | None]) -> dict | None:
         "mean": statistics.fmean(vals),
         "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0,
     }
+
+
+def median_text(vals: list, digits: int = 1, scale: float = 1.0) -> str:
+    """The median of `vals` (None left out) times `scale`, with (min-max) when they differ; "-"
+    without any."""
+    s = spread([None if v is None else v * scale for v in vals])
+    if s is None:
+        return "-"
+    mid = f"{s['median']:.{digits}f}"
+    return mid if s["min"] == s["max"] else f"{mid} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"

@@ -11,12 +11,12 @@ from sgl_vtoken_tools.bench.checks import fair
 
 def provenance(meta: dict) -> str:
     return (
-        f"Regenerate with `make bench` (`python scripts/bench_matrix.py`; this run: `{meta['command']}`, "
+        f"Regenerate with `make bench` (`python -m sgl_vtoken_tools matrix`; this run: `{meta['command']}`, "
         f"{meta['date']}, {meta['elapsed_min']:.1f} min on {meta['machine']}; load average "
         f"{meta['load_start']} at the start and {meta['load_end']} at the end: other jobs share these "
         "cores, so absolute latencies are noisy; the spread over repeats shows how much). Raw JSON lines "
         f"of this run: [`{meta['jsonl']}`]({meta['jsonl_link']}); "
-        "`python scripts/bench_matrix.py --render-only` redraws this section and its plots from them."
+        "`python -m sgl_vtoken_tools matrix --render-only` redraws this section and its plots from them."
     )
 
 

@@ -24,7 +24,7 @@ def _counts(d: dict) -> str:
 
 
 def row(path: str | Path) -> str:
-    """The row of one run's JSON lines (`scripts/stress.py --out`): its `server` and `summary`
+    """The row of one run's JSON lines (`python -m sgl_vtoken_tools stress --out`): its `server` and `summary`
     records; the run is named by the file (``stress_<run>.jsonl``)."""
     lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
     server = next(r for r in lines if r["kind"] == "server")

@@ -8,8 +8,8 @@ settings.py      what a cell runs: ``policy[:key=value,...]`` at a budget
 runner.py        every task for every cell through the fast reference: trial records
 server_check.py  the same trials replayed token for token on a live server
 report.py        summaries, markdown tables, the plot
-evaluate.py      one run end to end (``scripts/eval_quality.py`` is its CLI)
-cli.py           the quality scripts' shared flags, model loading and JSON-lines output
+evaluate.py      one run end to end (``python -m sgl_vtoken_tools quality`` is its CLI)
+cli.py           the quality commands' shared flags, model loading and JSON-lines output
 chats.py         chat-shaped recall conversations (replies the model's own) from a split
 chat_recall.py   those conversations through the masked reference, per setting (a CLI)
 chat_server.py   the same conversations played on a server, per-request cells (a CLI)

@@ -9,7 +9,7 @@
                                          `evict`, its --kv-* flags from args (budget, sink, ...)
     with served(flags) as client:        that server started, and stopped on the way out
 
-Used by ``scripts/eval_quality.py`` and the quality CLIs (`chat_recall.py`, `chat_server.py`,
+Used by ``python -m sgl_vtoken_tools quality`` and the quality CLIs (`chat_recall.py`, `chat_server.py`,
 `long_doc.py`, `long_chat.py`). Torch and transformers are imported by :func:`load` only, so
 ``--help`` and flag errors answer at once.
 """

@@ -1,6 +1,6 @@
 """One quality run: every cell through the fast reference, then a subset through the server.
 
-:func:`run` is what ``scripts/eval_quality.py`` calls: it builds the tasks, runs them for every
+:func:`run` is what ``python -m sgl_vtoken_tools quality`` calls: it builds the tasks, runs them for every
 (setting, budget) cell with :class:`~sgl_vtoken_tools.quality.runner.Runner`, then replays the first
 trials of each task for every setting at the server budgets on a live server
 (:class:`~sgl_vtoken_tools.quality.server_check.ServerCheck`), one server per group of settings that

@@ -1,7 +1,7 @@
 """Summaries, markdown tables and the plot of a quality run, from its JSON lines alone.
 
 Every figure is recomputed from the ``trial`` records, so a committed ``.jsonl`` regenerates the
-tables (``scripts/eval_quality.py --report FILE``). One ``summary`` record per cell:
+tables (``python -m sgl_vtoken_tools quality --report FILE``). One ``summary`` record per cell:
 
     passkey   hits / trials (exact match of the pass key), needle_kept (mean fraction of the
               needle's tokens the first eviction kept)

@@ -22,8 +22,7 @@ from sgl_vtoken_tools.sim.replay import SimSettings, replay_request
 from sgl_vtoken_tools.sim.report import markdown_tables, plot, summarize
 from sgl_vtoken_tools.sim.workload import WORKLOADS
 
-# KVP scores real K/V with a scorer trained for one model; the synthetic traces have no values.
-SIM_POLICIES = sorted(name for name, cls in POLICIES.items() if "values" not in cls.needs)
+SIM_POLICIES = sorted(POLICIES)
 BEGIN, END = "<!-- sim:begin -->", "<!-- sim:end -->"
 COMMAND = (
     "python -m sgl_vtoken_tools.sim --out docs/sim --img-dir docs/img"

@@ -1,0 +1,92 @@
+"""`python -m sgl_vtoken_tools evict-step` drives the real step and its per-row oracle on a fake
+pool: both paths move the same tokens, the batched one in one repack launch."""
+
+import json
+import subprocess
+import sys
+
+COMMAND = [sys.executable, "-m", "sgl_vtoken_tools", "evict-step"]
+
+
+def test_both_paths_evict_the_same_tokens_and_the_batched_one_launches_once(tmp_path):
+    out = tmp_path / "step.jsonl"
+    proc = subprocess.run(
+        [
+            *COMMAND,
+            "--device",
+            "cpu",
+            "--batches",
+            "3",
+            "--budget",
+            "40",
+            "--intervals",
+            "16",
+            "--repeats",
+            "1",
+            "--policies",
+            "random,knorm,h2o",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert not [x for x in lines if "error" in x]
+    assert len(lines) == 6
+    for batched, per_row in zip(lines[0::2], lines[1::2]):
+        assert (batched["path"], per_row["path"]) == ("batched", "per_row")
+        assert (batched["repack_launches"], per_row["repack_launches"]) == (1, 3)
+        assert batched["moved_tokens"] == per_row["moved_tokens"] > 0
+        assert batched["speedup_vs_per_row"] > 0
+    assert "| smollm2 | random | 16 | 3 |" in proc.stderr
+
+
+def test_an_unknown_policy_is_refused_naming_the_flag():
+    proc = subprocess.run(
+        [*COMMAND, "--device", "cpu", "--policies", "lru"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "--policies" in proc.stderr and "streamingllm" in proc.stderr
+
+
+def test_full_step_lines_count_one_sync_and_one_score_launch_per_layer(tmp_path):
+    """--full: the whole step through the real hooks on a server-shaped fake (tiny shapes)."""
+    out = tmp_path / "full.jsonl"
+    proc = subprocess.run(
+        [
+            *COMMAND,
+            "--full",
+            "--device",
+            "cpu",
+            "--shapes",
+            "tiny",
+            "--policies",
+            "h2o,streamingllm",
+            "--batches",
+            "2",
+            "--pools",
+            "4096",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(x["policy"], x["history"], x["offload"]) for x in lines] == [
+        ("h2o", True, True),
+        ("streamingllm", True, True),
+    ]
+    assert [x["score_launches"] for x in lines] == [4, 0] and all(
+        x["host_syncs"] == 1 for x in lines
+    )
+    assert all(x["step_ms"]["median"] > 0 for x in lines)

