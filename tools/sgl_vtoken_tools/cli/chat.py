@@ -6,7 +6,8 @@ them (the whole conversation re-sent as text every turn), answers and speed per 
     python -m sgl_vtoken_tools chat --one-at-a-time --conversations 10 --pool 16384 \\
         --cells full pressure --key-at passage --out chat.jsonl      # the idle-pool case
     python -m sgl_vtoken_tools chat --cells stock pressure --conversations 2 --repeats 1   # smoke
-    python -m sgl_vtoken_tools chat --one-at-a-time --conversations 2 --passages 48 --pool 2048 \\
+    python -m sgl_vtoken_tools chat --one-at-a-time --conversations 1 --passages 48 --pool 1024 \\
+        --passage-words 50 70 --max-tokens 32 \\
         --past-pool --cells pressure --repeats 1 --out chat.jsonl     # 50 turns, past the pool
     python -m sgl_vtoken_tools chat --base-url URL --model PATH \\
         --cells full='{"policy": "none"}' server                       # a running server
@@ -93,7 +94,13 @@ def run(args) -> list[dict]:
 
     model = resolve_model(args.model)
     convs = conversations(
-        args.split, args.conversations, args.key_at, args.passages, args.seed, args.wheel_dir
+        args.split,
+        args.conversations,
+        args.key_at,
+        args.passages,
+        args.seed,
+        args.wheel_dir,
+        tuple(args.passage_words),
     )
     need = longest(AutoTokenizer.from_pretrained(model), convs, args.max_tokens)
     if not args.base_url and not args.past_pool and need > args.pool:
@@ -117,6 +124,7 @@ def run(args) -> list[dict]:
             mode=mode,
             conversations=len(convs),
             passages=args.passages,
+            passage_words=list(args.passage_words),
             max_tokens=args.max_tokens,
             conversation_tokens_max=need,
         )
@@ -175,6 +183,14 @@ def build_parser():
     p.add_argument(
         "--passages", type=int, default=3, help="passages to summarise after the key's turn"
     )
+    p.add_argument(
+        "--passage-words",
+        type=int,
+        nargs=2,
+        default=[160, 180],
+        metavar=("LEAST", "MOST"),
+        help="words of every passage",
+    )
     p.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every turn")
     p.add_argument(
         "--past-pool",
@@ -201,6 +217,9 @@ def check(parser, args) -> None:
         passages=args.passages,
         pool=args.pool,
     )
+    least, most = args.passage_words
+    if not 1 <= least <= most:
+        parser.error(f"--passage-words: need 1 <= LEAST <= MOST (got {least} {most})")
     common.check_split(parser, args.split, args.seed)
     common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url), CELLS))
 
