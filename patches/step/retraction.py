@@ -12,6 +12,7 @@ eviction, `undo_step`) and when a request is re-prefilled instead: docs/design.m
 from __future__ import annotations
 
 from array import array
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -24,7 +25,10 @@ from ..core.report import Report
 from ..core.state import ReqEvictState, Row, state_of
 
 if TYPE_CHECKING:
+    from sgl_vtoken.step import Decision
+
     from ..core.sglang_types import KVPool, RadixTree, Req, ScheduleBatch, TreeNode
+    from .context import DueRow, StepContext
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,32 @@ class Retraction:
         if self.real_outputs is not None:
             req.output_ids, self.real_outputs = self.real_outputs, None
             req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+
+
+def keep_victims(ctx: StepContext, d: Decision, due: list[DueRow], active: list[bool]) -> None:
+    """The eviction step's victims, before its repack writes over them: the `active` rows of
+    `d` (`due`, one per row) whose reclaim strategy `saves_victims` keep their victims' K/V
+    (every layer, on the device), on the stream the repack then runs on, so that a retraction
+    in this step resumes from the row before it (`MovedRow`, `stash_row`)."""
+    saving = [
+        (b, row.st)
+        for b, row in enumerate(due)
+        if active[b] and row.st.reclaim.saves_victims(ctx, row.st)
+    ]
+    if not saving:
+        return
+    w = d.keep.shape[1]
+    keeps = [d.keep[b, : d.rows[b].length] for b, _ in saving]
+    victims = [(~k).nonzero().flatten() for k in keeps]
+    flat = torch.cat([b * w + v for (b, _), v in zip(saving, victims)])
+    view = ctx.view
+    with ctx.stream or nullcontext():
+        slots = d.raw.flatten().index_select(0, flat.to(d.raw.device, non_blocking=True))
+        keys = torch.stack([buf[slots] for buf in view.k_buffers])
+        values = torch.stack([buf[slots] for buf in view.v_buffers])
+    sizes = [v.numel() for v in victims]
+    for (_, st), keep, k, v in zip(saving, keeps, keys.split(sizes, 1), values.split(sizes, 1)):
+        st.retract.save_victims(MovedRow(keep, k, v))
 
 
 def before_release_req(*args: object, req: Req, tree_cache: RadixTree, **kwargs: object) -> None:
