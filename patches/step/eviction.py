@@ -38,7 +38,9 @@ def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
     host_tier.offload_victims(ctx.tier, d, [row.st for row in due], ctx.view, ctx.stream)
     tree = reclaim.tree_part(ctx, due, d)
     keep_victims(ctx, d, due, tree.active)
-    out = apply(d, ctx.view, tree.copies, tree.active, ctx.stream, tree.onto_own)
+    out = apply(
+        d, ctx.view, tree.copies, tree.active, move_stream=ctx.stream, onto_own=tree.onto_own
+    )
     outcomes = reclaim.record(ctx, due, d, out, tree.active)
     freed = reclaim.free(ctx, outcomes, out)
     evicted = [o.evicted for o in outcomes]
