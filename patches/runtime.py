@@ -22,7 +22,7 @@ from .core.report import Report
 from .core.state import ReqEvictState, Row, state_of
 from .step import held, prefill, retraction, scores
 from .step.context import context_of
-from .step.eviction import evict_batch
+from .step.decode import evict_batch
 from .step.reclaim import reclaim_for
 from .surface import metrics
 from .surface.request_options import request_config

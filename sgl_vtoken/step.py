@@ -9,6 +9,7 @@ work between::
                              the pool's device; ONE host copy (keep masks, counts) -> Decision
     plan_keep(pool, ...)     the same Decision for keep masks the caller chose (no scores)
     (caller)                 relock / release tree-owned victims, allocate pages for copies
+                             (or, where `Decision.own_copies`, take the row's own part)
     apply(decision, copies)  slot plan, ONE repack launch for all rows, ONE row write
                              -> Applied (the freed pages: the caller frees them in one call)
 
@@ -106,6 +107,9 @@ class Decision:
     cpl: torch.Tensor  # [B] int64 (device)
     rows: list[EvictRow] = field(default_factory=list)  # decide's rows (plan_keep: none)
     tree_pages: torch.Tensor | None = None  # [B, P] int64 host: kept whole tree page ids, else -1
+    # per row: it has an own part (`EvictRow.own_from`) and every copy comes from it, so the
+    # copies may go onto that part's slots once it leaves the tree (`apply`'s `onto_own`)
+    own_copies: list[bool] = field(default_factory=list)
 
     def kept_tree_pages(self, b: int) -> torch.Tensor:
         """Host ids of the tree-owned pages row `b` still references (rows with `history`)."""
@@ -124,11 +128,14 @@ class Decision:
 
 @dataclass
 class Applied:
-    """What `apply` did: `freed` page ids (device), `freed_counts[b]` of them per row, in order."""
+    """What `apply` did: `freed` page ids (device), `freed_counts[b]` of them per row, in order;
+    `released`, per `onto_own` row in order, the pages (slots at page size 1) of its own part
+    that its copies left empty, for the caller to free."""
 
     freed: torch.Tensor
     freed_counts: list[int]
     moved: int
+    released: list[torch.Tensor]
 
 
 def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
@@ -223,23 +230,25 @@ def plan_keep(
     idx = _to(torch.tensor(list(rows), dtype=torch.int64), dev)
     raw = pool.req_to_token[idx, :w].to(torch.int64)
     positions = torch.arange(w, device=dev).expand(len(rows), w)
-    d, _ = _plan(pool, list(rows), mask, lengths, cpl_d, positions, raw, own_from=own_d)
+    d, _ = _plan(
+        pool,
+        list(rows),
+        mask,
+        lengths,
+        cpl_d,
+        positions,
+        raw,
+        own_from=own_d,
+        own=[None] * len(rows) if own_from is None else own_from,
+    )
     return d
-
-
-def copies_in_own_part(d: Decision, b: int, own_from: int, cpl: int) -> bool:
-    """Whether every copy of row `b` comes from its own part (row entries ``own_from:cpl``,
-    `EvictRow.own_from`), so that `pack_onto_own` may put them there."""
-    tree_kept = d.keep[b, :cpl].nonzero().flatten()
-    whole = d.counts[b].whole  # the first `whole` kept tree entries stay where they are
-    return whole >= tree_kept.numel() or int(tree_kept[whole]) >= own_from
 
 
 def pack_onto_own(
     d: Decision, b: int, own: torch.Tensor, ps: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row `b`'s copies on its own part's slots instead of fresh pages, when that part has left
-    the tree (`copies_in_own_part` must hold): the k-th copy goes to ``own[k]``, which the
+    the tree (`Decision.own_copies` must hold): the k-th copy goes to ``own[k]``, which the
     repack's in-place order allows (every copy moves to or before its source)::
 
         row   | whole | own: k0 .  k1 k2 | .  .  k3 . | .  .  .  . | private ...
@@ -267,9 +276,11 @@ def _plan(
     over: torch.Tensor | None = None,
     rows: list[EvictRow] | None = None,
     own_from: torch.Tensor | None = None,
+    own: Sequence[int | None] | None = None,
 ) -> tuple[Decision, list[int]]:
     """The index plan of `keep` and the step's one host copy: keep masks, counts, `over` (its
-    host values are returned) and, for `rows` with `history`, their kept whole tree pages."""
+    host values are returned) and, for `rows` with `history`, their kept whole tree pages.
+    `own`: each row's own part's start (`EvictRow.own_from`, taken from `rows` when None)."""
     ps, b, w = pool.page_size, keep.shape[0], keep.shape[1]
     plan = index_plan(keep, lengths, cpl, positions, ps, own_from)
     parts = [keep.to(torch.int64), plan.summary]
@@ -282,7 +293,17 @@ def _plan(
     counts = [RowCounts(*r) for r in host[:, w:s].tolist()]
     tree_pages = host[:, s + 1 :] if history else None
     keep_h = host[:, :w].bool()
-    d = Decision(table_rows, keep_h, counts, plan, raw, lengths, cpl, rows or [], tree_pages)
+    if own is None:
+        own = [r.own_from for r in rows or ()]
+    # Every copy comes from the own part when the first copy, the kept tree-owned entry after
+    # the `whole` ones that stay in place, is in it: no more than `whole` kept before it.
+    own_copies = [
+        o is not None and int(keep_h[i, :o].sum()) <= c.whole
+        for i, (o, c) in enumerate(zip(own, counts))
+    ]
+    d = Decision(
+        table_rows, keep_h, counts, plan, raw, lengths, cpl, rows or [], tree_pages, own_copies
+    )
     return d, host[:, s].tolist()
 
 
@@ -292,15 +313,24 @@ def apply(
     copy_slots: list[torch.Tensor] | None = None,
     active: list[bool] | None = None,
     move_stream: AbstractContextManager[object] | None = None,
+    onto_own: list[bool] | None = None,
 ) -> Applied:
     """Carry out the decision for the `active` rows (default all): one repack launch (on
     `move_stream` when given), one row write. `copy_slots[b]`: the fresh pages (slots, on the
-    pool's device) for row b's ``counts[b].copies`` copies, whole pages."""
+    pool's device) for row b's ``counts[b].copies`` copies, whole pages; where `onto_own[b]`
+    (the row's `Decision.own_copies` must hold), its own part's slots instead, that part having
+    left the tree: the copies are packed onto them (`pack_onto_own`) and the pages they leave
+    empty come back in `Applied.released`."""
     ps, dev = pool.page_size, pool.req_to_token.device
     rows = len(d.table_rows)
     sel = list(range(rows)) if active is None else [b for b, a in enumerate(active) if a]
     if not sel:
-        return Applied(d.raw.new_zeros(0), [], 0)
+        return Applied(d.raw.new_zeros(0), [], 0, [])
+    released = (
+        [pack_onto_own(d, b, copy_slots[b], ps)[1] for b in sel if onto_own[b]]
+        if onto_own is not None and copy_slots is not None
+        else []
+    )
     plan, raw, lengths, cpl = d.plan, d.raw, d.lengths, d.cpl
     if len(sel) < rows:
         pick = _to(torch.tensor(sel), dev)
@@ -326,7 +356,7 @@ def apply(
     pool.req_to_token[idx[:, None], torch.arange(w, device=dev)] = sp.new_rows.to(
         pool.req_to_token.dtype
     )
-    return Applied(sp.freed, freed_counts, num_moves)
+    return Applied(sp.freed, freed_counts, num_moves, released)
 
 
 def _to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

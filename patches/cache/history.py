@@ -112,6 +112,46 @@ def insert_view(
     return matched, node
 
 
+def insert_row(
+    tree: RadixTree,
+    slots: torch.Tensor,
+    ids: array,
+    positions: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    ns: str,
+    salt: str | None = None,
+    non_blocking: bool = False,
+) -> TreeNode:
+    """A row put back into the tree: the K/V (host, ``[layers, n, H, D]``) of its entries at
+    logical `positions` (``[n]``, ascending) written into the fresh `slots` (`pool.alloc`, whole
+    pages: the first n take the entries), and a holed leaf under the root, in a namespace of its
+    own (`ns` and a serial, with `salt`), keyed by `ids` (its logical ids, whole pages of them at
+    page size > 1, the rest its view's tail) and holding the row as its view. A host history
+    restored (`host_history.restore`) and a retracted row resumed (`retraction.resume`) both
+    come back this way."""
+    kv, ps, n = tree.token_to_kv_pool_allocator.get_kvcache(), tree.page_size, positions.numel()
+    slots = slots.to(torch.int64)
+    index = slots[:n]
+    for layer in range(kv.layer_num):
+        k, v = kv.get_key_buffer(layer), kv.get_value_buffer(layer)
+        k[index] = keys[layer].to(k.device, k.dtype, non_blocking=non_blocking)
+        v[index] = values[layer].to(v.device, v.dtype, non_blocking=non_blocking)
+    tree._vt_serial = getattr(tree, "_vt_serial", 0) + 1  # a namespace nothing else uses
+    end = len(ids) // ps * ps
+    positions = positions.to(slots.device)
+    value = torch.full((end,), -1, dtype=torch.int64, device=slots.device)
+    if ps == 1:
+        value[positions] = index
+    view = StoredView(positions, index, 0, array("q", ids[end:]))
+    key = RadixKey(ids[:end], f"{ns}#{tree._vt_serial}", cache_salt=salt)
+    matched, node = insert_view(
+        tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu()
+    )
+    assert matched == 0, "a fresh namespace cannot match"
+    return node
+
+
 def split(new_node: TreeNode, child: TreeNode) -> None:
     """SGLang split `child`, `new_node` taking the front of its key: if `child` is holed,
     `new_node` is too. Its pages stay with `child` (the view's node); per-position nodes recount."""

@@ -20,7 +20,6 @@ from array import array
 from typing import TYPE_CHECKING
 
 import torch
-from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from ..core.process import process
 from . import history
@@ -142,25 +141,11 @@ def restore(
     if slots is None:
         return None
     h.row.wait()
-    kv = tree.token_to_kv_pool_allocator.get_kvcache()
-    index = slots[:n].to(torch.int64)
-    for layer in range(kv.layer_num):
-        k, v = kv.get_key_buffer(layer), kv.get_value_buffer(layer)
-        k[index] = h.row.k[:n, layer].to(k.device, k.dtype, non_blocking=True)
-        v[index] = h.row.v[:n, layer].to(v.device, v.dtype, non_blocking=True)
     ids = array("q", h.ids[:depth].tolist())
-    end = depth // ps * ps
-    tree._vt_serial = getattr(tree, "_vt_serial", 0) + 1  # a namespace nothing else uses
-    positions = h.row.positions[:n].to(index.device)
-    value = torch.full((end,), -1, dtype=torch.int64, device=index.device)
-    if ps == 1:
-        value[positions] = index
-    view = history.StoredView(positions, index, 0, ids[end:])
-    key = RadixKey(ids[:end], f"{h.ns}|host#{tree._vt_serial}", cache_salt=salt)
-    matched, node = history.insert_view(
-        tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu()
+    keys, values = h.row.k[:n].transpose(0, 1), h.row.v[:n].transpose(0, 1)
+    node = history.insert_row(
+        tree, slots, ids, h.row.positions[:n], keys, values, f"{h.ns}|host", salt, True
     )
-    assert matched == 0, "a fresh namespace cannot match"
     history.offload_on_evict(node, ns)  # evicted before its turn runs: back to host memory
     node.last_access_time = time.monotonic()
     store, h.store = h.store, []

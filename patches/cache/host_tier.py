@@ -14,6 +14,7 @@ tier and recall" and "Host histories".
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ from ..core.state import state_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+
+    from sgl_vtoken.step import Decision, KVPoolView
 
     from ..core.sglang_types import Req, TreeNode
     from ..core.state import ReqEvictState
@@ -236,7 +239,36 @@ class HostTier:
         }
 
 
-# --- offload (eviction.py) ------------------------------------------------------------------
+# --- offload (the eviction step, eviction.py) ------------------------------------------------
+def offload_victims(
+    tier: HostTier | None,
+    d: Decision,
+    states: list[ReqEvictState],
+    view: KVPoolView,
+    stream: AbstractContextManager[object] | None,
+) -> None:
+    """The eviction step's offload: the victims of decision `d`'s rows whose request offloads
+    (`states`, one per row) go to the host tier before their slots are freed or overwritten.
+    Their row entries are known on the host (`d.keep`), so one index copy to the device gathers
+    their slots, and the copies run on `stream`, the one that then moves KV (no host
+    synchronization). Nothing without a host tier or an offloading row."""
+    offloading = [(b, st) for b, st in enumerate(states) if st.cfg.host.offload]
+    if tier is None or not offloading:
+        return
+    w = d.keep.shape[1]
+    victims = [(~d.keep[b, : d.rows[b].length]).nonzero().flatten() for b, _ in offloading]
+    flat = torch.cat([b * w + v for (b, _), v in zip(offloading, victims)])
+    with stream or nullcontext():
+        slots = d.raw.flatten().index_select(0, flat.to(d.raw.device, non_blocking=True))
+        offload(
+            tier,
+            [(st, d.rows[b].positions[v]) for (b, st), v in zip(offloading, victims)],
+            slots,
+            view.k_buffers,
+            view.v_buffers,
+        )
+
+
 def offload(
     tier: HostTier,
     rows: list[tuple[ReqEvictState, torch.Tensor]],

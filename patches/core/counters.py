@@ -32,6 +32,15 @@ class VTokenCounters:
         0  # scored decode steps run eagerly: beyond the graph's bound, or no buffers
     )
 
+    def count_step(self, evicted: list[int | None], freed: int, moved: int) -> None:
+        """An eviction step: each row's tokens `evicted` (None: left for a later step), the
+        pages (slots at page size 1) it gave back in its one allocator call, the tokens moved."""
+        self.pages_freed += freed
+        self.evictions += sum(n is not None for n in evicted)
+        self.evicted_tokens += sum(n for n in evicted if n)
+        self.tokens_moved += moved
+        self.bytes_moved += moved * self.bytes_per_token
+
     def no_running(self) -> None:
         """No evicting request runs: the last-step gauges go to zero (peaks stay)."""
         self.running_evicting_requests = self.live_tokens = self.retained_pages = (

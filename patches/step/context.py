@@ -1,11 +1,12 @@
 """What an eviction step uses of its scheduler, read once per scheduler: `context_of(scheduler)`.
 
-The step (`eviction.py`, `prefill.py`) reads the radix tree, the allocator, the pool's slot
-table and K/V buffers, the counters, the stream the repack runs on, the tensor-parallel group
-and the host tier. None of them changes after the scheduler is built, so the context is made at
-the first eviction and kept on the scheduler. It also samples the pool into the counters'
-gauges (`sample_held`, `sample_batch`: live tokens, retained pages, peaks), which
-`/get_server_info` and Prometheus report (`surface/observe.py`, `surface/metrics.py`).
+The step (`eviction.py`, entered from `decode.py` and `prefill.py`) reads the radix tree, the
+allocator, the pool's slot table and K/V buffers, the counters, the stream the repack runs on,
+the tensor-parallel group and the host tier. None of them changes after the scheduler is
+built, so the context is made at the first eviction and kept on the scheduler. It also samples
+the pool into the counters' gauges (`sample_held`, `sample_batch`: live tokens, retained pages,
+peaks), which `/get_server_info` and Prometheus report (`surface/observe.py`,
+`surface/metrics.py`).
 """
 
 from __future__ import annotations

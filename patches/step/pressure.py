@@ -5,7 +5,7 @@ budget is the floor: a row is never evicted below it, and a row within `interval
 evicted at all (the hysteresis of the budget trigger, so a row compacted now is not chosen again
 for `interval` steps).
 
-At each decode step, before SGLang's decode memory check (`eviction.evict_batch`)::
+At each decode step, before SGLang's decode memory check (`decode.evict_batch`)::
 
     free      = free slots + evictable tree slots
     need      = a page for every running row's next token

@@ -4,19 +4,24 @@ request is made (`reclaim_for`), so the step (`eviction.py`) does not branch on 
 reclaim mode inside its loops. Each strategy does the tree's part of a holed row (relock,
 release its history's unused slots or pages) and says what of the freed memory goes back now.
 Table: docs/design.md, "Reclaim strategies".
+
+Two phases of the step are here, one on each side of its repack: `tree_part` (pages for the
+copies of kept tree-owned tokens, or the row's own prompt detached; the strategies' release),
+and `record` and `free` (each row's outcome through its strategy, then one allocator call).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.step import Decision, EvictRow
+from sgl_vtoken.step import Applied, Decision, EvictRow
 
+from ..cache import pool
 from ..core.state import ReqEvictState
 from . import held
 from .context import DueRow, RowOutcome, StepContext
@@ -184,3 +189,73 @@ def reclaim_for(cfg: EvictConfig) -> Reclaim:
     if cfg.page_size == 1:
         return _STRATEGIES["slots"]
     return _STRATEGIES["naive" if cfg.reclaim == "naive" else "pages"]
+
+
+class TreePart(NamedTuple):
+    """What the tree's part of a step gives its repack (`step.apply`), per row: `active`, whether
+    it is carried out (False: no page for its copies of kept tree-owned tokens, the row is left
+    as it is for a later step), `copies`, the slots those copies go to (`apply`'s `copy_slots`;
+    empty for a row left as it is), and `onto_own`, whether those are its own prompt part's
+    slots (that part left the tree)."""
+
+    active: list[bool]
+    copies: list[torch.Tensor]
+    onto_own: list[bool]
+
+
+def tree_part(ctx: StepContext, due: list[DueRow], d: Decision) -> TreePart:
+    """Before the repack of decision `d` (`due`, one per row): every row's copies get fresh pages
+    first (an allocation may evict unlocked tree nodes, and the nodes a relock below unlocks are
+    still the row a retraction in this step resumes from). A row that gets none, and whose
+    copies all come from its own prompt part (`Decision.own_copies`), takes that part out of the
+    tree when only it holds it (`radix.HoledRadixCache.detach_own`) and its copies go there
+    (docs/design.md, "Own prompt"). Then each holed row whose view changed below its protected
+    length releases what it no longer uses of the tree (its strategy's `release_tree`)."""
+    ps = ctx.page_size
+    copies = [
+        pool.alloc(ctx.tree, -(-c.copies // ps) * ps, req) if c.copies else d.raw[b, :0]
+        for b, ((req, _, _), c) in enumerate(zip(due, d.counts))
+    ]
+    onto_own = [False] * len(due)
+    for b, (req, st, _) in enumerate(due):
+        row = d.rows[b]
+        if copies[b] is None and row.own_from is not None and d.own_copies[b]:
+            own = ctx.tree.detach_own(req, st.prefix.matched or 0, row.cpl - row.own_from)
+            if own is not None:  # else nothing changed: the row is evicted at a later step
+                copies[b], onto_own[b] = own.to(d.raw.device), True
+    for b, (req, st, _) in enumerate(due):
+        w, cpl = d.counts[b].whole, d.rows[b].cpl
+        if copies[b] is not None and st.holed and w != cpl:  # its view changed below cpl
+            dropped = d.rows[b].positions[:cpl][~d.keep[b, :cpl]]  # host: no device read
+            st.reclaim.release_tree(ctx, req, st, dropped, d.counts[b].depth)
+    active = [c is not None for c in copies]
+    return TreePart(
+        active, [d.raw[b, :0] if c is None else c for b, c in enumerate(copies)], onto_own
+    )
+
+
+def record(
+    ctx: StepContext, due: list[DueRow], d: Decision, out: Applied, active: list[bool]
+) -> list[RowOutcome]:
+    """After the repack (`out`): each `active` row's outcome through its strategy (`Reclaim.record`:
+    what of the pages it emptied goes back now, its state and lengths); a row left as it is
+    evicted nothing (`RowOutcome.evicted` None)."""
+    freed_rows = iter(torch.split(out.freed, out.freed_counts))
+    return [
+        row.st.reclaim.record(ctx, row, d.rows[b], d, b, next(freed_rows))
+        if active[b]
+        else RowOutcome(None, d.raw[b, :0])
+        for b, row in enumerate(due)
+    ]
+
+
+def free(ctx: StepContext, outcomes: list[RowOutcome], out: Applied) -> int:
+    """One allocator call for the step: what each row gives back now, then the pages of the own
+    prompt parts its copies left empty (`Applied.released`). Returns how many pages (slots at
+    page size 1) went back."""
+    device = ctx.allocator.device
+    freed = torch.cat([o.free for o in outcomes] + [r.to(device) for r in out.released])
+    freed = freed.to(device)
+    if freed.numel():  # slots at page size 1, page ids above
+        (ctx.allocator.free if ctx.page_size == 1 else ctx.allocator.free_page_ids)(freed)
+    return int(freed.numel())

@@ -12,12 +12,12 @@ eviction, `undo_step`) and when a request is re-prefilled instead: docs/design.m
 from __future__ import annotations
 
 from array import array
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import MatchResult
-from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from ..cache import history
 from ..cache.pool import alloc
@@ -25,7 +25,10 @@ from ..core.report import Report
 from ..core.state import ReqEvictState, Row, state_of
 
 if TYPE_CHECKING:
+    from sgl_vtoken.step import Decision
+
     from ..core.sglang_types import KVPool, RadixTree, Req, ScheduleBatch, TreeNode
+    from .context import DueRow, StepContext
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,32 @@ class Retraction:
             req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
 
 
+def keep_victims(ctx: StepContext, d: Decision, due: list[DueRow], active: list[bool]) -> None:
+    """The eviction step's victims, before its repack writes over them: the `active` rows of
+    `d` (`due`, one per row) whose reclaim strategy `saves_victims` keep their victims' K/V
+    (every layer, on the device), on the stream the repack then runs on, so that a retraction
+    in this step resumes from the row before it (`MovedRow`, `stash_row`)."""
+    saving = [
+        (b, row.st)
+        for b, row in enumerate(due)
+        if active[b] and row.st.reclaim.saves_victims(ctx, row.st)
+    ]
+    if not saving:
+        return
+    w = d.keep.shape[1]
+    keeps = [d.keep[b, : d.rows[b].length] for b, _ in saving]
+    victims = [(~k).nonzero().flatten() for k in keeps]
+    flat = torch.cat([b * w + v for (b, _), v in zip(saving, victims)])
+    view = ctx.view
+    with ctx.stream or nullcontext():
+        slots = d.raw.flatten().index_select(0, flat.to(d.raw.device, non_blocking=True))
+        keys = torch.stack([buf[slots] for buf in view.k_buffers])
+        values = torch.stack([buf[slots] for buf in view.v_buffers])
+    sizes = [v.numel() for v in victims]
+    for (_, st), keep, k, v in zip(saving, keeps, keys.split(sizes, 1), values.split(sizes, 1)):
+        st.retract.save_victims(MovedRow(keep, k, v))
+
+
 def before_release_req(*args: object, req: Req, tree_cache: RadixTree, **kwargs: object) -> None:
     """BEFORE `schedule_batch.release_req` (retraction only): stash an evicting request's row;
     without a stash it is re-prefilled with full attention, which the report says."""
@@ -276,23 +305,6 @@ def _moved_kv(
     return out[0], out[1]
 
 
-def write_back(tree_cache: RadixTree, stash: RetractStash, req: Req) -> torch.Tensor | None:
-    """Fresh slots holding the stash's K/V (whole pages at page size > 1: the last one partly
-    filled; ``[ceil(n / page) * page]``, the first n hold the entries), or None when the pool
-    cannot hold them now."""
-    ps, n = tree_cache.page_size, stash.positions.numel()
-    slots = alloc(tree_cache, -(-n // ps) * ps, req, "resume")
-    if slots is None:
-        return None
-    pool = tree_cache.token_to_kv_pool_allocator.get_kvcache()
-    index = slots.to(torch.int64)[:n]
-    for layer in range(pool.layer_num):
-        k, v = pool.get_key_buffer(layer), pool.get_value_buffer(layer)
-        k[index] = stash.keys[layer].to(k.device, k.dtype)
-        v[index] = stash.values[layer].to(v.device, v.dtype)
-    return slots.to(torch.int64)
-
-
 def resume(
     tree: RadixTree,
     req: Req,
@@ -333,26 +345,15 @@ def resume(
 
 
 def _insert_stash(tree: RadixTree, stash: RetractStash, req: Req) -> TreeNode | None:
-    """A holed leaf under the root holding the stash's row in fresh slots, or None. Page size 1:
-    a slot per position; page size > 1: the node owns the fresh pages and its key is the whole
-    pages of the stash's ids, the rest its view's tail (`history_pages.py`)."""
-    slots = write_back(tree, stash, req)
+    """The stash's row put back into the tree (`history.insert_row`) in fresh slots (whole pages
+    at page size > 1, the last one partly filled), or None when the pool cannot give them now."""
+    ps = tree.page_size
+    slots = alloc(tree, -(-stash.positions.numel() // ps) * ps, req, "resume")
     if slots is None:
         return None
-    tree._vt_serial = getattr(tree, "_vt_serial", 0) + 1  # a namespace nothing else uses
-    ps, n = tree.page_size, stash.positions.numel()
-    end = stash.depth // ps * ps
-    key = RadixKey(stash.ids[:end], f"{stash.namespace}#{tree._vt_serial}")
-    positions = stash.positions.to(slots.device)
-    value = torch.full((end,), -1, dtype=torch.int64, device=slots.device)
-    if ps == 1:
-        value[positions] = slots
-    view = history.StoredView(positions, slots[:n], 0, array("q", stash.ids[end:]))
-    matched, node = history.insert_view(
-        tree, tree.root_node, key, value, 0, view, None if ps == 1 else slots.cpu()
+    return history.insert_row(
+        tree, slots, stash.ids, stash.positions, stash.keys, stash.values, stash.namespace
     )
-    assert matched == 0, "a fresh namespace cannot match"
-    return node
 
 
 def adopt_retracted(

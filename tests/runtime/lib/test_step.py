@@ -17,7 +17,6 @@ from sgl_vtoken.step import (
     EvictRow,
     KVPoolView,
     apply,
-    copies_in_own_part,
     decide,
     pack_onto_own,
     plan_keep,
@@ -305,9 +304,11 @@ def test_copies_packed_onto_the_own_part_hold_what_fresh_pages_would(batch):
     want_kv = [buf[row[mask]] for buf in pool.view.k_buffers + pool.view.v_buffers]
 
     d = plan_keep(pool.view, [0], [mask], [cpl], own_from=[shared])
-    assert copies_in_own_part(d, 0, shared, cpl)
+    assert d.own_copies == [True]
     slots, free = pack_onto_own(d, 0, own, ps)
-    out = apply(d, pool.view, [slots])
+    out = apply(d, pool.view, [own], onto_own=[True])
+    assert torch.equal(slots, own) and len(out.released) == 1
+    assert torch.equal(out.released[0], free)
     d_fresh = plan_keep(fresh_pool.view, [0], [mask], [cpl], own_from=[shared])
     apply(d_fresh, fresh_pool.view, [fresh_pool.alloc(-(-d_fresh.counts[0].copies // ps) * ps)])
 
@@ -328,6 +329,28 @@ def test_copies_packed_onto_the_own_part_hold_what_fresh_pages_would(batch):
     assert freed.numel() == torch.unique(freed).numel(), "a page freed twice"
     assert not torch.isin(freed, held).any(), "a page freed that the row still reads"
     assert torch.equal(torch.unique(torch.cat([held, freed])), had), "a page lost"
+
+
+@settings(max_examples=60, deadline=None)
+@given(own_parts(), st.integers(0, 3), st.floats(0.0, 1.0))
+def test_own_copies_says_whether_the_first_copy_is_in_the_own_part(batch, shared_cut, p_tree):
+    """`Decision.own_copies`: every copy of a row comes from its own part exactly when the first
+    kept tree-owned entry that does not stay in place (the one after the `whole` ones) lies in
+    that part, whatever the shared prefix keeps (a partly kept shared page is copied too)."""
+    ps, seed, shared, own_len, priv, p = batch
+    gen = torch.Generator().manual_seed(seed)
+    pool = FakePool(num_pages=400, ps=ps, rows=1, gen=gen)
+    row = pool.slots(-(-(shared + own_len + priv) // ps)).long()[: shared + own_len + priv]
+    pool.view.req_to_token[0, : row.numel()] = row.to(torch.int32)
+    cpl = shared + own_len
+    mask = torch.rand(row.numel(), generator=gen) < p
+    mask[: min(shared, shared_cut)] = True
+    mask[min(shared, shared_cut) : shared] &= torch.rand(shared - min(shared, shared_cut)) < p_tree
+    d = plan_keep(pool.view, [0], [mask], [cpl], own_from=[shared])
+    tree_kept = d.keep[0, :cpl].nonzero().flatten()
+    whole = d.counts[0].whole
+    assert d.own_copies == [whole >= tree_kept.numel() or int(tree_kept[whole]) >= shared]
+    assert plan_keep(pool.view, [0], [mask], [cpl]).own_copies == [False]
 
 
 @pytest.mark.parametrize("ps", [1, 16])

@@ -376,3 +376,79 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     assert (
         cache.total_size() == prompt_len and req.lock is lock and req.kv.cache_protected_len == cpl
     )
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_an_own_prompt_takes_its_copies_when_no_page_is_free(ps, monkeypatch):
+    """The first eviction of a row whose whole prompt is its own (nothing was cached at its
+    match), with every page for the copies of what it keeps refused: its prompt leaves the tree
+    (`detach_own`) and the kept entries are packed onto the prompt's first slots or pages
+    (`apply`'s `onto_own`), the rest of the prompt freed with the step's pages. The row evicts
+    at this step, every kept entry reads its K/V as before, and no slot is lost or freed twice."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.runtime import new_state
+    from sgl_vtoken.patches.step.context import context_of
+    from sgl_vtoken.patches.step.eviction import DueRow, evict_rows
+
+    prompt_len, extra = 128, 32
+    proc = process_module.VTokenProcess(holed=True)
+    monkeypatch.setattr(process_module, "_current", proc)
+    alloc = PagedAllocator(64, ps) if ps > 1 else Allocator(64 * 16)
+    if ps == 1:  # the page-1 fake has no K/V pool: the paged one's, read the same way
+        alloc.pool = PagedAllocator(64 * 16, 1).pool
+        alloc.get_kvcache = lambda: alloc.pool
+    cache = radix.HoledRadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToToken(),
+            token_to_kv_pool_allocator=alloc,
+            page_size=ps,
+        )
+    )
+    scheduler = type(
+        "Scheduler",
+        (),
+        {
+            "tree_cache": cache,
+            "req_to_token_pool": cache.req_to_token_pool,
+            "token_to_kv_pool_allocator": alloc,
+        },
+    )()
+    cfg = EvictConfig(policy="streamingllm", budget=64, sink=16, interval=16, page_size=ps)
+    st = new_state(cfg, "dcopies-r0", holed=True)
+    req = Req(list(range(1000, 1000 + prompt_len)), st)
+    req.rid = "dcopies-r0"  # its pages for copies are refused (`Shortages.refused`)
+    proc.shortages.refuse = "d"
+    row_len = prompt_len + extra
+    req.output_ids = array("q", range(2000, 2000 + extra))
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = row_len
+    req.kv.swa_evict_floor, req.extend_end = 0, prompt_len
+    req.refresh_fill_ids()
+    st.prefix.matched = 0  # the tree held none of its prompt when it was matched
+    rtt = cache.req_to_token_pool.req_to_token
+    slots = alloc.alloc(row_len)
+    rtt[0, :row_len] = slots.to(torch.int32)
+    k, v = alloc.get_kvcache().k_buffer[0], alloc.get_kvcache().v_buffer[0]
+    k[slots] = slots[:, None, None].float()
+    v[slots] = -slots[:, None, None].float()
+    total = alloc.available_size() + row_len
+    st.retract.start_step(st.stats.snapshot())  # as evict_batch does
+
+    (evicted,) = evict_rows(context_of(scheduler), [DueRow(req, st, row_len)])
+
+    assert evicted == row_len - cfg.budget
+    assert req.kv.kv_committed_len == cfg.budget and req.kv.cache_protected_len == 0
+    kept = torch.cat(
+        [torch.arange(cfg.sink), torch.arange(row_len - (cfg.budget - cfg.sink), row_len)]
+    )
+    row = rtt[0, : cfg.budget].to(torch.int64)
+    assert torch.equal(k[row, 0, 0], slots[kept].float())
+    assert torch.equal(v[row, 0, 0], -slots[kept].float())
+    assert not set(row.tolist()) & set(alloc.free_slots), "the row reads a freed slot"
+    assert len(set(row.tolist())) == cfg.budget
+    held = -(-cfg.budget // ps) * ps  # its own pages now (the prompt left the tree)
+    assert cache.evictable_size() == cache.protected_size() == 0
+    assert alloc.available_size() + held == total, "a slot lost"
+    assert proc.counters.evictions == 1 and proc.counters.deferred_evictions == 0
