@@ -24,7 +24,8 @@ docs/design.md, "Eviction under memory pressure".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from ..core.state import ReqEvictState, state_of
@@ -75,7 +76,7 @@ def demand(req: Req, page_size: int) -> int:
     return extend + grow + page_size
 
 
-def admissible(demands: Sequence[int], room: int) -> int:
+def admissible(demands: Iterable[int], room: int) -> int:
     """KV tokens of the longest run of `demands` (the waiting requests in queue order) whose sum
     fits in `room` (the slots the pool would have with every row at its budget): the queue is
     admitted in order, so a request that cannot fit stops the run."""
@@ -110,6 +111,7 @@ def due_rows(
             need += reserve(st, own_tokens(req, st))
     free = ctx.allocator.available_size() + ctx.tree.evictable_size()
     surplus = [row.length - row.st.cfg.row_budget for _, row in candidates]
-    queue = [demand(req, ps) for req in list(waiting)[: max(0, places)]]
+    # lazily: the run stops at the first request that cannot fit, and the queue is not copied
+    queue = (demand(req, ps) for req in islice(waiting, max(0, places)))
     need += admissible(queue, free + sum(surplus) - need)
     return [candidates[k] for k in choose(surplus, need - free)]
