@@ -18,8 +18,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sgl_vtoken.kernels import repack_kv_
 
-from . import history
-from .pool import alloc
+from . import history, pool
 
 if TYPE_CHECKING:
     from ..core.sglang_types import RadixTree, Req, TreeNode
@@ -181,7 +180,7 @@ def copy_tail(tree: RadixTree, slots: torch.Tensor, req: Req | None = None) -> t
     k = len(slots) % ps
     if k == 0:
         return slots
-    fresh = alloc(tree, ps, req, "tail")
+    fresh = pool.alloc(tree, ps, req, "tail")
     if fresh is None:
         return None
     kv = tree.token_to_kv_pool_allocator.get_kvcache()

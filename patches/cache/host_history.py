@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..core.process import process
-from . import history
+from . import history, pool
 from .host_tier import Chunk, HostHistory, HostTier, to_host
-from .pool import alloc
 
 if TYPE_CHECKING:
     from ..core.sglang_types import RadixTree, Req, TreeNode
@@ -137,7 +136,7 @@ def restore(
     assert tier is not None, "host histories live in the host tier"
     assert restorable(h.row.positions, depth, ps), "restore() of an unrestorable history"
     n = int((h.row.positions < depth).sum())  # positions ascend: the entries are a prefix
-    slots = alloc(tree, -(-n // ps) * ps, req, "restore")
+    slots = pool.alloc(tree, -(-n // ps) * ps, req, "restore")
     if slots is None:
         return None
     h.row.wait()

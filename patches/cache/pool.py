@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from ..core.process import process
-
 if TYPE_CHECKING:
     from ..core.sglang_types import RadixTree, Req
 
@@ -23,10 +21,9 @@ def alloc(
     tree: RadixTree, n: int, req: Req | None = None, kind: str = "copies"
 ) -> torch.Tensor | None:
     """``[n]`` slots (whole pages: `n` is a multiple of the page size) from the pool of the
-    radix cache `tree`, evicting its unlocked nodes if needed; None when the pool cannot give
-    them, or when a test refuses pages of `kind` for `req` (`Shortages.refused`)."""
-    if req is not None and process().shortages.refused(req, kind):
-        return None
+    radix cache `tree`, evicting its unlocked nodes if needed, for `req` (None: no request) and
+    what they hold (`kind`, `core/shortage.KINDS`); None when the pool cannot give them. Callers
+    look it up as `pool.alloc` when they call (a test that forces shortages replaces it)."""
     allocator = tree.token_to_kv_pool_allocator
     if allocator.available_size() < n:
         tree.evict(EvictParams(num_tokens=n))

@@ -8,14 +8,13 @@ without a scheduler (the launcher, the tokenizer manager) sees an inert default.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from .counters import VTokenCounters
-from .shortage import REFUSE_ENV_VAR, Shortages
+from .shortage import Shortages
 
 if TYPE_CHECKING:
     from sgl_vtoken.decode_scores import DecodeScoring
@@ -48,7 +47,7 @@ class VTokenProcess:
         context_len: the served model's context length (0 without a scheduler): the input limit
             of a request evicted during prefill (`step/admission.py`).
         counters: server-wide counters (`/get_server_info`, Prometheus).
-        shortages: shortages of free pages met, and the test hook that forces them.
+        shortages: shortages of free pages met.
         tier: the host tier (`cache/host_tier.py`), None when no request offloads.
         step: what the eviction step uses of the scheduler (`step/context.py`), made at the
             first eviction.
@@ -78,14 +77,12 @@ def process() -> VTokenProcess:
 
 
 def start(holed: bool = False, tier: Any = None, context_len: int = 0) -> VTokenProcess:
-    """A fresh process object for a scheduler that starts now: fresh counters and shortages, and
-    the test hook read from the environment now (`VTOKEN_TEST_SHORTAGE`, `core/shortage.py`)."""
+    """A fresh process object for a scheduler that starts now: fresh counters and shortages."""
     global _current
     _current = VTokenProcess(
         holed=holed,
         context_len=context_len,
         tier=tier,
-        shortages=Shortages(os.environ.get(REFUSE_ENV_VAR) or None),
     )
     return _current
 

@@ -2,10 +2,6 @@
 object), and what it does instead of failing. Nothing raises into SGLang's scheduler loop: each
 shortage is counted by the caller, tallied here by where it was met (`PATHS`) and logged once per
 kind (`MESSAGES`). Kinds, fallbacks and counters: docs/design.md, "Page shortages".
-
-Testing: with `VTOKEN_TEST_SHORTAGE=<prefix>` in a scheduler's environment when it starts, every
-page asked for on behalf of a request whose id starts with `<prefix>` is refused
-(`Shortages.refused`; an id `<prefix><kind>-...` is refused that kind of page only, `KINDS`).
 """
 
 from __future__ import annotations
@@ -13,14 +9,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .sglang_types import Req
 
 logger = logging.getLogger(__name__)
 
-REFUSE_ENV_VAR = "VTOKEN_TEST_SHORTAGE"
 MESSAGES = {
     "eviction_deferred": "a decode eviction found no free KV page for the copies of the cached "
     "prompt tokens it keeps; the row is evicted at a later step",
@@ -56,28 +47,15 @@ PATHS = (
 
 @dataclass
 class Shortages:
-    """Shortages met in one scheduler process, and the test hook that forces them.
+    """Shortages met in one scheduler process.
 
     Attributes:
-        refuse: request-id prefix whose pages are refused for testing (None: none).
-        met: path (`PATHS`) -> shortages met; `forced:<path>` for test-refused pages.
+        met: path (`PATHS`) -> shortages met.
         warned: kinds already logged.
     """
 
-    refuse: str | None = None
     met: Counter[str] = field(default_factory=Counter)
     warned: set[str] = field(default_factory=set)
-
-    def refused(self, req: Req, kind: str) -> bool:
-        """Whether pages of `kind` (`KINDS`) asked for on behalf of `req` (an SGLang `Req`) are
-        refused for testing."""
-        if self.refuse is None:
-            return False
-        rid = str(req.rid)
-        if not rid.startswith(self.refuse):
-            return False
-        named = [k for k in KINDS if rid.startswith(f"{self.refuse}{k}-")]
-        return not named or named[0] == kind
 
     def note(self, kind: str, rid: str, detail: str | None = None) -> None:
         """A shortage of `kind` (`MESSAGES`) met by request `rid` at `kind:detail` (`PATHS`):
@@ -87,8 +65,7 @@ class Shortages:
         path = f"{kind}:{detail}" if detail else kind
         if path not in PATHS:
             logger.error("kv_evict shortage at an unknown path %r (known: %s)", path, PATHS)
-        forced = self.refuse is not None and str(rid).startswith(self.refuse)
-        self.met["forced:" + path if forced else path] += 1
+        self.met[path] += 1
         if kind in self.warned:
             return
         self.warned.add(kind)
@@ -101,5 +78,5 @@ class Shortages:
         )
 
     def as_dict(self) -> dict[str, int]:
-        """Shortages met so far, by path (`forced:<path>` for test-refused pages)."""
+        """Shortages met so far, by path."""
         return dict(sorted(self.met.items()))

@@ -4,7 +4,7 @@ the tiny model's Hugging Face reference. Shared by the plugin's end-to-end tests
 plugin of tests/conftest.py (`pytest_plugins`), so each fixture exists once per session, and a
 module the tests import their constants and helpers from (`from servers import BENCH_FLAGS`).
 Every session loads it, the GPU check's kernel tests too: it imports nothing at module level but
-pytest and torch."""
+pytest, torch and `sgl_vtoken_tools.forced_shortage` (the standard library only)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+from sgl_vtoken_tools import forced_shortage
 
 if TYPE_CHECKING:
     from sgl_vtoken_tools.launcher import ServerProcess
@@ -81,15 +83,16 @@ def shortages_met(before: dict, after: dict) -> dict:
     }
 
 
-# Requests whose id starts with SHORTAGE get no page the plugin asks for (patches/core/shortage.py).
+# Requests whose id starts with SHORTAGE get no page the plugin asks for
+# (sgl_vtoken_tools/forced_shortage.py).
 SHORTAGE = "shortage-"
 # SGLang's own memory checkers, on in every test server unless a test asks otherwise; and the
-# plugin's page refusal for SHORTAGE requests.
+# page refusal for SHORTAGE requests.
 MEMORY_CHECKS = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_DEBUG_MEMORY_POOL": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
-    "VTOKEN_TEST_SHORTAGE": SHORTAGE,
+    **forced_shortage.server_env(SHORTAGE),
 }
 # The StreamingLLM server of the bench tests and the capacity tests (budget 64 unless a request
 # asks for another, interval 16, page size 16): one configuration, started once.

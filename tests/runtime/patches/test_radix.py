@@ -8,6 +8,7 @@ import torch
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.patches.core import process as process_module
+from sgl_vtoken_tools import forced_shortage
 from sgl_vtoken_tools.fake_pool import Allocator, PagedAllocator, Req, ReqToToken
 from sgl_vtoken_tools.fake_server import FakeTokenizer
 
@@ -387,7 +388,7 @@ def test_an_own_prompt_takes_its_copies_when_no_page_is_free(ps, monkeypatch):
     at this step, every kept entry reads its K/V as before, and no slot is lost or freed twice."""
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from sgl_vtoken.patches.cache import radix
+    from sgl_vtoken.patches.cache import pool, radix
     from sgl_vtoken.patches.runtime import new_state
     from sgl_vtoken.patches.step.context import context_of
     from sgl_vtoken.patches.step.eviction import DueRow, evict_rows
@@ -419,8 +420,8 @@ def test_an_own_prompt_takes_its_copies_when_no_page_is_free(ps, monkeypatch):
     cfg = EvictConfig(policy="streamingllm", budget=64, sink=16, interval=16, page_size=ps)
     st = new_state(cfg, "dcopies-r0", holed=True)
     req = Req(list(range(1000, 1000 + prompt_len)), st)
-    req.rid = "dcopies-r0"  # its pages for copies are refused (`Shortages.refused`)
-    proc.shortages.refuse = "d"
+    req.rid = "dcopies-r0"  # its pages for copies are refused
+    monkeypatch.setattr(pool, "alloc", forced_shortage.refusing_alloc(pool.alloc, "d"))
     row_len = prompt_len + extra
     req.output_ids = array("q", range(2000, 2000 + extra))
     req.kv.kv_committed_len = req.kv.kv_allocated_len = row_len

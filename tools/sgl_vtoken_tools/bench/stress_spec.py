@@ -23,7 +23,7 @@ KINDS = {  # kind -> weight
 }
 # A `shortage` request is a session (for `copies`: a cached prompt sent again, `_cached_prompt_evicted`)
 # whose request ids begin `<FORCED><page kind>-`: a server started
-# with VTOKEN_TEST_SHORTAGE=<FORCED> refuses it that kind of page (patches/core/shortage.py), so
+# with `forced_shortage.server_env(FORCED)` refuses it that kind of page (`forced_shortage.py`), so
 # a stress run meets each shortage path on purpose next to the ones real pressure reaches.
 FORCED = "shortage-"
 SHARED_PREFIXES = 3  # a few common prompt heads, so prompts share radix-cache prefixes

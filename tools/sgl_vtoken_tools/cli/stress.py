@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from sgl_vtoken.patches.core.shortage import KINDS as SHORTAGE_KINDS
+from sgl_vtoken_tools import forced_shortage
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken_tools.bench.stress_spec import FORCED, TrafficSpec
 from sgl_vtoken_tools.cli import common
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--forced-shortages",
         default=None,
         help="comma-separated page kinds (copies, tail, resume, recall) a few requests are refused on "
-        "purpose (VTOKEN_TEST_SHORTAGE), so every shortage path is met next to those real pressure "
+        "purpose (sgl_vtoken_tools/forced_shortage.py), so every shortage path is met next to those real pressure "
         "reaches; the summary's shortages count those apart (forced:...)",
     )
     p.add_argument(
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.retract
                     else {}
                 ),
-                **({"VTOKEN_TEST_SHORTAGE": FORCED} if args.forced_shortages else {}),
+                **(forced_shortage.server_env(FORCED) if args.forced_shortages else {}),
             }
             server = ServerProcess(
                 cpu_server_args(model, args.pool, args.page_size) + flags, env=env
