@@ -18,7 +18,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway", "SGLang's multi-turn benchmark through smg to evicting replicas"),
     "decode-batch": ("decode_batch", "how a decode step's cost grows with the batch (stock)"),
     "eviction": ("eviction", "capacity under a small pool, and the plugin's cost when off"),
-    "policy-overhead": ("policy_overhead", "each policy's cost per decode step in one server"),
     "stress": ("stress", "mixed traffic against one server, then crash and leak checks"),
     "chat-clients": ("chat_clients", "concurrent multi-turn chat clients on a running server"),
     "quality": ("quality", "answer quality under eviction: fast masked reference, then servers"),
