@@ -8,32 +8,23 @@ import sys
 COMMAND = [sys.executable, "-m", "sgl_vtoken_tools", "evict-step"]
 
 
+def evict_step(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def lines_of(proc: subprocess.CompletedProcess, out) -> list[dict]:
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
 def test_both_paths_evict_the_same_tokens_and_the_batched_one_launches_once(tmp_path):
     out = tmp_path / "step.jsonl"
-    proc = subprocess.run(
-        [
-            *COMMAND,
-            "--device",
-            "cpu",
-            "--batches",
-            "3",
-            "--budget",
-            "40",
-            "--intervals",
-            "16",
-            "--repeats",
-            "1",
-            "--policies",
-            "random,knorm,h2o",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = evict_step(
+        *("--device", "cpu", "--batches", "3", "--budget", "40", "--intervals", "16"),
+        *("--repeats", "1", "--policies", "random,knorm,h2o", "--out", str(out)),
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    lines = lines_of(proc, out)
     assert not [x for x in lines if "error" in x]
     assert len(lines) == 6
     for batched, per_row in zip(lines[0::2], lines[1::2]):
@@ -45,43 +36,19 @@ def test_both_paths_evict_the_same_tokens_and_the_batched_one_launches_once(tmp_
 
 
 def test_an_unknown_policy_is_refused_naming_the_flag():
-    proc = subprocess.run(
-        [*COMMAND, "--device", "cpu", "--policies", "lru"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = evict_step("--device", "cpu", "--policies", "lru", timeout=120)
     assert proc.returncode == 2 and "--policies" in proc.stderr and "streamingllm" in proc.stderr
 
 
 def test_full_step_lines_count_one_sync_and_one_score_launch_per_layer(tmp_path):
     """--full: the whole step through the real hooks on a server-shaped fake (tiny shapes)."""
     out = tmp_path / "full.jsonl"
-    proc = subprocess.run(
-        [
-            *COMMAND,
-            "--full",
-            "--device",
-            "cpu",
-            "--shapes",
-            "tiny",
-            "--policies",
-            "h2o,streamingllm",
-            "--batches",
-            "2",
-            "--pools",
-            "4096",
-            "--repeats",
-            "1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = evict_step(
+        *("--full", "--device", "cpu", "--shapes", "tiny", "--policies", "h2o,streamingllm"),
+        *("--batches", "2", "--pools", "4096", "--repeats", "1", "--out", str(out)),
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    lines = lines_of(proc, out)
     assert [(x["policy"], x["history"], x["offload"]) for x in lines] == [
         ("h2o", True, True),
         ("streamingllm", True, True),

@@ -56,13 +56,16 @@ def test_scaling_is_relative_to_one_request(bench):
     ]
 
 
-def test_a_pool_too_small_for_the_largest_batch_is_refused(bench):
-    with pytest.raises(SystemExit, match="--pool 1000 is below the 1152 tokens"):
-        bench.run(
-            bench.build_parser().parse_args(
-                ["--pool", "1000", "--batches", "4", "--prompt-tokens", "256"]
-            )
-        )
+@pytest.mark.parametrize(
+    "flags,need",
+    [
+        (["--batches", "4", "--prompt-tokens", "256"], 1152),  # the largest batch
+        (["--batches", "1", "--prefill-lengths", "2000"], 2001),  # a prefill length
+    ],
+)
+def test_a_pool_too_small_is_refused(bench, flags, need):
+    with pytest.raises(SystemExit, match=f"--pool 1000 is below the {need} tokens"):
+        bench.run(bench.build_parser().parse_args(["--pool", "1000", *flags]))
 
 
 def test_prefill_line_is_the_median_run_in_prompt_tokens_per_second(bench):
@@ -73,12 +76,3 @@ def test_prefill_line_is_the_median_run_in_prompt_tokens_per_second(bench):
         "seconds": 5.0,
         "prefill_tok_s": 400.0,
     }
-
-
-def test_a_pool_too_small_for_a_prefill_length_is_refused(bench):
-    with pytest.raises(SystemExit, match="--pool 1000 is below the 2001 tokens"):
-        bench.run(
-            bench.build_parser().parse_args(
-                ["--pool", "1000", "--batches", "1", "--prefill-lengths", "2000"]
-            )
-        )

@@ -55,26 +55,32 @@ def test_greedy_equals_masked_greedy(tiny_eager, tiny_fast, words, policy, page_
     assert got != fast_greedy(tiny_fast, prompt, 60, EvictConfig())[0]
 
 
+def play_turns(eager, fast, words, cfg, prompt, turns, n, rid, seed):
+    """`turns` turns of `n` tokens, each continuing from the previous turn's kept row (request
+    ids `rid` + turn), each equal to masked_turn's, its row at masked_turn's positions; a turn
+    adds 6 new ids (seeds from `seed`) to the previous prompt and reply."""
+    history, req = None, None
+    for turn in range(turns):
+        expected, _, history = masked_turn(
+            eager, prompt, n, cfg, rid=f"{rid}{turn}", history=history, **RUNTIME
+        )
+        if req is None:
+            req = Request(fast, cfg, f"{rid}0", words=words)
+            req.start(prefill(fast, prompt, cfg.scoring.obs_window))
+        else:
+            nxt = Request(fast, cfg, f"{rid}{turn}", req.row, words, req.ids)
+            nxt.prompt(prompt[len(req.ids) :])
+            req = nxt
+        got = req.generate(n)
+        assert got == expected, f"turn {turn}"
+        assert req.row.positions.tolist() == list(history[1])
+        prompt = prompt + got + ids(6, seed=seed + turn)
+
+
 @pytest.mark.parametrize("policy", ["streamingllm", "h2o", "random"])
 def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, words, policy):
     """Three turns, each continuing from the previous turn's kept row: equal to masked_turn."""
-    cfg = config(policy, 1, 1)
-    prompt, history, req = ids(40, seed=3), None, None
-    for turn in range(3):
-        expected, _, history = masked_turn(
-            tiny_eager, prompt, 20, cfg, rid=f"t{turn}", history=history, **RUNTIME
-        )
-        if req is None:
-            req = Request(tiny_fast, cfg, "t0", words=words)
-            req.start(prefill(tiny_fast, prompt, cfg.scoring.obs_window))
-        else:
-            nxt = Request(tiny_fast, cfg, f"t{turn}", req.row, words, req.ids)
-            nxt.prompt(prompt[len(req.ids) :])
-            req = nxt
-        got = req.generate(20)
-        assert got == expected, f"turn {turn}"
-        assert req.row.positions.tolist() == list(history[1])
-        prompt = prompt + got + ids(6, seed=10 + turn)
+    play_turns(tiny_eager, tiny_fast, words, config(policy, 1, 1), ids(40, seed=3), 3, 20, "t", 10)
 
 
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
@@ -84,21 +90,7 @@ def test_span_aware_keeping_equals_masked_greedy_across_turns(
     """`span` 4 (units from the tiny tokenizer): each of two turns equal to masked_turn, the
     second continuing from the first's row with its token ids."""
     cfg = config("h2o", page_size, interval, scoring=Scoring(span=4))
-    prompt, history, req = ids(80, seed=21), None, None
-    for turn in range(2):
-        expected, _, history = masked_turn(
-            tiny_eager, prompt, 30, cfg, rid=f"s{turn}", history=history, **RUNTIME
-        )
-        if req is None:
-            req = Request(tiny_fast, cfg, "s0", words=words)
-            req.start(prefill(tiny_fast, prompt, cfg.scoring.obs_window))
-        else:
-            nxt = Request(tiny_fast, cfg, f"s{turn}", req.row, words, req.ids)
-            nxt.prompt(prompt[len(req.ids) :])
-            req = nxt
-        got = req.generate(30)
-        assert got == expected, f"turn {turn}"
-        prompt = prompt + got + ids(6, seed=30 + turn)
+    play_turns(tiny_eager, tiny_fast, words, cfg, ids(80, seed=21), 2, 30, "s", 30)
     with pytest.raises(ValueError, match="needs the tokenizer's Words"):
         Request(tiny_fast, cfg, "s")
 

@@ -17,14 +17,9 @@ user and assistant turns only) or "tool".
 
 from __future__ import annotations
 
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-
 import requests
 
-from sgl_vtoken_tools.bench.http_client import stream_chat
-from sgl_vtoken_tools.bench.joint import held_tokens, history_fields
+from sgl_vtoken_tools.bench.joint import chat_turn, held_tokens, play_all
 from sgl_vtoken_tools.quality.agent_sessions import SYSTEM, AgentSession
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
 
@@ -66,10 +61,6 @@ def load_replies(lines: list[dict], cell: str) -> dict[tuple[str, int], str]:
     return got
 
 
-def request_id(prefix: str, sess: AgentSession, turn: int) -> str:
-    return f"{prefix}-{sess.id}-t{turn}"
-
-
 def _session(
     base_url: str, model: str, sess: AgentSession, opts: dict, t0: float
 ) -> tuple[list[dict], dict]:
@@ -78,26 +69,8 @@ def _session(
     recs, reply, kv = [], "", 0
     for turn, (role, text) in enumerate(sess.turns, start=1):
         messages.append({"role": opts["tool_role"] if role == "tool" else role, "content": text})
-        payload = {
-            "model": model,
-            "messages": messages,
-            "max_tokens": opts["reply_tokens"],
-            "temperature": 0,
-            "rid": request_id(opts["rid_prefix"], sess, turn),
-        }
-        if opts["kv_evict"] is not None:
-            payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
-        rec = stream_chat(http, base_url, payload, opts["timeout"], kv_evict=True)
-        rec.update(history_fields(rec.pop("kv_evict")))
-        reply = rec["reply"] = rec.pop("text")
-        rec.update(
-            kind="request",
-            conversation=sess.id,
-            turn=turn,
-            rid=payload["rid"],
-            t_start=round(rec["t_start"] - t0, 4),
-            t_end=round(time.monotonic() - t0, 4),
-        )
+        rec = chat_turn(http, base_url, model, messages, opts, sess.id, turn, t0)
+        reply = rec["reply"]
         recs.append(rec)
         if rec["error"] is not None:
             break  # the session cannot go on without the reply
@@ -149,17 +122,6 @@ def play(
         "timeout": timeout,
         "replies": replies or {},
     }
-    slots = threading.Semaphore(concurrency) if concurrency else None
-    t0 = time.monotonic()
-
-    def one(sess: AgentSession) -> tuple[list[dict], dict]:
-        if slots is None:
-            return _session(base_url, model, sess, opts, t0)
-        with slots:
-            return _session(base_url, model, sess, opts, t0)
-
-    with ThreadPoolExecutor(max_workers=max(1, len(sessions))) as pool:
-        results = list(pool.map(one, sessions))
-    wall = time.monotonic() - t0
-    reqs = sorted((r for rs, _ in results for r in rs), key=lambda r: r["t_start"])
-    return reqs, [a for _, a in results], wall
+    return play_all(
+        sessions, lambda sess, t0: _session(base_url, model, sess, opts, t0), concurrency
+    )

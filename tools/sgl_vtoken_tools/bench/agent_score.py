@@ -13,11 +13,8 @@ per cell (each figure's spread over repeats), and their markdown table.
 
 from __future__ import annotations
 
-import statistics
-
-from sgl_vtoken_tools.bench.joint import HOST_COUNTERS, history_turns
+from sgl_vtoken_tools.bench import joint
 from sgl_vtoken_tools.bench.quantiles import spread
-from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 
 CELL_KEYS = (
     "output_tokens_per_s",
@@ -40,8 +37,10 @@ CELL_KEYS = (
 )
 
 
-def _rate(hits: list[bool]) -> float | None:
-    return round(sum(hits) / len(hits), 4) if hits else None
+ACCURACY_BY_FACT = {
+    "accuracy_task": lambda a: a["fact_turn"] == 1,
+    "accuracy_tool": lambda a: a["fact_turn"] != 1,
+}
 
 
 def summarize(
@@ -52,38 +51,11 @@ def summarize(
     reference: list[dict] | None = None,
     host: dict | None = None,
 ) -> dict:
-    """One run's figures; `reference`: the full cache's answer records of the same sessions
-    (agreement: None without one); `log`: the server's log written during the run; `host`:
-    `joint.host_moved` over the run (None: no plugin state)."""
-    ok = [r for r in reqs if r["error"] is None]
-    moved = (host or {}).get("host_bytes_to_host", 0) + (host or {}).get("host_bytes_to_device", 0)
-    out_tokens = sum(r["completion_tokens"] for r in ok)
-    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
-    ref = {a["conversation"]: a["number"] for a in reference or []}
-    agree = [a["number"] == ref[a["conversation"]] for a in answers if a["conversation"] in ref]
-    kv = [a["kv_tokens"] for a in answers if not a["failed"]]
-    return {
-        "sessions": len(answers),
-        "requests": len(reqs),
-        "failed": len(reqs) - len(ok),
-        "output_tokens": out_tokens,
-        "wall_s": round(wall, 2),
-        "prefill_tokens": sum((r["prompt_tokens"] or 0) - (r["cached_tokens"] or 0) for r in ok),
-        "output_tokens_per_s": round(out_tokens / wall, 3) if wall > 0 else None,
-        "mean_ttft_ms": round(1000 * statistics.mean(ttft), 1) if ttft else None,
-        "accuracy": _rate([a["hit"] for a in answers]),
-        "accuracy_task": _rate([a["hit"] for a in answers if a["fact_turn"] == 1]),
-        "accuracy_tool": _rate([a["hit"] for a in answers if a["fact_turn"] != 1]),
-        "agreement": _rate(agree) if reference is not None else None,
-        **history_turns(reqs),
-        "history_restored_tokens": sum(r.get("history_restored_tokens") or 0 for r in ok),
-        "host_bytes_per_turn": round(moved / len(ok), 1) if host is not None and ok else None,
-        **{k: (host or {}).get(k) for k in (*HOST_COUNTERS, "host_histories_held")},
-        "kv_tokens_mean": round(statistics.mean(kv), 1) if kv else None,
-        "kv_tokens_max": max(kv) if kv else None,
-        "retractions": retracted_requests(log) if log is not None else None,
-        "peak_running": peak_running_from_log(log) if log is not None else None,
-    }
+    """One run's figures (`joint.summarize`'s, counted in sessions, accuracy by where the fact
+    was); `reference`: the full cache's answer records of the same sessions (agreement: None
+    without one); `log`: the server's log written during the run; `host`: `joint.host_moved` over
+    the run (None: no plugin state)."""
+    return joint.summarize(reqs, answers, wall, log, reference, host, "sessions", ACCURACY_BY_FACT)
 
 
 def cell_lines(summaries: list[dict]) -> list[dict]:

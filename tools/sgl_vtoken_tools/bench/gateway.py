@@ -17,14 +17,9 @@ stored histories) and prefilled tokens; `hit_rate` = cached / prompt tokens.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from sgl_vtoken_tools.bench.multiturn import Workload
+from sgl_vtoken_tools.bench.multiturn import Workload, bench_serving
 from sgl_vtoken_tools.bench.probe import flush_cache, scrape_metrics
 from sgl_vtoken_tools.gateway import GatewayProcess
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
@@ -78,45 +73,6 @@ def start_replicas(
             s.stop()
         raise
     return servers
-
-
-def bench_serving(
-    base_url: str,
-    model: str,
-    tokenizer: str,
-    work: Workload,
-    routing_key: bool,
-    timeout: float = 3600,
-) -> dict:
-    """bench_serving's multi-turn chat benchmark against `base_url`; its result line."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.jsonl"
-        cmd = [
-            sys.executable,
-            "-m",
-            "sglang.bench_serving",
-            "--backend",
-            "sglang-oai-chat",
-            "--base-url",
-            base_url,
-            "--model",
-            model,
-            "--tokenizer",
-            tokenizer,
-            "--request-rate",
-            "inf",
-            "--disable-tqdm",
-            "--output-file",
-            str(out),
-            *work.args(),
-            "--extra-request-body",
-            json.dumps({"ignore_eos": True, "temperature": 0}),
-            *(["--gsp-send-routing-key"] if routing_key else []),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"bench_serving failed: {proc.stderr[-2000:]}")
-        return json.loads(out.read_text().strip().splitlines()[-1])
 
 
 COUNTERS = {

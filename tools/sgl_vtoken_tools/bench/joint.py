@@ -124,40 +124,72 @@ def conversations(tok, spec: JointSpec, wheel_dir=None) -> list[Conversation]:
     return out
 
 
-def _conversation(
+def chat_turn(
+    http: requests.Session,
     base_url: str,
     model: str,
-    conv: Conversation,
-    kv_evict: dict | None,
-    rid_prefix: str,
-    reply_tokens: int,
-    timeout: float,
+    messages: list[dict],
+    opts: dict,
+    conversation: str,
+    turn: int,
     t0: float,
+) -> dict:
+    """One streamed turn of `conversation` re-sending `messages`: its request record, with its
+    `reply` and history figures (`history_fields`); `opts`: ``reply_tokens``, ``kv_evict`` (the
+    per-request ``custom_params.kv_evict``, None: the server's flags), ``rid_prefix`` and
+    ``timeout``. Times are seconds since `t0`."""
+    payload = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": opts["reply_tokens"],
+        "temperature": 0,
+        "rid": f"{opts['rid_prefix']}-{conversation}-t{turn}",
+    }
+    if opts["kv_evict"] is not None:
+        payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
+    rec = stream_chat(http, base_url, payload, opts["timeout"], kv_evict=True)
+    rec.update(history_fields(rec.pop("kv_evict")))
+    rec["reply"] = rec.pop("text")
+    rec.update(
+        kind="request",
+        conversation=conversation,
+        turn=turn,
+        rid=payload["rid"],
+        t_start=round(rec["t_start"] - t0, 4),
+        t_end=round(time.monotonic() - t0, 4),
+    )
+    return rec
+
+
+def play_all(items: list, play_one, concurrency: int = 0) -> tuple[list[dict], list[dict], float]:
+    """``play_one(item, t0) -> (request records, answer record)`` for every item in its own
+    thread (at most `concurrency` at once; 0: all); returns the request records (time order),
+    the answer records (item order) and the wall seconds."""
+    slots = threading.Semaphore(concurrency) if concurrency else None
+    t0 = time.monotonic()
+
+    def one(item):
+        if slots is None:
+            return play_one(item, t0)
+        with slots:
+            return play_one(item, t0)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+        results = list(pool.map(one, items))
+    wall = time.monotonic() - t0
+    reqs = sorted((r for rs, _ in results for r in rs), key=lambda r: r["t_start"])
+    return reqs, [a for _, a in results], wall
+
+
+def _conversation(
+    base_url: str, model: str, conv: Conversation, opts: dict, t0: float
 ) -> tuple[list[dict], dict]:
     http = requests.Session()
     messages, recs, reply, kv = [], [], "", 0
     for turn, text in enumerate(conv.messages, start=1):
         messages.append({"role": "user", "content": text})
-        payload = {
-            "model": model,
-            "messages": messages,
-            "max_tokens": reply_tokens,
-            "temperature": 0,
-            "rid": f"{rid_prefix}-{conv.id}-t{turn}",
-        }
-        if kv_evict is not None:
-            payload["custom_params"] = {"kv_evict": kv_evict}
-        rec = stream_chat(http, base_url, payload, timeout, kv_evict=True)
-        reply = rec.pop("text")
-        rec.update(history_fields(rec.pop("kv_evict")))
-        rec.update(
-            kind="request",
-            conversation=conv.id,
-            turn=turn,
-            rid=payload["rid"],
-            t_start=round(rec["t_start"] - t0, 4),
-            t_end=round(time.monotonic() - t0, 4),
-        )
+        rec = chat_turn(http, base_url, model, messages, opts, conv.id, turn, t0)
+        reply = rec.pop("reply")
         recs.append(rec)
         if rec["error"] is not None:
             break
@@ -242,24 +274,15 @@ def play(
 ) -> tuple[list[dict], list[dict], float]:
     """Play every conversation (at most `concurrency` at once; 0: all); returns the request
     records (time order), the answer records (conversation order) and the wall seconds."""
-    slots = threading.Semaphore(concurrency) if concurrency else None
-    t0 = time.monotonic()
-
-    def one(conv):
-        if slots is None:
-            return _conversation(
-                base_url, model, conv, kv_evict, rid_prefix, reply_tokens, timeout, t0
-            )
-        with slots:
-            return _conversation(
-                base_url, model, conv, kv_evict, rid_prefix, reply_tokens, timeout, t0
-            )
-
-    with ThreadPoolExecutor(max_workers=max(1, len(convs))) as pool:
-        results = list(pool.map(one, convs))
-    wall = time.monotonic() - t0
-    reqs = sorted((r for rs, _ in results for r in rs), key=lambda r: r["t_start"])
-    return reqs, [a for _, a in results], wall
+    opts = {
+        "kv_evict": kv_evict,
+        "rid_prefix": rid_prefix,
+        "reply_tokens": reply_tokens,
+        "timeout": timeout,
+    }
+    return play_all(
+        convs, lambda conv, t0: _conversation(base_url, model, conv, opts, t0), concurrency
+    )
 
 
 def history_turns(reqs: list[dict]) -> dict:
@@ -296,6 +319,12 @@ def _rate(hits: list[bool]) -> float | None:
     return round(sum(hits) / len(hits), 4) if hits else None
 
 
+ACCURACY_BY_TASK = {
+    "accuracy_session": lambda a: a["task"] == "session",
+    "accuracy_docqa": lambda a: a["task"] == "docqa",
+}
+
+
 def summarize(
     reqs: list[dict],
     answers: list[dict],
@@ -303,10 +332,14 @@ def summarize(
     log: str | None = None,
     reference: list[dict] | None = None,
     host: dict | None = None,
+    count_key: str = "conversations",
+    accuracy_by: dict = ACCURACY_BY_TASK,
 ) -> dict:
     """One run's figures over its answered requests; `reference`: the full cache's answer records
     of the same conversations (agreement = the same first number in the last reply); `log`: the
-    server's log of the run; `host`: `host_moved` over the run (None: no plugin state).
+    server's log of the run; `host`: `host_moved` over the run (None: no plugin state);
+    `count_key`: the name of the answer count; `accuracy_by`: an accuracy per group of answers
+    (name: which answers).
 
     Later turns by how their history came back (`history_turns`). `host_bytes_per_turn`: bytes
     moved to host and back to the device over the run, per answered request."""
@@ -318,7 +351,7 @@ def summarize(
     agree = [a["number"] == ref[a["conversation"]] for a in answers if a["conversation"] in ref]
     kv = [a["kv_tokens"] for a in answers if not a["failed"]]
     return {
-        "conversations": len(answers),
+        count_key: len(answers),
         "requests": len(reqs),
         "failed": len(reqs) - len(ok),
         "output_tokens": out_tokens,
@@ -332,8 +365,7 @@ def summarize(
         "output_tokens_per_s": round(out_tokens / wall, 3) if wall > 0 else None,
         "mean_ttft_ms": round(1000 * statistics.mean(ttft), 1) if ttft else None,
         "accuracy": _rate([a["hit"] for a in answers]),
-        "accuracy_session": _rate([a["hit"] for a in answers if a["task"] == "session"]),
-        "accuracy_docqa": _rate([a["hit"] for a in answers if a["task"] == "docqa"]),
+        **{k: _rate([a["hit"] for a in answers if which(a)]) for k, which in accuracy_by.items()},
         "agreement": _rate(agree) if reference is not None else None,
         "kv_tokens_mean": round(statistics.mean(kv), 1) if kv else None,
         "kv_tokens_max": max(kv) if kv else None,

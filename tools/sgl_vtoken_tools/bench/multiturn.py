@@ -117,14 +117,16 @@ def cells(budget: int, page_sizes: tuple[int, ...], prefill_chunk: int | None = 
     return out
 
 
-def run_bench(
-    base_url: str, model: str, tokenizer: str, work: Workload, timeout: float = 3600
+def bench_serving(
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    work: Workload,
+    routing_key: bool = False,
+    timeout: float = 3600,
 ) -> dict:
-    """Run bench_serving's multi-turn chat benchmark against the server at `base_url` (started with
-    `--enable-metrics`); returns bench_serving's figures and the server's prompt totals."""
-    before = scrape_metrics(base_url)
-    if before is None:
-        raise RuntimeError(f"{base_url} has no /metrics: start it with --enable-metrics")
+    """bench_serving's multi-turn chat benchmark against `base_url`; its result line. With
+    `routing_key`, bench_serving sends smg's routing-key header (`--gsp-send-routing-key`)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.jsonl"
         cmd = [
@@ -144,14 +146,26 @@ def run_bench(
             "--disable-tqdm",
             "--output-file",
             str(out),
+            *work.args(),
             "--extra-request-body",
             json.dumps({"ignore_eos": True, "temperature": 0}),
-            *work.args(),
+            *(["--gsp-send-routing-key"] if routing_key else []),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"bench_serving failed: {proc.stderr[-2000:]}")
-        result = json.loads(out.read_text().strip().splitlines()[-1])
+        return json.loads(out.read_text().strip().splitlines()[-1])
+
+
+def run_bench(
+    base_url: str, model: str, tokenizer: str, work: Workload, timeout: float = 3600
+) -> dict:
+    """Run bench_serving's multi-turn chat benchmark against the server at `base_url` (started with
+    `--enable-metrics`); returns bench_serving's figures and the server's prompt totals."""
+    before = scrape_metrics(base_url)
+    if before is None:
+        raise RuntimeError(f"{base_url} has no /metrics: start it with --enable-metrics")
+    result = bench_serving(base_url, model, tokenizer, work, timeout=timeout)
     after = scrape_metrics(base_url)
     d = {
         k: after[k] - before[k]

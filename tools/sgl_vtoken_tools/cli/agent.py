@@ -44,10 +44,9 @@ throughput ratio to stock) and the markdown table.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, resolve_model, served_model
 from sgl_vtoken_tools.bench.cell_server import cell_spec as shared_cell_spec
+from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
 from sgl_vtoken_tools.bench.server_cells import CHAT
@@ -80,7 +79,6 @@ def run(args) -> list[dict]:
 
     from sgl_vtoken_tools.bench.agent_chat import load_replies, play
     from sgl_vtoken_tools.bench.agent_score import cell_lines, summarize
-    from sgl_vtoken_tools.bench.joint import host_counters, host_moved
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec, agent_sessions
 
     model = resolve_model(args.model)
@@ -115,41 +113,29 @@ def run(args) -> list[dict]:
             replies=args.replies,
         )
     )
-    full: dict[int, list[dict]] = {}
-    plays = Plays(bool(args.base_url))
-    for name, flags in cells:
-        with common.server_of(args, model, name, flags, no_overlap=False) as (
+    common.play_repeats(
+        args,
+        model,
+        cells,
+        emit,
+        lambda url, model_id, kv_evict, rep: play(
             url,
-            log_path,
+            model_id,
+            sessions,
             kv_evict,
-        ):
-            model_id = served_model(url)
-            for rep in range(args.repeats):
-                with plays.play(url, log_path) as window:
-                    reqs, answers, wall = play(
-                        url,
-                        model_id,
-                        sessions,
-                        kv_evict,
-                        rid_prefix=f"agent-r{rep}",
-                        reply_tokens=args.reply_tokens,
-                        tool_role=args.tool_role,
-                        replies=replies,
-                        concurrency=args.concurrency,
-                    )
-                host = host_moved(host_counters(window.before), host_counters(window.after))
-                for r in reqs + answers:
-                    emit({**r, "cell": name, "repeat": rep})
-                if name == "full":
-                    full[rep] = answers
-                s = summarize(reqs, answers, wall, window.log, full.get(rep), host)
-                emit({"kind": "summary", "cell": name, "repeat": rep, **s})
-                print(
-                    f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
-                    f"agreement {s['agreement']}, failed {s['failed']}, wall {s['wall_s']} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            rid_prefix=f"agent-r{rep}",
+            reply_tokens=args.reply_tokens,
+            tool_role=args.tool_role,
+            replies=replies,
+            concurrency=args.concurrency,
+        ),
+        summarize,
+        lambda s: (
+            f"{s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
+            f"agreement {s['agreement']}, failed {s['failed']}, wall {s['wall_s']} s"
+        ),
+        no_overlap=False,
+    )
     for c in cell_lines([r for r in lines if r["kind"] == "summary"]):
         emit(c)
     run.close()

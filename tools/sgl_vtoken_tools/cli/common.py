@@ -209,3 +209,32 @@ def config_line(args, model: str, cells, **more) -> dict:
         "server_threads": args.server_threads,
         **more,
     }
+
+
+def play_repeats(args, model, cells, emit, play, summarize, describe, no_overlap=True) -> None:
+    """Every cell's server (`server_of`), `--repeats` measured plays on it (`cell_server.Plays`):
+    ``play(url, served model, kv_evict, repeat) -> (requests, answers, wall s)``; emits each
+    record tagged with its cell and repeat, then a `summary` line, ``summarize(requests,
+    answers, wall, log, the full cache's answers of that repeat, host bytes moved)``, and prints
+    ``describe(summary)`` to stderr. The full cache's cell must come first for agreement."""
+    import sys
+
+    from sgl_vtoken_tools.bench.cell_server import Plays, served_model
+    from sgl_vtoken_tools.bench.joint import host_counters, host_moved
+
+    full: dict[int, list[dict]] = {}
+    plays = Plays(bool(getattr(args, "base_url", None)))
+    for name, flags in cells:
+        with server_of(args, model, name, flags, no_overlap) as (url, log_path, kv_evict):
+            model_id = served_model(url)
+            for rep in range(args.repeats):
+                with plays.play(url, log_path) as window:
+                    reqs, answers, wall = play(url, model_id, kv_evict, rep)
+                host = host_moved(host_counters(window.before), host_counters(window.after))
+                for r in reqs + answers:
+                    emit({**r, "cell": name, "repeat": rep})
+                if name == "full":
+                    full[rep] = answers
+                s = summarize(reqs, answers, wall, window.log, full.get(rep), host)
+                emit({"kind": "summary", "cell": name, "repeat": rep, **s})
+                print(f"{name} r{rep}: {describe(s)}", file=sys.stderr, flush=True)

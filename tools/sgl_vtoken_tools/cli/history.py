@@ -65,21 +65,17 @@ def bound(args, page_size: int) -> int:
     return args.system_tokens + args.sessions * (row + page_size)
 
 
+def server_cmd(model: str, pool: int, page_size: int, budget: int, every: int, flags) -> list:
+    """A fp32 CPU server evicting with streamingllm at `budget` every `every` steps, cache report
+    on, then `flags`."""
+    evict = ["--kv-evict", "streamingllm", "--kv-budget", str(budget)]
+    evict += ["--kv-evict-interval", str(every), "--enable-cache-report"]
+    return cpu_server_args(model, pool, page_size) + ["--dtype", "float32", *evict, *flags]
+
+
 def run_mode(args, model: str, flags: list[str], page_size: int) -> tuple[list[dict], dict]:
     """All sessions' turn k at once, then turn k + 1 (an agent fleet in lock step)."""
-    flags = [
-        "--dtype",
-        "float32",
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(args.budget),
-        "--kv-evict-interval",
-        str(interval(page_size)),
-        "--enable-cache-report",
-        *flags,
-    ]
-    cmd = cpu_server_args(model, max_total_tokens=args.pool, page_size=page_size) + flags
+    cmd = server_cmd(model, args.pool, page_size, args.budget, interval(page_size), flags)
     rng = random.Random(args.seed)
     system = [rng.randrange(10, 2000) for _ in range(args.system_tokens)]
     rngs = [random.Random(args.seed * 1000 + i) for i in range(args.sessions)]
@@ -126,20 +122,8 @@ def run_mode(args, model: str, flags: list[str], page_size: int) -> tuple[list[d
 
 def run_sharing(args, model: str, flags: list[str]) -> dict:
     """`--sessions` requests at once, each the shared system prompt + its own message, page 16."""
-    cmd = cpu_server_args(model, max_total_tokens=args.sharing_pool, page_size=16) + [
-        "--dtype",
-        "float32",
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(args.budget),
-        "--kv-evict-interval",
-        "16",
-        "--enable-cache-report",
-        "--decode-log-interval",
-        "1",
-        *flags,
-    ]
+    log_steps = ["--decode-log-interval", "1", *flags]
+    cmd = server_cmd(model, args.sharing_pool, 16, args.budget, 16, log_steps)
     rng = random.Random(args.seed)
     system = [rng.randrange(10, 2000) for _ in range(args.system_tokens)]
     with ServerProcess(cmd, env={"OMP_NUM_THREADS": "1"}) as server:

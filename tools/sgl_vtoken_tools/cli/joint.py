@@ -33,9 +33,8 @@ histories, offload, recall 192) against stock:
 from __future__ import annotations
 
 import argparse
-import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, resolve_model, served_model
+from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.joint_table import plot, spread_lines, table
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS
@@ -57,8 +56,6 @@ def run(args) -> list[dict]:
     from sgl_vtoken_tools.bench.joint import (
         JointSpec,
         conversations,
-        host_counters,
-        host_moved,
         play,
         summarize,
     )
@@ -82,37 +79,29 @@ def run(args) -> list[dict]:
     lines, emit = run.records, run.emit
 
     emit(common.config_line(args, model, cells, spec=vars(spec), conversations=len(convs)))
-    full: dict[int, list[dict]] = {}
-    plays = Plays(remote=False)
-    for name, flags in cells:
-        with common.server_of(args, model, name, flags) as (url, log_path, _):
-            model_id = served_model(url)
-            for rep in range(args.repeats):
-                with plays.play(url, log_path) as window:
-                    reqs, answers, wall = play(
-                        url,
-                        model_id,
-                        convs,
-                        rid_prefix=f"joint-r{rep}",
-                        reply_tokens=spec.reply_tokens,
-                        concurrency=args.concurrency,
-                    )
-                host = host_moved(host_counters(window.before), host_counters(window.after))
-                for r in reqs + answers:
-                    emit({**r, "cell": name, "repeat": rep})
-                if name == "full":
-                    full[rep] = answers
-                s = summarize(reqs, answers, wall, window.log, full.get(rep), host)
-                emit({"kind": "summary", "cell": name, "repeat": rep, **s})
-                print(
-                    f"{name} r{rep}: {s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
-                    f"computed {s['prefill_tokens']}, later turns device/host/prefix/again "
-                    f"{s['turns_from_device']}/{s['turns_from_host']}/"
-                    f"{s['turns_from_prefix']}/{s['turns_prefilled_again']}, "
-                    f"host B/turn {s['host_bytes_per_turn']}, "
-                    f"retractions {s['retractions']}, failed {s['failed']}",
-                    file=sys.stderr,
-                )
+    common.play_repeats(
+        args,
+        model,
+        cells,
+        emit,
+        lambda url, model_id, _, rep: play(
+            url,
+            model_id,
+            convs,
+            rid_prefix=f"joint-r{rep}",
+            reply_tokens=spec.reply_tokens,
+            concurrency=args.concurrency,
+        ),
+        summarize,
+        lambda s: (
+            f"{s['output_tokens_per_s']} tok/s, accuracy {s['accuracy']}, "
+            f"computed {s['prefill_tokens']}, later turns device/host/prefix/again "
+            f"{s['turns_from_device']}/{s['turns_from_host']}/"
+            f"{s['turns_from_prefix']}/{s['turns_prefilled_again']}, "
+            f"host B/turn {s['host_bytes_per_turn']}, "
+            f"retractions {s['retractions']}, failed {s['failed']}"
+        ),
+    )
     for c in spread_lines([r for r in lines if r["kind"] == "summary"]):
         emit(c)
     run.close()

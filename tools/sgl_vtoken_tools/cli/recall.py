@@ -37,7 +37,7 @@ from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 from sgl_vtoken_tools.quality.server_check import Client, _strip
 from sgl_vtoken_tools.quality.splits import SPLITS, session_trials
-from sgl_vtoken_tools.quality.tasks import exact_number, next_turn_ids, recall_trials
+from sgl_vtoken_tools.quality.tasks import next_turn_ids, recall_trials, trial_record
 
 
 def settings(
@@ -82,17 +82,7 @@ def run_trial(client: Client, tok, trial, label: str, kv: dict, max_new: int, eo
             }
         )
     answer = tok.decode(_strip(replies[-1], eos), skip_special_tokens=True)
-    return {
-        "kind": "trial",
-        "setting": label,
-        "trial": trial.id,
-        "hit": exact_number(answer, trial.answer),
-        "expected": trial.answer,
-        "answer": answer,
-        "prompt_tokens": len(prompt),
-        "turns": turns,
-        "seconds": round(time.monotonic() - t0, 2),
-    }
+    return trial_record(label, trial, answer, turns, t0, prompt_tokens=len(prompt))
 
 
 def summary(label: str, records: list[dict]) -> dict:

@@ -19,7 +19,7 @@ import time
 from sgl_vtoken.config import EvictConfig, HostTier
 from sgl_vtoken_tools.quality.chats import GROUPS, chat_trials
 from sgl_vtoken_tools.quality.splits import SPLITS
-from sgl_vtoken_tools.quality.tasks import Trial, exact_number, next_turn_ids
+from sgl_vtoken_tools.quality.tasks import Trial, next_turn_ids, trial_record
 
 
 def settings(args) -> list[tuple[str, EvictConfig]]:
@@ -98,17 +98,7 @@ def play(
     if keep is not None:
         keep.append((prompt + out, history[0], start))
     answer = tok.decode([t for t in out if t != eos], skip_special_tokens=True)
-    return {
-        "kind": "trial",
-        "setting": label,
-        "trial": trial.id,
-        **trial.meta,
-        "hit": exact_number(answer, trial.answer),
-        "expected": trial.answer,
-        "answer": answer,
-        "turns": turns,
-        "seconds": round(time.monotonic() - t0, 1),
-    }
+    return trial_record(label, trial, answer, turns, t0)
 
 
 def add_chat_args(ap: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ import time
 
 from sgl_vtoken_tools.quality.chat_recall import add_chat_args
 from sgl_vtoken_tools.quality.chats import GROUPS, chat_trials
-from sgl_vtoken_tools.quality.tasks import Trial, exact_number, next_turn_ids
+from sgl_vtoken_tools.quality.tasks import Trial, next_turn_ids, trial_record
 
 
 def cells(args) -> list[tuple[str, dict | None]]:
@@ -92,18 +92,7 @@ def play(client, tok, trial: Trial, label: str, kv_evict: dict | None, max_new: 
             }
         )
     answer = tok.decode([t for t in out if t != eos], skip_special_tokens=True)
-    return {
-        "kind": "trial",
-        "setting": label,
-        "kv_evict": kv_evict,
-        "trial": trial.id,
-        **trial.meta,
-        "hit": exact_number(answer, trial.answer),
-        "expected": trial.answer,
-        "answer": answer,
-        "turns": turns,
-        "seconds": round(time.monotonic() - t0, 1),
-    }
+    return trial_record(label, trial, answer, turns, t0, kv_evict=kv_evict)
 
 
 def summary(records: list[dict]) -> list[dict]:

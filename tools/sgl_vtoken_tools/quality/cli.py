@@ -8,6 +8,7 @@
     server_flags(args, pool, evict=...)  a fp32 CPU server of args.model, args.page_size; with
                                          `evict`, its --kv-* flags from args (budget, sink, ...)
     with served(flags) as client:        that server started, and stopped on the way out
+    server_script_parser(doc, ...)       the flags the long_doc and long_chat scripts share
 
 Used by ``python -m sgl_vtoken_tools quality`` and the quality CLIs (`chat_recall.py`, `chat_server.py`,
 `long_doc.py`, `long_chat.py`). Torch and transformers are imported by :func:`load` only, so
@@ -16,6 +17,7 @@ Used by ``python -m sgl_vtoken_tools quality`` and the quality CLIs (`chat_recal
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -48,6 +50,29 @@ def server_tokenizer(path: str):
     if path == SMOLLM2:
         ensure_model("smollm2", path)
     return AutoTokenizer.from_pretrained(path)
+
+
+def server_script_parser(doc: str, pool_help: str, sink: int) -> argparse.ArgumentParser:
+    """The flags the server scripts (`long_doc.py`, `long_chat.py`) share: the model, the split,
+    the evicting server's pool and eviction flags (`sink` its default), prefill chunk, answer
+    length, seed and output file."""
+    from sgl_vtoken_tools.quality.splits import SPLITS
+
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default=SMOLLM2)
+    ap.add_argument("--split", choices=SPLITS, required=True)
+    ap.add_argument("--pool", type=int, default=1024, help=pool_help)
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--sink", type=int, default=sink)
+    ap.add_argument("--interval", type=int, default=16)
+    ap.add_argument("--prefill-chunk", type=int, default=64)
+    ap.add_argument("--max-new", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    return ap
 
 
 @contextmanager

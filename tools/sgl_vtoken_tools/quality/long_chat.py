@@ -29,7 +29,7 @@ import argparse
 import random
 import time
 
-from sgl_vtoken_tools.quality.splits import PHRASINGS, SPLITS, _check, split_sentences
+from sgl_vtoken_tools.quality.splits import PHRASINGS, _check, split_sentences
 from sgl_vtoken_tools.quality.tasks import _excerpt, chat_ids, exact_number, next_turn_ids
 
 BAND = 10  # turns per summary band
@@ -137,24 +137,13 @@ def servers(args) -> list[tuple[str, list[str]]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--model", default=".cache/smollm2")
-    ap.add_argument("--split", choices=SPLITS, required=True)
+    from sgl_vtoken_tools.quality.cli import server_script_parser
+
+    ap = server_script_parser(__doc__, "the stock and evicting servers' pool", sink=4)
     ap.add_argument("--conversations", type=int, default=2)
     ap.add_argument("--turns", type=int, default=50)
     ap.add_argument("--passage-tokens", type=int, default=60)
-    ap.add_argument("--pool", type=int, default=1024, help="the stock and evicting servers' pool")
     ap.add_argument("--full-pool", type=int, default=8192, help="the full cache's pool")
-    ap.add_argument("--page-size", type=int, default=1)
-    ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--sink", type=int, default=4)
-    ap.add_argument("--interval", type=int, default=16)
-    ap.add_argument("--prefill-chunk", type=int, default=64)
-    ap.add_argument("--max-new", type=int, default=24)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None)
     return ap
 
 

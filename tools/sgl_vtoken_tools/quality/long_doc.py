@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials
+from sgl_vtoken_tools.quality.splits import docqa_trials
 from sgl_vtoken_tools.quality.tasks import Trial, exact_number
 
 
@@ -98,24 +98,13 @@ def servers(args, docs: list[Trial]) -> list[tuple[str, list[str], list[tuple[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--model", default=".cache/smollm2")
-    ap.add_argument("--split", choices=SPLITS, required=True)
-    ap.add_argument("--pool", type=int, default=1024, help="the evicting server's pool")
+    from sgl_vtoken_tools.quality.cli import server_script_parser
+
+    ap = server_script_parser(__doc__, "the evicting server's pool", sink=16)
     ap.add_argument("--times", type=int, nargs="+", default=[2, 3, 4], help="document / pool")
-    ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--policy", default="h2o")
-    ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--sink", type=int, default=16)
     ap.add_argument("--window", type=int, default=32)
-    ap.add_argument("--interval", type=int, default=16)
-    ap.add_argument("--prefill-chunk", type=int, default=64)
     ap.add_argument("--recall", type=int, default=192)
-    ap.add_argument("--max-new", type=int, default=24)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None)
     return ap
 
 

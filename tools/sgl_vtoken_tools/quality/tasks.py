@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from dataclasses import dataclass, field
 
 from sgl_vtoken_tools.quality import data
@@ -60,6 +61,24 @@ def first_number(text: str) -> str | None:
 def exact_number(text: str, answer: str) -> bool:
     """The first number written in `text` is `answer` (a partial "677" for "67712" is a miss)."""
     return first_number(text) == answer
+
+
+def trial_record(label: str, trial: Trial, answer: str, turns: list, t0: float, **more) -> dict:
+    """The `trial` line of a multi-turn trial played under setting `label`: `hit` when the
+    first number of `answer` is the whole expected one; `more` goes before the trial's meta;
+    `seconds` since `t0` (monotonic)."""
+    return {
+        "kind": "trial",
+        "setting": label,
+        **more,
+        "trial": trial.id,
+        **trial.meta,
+        "hit": exact_number(answer, trial.answer),
+        "expected": trial.answer,
+        "answer": answer,
+        "turns": turns,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 def chat_ids(tokenizer, user: str) -> tuple[list[int], list[tuple[int, int]], str]:
