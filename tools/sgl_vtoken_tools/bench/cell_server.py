@@ -1,5 +1,5 @@
 """A benchmark cell's server, shared by the server benchmarks (`python -m sgl_vtoken_tools chat`,
-`agent`, `joint`, `decode-batch`): one CPU server per cell, started on a free 127.0.0.1
+`agent`, `ladder`, `joint`, `decode-batch`): one CPU server per cell, started on a free 127.0.0.1
 port and always stopped, or a running server whose cells are per-request settings.
 
     resolve_model(name)          smollm2 (built into .cache/smollm2 when missing), tiny or a folder

@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("chat", "pass-key chats through the chat API in rounds: answers and speed per cell"),
     "joint": ("joint", "speed and answers in one run: sessions and document questions per cell"),
     "agent": ("agent", "scored agent sessions on SmolLM2: speed, answers, agreement per cell"),
+    "ladder": ("ladder", "chat and agent sessions arriving at Poisson rates, load by load"),
     "matrix": ("matrix", "No-Evict vs Naive-Evict vs vToken on the synthetic agent workload"),
     "multiturn": ("multiturn", "SGLang's multi-turn chat benchmark, stock vs streamingllm"),
     "history": ("history", "multi-turn sessions with and without compacted-history reuse"),
