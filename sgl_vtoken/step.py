@@ -406,7 +406,7 @@ def _scores(
 def row_view(
     r: EvictRow, pool: KVPoolView, slots: torch.Tensor, positions: torch.Tensor
 ) -> TokenView:
-    """The `TokenView` of one row, read on the pool's device (keys and values only if needed)."""
+    """The `TokenView` of one row, read on the pool's device (keys only if needed)."""
 
     def gather(buffers: list[torch.Tensor]) -> torch.Tensor:
         return pool.gather_heads(torch.stack([buf[slots] for buf in buffers], dim=1), dim=2)
@@ -416,7 +416,6 @@ def row_view(
     return TokenView(
         positions=positions,
         keys=gather(pool.k_buffers) if "keys" in needs else None,
-        values=gather(pool.v_buffers) if "values" in needs else None,
         attn=r.attn,
         shared=shared,
         rid=r.rid,

@@ -18,7 +18,6 @@ class TokenView:
         positions: ``[n] int64`` logical (original RoPE) positions, distinct; ascending, except
             in a recalling turn's row, whose recalled entries follow the rest.
         keys: ``[n, L, H, D]`` cached keys (post-RoPE), or None if the policy does not read keys.
-        values: ``[n, L, H, D]`` cached values, or None if the policy does not read values.
         attn: ``[n, L, H]`` float attention statistic produced by the policy's accumulator
             (higher = more important), or None.
         shared: ``[n] bool`` True for tokens the request does not own (tree-owned prefix, or read
@@ -38,7 +37,6 @@ class TokenView:
     agreed: torch.Tensor | None = None
     rid: int = 0
     step: int = 0
-    values: torch.Tensor | None = None  # last: existing positional constructions stay valid
     units: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -49,7 +47,6 @@ class TokenView:
         n = self.positions.shape[0]
         for name, dims in (
             ("keys", 4),
-            ("values", 4),
             ("attn", 3),
             ("shared", 1),
             ("agreed", 1),
@@ -67,7 +64,7 @@ class TokenView:
         return self.positions.shape[0]
 
     def require(self, name: str) -> torch.Tensor:
-        """The statistic `name` (``"keys"``, ``"values"``, ``"attn"``) a policy `needs`.
+        """The statistic `name` (``"keys"``, ``"attn"``) a policy `needs`.
 
         Raises:
             ValueError: the caller did not collect it (None).

@@ -39,9 +39,9 @@ from ..step.prefill import prefill_chunk_problem
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
-# Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys and values,
-# and attention probabilities recomputed next to each attention layer (`scores.py`).
-SERVED_NEEDS = {"keys", "values", "attn"}
+# Statistics the server collects for policies (`EvictionPolicy.needs`): cached keys, and
+# attention probabilities recomputed next to each attention layer (`scores.py`).
+SERVED_NEEDS = {"keys", "attn"}
 # Every registered policy whose statistics the server collects, in registry order.
 KV_EVICT_CHOICES = ("none", *(n for n, cls in POLICIES.items() if set(cls.needs) <= SERVED_NEEDS))
 # Settings that are the server's, not the policy's, inside --kv-evict-config (flat keys).

@@ -173,18 +173,15 @@ def masked_turn(
 
     def evict(res, row: list[int]) -> list[int]:
         """`row` evicted to the budget by the chooser, given the forward `res` over its tokens."""
-        keys = values = None
+        keys = None
         cache = res.past_key_values
         if "keys" in chooser.needs:
             # [layers, Hkv, T, D] -> rows of the live tokens: [n, layers, Hkv, D]
             k = torch.stack([cache.layers[i].keys[0] for i in range(len(cache.layers))])
             keys = k[:, :, row].permute(2, 0, 1, 3)
-        if "values" in chooser.needs:
-            v = torch.stack([cache.layers[i].values[0] for i in range(len(cache.layers))])
-            values = v[:, :, row].permute(2, 0, 1, 3)
         shared = [p < tree_owned or p in set(pinned) for p in row]
         texts = token_texts(model, ids) if cfg.span else []
-        keep = chooser.keep(list(row), shared, keys, values, cfg.budget, texts)
+        keep = chooser.keep(list(row), shared, keys, cfg.budget, texts)
         return [row[i] for i in keep]
 
     def observe(res, first: int, end: int) -> None:

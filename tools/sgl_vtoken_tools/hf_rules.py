@@ -15,7 +15,7 @@ from sgl_vtoken.config import EvictConfig
 class RequestPolicy(Protocol):
     """One request's victim chooser (it holds the request's statistics and eviction count)."""
 
-    needs: frozenset[str]  # what `keep` reads: "attn" (via `observe`), "keys", "values"
+    needs: frozenset[str]  # what `keep` reads: "attn" (via `observe`), "keys"
 
     def observe(self, row: list[int], probs: torch.Tensor, lengths: torch.Tensor) -> None:
         """Fold queries' attention ``probs [q, n, layers, kv_heads]`` (every layer, summed over
@@ -27,12 +27,11 @@ class RequestPolicy(Protocol):
         row: list[int],
         shared: list[bool],
         keys: torch.Tensor | None,
-        values: torch.Tensor | None,
         budget: int,
         texts: list[str],
     ) -> list[int]:
         """One eviction of the `row` positions to `budget`: ascending row indices kept; the
-        `shared` entries (tree-owned, recalled) must be. Keys and values ``[n, layers, kv_heads,
+        `shared` entries (tree-owned, recalled) must be. Keys ``[n, layers, kv_heads,
         d]`` (post-RoPE) when `needs` them; `texts` the decoded text of every token of the
         sequence so far (index = position) when the config has a `span`, else empty."""
 

@@ -37,9 +37,7 @@ class RuntimeRequest:
             probs[:, :, [i for i in range(probs.shape[2]) if i not in scored]] = 0
         self.acc.update(probs, lengths)
 
-    def keep(
-        self, row: list[int], shared: list[bool], keys, values, budget: int, texts=()
-    ) -> list[int]:
+    def keep(self, row: list[int], shared: list[bool], keys, budget: int, texts=()) -> list[int]:
         positions = torch.tensor(row, dtype=torch.int64)
         span, units = self.policy.span, None
         if span:
@@ -52,7 +50,6 @@ class RuntimeRequest:
             shared=torch.tensor(shared, dtype=torch.bool),
             rid=self.rid,
             step=self.step,
-            values=values,
             units=units,
         )
         keep = self.policy.keep(view, budget)

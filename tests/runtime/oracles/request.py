@@ -36,8 +36,8 @@ class OracleRequest:
     """Chooses one request's victims under `cfg`'s policy; `rid` seeds the random policy.
 
     Interface (`hf_rules.RequestPolicy`): `needs` (statistics `keep` reads: "attn",
-    "keys", "values"), `observe(row, probs [q, n, L, H], lengths [q])` with every layer's
-    probabilities over the row, and `keep(row, shared, keys, values, budget)` -> ascending row
+    "keys"), `observe(row, probs [q, n, L, H], lengths [q])` with every layer's
+    probabilities over the row, and `keep(row, shared, keys, budget)` -> ascending row
     indices kept (one eviction; the next one is the next step of the seeded policy). A layer
     left out of `score_layers` feeds no statistic. With a span, `keep` reads the
     texts of the sequence's tokens and keeps words and digit runs whole (`units.py`)."""
@@ -76,7 +76,7 @@ class OracleRequest:
             layers = scored_layers(self.layers, probs.shape[2])
             self.stats.observe(row, probs[:, :, layers], lengths)
 
-    def scores(self, row: list[int], keys, values) -> list[float]:
+    def scores(self, row: list[int], keys) -> list[float]:
         if self.name == "streamingllm":
             return streaming_llm(row)
         if self.name == "random":
@@ -85,10 +85,8 @@ class OracleRequest:
             return key_norm(keys, self.how)
         return pooled(aggregate(self.stats.stat(row), self.how), self.pool)
 
-    def keep(
-        self, row: list[int], shared: list[bool], keys, values, budget: int, texts=()
-    ) -> list[int]:
-        scores = self.scores(row, keys, values)
+    def keep(self, row: list[int], shared: list[bool], keys, budget: int, texts=()) -> list[int]:
+        scores = self.scores(row, keys)
         protected = protected_entries(row, self.sink, self.window, shared)
         if self.span and len(row) > budget:
             starts = unit_starts(list(texts)[: row[-1] + 1], self.span)

@@ -80,7 +80,6 @@ def run_request(cfg: EvictConfig, seed: int, make) -> list[list[int]]:
                 list(row),
                 [p in shared for p in row],
                 kv[row, 0] if "keys" in chooser.needs else None,
-                kv[row, 1] if "values" in chooser.needs else None,
                 cfg.budget,
                 [VOCAB[t] for t in tokens],
             )

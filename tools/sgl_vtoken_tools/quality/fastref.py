@@ -71,7 +71,7 @@ class Row:
         )
 
     def stacked(self, which: str) -> torch.Tensor:
-        """``[n, layers, hkv, d]``: the layout of ``TokenView.keys`` / ``values``."""
+        """``[n, layers, hkv, d]``: the layout of ``TokenView.keys`` (`which`: keys or values)."""
         return torch.stack([t[0] for t in getattr(self, which)]).permute(2, 0, 1, 3)
 
 
@@ -254,7 +254,6 @@ class Request:
         view = TokenView(
             positions=self.row.positions,
             keys=self.row.stacked("keys") if "keys" in needs else None,
-            values=self.row.stacked("values") if "values" in needs else None,
             attn=self.acc.stats if self.acc is not None else None,
             rid=self.rid,
             step=self.steps,

@@ -35,7 +35,6 @@ def make_view(n: int, seed: int, gap: int = 1, shared_prefix: int = 0, rid: int 
         shared=shared,
         rid=rid,
         step=step,
-        values=torch.randn(n, L, H, D, generator=g),
     )
 
 
