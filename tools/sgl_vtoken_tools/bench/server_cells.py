@@ -43,8 +43,9 @@ CELLS = {
         "--kv-evict-config",
         json.dumps({**HOST, "recall": 192}),
     ],
-    # the README's chat command: the same with 16 sinks and a recent window of 32, the setting
-    # the chat conversations measure (`sgl_vtoken_tools.quality.chat_server`)
+    # the chat command of the budget trigger (the README's until the pressure trigger): the same
+    # with 16 sinks and a recent window of 32, the setting the chat conversations measure
+    # (`sgl_vtoken_tools.quality.chat_server`)
     "h2o b256 s16 w32 + host + recall 192": [
         *H2O_256,
         "--kv-sink",
@@ -55,7 +56,8 @@ CELLS = {
         json.dumps({**HOST, "recall": 192}),
     ],
 }
-# The README's chat command (its third row).
+# The chat command of the budget trigger: every row at its budget whether or not the pool is
+# short (the README's chat command until 2026-12-06; `pressure` below is the README's now).
 CHAT = "h2o b256 s16 w32 + host + recall 192"
 # The chat command under the pressure trigger: a row keeps every token while the pool has room
 # and is compacted to its budget only when the pool runs short (docs/design.md, "Eviction under
