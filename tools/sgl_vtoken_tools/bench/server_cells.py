@@ -58,7 +58,7 @@ CELLS = {
 # The README's chat command (its third row).
 CHAT = "h2o b256 s16 w32 + host + recall 192"
 # The chat command under the pressure trigger: a row keeps every token while the pool has room
-# and is compacted to its budget only when the pool runs short (docs/design.md, "Eviction under
+# and is compacted to its budget only when the pool runs short (docs/design/step.md, "Eviction under
 # memory pressure").
 # With `prefill_chunk` a prompt that could never fit the pool whole is evicted during its
 # prefill (a conversation longer than the pool is served); one that fits is prefilled whole.
