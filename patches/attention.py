@@ -5,7 +5,7 @@ page-dense are planned as real pages (`kv_indices` lists page ids from
 `sgl_vtoken.kernels.page_indices`, no host sync) instead of stock SGLang's one-token pages. SGLang
 is imported only inside functions, so importing this module is cheap; the backend classes are in
 `flashinfer_backend.py`, imported when SGLang builds the backend; the page views both use are in
-`paged_kv.py`. What it covers and rejects: docs/design.md, "The `vtoken_flashinfer` backend".
+`paged_kv.py`. What it covers and rejects: docs/design/splice.md, "The `vtoken_flashinfer` backend".
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:
 def after_req_init(result: None, req: Req, rid: str, *args: object, **kwargs: object) -> None:
     """AFTER `Req.__init__`: attach eviction state (server settings, or the request's own
     `kv_evict`); an evicting request is never inserted into the radix tree as if its compacted
-    row were contiguous (splice rule 3, docs/design.md)."""
+    row were contiguous (splice rule 3, docs/design/splice.md)."""
     cfg = request_config(server_config(), req.sampling_params)
     if cfg.enabled:
         req.vtoken = new_state(cfg, rid, holed=radix.tree_mode(cfg))
@@ -111,7 +111,7 @@ def after_forward_batch_init(
     **kwargs: object,
 ) -> ForwardBatch:
     """AFTER `ForwardBatch.init_new`: add each request's position offset (splice rule 1,
-    docs/design.md).
+    docs/design/splice.md).
 
     Offsets are read when the batch is built, right after this step's eviction, so they match
     the row under the overlap scheduler too.

@@ -126,7 +126,7 @@ class HostTier:
 
     Attributes:
         offload: evicted tokens' K/V (every layer) go to the host store owned by the request's
-            stored history instead of being dropped (docs/design.md, "Host tier and recall").
+            stored history instead of being dropped (docs/design/cache.md, "Host tier and recall").
             Needs `host_tokens`, and reclaim ``"vtoken"`` at page size > 1. With `prefill_chunk`
             the tokens evicted during the prompt's prefill go there too.
         tokens (``host_tokens``): capacity of the server's host store in tokens (0: no host

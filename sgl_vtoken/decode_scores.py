@@ -5,7 +5,7 @@ over the query heads of each KV head, are what H2O, TOVA and Scissorhands accumu
 are concatenated and scored by entry (`attn_scores_(by_entry=True)`) into one
 ``[nnz, layers, kv_heads]`` float32 buffer (request k's block: its ``n_k`` entries), sized by the
 batch's rows, never by the pool; requests scoring other layers are scattered in after their
-layer's launch. No host synchronization. Layout: docs/design.md, "Decode scoring".
+layer's launch. No host synchronization. Layout: docs/design/step.md, "Decode scoring".
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ scored entries into the eager `DecodeScoring`'s buffer, whose blocks the request
 
 A batch with a row longer than `bound`, or more lanes than `max_bs`, does not fit (`fits`): the
 caller runs that forward eagerly. Every layer is captured; a request that scores fewer layers
-gets zeros in the others after `unload`, as the eager path gives it. Layout: docs/design.md,
+gets zeros in the others after `unload`, as the eager path gives it. Layout: docs/design/step.md,
 "Decode scoring under CUDA graphs".
 """
 

@@ -15,7 +15,7 @@ Index lists are built on the host from the plan's lengths and go over in one cop
 synchronization. That is the GPU path (`batched`, the default on CUDA). On a CPU the kernel's
 torch reference walks the launch rows one by one, so there each request's window is one explicit
 softmax instead (`recall.window_probs`, 3-4x faster than the reference), into the same blocks.
-Layout: docs/design.md, "Attention statistics".
+Layout: docs/design/step.md, "Attention statistics".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the view does not hold) by its share of one softmax over the row and the candida
 (`candidate_mass`), and `pick` takes the best after pooling, holes of at most `recall_gap`
 between them; `recall_rounds` repeats it with what came back visible. The server
 (`patches/step/scores.py`) calls these functions; the statistic and its rounds:
-docs/design.md, "The recall statistic".
+docs/design/cache.md, "The recall statistic".
 """
 
 from __future__ import annotations

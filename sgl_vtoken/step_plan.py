@@ -3,7 +3,7 @@ row of an eviction step at once, on ``[B, W]`` tensors (W the longest row), with
 synchronization. :func:`index_plan` needs only the keep masks (whole versus copied tree-owned
 entries, which kept private tokens move, the per-row counts the host reads once);
 :func:`slot_plan` adds the slots once the host has allocated the copies' pages (the new rows,
-the KV moves, the freed pages). The interval arithmetic: docs/design.md, "The batched step";
+the KV moves, the freed pages). The interval arithmetic: docs/design/library.md, "The batched step";
 its per-row reference: `tools/sgl_vtoken_tools/step_ref.py`.
 """
 

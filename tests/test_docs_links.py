@@ -13,7 +13,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted(
-    [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "docs" / "results").glob("*.md")]
+    [
+        REPO / "README.md",
+        *(REPO / "docs").glob("*.md"),
+        *(REPO / "docs" / "design").glob("*.md"),
+        *(REPO / "docs" / "results").glob("*.md"),
+    ]
 )
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")

@@ -1,6 +1,6 @@
 """Compacted histories in the holed radix cache: a finished evicting request leaves its row in
 the tree with holes, a next turn that extends it continues from it, and the slots that nobody can
-reach any more are freed early (docs/design.md, "Prefix sharing under eviction"). This module
+reach any more are freed early (docs/design/cache.md, "Prefix sharing under eviction"). This module
 stores them per position (page size 1); `history_pages.py` stores them by whole pages (page
 size > 1); matching and adopting a view are shared. A holed node carries a `NodeRecord` as
 `node.vt` (hole-free nodes carry none), made when the holed cache inserts or splits it

@@ -5,7 +5,7 @@ past it are the view's tail, which a match must continue with, and the node owns
 private pages (`node.vt.pages`, kept on the host so the eviction step frees them without reading
 the device); the view's other pages belong to its ancestors. The view's partial last page is
 copied on write into a new request's own page at admission (`own_tail`). Sizes count owned slots
-(`history.live`). Design: docs/design.md, "Compacted histories at page size > 1".
+(`history.live`). Design: docs/design/cache.md, "Compacted histories at page size > 1".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Host histories: a stored compacted history that the radix cache evicts for room moves to host
 memory, and the next turn that extends it gets it back into fresh device slots instead of
-prefilling its whole conversation again (docs/design.md, "Host histories").
+prefilling its whole conversation again (docs/design/cache.md, "Host histories").
 
     tree LRU evicts a view's leaf ──offload_view──> HostHistory (ids, positions, K/V, store)
     a turn extends it: match_prefix ──find──> restore ──> a holed leaf of its own namespace

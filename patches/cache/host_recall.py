@@ -6,8 +6,8 @@ forced at admission, `prefill.chunk_limit`). The first chunk's last `obs_window`
 the candidates (`scores.py`); between the chunks (`recall_prompt`) the best `recall` are written
 back and join the row at their original positions, pinned for the turn, and the second chunk
 recomputes the first one's tail with them visible (with `recall_rounds`, round after round). When
-the turn ends they leave the row before it is stored (`drop_recalled`). Design: docs/design.md,
-"Host tier and recall".
+the turn ends they leave the row before it is stored (`drop_recalled`). Design:
+docs/design/cache.md, "Host tier and recall".
 """
 
 from __future__ import annotations

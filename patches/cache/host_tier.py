@@ -7,7 +7,7 @@ immutable, reference-counted `Chunk` per row and step, asynchronous into pinned 
 (`st.host`, `HostChunks`) and a stored history's view (`HostTier.store_of`); it lives while one
 of them can recall it. A stored history the radix cache evicts for room moves here whole, its
 kept K/V too (`HostHistory`, `host_history.py`). Over the `host_tokens` cap the least recently
-used histories (their stores, or whole host histories) go first. Design: docs/design.md, "Host
+used histories (their stores, or whole host histories) go first. Design: docs/design/cache.md, "Host
 tier and recall" and "Host histories".
 """
 

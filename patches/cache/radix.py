@@ -6,7 +6,7 @@ leave their compacted history in the tree for a next turn to continue from.
 Keys stay the full logical ids; holed nodes live under a namespace per eviction setting, so
 every other request is served exactly as by `RadixCache`. Sizes count live slots, so SGLang's
 pool checkers hold. A request's match is its `Prefix` (`st.prefix`); histories are stored by
-`history.py` (page size 1) and `history_pages.py` (page size > 1). Design: docs/design.md,
+`history.py` (page size 1) and `history_pages.py` (page size > 1). Design: docs/design/cache.md,
 "Prefix sharing under eviction".
 """
 

@@ -2,7 +2,7 @@
 
 Eviction compacts rows of a plain per-layer K/V pool (`MHATokenToKVPool`) and keeps RoPE
 positions per token: MLA, sliding-window or chunked layers, hybrid Mamba / linear attention,
-M-RoPE and encoder-decoder models are refused, with the reason (docs/design.md, "Model
+M-RoPE and encoder-decoder models are refused, with the reason (docs/design/splice.md, "Model
 support"). The launcher checks the served model when a server policy is set (exit 2); a
 `--kv-evict none` server checks only when a request asks for eviction (HTTP 400). `peak_problem`:
 when an evicting request's peak does not fit the pool.

@@ -1,7 +1,7 @@
 """Shortages of free KV pages the plugin meets under memory pressure (`Shortages`, on the process
 object), and what it does instead of failing. Nothing raises into SGLang's scheduler loop: each
 shortage is counted by the caller, tallied here by where it was met (`PATHS`) and logged once per
-kind (`MESSAGES`). Kinds, fallbacks and counters: docs/design.md, "Page shortages".
+kind (`MESSAGES`). Kinds, fallbacks and counters: docs/design/step.md, "Page shortages".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ through `state_of(req)`, None for a request without eviction; `runtime.new_state
 
 It composes typed parts; each part is a class of the module of its concern, and only that module
 assigns its fields (`tests/runtime/patches/test_state_ownership.py`; the table of parts is in
-docs/design.md, "Request state"). `cfg`, `policy`, `rid`, `holed` and `reclaim` never change;
+docs/design/splice.md, "Request state"). `cfg`, `policy`, `rid`, `holed` and `reclaim` never change;
 `report` is the request's `meta_info["kv_evict"][0]`. This leaf module imports nothing above it:
 a part defined in a higher layer is typed by a Protocol of what the modules use of it (`*Part`
 below; `reclaim`, the strategy interface of the step, is typed `Any`), its class named in `PARTS`.
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .sglang_types import RadixTree, Req, TpGroup, TreeNode
 
 # The class of each part defined in a layer above this one, by field: each lives in the module
-# that owns it (docs/design.md, "Request state"). They are typed by the Protocols below (or
+# that owns it (docs/design/splice.md, "Request state"). They are typed by the Protocols below (or
 # `Any`), so that this leaf module imports nothing above it; the ownership lint reads this table.
 PARTS = {
     "reclaim": "Reclaim",  # step/reclaim.py

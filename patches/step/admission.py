@@ -7,7 +7,7 @@ An evicting request reserves at most its decode peak, `budget + interval + page_
 tokens, not `prompt + max_new_tokens`, and a chunk evicted during prefill ends at the prefill
 peak. A request refused on an idle pool would be refused at every pass and hold up the queue: it
 asks at most what an idle pool offers when evicted during prefill, else ends with HTTP 400.
-Reservations and reasons: docs/design.md, "Admission".
+Reservations and reasons: docs/design/step.md, "Admission".
 """
 
 from __future__ import annotations

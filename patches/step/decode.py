@@ -2,7 +2,8 @@
 `Scheduler.update_running_batch`), every row of the running batch that reached its trigger is
 evicted in one pass through the eviction step (`eviction.evict_rows`), and the batch's lengths
 are fixed in row coordinates. The interval arithmetic and the ownership rules are in
-docs/design.md ("Row coordinates", "Splice rules"); the pressure trigger is `pressure.py`.
+docs/design/library.md, "Row coordinates", and docs/design/splice.md, "Splice rules"; the
+pressure trigger is `pressure.py`.
 """
 
 from __future__ import annotations

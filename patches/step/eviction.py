@@ -13,7 +13,7 @@ phases that each hand the next what they return. `evict_rows` is its one entry: 
     free      one allocator call (reclaim.free)
     count     the server's counters (VTokenCounters.count_step)
 
-The order is the order of their side effects (docs/design.md, "The repack planner").
+The order is the order of their side effects (docs/design/library.md, "The repack planner").
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _evict_row(ctx: StepContext, due: DueRow) -> EvictRow:
     if st.holed and st.prefix.hit is None and matched is not None and st.cfg.reclaim == "vtoken":
         # Its own prompt tokens (past what the tree held at its match) leave the tree for its
         # own pages once its eviction keeps them: its lock then moves up to the shared prefix
-        # and the rest of the prompt is the tree's to evict (docs/design.md, "Own prompt").
+        # and the rest of the prompt is the tree's to evict (docs/design/cache.md, "Own prompt").
         own_from = int((positions[:cpl] < matched).sum())
     return EvictRow(
         row=req.kv.req_pool_idx,

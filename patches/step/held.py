@@ -5,7 +5,7 @@ the pages compaction frees, the server holds back (`NaiveHold`, `st.naive`) as m
 Naive-Evict could not free (a page returns only when every token on it is dead). Held pages
 count as the request's own in SGLang's memory checks (at page size > 1 through a `ReqKvInfo`
 subclass with a `held_for` slot, `count_held`), and all go back when the request releases its
-KV. Design: docs/design.md, "Naive-Evict inside the server".
+KV. Design: docs/design/step.md, "Naive-Evict inside the server".
 """
 
 from __future__ import annotations

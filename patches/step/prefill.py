@@ -4,7 +4,8 @@ the budget between them (AROUND `Scheduler.stash_chunked_request`), so a request
 chunk there). After an eviction the ids are row coordinates (the kept entries' ids, then the
 prompt's remaining ids), the logical prompt kept aside in `Prompt` (`st.prompt`); with `recall`
 the prompt's last chunk is a recalling turn's two chunks (`host_recall.begin_turn`). Diagrams:
-docs/design.md, "Eviction during prefill" and "Recall inside prefill eviction".
+docs/design/splice.md, "Eviction during prefill", and docs/design/cache.md, "Recall inside
+prefill eviction".
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ At each decode step, before SGLang's decode memory check (`decode.evict_batch`):
 
 With no shortfall nothing is evicted and a row's output is the full cache's. Rows under the
 budget trigger are evicted at their own trigger as before, whatever the pool holds.
-docs/design.md, "Eviction under memory pressure".
+docs/design/step.md, "Eviction under memory pressure".
 """
 
 from __future__ import annotations

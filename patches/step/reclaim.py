@@ -3,7 +3,7 @@
 request is made (`reclaim_for`), so the step (`eviction.py`) does not branch on page size and
 reclaim mode inside its loops. Each strategy does the tree's part of a holed row (relock,
 release its history's unused slots or pages) and says what of the freed memory goes back now.
-Table: docs/design.md, "Reclaim strategies".
+Table: docs/design/step.md, "Reclaim strategies".
 
 Two phases of the step are here, one on each side of its repack: `tree_part` (pages for the
 copies of kept tree-owned tokens, or the row's own prompt detached; the strategies' release),
@@ -209,7 +209,7 @@ def tree_part(ctx: StepContext, due: list[DueRow], d: Decision) -> TreePart:
     still the row a retraction in this step resumes from). A row that gets none, and whose
     copies all come from its own prompt part (`Decision.own_copies`), takes that part out of the
     tree when only it holds it (`radix.HoledRadixCache.detach_own`) and its copies go there
-    (docs/design.md, "Own prompt"). Then each holed row whose view changed below its protected
+    (docs/design/cache.md, "Own prompt"). Then each holed row whose view changed below its protected
     length releases what it no longer uses of the tree (its strategy's `release_tree`)."""
     ps = ctx.page_size
     copies = [

@@ -6,7 +6,8 @@ when the radix cache matches the request again (`resume`) the stash is written i
 as a holed view under a namespace of its own, and the request continues from it like a turn
 from a stored history, prefilling only its last output token; AFTER `prepare_for_extend` it gets
 its real outputs back. Which row is stashed (overlap scheduler: the one before this step's
-eviction, `undo_step`) and when a request is re-prefilled instead: docs/design.md, "Retraction".
+eviction, `undo_step`) and when a request is re-prefilled instead: docs/design/step.md,
+"Retraction".
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def undo_step(st: ReqEvictState) -> RowBefore | None:
 
 def stash_row(req: Req, st: ReqEvictState, tree_cache: RadixTree) -> RetractStash | None:
     """Copy the row the request resumes from (K/V of every layer, positions) to host memory, and
-    put its policy state back to that moment (docs/design.md, "Retraction"). Returns None when
+    put its policy state back to that moment (docs/design/step.md, "Retraction"). Returns None when
     that row is gone (`StepUndo.lost`) or holds no whole page of ids: re-prefilled then.
 
     Overlap scheduler: the last output id was the input of the in-flight step, which SGLang

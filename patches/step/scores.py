@@ -6,7 +6,7 @@ KV group and staged per request (`Stats`): at decode the batch's new queries, on
 layer; at prefill the last `obs_window` prompt queries; for recall a first chunk's window's mass
 on the host candidates (`RecallPlan`). The eviction step folds the staged blocks before it
 chooses, so a choice at step t sees every query up to t - 1. Blocks and statistics stay on the
-pool's device. Details: docs/design.md, "Attention statistics".
+pool's device. Details: docs/design/step.md, "Attention statistics".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ figures next to the usage (splice rule 12).
 `prompt_tokens` counts the logical prompt and `cached_tokens` its tokens not prefilled (a turn
 continuing a stored history holds its prompt in row coordinates); `meta_info["kv_evict"]`
 travels with a stream's final chunk, not its first; OpenAI `usage` gains `kv_evict` when the
-request evicted (summed over choices). Details: docs/design.md, "Usage".
+request evicted (summed over choices). Details: docs/design/splice.md, "Usage".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Forced page shortages: a server that refuses the pages the plugin asks for on behalf of
 requests whose id starts with a chosen prefix, so tests and stress runs meet every shortage path
-on purpose (the plugin's answers to a shortage: docs/design.md, "Page shortages").
+on purpose (the plugin's answers to a shortage: docs/design/step.md, "Page shortages").
 
 Injected from outside the plugin. `server_env(prefix)` is the environment of such a server: a
 `sitecustomize` on its PYTHONPATH calls `install()` in each of its processes, which patches,

@@ -1,6 +1,6 @@
 """A prompt that nearly fills the pool, under SGLang's default overlap scheduler: its first
 eviction must free most of the pool before decoding goes on, which needs its own prompt to leave
-its lock (docs/design.md, "Own prompt"); before, SGLang's out-of-memory abort ended it (HTTP
+its lock (docs/design/cache.md, "Own prompt"); before, SGLang's out-of-memory abort ended it (HTTP
 500), at page size 16 until its own prompt could leave the tree with packed pages."""
 
 import threading
@@ -31,7 +31,7 @@ def test_prompts_near_the_pool_size_are_answered_under_the_overlap_scheduler(
     fills the pool, and its first eviction must free most of it before decoding goes on. Its
     prompt is in the tree, locked by it alone, and no page is free for the copies of what it
     keeps: its own prompt leaves the tree with the row, the kept entries packed onto its first
-    pages (docs/design.md, "Own prompt"), so it is answered rather than ended by SGLang's
+    pages (docs/design/cache.md, "Own prompt"), so it is answered rather than ended by SGLang's
     out-of-memory abort (HTTP 500), and so are six 200-235-token prompts at once; every output
     equals the masked reference, and the pool is whole afterwards under SGLang's checkers."""
     client = server_factory(

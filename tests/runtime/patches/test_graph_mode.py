@@ -171,4 +171,4 @@ def test_rows_beyond_the_bound_and_servers_without_an_attention_policy_run_eager
 def test_the_buffers_are_sized_by_the_largest_batch_and_the_bound():
     gs = GraphScoring(256, 288, 32, 8, "cpu")
     assert gs.nbytes() == 257 * 8 + 256 * 288 * 8 + 256 * 288 * 32 * 8 * 4
-    assert math.isclose(gs.nbytes() / 1e6, 76.1, abs_tol=0.1)  # docs/design.md's 8B figure
+    assert math.isclose(gs.nbytes() / 1e6, 76.1, abs_tol=0.1)  # docs/design/step.md's 8B figure

@@ -1,5 +1,5 @@
 """A request's eviction state is written only by the module of each concern (the table is in
-docs/design.md, "Request state").
+docs/design/splice.md, "Request state").
 
 The parts are `ReqEvictState`, every class of `patches/` its fields are annotated with, and the
 records in `RECORDS` (a radix node's `node.vt`, a recall plan); a part's owner is the module that
