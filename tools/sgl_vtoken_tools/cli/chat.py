@@ -174,15 +174,7 @@ def build_parser():
     )
     p.add_argument("--repeats", type=int, default=3, help="plays of every cell, interleaved")
     p.add_argument("--conversations", type=int, default=12)
-    p.add_argument(
-        "--key-at",
-        choices=("first", "passage"),
-        default="first",
-        help="first: turn 1 states the key; passage: mid-passage in turn 2",
-    )
-    p.add_argument(
-        "--passages", type=int, default=3, help="passages to summarise after the key's turn"
-    )
+    common.chat_flags(p)
     p.add_argument(
         "--passage-words",
         type=int,
@@ -191,7 +183,6 @@ def build_parser():
         metavar=("LEAST", "MOST"),
         help="words of every passage",
     )
-    p.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every turn")
     p.add_argument(
         "--past-pool",
         action="store_true",

@@ -56,6 +56,21 @@ def server_flags(
     p.add_argument("--server-threads", type=int, default=2, help=threads_help)
 
 
+def chat_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
+    """The pass-key chats' shape (`bench/chat_rounds.py`): where the key is told, the passages
+    after it and every turn's max_tokens; `scope` starts each help text (e.g. ``"chats: "``)."""
+    p.add_argument(
+        "--key-at",
+        choices=("first", "passage"),
+        default="first",
+        help=f"{scope}first: turn 1 states the key; passage: mid-passage in turn 2",
+    )
+    p.add_argument(
+        "--passages", type=int, default=3, help=f"{scope}passages to summarise after the key's turn"
+    )
+    p.add_argument("--max-tokens", type=int, default=48, help=f"{scope}max_tokens of every turn")
+
+
 def split_flags(p: argparse.ArgumentParser, seed_help: str | None = None) -> None:
     """`--split` (heldout), `--seed` (0) and `--wheel-dir`."""
     p.add_argument("--split", default="heldout", help=SPLIT_HELP)

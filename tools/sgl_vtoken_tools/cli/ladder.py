@@ -277,14 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the duration estimate's seconds per decoded token (default: measured on the "
         "first server)",
     )
-    p.add_argument(
-        "--key-at",
-        choices=("first", "passage"),
-        default="first",
-        help="chats: first: turn 1 states the key; passage: mid-passage in turn 2",
-    )
-    p.add_argument("--passages", type=int, default=3, help="chats: passages after the key's turn")
-    p.add_argument("--max-tokens", type=int, default=48, help="chats: max_tokens of every turn")
+    common.chat_flags(p, "chats: ")
     p.add_argument(
         "--agent-turns",
         type=int,
