@@ -45,7 +45,6 @@ GROUPS = (
     "bench16-640",
     "sharing16",
     "chunked16",
-    "gateway16",
     "retract16",
     "prefill1",
     "retract1",

@@ -91,8 +91,9 @@ MEMORY_CHECKS = {
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
     "VTOKEN_TEST_SHORTAGE": SHORTAGE,
 }
-# The StreamingLLM server of the bench tests and the capacity tests (budget 64 unless a request
-# asks for another, interval 16, page size 16): one configuration, started once.
+# The StreamingLLM server of the bench tests, the capacity tests and the gateway's replica a
+# (budget 64 unless a request asks for another, interval 16, page size 16): one configuration,
+# started once.
 BENCH_FLAGS = (
     "--kv-evict",
     "streamingllm",
