@@ -29,11 +29,12 @@ HAS_GPU = torch.cuda.is_available()
 pytest_plugins = ("servers",)
 
 
-# Server groups, costliest first (measured: `make test` prints each test's seconds). `make test`
-# runs two workers (`-n 2 --dist loadgroup`): a group's tests go to one worker in this order, so
-# each server configuration starts once per group and two groups run at a time; ungrouped tests
-# fill the gaps at the end. A group may hold several configurations (the exactness matrix, the
-# histories and the host tier share the holed servers of one page size).
+# Server groups, costliest first (measured: `make test` prints the seconds of each group on each
+# worker). `make test` runs two workers (`-n 2 --dist loadgroup`): a group's tests go to one
+# worker in this order, so each server configuration starts once per group and two groups run at
+# a time; ungrouped tests fill the gaps at the end, module by module, the SLOW_MODULES first. A
+# group may hold several configurations (the exactness matrix, the histories and the host tier
+# share the holed servers of one page size).
 GROUPS = (
     "real",
     "long",
@@ -45,7 +46,6 @@ GROUPS = (
     "bench16-640",
     "sharing16",
     "chunked16",
-    "gateway16",
     "retract16",
     "prefill1",
     "retract1",
@@ -53,6 +53,20 @@ GROUPS = (
     "unchunked1",
     "edge1",
     "edge16",
+)
+
+
+# Test modules outside the server groups that take the longest (tens of seconds each: servers
+# started and stopped, wheels built, subprocesses): they are scheduled first of the ungrouped
+# modules, so neither worker starts one of them last while the other is idle.
+SLOW_MODULES = (
+    "tests/tools/cli/test_gpu_check.py",
+    "tests/tools/cli/test_bench_evict_step.py",
+    "tests/runtime/patches/test_server_args.py",
+    "tests/tools/test_models.py",
+    "tests/tools/bench/test_baseline.py",
+    "tests/test_layout.py",
+    "tests/runtime/patches/test_model_support.py",
 )
 
 
@@ -78,7 +92,10 @@ def pytest_collection_modifyitems(config, items):
         name = group_of(item)
         if name is not None:
             item.add_marker(pytest.mark.xdist_group(name))
-        rank[item] = GROUPS.index(name) if name is not None else len(GROUPS)
+        if name is not None:
+            rank[item] = GROUPS.index(name)
+        else:
+            rank[item] = len(GROUPS) + (item.nodeid.split("::")[0] not in SLOW_MODULES)
     items.sort(key=rank.__getitem__)  # stable: each group keeps its files' order
     if HAS_GPU and not INTERPRET:
         return
@@ -101,11 +118,13 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def startup_log():
-    """`startup_log(server, model, page_size, extra, spawn)` appends one JSON line per server start;
-    the summary at the end of the run prints them."""
+    """`startup_log(server, model, page_size, extra, spawn, pool=, env=)` appends one JSON line per
+    server start (with the test that started it, and the pool and environment when they are not
+    the defaults: two starts with the same flags differ there); the summary at the end of the run
+    prints them."""
     import json
 
-    def log(server, model, page_size, extra, spawn):
+    def log(server, model, page_size, extra, spawn, pool=4096, env=None):
         line = {
             "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
             "model": model,
@@ -113,6 +132,9 @@ def startup_log():
             "spawn": spawn,
             "startup_s": round(server.startup_seconds, 1),
             "flags": " ".join(extra),
+            "pool": pool,
+            "env": " ".join(f"{k}={v}" for k, v in sorted((env or {}).items())),
+            "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
         }
         with open(os.environ[STARTUP_LOG], "a") as f:
             f.write(json.dumps(line) + "\n")
@@ -120,10 +142,38 @@ def startup_log():
     return log
 
 
+def _group_times(terminalreporter) -> dict:
+    """(worker, group) -> seconds of setup, call and teardown of the tests run there."""
+    out: dict = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if not isinstance(r, pytest.TestReport):
+                continue
+            node = getattr(r, "node", None)
+            worker = getattr(getattr(node, "gateway", None), "id", "main")
+            group = r.nodeid.rpartition("@")[2] if "@" in r.nodeid else ""
+            key = (worker, group if group in GROUPS else "(no group)")
+            out[key] = out.get(key, 0.0) + r.duration
+    return out
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     import json
 
-    if os.environ.get("PYTEST_XDIST_WORKER") or not os.path.exists(os.environ[STARTUP_LOG]):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    times = _group_times(terminalreporter)
+    if times:
+        workers = sorted({w for w, _ in times})
+        terminalreporter.section(
+            "test seconds by worker: "
+            + ", ".join(
+                f"{w} {sum(t for (x, _), t in times.items() if x == w):.0f}" for w in workers
+            )
+        )
+        for (w, g), t in sorted(times.items(), key=lambda x: (x[0][0], -x[1])):
+            terminalreporter.write_line(f"{t:7.1f} s  {w:>4}  {g}")
+    if not os.path.exists(os.environ[STARTUP_LOG]):
         return
     with open(os.environ[STARTUP_LOG]) as f:
         lines = [json.loads(line) for line in f]
@@ -138,6 +188,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"{x['startup_s']:6.1f} s  {x['worker']:>4}  {how:5}  {x['model']} "
             f"page {x['page_size']}  {x['flags'][:150]}"
         )
+        more = [f"pool {x['pool']}"] if x.get("pool", 4096) != 4096 else []
+        more += [x["env"]] if x.get("env") else []
+        terminalreporter.write_line(f"{'':17}{x.get('test', '')}  {'  '.join(more)}"[:200])
 
 
 @pytest.fixture(scope="session")

@@ -94,8 +94,9 @@ MEMORY_CHECKS = {
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
     **forced_shortage.server_env(SHORTAGE),
 }
-# The StreamingLLM server of the bench tests and the capacity tests (budget 64 unless a request
-# asks for another, interval 16, page size 16): one configuration, started once.
+# The StreamingLLM server of the bench tests, the capacity tests and the gateway's replica a
+# (budget 64 unless a request asks for another, interval 16, page size 16): one configuration,
+# started once.
 BENCH_FLAGS = (
     "--kv-evict",
     "streamingllm",
@@ -107,6 +108,9 @@ BENCH_FLAGS = (
     "--decode-log-interval",
     "1",
 )
+# What a server's environment holds unless a test asks otherwise (the start-up summary prints
+# the rest: two starts with the same flags differ there).
+DEFAULT_ENV = {**MEMORY_CHECKS, "OMP_NUM_THREADS": "1"}
 MAX_ALIVE = (
     2  # servers one test process keeps (each takes ~3 GB on CPU); the least recently used goes
 )
@@ -159,7 +163,9 @@ def server_factory(tiny_model, startup_log):
             server = ServerProcess(
                 args, env=env, entry=SPAWN_ENTRY if spawn else FORK_ENTRY
             ).start()
-            startup_log(server, Path(model).name, page_size, extra, spawn)
+            beyond = {k: v for k, v in env.items() if DEFAULT_ENV.get(k) != v}
+            beyond |= {f"-{k}": "" for k in DEFAULT_ENV if k not in env}  # checks turned off
+            startup_log(server, Path(model).name, page_size, extra, spawn, pool=pool, env=beyond)
             started[key] = server
         return Client(started[key])
 

@@ -10,15 +10,14 @@ import random
 
 import pytest
 import requests
-from servers import MEMORY_CHECKS
+from servers import BENCH_FLAGS, MEMORY_CHECKS
 from test_eviction import wait_pool_free
 
 from sgl_vtoken_tools.bench.probe import flush_cache, pool_whole
 from sgl_vtoken_tools.gateway import ROUTED_WORKER, GatewayProcess
 
-pytestmark = [pytest.mark.server, pytest.mark.server_group("gateway16")]
+pytestmark = [pytest.mark.server, pytest.mark.server_group("bench16")]
 
-FLAGS = ("--kv-evict", "streamingllm", "--kv-budget", "64", "--kv-evict-interval", "16")
 KV = {"policy": "streamingllm", "budget": 48}  # every conversation's own settings, not the servers'
 REPLY = 8  # tokens per reply
 WORDS = (
@@ -29,14 +28,15 @@ WORDS = (
 
 @pytest.fixture(scope="module")
 def fleet(server_factory):
-    """(replica a, replica b, gateway): two servers of one configuration (the replica's name in
-    the environment keeps them apart in the factory), page size 16."""
-    a, b = (
-        server_factory(
-            page_size=16, extra=FLAGS, env={**MEMORY_CHECKS, "VTOKEN_TEST_REPLICA": name}
-        )
-        for name in "ab"
+    """(replica a, replica b, gateway): two servers of one configuration, page size 16: a is the
+    bench tests' server (`BENCH_FLAGS`, StreamingLLM budget 64 interval 16, in the same group:
+    one start less), its cache flushed of their requests; b the same flags, kept apart in the
+    factory by the replica's name in its environment (the second test stops it)."""
+    a = server_factory(page_size=16, extra=BENCH_FLAGS)
+    b = server_factory(
+        page_size=16, extra=BENCH_FLAGS, env={**MEMORY_CHECKS, "VTOKEN_TEST_REPLICA": "b"}
     )
+    flush_cache(a.base_url)
     with GatewayProcess([a.base_url, b.base_url], policy="cache_aware") as gw:
         yield a, b, gw
 

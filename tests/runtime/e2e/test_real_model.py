@@ -61,7 +61,12 @@ def prompts(smollm2_model):
 
 
 @pytest.fixture(scope="module", params=[1, 16], ids=lambda ps: f"page{ps}")
-def server(request, server_factory, smollm2_model):
+def page_size(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def server(page_size, server_factory, smollm2_model):
     """One SmolLM2 server per page size, stopped before the next starts."""
     extra = (
         "--kv-evict",
@@ -76,7 +81,7 @@ def server(request, server_factory, smollm2_model):
     # One OpenMP thread: on a busy machine two spin-wait on each other and a decode step of this
     # model takes seconds instead of tens of milliseconds.
     client = server_factory(
-        page_size=request.param,
+        page_size=page_size,
         extra=extra,
         env={**MEMORY_CHECKS, "OMP_NUM_THREADS": "1"},
         pool=POOL,
@@ -142,14 +147,19 @@ def test_greedy_equals_masked_reference(server, references, prompts, policy):
 CHAT = {"policy": "h2o", "budget": 256, "window": 32, "interval": 16}
 
 
-@pytest.mark.parametrize("group", ["first", "mid"])
-def test_chat_recall_brings_back_a_fact_stated_turns_earlier(server, smollm2_model, group):
+# The key's place in the chat, one per page size: the recall path differs by page size (whole
+# pages of candidates), not by where the key was stated, so each place and each page size is
+# played once (each pair is ~50 s of a real model's chat on one CPU thread).
+CHAT_GROUP = {1: "first", 16: "mid"}
+
+
+def test_chat_recall_brings_back_a_fact_stated_turns_earlier(server, smollm2_model, page_size):
     """A chat as a client holds it (`quality.chats`, tuning split, trial 0: a 5-digit key stated
-    in turn 1 or mid-passage in turn 2, passages to summarise, the model's own replies of up to
-    48 tokens fed back, the question in turn 5): with offload + recall 192 the last turn continues
-    the compacted history the server stored, recalls 192 evicted tokens, and answers the whole
-    key; h2o at the same budget without recall, whose kept tokens were chosen before the
-    question, does not."""
+    in turn 1 (page size 1) or mid-passage in turn 2 (page size 16), passages to summarise, the
+    model's own replies of up to 48 tokens fed back, the question in turn 5): with offload +
+    recall 192 the last turn continues the compacted history the server stored, recalls 192
+    evicted tokens, and answers the whole key; h2o at the same budget without recall, whose kept
+    tokens were chosen before the question, does not."""
     from transformers import AutoTokenizer
 
     from sgl_vtoken_tools.quality.chat_server import play
@@ -157,7 +167,7 @@ def test_chat_recall_brings_back_a_fact_stated_turns_earlier(server, smollm2_mod
     from sgl_vtoken_tools.quality.server_check import Client
 
     tok = AutoTokenizer.from_pretrained(smollm2_model)
-    trial = chat_trials(tok, "tuning", group, 1)[0]
+    trial = chat_trials(tok, "tuning", CHAT_GROUP[page_size], 1)[0]
     client = Client(server.base_url, timeout=300)
     recall = play(client, tok, trial, "recall", {**CHAT, "offload": True, "recall": 192}, 48)
     last = recall["turns"][-1]
