@@ -153,10 +153,10 @@ class Window:
 class Plays:
     """Measured plays on cells' servers, one after another. On a running server (`remote`) every
     cell reuses the same request ids, so a play first waits out SGLang's abort window after the
-    previous one."""
+    previous one, the first one too: a run just before this one may have sent the same ids."""
 
     def __init__(self, remote: bool):
-        self.remote, self.ended = remote, 0.0
+        self.remote, self.ended = remote, time.monotonic()
 
     @contextmanager
     def play(self, url: str, log_path: str | None):
