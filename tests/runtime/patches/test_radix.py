@@ -13,21 +13,39 @@ from sgl_vtoken_tools.fake_pool import Allocator, PagedAllocator, Req, ReqToToke
 from sgl_vtoken_tools.fake_server import FakeTokenizer
 
 
-@pytest.fixture
-def cache():
+def holed_cache(alloc, ps: int = 1):
+    """A holed radix cache over the fake allocator `alloc` at page size `ps`."""
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches.cache import radix
 
-    alloc = Allocator(64)
     return radix.HoledRadixCache(
         CacheInitParams(
             disable=False,
             req_to_token_pool=ReqToToken(),
             token_to_kv_pool_allocator=alloc,
-            page_size=1,
+            page_size=ps,
         )
     )
+
+
+def fake_scheduler(cache, **more):
+    """What the eviction step reads of a scheduler (`step/context.context_of`) over `cache`."""
+    return type(
+        "Scheduler",
+        (),
+        {
+            "tree_cache": cache,
+            "req_to_token_pool": cache.req_to_token_pool,
+            "token_to_kv_pool_allocator": cache.token_to_kv_pool_allocator,
+            **more,
+        },
+    )()
+
+
+@pytest.fixture
+def cache():
+    return holed_cache(Allocator(64))
 
 
 def evicting_state(rid):
@@ -158,7 +176,6 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     the lock must reach the last whole page the row still references, not just as many tokens
     as it keeps."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches.cache import radix
     from sgl_vtoken.patches.runtime import new_state
@@ -168,24 +185,9 @@ def test_tree_pages_a_row_still_uses_stay_locked_at_page_size_16(policy, monkeyp
     ps, prompt_len, steps = 16, 128, 120
     monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
     alloc = PagedAllocator(64, ps)
-    cache = radix.HoledRadixCache(
-        CacheInitParams(
-            disable=False,
-            req_to_token_pool=ReqToToken(),
-            token_to_kv_pool_allocator=alloc,
-            page_size=ps,
-        )
-    )
-    scheduler = type(
-        "Scheduler",
-        (),
-        {
-            "tree_cache": cache,
-            "req_to_token_pool": cache.req_to_token_pool,
-            "token_to_kv_pool_allocator": alloc,
-            "tokenizer": FakeTokenizer(),  # h2o keeps words whole (span 8, its default)
-        },
-    )()
+    cache = holed_cache(alloc, ps)
+    # h2o keeps words whole (span 8, its default): the step reads the tokenizer
+    scheduler = fake_scheduler(cache, tokenizer=FakeTokenizer())
     cfg = EvictConfig(
         policy=policy,
         budget=96,
@@ -232,9 +234,7 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     from the view cut before the first differing id; under pressure the tree frees the stored
     pages and the pool is whole again."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from sgl_vtoken.patches.cache import radix
     from sgl_vtoken.patches.runtime import new_state
     from sgl_vtoken.patches.step.context import context_of
     from sgl_vtoken.patches.step.eviction import DueRow, evict_rows
@@ -242,23 +242,8 @@ def test_page_size_16_history_is_stored_by_pages_and_the_last_page_copied_on_wri
     ps, prompt_len = 16, 40
     monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
     alloc = PagedAllocator(32, ps)
-    cache = radix.HoledRadixCache(
-        CacheInitParams(
-            disable=False,
-            req_to_token_pool=ReqToToken(),
-            token_to_kv_pool_allocator=alloc,
-            page_size=ps,
-        )
-    )
-    scheduler = type(
-        "Scheduler",
-        (),
-        {
-            "tree_cache": cache,
-            "req_to_token_pool": cache.req_to_token_pool,
-            "token_to_kv_pool_allocator": alloc,
-        },
-    )()
+    cache = holed_cache(alloc, ps)
+    scheduler = fake_scheduler(cache)
     cfg = EvictConfig(policy="random", budget=48, sink=4, interval=1, page_size=ps)
     kbuf = alloc.pool.k_buffer[0]
     kbuf.copy_(torch.arange(kbuf.numel(), dtype=torch.float32).view_as(kbuf))  # slot-unique K
@@ -328,7 +313,6 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     row) began. The first eviction shares the prompt itself, so a request with the same prompt
     matches all of it right after, and SGLang's late checkpoint changes nothing: sharing does not
     depend on which came first."""
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches.cache import radix
     from sgl_vtoken.patches.runtime import new_state
@@ -338,23 +322,8 @@ def test_the_prompt_is_shared_at_the_first_eviction_whenever_sglangs_checkpoint_
     prompt_len = 128
     monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=True))
     alloc = PagedAllocator(512 // ps, ps)
-    cache = radix.HoledRadixCache(
-        CacheInitParams(
-            disable=False,
-            req_to_token_pool=ReqToToken(),
-            token_to_kv_pool_allocator=alloc,
-            page_size=ps,
-        )
-    )
-    scheduler = type(
-        "Scheduler",
-        (),
-        {
-            "tree_cache": cache,
-            "req_to_token_pool": cache.req_to_token_pool,
-            "token_to_kv_pool_allocator": alloc,
-        },
-    )()
+    cache = holed_cache(alloc, ps)
+    scheduler = fake_scheduler(cache)
     cfg = EvictConfig(policy="streamingllm", budget=64, sink=4, interval=16, page_size=ps)
     st = new_state(cfg, "r0", holed=radix.tree_mode(cfg))
     prompt = list(range(1000, 1000 + prompt_len))
@@ -386,9 +355,8 @@ def test_an_own_prompt_takes_its_copies_when_no_page_is_free(ps, monkeypatch):
     (`detach_own`) and the kept entries are packed onto the prompt's first slots or pages
     (`apply`'s `onto_own`), the rest of the prompt freed with the step's pages. The row evicts
     at this step, every kept entry reads its K/V as before, and no slot is lost or freed twice."""
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from sgl_vtoken.patches.cache import pool, radix
+    from sgl_vtoken.patches.cache import pool
     from sgl_vtoken.patches.runtime import new_state
     from sgl_vtoken.patches.step.context import context_of
     from sgl_vtoken.patches.step.eviction import DueRow, evict_rows
@@ -400,23 +368,8 @@ def test_an_own_prompt_takes_its_copies_when_no_page_is_free(ps, monkeypatch):
     if ps == 1:  # the page-1 fake has no K/V pool: the paged one's, read the same way
         alloc.pool = PagedAllocator(64 * 16, 1).pool
         alloc.get_kvcache = lambda: alloc.pool
-    cache = radix.HoledRadixCache(
-        CacheInitParams(
-            disable=False,
-            req_to_token_pool=ReqToToken(),
-            token_to_kv_pool_allocator=alloc,
-            page_size=ps,
-        )
-    )
-    scheduler = type(
-        "Scheduler",
-        (),
-        {
-            "tree_cache": cache,
-            "req_to_token_pool": cache.req_to_token_pool,
-            "token_to_kv_pool_allocator": alloc,
-        },
-    )()
+    cache = holed_cache(alloc, ps)
+    scheduler = fake_scheduler(cache)
     cfg = EvictConfig(policy="streamingllm", budget=64, sink=16, interval=16, page_size=ps)
     st = new_state(cfg, "dcopies-r0", holed=True)
     req = Req(list(range(1000, 1000 + prompt_len)), st)
