@@ -25,7 +25,9 @@ from pathlib import Path
 from sgl_vtoken_tools.bench.server_cells import CELLS, cell_flags
 
 REPO = Path(__file__).resolve().parents[3]
-RID_REUSE_GAP_S = 5.0  # SGLang aborts a streamed id reused within 2 s of its end; a margin
+# SGLang 0.5.23 aborts a streamed request's id 2 s after its stream ended if the id is in flight
+# again (`create_abort_task`); a margin for a busy event loop on shared cores.
+RID_REUSE_GAP_S = 5.0
 
 
 def resolve_model(name: str) -> str:

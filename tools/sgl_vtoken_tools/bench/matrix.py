@@ -33,15 +33,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.agent import AgentConfig, run_benchmark
+from sgl_vtoken_tools.bench.cell_server import RID_REUSE_GAP_S
 from sgl_vtoken_tools.bench.cells import MODE_NAMES, Cell, meets
 from sgl_vtoken_tools.bench.probe import flush_cache
 from sgl_vtoken_tools.bench.raw import RawLog
 from sgl_vtoken_tools.bench.workload import WorkloadSpec
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
-
-# SGLang 0.5.23 aborts a streamed request's id 2 s after its stream ended if the id is in flight
-# again (`create_abort_task`); a margin for a busy event loop on shared cores.
-RID_REUSE_GAP_S = 5.0
 
 
 @dataclass
