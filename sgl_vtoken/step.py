@@ -11,7 +11,7 @@ work between::
     (caller)                 relock / release tree-owned victims, allocate pages for copies
                              (or, where `Decision.own_copies`, take the row's own part)
     apply(decision, copies)  slot plan, ONE repack launch for all rows, ONE row write
-                             -> Applied (the freed pages: the caller frees them in one call)
+                             -> Applied (`step_apply.py`; the caller frees its pages in one call)
 
 Its oracle is the per-row path in `tools/sgl_vtoken_tools/step_ref.py`
 (`tests/runtime/lib/test_step.py`).
@@ -20,17 +20,15 @@ Its oracle is the per-row path in `tools/sgl_vtoken_tools/step_ref.py`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from sgl_vtoken.kernels import repack_kv_
 from sgl_vtoken.policies.base import EvictionPolicy
 from sgl_vtoken.selection import check_budget, must_keep, select
-from sgl_vtoken.step_plan import IndexPlan, RowCounts, index_plan, slot_plan
+from sgl_vtoken.step_plan import IndexPlan, RowCounts, index_plan
 from sgl_vtoken.types import RowBatch, TokenView
 
 
@@ -126,18 +124,6 @@ class Decision:
         return self.counts[b].new_length
 
 
-@dataclass
-class Applied:
-    """What `apply` did: `freed` page ids (device), `freed_counts[b]` of them per row, in order;
-    `released`, per `onto_own` row in order, the pages (slots at page size 1) of its own part
-    that its copies left empty, for the caller to free."""
-
-    freed: torch.Tensor
-    freed_counts: list[int]
-    moved: int
-    released: list[torch.Tensor]
-
-
 def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
     """Score every row on the pool's device, keep each row's `budget` best
     (`selection.select`, as `EvictionPolicy.keep`), and plan the indices; one device-to-host
@@ -171,13 +157,15 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
         ],
         dtype=torch.int64,
     )
-    lengths, cpl, idx, sink, window, shared, budget, rid, steps, own = _to(meta, dev).unbind(1)
+    lengths, cpl, idx, sink, window, shared, budget, rid, steps, own = to_device(meta, dev).unbind(
+        1
+    )
     spans = any(r.policy.span for r in rows)
     # Units ride with the positions (one copy): a row without a span is one unit per entry.
     lines = [r.positions for r in rows]
     if spans:
         lines += [r.units if r.policy.span and r.units is not None else r.positions for r in rows]
-    stacked = _to(pad_sequence(lines, batch_first=True), dev)
+    stacked = to_device(pad_sequence(lines, batch_first=True), dev)
     positions, units = stacked[: len(rows)], stacked[len(rows) :] if spans else None
     w = positions.shape[1]
     j = torch.arange(w, device=dev)
@@ -193,7 +181,7 @@ def decide(rows: list[EvictRow], pool: KVPoolView) -> Decision:
             ],
             batch_first=True,
         )
-        extra[:, : pinned.shape[1]] |= _to(pinned, dev)
+        extra[:, : pinned.shape[1]] |= to_device(pinned, dev)
     must = must_keep(positions, lengths, sink, window, extra)
     sel = select(scores, must, budget, lengths, units)
     table_rows = [r.row for r in rows]
@@ -224,10 +212,10 @@ def plan_keep(
     dev = pool.req_to_token.device
     own = cpl if own_from is None else own_from
     meta = torch.tensor([(k.numel(), c, o) for k, c, o in zip(keep, cpl, own)], dtype=torch.int64)
-    lengths, cpl_d, own_d = _to(meta, dev).unbind(1)
-    mask = _to(pad_sequence([k.to(torch.bool) for k in keep], batch_first=True), dev)
+    lengths, cpl_d, own_d = to_device(meta, dev).unbind(1)
+    mask = to_device(pad_sequence([k.to(torch.bool) for k in keep], batch_first=True), dev)
     w = mask.shape[1]
-    idx = _to(torch.tensor(list(rows), dtype=torch.int64), dev)
+    idx = to_device(torch.tensor(list(rows), dtype=torch.int64), dev)
     raw = pool.req_to_token[idx, :w].to(torch.int64)
     positions = torch.arange(w, device=dev).expand(len(rows), w)
     d, _ = _plan(
@@ -242,27 +230,6 @@ def plan_keep(
         own=[None] * len(rows) if own_from is None else own_from,
     )
     return d
-
-
-def pack_onto_own(
-    d: Decision, b: int, own: torch.Tensor, ps: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row `b`'s copies on its own part's slots instead of fresh pages, when that part has left
-    the tree (`Decision.own_copies` must hold): the k-th copy goes to ``own[k]``, which the
-    repack's in-place order allows (every copy moves to or before its source)::
-
-        row   | whole | own: k0 .  k1 k2 | .  .  k3 . | .  .  .  . | private ...
-        after | whole | k0 k1 k2 k3      | (free)     | (free)     | private ...
-
-    Args:
-        own: ``[cpl - own_from] int64`` the slots of the row's entries ``own_from:cpl``, whole
-            pages, in row order.
-    Returns:
-        ``(copy_slots, free)``: `apply`'s `copy_slots` for row `b`, and the pages of `own` the
-        copies leave empty (slots at page size 1), for the caller to free.
-    """
-    used = -(-d.counts[b].copies // ps)  # pages the copies fill (the last one with privates)
-    return own, own[used * ps :: ps] // ps
 
 
 def _plan(
@@ -307,63 +274,6 @@ def _plan(
     return d, host[:, s].tolist()
 
 
-def apply(
-    d: Decision,
-    pool: KVPoolView,
-    copy_slots: list[torch.Tensor] | None = None,
-    active: list[bool] | None = None,
-    move_stream: AbstractContextManager[object] | None = None,
-    onto_own: list[bool] | None = None,
-) -> Applied:
-    """Carry out the decision for the `active` rows (default all): one repack launch (on
-    `move_stream` when given), one row write. `copy_slots[b]`: the fresh pages (slots, on the
-    pool's device) for row b's ``counts[b].copies`` copies, whole pages; where `onto_own[b]`
-    (the row's `Decision.own_copies` must hold), its own part's slots instead, that part having
-    left the tree: the copies are packed onto them (`pack_onto_own`) and the pages they leave
-    empty come back in `Applied.released`."""
-    ps, dev = pool.page_size, pool.req_to_token.device
-    rows = len(d.table_rows)
-    sel = list(range(rows)) if active is None else [b for b, a in enumerate(active) if a]
-    if not sel:
-        return Applied(d.raw.new_zeros(0), [], 0, [])
-    released = (
-        [pack_onto_own(d, b, copy_slots[b], ps)[1] for b in sel if onto_own[b]]
-        if onto_own is not None and copy_slots is not None
-        else []
-    )
-    plan, raw, lengths, cpl = d.plan, d.raw, d.lengths, d.cpl
-    if len(sel) < rows:
-        pick = _to(torch.tensor(sel), dev)
-        plan = IndexPlan(*(t.index_select(0, pick) for t in plan))
-        raw, lengths, cpl = raw[pick], lengths[pick], cpl[pick]
-    c = [d.counts[b] for b in sel]
-    copies = [copy_slots[b] for b in sel] if copy_slots is not None else []
-    slots = (
-        pad_sequence([t.to(dev, torch.int64) for t in copies], batch_first=True)
-        if any(t.numel() for t in copies)
-        else raw.new_zeros(len(sel), 0)
-    )
-    if slots.shape[1] == 0:
-        slots = raw.new_zeros(len(sel), ps)
-    num_moves = sum(r.copies + r.moved for r in c)
-    freed_counts = [r.freed for r in c]
-    sp = slot_plan(plan, raw, lengths, cpl, slots, ps, num_moves, sum(freed_counts))
-    if num_moves:
-        with move_stream or nullcontext():
-            repack_kv_(pool.k_buffers, pool.v_buffers, sp.src, sp.dst)
-    idx = _to(torch.tensor([d.table_rows[b] for b in sel], dtype=torch.int64), dev)
-    w = raw.shape[1]
-    pool.req_to_token[idx[:, None], torch.arange(w, device=dev)] = sp.new_rows.to(
-        pool.req_to_token.dtype
-    )
-    return Applied(sp.freed, freed_counts, num_moves, released)
-
-
-def _to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A host tensor on `device` without waiting for the device (no host synchronization)."""
-    return t.to(device, non_blocking=True)
-
-
 def _scores(
     rows: list[EvictRow],
     pool: KVPoolView,
@@ -383,7 +293,7 @@ def _scores(
         pick = (
             slice(None)
             if len(members) == len(rows)
-            else _to(torch.tensor(members), positions.device)
+            else to_device(torch.tensor(members), positions.device)
         )
         sub = raw[pick]
         batch = RowBatch(
@@ -429,3 +339,8 @@ def _key_norms(pool: KVPoolView, slots: torch.Tensor) -> torch.Tensor:
     flat = slots.flatten()
     norms = torch.stack([buf[flat].float().norm(dim=-1) for buf in pool.k_buffers], dim=1)
     return pool.gather_heads(norms, dim=2).view(*slots.shape, *norms.shape[1:])
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the device (no host synchronization)."""
+    return t.to(device, non_blocking=True)

@@ -2,9 +2,9 @@
 row of an eviction step at once, on ``[B, W]`` tensors (W the longest row), with no host
 synchronization. :func:`index_plan` needs only the keep masks (whole versus copied tree-owned
 entries, which kept private tokens move, the per-row counts the host reads once);
-:func:`slot_plan` adds the slots once the host has allocated the copies' pages (the new rows,
-the KV moves, the freed pages). The interval arithmetic: docs/design/library.md, "The batched step";
-its per-row reference: `tools/sgl_vtoken_tools/step_ref.py`.
+:func:`step_apply.slot_plan` adds the slots once the host has allocated the copies' pages (the
+new rows, the KV moves, the freed pages). The interval arithmetic: docs/design/library.md, "The
+batched step"; its per-row reference: `tools/sgl_vtoken_tools/step_ref.py`.
 """
 
 from __future__ import annotations
@@ -95,61 +95,3 @@ def index_plan(
     freed = row_pages - ((nc + npriv + ps - 1) // ps - nnew)
     summary = torch.stack([nw, nc, npriv, moved.sum(1), depth, freed], dim=1)
     return IndexPlan(whole, copy, kp, moved, live, rank, summary)
-
-
-class SlotPlan(NamedTuple):
-    """Slot half of a batched plan (device tensors)."""
-
-    new_rows: torch.Tensor  # [B, W] int64: row entries after the step (beyond new_len: unchanged)
-    src: torch.Tensor  # [moves] int64: KV moves kv[dst] = kv[src], row by row, row order
-    dst: torch.Tensor
-    freed: torch.Tensor  # [pages] int64 page ids (slots at page size 1), row by row
-
-
-def slot_plan(
-    ip: IndexPlan,
-    raw: torch.Tensor,
-    lengths: torch.Tensor,
-    cpl: torch.Tensor,
-    copy_slots: torch.Tensor,
-    ps: int,
-    num_moves: int,
-    num_freed: int,
-) -> SlotPlan:
-    """The slots of `ip`: `raw` ``[B, W]`` is each row's slots (padding: any valid slot),
-    `copy_slots` ``[B, C]`` the fresh pages of each row's copies (C >= 1, whole pages, padded),
-    `num_moves` / `num_freed` the totals of the summary's ``copies + moved`` / ``freed``."""
-    b, w = raw.shape
-    j = torch.arange(w, device=raw.device)
-    nw, nc, npriv = ip.summary[:, 0:1], ip.summary[:, 1:2], ip.summary[:, 2:3]
-    nnew = (nc + ps - 1) // ps
-    page_ids = raw[:, ::ps] // ps  # [B, P]
-    p = page_ids.shape[1]
-    live_ids = raw.new_zeros(b, p + 1)  # column p: dummy
-    live_ids.scatter_(1, torch.where(ip.live, ip.rank, p), page_ids)
-    fresh = copy_slots[:, ::ps] // ps  # [B, C / ps]
-    k = nc + ip.kept_priv.cumsum(1) - 1  # offset in live list
-    r = k // ps
-    page = torch.where(
-        r >= nnew,
-        live_ids.gather(1, (r - nnew).clamp(0, p - 1)),
-        fresh.gather(1, r.clamp(0, fresh.shape[1] - 1)),
-    )
-    priv_slot = page * ps + k % ps
-    copy_dst = copy_slots.gather(1, (ip.copy.cumsum(1) - 1).clamp(0, copy_slots.shape[1] - 1))
-    t = torch.where(
-        ip.whole,
-        ip.whole.cumsum(1) - 1,
-        torch.where(ip.copy, nw + ip.copy.cumsum(1) - 1, torch.where(ip.kept_priv, k + nw, w)),
-    )
-    val = torch.where(ip.whole, raw, torch.where(ip.copy, copy_dst, priv_slot))
-    new_rows = raw.new_zeros(b, w + 1).scatter_(1, t, val)[:, :w]
-    new_rows = torch.where(j < (nw + nc + npriv), new_rows, raw)
-    moves = torch.nonzero_static((ip.copy | ip.moved).flatten(), size=num_moves).flatten()
-    dst = torch.where(ip.copy, copy_dst, priv_slot).flatten()[moves]
-    pidx = torch.arange(p, device=raw.device)
-    kept_pages = (nc + npriv + ps - 1) // ps - nnew
-    private_page = (pidx >= (cpl // ps)[:, None]) & (pidx < ((lengths + ps - 1) // ps)[:, None])
-    dead = private_page & ~(ip.live & (ip.rank < kept_pages))
-    freed = page_ids.flatten()[torch.nonzero_static(dead.flatten(), size=num_freed).flatten()]
-    return SlotPlan(new_rows, raw.flatten()[moves], dst, freed)

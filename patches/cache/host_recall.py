@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from sgl_vtoken.recall import dedupe, pick, round_quota, split, turn_rounds
-from sgl_vtoken.step import KVPoolView, apply, plan_keep
+from sgl_vtoken.step import KVPoolView, plan_keep
+from sgl_vtoken.step_apply import apply
 
 from ..core.process import process
 from ..core.state import state_of

@@ -8,9 +8,9 @@ phases that each hand the next what they return. `evict_rows` is its one entry: 
     tree      pages for the copies of kept tree-owned tokens, or the row's own prompt part
               detached; the tree's release (reclaim.tree_part) -> TreePart
     victims   the victims' K/V a retraction in this step resumes from (retraction.keep_victims)
-    apply     one repack, one row write (sgl_vtoken.step) -> Applied
-    record    each row's outcome through its reclaim strategy (reclaim.record) -> RowOutcome
-    free      one allocator call (reclaim.free)
+    apply     one repack, one row write (sgl_vtoken.step_apply) -> Applied
+    record    each row's outcome through its reclaim strategy (Reclaim.record) -> RowOutcome
+    free      one allocator call
     count     the server's counters (VTokenCounters.count_step)
 
 The order is the order of their side effects (docs/design/library.md, "The repack planner").
@@ -22,11 +22,12 @@ from array import array
 
 import torch
 
-from sgl_vtoken.step import EvictRow, apply, decide
+from sgl_vtoken.step import Decision, EvictRow, decide
+from sgl_vtoken.step_apply import Applied, apply
 
 from ..cache import host_tier
 from . import reclaim
-from .context import DueRow, StepContext
+from .context import DueRow, RowOutcome, StepContext
 from .retraction import keep_victims
 
 
@@ -41,11 +42,38 @@ def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
     out = apply(
         d, ctx.view, tree.copies, tree.active, move_stream=ctx.stream, onto_own=tree.onto_own
     )
-    outcomes = reclaim.record(ctx, due, d, out, tree.active)
-    freed = reclaim.free(ctx, outcomes, out)
+    outcomes = record(ctx, due, d, out, tree.active)
+    freed = free(ctx, outcomes, out)
     evicted = [o.evicted for o in outcomes]
     ctx.counters.count_step(evicted, freed, out.moved)
     return evicted
+
+
+def record(
+    ctx: StepContext, due: list[DueRow], d: Decision, out: Applied, active: list[bool]
+) -> list[RowOutcome]:
+    """After the repack (`out`): each `active` row's outcome through its strategy (`Reclaim.record`:
+    what of the pages it emptied goes back now, its state and lengths); a row left as it is
+    evicted nothing (`RowOutcome.evicted` None)."""
+    freed_rows = iter(torch.split(out.freed, out.freed_counts))
+    return [
+        row.st.reclaim.record(ctx, row, d.rows[b], d, b, next(freed_rows))
+        if active[b]
+        else RowOutcome(None, d.raw[b, :0])
+        for b, row in enumerate(due)
+    ]
+
+
+def free(ctx: StepContext, outcomes: list[RowOutcome], out: Applied) -> int:
+    """One allocator call for the step: what each row gives back now, then the pages of the own
+    prompt parts its copies left empty (`Applied.released`). Returns how many pages (slots at
+    page size 1) went back."""
+    device = ctx.allocator.device
+    freed = torch.cat([o.free for o in outcomes] + [r.to(device) for r in out.released])
+    freed = freed.to(device)
+    if freed.numel():  # slots at page size 1, page ids above
+        (ctx.allocator.free if ctx.page_size == 1 else ctx.allocator.free_page_ids)(freed)
+    return int(freed.numel())
 
 
 def _prepare(ctx: StepContext, due: list[DueRow]) -> list[EvictRow]:

@@ -5,9 +5,10 @@ reclaim mode inside its loops. Each strategy does the tree's part of a holed row
 release its history's unused slots or pages) and says what of the freed memory goes back now.
 Table: docs/design/step.md, "Reclaim strategies".
 
-Two phases of the step are here, one on each side of its repack: `tree_part` (pages for the
-copies of kept tree-owned tokens, or the row's own prompt detached; the strategies' release),
-and `record` and `free` (each row's outcome through its strategy, then one allocator call).
+The step's tree phase is here, before its repack: `tree_part` (pages for the copies of kept
+tree-owned tokens, or the row's own prompt detached; the strategies' release). After the repack
+the step records each row's outcome through its strategy (`Reclaim.record`, called by
+`eviction.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken.step import Applied, Decision, EvictRow
+from sgl_vtoken.step import Decision, EvictRow
 
 from ..cache import pool
 from ..core.state import ReqEvictState
@@ -192,11 +193,11 @@ def reclaim_for(cfg: EvictConfig) -> Reclaim:
 
 
 class TreePart(NamedTuple):
-    """What the tree's part of a step gives its repack (`step.apply`), per row: `active`, whether
-    it is carried out (False: no page for its copies of kept tree-owned tokens, the row is left
-    as it is for a later step), `copies`, the slots those copies go to (`apply`'s `copy_slots`;
-    empty for a row left as it is), and `onto_own`, whether those are its own prompt part's
-    slots (that part left the tree)."""
+    """What the tree's part of a step gives its repack (`step_apply.apply`), per row: `active`,
+    whether it is carried out (False: no page for its copies of kept tree-owned tokens, the row
+    is left as it is for a later step), `copies`, the slots those copies go to (`apply`'s
+    `copy_slots`; empty for a row left as it is), and `onto_own`, whether those are its own
+    prompt part's slots (that part left the tree)."""
 
     active: list[bool]
     copies: list[torch.Tensor]
@@ -232,30 +233,3 @@ def tree_part(ctx: StepContext, due: list[DueRow], d: Decision) -> TreePart:
     return TreePart(
         active, [d.raw[b, :0] if c is None else c for b, c in enumerate(copies)], onto_own
     )
-
-
-def record(
-    ctx: StepContext, due: list[DueRow], d: Decision, out: Applied, active: list[bool]
-) -> list[RowOutcome]:
-    """After the repack (`out`): each `active` row's outcome through its strategy (`Reclaim.record`:
-    what of the pages it emptied goes back now, its state and lengths); a row left as it is
-    evicted nothing (`RowOutcome.evicted` None)."""
-    freed_rows = iter(torch.split(out.freed, out.freed_counts))
-    return [
-        row.st.reclaim.record(ctx, row, d.rows[b], d, b, next(freed_rows))
-        if active[b]
-        else RowOutcome(None, d.raw[b, :0])
-        for b, row in enumerate(due)
-    ]
-
-
-def free(ctx: StepContext, outcomes: list[RowOutcome], out: Applied) -> int:
-    """One allocator call for the step: what each row gives back now, then the pages of the own
-    prompt parts its copies left empty (`Applied.released`). Returns how many pages (slots at
-    page size 1) went back."""
-    device = ctx.allocator.device
-    freed = torch.cat([o.free for o in outcomes] + [r.to(device) for r in out.released])
-    freed = freed.to(device)
-    if freed.numel():  # slots at page size 1, page ids above
-        (ctx.allocator.free if ctx.page_size == 1 else ctx.allocator.free_page_ids)(freed)
-    return int(freed.numel())

@@ -114,7 +114,7 @@ def build(
 def count_step(sc: Scenario, shape: Shape = Shape()) -> dict:
     """``{"forward": ..., "evict": ...}``: the counted decode forward and eviction of `sc`."""
     import sgl_vtoken.decode_scores as decode_scores
-    import sgl_vtoken.step as step
+    import sgl_vtoken.step_apply as step
     from sgl_vtoken.patches.core.process import process, use
     from sgl_vtoken.patches.step import scores
 

@@ -1,5 +1,5 @@
 """The batched eviction step equals the per-row path on random batches: same victims, rows,
-KV bytes, freed pages and moves (sgl_vtoken/step.py against its oracle
+KV bytes, freed pages and moves (sgl_vtoken/step.py and step_apply.py against its oracle
 tools/sgl_vtoken_tools/step_ref.py), for the policies' choices (`decide`) and for explicit keep masks (`plan_keep`)."""
 
 import copy
@@ -13,14 +13,8 @@ from sgl_vtoken.kernels.reference import repack_kv_ref_
 from sgl_vtoken.pages import PageAllocator
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.policies.sharing_aware import SharingAware
-from sgl_vtoken.step import (
-    EvictRow,
-    KVPoolView,
-    apply,
-    decide,
-    pack_onto_own,
-    plan_keep,
-)
+from sgl_vtoken.step import EvictRow, KVPoolView, decide, plan_keep
+from sgl_vtoken.step_apply import apply, pack_onto_own
 from sgl_vtoken_tools.step_ref import evict_row_ref, plan_eviction
 
 LAYERS, H, D = 2, 2, 4

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-import sgl_vtoken.step as step_mod
+import sgl_vtoken.step_apply as step_mod
 import sgl_vtoken_tools.step_ref as ref_mod
 from sgl_vtoken.policies import make_policy
 from sgl_vtoken.policies.sharing_aware import SharingAware
-from sgl_vtoken.step import EvictRow, KVPoolView, apply, decide
+from sgl_vtoken.step import EvictRow, KVPoolView, decide
+from sgl_vtoken.step_apply import apply
 
 SHAPES = {"llama8b": (32, 8, 128), "smollm2": (30, 3, 64)}  # layers, KV heads, head dim
 POLICIES = ("streamingllm", "random", "knorm", "h2o", "tova", "scissorhands")

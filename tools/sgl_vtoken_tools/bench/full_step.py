@@ -33,7 +33,7 @@ SHAPES = {
 def measure_full(sc: Scenario, shape: str, repeats: int = 3, init_tokens: int = 8192) -> dict:
     """One JSON-ready line for scenario `sc` at `shape` (a key of SHAPES)."""
     import sgl_vtoken.decode_scores as decode_scores
-    import sgl_vtoken.step as step
+    import sgl_vtoken.step_apply as step
     from sgl_vtoken.patches.core.process import process, use
 
     previous = process()
