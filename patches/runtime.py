@@ -19,7 +19,8 @@ from .cache.host_tier import HostTier
 from .core.model_support import kv_bytes_per_token, peak_problem, unsupported_pool_reason
 from .core.process import process, start
 from .core.report import Report
-from .core.state import ReqEvictState, Row, state_of
+from .core.row import Row
+from .core.state import ReqEvictState, state_of
 from .step import held, prefill, retraction, scores
 from .step.context import context_of
 from .step.decode import evict_batch

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..core.process import process
+from ..core.records import Chunk
 from . import history, pool
-from .host_tier import Chunk, HostHistory, HostTier, to_host
+from .host_tier import HostHistory, HostTier, to_host
 
 if TYPE_CHECKING:
     from ..core.sglang_types import RadixTree, Req, TreeNode

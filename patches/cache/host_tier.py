@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..core.process import process
+from ..core.records import Chunk
 from ..core.state import state_of
 
 if TYPE_CHECKING:
@@ -30,30 +31,6 @@ if TYPE_CHECKING:
 
     from ..core.sglang_types import Req, TreeNode
     from ..core.state import ReqEvictState
-
-
-@dataclass(eq=False)
-class Chunk:
-    """Victims of one eviction of one row: ``positions [m] int64``, ``k, v [m, layers, H, D]``
-    (host tensors, pinned on CUDA), how many owners hold it, and the event after which `k` and
-    `v` hold the values (None: they do)."""
-
-    positions: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    refs: int = 0
-    ready: torch.cuda.Event | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def wait(self) -> Chunk:
-        """Wait for its copy to the host (once); returns itself."""
-        if self.ready is not None:
-            self.ready.synchronize()
-            self.ready = None
-        return self
 
 
 @dataclass(eq=False)

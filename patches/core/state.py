@@ -6,13 +6,14 @@ assigns its fields (`tests/runtime/patches/test_state_ownership.py`; the table o
 docs/design/splice.md, "Request state"). `cfg`, `policy`, `rid`, `holed` and `reclaim` never change;
 `report` is the request's `meta_info["kv_evict"][0]`. This leaf module imports nothing above it:
 a part defined in a higher layer is typed by a Protocol of what the modules use of it (`*Part`
-below; `reclaim`, the strategy interface of the step, is typed `Any`), its class named in `PARTS`.
+below; `reclaim`, the strategy interface of the step, is typed `Any`), its class named in `PARTS`;
+the host-side data the parts hold are the records of `records.py`. The row's coordinates: `row.py`.
 """
 
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -20,7 +21,9 @@ import torch
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.policies.base import EvictionPolicy
 
+from .records import Chunk, MovedRow, RetractStash, StepUndo
 from .report import Report
+from .row import Row
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import MatchResult
@@ -47,72 +50,6 @@ PARTS = {
 def state_of(req: Req) -> ReqEvictState | None:
     """The eviction state of `req` (an SGLang `Req`), or None when it does not evict."""
     return getattr(req, "vtoken", None)
-
-
-@dataclass
-class Row:
-    """Where the row's entries sit in the logical sequence: entry j is at ``kept_pos[j]`` for the
-    entries the last eviction kept, at ``j + offset`` after them."""
-
-    kept_pos: torch.Tensor = field(
-        default_factory=lambda: torch.zeros(0, dtype=torch.int64)
-    )  # [m] int64, CPU
-    offset: int = 0  # tokens evicted so far: logical - row position
-    steps: int = 0  # evictions so far (seeded policies hash it)
-    freed: int = 0  # pages of its KV freed so far
-
-    def positions(self, row_len: int) -> torch.Tensor:
-        """``[row_len] int64`` logical position of every live row entry."""
-        m = self.kept_pos.numel()
-        return torch.cat([self.kept_pos[:row_len], torch.arange(m, row_len) + self.offset])
-
-    def record(self, kept_pos: torch.Tensor, evicted: int, pages: int) -> None:
-        """An eviction left the row holding the entries at logical `kept_pos` (ascending, one per
-        row entry), `evicted` tokens fewer, and returned `pages` pages to the pool."""
-        self.kept_pos, self.offset = kept_pos, self.offset + evicted
-        self.steps += 1
-        self.freed += pages
-
-    def count_freed(self, pages: int) -> None:
-        """`pages` of the request's KV went back to the pool outside an eviction plan (its stored
-        history's slots only it reached)."""
-        self.freed += pages
-
-    def start_at(self, positions: torch.Tensor, depth: int) -> None:
-        """The row is a stored view whose entries sit at logical `positions` (any device) and
-        cover the first `depth` logical tokens; the entries after them continue at `depth`."""
-        self.kept_pos, self.offset = positions.clone().cpu(), depth - len(positions)
-
-    def keep(self, kept_pos: torch.Tensor, dropped: int) -> None:
-        """Entries left the row outside an eviction (a turn's recalled tokens, at its end): it
-        holds the entries at logical `kept_pos`, `dropped` entries fewer; counts unchanged."""
-        self.kept_pos, self.offset = kept_pos, self.offset + dropped
-
-    def join(self, back: int, recalled: torch.Tensor, resume: int) -> None:
-        """Recall: the row keeps its first `back` entries, then entries at logical `recalled`
-        ``[n] int64``; the entries after them continue at logical position `resume`."""
-        self.kept_pos = torch.cat([self.positions(back), recalled.cpu()])
-        self.offset = resume - (back + recalled.numel())
-
-    def clear(self, forget: bool) -> None:
-        """The row starts over from logical position 0; `forget`: its evictions are forgotten."""
-        self.kept_pos, self.offset = self.kept_pos[:0], 0
-        if forget:
-            self.steps = 0
-
-    def snapshot(self) -> Row:
-        """A copy of the positions and counts, for `restore` (tensors are replaced, never written
-        in place)."""
-        return replace(self)
-
-    def restore(self, saved: Row) -> None:
-        """Back to the positions and counts of `saved` (`snapshot`)."""
-        self.kept_pos, self.offset, self.steps, self.freed = (
-            saved.kept_pos,
-            saved.offset,
-            saved.steps,
-            saved.freed,
-        )
 
 
 # What the modules use of each part defined above this layer: mypy checks that each part's class
@@ -192,10 +129,10 @@ class NaiveHoldPart(Protocol):
 class RetractionPart(Protocol):
     """`st.retract`, a `step/retraction.Retraction`."""
 
-    stash: Any  # a step/retraction.RetractStash, or None
+    stash: RetractStash | None
     resume_node: TreeNode | None
     real_outputs: array | None
-    undo: Any  # a step/retraction.StepUndo, or None
+    undo: StepUndo | None
     resume_prefill: bool
     retractions: int
     blocked: bool
@@ -214,7 +151,7 @@ class RetractionPart(Protocol):
 
     def drop(self) -> None: ...
 
-    def save_victims(self, moved: Any) -> None: ...  # a step/retraction.MovedRow
+    def save_victims(self, moved: MovedRow) -> None: ...
 
     def save_undo(
         self, slots: torch.Tensor, positions: torch.Tensor, row: Row, report: Report
@@ -250,10 +187,10 @@ class PromptPart(Protocol):
 class HostChunksPart(Protocol):
     """`st.host`, a `cache/host_tier.HostChunks`."""
 
-    chunks: list[Any]  # cache/host_tier.Chunk
+    chunks: list[Chunk]
     taken: bool
 
-    def take(self) -> list[Any]: ...
+    def take(self) -> list[Chunk]: ...
 
 
 class RecallPart(Protocol):

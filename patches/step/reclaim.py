@@ -71,7 +71,7 @@ class Reclaim:
 
     def saves_victims(self, ctx: StepContext, st: ReqEvictState) -> bool:
         """Whether the row's victims' K/V are copied before the repack writes over them, so a
-        retraction in this step can resume from the row before it (`retraction.MovedRow`)."""
+        retraction in this step can resume from the row before it (`records.MovedRow`)."""
         return False
 
     def before_record(

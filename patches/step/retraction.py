@@ -15,77 +15,23 @@ from __future__ import annotations
 from array import array
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import MatchResult
 
 from ..cache import history
 from ..cache.pool import alloc
+from ..core.records import MovedRow, RetractStash, RowBefore, StepUndo
 from ..core.report import Report
-from ..core.state import ReqEvictState, Row, state_of
+from ..core.row import Row
+from ..core.state import ReqEvictState, state_of
 
 if TYPE_CHECKING:
     from sgl_vtoken.step import Decision
 
     from ..core.sglang_types import KVPool, RadixTree, Req, ScheduleBatch, TreeNode
     from .context import DueRow, StepContext
-
-
-@dataclass(frozen=True)
-class RetractStash:
-    """A retracted request's compacted row, on the host.
-
-    Attributes:
-        ids: logical token ids with KV (prompt + outputs but the last), `[depth]`.
-        positions: ``[n] int64`` logical positions of the live row entries, ascending.
-        keys, values: ``[layers, n, kv_heads, head_dim]`` cached K/V of those entries (CPU).
-        namespace: radix-cache namespace of the resumed view, unique to this retraction.
-    """
-
-    ids: array
-    positions: torch.Tensor
-    keys: torch.Tensor
-    values: torch.Tensor
-    namespace: str
-
-    @property
-    def depth(self) -> int:
-        return len(self.ids)
-
-
-class MovedRow(NamedTuple):
-    """Page size > 1, overlap scheduler: what of the row before this step's eviction the repack
-    did not keep in place. Its kept entries are the row's first ``keep.sum()`` entries after the
-    step, in order; its victims' K/V were copied before the repack wrote over them."""
-
-    keep: torch.Tensor  # [n] bool (host): the row before's entries kept
-    keys: torch.Tensor  # [layers, victims, kv_heads, head_dim] the victims' K/V, row order
-    values: torch.Tensor
-
-
-class RowBefore(NamedTuple):
-    """The row before this step's eviction: its ``slots`` and ``positions`` ``[n] int64``, the
-    row's positions and counts (`Row.snapshot`), a copy of the report, and at page size > 1 where
-    its entries are now (`moved`; page size 1: the slots themselves, freed but not reused)."""
-
-    slots: torch.Tensor
-    positions: torch.Tensor
-    row: Row
-    report: Report
-    moved: MovedRow | None = None
-
-
-class StepUndo(NamedTuple):
-    """This step's state before its fold and eviction: the statistics (`Stats.snapshot`) and,
-    when it evicted, the row before (holed cache), or `lost`: it evicted and the row before is
-    gone (page size > 1 without the overlap scheduler, where no retraction needs it). `victims`:
-    the moved row's part saved before the repack, until `save_undo` takes it."""
-
-    stats: torch.Tensor | None
-    before: RowBefore | None = None
-    lost: bool = False
-    victims: MovedRow | None = None
 
 
 @dataclass
@@ -316,8 +262,9 @@ def resume(
 ) -> MatchResult:
     """`HoledRadixCache.match_prefix` of a retracted request: its stashed row, written back into
     the tree if the tree no longer holds it; with no room for it yet, the plain `result`, and the
-    request is `blocked` (not admitted this round)."""
+    request is `blocked` (not admitted this round). The request has a stash."""
     stash, node = st.retract.stash, st.retract.resume_node
+    assert stash is not None, "resume() of a request that was not retracted"
     if stash.depth > limit:  # no longer its ids (it was aborted: a one-token prompt)
         st.retract.drop()
         return result

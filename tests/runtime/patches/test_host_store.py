@@ -8,7 +8,8 @@ from array import array
 import torch
 
 from sgl_vtoken.patches.cache.host_history import find, restorable
-from sgl_vtoken.patches.cache.host_tier import Chunk, HostChunks, HostHistory, HostTier, offload
+from sgl_vtoken.patches.cache.host_tier import HostChunks, HostHistory, HostTier, offload
+from sgl_vtoken.patches.core.records import Chunk
 from sgl_vtoken.patches.core.report import Report
 
 

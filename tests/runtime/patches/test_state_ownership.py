@@ -154,10 +154,10 @@ def test_the_lint_catches_planted_writes_and_spares_the_owner():
         "    node.vt = None\n"
         "    st.report.evicted_tokens = 0\n"
     )
-    srcs["state"] += "\n\ndef _own(st):\n    st.row.offset = 0\n"
+    srcs["row"] += "\n\ndef _own(st):\n    st.row.offset = 0\n"
     found = violations(srcs)
     assert [f.split(": ", 1)[1] for f in found] == [
-        "st.row.offset (owned by state.py)",
+        "st.row.offset (owned by row.py)",
         "st.naive.held (owned by held.py)",
         "st.prefix.hit (owned by radix.py)",
         "node.vt.live (owned by history.py)",
@@ -188,7 +188,7 @@ def test_every_part_has_its_owner():
         )
     } == {
         "row": "state",
-        "kept_pos": "state",
+        "kept_pos": "row",
         "accumulator": "scores",
         "hit": "radix",
         "held": "held",
