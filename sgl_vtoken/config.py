@@ -254,7 +254,7 @@ class EvictConfig:
             f"vtoken:{self.policy}:b{self.budget}:s{self.sink_tokens}:w{self.window}"
             f":i{self.interval}:p{self.page_size}:seed{self.seed}:{sc.aggregation}"
             f":o{sc.obs_window}:l{sc.score_layers}:u{self.span}:c{self.prefill.chunk}"
-            f":off{int(host.offload)}:r{host.recall}:rp{host.pool}:rg{host.gap}:rr{host.rounds}"
+            f":off{int(host.offload)}:r{host.recall}:rr{host.rounds}"
             f"{':tpressure' if self.trigger == 'pressure' else ''}:{params}"
         )
 

@@ -137,11 +137,8 @@ class HostTier:
             recalled tokens are kept for the rest of the turn, within `budget`. With
             `prefill_chunk` the prompt's last chunk scores and recalls, from the history's store
             and from what the prefill itself evicted.
-        pool (``recall_pool``): odd; each candidate's recall score is first averaged with its
-            `recall_pool // 2` candidate neighbours on each side (SnapKV's pooling; 1: off).
-        gap (``recall_gap``): candidates are recalled best first, each with the hole of at most
-            `recall_gap` candidates between it and a recalled neighbour, within `recall` (a span
-            whose ends score comes back whole; 0: off).
+            Candidates are ranked and taken as `sgl_vtoken.recall.pick` does with its `POOL` and
+            `GAP`.
         rounds (``recall_rounds``): the turn recalls in this many rounds of ``recall //
             recall_rounds`` tokens (the last takes what is left); after each, the scoring window
             is recomputed with what came back visible and scores the candidates left, so a fact
@@ -151,18 +148,12 @@ class HostTier:
     offload: bool = field(default=False, metadata=_key("offload", request=True))
     tokens: int = field(default=0, metadata=_key("host_tokens"))
     recall: int = field(default=0, metadata=_key("recall", request=True))
-    pool: int = field(default=5, metadata=_key("recall_pool"))
-    gap: int = field(default=8, metadata=_key("recall_gap"))
     rounds: int = field(default=4, metadata=_key("recall_rounds", request=True))
 
     def __post_init__(self) -> None:
         check_int("host_tokens", self.tokens, 0)
         check_int("recall", self.recall, 0)
-        check_int("recall_pool", self.pool, 1)
-        check_int("recall_gap", self.gap, 0)
         check_int("recall_rounds", self.rounds, 1)
-        if self.pool % 2 == 0:
-            raise ValueError(f"EvictConfig.recall_pool must be odd (got {self.pool})")
         if not isinstance(self.offload, bool):
             raise ValueError(f"EvictConfig.offload must be true or false (got {self.offload!r})")
         if self.recall and not self.offload:

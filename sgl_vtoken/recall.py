@@ -3,8 +3,8 @@
 A turn continuing a stored view is prefilled in two chunks (`split`); the last `obs_window`
 queries of the first chunk score every candidate (an evicted token below the view's depth that
 the view does not hold) by its share of one softmax over the row and the candidates together
-(`candidate_mass`), and `pick` takes the best after pooling, holes of at most `recall_gap`
-between them; `recall_rounds` repeats it with what came back visible. The server
+(`candidate_mass`), and `pick` takes the best after pooling over `POOL` neighbours, holes of
+at most `GAP` between them; `recall_rounds` repeats it with what came back visible. The server
 (`patches/step/scores.py`) calls these functions; the statistic and its rounds:
 docs/design/cache.md, "The recall statistic".
 """
@@ -17,6 +17,12 @@ import torch
 
 from sgl_vtoken.policies.base import smooth
 from sgl_vtoken.selection import ranking
+
+# The server's recall rule (`pick`): each candidate's score averaged over POOL candidate neighbours
+# (SnapKV's pooling, so a recalled token brings the digits of its number), and holes of at most
+# GAP candidates between recalled ones filled; the best one-round rule of the tuning split
+# (docs/results/recall-in-rounds.md), no longer a setting.
+POOL, GAP = 5, 8
 
 
 def window_probs(

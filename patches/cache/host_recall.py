@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_vtoken.recall import dedupe, pick, round_quota, split, turn_rounds
+from sgl_vtoken.recall import GAP, POOL, dedupe, pick, round_quota, split, turn_rounds
 from sgl_vtoken.step import KVPoolView, plan_keep
 from sgl_vtoken.step_apply import apply
 
@@ -202,8 +202,8 @@ def recall_prompt(
     sel = pick(  # the earlier rounds' tokens are taken neighbours: their holes are filled too
         plan.scores,
         round_quota(host.recall, host.rounds, done, plan.rounds == 1),
-        host.pool,
-        host.gap,
+        POOL,
+        GAP,
         plan.left_positions(),
         before,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from sgl_vtoken.config import EvictConfig, policy_from_config
-from sgl_vtoken.recall import candidate_mass, pick, round_quota, split, turn_rounds
+from sgl_vtoken.recall import GAP, POOL, candidate_mass, pick, round_quota, split, turn_rounds
 from sgl_vtoken.rng import stable_id
 from sgl_vtoken.types import TokenView
 from sgl_vtoken.units import Words
@@ -87,8 +87,8 @@ class RuntimeRecall:
         return pick(
             scores,
             k,
-            cfg.host.pool,
-            cfg.host.gap,
+            POOL,
+            GAP,
             torch.tensor(list(positions), dtype=torch.int64),
             torch.tensor(list(recalled), dtype=torch.int64),
         ).tolist()

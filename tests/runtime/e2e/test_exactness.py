@@ -25,12 +25,12 @@ POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
 WINDOW = {"h2o": 16, "scissorhands": 16}  # as in their papers: heavy hitters plus a recent window
 
 
-HOST_TOKENS, RECALL_GAP = 100_000, 4
+HOST_TOKENS = 100_000
 
 
 def evict_server(server_factory, page_size, *extra, env=MEMORY_CHECKS, host_tokens=HOST_TOKENS):
     """A server whose own policy is streamingllm (interval 1) with a host store of `host_tokens`
-    (recalls take holes of up to RECALL_GAP); the policy of each request, its interval, offload
+    (recalls fill holes of up to `recall.GAP` candidates); the policy of each request, its interval, offload
     and recall come with the request."""
     flags = (
         "--kv-evict",
@@ -38,7 +38,7 @@ def evict_server(server_factory, page_size, *extra, env=MEMORY_CHECKS, host_toke
         "--kv-budget",
         str(BUDGET),
         "--kv-evict-config",
-        json.dumps({"host_tokens": host_tokens, "recall_gap": RECALL_GAP}),
+        json.dumps({"host_tokens": host_tokens}),
         *extra,
     )
     return server_factory(page_size=page_size, extra=flags, env=env)

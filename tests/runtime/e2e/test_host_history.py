@@ -8,7 +8,7 @@ import pytest
 from oracles import ORACLE_RECALL, oracle_policy
 from servers import MEMORY_CHECKS
 from test_eviction import generate, random_ids, wait_pool_free
-from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
+from test_exactness import HOST_TOKENS, evict_server
 from test_host_tier import BUDGET, NONE, RECALL, SINK, flush, session, unchunked_server
 
 from sgl_vtoken.config import EvictConfig, HostTier
@@ -83,7 +83,7 @@ def test_a_turn_resumed_after_forced_retractions_goes_to_host_and_its_next_turn_
         sink=SINK,
         window=16,
         interval=1,
-        host=HostTier(offload=True, tokens=HOST_TOKENS, gap=RECALL_GAP),
+        host=HostTier(offload=True, tokens=HOST_TOKENS),
     )
     prompts = [random_ids(60, seed=900 + k) for k in range(2)]
     histories: list = [None, None]

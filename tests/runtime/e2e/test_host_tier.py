@@ -12,7 +12,7 @@ import requests
 from oracles import ORACLE_RECALL, oracle_policy
 from servers import SHORTAGE, shortages_met
 from test_eviction import generate, random_ids, wait_pool_free
-from test_exactness import HOST_TOKENS, RECALL_GAP, evict_server
+from test_exactness import HOST_TOKENS, evict_server
 
 from sgl_vtoken.config import EvictConfig, HostTier, Scoring
 from sgl_vtoken_tools.hf_reference import masked_turn
@@ -84,9 +84,7 @@ def session(
         interval=interval,
         page_size=page_size,
         scoring=Scoring(span=span),
-        host=HostTier(
-            offload=True, tokens=HOST_TOKENS, recall=recall, gap=RECALL_GAP, rounds=rounds
-        ),
+        host=HostTier(offload=True, tokens=HOST_TOKENS, recall=recall, rounds=rounds),
     )
     history, reports, out = None, [], []
     for k in range(turns):
@@ -315,7 +313,7 @@ def test_recall_without_chunked_prefill_answers_unrecalled_and_counts_it(server_
         budget=BUDGET,
         sink=SINK,
         interval=1,
-        host=HostTier(offload=True, tokens=HOST_TOKENS, recall=0, gap=RECALL_GAP),
+        host=HostTier(offload=True, tokens=HOST_TOKENS, recall=0),
     )
     prompt, history, out = random_ids(30, seed=404), None, []
     for k in range(3):

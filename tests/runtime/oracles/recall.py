@@ -14,6 +14,9 @@ import torch
 from .request import scored_layers
 from .scores import pooled
 
+# The recall rule's pooling width and the longest hole filled between recalled candidates
+POOL, GAP = 5, 8
+
 
 def candidate_mass(q, scale, row_keys, lengths, cand_keys) -> torch.Tensor:
     """``[c]``: the probability each candidate gets, summed over the window's queries and every
@@ -104,7 +107,7 @@ class OracleRecall:
         for i in scored_layers(cfg.scoring.score_layers, len(layers)):
             q, scale, row_keys, cand_keys = layers[i]
             total += candidate_mass(q, scale, row_keys, lengths, cand_keys)
-        return pick(total.tolist(), k, cfg.host.pool, cfg.host.gap, list(positions), list(recalled))
+        return pick(total.tolist(), k, POOL, GAP, list(positions), list(recalled))
 
 
 ORACLE_RECALL = OracleRecall()

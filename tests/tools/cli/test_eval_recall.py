@@ -114,8 +114,6 @@ def test_split_plays_the_split_sessions_and_defaults_send_no_rule(
     args = eval_recall.build_parser().parse_args(["--score-layers", "15-16"])
     assert eval_recall.server_config(args) == {
         "host_tokens": 1 << 20,
-        "recall_pool": 5,
-        "recall_gap": 8,
         "recall_rounds": 4,
         "score_layers": [15, 16],
     }

@@ -15,9 +15,10 @@ bytes) per turn. One JSON line per (setting, trial), then one summary line per s
 
 `--split tuning|heldout|final` plays the split's sessions instead (`sgl_vtoken_tools.quality.splits`:
 a 5-digit fact stated once, in turn 1 or inside a later passage at the split's depths, in the
-split's phrasings; `--fillers + 2` turns). `--recall-defaults` leaves `recall_pool`,
-`recall_gap` and `recall_rounds` to the server's defaults (the script's own defaults are the same,
-5, 8 and 4; earlier runs used 7, 8 and one round).
+split's phrasings; `--fillers + 2` turns). `--recall-defaults` leaves `recall_rounds` to the
+server's default (the script's own default is the same, 4; earlier runs used one round). The
+recall rule's pooling and gap are fixed (`sgl_vtoken.recall.POOL`, `GAP`: 5 and 8); runs before
+they were (`--recall-pool`, `--recall-gap`, until 17e02d6) also used 7 and 8, or 1 and 0.
 
 Trial i is the same conversation whatever `--trials` and `--first` are, so runs over disjoint
 ranges add up; `--render` prints one summary line per setting over all the files' trials.
@@ -179,11 +180,7 @@ def server_config(args) -> dict:
     """The server's --kv-evict-config: a large host tier, the recall rule unless --recall-defaults."""
     config = {"host_tokens": 1 << 20}
     if not args.recall_defaults:
-        config.update(
-            recall_pool=args.recall_pool,
-            recall_gap=args.recall_gap,
-            recall_rounds=args.recall_rounds,
-        )
+        config.update(recall_rounds=args.recall_rounds)
     if args.score_layers:
         lo, hi = map(int, args.score_layers.split("-"))
         config["score_layers"] = list(range(lo, hi + 1))
@@ -211,20 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[128],
         help="comma-separated recall budgets, one setting each",
     )
-    ap.add_argument("--recall-pool", type=int, default=5)
-    ap.add_argument(
-        "--recall-gap",
-        type=int,
-        default=8,
-        help="recall_gap: holes between recalled candidates filled",
-    )
     ap.add_argument(
         "--recall-rounds", type=int, default=4, help="recall_rounds: rounds of recall per turn"
     )
     ap.add_argument(
         "--recall-defaults",
         action="store_true",
-        help="send none of --recall-pool, --recall-gap, --recall-rounds: the server's defaults",
+        help="send no --recall-rounds: the server's default",
     )
     ap.add_argument(
         "--split", choices=SPLITS, help="play this split's sessions (default: the recall task's)"

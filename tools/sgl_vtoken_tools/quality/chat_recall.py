@@ -38,8 +38,6 @@ def settings(args) -> list[tuple[str, EvictConfig]]:
             offload=True,
             tokens=1 << 20,
             recall=r,
-            pool=args.recall_pool,
-            gap=args.recall_gap,
             rounds=args.recall_rounds,
         )
         out.append((f"{args.policy} b{args.budget} + recall {r}", EvictConfig(**base, host=host)))
@@ -125,8 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--group", choices=GROUPS, required=True)
     add_chat_args(ap)
-    ap.add_argument("--recall-pool", type=int, default=5)
-    ap.add_argument("--recall-gap", type=int, default=8)
     ap.add_argument("--recall-rounds", type=int, default=4)
     ap.add_argument(
         "--oracles", action="store_true", help="tests/runtime/oracles' rule (else runtime)"
