@@ -62,9 +62,37 @@ class Retraction:
         limit: int,
         result: MatchResult,
     ) -> MatchResult:
-        """The radix cache matches a request holding a stash (`resume` below): called through
-        the part, so the cache never imports the step layer."""
-        return resume(tree, req, st, logical, limit, result)
+        """`HoledRadixCache.match_prefix` of a retracted request (`st`, whose part this is): its
+        stashed row, written back into the tree if the tree no longer holds it; with no room for
+        it yet, the plain `result`, and the request is `blocked` (not admitted this round).
+        Called through the part, so the cache never imports the step layer."""
+        stash, node = self.stash, self.resume_node
+        assert stash is not None, "resume() of a request that was not retracted"
+        if stash.depth > limit:  # no longer its ids (it was aborted: a one-token prompt)
+            self.drop()
+            return result
+        if (
+            node is None
+            or node.parent is None
+            or history.view_of(node) is None
+            or node.parent.children.get(node.key.child_key(tree.page_size)) is not node
+        ):
+            node = _insert_stash(tree, stash, req)
+        self.resume_node, self.blocked = node, node is None
+        if node is None:
+            return result
+        view = node.vt.view
+        adopt_retracted(req, st, logical, view.positions, stash.depth)
+        st.prefix.continue_from(node, view.slots, 0)
+        # At page size > 1 the view's partial last page becomes the request's own (`own_tail`).
+        n = len(view.positions)
+        return MatchResult(
+            device_prefix_len=n,
+            last_device_node=node,
+            last_host_node=node,
+            best_match_node=node,
+            cache_protected_len=n // tree.page_size * tree.page_size,
+        )
 
     def drop(self) -> None:
         """The request will not resume (it ends): its stash goes."""
@@ -250,46 +278,6 @@ def _moved_kv(
         kv[:, ~keep] = saved[:, :victims]
         out.append(kv)
     return out[0], out[1]
-
-
-def resume(
-    tree: RadixTree,
-    req: Req,
-    st: ReqEvictState,
-    logical: array,
-    limit: int,
-    result: MatchResult,
-) -> MatchResult:
-    """`HoledRadixCache.match_prefix` of a retracted request: its stashed row, written back into
-    the tree if the tree no longer holds it; with no room for it yet, the plain `result`, and the
-    request is `blocked` (not admitted this round). The request has a stash."""
-    stash, node = st.retract.stash, st.retract.resume_node
-    assert stash is not None, "resume() of a request that was not retracted"
-    if stash.depth > limit:  # no longer its ids (it was aborted: a one-token prompt)
-        st.retract.drop()
-        return result
-    if (
-        node is None
-        or node.parent is None
-        or history.view_of(node) is None
-        or node.parent.children.get(node.key.child_key(tree.page_size)) is not node
-    ):
-        node = _insert_stash(tree, stash, req)
-    st.retract.resume_node, st.retract.blocked = node, node is None
-    if node is None:
-        return result
-    view = node.vt.view
-    adopt_retracted(req, st, logical, view.positions, stash.depth)
-    st.prefix.continue_from(node, view.slots, 0)
-    # At page size > 1 the view's partial last page becomes the request's own (`own_tail`).
-    n = len(view.positions)
-    return MatchResult(
-        device_prefix_len=n,
-        last_device_node=node,
-        last_host_node=node,
-        best_match_node=node,
-        cache_protected_len=n // tree.page_size * tree.page_size,
-    )
 
 
 def _insert_stash(tree: RadixTree, stash: RetractStash, req: Req) -> TreeNode | None:
