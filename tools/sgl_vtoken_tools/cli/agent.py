@@ -47,7 +47,6 @@ import argparse
 
 from sgl_vtoken_tools.bench.cell_server import cell_spec as shared_cell_spec
 from sgl_vtoken_tools.bench.cell_server import resolve_model
-from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
 from sgl_vtoken_tools.bench.server_cells import CHAT
 from sgl_vtoken_tools.cli import common
@@ -100,24 +99,20 @@ def run(args) -> list[dict]:
     if args.replies:
         path, cell = args.replies
         replies = load_replies(common.read_lines(path), cell)
-    run = RunLog(args.out, append=False)
-    lines, emit = run.records, run.emit
-
-    emit(
-        common.config_line(
-            args,
-            model,
-            cells,
-            spec={**vars(spec), "reply_tokens": args.reply_tokens, "tool_role": args.tool_role},
-            session_tokens_max=need,
-            replies=args.replies,
-        )
+    run = common.run_log(
+        args,
+        model,
+        cells,
+        False,
+        spec={**vars(spec), "reply_tokens": args.reply_tokens, "tool_role": args.tool_role},
+        session_tokens_max=need,
+        replies=args.replies,
     )
     common.play_repeats(
         args,
         model,
         cells,
-        emit,
+        run.emit,
         lambda url, model_id, kv_evict, rep: play(
             url,
             model_id,
@@ -136,24 +131,19 @@ def run(args) -> list[dict]:
         ),
         no_overlap=False,
     )
-    for c in cell_lines([r for r in lines if r["kind"] == "summary"]):
-        emit(c)
-    run.close()
-    return lines
+    return common.close_run(run, cell_lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = common.parser(__doc__, __name__)
-    common.model_flag(p)
-    p.add_argument("--cells", nargs="+", default=list(CELLS), help="cell names or name=flags")
-    common.server_flags(
+    common.play_flags(
         p,
+        CELLS,
         6144,
         "--max-total-tokens of every server: small enough that stock holds one or two "
         "sessions, at least the longest session (checked before any server starts)",
-        remote=True,
+        cells_help="cell names or name=flags",
     )
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=0, help="sessions in flight (0: all)")
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, nargs=2, default=[8, 10], metavar=("LO", "HI"))
@@ -188,8 +178,4 @@ def check(parser: argparse.ArgumentParser, args) -> None:
 def main(argv: list[str] | None = None) -> int:
     from sgl_vtoken_tools.bench.agent_score import cell_lines, table
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.report:
-        check(parser, args)
-    return common.publish(table(common.cells_of(args, run, cell_lines)), args)
+    return common.report_or_run(build_parser(), argv, check, table, run, cell_lines)

@@ -210,6 +210,52 @@ def server_of(args, model: str, name: str, flags, no_overlap: bool = True):
     )
 
 
+def play_flags(
+    p: argparse.ArgumentParser,
+    cells,
+    pool: int,
+    pool_help: str,
+    remote: bool = True,
+    cells_help: str = CELLS_HELP,
+    model_help: str = MODEL_HELP,
+    repeats_help: str | None = None,
+) -> None:
+    """The flags of a command that plays cells on servers: `--model`, `--cells` (default
+    `cells`), `server_flags` (`remote`: a running server too) and `--repeats` (3)."""
+    model_flag(p, model_help)
+    cells_flag(p, cells, cells_help)
+    server_flags(p, pool, pool_help, remote=remote)
+    p.add_argument("--repeats", type=int, default=3, help=repeats_help)
+
+
+def run_log(args, model: str, cells, append: bool, **more):
+    """The run's `jsonl.RunLog` on `--out` (`append`: added to the file), its `config_line`
+    emitted first."""
+    from sgl_vtoken_tools.bench.jsonl import RunLog
+
+    run = RunLog(args.out, append=append)
+    run.emit(config_line(args, model, cells, **more))
+    return run
+
+
+def close_run(run, spread) -> list[dict]:
+    """Emit ``spread(summary lines)`` (a `cell` line per cell), close `run`, return its records."""
+    for c in spread([r for r in run.records if r["kind"] == "summary"]):
+        run.emit(c)
+    run.close()
+    return run.records
+
+
+def report_or_run(parser, argv, check, table, run, spread=None, plot=None) -> int:
+    """A scored server benchmark's main: parse `argv`, stop on bad flags (``check(parser,
+    args)``, not for `--report`), then `publish` ``table(cells_of(args, run, spread))``."""
+    args = parser.parse_args(argv)
+    if not args.report:
+        check(parser, args)
+    cells = cells_of(args, run, spread)
+    return publish(table(cells), args, cells, plot)
+
+
 def config_line(args, model: str, cells, **more) -> dict:
     """The `config` line of a server benchmark: model, server, cells, repeats, then `more`."""
     base_url = getattr(args, "base_url", None)

@@ -66,7 +66,6 @@ import argparse
 import sys
 
 from sgl_vtoken_tools.bench.cell_server import Plays, cell_spec, served_model
-from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 from sgl_vtoken_tools.cli import common
 
@@ -129,31 +128,28 @@ def run(args) -> list[dict]:
         )
     cells = ordered([cell_spec(c, bool(args.base_url), CELLS) for c in args.cells])
     unit = ladder.unit_arrivals(len(sessions), args.seed)
-    run = RunLog(args.out, append=True)
-    lines, emit = run.records, run.emit
-
-    emit(
-        common.config_line(
-            args,
-            model,
-            cells,
-            split=args.split,
-            seed=args.seed,
-            mix=list(args.mix),
-            sessions=[
-                {"id": s.id, "kind": s.kind, "turns": len(s.turns), "peak_tokens": s.peak_tokens}
-                for s in sessions
-            ],
-            arrivals_unit=[round(t, 6) for t in unit],
-            key_at=args.key_at,
-            passages=args.passages,
-            max_tokens=args.max_tokens,
-            agent_turns=args.agent_turns,
-            tool_tokens=args.tool_tokens,
-            reply_tokens=args.reply_tokens,
-            loads=args.loads,
-        )
+    run = common.run_log(
+        args,
+        model,
+        cells,
+        True,
+        split=args.split,
+        seed=args.seed,
+        mix=list(args.mix),
+        sessions=[
+            {"id": s.id, "kind": s.kind, "turns": len(s.turns), "peak_tokens": s.peak_tokens}
+            for s in sessions
+        ],
+        arrivals_unit=[round(t, 6) for t in unit],
+        key_at=args.key_at,
+        passages=args.passages,
+        max_tokens=args.max_tokens,
+        agent_turns=args.agent_turns,
+        tool_tokens=args.tool_tokens,
+        reply_tokens=args.reply_tokens,
+        loads=args.loads,
     )
+    emit = run.emit
     rates: dict[float, float] | None = None
     full: dict[tuple[int, int], list[dict]] = {}
     plays = Plays(bool(args.base_url))
@@ -192,7 +188,7 @@ def run(args) -> list[dict]:
                         flush=True,
                     )
     run.close()
-    return lines
+    return run.records
 
 
 def choose_rates(args, url: str, model: str, sessions: list, emit) -> dict[float, float]:
@@ -251,16 +247,14 @@ def mix_arg(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = common.parser(__doc__, __name__)
-    common.model_flag(p)
-    common.cells_flag(p, DEFAULT_CELLS)
-    common.server_flags(
+    common.play_flags(
         p,
+        DEFAULT_CELLS,
         2048,
         "--max-total-tokens of every server (at least the largest session's peak KV, checked "
         "before any server starts)",
-        remote=True,
+        repeats_help="plays of every cell, interleaved",
     )
-    p.add_argument("--repeats", type=int, default=3, help="plays of every cell, interleaved")
     p.add_argument(
         "--loads",
         type=loads_arg,
@@ -332,9 +326,4 @@ def check(parser: argparse.ArgumentParser, args) -> None:
 def main(argv: list[str] | None = None) -> int:
     from sgl_vtoken_tools.bench.ladder import plot, table
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.report:
-        check(parser, args)
-    cells = common.cells_of(args, run)
-    return common.publish(table(cells), args, cells, plot)
+    return common.report_or_run(build_parser(), argv, check, table, run, plot=plot)
