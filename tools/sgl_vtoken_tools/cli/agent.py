@@ -135,9 +135,9 @@ def run(args) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.parser(__doc__, __name__)
-    common.play_flags(
-        p,
+    p = common.play_parser(
+        __doc__,
+        __name__,
         CELLS,
         6144,
         "--max-total-tokens of every server: small enough that stock holds one or two "
@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--concurrency", type=int, default=0, help="sessions in flight (0: all)")
     p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--turns", type=int, nargs=2, default=[8, 10], metavar=("LO", "HI"))
-    p.add_argument("--tool-tokens", type=int, nargs=2, default=[200, 600], metavar=("LO", "HI"))
+    common.pair_flag(p, "--turns", [8, 10])
+    common.pair_flag(p, "--tool-tokens", [200, 600])
     p.add_argument("--reply-tokens", type=int, default=64, help="max_tokens of every turn")
     p.add_argument("--tool-role", choices=("user", "tool"), default="user")
     p.add_argument(

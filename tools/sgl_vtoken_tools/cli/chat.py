@@ -158,9 +158,9 @@ def run(args) -> list[dict]:
 
 
 def build_parser():
-    p = common.parser(__doc__, __name__)
-    common.play_flags(
-        p,
+    p = common.play_parser(
+        __doc__,
+        __name__,
         DEFAULT_CELLS,
         2048,
         "--max-total-tokens of every server (at least the longest conversation, checked before "
@@ -169,14 +169,7 @@ def build_parser():
     )
     p.add_argument("--conversations", type=int, default=12)
     common.chat_flags(p)
-    p.add_argument(
-        "--passage-words",
-        type=int,
-        nargs=2,
-        default=[160, 180],
-        metavar=("LEAST", "MOST"),
-        help="words of every passage",
-    )
+    common.pair_flag(p, "--passage-words", [160, 180], "words of every passage", ("LEAST", "MOST"))
     p.add_argument(
         "--past-pool",
         action="store_true",

@@ -210,8 +210,9 @@ def server_of(args, model: str, name: str, flags, no_overlap: bool = True):
     )
 
 
-def play_flags(
-    p: argparse.ArgumentParser,
+def play_parser(
+    doc: str,
+    module: str,
     cells,
     pool: int,
     pool_help: str,
@@ -219,13 +220,20 @@ def play_flags(
     cells_help: str = CELLS_HELP,
     model_help: str = MODEL_HELP,
     repeats_help: str | None = None,
-) -> None:
-    """The flags of a command that plays cells on servers: `--model`, `--cells` (default
+) -> argparse.ArgumentParser:
+    """The `parser` of a command that plays cells on servers, with `--model`, `--cells` (default
     `cells`), `server_flags` (`remote`: a running server too) and `--repeats` (3)."""
+    p = parser(doc, module)
     model_flag(p, model_help)
     cells_flag(p, cells, cells_help)
     server_flags(p, pool, pool_help, remote=remote)
     p.add_argument("--repeats", type=int, default=3, help=repeats_help)
+    return p
+
+
+def pair_flag(p, name: str, default: list, help=None, metavar=("LO", "HI")) -> None:
+    """A flag of two integers (a range: least and most)."""
+    p.add_argument(name, type=int, nargs=2, default=default, metavar=metavar, help=help)
 
 
 def run_log(args, model: str, cells, append: bool, **more):

@@ -102,9 +102,9 @@ def run(args) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.parser(__doc__, __name__)
-    common.play_flags(
-        p,
+    p = common.play_parser(
+        __doc__,
+        __name__,
         CELLS,
         2560,
         "--max-total-tokens of every server: small enough that stock queues, at least the "

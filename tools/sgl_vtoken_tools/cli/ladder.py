@@ -246,9 +246,9 @@ def mix_arg(text: str) -> tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.parser(__doc__, __name__)
-    common.play_flags(
-        p,
+    p = common.play_parser(
+        __doc__,
+        __name__,
         DEFAULT_CELLS,
         2048,
         "--max-total-tokens of every server (at least the largest session's peak KV, checked "
@@ -272,22 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
         "first server)",
     )
     common.chat_flags(p, "chats: ")
-    p.add_argument(
-        "--agent-turns",
-        type=int,
-        nargs=2,
-        default=[5, 6],
-        metavar=("LO", "HI"),
-        help="agents: turns in all (task, tool outputs, question)",
+    common.pair_flag(
+        p, "--agent-turns", [5, 6], "agents: turns in all (task, tool outputs, question)"
     )
-    p.add_argument(
-        "--tool-tokens",
-        type=int,
-        nargs=2,
-        default=[120, 240],
-        metavar=("LO", "HI"),
-        help="agents: tokens of each tool output",
-    )
+    common.pair_flag(p, "--tool-tokens", [120, 240], "agents: tokens of each tool output")
     p.add_argument("--reply-tokens", type=int, default=64, help="agents: max_tokens of every turn")
     common.split_flags(p, seed_help="sessions, arrival order and times")
     common.output_flags(
