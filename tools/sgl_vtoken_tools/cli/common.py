@@ -119,6 +119,20 @@ def check_cells(p: argparse.ArgumentParser, cells: list[str], spec) -> None:
             p.error(f"--cells: {e}")
 
 
+def from_args(cls, args, **given):
+    """Dataclass `cls` with every field `args` has taken from it (a list made a tuple where the
+    field is a tuple), `given` over them."""
+    import dataclasses
+
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in given or not hasattr(args, f.name):
+            continue
+        v = getattr(args, f.name)
+        values[f.name] = tuple(v) if str(f.type).startswith("tuple") and v is not None else v
+    return cls(**values, **given)
+
+
 def read_lines(path: str) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f]

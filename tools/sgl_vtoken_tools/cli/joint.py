@@ -60,16 +60,7 @@ def run(args) -> list[dict]:
     )
 
     model = resolve_model(args.model)
-    spec = JointSpec(
-        split=args.split,
-        sessions=args.sessions,
-        turns=args.turns,
-        passage_tokens=args.passage_tokens,
-        docqa=args.docqa,
-        docqa_lengths=tuple(args.docqa_lengths),
-        seed=args.seed,
-        reply_tokens=args.reply_tokens,
-    )
+    spec = common.from_args(JointSpec, args)
     convs = conversations(AutoTokenizer.from_pretrained(model), spec, args.wheel_dir)
     cells = sorted(
         (cell_flags(c) for c in args.cells), key=lambda c: c[0] != "full"

@@ -119,34 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args, model: str) -> MatrixConfig:
-    names = (
-        "pool",
-        "page_sizes",
-        "policies",
-        "budgets",
-        "interval",
-        "sink",
-        "server_per_cell",
-        "repeats",
-        "sessions",
-        "turns",
-        "system_tokens",
-        "user_tokens",
-        "tool_tokens",
-        "tool_min",
-        "tool_max",
-        "reply_tokens",
-        "seed",
-        "rates",
-        "sla_factors",
-        "deadline_min",
-        "baseline_sessions",
-        "sample_interval",
-        "quick",
-    )
-    return MatrixConfig(
-        model=str(model), progress=not args.no_progress, **{k: getattr(args, k) for k in names}
-    )
+    return common.from_args(MatrixConfig, args, model=str(model), progress=not args.no_progress)
 
 
 def report_checks(checks: list[dict]) -> int:

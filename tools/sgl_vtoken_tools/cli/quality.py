@@ -253,32 +253,12 @@ def plan_from_args(args) -> Plan:
     if args.model in MODELS and not Path(args.model).exists():
         args.model = str(ensure_model(args.model, REPO / ".cache" / args.model))
     try:
-        return Plan(
-            model=args.model,
+        return common.from_args(
+            Plan,
+            args,
             settings=tuple(settings),
-            budgets=tuple(args.budgets),
             sweep=Sweep(args.sink, args.interval, args.page_size),
-            passkey_lengths=tuple(args.passkey_lengths),
-            passkey_depths=tuple(args.passkey_depths),
-            recall_trials=args.recall_trials,
-            recall_fillers=args.recall_fillers,
-            lm_windows=args.lm_windows,
-            lm_context=args.lm_context,
-            lm_tokens=args.lm_tokens,
-            lm_greedy=args.lm_greedy,
-            server_trials=args.server_trials,
-            server_budgets=tuple(args.server_budgets),
             server_args=tuple(shlex.split(args.server_args)),
-            server_threads=args.server_threads,
-            seed=args.seed,
-            wheel_dir=args.wheel_dir,
-            tasks=tuple(args.tasks),
-            split=args.split,
-            docqa_lengths=tuple(args.docqa_lengths),
-            retrieval_lengths=tuple(args.retrieval_lengths),
-            retrieval_trials=args.retrieval_trials,
-            session_trials=args.session_trials,
-            session_turns=args.session_turns,
         )
     except ValueError as e:
         raise SystemExit(str(e)) from None
