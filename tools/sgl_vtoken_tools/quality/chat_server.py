@@ -28,6 +28,7 @@ import time
 
 from sgl_vtoken_tools.quality.chat_recall import add_chat_args
 from sgl_vtoken_tools.quality.chats import GROUPS, chat_trials
+from sgl_vtoken_tools.quality.cli import hits_by
 from sgl_vtoken_tools.quality.tasks import Trial, next_turn_ids, trial_record
 
 
@@ -97,15 +98,7 @@ def play(client, tok, trial: Trial, label: str, kv_evict: dict | None, max_new: 
 
 def summary(records: list[dict]) -> list[dict]:
     """Hits per (setting, group) over the trial records."""
-    acc: dict[tuple[str, str], list[int]] = {}
-    for r in records:
-        hits = acc.setdefault((r["setting"], r["group"]), [0, 0])
-        hits[0] += int(r["hit"])
-        hits[1] += 1
-    return [
-        {"kind": "summary", "setting": s, "group": g, "hits": h, "trials": n}
-        for (s, g), (h, n) in acc.items()
-    ]
+    return hits_by(records, "setting", "group")
 
 
 def build_parser() -> argparse.ArgumentParser:

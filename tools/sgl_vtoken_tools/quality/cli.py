@@ -8,6 +8,7 @@
     server_flags(args, pool, evict=...)  a fp32 CPU server of args.model, args.page_size; with
                                          `evict`, its --kv-* flags from args (budget, sink, ...)
     with served(flags) as client:        that server started, and stopped on the way out
+    hits_by(records, *keys)              summary lines: hits and trials per group of trials
     server_script_parser(doc, ...)       the flags the long_doc and long_chat scripts share
 
 Used by ``python -m sgl_vtoken_tools quality`` and the quality CLIs (`chat_recall.py`, `chat_server.py`,
@@ -106,6 +107,20 @@ def server_flags(args, pool: int, evict: str | None = None, config: dict | None 
     if getattr(args, "window", None) is not None:
         flags += ["--kv-window", str(args.window)]
     return flags + ["--kv-evict-config", json.dumps(config or {})]
+
+
+def hits_by(records: list[dict], *keys: str, ordered: bool = False) -> list[dict]:
+    """A `summary` line of hits and trials per distinct value of `keys` in the trial `records`,
+    first seen first (`ordered`: sorted)."""
+    acc: dict[tuple, list[int]] = {}
+    for r in records:
+        hits = acc.setdefault(tuple(r[k] for k in keys), [0, 0])
+        hits[0] += int(r["hit"])
+        hits[1] += 1
+    groups = sorted(acc.items()) if ordered else acc.items()
+    return [
+        {"kind": "summary", **dict(zip(keys, g)), "hits": h, "trials": n} for g, (h, n) in groups
+    ]
 
 
 @contextmanager
