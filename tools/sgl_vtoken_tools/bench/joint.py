@@ -181,21 +181,36 @@ def play_all(items: list, play_one, concurrency: int = 0) -> tuple[list[dict], l
     return reqs, [a for _, a in results], wall
 
 
-def _conversation(
-    base_url: str, model: str, conv: Conversation, opts: dict, t0: float
-) -> tuple[list[dict], dict]:
+def play_turns(
+    base_url: str, model: str, conv_id: str, turns, opts: dict, t0: float, messages=(), replies=None
+) -> tuple[list[dict], str, bool, int]:
+    """Conversation `conv_id`'s `turns` ((role, text)) after `messages` (e.g. a system prompt),
+    one `chat_turn` each in one HTTP session, each reply fed back (``replies[(conv_id, turn)]``
+    instead where given); it stops at a failed turn. Returns the request records, the last
+    reply, whether a turn failed and the most device KV a turn held."""
     http = requests.Session()
-    messages, recs, reply, kv = [], [], "", 0
-    for turn, text in enumerate(conv.messages, start=1):
-        messages.append({"role": "user", "content": text})
-        rec = chat_turn(http, base_url, model, messages, opts, conv.id, turn, t0)
-        reply = rec.pop("reply")
+    messages, recs, reply, kv = list(messages), [], "", 0
+    for turn, (role, text) in enumerate(turns, start=1):
+        messages.append({"role": role, "content": text})
+        rec = chat_turn(http, base_url, model, messages, opts, conv_id, turn, t0)
+        reply = rec["reply"]
         recs.append(rec)
         if rec["error"] is not None:
             break
         kv = max(kv, held_tokens(rec))
-        messages.append({"role": "assistant", "content": reply})
-    return recs, answer_record(conv, reply, any(r["error"] is not None for r in recs), kv)
+        said = (replies or {}).get((conv_id, turn), reply)
+        messages.append({"role": "assistant", "content": said})
+    return recs, reply, any(r["error"] is not None for r in recs), kv
+
+
+def _conversation(
+    base_url: str, model: str, conv: Conversation, opts: dict, t0: float
+) -> tuple[list[dict], dict]:
+    turns = [("user", text) for text in conv.messages]
+    recs, reply, failed, kv = play_turns(base_url, model, conv.id, turns, opts, t0)
+    for r in recs:
+        del r["reply"]
+    return recs, answer_record(conv, reply, failed, kv)
 
 
 def history_fields(report: dict | None) -> dict:
