@@ -13,6 +13,8 @@ per cell (each figure's spread over repeats), and their markdown table.
 
 from __future__ import annotations
 
+from functools import partial
+
 from sgl_vtoken_tools.bench import joint
 from sgl_vtoken_tools.bench.joint_table import RATIOS, spread_lines
 from sgl_vtoken_tools.bench.quantiles import spread_text as _fmt
@@ -44,19 +46,8 @@ ACCURACY_BY_FACT = {
 }
 
 
-def summarize(
-    reqs: list[dict],
-    answers: list[dict],
-    wall: float,
-    log: str | None = None,
-    reference: list[dict] | None = None,
-    host: dict | None = None,
-) -> dict:
-    """One run's figures (`joint.summarize`'s, counted in sessions, accuracy by where the fact
-    was); `reference`: the full cache's answer records of the same sessions (agreement: None
-    without one); `log`: the server's log written during the run; `host`: `joint.host_moved` over
-    the run (None: no plugin state)."""
-    return joint.summarize(reqs, answers, wall, log, reference, host, "sessions", ACCURACY_BY_FACT)
+# One run's figures: `joint.summarize`'s, counted in sessions, accuracy by where the fact was.
+summarize = partial(joint.summarize, count_key="sessions", accuracy_by=ACCURACY_BY_FACT)
 
 
 def cell_lines(summaries: list[dict]) -> list[dict]:
