@@ -134,8 +134,9 @@ def from_args(cls, args, **given):
 
 
 def read_lines(path: str) -> list[dict]:
+    """The JSON lines of `path` (blank lines skipped)."""
     with open(path) as f:
-        return [json.loads(line) for line in f]
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def cells_of(args, run, spread=None) -> list[dict]:
@@ -187,14 +188,6 @@ def workload(args):
         args.output_len,
         args.turns,
     )
-
-
-def emit_appending(line: dict, path: str | None) -> None:
-    """Print `line` as JSON and append it to `path` too."""
-    print(json.dumps(line), flush=True)
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
 
 
 CELLS_HELP = "names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)"

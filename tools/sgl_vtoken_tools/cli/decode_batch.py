@@ -20,7 +20,6 @@ time no eviction setting saves (eviction frees KV after a prompt is computed, no
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -103,12 +102,8 @@ def run(args) -> list[dict]:
         )
     model = resolve_model(args.model)
     rng = random.Random(args.seed)
-    log = RunLog(args.out)
-    lines = log.records
-
-    def emit(rec: dict) -> None:
-        log.emit(rec)
-        print(json.dumps(rec), flush=True)
+    log = RunLog(args.out, echo=True)
+    lines, emit = log.records, log.emit
 
     with launch(
         model,

@@ -20,6 +20,7 @@ import sys
 
 from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.gateway import routes, run_route, start_replicas
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.quantiles import median_text
 from sgl_vtoken_tools.cli import common
 
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     plan = routes(args.policies.split(","), tuple(args.smg_flags.split()))
     replicas = start_replicas(model, args.replicas, args.pool, args.page_size, flags)
-    lines = []
+    log = RunLog(args.out, append=True, echo=True)
+    lines = log.records
     try:
         for repeat in range(args.repeats):
             for route in plan:
@@ -88,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     "server_flags": list(flags),
                     **run_route(route, replicas, model, work),
                 }
-                lines.append(line)
-                common.emit_appending(line, args.out)
+                log.emit(line)
     finally:
         for s in replicas:
             s.stop()

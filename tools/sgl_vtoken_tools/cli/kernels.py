@@ -22,6 +22,7 @@ import sys
 import time
 
 from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import read_lines
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 
@@ -78,7 +79,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.summarize:
-        print(summarize([json.loads(line) for line in open(args.summarize) if line.strip()]))
+        print(summarize(read_lines(args.summarize)))
         return 0
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels (and their @triton.jit) load

@@ -31,6 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.probe import flush_cache
 from sgl_vtoken_tools.cli import common
 from sgl_vtoken_tools.cli.common import REPO
@@ -261,14 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.first < 0 or args.trials < 1:
         ap.error(f"--first must be >= 0 and --trials >= 1 (got {args.first} and {args.trials})")
     if args.render:
-        records = [
-            rec
-            for path in args.render
-            for line in Path(path).read_text().splitlines()
-            if line.strip()
-            for rec in [json.loads(line)]
-            if rec["kind"] == "trial"
-        ]
+        records = [r for p in args.render for r in common.read_lines(p) if r["kind"] == "trial"]
         by_setting: dict[str, list[dict]] = {}
         for rec in records:
             if any(r["trial"] == rec["trial"] for r in by_setting.get(rec["setting"], [])):
@@ -282,8 +276,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(records + summaries, args.plot)
         return
-    records: list[dict] = []
-
     from transformers import AutoTokenizer
 
     from sgl_vtoken_tools.models import ensure_model
@@ -309,15 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         "--disable-overlap-schedule",
     ]
     cells = settings(args.policies.split(","), args.budget, args.recall, args.window)
-    sink = open(args.out, "w") if args.out else None
-
-    def emit(rec: dict) -> None:
-        records.append(rec)
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if sink:
-            sink.write(line + "\n")
-            sink.flush()
+    log = RunLog(args.out, echo=True)
+    records, emit = log.records, log.emit
 
     emit(
         {
@@ -355,8 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         }
     )
-    if sink:
-        sink.close()
+    log.close()
     if args.plot:
         plot(records, args.plot)
 
