@@ -29,7 +29,6 @@ import requests
 from sgl_vtoken_tools.launcher import free_port
 
 ROUTED_WORKER = "x-smg-routed-worker-id"  # response header: the URL of the worker that served it
-ROUTING_KEY = "X-SMG-Routing-Key"  # request header the `manual` policy pins to a worker
 
 
 class GatewayProcess:
