@@ -259,13 +259,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from sgl_vtoken_tools.tiny_model import ensure_tiny_model
+    from sgl_vtoken_tools.bench.cell_server import resolve_model
 
-    model = (
-        Path(args.model_path)
-        if args.model_path
-        else ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-    )
+    model = Path(args.model_path or resolve_model("tiny"))
     log_dir = (
         Path(args.log_dir)
         if args.log_dir

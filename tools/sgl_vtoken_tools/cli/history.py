@@ -35,14 +35,13 @@ import threading
 import time
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.http_client import stream_generate
 from sgl_vtoken_tools.bench.probe import vtoken_state
 from sgl_vtoken_tools.bench.results_md import write_section
 from sgl_vtoken_tools.bench.server_log import count_retractions
 from sgl_vtoken_tools.cli import common
-from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
-from sgl_vtoken_tools.tiny_model import ensure_tiny_model
 
 # mode -> extra server flags: continue from the stored compacted history; cache full-attention
 # prompts only (each turn prefills what its cached prompt lacks); no radix cache at all.
@@ -308,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.budget = 4, 3, 256, 64
-    model = args.model or str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
+    model = args.model or resolve_model("tiny")
     if args.part in ("sharing", "all"):
         results = {}
         for mode, flags in (

@@ -40,7 +40,6 @@ from sgl_vtoken_tools import forced_shortage
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken_tools.bench.stress_spec import FORCED, TrafficSpec
 from sgl_vtoken_tools.cli import common
-from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 
@@ -138,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     try:
         if args.base_url is None:
-            from sgl_vtoken_tools.tiny_model import ensure_tiny_model
+            from sgl_vtoken_tools.bench.cell_server import resolve_model
 
-            model = args.model_path or ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+            model = args.model_path or resolve_model("tiny")
             flags = [
                 "--dtype",
                 "float32",
