@@ -32,6 +32,13 @@ def parser(doc: str, module: str) -> argparse.ArgumentParser:
     )
 
 
+def numbers(p: argparse.ArgumentParser, **defaults: float) -> None:
+    """Plain number flags, in order: ``--a-name`` for each ``a_name=default``, of its default's
+    type, no help text."""
+    for name, default in defaults.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+
+
 def model_flag(p: argparse.ArgumentParser, help: str = MODEL_HELP) -> None:
     p.add_argument("--model", default="smollm2", help=help)
 

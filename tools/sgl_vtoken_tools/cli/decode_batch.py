@@ -180,8 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = common.parser(__doc__, __name__)
     common.model_flag(p, help="Hugging Face folder, or smollm2 (built into .cache)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24])
-    p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--new-tokens", type=int, default=32)
+    common.numbers(p, prompt_tokens=256, new_tokens=32)
     p.add_argument(
         "--prefill-lengths",
         type=int,

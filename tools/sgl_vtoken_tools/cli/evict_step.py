@@ -47,8 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--batches", default="1,16,64,256" if cuda else "1,16,64")
     p.add_argument("--budget", type=int, default=2048 if cuda else 512)
     p.add_argument("--intervals", default="1,16")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=5)
+    common.numbers(p, page_size=16, repeats=5)
     p.add_argument(
         "--deadline-s", type=float, default=float("inf"), help="skip cases that would start later"
     )

@@ -188,9 +188,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--model-path", default=None, help="default: the tiny model, built into .cache/tiny-llama"
     )
-    p.add_argument("--max-total-tokens", type=int, default=4096)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--prompt-len", type=int, default=48)
+    common.numbers(p, max_total_tokens=4096, page_size=16, prompt_len=48)
     p.add_argument("--requests", type=int, default=16, help="capacity: concurrent requests")
     p.add_argument(
         "--new-tokens", type=int, default=1024, help="capacity: generated tokens per request"
@@ -230,8 +228,7 @@ def parse_args(argv=None):
         "shared machine OpenMP threads spin-wait on descheduled peers: with 2 threads under "
         "load, server CPU per token rose ~10x and tok/s varied 20x between identical runs",
     )
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--startup-timeout", type=float, default=240.0)
+    common.numbers(p, request_timeout=600.0, startup_timeout=240.0)
     p.add_argument(
         "--wait-load",
         type=float,

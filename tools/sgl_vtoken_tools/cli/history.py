@@ -283,12 +283,9 @@ def plot(rows: dict, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = common.parser(__doc__, __name__)
     p.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
-    p.add_argument("--sessions", type=int, default=16)
-    p.add_argument("--turns", type=int, default=8)
-    p.add_argument("--system-tokens", type=int, default=2048)
-    p.add_argument("--user-tokens", type=int, default=32)
-    p.add_argument("--reply-tokens", type=int, default=32)
-    p.add_argument("--budget", type=int, default=512)
+    common.numbers(
+        p, sessions=16, turns=8, system_tokens=2048, user_tokens=32, reply_tokens=32, budget=512
+    )
     p.add_argument("--pool", type=int, default=65536, help="--max-total-tokens of both servers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--page-sizes", default="1,16", help="history part: comma-separated page sizes")

@@ -107,10 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency", type=int, default=0, help="conversations in flight (0: all at once)"
     )
-    p.add_argument("--sessions", type=int, default=12)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--passage-tokens", type=int, default=200)
-    p.add_argument("--docqa", type=int, default=12)
+    common.numbers(p, sessions=12, turns=4, passage_tokens=200, docqa=12)
     p.add_argument("--docqa-lengths", type=int, nargs="+", default=[1000, 2000])
     p.add_argument(
         "--reply-tokens",

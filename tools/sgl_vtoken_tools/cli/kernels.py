@@ -22,17 +22,14 @@ import sys
 import time
 
 from sgl_vtoken_tools.cli import common
-from sgl_vtoken_tools.cli.common import read_lines
+from sgl_vtoken_tools.cli.common import numbers, read_lines
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 
 
 def parse_args(argv=None):
     p = common.parser(__doc__, __name__)
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--q-heads", type=int, default=32)
-    p.add_argument("--head-dim", type=int, default=128)
+    numbers(p, layers=32, kv_heads=8, q_heads=32, head_dim=128)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--tokens", default="256,1024,4096,16384,65536", help="repack move counts")
     p.add_argument("--patterns", default="compaction,scatter")

@@ -76,9 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="[label=]policy[:key=value,...] each",
     )
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512])
-    p.add_argument("--sink", type=int, default=16)
-    p.add_argument("--interval", type=int, default=16)
-    p.add_argument("--page-size", type=int, default=1)
+    common.numbers(p, sink=16, interval=16, page_size=1)
     p.add_argument(
         "--tasks",
         nargs="+",
@@ -132,8 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--recall-fillers", type=int, default=2, help="turns between the fact and the question"
     )
-    p.add_argument("--lm-windows", type=int, default=2)
-    p.add_argument("--lm-context", type=int, default=1024)
+    common.numbers(p, lm_windows=2, lm_context=1024)
     p.add_argument("--lm-tokens", type=int, default=256, help="teacher-forced tokens per window")
     p.add_argument(
         "--lm-greedy", type=int, default=32, help="greedy tokens compared with the full cache"

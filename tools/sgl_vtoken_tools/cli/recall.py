@@ -204,8 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--fillers", type=int, default=3, help="turns between the fact and the question"
     )
-    ap.add_argument("--filler-tokens", type=int, default=120)
-    ap.add_argument("--budget", type=int, default=256)
+    common.numbers(ap, filler_tokens=120, budget=256)
     ap.add_argument(
         "--recall",
         type=_budgets,
@@ -234,16 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--window", type=int, default=32, help="recent window of the non-positional policies"
     )
     ap.add_argument("--policies", default="streamingllm")
-    ap.add_argument("--sink", type=int, default=16)
-    ap.add_argument("--interval", type=int, default=16)
+    common.numbers(ap, sink=16, interval=16)
     ap.add_argument(
         "--score-layers",
         default=None,
         help="a-b: layers scoring attention and recall (default: the server's, the upper half of the layers)",
     )
-    ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--pool", type=int, default=8192)
-    ap.add_argument("--seed", type=int, default=0)
+    common.numbers(ap, max_new_tokens=16, pool=8192, seed=0)
     ap.add_argument("--out", default=None, help="JSON lines file (default: stdout only)")
     ap.add_argument("--plot", default=None, help="PNG of accuracy and device KV per setting")
     ap.add_argument(

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from sgl_vtoken_tools.cli.common import numbers
+
 
 def load(path: str, threads: int = 0):
     """(tokenizer, fast-reference model) of the folder `path`, after setting torch's threads."""
@@ -65,13 +67,9 @@ def server_script_parser(doc: str, pool_help: str, sink: int) -> argparse.Argume
     ap.add_argument("--model", default=SMOLLM2)
     ap.add_argument("--split", choices=SPLITS, required=True)
     ap.add_argument("--pool", type=int, default=1024, help=pool_help)
-    ap.add_argument("--page-size", type=int, default=1)
-    ap.add_argument("--budget", type=int, default=256)
+    numbers(ap, page_size=1, budget=256)
     ap.add_argument("--sink", type=int, default=sink)
-    ap.add_argument("--interval", type=int, default=16)
-    ap.add_argument("--prefill-chunk", type=int, default=64)
-    ap.add_argument("--max-new", type=int, default=24)
-    ap.add_argument("--seed", type=int, default=0)
+    numbers(ap, interval=16, prefill_chunk=64, max_new=24, seed=0)
     ap.add_argument("--out", default=None)
     return ap
 

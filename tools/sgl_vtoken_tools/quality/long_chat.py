@@ -29,6 +29,7 @@ import argparse
 import random
 import time
 
+from sgl_vtoken_tools.cli.common import numbers
 from sgl_vtoken_tools.quality.cli import (
     json_lines,
     served,
@@ -143,9 +144,7 @@ def servers(args) -> list[tuple[str, list[str]]]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = server_script_parser(__doc__, "the stock and evicting servers' pool", sink=4)
-    ap.add_argument("--conversations", type=int, default=2)
-    ap.add_argument("--turns", type=int, default=50)
-    ap.add_argument("--passage-tokens", type=int, default=60)
+    numbers(ap, conversations=2, turns=50, passage_tokens=60)
     ap.add_argument("--full-pool", type=int, default=8192, help="the full cache's pool")
     return ap
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from sgl_vtoken_tools.cli.common import numbers
 from sgl_vtoken_tools.quality.cli import (
     hits_by,
     json_lines,
@@ -99,8 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = server_script_parser(__doc__, "the evicting server's pool", sink=16)
     ap.add_argument("--times", type=int, nargs="+", default=[2, 3, 4], help="document / pool")
     ap.add_argument("--policy", default="h2o")
-    ap.add_argument("--window", type=int, default=32)
-    ap.add_argument("--recall", type=int, default=192)
+    numbers(ap, window=32, recall=192)
     return ap
 
 
