@@ -11,8 +11,7 @@ A `cell` line written before a figure existed renders it as "-".
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.bench.quantiles import spread
 from sgl_vtoken_tools.bench.quantiles import spread_text as _fmt
 
@@ -122,10 +121,7 @@ def table(cells: list[dict]) -> str:
 
 def plot(cells: list[dict], path: str, title: str = "") -> None:
     """Accuracy against throughput ratio to stock, one point per cell (median, min-max bars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, c in enumerate(cells):
@@ -151,7 +147,4 @@ def plot(cells: list[dict], path: str, title: str = "") -> None:
     ax.set_xlabel("output throughput / stock SGLang (same repeat)")
     ax.set_ylabel("answers right (%)")
     ax.set_title(title or "speed and answers, one run", fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)

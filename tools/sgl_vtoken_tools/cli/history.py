@@ -37,6 +37,7 @@ from pathlib import Path
 
 from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.http_client import stream_generate
+from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.bench.probe import vtoken_state
 from sgl_vtoken_tools.bench.results_md import write_section
 from sgl_vtoken_tools.bench.server_log import count_retractions
@@ -258,10 +259,7 @@ def sharing_markdown(args, results: dict) -> str:
 
 
 def plot(rows: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for (page, mode), rs in rows.items():
@@ -276,8 +274,7 @@ def plot(rows: dict, out: Path) -> None:
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_title("Multi-turn sessions: compacted-history reuse")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    save(fig, out, 120)
 
 
 def main(argv: list[str] | None = None) -> int:

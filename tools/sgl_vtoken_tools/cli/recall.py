@@ -29,9 +29,9 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 from sgl_vtoken_tools.bench.jsonl import RunLog
+from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.bench.probe import flush_cache
 from sgl_vtoken_tools.cli import common
 from sgl_vtoken_tools.cli.common import REPO
@@ -119,10 +119,7 @@ def _budgets(text: str) -> list[int]:
 def plot(records: list[dict], path: str) -> None:
     """Two panels from the trial and summary lines: pass-key accuracy per setting (hits/trials),
     and each trial's device KV after its last eviction (the full cache: its whole history)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     summaries = [r for r in records if r["kind"] == "summary"]
     trials = [r for r in records if r["kind"] == "trial"]
@@ -147,10 +144,7 @@ def plot(records: list[dict], path: str) -> None:
     b.set_xticks(range(len(labels)), labels, fontsize=7, rotation=12)
     b.set_ylabel("device KV tokens, last turn")
     b.set_title("KV the request holds (full cache: its history)", fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, 120)
 
 
 def build_trials(args, tok, wheel_dir=None) -> list:

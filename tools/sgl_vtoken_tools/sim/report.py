@@ -12,6 +12,8 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 
+from sgl_vtoken_tools.bench.plots import pyplot, save
+
 MODE_NAMES = {
     "noevict": "No-Evict",
     "naive": "Naive-Evict",
@@ -190,10 +192,7 @@ def plot(summary: list[dict], img_dir: str, page_size: int = 16) -> list[str]:
     """PNG plots (matplotlib, Agg): retained-page reduction and concurrency per policy."""
     import os
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     os.makedirs(img_dir, exist_ok=True)
     idx = _index(summary)
@@ -250,9 +249,7 @@ def plot(summary: list[dict], img_dir: str, page_size: int = 16) -> list[str]:
         )
         for ax, wl in zip(axes[0], workloads):
             bars(ax, series(wl), policies, f"{wl}: {title}", "")
-        fig.tight_layout()
         path = os.path.join(img_dir, name)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save(fig, path, 110)
         paths.append(path)
     return paths
