@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 
-from sgl_vtoken_tools.bench.cell_server import cell_spec as shared_cell_spec
 from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
 from sgl_vtoken_tools.bench.server_cells import CHAT
@@ -53,11 +52,6 @@ from sgl_vtoken_tools.cli import common
 
 # The README's rows, flag for flag as the joint benchmark runs them.
 CELLS = {name: JOINT_CELLS[name] for name in ("stock", "full", "h2o b256", CHAT)}
-
-
-def cell_spec(spec: str, remote: bool) -> tuple[str, object]:
-    """A `--cells` entry (`cell_server.cell_spec` over this script's CELLS)."""
-    return shared_cell_spec(spec, remote, CELLS)
 
 
 def longest_session(tok, sessions, reply_tokens: int) -> int:
@@ -92,9 +86,7 @@ def run(args) -> list[dict]:
             f"--pool {args.pool} cannot hold the longest session (up to {need} tokens): raise "
             "--pool or lower --turns / --tool-tokens"
         )
-    cells = sorted(
-        (cell_spec(c, bool(args.base_url)) for c in args.cells), key=lambda c: c[0] != "full"
-    )  # agreement needs the full cache's answers first
+    cells = common.cells_in_order(args, CELLS, "full")  # agreement needs its answers first
     replies = None
     if args.replies:
         path, cell = args.replies
@@ -172,7 +164,7 @@ def check(parser: argparse.ArgumentParser, args) -> None:
     except ValueError as e:
         field = str(e).split(" ", 1)[0].split(".")[-1].rstrip(":").replace("num", "sessions")
         parser.error(f"--{field.replace('_', '-')}: {e}")
-    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url)))
+    common.check_cells(parser, args, CELLS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, cell_spec, served_model
+from sgl_vtoken_tools.bench.cell_server import Plays, served_model
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 from sgl_vtoken_tools.cli import common
 
@@ -78,11 +78,6 @@ def longest(tok, convs, max_tokens: int) -> int:
         peak_tokens(tok, [{"role": "user", "content": m} for m in c.messages], max_tokens)
         for c in convs
     )
-
-
-def ordered(cells: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """Stock first, then the others in their order."""
-    return sorted(cells, key=lambda c: c[0] != "stock")
 
 
 def run(args) -> list[dict]:
@@ -107,7 +102,7 @@ def run(args) -> list[dict]:
             f"--pool {args.pool} cannot hold the longest conversation (up to {need} tokens): "
             "raise --pool, lower --passages / --max-tokens, or pass --past-pool"
         )
-    cells = ordered([cell_spec(c, bool(args.base_url), CELLS) for c in args.cells])
+    cells = common.cells_in_order(args, CELLS, "stock")
     mode = "one-at-a-time" if args.one_at_a_time else "rounds"
     run = common.run_log(
         args,
@@ -199,7 +194,7 @@ def check(parser, args) -> None:
     if not 1 <= least <= most:
         parser.error(f"--passage-words: need 1 <= LEAST <= MOST (got {least} {most})")
     common.check_split(parser, args.split, args.seed)
-    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url), CELLS))
+    common.check_cells(parser, args, CELLS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,13 +117,21 @@ def check_split(p: argparse.ArgumentParser, split: str, seed: int) -> None:
         p.error(f"--seed must be in [0, {SEEDS_PER_SPLIT}) (got {seed})")
 
 
-def check_cells(p: argparse.ArgumentParser, cells: list[str], spec) -> None:
-    """Status 2 naming `--cells` for an entry `spec(entry)` refuses with a ValueError."""
-    for c in cells:
-        try:
-            spec(c)
-        except ValueError as e:
-            p.error(f"--cells: {e}")
+def cells_in_order(args, cells: dict, first: str | None = None) -> list[tuple[str, object]]:
+    """`--cells` as `cell_server.cell_spec` reads them against `cells` (a running server's with
+    `--base-url`), cell `first` first and the others in their order."""
+    from sgl_vtoken_tools.bench.cell_server import cell_spec
+
+    remote = bool(getattr(args, "base_url", None))
+    return sorted((cell_spec(c, remote, cells) for c in args.cells), key=lambda c: c[0] != first)
+
+
+def check_cells(p: argparse.ArgumentParser, args, cells: dict) -> None:
+    """Status 2 naming `--cells` for an entry `cells_in_order` refuses with a ValueError."""
+    try:
+        cells_in_order(args, cells)
+    except ValueError as e:
+        p.error(f"--cells: {e}")
 
 
 def from_args(cls, args, **given):

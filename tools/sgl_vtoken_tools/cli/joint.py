@@ -62,9 +62,7 @@ def run(args) -> list[dict]:
     model = resolve_model(args.model)
     spec = common.from_args(JointSpec, args)
     convs = conversations(AutoTokenizer.from_pretrained(model), spec, args.wheel_dir)
-    cells = sorted(
-        (cell_flags(c) for c in args.cells), key=lambda c: c[0] != "full"
-    )  # agreement needs it first
+    cells = common.cells_in_order(args, CELLS, "full")  # agreement needs its answers first
     run = common.run_log(args, model, cells, False, spec=vars(spec), conversations=len(convs))
     common.play_repeats(
         args,

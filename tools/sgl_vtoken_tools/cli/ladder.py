@@ -65,17 +65,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, cell_spec, served_model
+from sgl_vtoken_tools.bench.cell_server import Plays, served_model
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 from sgl_vtoken_tools.cli import common
 
 DEFAULT_CELLS = ("stock", "full", CHAT, "pressure")
 DEFAULT_LOADS = "0.1,0.25,0.5,1,2"
-
-
-def ordered(cells: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """The full cache first (answers_vs_full needs its answers), then the others in order."""
-    return sorted(cells, key=lambda c: c[0] != "full")
 
 
 def sessions_of(args, tok) -> list:
@@ -126,7 +121,7 @@ def run(args) -> list[dict]:
             f"--pool {args.pool} cannot hold the largest session (up to {need} tokens): raise "
             "--pool or lower --passages / --max-tokens / --agent-turns / --tool-tokens"
         )
-    cells = ordered([cell_spec(c, bool(args.base_url), CELLS) for c in args.cells])
+    cells = common.cells_in_order(args, CELLS, "full")  # answers_vs_full needs its answers
     unit = ladder.unit_arrivals(len(sessions), args.seed)
     run = common.run_log(
         args,
@@ -308,7 +303,7 @@ def check(parser: argparse.ArgumentParser, args) -> None:
     except ValueError as e:
         flag = "--agent-turns" if "turns" in str(e) else "--tool-tokens"
         parser.error(f"{flag}: {e}")
-    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url), CELLS))
+    common.check_cells(parser, args, CELLS)
 
 
 def main(argv: list[str] | None = None) -> int:
