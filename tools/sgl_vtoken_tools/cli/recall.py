@@ -32,7 +32,7 @@ import time
 
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.plots import pyplot, save
-from sgl_vtoken_tools.bench.probe import flush_cache
+from sgl_vtoken_tools.bench.probe import flush_cache, vtoken_state
 from sgl_vtoken_tools.cli import common
 from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec = run_trial(client, tok, trial, label, kv, args.max_new_tokens, eos)
                 by_setting.setdefault(label, []).append(rec)
                 emit(rec)
-        state = requests_state(server.base_url)
+        state = vtoken_state(server.base_url, strict=True)
     for label, _ in cells:
         emit(summary(label, by_setting[label]))
     emit(
@@ -333,11 +333,3 @@ def main(argv: list[str] | None = None) -> int:
     log.close()
     if args.plot:
         plot(records, args.plot)
-
-
-def requests_state(base_url: str) -> dict:
-    import requests
-
-    return requests.get(base_url + "/get_server_info", timeout=30).json()["internal_states"][0][
-        "vtoken"
-    ]
