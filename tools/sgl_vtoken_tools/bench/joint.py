@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from sgl_vtoken_tools.bench.http_client import stream_chat
+from sgl_vtoken_tools.bench.http_client import chat_payload, stream_chat
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials, session_trials
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
@@ -138,15 +138,8 @@ def chat_turn(
     `reply` and history figures (`history_fields`); `opts`: ``reply_tokens``, ``kv_evict`` (the
     per-request ``custom_params.kv_evict``, None: the server's flags), ``rid_prefix`` and
     ``timeout``. Times are seconds since `t0`."""
-    payload = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": opts["reply_tokens"],
-        "temperature": 0,
-        "rid": f"{opts['rid_prefix']}-{conversation}-t{turn}",
-    }
-    if opts["kv_evict"] is not None:
-        payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
+    rid = f"{opts['rid_prefix']}-{conversation}-t{turn}"
+    payload = chat_payload(model, messages, opts["reply_tokens"], rid, opts["kv_evict"])
     rec = stream_chat(http, base_url, payload, opts["timeout"], kv_evict=True)
     rec.update(history_fields(rec.pop("kv_evict")))
     rec["reply"] = rec.pop("text")
