@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import signal
 import sys
 import time
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.cli import common
 from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.quality.cli import json_lines, load
@@ -186,8 +186,7 @@ def merge_runs(paths: list[str]) -> list[dict]:
     or server record seen in an earlier file is dropped from later ones (the full cache)."""
     out, seen = [], set()
     for path in paths:
-        for line in open(path):
-            r = json.loads(line)
+        for r in common.read_lines(path):
             if r["kind"] == "summary":
                 continue
             key = (r["kind"], r.get("task"), r.get("trial"), r.get("setting"), r.get("budget"))
@@ -208,22 +207,20 @@ def write_tasks(plan: Plan, path: str) -> int:
     names = tuple(t for t in plan.tasks if t in ("docqa", "kv", "needle")) or ("docqa",)
     built = build_tasks(dataclasses.replace(plan, tasks=names), tok)
     trials = [t for name in names for t in built[name]]
-    with open(path, "w") as f:
-        for t in trials:
-            f.write(
-                json.dumps(
-                    {
-                        "kind": "task",
-                        "task": t.task,
-                        "trial": t.id,
-                        "prompt": list(t.prompt),
-                        "answer": t.answer,
-                        "span": list(t.span),
-                        **t.meta,
-                    }
-                )
-                + "\n"
-            )
+    log = RunLog(path)
+    for t in trials:
+        log.emit(
+            {
+                "kind": "task",
+                "task": t.task,
+                "trial": t.id,
+                "prompt": list(t.prompt),
+                "answer": t.answer,
+                "span": list(t.span),
+                **t.meta,
+            }
+        )
+    log.close()
     print(f"{len(trials)} {'/'.join(names)} trials ({plan.split}) -> {path}", file=sys.stderr)
     return 0
 
@@ -267,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         records = merge_runs(args.report)
         summaries, md = write_outputs(records, args.plot, args.title)
-        if args.out:
-            with open(args.out, "w") as f:
-                for r in records + summaries:
-                    f.write(json.dumps(r) + "\n")
+        log = RunLog(args.out)
+        for r in records + summaries:
+            log.emit(r)
+        log.close()
         if args.markdown:
             Path(args.markdown).write_text(md)
         print(md)
@@ -301,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         if args.server_only:
-            previous = [json.loads(line) for line in open(args.server_only)]
+            previous = common.read_lines(args.server_only)
             records = [r for r in previous if r["kind"] == "trial"]
             for r in previous:
                 if r["kind"] in ("trial", "timing"):
