@@ -37,6 +37,7 @@ from pathlib import Path
 
 from sgl_vtoken.patches.core.shortage import KINDS as SHORTAGE_KINDS
 from sgl_vtoken_tools import forced_shortage
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken_tools.bench.stress_spec import FORCED, TrafficSpec
 from sgl_vtoken_tools.cli import common
@@ -122,17 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             "--server-log goes with --base-url (a server this script starts logs to its own file)"
         )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the server is stopped
-    outs = [sys.stdout] + [open(p, "w") for p in (args.out,) if p]
-    per_request = open(args.requests_out, "w") if args.requests_out else None
-
-    def emit(rec: dict) -> None:
-        for f in outs:
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-
-    def on_request(rec: dict) -> None:
-        if per_request is not None:
-            per_request.write(json.dumps(rec) + "\n")
+    log, per_request = RunLog(args.out, echo=True), RunLog(args.requests_out)
+    emit = log.emit
 
     server = None
     try:
@@ -213,12 +205,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as e:
             parser.error(f"--duration/--workers: {e}")
-        summary = run_stress(cfg, emit, on_request)
+        summary = run_stress(cfg, emit, per_request.emit)
     finally:
         if server is not None:
             server.stop()
-        for f in outs[1:] + ([per_request] if per_request else []):
-            f.close()
+        log.close()
+        per_request.close()
     failed = [k for k, v in summary["checks"].items() if v is False]
     print(
         ("stress: every check passed" if summary["ok"] else f"stress: FAILED {', '.join(failed)}")
