@@ -8,6 +8,7 @@ group, so no scheduler or detokenizer outlives it. No sglang import here: the ch
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -51,6 +52,23 @@ def cpu_server_args(
         str(page_size),
         "--sleep-on-idle",
     ]
+
+
+def evict_args(
+    policy: str, budget, interval=None, sink=None, window=None, config=None
+) -> list[str]:
+    """The plugin's flags: `--kv-evict` `policy` and its budget, then those given of its sinks,
+    window, interval and `--kv-evict-config` (a dict as JSON, a string as it is)."""
+    flags = ["--kv-evict", policy, "--kv-budget", str(budget)]
+    for flag, value in (
+        ("--kv-sink", sink),
+        ("--kv-window", window),
+        ("--kv-evict-interval", interval),
+    ):
+        flags += [flag, str(value)] if value is not None else []
+    if config is not None:
+        flags += ["--kv-evict-config", config if isinstance(config, str) else json.dumps(config)]
+    return flags
 
 
 class ServerProcess:

@@ -77,7 +77,7 @@ def wait_for_quiet(max_load: float | None, timeout: float) -> None:
 
 
 def capacity(args, model: Path, log_dir: Path) -> None:
-    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 
     base = cpu_server_args(model, args.max_total_tokens, args.page_size) + [
         "--dtype",
@@ -87,19 +87,8 @@ def capacity(args, model: Path, log_dir: Path) -> None:
     ]
     configs = [("stock", ["--kv-evict", "none"])]
     for interval in args.intervals:
-        configs.append(
-            (
-                f"streamingllm-b{args.budget}-i{interval}",
-                [
-                    "--kv-evict",
-                    "streamingllm",
-                    "--kv-budget",
-                    str(args.budget),
-                    "--kv-evict-interval",
-                    str(interval),
-                ],
-            )
-        )
+        name = f"streamingllm-b{args.budget}-i{interval}"
+        configs.append((name, evict_args("streamingllm", args.budget, interval)))
 
     for name, extra in configs:
         log_path = log_dir / f"capacity-{name}.log"

@@ -23,6 +23,7 @@ from sgl_vtoken_tools.bench.gateway import routes, run_route, start_replicas
 from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.quantiles import median_text
 from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.launcher import evict_args
 
 
 def table(lines: list[dict]) -> str:
@@ -65,15 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model = args.model or resolve_model("tiny")
     work = common.workload(args)
-    flags = (
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(args.budget),
-        "--kv-evict-interval",
-        str(args.page_size),
-        "--disable-overlap-schedule",
-    )
+    flags = (*evict_args("streamingllm", args.budget, args.page_size), "--disable-overlap-schedule")
     plan = routes(args.policies.split(","), tuple(args.smg_flags.split()))
     replicas = start_replicas(model, args.replicas, args.pool, args.page_size, flags)
     log = RunLog(args.out, append=True, echo=True)

@@ -42,7 +42,7 @@ from sgl_vtoken_tools.bench.probe import vtoken_state
 from sgl_vtoken_tools.bench.results_md import write_section
 from sgl_vtoken_tools.bench.server_log import count_retractions
 from sgl_vtoken_tools.cli import common
-from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 
 # mode -> extra server flags: continue from the stored compacted history; cache full-attention
 # prompts only (each turn prefills what its cached prompt lacks); no radix cache at all.
@@ -68,8 +68,7 @@ def bound(args, page_size: int) -> int:
 def server_cmd(model: str, pool: int, page_size: int, budget: int, every: int, flags) -> list:
     """A fp32 CPU server evicting with streamingllm at `budget` every `every` steps, cache report
     on, then `flags`."""
-    evict = ["--kv-evict", "streamingllm", "--kv-budget", str(budget)]
-    evict += ["--kv-evict-interval", str(every), "--enable-cache-report"]
+    evict = evict_args("streamingllm", budget, every) + ["--enable-cache-report"]
     return cpu_server_args(model, pool, page_size) + ["--dtype", "float32", *evict, *flags]
 
 

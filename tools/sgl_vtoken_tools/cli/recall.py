@@ -35,7 +35,7 @@ from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.bench.probe import flush_cache, vtoken_state
 from sgl_vtoken_tools.cli import common
 from sgl_vtoken_tools.cli.common import REPO
-from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 from sgl_vtoken_tools.quality.server_check import Client, _strip
 from sgl_vtoken_tools.quality.splits import SPLITS, session_trials
 from sgl_vtoken_tools.quality.tasks import next_turn_ids, recall_trials, trial_record
@@ -277,19 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     trials = build_trials(args, tok)
     config = server_config(args)
-    flags = cpu_server_args(model, args.pool, 1) + [
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(args.budget),
-        "--kv-sink",
-        str(args.sink),
-        "--kv-evict-interval",
-        str(args.interval),
-        "--kv-evict-config",
-        json.dumps(config),
-        "--disable-overlap-schedule",
-    ]
+    flags = cpu_server_args(model, args.pool, 1) + evict_args(
+        "streamingllm", args.budget, args.interval, args.sink, config=config
+    )
+    flags.append("--disable-overlap-schedule")
     cells = settings(args.policies.split(","), args.budget, args.recall, args.window)
     log = RunLog(args.out, echo=True)
     records, emit = log.records, log.emit

@@ -41,7 +41,7 @@ from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken_tools.bench.stress_spec import FORCED, TrafficSpec
 from sgl_vtoken_tools.cli import common
-from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,19 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             from sgl_vtoken_tools.bench.cell_server import resolve_model
 
             model = args.model_path or resolve_model("tiny")
-            flags = [
-                "--dtype",
-                "float32",
-                "--enable-metrics",
-                "--kv-evict",
-                args.policy,
-                "--kv-budget",
-                str(args.budget),
-                "--kv-evict-interval",
-                str(args.interval),
-                "--kv-evict-trigger",
-                args.trigger,
-            ]
+            flags = ["--dtype", "float32", "--enable-metrics"]
+            flags += evict_args(args.policy, args.budget, args.interval)
+            flags += ["--kv-evict-trigger", args.trigger]
             flags += ["--kv-evict-config", args.kv_evict_config] if args.kv_evict_config else []
             flags += ["--disable-overlap-schedule"] if args.disable_overlap_schedule else []
             env = {

@@ -48,25 +48,13 @@ def cells(args) -> list[tuple[str, dict | None]]:
 
 
 def server_flags(args) -> list[str]:
-    from sgl_vtoken_tools.launcher import cpu_server_args
+    from sgl_vtoken_tools.launcher import cpu_server_args, evict_args
 
-    return cpu_server_args(args.model, args.pool, args.page_size) + [
-        "--dtype",
-        "float32",
-        "--kv-evict",
-        args.policy,
-        "--kv-budget",
-        str(args.budget),
-        "--kv-sink",
-        str(args.sink),
-        "--kv-window",
-        str(args.window),
-        "--kv-evict-interval",
-        str(args.interval),
-        "--kv-evict-config",
-        args.server_config,
-        *shlex.split(args.server_args),
-    ]
+    evict = evict_args(
+        args.policy, args.budget, args.interval, args.sink, args.window, args.server_config
+    )
+    flags = cpu_server_args(args.model, args.pool, args.page_size) + ["--dtype", "float32"]
+    return flags + evict + shlex.split(args.server_args)
 
 
 def play(client, tok, trial: Trial, label: str, kv_evict: dict | None, max_new: int) -> dict:
