@@ -1,9 +1,12 @@
 """What the benchmark commands share: the repository root, a parser per command, the flags they
-have in common (model, server, split, output), bad-flag checks that stop before any server
-starts, and the report-or-run ending of the scored server benchmarks.
+have in common (plain numbers, model, server, split, output; `play_parser`: those of a command
+that plays cells on servers), bad-flag checks that stop before any server starts, settings
+built from the flags (`from_args`), and the run log, plays and report-or-run ending of the
+scored server benchmarks.
 
     p = parser(__doc__, __name__)
     model_flag(p); server_flags(p, 2048, "..."); split_flags(p); output_flags(p)
+    numbers(p, sessions=8, turns=4)                            # --sessions 8, --turns 4
     at_least_one(p, repeats=args.repeats, pool=args.pool)      # status 2 naming the flag
 """
 
@@ -208,10 +211,6 @@ def workload(args):
 CELLS_HELP = "names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)"
 
 
-def cells_flag(p: argparse.ArgumentParser, default, help: str = CELLS_HELP) -> None:
-    p.add_argument("--cells", nargs="+", default=list(default), help=help)
-
-
 def server_of(args, model: str, name: str, flags, no_overlap: bool = True):
     """`cell_server` of cell `name` with the command's server flags (`server_flags`): launched
     on `--pool` tokens at `--page-size` with `--server-args` (after ``--disable-overlap-schedule``
@@ -247,7 +246,7 @@ def play_parser(
     `cells`), `server_flags` (`remote`: a running server too) and `--repeats` (3)."""
     p = parser(doc, module)
     model_flag(p, model_help)
-    cells_flag(p, cells, cells_help)
+    p.add_argument("--cells", nargs="+", default=list(cells), help=cells_help)
     server_flags(p, pool, pool_help, remote=remote)
     p.add_argument("--repeats", type=int, default=3, help=repeats_help)
     return p
