@@ -26,13 +26,12 @@ from pathlib import Path
 
 import requests
 
-from sgl_vtoken_tools.launcher import free_port
+from sgl_vtoken_tools.launcher import ChildProcess, free_port
 
 ROUTED_WORKER = "x-smg-routed-worker-id"  # response header: the URL of the worker that served it
-ROUTING_KEY = "X-SMG-Routing-Key"  # request header the `manual` policy pins to a worker
 
 
-class GatewayProcess:
+class GatewayProcess(ChildProcess):
     """One `smg launch` over `worker_urls` with `policy`; `extra`: more smg flags."""
 
     def __init__(
@@ -76,14 +75,7 @@ class GatewayProcess:
         self.model: str | None = None
 
     def start(self) -> GatewayProcess:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self.spawn(self.args)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -108,10 +100,6 @@ class GatewayProcess:
         self.model = models[0]["id"] if models else None
         return self.model is not None
 
-    def log_tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
     def stop(self) -> None:
         """Kill the gateway's process group (it holds no state worth draining)."""
         if self.proc is None or self.proc.poll() is not None:
@@ -121,9 +109,3 @@ class GatewayProcess:
         except ProcessLookupError:
             return
         self.proc.wait(10)
-
-    def __enter__(self) -> GatewayProcess:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -8,6 +8,7 @@ group, so no scheduler or detokenizer outlives it. No sglang import here: the ch
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -53,7 +54,55 @@ def cpu_server_args(
     ]
 
 
-class ServerProcess:
+def evict_args(
+    policy: str, budget, interval=None, sink=None, window=None, config=None
+) -> list[str]:
+    """The plugin's flags: `--kv-evict` `policy` and its budget, then those given of its sinks,
+    window, interval and `--kv-evict-config` (a dict as JSON, a string as it is)."""
+    flags = ["--kv-evict", policy, "--kv-budget", str(budget)]
+    for flag, value in (
+        ("--kv-sink", sink),
+        ("--kv-window", window),
+        ("--kv-evict-interval", interval),
+    ):
+        flags += [flag, str(value)] if value is not None else []
+    if config is not None:
+        flags += ["--kv-evict-config", config if isinstance(config, str) else json.dumps(config)]
+    return flags
+
+
+class ChildProcess:
+    """A child process in its own session (`proc`), its output in the file `log_path`; a context
+    manager around `start()` and `stop()`, which subclasses define."""
+
+    proc: subprocess.Popen | None
+    log_path: Path
+
+    def spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                args,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ServerProcess(ChildProcess):
     """One SGLang HTTP server. Use as a context manager, or call `start()` and `stop()`."""
 
     def __init__(
@@ -87,15 +136,7 @@ class ServerProcess:
         `attempts` launches in all."""
         t0 = time.monotonic()
         for attempt in range(attempts):
-            with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen(
-                    self.args,
-                    env=self.env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+            self.spawn(self.args, self.env)
             while time.monotonic() - t0 < self.startup_timeout:
                 if self.proc.poll() is not None:
                     raise RuntimeError(
@@ -129,12 +170,6 @@ class ServerProcess:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
 
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
-
     def stop(self, timeout: float = 20.0, kill: bool = False) -> None:
         """Terminate the server's process group; kill it if it does not exit in `timeout` s.
         `kill`: SIGKILL at once (a test server with nothing left to drain: SGLang's own shutdown
@@ -159,9 +194,3 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -119,14 +119,7 @@ def _build_weights(spec: TinyModelSpec, out: Path, bos_id: int, eos_id: int, pad
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        initializer_range=spec.initializer_range,
+        **{k: v for k, v in asdict(spec).items() if k != "seed"},
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,

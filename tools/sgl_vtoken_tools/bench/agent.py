@@ -194,32 +194,3 @@ def _play(cfg: AgentConfig, work, t0: float, progress: bool) -> list[dict]:
     if bar is not None:
         bar.close()
     return recs
-
-
-def print_table(result: dict, stream=sys.stderr) -> None:
-    """The run's turn table and headline figures, for a terminal."""
-    s = result["summary"]
-    print(
-        f"{'turn':>5} {'n':>4} {'ttft p50/p95 ms':>18} {'tpot p50 ms':>12} {'e2e p95 ms':>11} {'prompt':>8} {'cached':>7}",
-        file=stream,
-    )
-    for t in result["turns"] + [dict(s, turn="all")]:
-        n = max(1, t["completed"])
-        cached = "-" if t["cached_tokens"] is None else t["cached_tokens"] // n
-        print(
-            f"{t['turn']:>5} {t['completed']:>4} {str(t['ttft_ms']['p50']) + ' / ' + str(t['ttft_ms']['p95']):>18} "
-            f"{str(t['tpot_ms']['p50']):>12} {str(t['e2e_ms']['p95']):>11} {t['prompt_tokens'] // n:>8} {cached:>7}",
-            file=stream,
-        )
-    vt = s["vtoken"] or {}
-    print(
-        f"output tok/s {s['output_tokens_per_s']}, peak running {s['peak_running']} "
-        f"(log {s['peak_running_log']}, sampled {s['peak_running_sampled']}), retractions {s['retractions']} "
-        f"({s['retractions_source']}), failed {s['failed']}, KV pages/running req {s['kv_pages_per_running_req']}"
-        + (
-            f", vToken evicted {vt['delta']['evicted_tokens']}, retained pages/req {vt['retained_pages_per_req']}"
-            if vt
-            else ""
-        ),
-        file=stream,
-    )

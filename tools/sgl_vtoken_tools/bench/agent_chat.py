@@ -17,9 +17,7 @@ user and assistant turns only) or "tool".
 
 from __future__ import annotations
 
-import requests
-
-from sgl_vtoken_tools.bench.joint import chat_turn, held_tokens, play_all
+from sgl_vtoken_tools.bench.joint import play_all, play_turns
 from sgl_vtoken_tools.quality.agent_sessions import SYSTEM, AgentSession
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
 
@@ -64,21 +62,11 @@ def load_replies(lines: list[dict], cell: str) -> dict[tuple[str, int], str]:
 def _session(
     base_url: str, model: str, sess: AgentSession, opts: dict, t0: float
 ) -> tuple[list[dict], dict]:
-    http = requests.Session()
-    messages = [{"role": "system", "content": SYSTEM}]
-    recs, reply, kv = [], "", 0
-    for turn, (role, text) in enumerate(sess.turns, start=1):
-        messages.append({"role": opts["tool_role"] if role == "tool" else role, "content": text})
-        rec = chat_turn(http, base_url, model, messages, opts, sess.id, turn, t0)
-        reply = rec["reply"]
-        recs.append(rec)
-        if rec["error"] is not None:
-            break  # the session cannot go on without the reply
-        kv = max(kv, held_tokens(rec))
-        # the history goes on with the reply given (`replies`: another run's), else the server's
-        said = opts["replies"].get((sess.id, turn), reply)
-        messages.append({"role": "assistant", "content": said})
-    failed = any(r["error"] is not None for r in recs)
+    turns = [(opts["tool_role"] if role == "tool" else role, text) for role, text in sess.turns]
+    system = [{"role": "system", "content": SYSTEM}]
+    recs, reply, failed, kv = play_turns(
+        base_url, model, sess.id, turns, opts, t0, system, opts["replies"]
+    )
     return recs, answer_record(sess, reply, failed, kv)
 
 

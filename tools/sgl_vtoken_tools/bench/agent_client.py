@@ -9,6 +9,7 @@ import time
 
 import requests
 
+from sgl_vtoken_tools.bench import http_client
 from sgl_vtoken_tools.bench.http_client import stream_chat
 from sgl_vtoken_tools.bench.workload import Session
 
@@ -27,19 +28,10 @@ def output_hash(text: str) -> str:
 
 def chat_payload(cfg, messages: list[dict], rid: str | None) -> dict:
     """The chat completion body of one turn under an `agent.AgentConfig`."""
-    payload = {
-        "model": cfg.model,
-        "messages": messages,
-        "max_tokens": cfg.reply_tokens,
-        "temperature": cfg.temperature,
-    }
-    if cfg.ignore_eos:
-        payload["ignore_eos"] = True
-    if cfg.kv_evict is not None:
-        payload["custom_params"] = {"kv_evict": cfg.kv_evict}
-    if rid is not None:
-        payload["rid"] = rid
-    return payload
+    payload = http_client.chat_payload(
+        cfg.model, messages, cfg.reply_tokens, rid, cfg.kv_evict, cfg.temperature
+    )
+    return {**payload, "ignore_eos": True} if cfg.ignore_eos else payload
 
 
 def run_session(

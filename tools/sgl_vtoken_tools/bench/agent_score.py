@@ -13,8 +13,11 @@ per cell (each figure's spread over repeats), and their markdown table.
 
 from __future__ import annotations
 
+from functools import partial
+
 from sgl_vtoken_tools.bench import joint
-from sgl_vtoken_tools.bench.quantiles import spread
+from sgl_vtoken_tools.bench.joint_table import RATIOS, spread_lines
+from sgl_vtoken_tools.bench.quantiles import spread_text as _fmt
 
 CELL_KEYS = (
     "output_tokens_per_s",
@@ -43,55 +46,15 @@ ACCURACY_BY_FACT = {
 }
 
 
-def summarize(
-    reqs: list[dict],
-    answers: list[dict],
-    wall: float,
-    log: str | None = None,
-    reference: list[dict] | None = None,
-    host: dict | None = None,
-) -> dict:
-    """One run's figures (`joint.summarize`'s, counted in sessions, accuracy by where the fact
-    was); `reference`: the full cache's answer records of the same sessions (agreement: None
-    without one); `log`: the server's log written during the run; `host`: `joint.host_moved` over
-    the run (None: no plugin state)."""
-    return joint.summarize(reqs, answers, wall, log, reference, host, "sessions", ACCURACY_BY_FACT)
+# One run's figures: `joint.summarize`'s, counted in sessions, accuracy by where the fact was.
+summarize = partial(joint.summarize, count_key="sessions", accuracy_by=ACCURACY_BY_FACT)
 
 
 def cell_lines(summaries: list[dict]) -> list[dict]:
     """One `cell` line per cell (first-seen order): every CELL_KEYS figure's spread over the
     repeats and `throughput_ratio`, output tokens/s over stock's of the same repeat (None
     without a `stock` cell)."""
-    stock = {s["repeat"]: s["output_tokens_per_s"] for s in summaries if s["cell"] == "stock"}
-    out = []
-    for c in dict.fromkeys(s["cell"] for s in summaries):
-        rows = [s for s in summaries if s["cell"] == c]
-        ratios = [
-            r["output_tokens_per_s"] / stock[r["repeat"]]
-            for r in rows
-            if stock.get(r["repeat"]) and r["output_tokens_per_s"] is not None
-        ]
-        out.append(
-            {
-                "kind": "cell",
-                "cell": c,
-                "repeats": len(rows),
-                **{k: spread([r.get(k) for r in rows]) for k in CELL_KEYS},
-                "throughput_ratio": spread(ratios),
-            }
-        )
-    return out
-
-
-def _fmt(s: dict | None, digits: int = 1, pct: bool = False) -> str:
-    if s is None:
-        return "-"
-
-    def f(v: float) -> str:
-        return f"{100 * v:.0f}" if pct else f"{v:.{digits}f}"
-
-    mid = f(s["median"])
-    return mid if s["min"] == s["max"] else f"{mid} ({f(s['min'])}-{f(s['max'])})"
+    return spread_lines(summaries, CELL_KEYS, RATIOS[:1])
 
 
 def table(cells: list[dict]) -> str:

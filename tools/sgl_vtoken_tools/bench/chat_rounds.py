@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from sgl_vtoken_tools.bench.http_client import stream_chat
+from sgl_vtoken_tools.bench.http_client import chat_payload, stream_chat
 from sgl_vtoken_tools.bench.joint import history_fields, history_turns
 from sgl_vtoken_tools.bench.quantiles import median_text
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
@@ -259,15 +259,9 @@ def send_turn(
     ``rid_prefix`` (request id ``{rid_prefix}-{conv_id}-t{turn}``), ``max_tokens``,
     ``timeout`` and ``t0`` (monotonic; the record's `t_start` and `t_end` count from it)."""
     state["messages"].append({"role": "user", "content": content})
-    payload = {
-        "model": model,
-        "messages": list(state["messages"]),
-        "max_tokens": opts["max_tokens"],
-        "temperature": 0,
-        "rid": f"{opts['rid_prefix']}-{conv_id}-t{turn}",
-    }
-    if opts["kv_evict"] is not None:
-        payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
+    rid = f"{opts['rid_prefix']}-{conv_id}-t{turn}"
+    messages = list(state["messages"])
+    payload = chat_payload(model, messages, opts["max_tokens"], rid, opts["kv_evict"])
     rec = stream_chat(state["http"], base_url, payload, opts["timeout"], kv_evict=True)
     report = rec.pop("kv_evict")
     reply = rec.pop("text")

@@ -1,6 +1,6 @@
 """The eviction step on an SGLang-shaped fake pool: batched pass against the per-row path.
 
-Drives the server's own step code (`sgl_vtoken.step`: `decide`, `apply`) and its per-row oracle
+Drives the server's own step code (`sgl_vtoken.step.decide`, `step_apply.apply`) and its per-row oracle
 (`sgl_vtoken_tools.step_ref.evict_row_ref`) on the same rows of the same pool, one after the other,
 restoring the slot table and the K/V contents in between (untimed). Needs torch only (Triton
 on CUDA); no SGLang.

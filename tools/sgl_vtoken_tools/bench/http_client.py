@@ -46,6 +46,24 @@ def stream_generate(base_url: str, ids: list[int], n: int, rid: str, timeout: fl
     return {"ttft": ttft, "output_ids": last["output_ids"], "meta": last["meta_info"]}
 
 
+def chat_payload(
+    model: str, messages: list[dict], max_tokens: int, rid: str | None, kv_evict=None, temperature=0
+) -> dict:
+    """A chat completion's body: request id `rid` (None: the server picks one), `kv_evict` the
+    per-request ``custom_params.kv_evict`` (None: the server's flags)."""
+    payload = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+    }
+    if kv_evict is not None:
+        payload["custom_params"] = {"kv_evict": kv_evict}
+    if rid is not None:
+        payload["rid"] = rid
+    return payload
+
+
 def stream_chat(
     http: requests.Session, base_url: str, payload: dict, timeout: float, kv_evict: bool = False
 ) -> dict:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from sgl_vtoken_tools.bench.http_client import stream_chat
+from sgl_vtoken_tools.bench.http_client import chat_payload, stream_chat
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials, session_trials
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
@@ -138,15 +138,8 @@ def chat_turn(
     `reply` and history figures (`history_fields`); `opts`: ``reply_tokens``, ``kv_evict`` (the
     per-request ``custom_params.kv_evict``, None: the server's flags), ``rid_prefix`` and
     ``timeout``. Times are seconds since `t0`."""
-    payload = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": opts["reply_tokens"],
-        "temperature": 0,
-        "rid": f"{opts['rid_prefix']}-{conversation}-t{turn}",
-    }
-    if opts["kv_evict"] is not None:
-        payload["custom_params"] = {"kv_evict": opts["kv_evict"]}
+    rid = f"{opts['rid_prefix']}-{conversation}-t{turn}"
+    payload = chat_payload(model, messages, opts["reply_tokens"], rid, opts["kv_evict"])
     rec = stream_chat(http, base_url, payload, opts["timeout"], kv_evict=True)
     rec.update(history_fields(rec.pop("kv_evict")))
     rec["reply"] = rec.pop("text")
@@ -181,21 +174,36 @@ def play_all(items: list, play_one, concurrency: int = 0) -> tuple[list[dict], l
     return reqs, [a for _, a in results], wall
 
 
-def _conversation(
-    base_url: str, model: str, conv: Conversation, opts: dict, t0: float
-) -> tuple[list[dict], dict]:
+def play_turns(
+    base_url: str, model: str, conv_id: str, turns, opts: dict, t0: float, messages=(), replies=None
+) -> tuple[list[dict], str, bool, int]:
+    """Conversation `conv_id`'s `turns` ((role, text)) after `messages` (e.g. a system prompt),
+    one `chat_turn` each in one HTTP session, each reply fed back (``replies[(conv_id, turn)]``
+    instead where given); it stops at a failed turn. Returns the request records, the last
+    reply, whether a turn failed and the most device KV a turn held."""
     http = requests.Session()
-    messages, recs, reply, kv = [], [], "", 0
-    for turn, text in enumerate(conv.messages, start=1):
-        messages.append({"role": "user", "content": text})
-        rec = chat_turn(http, base_url, model, messages, opts, conv.id, turn, t0)
-        reply = rec.pop("reply")
+    messages, recs, reply, kv = list(messages), [], "", 0
+    for turn, (role, text) in enumerate(turns, start=1):
+        messages.append({"role": role, "content": text})
+        rec = chat_turn(http, base_url, model, messages, opts, conv_id, turn, t0)
+        reply = rec["reply"]
         recs.append(rec)
         if rec["error"] is not None:
             break
         kv = max(kv, held_tokens(rec))
-        messages.append({"role": "assistant", "content": reply})
-    return recs, answer_record(conv, reply, any(r["error"] is not None for r in recs), kv)
+        said = (replies or {}).get((conv_id, turn), reply)
+        messages.append({"role": "assistant", "content": said})
+    return recs, reply, any(r["error"] is not None for r in recs), kv
+
+
+def _conversation(
+    base_url: str, model: str, conv: Conversation, opts: dict, t0: float
+) -> tuple[list[dict], dict]:
+    turns = [("user", text) for text in conv.messages]
+    recs, reply, failed, kv = play_turns(base_url, model, conv.id, turns, opts, t0)
+    for r in recs:
+        del r["reply"]
+    return recs, answer_record(conv, reply, failed, kv)
 
 
 def history_fields(report: dict | None) -> dict:

@@ -11,9 +11,9 @@ A `cell` line written before a figure existed renders it as "-".
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.bench.quantiles import spread
+from sgl_vtoken_tools.bench.quantiles import spread_text as _fmt
 
 KEYS = (
     "output_tokens_per_s",
@@ -42,9 +42,9 @@ KEYS = (
 RATIOS = (("output_tokens_per_s", "throughput_ratio"), ("prefill_tokens", "computed_ratio"))
 
 
-def spread_lines(summaries: list[dict]) -> list[dict]:
-    """One `cell` line per cell (in order of first appearance): `KEYS` spread over repeats, and
-    `RATIOS`: each repeat's figure over stock's of the same repeat (None without stock)."""
+def spread_lines(summaries: list[dict], keys=KEYS, ratios=RATIOS) -> list[dict]:
+    """One `cell` line per cell (in order of first appearance): `keys` spread over repeats, and
+    `ratios`: each repeat's figure over stock's of the same repeat (None without stock)."""
     cells = list(dict.fromkeys(s["cell"] for s in summaries))
     stock = {s["repeat"]: s for s in summaries if s["cell"] == "stock"}
     out = []
@@ -54,9 +54,9 @@ def spread_lines(summaries: list[dict]) -> list[dict]:
             "kind": "cell",
             "cell": c,
             "repeats": len(rows),
-            **{k: spread([r.get(k) for r in rows]) for k in KEYS},
+            **{k: spread([r.get(k) for r in rows]) for k in keys},
         }
-        for key, ratio in RATIOS:
+        for key, ratio in ratios:
             line[ratio] = spread(
                 [
                     r[key] / stock[r["repeat"]][key]
@@ -66,17 +66,6 @@ def spread_lines(summaries: list[dict]) -> list[dict]:
             )
         out.append(line)
     return out
-
-
-def _fmt(s: dict | None, digits: int = 1, pct: bool = False, scale: float = 1.0) -> str:
-    if s is None:
-        return "-"
-    f = (lambda v: f"{100 * v:.0f}") if pct else (lambda v: f"{v * scale:.{digits}f}")
-    return (
-        f(s["median"])
-        if s["min"] == s["max"]
-        else f"{f(s['median'])} ({f(s['min'])}-{f(s['max'])})"
-    )
 
 
 COLUMNS = (
@@ -132,10 +121,7 @@ def table(cells: list[dict]) -> str:
 
 def plot(cells: list[dict], path: str, title: str = "") -> None:
     """Accuracy against throughput ratio to stock, one point per cell (median, min-max bars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, c in enumerate(cells):
@@ -161,7 +147,4 @@ def plot(cells: list[dict], path: str, title: str = "") -> None:
     ax.set_xlabel("output throughput / stock SGLang (same repeat)")
     ax.set_ylabel("answers right (%)")
     ax.set_title(title or "speed and answers, one run", fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)

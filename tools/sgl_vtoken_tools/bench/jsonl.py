@@ -15,14 +15,17 @@ from pathlib import Path
 
 class RunLog:
     """The records of one run (`records`), each also written as a line of `path` (None: kept
-    only); `append`: add to the file instead of starting it anew."""
+    only); `append`: add to the file instead of starting it anew; `echo`: print each line too."""
 
-    def __init__(self, path: str | Path | None, append: bool = False):
+    def __init__(self, path: str | Path | None, append: bool = False, echo: bool = False):
         self.records: list[dict] = []
         self._f = open(path, "a" if append else "w") if path else None
+        self._echo = echo
 
     def emit(self, record: dict) -> None:
         self.records.append(record)
+        if self._echo:
+            print(json.dumps(record), flush=True)
         if self._f is not None:
             self._f.write(json.dumps(record) + "\n")
             self._f.flush()

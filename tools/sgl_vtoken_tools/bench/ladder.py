@@ -30,7 +30,6 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import requests
 
@@ -39,6 +38,7 @@ from sgl_vtoken_tools.bench.agent_chat import answer_record
 from sgl_vtoken_tools.bench.chat_rounds import new_state, peak_tokens, send_turn
 from sgl_vtoken_tools.bench.http_client import stream_chat
 from sgl_vtoken_tools.bench.joint import held_tokens
+from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.bench.quantiles import median_text, percentiles, spread
 from sgl_vtoken_tools.quality.agent_sessions import SYSTEM
 
@@ -339,10 +339,7 @@ def plot(cells: list[dict], path) -> str:
     """Writes a PNG to `path`: answers (fraction of the sessions, all repeats) and output tok/s
     (median with min-max over repeats) against the offered load, one line per cell; returns
     the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by_cell: dict[str, list[tuple[float, list[dict]]]] = {}
     for (cell, load), rows in _rows(cells).items():
@@ -381,8 +378,5 @@ def plot(cells: list[dict], path) -> str:
     axes[0].set_ylim(-0.05, 1.05)
     axes[1].set_ylim(bottom=0)
     fig.suptitle(f"Load ladder: median and min-max of {n} repeat(s)", fontsize=10)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)
     return str(path)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sgl_vtoken_tools.bench.probe import scrape_metrics
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
-from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,7 @@ def cells(budget: int, page_sizes: tuple[int, ...], prefill_chunk: int | None = 
     out = []
     for ps in page_sizes:
         out.append(Cell(f"stock, page {ps}", ps, NO_OVERLAP))
-        evict = (
-            "--kv-evict",
-            "streamingllm",
-            "--kv-budget",
-            str(budget),
-            "--kv-evict-interval",
-            str(1 if ps == 1 else ps),
-            *NO_OVERLAP,
-        )
+        evict = (*evict_args("streamingllm", budget, 1 if ps == 1 else ps), *NO_OVERLAP)
         out.append(Cell(f"streamingllm b{budget}, page {ps}", ps, evict))
         if prefill_chunk:
             out.append(

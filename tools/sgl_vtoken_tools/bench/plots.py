@@ -1,5 +1,6 @@
-"""The agent benchmark's figures (matplotlib, PNG): bars at the median over repeats with
-min-max error bars; running requests over time and TTFT per turn for every repeat."""
+"""Figures (matplotlib, PNG). `pyplot()` and `save(fig, path, dpi)` serve every command's plots;
+`plot` draws the agent benchmark's: bars at the median over repeats with min-max error bars;
+running requests over time and TTFT per turn for every repeat."""
 
 from __future__ import annotations
 
@@ -10,12 +11,27 @@ from sgl_vtoken_tools.bench.cells import MODE_NAMES, MODES, figure_spread, group
 COLORS = {"none": "#7f7f7f", "naive": "#d62728", "vtoken": "#1f77b4"}
 
 
-def plot(settings: dict, cells, img_dir: Path) -> list[str]:
-    """Writes bench_*.png into `img_dir`; returns their file names."""
+def pyplot():
+    """matplotlib's pyplot, drawing off screen (Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path, dpi: int, **layout) -> None:
+    """Lay `fig` out (``tight_layout(**layout)``), write it to `path` (its folder made) and close it."""
+    fig.tight_layout(**layout)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
+def plot(settings: dict, cells, img_dir: Path) -> list[str]:
+    """Writes bench_*.png into `img_dir`; returns their file names."""
+    plt = pyplot()
 
     img_dir = Path(img_dir)
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -44,12 +60,10 @@ def plot(settings: dict, cells, img_dir: Path) -> list[str]:
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
 
-    def save(fig, fname, title=None):
+    def done(fig, fname, title=None):
         if title:
             fig.suptitle(title, fontsize=10)
-        fig.tight_layout()
-        fig.savefig(img_dir / fname, dpi=110)
-        plt.close(fig)
+        save(fig, img_dir / fname, 110)
         out.append(fname)
 
     figure = lambda key: lambda c: figure_spread(c, key)  # noqa: E731
@@ -70,7 +84,7 @@ def plot(settings: dict, cells, img_dir: Path) -> list[str]:
         "pages",
         figure("kv_pages_per_running_req"),
     )
-    save(fig, "bench_retained_pages.png", f"Burst runs: {sub}")
+    done(fig, "bench_retained_pages.png", f"Burst runs: {sub}")
 
     fig, axes = plt.subplots(1, 2, figsize=(2 * width, 3.6))
     bars(
@@ -80,7 +94,7 @@ def plot(settings: dict, cells, img_dir: Path) -> list[str]:
         figure("peak_running"),
     )
     bars(axes[1], "Mean running requests", "requests", figure("mean_running"))
-    save(fig, "bench_concurrency.png", f"Burst runs: {sub}")
+    done(fig, "bench_concurrency.png", f"Burst runs: {sub}")
 
     if settings["quick"]:
         fig, ax = plt.subplots(figsize=(width, 3.6))
@@ -107,7 +121,7 @@ def plot(settings: dict, cells, img_dir: Path) -> list[str]:
             "tokens / CPU s",
             figure("out_tok_per_cpu_s"),
         )
-    save(fig, "bench_sla_throughput.png", sub)
+    done(fig, "bench_sla_throughput.png", sub)
 
     fig, axes = plt.subplots(1, len(gs), figsize=(1 + 3.6 * len(gs), 3.4), squeeze=False)
     for ax, (page, policy, budget, by_mode) in zip(axes[0], gs):
@@ -130,7 +144,7 @@ def plot(settings: dict, cells, img_dir: Path) -> list[str]:
         ax.set_xlabel("seconds since the burst")
         ax.set_ylabel("running requests")
         ax.legend(fontsize=7)
-    save(
+    done(
         fig,
         "bench_running.png",
         f"Running requests over time (burst runs, every repeat; pool {settings['pool']} tokens)",
@@ -155,5 +169,5 @@ def plot(settings: dict, cells, img_dir: Path) -> list[str]:
         ax.set_ylabel("TTFT p50 (ms)")
         ax.set_xticks(range(1, settings["turns"] + 1))
         ax.legend(fontsize=7)
-    save(fig, "bench_ttft_per_turn.png", "TTFT per turn (burst runs, one line per repeat)")
+    done(fig, "bench_ttft_per_turn.png", "TTFT per turn (burst runs, one line per repeat)")
     return out

@@ -41,6 +41,16 @@ def spread(values: list[float | None]) -> dict | None:
     }
 
 
+def spread_text(s: dict | None, digits: int = 1, pct: bool = False, scale: float = 1.0) -> str:
+    """A `spread`'s median times `scale` (`pct`: as a whole percent), with (min-max) when they
+    differ; "-" for None."""
+    if s is None:
+        return "-"
+    f = (lambda v: f"{100 * v:.0f}") if pct else (lambda v: f"{v * scale:.{digits}f}")
+    mid = f(s["median"])
+    return mid if s["min"] == s["max"] else f"{mid} ({f(s['min'])}-{f(s['max'])})"
+
+
 def median_text(vals: list, digits: int = 1, scale: float = 1.0) -> str:
     """The median of `vals` (None left out) times `scale`, with (min-max) when they differ; "-"
     without any."""

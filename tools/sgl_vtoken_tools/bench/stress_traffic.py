@@ -166,33 +166,15 @@ def play(
     }
     t0 = time.monotonic()
     try:
-        if kind in ("generate", "generate_stream"):
-            out = [
-                generate(
-                    base_url,
-                    rec,
-                    prompt_ids(rng, spec, long),
-                    max_new,
-                    kv,
-                    kind == "generate_stream",
-                    timeout=spec.timeout,
-                )
-            ]
-        elif kind in ("abort", "disconnect"):
-            out = [
-                generate(
-                    base_url,
-                    rec,
-                    prompt_ids(rng, spec, long),
-                    max(max_new, 64),
-                    kv,
-                    True,
-                    stop_after=rng.randint(1, 8),
-                    abort=kind == "abort",
-                    timeout=spec.timeout,
-                )
-            ]
-            out[0]["max_new"] = max(max_new, 64)
+        if kind in ("generate", "generate_stream", "abort", "disconnect"):
+            cut = kind in ("abort", "disconnect")  # the client stops reading after a few chunks
+            n_new = max(max_new, 64) if cut else max_new
+            ids = prompt_ids(rng, spec, long)
+            how = {"stop_after": rng.randint(1, 8), "abort": kind == "abort"} if cut else {}
+            stream = kind != "generate"
+            out = [generate(base_url, rec, ids, n_new, kv, stream, **how, timeout=spec.timeout)]
+            if cut:
+                out[0]["max_new"] = n_new
         elif kind == "over_pool":
             # The server's own setting: evicted during prefill where it has `prefill_chunk`.
             n, max_new = rng.randint(*spec.over_pool), rng.randint(1, 16)

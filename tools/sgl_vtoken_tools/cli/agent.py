@@ -45,20 +45,13 @@ from __future__ import annotations
 
 import argparse
 
-from sgl_vtoken_tools.bench.cell_server import cell_spec as shared_cell_spec
 from sgl_vtoken_tools.bench.cell_server import resolve_model
-from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
 from sgl_vtoken_tools.bench.server_cells import CHAT
 from sgl_vtoken_tools.cli import common
 
 # The README's rows, flag for flag as the joint benchmark runs them.
 CELLS = {name: JOINT_CELLS[name] for name in ("stock", "full", "h2o b256", CHAT)}
-
-
-def cell_spec(spec: str, remote: bool) -> tuple[str, object]:
-    """A `--cells` entry (`cell_server.cell_spec` over this script's CELLS)."""
-    return shared_cell_spec(spec, remote, CELLS)
 
 
 def longest_session(tok, sessions, reply_tokens: int) -> int:
@@ -93,31 +86,25 @@ def run(args) -> list[dict]:
             f"--pool {args.pool} cannot hold the longest session (up to {need} tokens): raise "
             "--pool or lower --turns / --tool-tokens"
         )
-    cells = sorted(
-        (cell_spec(c, bool(args.base_url)) for c in args.cells), key=lambda c: c[0] != "full"
-    )  # agreement needs the full cache's answers first
+    cells = common.cells_in_order(args, CELLS, "full")  # agreement needs its answers first
     replies = None
     if args.replies:
         path, cell = args.replies
         replies = load_replies(common.read_lines(path), cell)
-    run = RunLog(args.out, append=False)
-    lines, emit = run.records, run.emit
-
-    emit(
-        common.config_line(
-            args,
-            model,
-            cells,
-            spec={**vars(spec), "reply_tokens": args.reply_tokens, "tool_role": args.tool_role},
-            session_tokens_max=need,
-            replies=args.replies,
-        )
+    run = common.run_log(
+        args,
+        model,
+        cells,
+        False,
+        spec={**vars(spec), "reply_tokens": args.reply_tokens, "tool_role": args.tool_role},
+        session_tokens_max=need,
+        replies=args.replies,
     )
     common.play_repeats(
         args,
         model,
         cells,
-        emit,
+        run.emit,
         lambda url, model_id, kv_evict, rep: play(
             url,
             model_id,
@@ -136,28 +123,23 @@ def run(args) -> list[dict]:
         ),
         no_overlap=False,
     )
-    for c in cell_lines([r for r in lines if r["kind"] == "summary"]):
-        emit(c)
-    run.close()
-    return lines
+    return common.close_run(run, cell_lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.parser(__doc__, __name__)
-    common.model_flag(p)
-    p.add_argument("--cells", nargs="+", default=list(CELLS), help="cell names or name=flags")
-    common.server_flags(
-        p,
+    p = common.play_parser(
+        __doc__,
+        __name__,
+        CELLS,
         6144,
         "--max-total-tokens of every server: small enough that stock holds one or two "
         "sessions, at least the longest session (checked before any server starts)",
-        remote=True,
+        cells_help="cell names or name=flags",
     )
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=0, help="sessions in flight (0: all)")
     p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--turns", type=int, nargs=2, default=[8, 10], metavar=("LO", "HI"))
-    p.add_argument("--tool-tokens", type=int, nargs=2, default=[200, 600], metavar=("LO", "HI"))
+    common.pair_flag(p, "--turns", [8, 10])
+    common.pair_flag(p, "--tool-tokens", [200, 600])
     p.add_argument("--reply-tokens", type=int, default=64, help="max_tokens of every turn")
     p.add_argument("--tool-role", choices=("user", "tool"), default="user")
     p.add_argument(
@@ -182,14 +164,10 @@ def check(parser: argparse.ArgumentParser, args) -> None:
     except ValueError as e:
         field = str(e).split(" ", 1)[0].split(".")[-1].rstrip(":").replace("num", "sessions")
         parser.error(f"--{field.replace('_', '-')}: {e}")
-    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url)))
+    common.check_cells(parser, args, CELLS)
 
 
 def main(argv: list[str] | None = None) -> int:
     from sgl_vtoken_tools.bench.agent_score import cell_lines, table
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.report:
-        check(parser, args)
-    return common.publish(table(common.cells_of(args, run, cell_lines)), args)
+    return common.report_or_run(build_parser(), argv, check, table, run, cell_lines)

@@ -63,8 +63,7 @@ from __future__ import annotations
 
 import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, cell_spec, served_model
-from sgl_vtoken_tools.bench.jsonl import RunLog
+from sgl_vtoken_tools.bench.cell_server import Plays, served_model
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 from sgl_vtoken_tools.cli import common
 
@@ -79,11 +78,6 @@ def longest(tok, convs, max_tokens: int) -> int:
         peak_tokens(tok, [{"role": "user", "content": m} for m in c.messages], max_tokens)
         for c in convs
     )
-
-
-def ordered(cells: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """Stock first, then the others in their order."""
-    return sorted(cells, key=lambda c: c[0] != "stock")
 
 
 def run(args) -> list[dict]:
@@ -108,27 +102,24 @@ def run(args) -> list[dict]:
             f"--pool {args.pool} cannot hold the longest conversation (up to {need} tokens): "
             "raise --pool, lower --passages / --max-tokens, or pass --past-pool"
         )
-    cells = ordered([cell_spec(c, bool(args.base_url), CELLS) for c in args.cells])
+    cells = common.cells_in_order(args, CELLS, "stock")
     mode = "one-at-a-time" if args.one_at_a_time else "rounds"
-    run = RunLog(args.out, append=True)
-    lines, emit = run.records, run.emit
-
-    emit(
-        common.config_line(
-            args,
-            model,
-            cells,
-            split=args.split,
-            seed=args.seed,
-            key_at=args.key_at,
-            mode=mode,
-            conversations=len(convs),
-            passages=args.passages,
-            passage_words=list(args.passage_words),
-            max_tokens=args.max_tokens,
-            conversation_tokens_max=need,
-        )
+    run = common.run_log(
+        args,
+        model,
+        cells,
+        True,
+        split=args.split,
+        seed=args.seed,
+        key_at=args.key_at,
+        mode=mode,
+        conversations=len(convs),
+        passages=args.passages,
+        passage_words=list(args.passage_words),
+        max_tokens=args.max_tokens,
+        conversation_tokens_max=need,
     )
+    emit = run.emit
     plays = Plays(bool(args.base_url))
     for rep in range(args.repeats):
         for name, flags in cells:
@@ -158,31 +149,22 @@ def run(args) -> list[dict]:
                 flush=True,
             )
     run.close()
-    return lines
+    return run.records
 
 
 def build_parser():
-    p = common.parser(__doc__, __name__)
-    common.model_flag(p)
-    common.cells_flag(p, DEFAULT_CELLS)
-    common.server_flags(
-        p,
+    p = common.play_parser(
+        __doc__,
+        __name__,
+        DEFAULT_CELLS,
         2048,
         "--max-total-tokens of every server (at least the longest conversation, checked before "
         "any server starts)",
-        remote=True,
+        repeats_help="plays of every cell, interleaved",
     )
-    p.add_argument("--repeats", type=int, default=3, help="plays of every cell, interleaved")
     p.add_argument("--conversations", type=int, default=12)
     common.chat_flags(p)
-    p.add_argument(
-        "--passage-words",
-        type=int,
-        nargs=2,
-        default=[160, 180],
-        metavar=("LEAST", "MOST"),
-        help="words of every passage",
-    )
+    common.pair_flag(p, "--passage-words", [160, 180], "words of every passage", ("LEAST", "MOST"))
     p.add_argument(
         "--past-pool",
         action="store_true",
@@ -212,14 +194,10 @@ def check(parser, args) -> None:
     if not 1 <= least <= most:
         parser.error(f"--passage-words: need 1 <= LEAST <= MOST (got {least} {most})")
     common.check_split(parser, args.split, args.seed)
-    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url), CELLS))
+    common.check_cells(parser, args, CELLS)
 
 
 def main(argv: list[str] | None = None) -> int:
     from sgl_vtoken_tools.bench.chat_rounds import table
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.report:
-        check(parser, args)
-    return common.publish(table(common.cells_of(args, run)), args)
+    return common.report_or_run(build_parser(), argv, check, table, run)

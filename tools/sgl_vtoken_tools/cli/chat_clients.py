@@ -242,15 +242,17 @@ def server_figures(base: str) -> dict:
 def main(argv=None) -> int:
     p = common.parser(__doc__, __name__)
     p.add_argument("--base-url", required=True)
-    p.add_argument("--clients", type=int, default=10)
-    p.add_argument("--duration", type=float, default=300.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stream-rate", type=float, default=0.25)
-    p.add_argument("--override-rate", type=float, default=0.10)
-    p.add_argument("--invalid-rate", type=float, default=0.03)
+    common.numbers(
+        p,
+        clients=10,
+        duration=300.0,
+        seed=0,
+        stream_rate=0.25,
+        override_rate=0.10,
+        invalid_rate=0.03,
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="per request")
-    p.add_argument("--progress-every", type=float, default=5.0)
-    p.add_argument("--stuck-after", type=float, default=60.0)
+    common.numbers(p, progress_every=5.0, stuck_after=60.0)
     args = p.parse_args(argv)
     args.base_url = args.base_url.rstrip("/")
 

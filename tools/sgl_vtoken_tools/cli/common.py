@@ -1,9 +1,12 @@
 """What the benchmark commands share: the repository root, a parser per command, the flags they
-have in common (model, server, split, output), bad-flag checks that stop before any server
-starts, and the report-or-run ending of the scored server benchmarks.
+have in common (plain numbers, model, server, split, output; `play_parser`: those of a command
+that plays cells on servers), bad-flag checks that stop before any server starts, settings
+built from the flags (`from_args`), and the run log, plays and report-or-run ending of the
+scored server benchmarks.
 
     p = parser(__doc__, __name__)
     model_flag(p); server_flags(p, 2048, "..."); split_flags(p); output_flags(p)
+    numbers(p, sessions=8, turns=4)                            # --sessions 8, --turns 4
     at_least_one(p, repeats=args.repeats, pool=args.pool)      # status 2 naming the flag
 """
 
@@ -30,6 +33,13 @@ def parser(doc: str, module: str) -> argparse.ArgumentParser:
         epilog=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def numbers(p: argparse.ArgumentParser, **defaults: float) -> None:
+    """Plain number flags, in order: ``--a-name`` for each ``a_name=default``, of its default's
+    type, no help text."""
+    for name, default in defaults.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
 
 
 def model_flag(p: argparse.ArgumentParser, help: str = MODEL_HELP) -> None:
@@ -110,18 +120,41 @@ def check_split(p: argparse.ArgumentParser, split: str, seed: int) -> None:
         p.error(f"--seed must be in [0, {SEEDS_PER_SPLIT}) (got {seed})")
 
 
-def check_cells(p: argparse.ArgumentParser, cells: list[str], spec) -> None:
-    """Status 2 naming `--cells` for an entry `spec(entry)` refuses with a ValueError."""
-    for c in cells:
-        try:
-            spec(c)
-        except ValueError as e:
-            p.error(f"--cells: {e}")
+def cells_in_order(args, cells: dict, first: str | None = None) -> list[tuple[str, object]]:
+    """`--cells` as `cell_server.cell_spec` reads them against `cells` (a running server's with
+    `--base-url`), cell `first` first and the others in their order."""
+    from sgl_vtoken_tools.bench.cell_server import cell_spec
+
+    remote = bool(getattr(args, "base_url", None))
+    return sorted((cell_spec(c, remote, cells) for c in args.cells), key=lambda c: c[0] != first)
+
+
+def check_cells(p: argparse.ArgumentParser, args, cells: dict) -> None:
+    """Status 2 naming `--cells` for an entry `cells_in_order` refuses with a ValueError."""
+    try:
+        cells_in_order(args, cells)
+    except ValueError as e:
+        p.error(f"--cells: {e}")
+
+
+def from_args(cls, args, **given):
+    """Dataclass `cls` with every field `args` has taken from it (a list made a tuple where the
+    field is a tuple), `given` over them."""
+    import dataclasses
+
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in given or not hasattr(args, f.name):
+            continue
+        v = getattr(args, f.name)
+        values[f.name] = tuple(v) if str(f.type).startswith("tuple") and v is not None else v
+    return cls(**values, **given)
 
 
 def read_lines(path: str) -> list[dict]:
+    """The JSON lines of `path` (blank lines skipped)."""
     with open(path) as f:
-        return [json.loads(line) for line in f]
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def cells_of(args, run, spread=None) -> list[dict]:
@@ -175,19 +208,7 @@ def workload(args):
     )
 
 
-def emit_appending(line: dict, path: str | None) -> None:
-    """Print `line` as JSON and append it to `path` too."""
-    print(json.dumps(line), flush=True)
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
-
-
 CELLS_HELP = "names of server_cells.CELLS or name=flags (with --base-url: name=JSON or name)"
-
-
-def cells_flag(p: argparse.ArgumentParser, default, help: str = CELLS_HELP) -> None:
-    p.add_argument("--cells", nargs="+", default=list(default), help=help)
 
 
 def server_of(args, model: str, name: str, flags, no_overlap: bool = True):
@@ -208,6 +229,60 @@ def server_of(args, model: str, name: str, flags, no_overlap: bool = True):
         getattr(args, "base_url", None),
         getattr(args, "server_log", None),
     )
+
+
+def play_parser(
+    doc: str,
+    module: str,
+    cells,
+    pool: int,
+    pool_help: str,
+    remote: bool = True,
+    cells_help: str = CELLS_HELP,
+    model_help: str = MODEL_HELP,
+    repeats_help: str | None = None,
+) -> argparse.ArgumentParser:
+    """The `parser` of a command that plays cells on servers, with `--model`, `--cells` (default
+    `cells`), `server_flags` (`remote`: a running server too) and `--repeats` (3)."""
+    p = parser(doc, module)
+    model_flag(p, model_help)
+    p.add_argument("--cells", nargs="+", default=list(cells), help=cells_help)
+    server_flags(p, pool, pool_help, remote=remote)
+    p.add_argument("--repeats", type=int, default=3, help=repeats_help)
+    return p
+
+
+def pair_flag(p, name: str, default: list, help=None, metavar=("LO", "HI")) -> None:
+    """A flag of two integers (a range: least and most)."""
+    p.add_argument(name, type=int, nargs=2, default=default, metavar=metavar, help=help)
+
+
+def run_log(args, model: str, cells, append: bool, **more):
+    """The run's `jsonl.RunLog` on `--out` (`append`: added to the file), its `config_line`
+    emitted first."""
+    from sgl_vtoken_tools.bench.jsonl import RunLog
+
+    run = RunLog(args.out, append=append)
+    run.emit(config_line(args, model, cells, **more))
+    return run
+
+
+def close_run(run, spread) -> list[dict]:
+    """Emit ``spread(summary lines)`` (a `cell` line per cell), close `run`, return its records."""
+    for c in spread([r for r in run.records if r["kind"] == "summary"]):
+        run.emit(c)
+    run.close()
+    return run.records
+
+
+def report_or_run(parser, argv, check, table, run, spread=None, plot=None) -> int:
+    """A scored server benchmark's main: parse `argv`, stop on bad flags (``check(parser,
+    args)``, not for `--report`), then `publish` ``table(cells_of(args, run, spread))``."""
+    args = parser.parse_args(argv)
+    if not args.report:
+        check(parser, args)
+    cells = cells_of(args, run, spread)
+    return publish(table(cells), args, cells, plot)
 
 
 def config_line(args, model: str, cells, **more) -> dict:

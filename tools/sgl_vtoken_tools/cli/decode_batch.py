@@ -20,7 +20,6 @@ time no eviction setting saves (eviction frees KV after a prompt is computed, no
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -103,12 +102,8 @@ def run(args) -> list[dict]:
         )
     model = resolve_model(args.model)
     rng = random.Random(args.seed)
-    log = RunLog(args.out)
-    lines = log.records
-
-    def emit(rec: dict) -> None:
-        log.emit(rec)
-        print(json.dumps(rec), flush=True)
+    log = RunLog(args.out, echo=True)
+    lines, emit = log.records, log.emit
 
     with launch(
         model,
@@ -185,8 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = common.parser(__doc__, __name__)
     common.model_flag(p, help="Hugging Face folder, or smollm2 (built into .cache)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24])
-    p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--new-tokens", type=int, default=32)
+    common.numbers(p, prompt_tokens=256, new_tokens=32)
     p.add_argument(
         "--prefill-lengths",
         type=int,

@@ -20,13 +20,14 @@ with the device work of one step counted on the way (`host_syncs`, `score_launch
 
 from __future__ import annotations
 
-import json
 import sys
 import time
+from itertools import product
 
 import torch
 
 from sgl_vtoken_tools.bench.evict_step import POLICIES, SHAPES, Case, measure
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.cli import common
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -46,8 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--batches", default="1,16,64,256" if cuda else "1,16,64")
     p.add_argument("--budget", type=int, default=2048 if cuda else 512)
     p.add_argument("--intervals", default="1,16")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=5)
+    common.numbers(p, page_size=16, repeats=5)
     p.add_argument(
         "--deadline-s", type=float, default=float("inf"), help="skip cases that would start later"
     )
@@ -110,40 +110,46 @@ def full(args) -> list[dict]:
     from sgl_vtoken_tools.bench.full_step import measure_full
     from sgl_vtoken_tools.step_counts import Scenario
 
-    out, lines = (open(args.out, "w") if args.out != "-" else None), []
-    for shape in args.shapes.split(","):
-        for policy in args.policies.split(","):
-            for case in args.cases.split(","):
-                for pool in map(int, args.pools.split(",")):
-                    for batch in map(int, args.batches.split(",")):
-                        sc = Scenario(
-                            policy,
-                            args.page_size,
-                            history="history" in case,
-                            offload="offload" in case,
-                            batch=batch,
-                            pool_tokens=pool,
-                            budget=64,
-                            interval=16,
-                        )
-                        try:
-                            line = measure_full(sc, shape, args.repeats)
-                        except Exception as e:  # one case failing must not lose the others
-                            line = dict(
-                                bench="evict_step_full",
-                                shape=shape,
-                                policy=policy,
-                                case=case,
-                                pool_tokens=pool,
-                                batch=batch,
-                                error=f"{type(e).__name__}: {e}",
-                            )
-                        print(json.dumps(line), flush=True)
-                        if out:
-                            out.write(json.dumps(line) + "\n")
-                            out.flush()
-                        lines.append(line)
-    return lines
+    log = _log(args.out)
+    grid = product(_words(args.shapes), _words(args.policies), _words(args.cases))
+    for (shape, policy, case), pool, batch in product(grid, _ints(args.pools), _ints(args.batches)):
+        sc = Scenario(
+            policy,
+            args.page_size,
+            history="history" in case,
+            offload="offload" in case,
+            batch=batch,
+            pool_tokens=pool,
+            budget=64,
+            interval=16,
+        )
+        try:
+            line = measure_full(sc, shape, args.repeats)
+        except Exception as e:  # one case failing must not lose the others
+            line = dict(
+                bench="evict_step_full",
+                shape=shape,
+                policy=policy,
+                case=case,
+                pool_tokens=pool,
+                batch=batch,
+                error=f"{type(e).__name__}: {e}",
+            )
+        log.emit(line)
+    return log.records
+
+
+def _words(text: str) -> list[str]:
+    return text.split(",")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def _log(path: str) -> RunLog:
+    """The run's lines: printed as they come, and written to `path` too (unless "-")."""
+    return RunLog(None if path == "-" else path, echo=True)
 
 
 def main(argv=None) -> int:
@@ -152,49 +158,34 @@ def main(argv=None) -> int:
         full(args)
         return 0
     if args.summarize:
-        with open(args.summarize) as f:
-            print(summarize([json.loads(line) for line in f if line.strip()]))
+        print(summarize(common.read_lines(args.summarize)))
         return 0
-    out = open(args.out, "w") if args.out != "-" else None
-    start, lines = time.monotonic(), []
-    for shape in args.shapes.split(","):
-        for policy in args.policies.split(","):
-            for interval in map(int, args.intervals.split(",")):
-                for batch in map(int, args.batches.split(",")):
-                    case = Case(
-                        shape,
-                        DTYPES[args.dtype],
-                        args.device,
-                        policy,
-                        batch,
-                        args.budget,
-                        interval,
-                        args.page_size,
-                    )
-                    if time.monotonic() - start > args.deadline_s:
-                        got = [dict(bench="evict_step", skipped="deadline", **_key(case))]
-                    else:
-                        try:
-                            got = measure(case, args.repeats)
-                        except Exception as e:  # one case failing must not lose the others
-                            got = [
-                                dict(
-                                    bench="evict_step",
-                                    error=f"{type(e).__name__}: {e}",
-                                    **_key(case),
-                                )
-                            ]
-                        finally:
-                            if args.device.startswith("cuda"):
-                                torch.cuda.empty_cache()
-                    for line in got:
-                        text = json.dumps(line)
-                        print(text, flush=True)
-                        if out:
-                            out.write(text + "\n")
-                            out.flush()
-                    lines += got
-    print(summarize(lines), file=sys.stderr)
+    log, start = _log(args.out), time.monotonic()
+    grid = product(_words(args.shapes), _words(args.policies), _ints(args.intervals))
+    for (shape, policy, interval), batch in product(grid, _ints(args.batches)):
+        case = Case(
+            shape,
+            DTYPES[args.dtype],
+            args.device,
+            policy,
+            batch,
+            args.budget,
+            interval,
+            args.page_size,
+        )
+        if time.monotonic() - start > args.deadline_s:
+            got = [dict(bench="evict_step", skipped="deadline", **_key(case))]
+        else:
+            try:
+                got = measure(case, args.repeats)
+            except Exception as e:  # one case failing must not lose the others
+                got = [dict(bench="evict_step", error=f"{type(e).__name__}: {e}", **_key(case))]
+            finally:
+                if args.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+        for line in got:
+            log.emit(line)
+    print(summarize(log.records), file=sys.stderr)
     return 0
 
 

@@ -77,7 +77,7 @@ def wait_for_quiet(max_load: float | None, timeout: float) -> None:
 
 
 def capacity(args, model: Path, log_dir: Path) -> None:
-    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+    from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 
     base = cpu_server_args(model, args.max_total_tokens, args.page_size) + [
         "--dtype",
@@ -87,19 +87,8 @@ def capacity(args, model: Path, log_dir: Path) -> None:
     ]
     configs = [("stock", ["--kv-evict", "none"])]
     for interval in args.intervals:
-        configs.append(
-            (
-                f"streamingllm-b{args.budget}-i{interval}",
-                [
-                    "--kv-evict",
-                    "streamingllm",
-                    "--kv-budget",
-                    str(args.budget),
-                    "--kv-evict-interval",
-                    str(interval),
-                ],
-            )
-        )
+        name = f"streamingllm-b{args.budget}-i{interval}"
+        configs.append((name, evict_args("streamingllm", args.budget, interval)))
 
     for name, extra in configs:
         log_path = log_dir / f"capacity-{name}.log"
@@ -188,9 +177,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--model-path", default=None, help="default: the tiny model, built into .cache/tiny-llama"
     )
-    p.add_argument("--max-total-tokens", type=int, default=4096)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--prompt-len", type=int, default=48)
+    common.numbers(p, max_total_tokens=4096, page_size=16, prompt_len=48)
     p.add_argument("--requests", type=int, default=16, help="capacity: concurrent requests")
     p.add_argument(
         "--new-tokens", type=int, default=1024, help="capacity: generated tokens per request"
@@ -230,8 +217,7 @@ def parse_args(argv=None):
         "shared machine OpenMP threads spin-wait on descheduled peers: with 2 threads under "
         "load, server CPU per token rose ~10x and tok/s varied 20x between identical runs",
     )
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--startup-timeout", type=float, default=240.0)
+    common.numbers(p, request_timeout=600.0, startup_timeout=240.0)
     p.add_argument(
         "--wait-load",
         type=float,
@@ -259,13 +245,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from sgl_vtoken_tools.tiny_model import ensure_tiny_model
+    from sgl_vtoken_tools.bench.cell_server import resolve_model
 
-    model = (
-        Path(args.model_path)
-        if args.model_path
-        else ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-    )
+    model = Path(args.model_path or resolve_model("tiny"))
     log_dir = (
         Path(args.log_dir)
         if args.log_dir

@@ -20,8 +20,10 @@ import sys
 
 from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.gateway import routes, run_route, start_replicas
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.quantiles import median_text
 from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.launcher import evict_args
 
 
 def table(lines: list[dict]) -> str:
@@ -58,25 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smg-flags", default="", help="more smg flags for every gateway (one string)")
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--pool", type=int, default=16384, help="--max-total-tokens of every replica")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=1)
+    common.numbers(p, page_size=16, repeats=1)
     common.workload_flags(p, prompts_per_group=4, system_len=128, output_len=64)
     p.add_argument("--out", default=None, help="append the JSON lines here too")
     args = p.parse_args(argv)
     model = args.model or resolve_model("tiny")
     work = common.workload(args)
-    flags = (
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(args.budget),
-        "--kv-evict-interval",
-        str(args.page_size),
-        "--disable-overlap-schedule",
-    )
+    flags = (*evict_args("streamingllm", args.budget, args.page_size), "--disable-overlap-schedule")
     plan = routes(args.policies.split(","), tuple(args.smg_flags.split()))
     replicas = start_replicas(model, args.replicas, args.pool, args.page_size, flags)
-    lines = []
+    log = RunLog(args.out, append=True, echo=True)
+    lines = log.records
     try:
         for repeat in range(args.repeats):
             for route in plan:
@@ -88,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                     "server_flags": list(flags),
                     **run_route(route, replicas, model, work),
                 }
-                lines.append(line)
-                common.emit_appending(line, args.out)
+                log.emit(line)
     finally:
         for s in replicas:
             s.stop()

@@ -14,7 +14,6 @@ bytes. On CPU the capture is stubbed (the captured calls run again): the check, 
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -23,6 +22,7 @@ import torch
 
 from sgl_vtoken.decode_scores import DecodeScoring
 from sgl_vtoken.graph_scores import GraphScoring
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.cli import common
 
 SHAPES = {"llama8b": (32, 32, 8, 128), "tiny": (2, 4, 2, 16)}  # layers, q heads, KV heads, dim
@@ -130,7 +130,7 @@ def run_batch(args, bs: int, rng: random.Random) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     rng = random.Random(0)
-    out = None if args.out == "-" else open(args.out, "a")
+    log = RunLog(None if args.out == "-" else args.out, append=True, echo=True)
     status = 0
     for bs in (int(b) for b in args.batches.split(",")):
         try:
@@ -138,10 +138,6 @@ def main(argv=None) -> int:
             status |= 0 if line["equal"] else 1
         except Exception as e:  # a failing batch is recorded and the next one runs
             line, status = dict(bench="graph_scores", batch=bs, error=repr(e)), 1
-        text = json.dumps(line)
-        print(text, flush=True)
-        if out:
-            out.write(text + "\n")
-    if out:
-        out.close()
+        log.emit(line)
+    log.close()
     return status

@@ -35,14 +35,14 @@ import threading
 import time
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.http_client import stream_generate
+from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.bench.probe import vtoken_state
 from sgl_vtoken_tools.bench.results_md import write_section
 from sgl_vtoken_tools.bench.server_log import count_retractions
 from sgl_vtoken_tools.cli import common
-from sgl_vtoken_tools.cli.common import REPO
-from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
-from sgl_vtoken_tools.tiny_model import ensure_tiny_model
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 
 # mode -> extra server flags: continue from the stored compacted history; cache full-attention
 # prompts only (each turn prefills what its cached prompt lacks); no radix cache at all.
@@ -68,8 +68,7 @@ def bound(args, page_size: int) -> int:
 def server_cmd(model: str, pool: int, page_size: int, budget: int, every: int, flags) -> list:
     """A fp32 CPU server evicting with streamingllm at `budget` every `every` steps, cache report
     on, then `flags`."""
-    evict = ["--kv-evict", "streamingllm", "--kv-budget", str(budget)]
-    evict += ["--kv-evict-interval", str(every), "--enable-cache-report"]
+    evict = evict_args("streamingllm", budget, every) + ["--enable-cache-report"]
     return cpu_server_args(model, pool, page_size) + ["--dtype", "float32", *evict, *flags]
 
 
@@ -259,10 +258,7 @@ def sharing_markdown(args, results: dict) -> str:
 
 
 def plot(rows: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for (page, mode), rs in rows.items():
@@ -277,19 +273,15 @@ def plot(rows: dict, out: Path) -> None:
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_title("Multi-turn sessions: compacted-history reuse")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    save(fig, out, 120)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = common.parser(__doc__, __name__)
     p.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
-    p.add_argument("--sessions", type=int, default=16)
-    p.add_argument("--turns", type=int, default=8)
-    p.add_argument("--system-tokens", type=int, default=2048)
-    p.add_argument("--user-tokens", type=int, default=32)
-    p.add_argument("--reply-tokens", type=int, default=32)
-    p.add_argument("--budget", type=int, default=512)
+    common.numbers(
+        p, sessions=16, turns=8, system_tokens=2048, user_tokens=32, reply_tokens=32, budget=512
+    )
     p.add_argument("--pool", type=int, default=65536, help="--max-total-tokens of both servers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--page-sizes", default="1,16", help="history part: comma-separated page sizes")
@@ -308,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.budget = 4, 3, 256, 64
-    model = args.model or str(ensure_tiny_model(REPO / ".cache" / "tiny-llama"))
+    model = args.model or resolve_model("tiny")
     if args.part in ("sharing", "all"):
         results = {}
         for mode, flags in (

@@ -36,7 +36,6 @@ import argparse
 
 from sgl_vtoken_tools.bench.cell_server import resolve_model
 from sgl_vtoken_tools.bench.joint_table import plot, spread_lines, table
-from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.server_cells import CELLS
 from sgl_vtoken_tools.bench.server_cells import cell_flags as server_cell
 from sgl_vtoken_tools.cli import common
@@ -61,29 +60,15 @@ def run(args) -> list[dict]:
     )
 
     model = resolve_model(args.model)
-    spec = JointSpec(
-        split=args.split,
-        sessions=args.sessions,
-        turns=args.turns,
-        passage_tokens=args.passage_tokens,
-        docqa=args.docqa,
-        docqa_lengths=tuple(args.docqa_lengths),
-        seed=args.seed,
-        reply_tokens=args.reply_tokens,
-    )
+    spec = common.from_args(JointSpec, args)
     convs = conversations(AutoTokenizer.from_pretrained(model), spec, args.wheel_dir)
-    cells = sorted(
-        (cell_flags(c) for c in args.cells), key=lambda c: c[0] != "full"
-    )  # agreement needs it first
-    run = RunLog(args.out, append=False)
-    lines, emit = run.records, run.emit
-
-    emit(common.config_line(args, model, cells, spec=vars(spec), conversations=len(convs)))
+    cells = common.cells_in_order(args, CELLS, "full")  # agreement needs its answers first
+    run = common.run_log(args, model, cells, False, spec=vars(spec), conversations=len(convs))
     common.play_repeats(
         args,
         model,
         cells,
-        emit,
+        run.emit,
         lambda url, model_id, _, rep: play(
             url,
             model_id,
@@ -102,35 +87,25 @@ def run(args) -> list[dict]:
             f"retractions {s['retractions']}, failed {s['failed']}"
         ),
     )
-    for c in spread_lines([r for r in lines if r["kind"] == "summary"]):
-        emit(c)
-    run.close()
-    return lines
+    return common.close_run(run, spread_lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.parser(__doc__, __name__)
-    common.model_flag(p, help="Hugging Face folder, or smollm2 (built into .cache)")
-    p.add_argument(
-        "--cells",
-        nargs="+",
-        default=list(CELLS),
-        help="cell names or name=flags (default: every cell of CELLS)",
-    )
-    common.server_flags(
-        p,
+    p = common.play_parser(
+        __doc__,
+        __name__,
+        CELLS,
         2560,
         "--max-total-tokens of every server: small enough that stock queues, at least the "
         "longest conversation (about 2,200 tokens at the default sizes)",
+        remote=False,
+        cells_help="cell names or name=flags (default: every cell of CELLS)",
+        model_help="Hugging Face folder, or smollm2 (built into .cache)",
     )
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--concurrency", type=int, default=0, help="conversations in flight (0: all at once)"
     )
-    p.add_argument("--sessions", type=int, default=12)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--passage-tokens", type=int, default=200)
-    p.add_argument("--docqa", type=int, default=12)
+    common.numbers(p, sessions=12, turns=4, passage_tokens=200, docqa=12)
     p.add_argument("--docqa-lengths", type=int, nargs="+", default=[1000, 2000])
     p.add_argument(
         "--reply-tokens",
@@ -147,12 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check(parser, args) -> None:
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1 (got {args.repeats})")
+    for c in args.cells:
+        cell_flags(c)  # unknown names fail before any server starts
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if not args.report:
-        if args.repeats < 1:
-            raise SystemExit(f"--repeats must be >= 1 (got {args.repeats})")
-        for c in args.cells:
-            cell_flags(c)  # unknown names fail before any server starts
-    cells = common.cells_of(args, run, spread_lines)
-    return common.publish(table(cells), args, cells, plot)
+    return common.report_or_run(build_parser(), argv, check, table, run, spread_lines, plot)

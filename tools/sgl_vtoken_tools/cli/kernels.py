@@ -22,16 +22,14 @@ import sys
 import time
 
 from sgl_vtoken_tools.cli import common
+from sgl_vtoken_tools.cli.common import numbers, read_lines
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 
 
 def parse_args(argv=None):
     p = common.parser(__doc__, __name__)
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--q-heads", type=int, default=32)
-    p.add_argument("--head-dim", type=int, default=128)
+    numbers(p, layers=32, kv_heads=8, q_heads=32, head_dim=128)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--tokens", default="256,1024,4096,16384,65536", help="repack move counts")
     p.add_argument("--patterns", default="compaction,scatter")
@@ -78,7 +76,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.summarize:
-        print(summarize([json.loads(line) for line in open(args.summarize) if line.strip()]))
+        print(summarize(read_lines(args.summarize)))
         return 0
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels (and their @triton.jit) load

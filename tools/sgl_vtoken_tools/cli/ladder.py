@@ -65,18 +65,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_vtoken_tools.bench.cell_server import Plays, cell_spec, served_model
-from sgl_vtoken_tools.bench.jsonl import RunLog
+from sgl_vtoken_tools.bench.cell_server import Plays, served_model
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 from sgl_vtoken_tools.cli import common
 
 DEFAULT_CELLS = ("stock", "full", CHAT, "pressure")
 DEFAULT_LOADS = "0.1,0.25,0.5,1,2"
-
-
-def ordered(cells: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """The full cache first (answers_vs_full needs its answers), then the others in order."""
-    return sorted(cells, key=lambda c: c[0] != "full")
 
 
 def sessions_of(args, tok) -> list:
@@ -127,33 +121,30 @@ def run(args) -> list[dict]:
             f"--pool {args.pool} cannot hold the largest session (up to {need} tokens): raise "
             "--pool or lower --passages / --max-tokens / --agent-turns / --tool-tokens"
         )
-    cells = ordered([cell_spec(c, bool(args.base_url), CELLS) for c in args.cells])
+    cells = common.cells_in_order(args, CELLS, "full")  # answers_vs_full needs its answers
     unit = ladder.unit_arrivals(len(sessions), args.seed)
-    run = RunLog(args.out, append=True)
-    lines, emit = run.records, run.emit
-
-    emit(
-        common.config_line(
-            args,
-            model,
-            cells,
-            split=args.split,
-            seed=args.seed,
-            mix=list(args.mix),
-            sessions=[
-                {"id": s.id, "kind": s.kind, "turns": len(s.turns), "peak_tokens": s.peak_tokens}
-                for s in sessions
-            ],
-            arrivals_unit=[round(t, 6) for t in unit],
-            key_at=args.key_at,
-            passages=args.passages,
-            max_tokens=args.max_tokens,
-            agent_turns=args.agent_turns,
-            tool_tokens=args.tool_tokens,
-            reply_tokens=args.reply_tokens,
-            loads=args.loads,
-        )
+    run = common.run_log(
+        args,
+        model,
+        cells,
+        True,
+        split=args.split,
+        seed=args.seed,
+        mix=list(args.mix),
+        sessions=[
+            {"id": s.id, "kind": s.kind, "turns": len(s.turns), "peak_tokens": s.peak_tokens}
+            for s in sessions
+        ],
+        arrivals_unit=[round(t, 6) for t in unit],
+        key_at=args.key_at,
+        passages=args.passages,
+        max_tokens=args.max_tokens,
+        agent_turns=args.agent_turns,
+        tool_tokens=args.tool_tokens,
+        reply_tokens=args.reply_tokens,
+        loads=args.loads,
     )
+    emit = run.emit
     rates: dict[float, float] | None = None
     full: dict[tuple[int, int], list[dict]] = {}
     plays = Plays(bool(args.base_url))
@@ -192,7 +183,7 @@ def run(args) -> list[dict]:
                         flush=True,
                     )
     run.close()
-    return lines
+    return run.records
 
 
 def choose_rates(args, url: str, model: str, sessions: list, emit) -> dict[float, float]:
@@ -250,17 +241,15 @@ def mix_arg(text: str) -> tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.parser(__doc__, __name__)
-    common.model_flag(p)
-    common.cells_flag(p, DEFAULT_CELLS)
-    common.server_flags(
-        p,
+    p = common.play_parser(
+        __doc__,
+        __name__,
+        DEFAULT_CELLS,
         2048,
         "--max-total-tokens of every server (at least the largest session's peak KV, checked "
         "before any server starts)",
-        remote=True,
+        repeats_help="plays of every cell, interleaved",
     )
-    p.add_argument("--repeats", type=int, default=3, help="plays of every cell, interleaved")
     p.add_argument(
         "--loads",
         type=loads_arg,
@@ -278,22 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
         "first server)",
     )
     common.chat_flags(p, "chats: ")
-    p.add_argument(
-        "--agent-turns",
-        type=int,
-        nargs=2,
-        default=[5, 6],
-        metavar=("LO", "HI"),
-        help="agents: turns in all (task, tool outputs, question)",
+    common.pair_flag(
+        p, "--agent-turns", [5, 6], "agents: turns in all (task, tool outputs, question)"
     )
-    p.add_argument(
-        "--tool-tokens",
-        type=int,
-        nargs=2,
-        default=[120, 240],
-        metavar=("LO", "HI"),
-        help="agents: tokens of each tool output",
-    )
+    common.pair_flag(p, "--tool-tokens", [120, 240], "agents: tokens of each tool output")
     p.add_argument("--reply-tokens", type=int, default=64, help="agents: max_tokens of every turn")
     common.split_flags(p, seed_help="sessions, arrival order and times")
     common.output_flags(
@@ -326,15 +303,10 @@ def check(parser: argparse.ArgumentParser, args) -> None:
     except ValueError as e:
         flag = "--agent-turns" if "turns" in str(e) else "--tool-tokens"
         parser.error(f"{flag}: {e}")
-    common.check_cells(parser, args.cells, lambda c: cell_spec(c, bool(args.base_url), CELLS))
+    common.check_cells(parser, args, CELLS)
 
 
 def main(argv: list[str] | None = None) -> int:
     from sgl_vtoken_tools.bench.ladder import plot, table
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.report:
-        check(parser, args)
-    cells = common.cells_of(args, run)
-    return common.publish(table(cells), args, cells, plot)
+    return common.report_or_run(build_parser(), argv, check, table, run, plot=plot)

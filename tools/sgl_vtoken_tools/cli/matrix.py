@@ -64,15 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--repeats", type=int, default=3, help="runs of every cell (the tables show their spread)"
     )
-    p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--system-tokens", type=int, default=256)
-    p.add_argument("--user-tokens", type=int, default=40)
-    p.add_argument("--tool-tokens", type=int, default=300)
-    p.add_argument("--tool-min", type=int, default=32)
-    p.add_argument("--tool-max", type=int, default=1024)
-    p.add_argument("--reply-tokens", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
+    common.numbers(
+        p,
+        sessions=8,
+        turns=4,
+        system_tokens=256,
+        user_tokens=40,
+        tool_tokens=300,
+        tool_min=32,
+        tool_max=1024,
+        reply_tokens=32,
+        seed=0,
+    )
     p.add_argument(
         "--rates",
         type=float,
@@ -93,8 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=40.0,
         help="skip the remaining ladder rates once this many minutes have passed",
     )
-    p.add_argument("--baseline-sessions", type=int, default=2)
-    p.add_argument("--sample-interval", type=float, default=0.15)
+    common.numbers(p, baseline_sessions=2, sample_interval=0.15)
     p.add_argument(
         "--quick", action="store_true", help="2 sessions x 2 turns, burst run only (smoke)"
     )
@@ -119,34 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args, model: str) -> MatrixConfig:
-    names = (
-        "pool",
-        "page_sizes",
-        "policies",
-        "budgets",
-        "interval",
-        "sink",
-        "server_per_cell",
-        "repeats",
-        "sessions",
-        "turns",
-        "system_tokens",
-        "user_tokens",
-        "tool_tokens",
-        "tool_min",
-        "tool_max",
-        "reply_tokens",
-        "seed",
-        "rates",
-        "sla_factors",
-        "deadline_min",
-        "baseline_sessions",
-        "sample_interval",
-        "quick",
-    )
-    return MatrixConfig(
-        model=str(model), progress=not args.no_progress, **{k: getattr(args, k) for k in names}
-    )
+    return common.from_args(MatrixConfig, args, model=str(model), progress=not args.no_progress)
 
 
 def report_checks(checks: list[dict]) -> int:

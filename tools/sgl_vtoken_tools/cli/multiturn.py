@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.cell_server import resolve_model
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.multiturn import cells, run_cell
 from sgl_vtoken_tools.bench.quantiles import median_text
 from sgl_vtoken_tools.bench.results_md import write_section
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model = args.model or resolve_model("tiny")
     work = common.workload(args)
-    lines = []
+    log = RunLog(args.out, append=True, echo=True)
+    lines = log.records
     for repeat in range(args.repeats):
         for cell in cells(
             args.budget,
@@ -77,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             print(f"[multiturn] repeat {repeat}: {cell.label}", file=sys.stderr)
             line = {"repeat": repeat, **run_cell(cell, model, model, work, args.pool)}
-            lines.append(line)
-            common.emit_appending(line, args.out)
+            log.emit(line)
     print(table(lines, args), file=sys.stderr)
     if args.results_md:
         write_section(args.results_md, "multiturn", table(lines, args))

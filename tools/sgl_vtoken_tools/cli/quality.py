@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import signal
 import sys
 import time
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.cli import common
 from sgl_vtoken_tools.cli.common import REPO
 from sgl_vtoken_tools.quality.cli import json_lines, load
@@ -76,9 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="[label=]policy[:key=value,...] each",
     )
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512])
-    p.add_argument("--sink", type=int, default=16)
-    p.add_argument("--interval", type=int, default=16)
-    p.add_argument("--page-size", type=int, default=1)
+    common.numbers(p, sink=16, interval=16, page_size=1)
     p.add_argument(
         "--tasks",
         nargs="+",
@@ -132,8 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--recall-fillers", type=int, default=2, help="turns between the fact and the question"
     )
-    p.add_argument("--lm-windows", type=int, default=2)
-    p.add_argument("--lm-context", type=int, default=1024)
+    common.numbers(p, lm_windows=2, lm_context=1024)
     p.add_argument("--lm-tokens", type=int, default=256, help="teacher-forced tokens per window")
     p.add_argument(
         "--lm-greedy", type=int, default=32, help="greedy tokens compared with the full cache"
@@ -189,8 +186,7 @@ def merge_runs(paths: list[str]) -> list[dict]:
     or server record seen in an earlier file is dropped from later ones (the full cache)."""
     out, seen = [], set()
     for path in paths:
-        for line in open(path):
-            r = json.loads(line)
+        for r in common.read_lines(path):
             if r["kind"] == "summary":
                 continue
             key = (r["kind"], r.get("task"), r.get("trial"), r.get("setting"), r.get("budget"))
@@ -211,22 +207,20 @@ def write_tasks(plan: Plan, path: str) -> int:
     names = tuple(t for t in plan.tasks if t in ("docqa", "kv", "needle")) or ("docqa",)
     built = build_tasks(dataclasses.replace(plan, tasks=names), tok)
     trials = [t for name in names for t in built[name]]
-    with open(path, "w") as f:
-        for t in trials:
-            f.write(
-                json.dumps(
-                    {
-                        "kind": "task",
-                        "task": t.task,
-                        "trial": t.id,
-                        "prompt": list(t.prompt),
-                        "answer": t.answer,
-                        "span": list(t.span),
-                        **t.meta,
-                    }
-                )
-                + "\n"
-            )
+    log = RunLog(path)
+    for t in trials:
+        log.emit(
+            {
+                "kind": "task",
+                "task": t.task,
+                "trial": t.id,
+                "prompt": list(t.prompt),
+                "answer": t.answer,
+                "span": list(t.span),
+                **t.meta,
+            }
+        )
+    log.close()
     print(f"{len(trials)} {'/'.join(names)} trials ({plan.split}) -> {path}", file=sys.stderr)
     return 0
 
@@ -253,32 +247,12 @@ def plan_from_args(args) -> Plan:
     if args.model in MODELS and not Path(args.model).exists():
         args.model = str(ensure_model(args.model, REPO / ".cache" / args.model))
     try:
-        return Plan(
-            model=args.model,
+        return common.from_args(
+            Plan,
+            args,
             settings=tuple(settings),
-            budgets=tuple(args.budgets),
             sweep=Sweep(args.sink, args.interval, args.page_size),
-            passkey_lengths=tuple(args.passkey_lengths),
-            passkey_depths=tuple(args.passkey_depths),
-            recall_trials=args.recall_trials,
-            recall_fillers=args.recall_fillers,
-            lm_windows=args.lm_windows,
-            lm_context=args.lm_context,
-            lm_tokens=args.lm_tokens,
-            lm_greedy=args.lm_greedy,
-            server_trials=args.server_trials,
-            server_budgets=tuple(args.server_budgets),
             server_args=tuple(shlex.split(args.server_args)),
-            server_threads=args.server_threads,
-            seed=args.seed,
-            wheel_dir=args.wheel_dir,
-            tasks=tuple(args.tasks),
-            split=args.split,
-            docqa_lengths=tuple(args.docqa_lengths),
-            retrieval_lengths=tuple(args.retrieval_lengths),
-            retrieval_trials=args.retrieval_trials,
-            session_trials=args.session_trials,
-            session_turns=args.session_turns,
         )
     except ValueError as e:
         raise SystemExit(str(e)) from None
@@ -290,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         records = merge_runs(args.report)
         summaries, md = write_outputs(records, args.plot, args.title)
-        if args.out:
-            with open(args.out, "w") as f:
-                for r in records + summaries:
-                    f.write(json.dumps(r) + "\n")
+        log = RunLog(args.out)
+        for r in records + summaries:
+            log.emit(r)
+        log.close()
         if args.markdown:
             Path(args.markdown).write_text(md)
         print(md)
@@ -324,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         if args.server_only:
-            previous = [json.loads(line) for line in open(args.server_only)]
+            previous = common.read_lines(args.server_only)
             records = [r for r in previous if r["kind"] == "trial"]
             for r in previous:
                 if r["kind"] in ("trial", "timing"):

@@ -30,12 +30,13 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
-from sgl_vtoken_tools.bench.probe import flush_cache
+from sgl_vtoken_tools.bench.jsonl import RunLog
+from sgl_vtoken_tools.bench.plots import pyplot, save
+from sgl_vtoken_tools.bench.probe import flush_cache, vtoken_state
 from sgl_vtoken_tools.cli import common
 from sgl_vtoken_tools.cli.common import REPO
-from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 from sgl_vtoken_tools.quality.server_check import Client, _strip
 from sgl_vtoken_tools.quality.splits import SPLITS, session_trials
 from sgl_vtoken_tools.quality.tasks import next_turn_ids, recall_trials, trial_record
@@ -119,10 +120,7 @@ def _budgets(text: str) -> list[int]:
 def plot(records: list[dict], path: str) -> None:
     """Two panels from the trial and summary lines: pass-key accuracy per setting (hits/trials),
     and each trial's device KV after its last eviction (the full cache: its whole history)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     summaries = [r for r in records if r["kind"] == "summary"]
     trials = [r for r in records if r["kind"] == "trial"]
@@ -147,10 +145,7 @@ def plot(records: list[dict], path: str) -> None:
     b.set_xticks(range(len(labels)), labels, fontsize=7, rotation=12)
     b.set_ylabel("device KV tokens, last turn")
     b.set_title("KV the request holds (full cache: its history)", fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, 120)
 
 
 def build_trials(args, tok, wheel_dir=None) -> list:
@@ -200,8 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--fillers", type=int, default=3, help="turns between the fact and the question"
     )
-    ap.add_argument("--filler-tokens", type=int, default=120)
-    ap.add_argument("--budget", type=int, default=256)
+    common.numbers(ap, filler_tokens=120, budget=256)
     ap.add_argument(
         "--recall",
         type=_budgets,
@@ -223,16 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--window", type=int, default=32, help="recent window of the non-positional policies"
     )
     ap.add_argument("--policies", default="streamingllm")
-    ap.add_argument("--sink", type=int, default=16)
-    ap.add_argument("--interval", type=int, default=16)
+    common.numbers(ap, sink=16, interval=16)
     ap.add_argument(
         "--score-layers",
         default=None,
         help="a-b: layers scoring attention and recall (default: the server's, the upper half of the layers)",
     )
-    ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--pool", type=int, default=8192)
-    ap.add_argument("--seed", type=int, default=0)
+    common.numbers(ap, max_new_tokens=16, pool=8192, seed=0)
     ap.add_argument("--out", default=None, help="JSON lines file (default: stdout only)")
     ap.add_argument("--plot", default=None, help="PNG of accuracy and device KV per setting")
     ap.add_argument(
@@ -251,14 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.first < 0 or args.trials < 1:
         ap.error(f"--first must be >= 0 and --trials >= 1 (got {args.first} and {args.trials})")
     if args.render:
-        records = [
-            rec
-            for path in args.render
-            for line in Path(path).read_text().splitlines()
-            if line.strip()
-            for rec in [json.loads(line)]
-            if rec["kind"] == "trial"
-        ]
+        records = [r for p in args.render for r in common.read_lines(p) if r["kind"] == "trial"]
         by_setting: dict[str, list[dict]] = {}
         for rec in records:
             if any(r["trial"] == rec["trial"] for r in by_setting.get(rec["setting"], [])):
@@ -272,8 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(records + summaries, args.plot)
         return
-    records: list[dict] = []
-
     from transformers import AutoTokenizer
 
     from sgl_vtoken_tools.models import ensure_model
@@ -285,29 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     trials = build_trials(args, tok)
     config = server_config(args)
-    flags = cpu_server_args(model, args.pool, 1) + [
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(args.budget),
-        "--kv-sink",
-        str(args.sink),
-        "--kv-evict-interval",
-        str(args.interval),
-        "--kv-evict-config",
-        json.dumps(config),
-        "--disable-overlap-schedule",
-    ]
+    flags = cpu_server_args(model, args.pool, 1) + evict_args(
+        "streamingllm", args.budget, args.interval, args.sink, config=config
+    )
+    flags.append("--disable-overlap-schedule")
     cells = settings(args.policies.split(","), args.budget, args.recall, args.window)
-    sink = open(args.out, "w") if args.out else None
-
-    def emit(rec: dict) -> None:
-        records.append(rec)
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if sink:
-            sink.write(line + "\n")
-            sink.flush()
+    log = RunLog(args.out, echo=True)
+    records, emit = log.records, log.emit
 
     emit(
         {
@@ -324,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec = run_trial(client, tok, trial, label, kv, args.max_new_tokens, eos)
                 by_setting.setdefault(label, []).append(rec)
                 emit(rec)
-        state = requests_state(server.base_url)
+        state = vtoken_state(server.base_url, strict=True)
     for label, _ in cells:
         emit(summary(label, by_setting[label]))
     emit(
@@ -345,15 +311,6 @@ def main(argv: list[str] | None = None) -> int:
             },
         }
     )
-    if sink:
-        sink.close()
+    log.close()
     if args.plot:
         plot(records, args.plot)
-
-
-def requests_state(base_url: str) -> dict:
-    import requests
-
-    return requests.get(base_url + "/get_server_info", timeout=30).json()["internal_states"][0][
-        "vtoken"
-    ]

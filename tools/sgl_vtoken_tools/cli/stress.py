@@ -37,11 +37,11 @@ from pathlib import Path
 
 from sgl_vtoken.patches.core.shortage import KINDS as SHORTAGE_KINDS
 from sgl_vtoken_tools import forced_shortage
+from sgl_vtoken_tools.bench.jsonl import RunLog
 from sgl_vtoken_tools.bench.stress import MEMORY_CHECKS, StressConfig, run_stress
 from sgl_vtoken_tools.bench.stress_spec import FORCED, TrafficSpec
 from sgl_vtoken_tools.cli import common
-from sgl_vtoken_tools.cli.common import REPO
-from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
+from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,37 +123,18 @@ def main(argv: list[str] | None = None) -> int:
             "--server-log goes with --base-url (a server this script starts logs to its own file)"
         )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the server is stopped
-    outs = [sys.stdout] + [open(p, "w") for p in (args.out,) if p]
-    per_request = open(args.requests_out, "w") if args.requests_out else None
-
-    def emit(rec: dict) -> None:
-        for f in outs:
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-
-    def on_request(rec: dict) -> None:
-        if per_request is not None:
-            per_request.write(json.dumps(rec) + "\n")
+    log, per_request = RunLog(args.out, echo=True), RunLog(args.requests_out)
+    emit = log.emit
 
     server = None
     try:
         if args.base_url is None:
-            from sgl_vtoken_tools.tiny_model import ensure_tiny_model
+            from sgl_vtoken_tools.bench.cell_server import resolve_model
 
-            model = args.model_path or ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-            flags = [
-                "--dtype",
-                "float32",
-                "--enable-metrics",
-                "--kv-evict",
-                args.policy,
-                "--kv-budget",
-                str(args.budget),
-                "--kv-evict-interval",
-                str(args.interval),
-                "--kv-evict-trigger",
-                args.trigger,
-            ]
+            model = args.model_path or resolve_model("tiny")
+            flags = ["--dtype", "float32", "--enable-metrics"]
+            flags += evict_args(args.policy, args.budget, args.interval)
+            flags += ["--kv-evict-trigger", args.trigger]
             flags += ["--kv-evict-config", args.kv_evict_config] if args.kv_evict_config else []
             flags += ["--disable-overlap-schedule"] if args.disable_overlap_schedule else []
             env = {
@@ -214,12 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as e:
             parser.error(f"--duration/--workers: {e}")
-        summary = run_stress(cfg, emit, on_request)
+        summary = run_stress(cfg, emit, per_request.emit)
     finally:
         if server is not None:
             server.stop()
-        for f in outs[1:] + ([per_request] if per_request else []):
-            f.close()
+        log.close()
+        per_request.close()
     failed = [k for k, v in summary["checks"].items() if v is False]
     print(
         ("stress: every check passed" if summary["ok"] else f"stress: FAILED {', '.join(failed)}")

@@ -17,6 +17,7 @@ import argparse
 import time
 
 from sgl_vtoken.config import EvictConfig, HostTier
+from sgl_vtoken_tools.cli.common import numbers
 from sgl_vtoken_tools.quality.chats import GROUPS, chat_trials
 from sgl_vtoken_tools.quality.splits import SPLITS
 from sgl_vtoken_tools.quality.tasks import Trial, next_turn_ids, trial_record
@@ -105,14 +106,10 @@ def add_chat_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--split", choices=SPLITS, required=True)
     ap.add_argument("--trials", type=int, default=10, help="conversations per group")
     ap.add_argument("--first", type=int, default=0, help="index of the first trial")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--passage-tokens", type=int, default=150)
+    numbers(ap, seed=0, passage_tokens=150)
     ap.add_argument("--max-new", type=int, default=48, help="reply cap (tokens)")
     ap.add_argument("--policy", default="h2o")
-    ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--sink", type=int, default=16)
-    ap.add_argument("--window", type=int, default=32)
-    ap.add_argument("--interval", type=int, default=16)
+    numbers(ap, budget=256, sink=16, window=32, interval=16)
     ap.add_argument("--recall", type=lambda s: [int(x) for x in s.split(",")], default=[192])
     ap.add_argument("--cells", default=None, help="comma-separated cell indices to run")
 
@@ -123,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--group", choices=GROUPS, required=True)
     add_chat_args(ap)
-    ap.add_argument("--recall-rounds", type=int, default=4)
+    numbers(ap, recall_rounds=4)
     ap.add_argument(
         "--oracles", action="store_true", help="tests/runtime/oracles' rule (else runtime)"
     )

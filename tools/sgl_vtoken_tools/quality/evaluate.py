@@ -197,7 +197,7 @@ def server_groups(plan: Plan) -> list[tuple[dict, list[Cell]]]:
 
 def server_flags(plan: Plan, options: dict, pool: int) -> list[str]:
     """Flags of a CPU server for one group: per-request eviction on top of these defaults."""
-    from sgl_vtoken_tools.launcher import cpu_server_args
+    from sgl_vtoken_tools.launcher import cpu_server_args, evict_args
 
     sw = plan.sweep
     flags = cpu_server_args(plan.model, pool, sw.page_size) + [
@@ -220,14 +220,7 @@ def server_flags(plan: Plan, options: dict, pool: int) -> list[str]:
         cfg = {
             k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items() if k != "policy"
         }
-        flags += [
-            "--kv-evict",
-            options["policy"],
-            "--kv-budget",
-            str(max(plan.budgets)),
-            "--kv-evict-config",
-            json.dumps(cfg),
-        ]
+        flags += evict_args(options["policy"], max(plan.budgets), config=cfg)
     else:
         flags += ["--kv-evict", "none"]
     return flags + list(plan.server_args)

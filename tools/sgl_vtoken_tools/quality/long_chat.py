@@ -29,6 +29,14 @@ import argparse
 import random
 import time
 
+from sgl_vtoken_tools.cli.common import numbers
+from sgl_vtoken_tools.quality.cli import (
+    json_lines,
+    served,
+    server_flags,
+    server_script_parser,
+    server_tokenizer,
+)
 from sgl_vtoken_tools.quality.splits import PHRASINGS, _check, split_sentences
 from sgl_vtoken_tools.quality.tasks import _excerpt, chat_ids, exact_number, next_turn_ids
 
@@ -123,8 +131,6 @@ def summary(records: list[dict], turns: int) -> list[dict]:
 
 
 def servers(args) -> list[tuple[str, list[str]]]:
-    from sgl_vtoken_tools.quality.cli import server_flags
-
     config = {"prefill_chunk": args.prefill_chunk}
     return [
         ("full", server_flags(args, args.full_pool)),
@@ -137,20 +143,14 @@ def servers(args) -> list[tuple[str, list[str]]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sgl_vtoken_tools.quality.cli import server_script_parser
-
     ap = server_script_parser(__doc__, "the stock and evicting servers' pool", sink=4)
-    ap.add_argument("--conversations", type=int, default=2)
-    ap.add_argument("--turns", type=int, default=50)
-    ap.add_argument("--passage-tokens", type=int, default=60)
+    numbers(ap, conversations=2, turns=50, passage_tokens=60)
     ap.add_argument("--full-pool", type=int, default=8192, help="the full cache's pool")
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from sgl_vtoken_tools.quality.cli import json_lines, served, server_tokenizer
-
     tok = server_tokenizer(args.model)
     convs = conversations(
         args.split, args.conversations, args.turns, args.passage_tokens, tok, args.seed

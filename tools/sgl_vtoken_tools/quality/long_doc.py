@@ -24,6 +24,15 @@ from __future__ import annotations
 import argparse
 import time
 
+from sgl_vtoken_tools.cli.common import numbers
+from sgl_vtoken_tools.quality.cli import (
+    hits_by,
+    json_lines,
+    served,
+    server_flags,
+    server_script_parser,
+    server_tokenizer,
+)
 from sgl_vtoken_tools.quality.splits import docqa_trials
 from sgl_vtoken_tools.quality.tasks import Trial, exact_number
 
@@ -62,22 +71,12 @@ def ask(client, tok, trial: Trial, label: str, kv_evict: dict, max_new: int) -> 
 
 def summary(records: list[dict]) -> list[dict]:
     """Hits per (cell, times the pool)."""
-    acc: dict[tuple[str, int], list[int]] = {}
-    for r in records:
-        hits = acc.setdefault((r["cell"], r["times"]), [0, 0])
-        hits[0] += int(r["hit"])
-        hits[1] += 1
-    return [
-        {"kind": "summary", "cell": c, "times": x, "hits": h, "trials": n}
-        for (c, x), (h, n) in sorted(acc.items())
-    ]
+    return hits_by(records, "cell", "times", ordered=True)
 
 
 def servers(args, docs: list[Trial]) -> list[tuple[str, list[str], list[tuple[str, dict]]]]:
     """``(name, flags, cells)`` of the two servers: the full cache with a pool that holds the
     longest document, and the evicting one (`args.pool`) with and without recall, per request."""
-    from sgl_vtoken_tools.quality.cli import server_flags
-
     full_pool = max(len(t.prompt) for t in docs) + args.max_new + 256
     config = {"prefill_chunk": args.prefill_chunk, "host_tokens": 1 << 20}
     return [
@@ -98,20 +97,15 @@ def servers(args, docs: list[Trial]) -> list[tuple[str, list[str], list[tuple[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sgl_vtoken_tools.quality.cli import server_script_parser
-
     ap = server_script_parser(__doc__, "the evicting server's pool", sink=16)
     ap.add_argument("--times", type=int, nargs="+", default=[2, 3, 4], help="document / pool")
     ap.add_argument("--policy", default="h2o")
-    ap.add_argument("--window", type=int, default=32)
-    ap.add_argument("--recall", type=int, default=192)
+    numbers(ap, window=32, recall=192)
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from sgl_vtoken_tools.quality.cli import json_lines, served, server_tokenizer
-
     tok = server_tokenizer(args.model)
     docs = trials(tok, args.split, args.pool, args.times, args.seed)
     plan = servers(args, docs)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.quality.settings import FULL
 
 METRICS = {  # name: (title, higher is better)
@@ -126,10 +127,7 @@ def markdown(summaries: list[dict], metrics: tuple[str, ...] = tuple(METRICS)) -
 def plot(summaries: list[dict], path, title: str = "") -> None:
     """Score vs budget, one line per setting (a colour per policy; its first setting solid, the
     others dashed), one panel per metric, the full cache dashed black; legend below."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     metrics = [m for m in METRICS if any(m in s for s in summaries)]
     cols = min(3, len(metrics))
@@ -165,6 +163,4 @@ def plot(summaries: list[dict], path, title: str = "") -> None:
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.05 + 0.02 * len(labels) / 3, 1, 1))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save(fig, path, 90, rect=(0, 0.05 + 0.02 * len(labels) / 3, 1, 1))

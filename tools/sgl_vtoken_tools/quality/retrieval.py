@@ -77,7 +77,6 @@ NEEDLE = {
         "What is the entry code for {key}? Answer with the number only.",
     ),
 }
-RETRIEVAL_TASKS = ("kv", "needle")
 
 
 def value_outcome(text: str, answer: str) -> str:

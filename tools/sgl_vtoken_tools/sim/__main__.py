@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from sgl_vtoken.policies import POLICIES
+from sgl_vtoken_tools.cli.common import numbers
 from sgl_vtoken_tools.sim.replay import SimSettings, replay_request
 from sgl_vtoken_tools.sim.report import markdown_tables, plot, summarize
 from sgl_vtoken_tools.sim.workload import WORKLOADS
@@ -44,12 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sessions", type=int, default=8, help="agent sessions")
     p.add_argument("--turns", type=int, default=4, help="turns per agent session")
     p.add_argument("--requests", type=int, default=48, help="sharegpt-like requests")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sink", type=int, default=4)
-    p.add_argument("--window-frac", type=float, default=0.5)
+    numbers(p, seed=0, sink=4, window_frac=0.5)
     p.add_argument("--interval", type=int, default=0, help="0 = max(page_size, 32)")
-    p.add_argument("--prefill-chunk", type=int, default=256)
-    p.add_argument("--pool-tokens", type=int, default=6144)
+    numbers(p, prefill_chunk=256, pool_tokens=6144)
     p.add_argument(
         "--kv-bytes-per-token",
         type=int,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 
+from sgl_vtoken_tools.bench.plots import pyplot, save
+
 MODE_NAMES = {
     "noevict": "No-Evict",
     "naive": "Naive-Evict",
@@ -93,15 +95,23 @@ def _index(summary):
     return {(s["workload"], s["policy"], s["ratio"], s["page_size"], s["mode"]): s for s in summary}
 
 
+def _fewer(na: dict | None, vt: dict | None) -> float | None:
+    """Percent fewer retained pages per request under vToken (`vt`) than under Naive-Evict
+    (`na`); None without both, or with none retained under Naive-Evict."""
+    if not (na and vt and na["retained_pages"]):
+        return None
+    return 100 * (1 - vt["retained_pages"] / na["retained_pages"])
+
+
 def headline(summary: list[dict], page_size: int = 16) -> str:
     """One sentence with the ranges the tables hold (computed, never typed in)."""
     idx = _index(summary)
     red, gain, contiguous = [], [], []
     for (wl, pol, ratio, ps, mode), vt in idx.items():
         na = idx.get((wl, pol, ratio, ps, "naive"))
-        if mode != "vtoken" or ps != page_size or not na or not na["retained_pages"]:
+        r = _fewer(na, vt)
+        if mode != "vtoken" or ps != page_size or r is None:
             continue
-        r = 100 * (1 - vt["retained_pages"] / na["retained_pages"])
         (contiguous if pol == "streamingllm" else red).append(r)
         if pol != "streamingllm" and na["mean_concurrency"]:
             gain.append(vt["mean_concurrency"] / na["mean_concurrency"])
@@ -145,9 +155,7 @@ def markdown_tables(summary: list[dict], page_size: int = 16) -> str:
                 if not all(g.values()):
                     continue
                 ne, na, vt, lz = g["noevict"], g["naive"], g["vtoken"], g["lazy"]
-                red = (
-                    1 - vt["retained_pages"] / na["retained_pages"] if na["retained_pages"] else 0.0
-                )
+                fewer = _fewer(na, vt) or 0.0
                 gain = (
                     vt["mean_concurrency"] / na["mean_concurrency"]
                     if na["mean_concurrency"]
@@ -156,7 +164,7 @@ def markdown_tables(summary: list[dict], page_size: int = 16) -> str:
                 lines.append(
                     f"| {pol} | {ratio:.1f} | {vt['evicted_frac']:.2f} | {ne['retained_pages']:.1f} "
                     f"| {na['retained_pages']:.1f} | {vt['retained_pages']:.1f} ({vt['ideal_pages']:.1f}) "
-                    f"| {-100 * red + 0.0:+.1f}% | {lz['retained_pages']:.1f} "
+                    f"| {-fewer + 0.0:+.1f}% | {lz['retained_pages']:.1f} "
                     f"| {vt['tokens_moved']:.0f} / {lz['tokens_moved']:.0f} "
                     f"| {na['mean_concurrency']:.2f} -> {vt['mean_concurrency']:.2f} | {gain:.2f}x |"
                 )
@@ -173,15 +181,10 @@ def markdown_tables(summary: list[dict], page_size: int = 16) -> str:
         for pol in policies:
             cells = []
             for ps in sizes:
-                na, vt = (
-                    idx.get((wl, pol, ratio, ps, "naive")),
-                    idx.get((wl, pol, ratio, ps, "vtoken")),
+                fewer = _fewer(
+                    idx.get((wl, pol, ratio, ps, "naive")), idx.get((wl, pol, ratio, ps, "vtoken"))
                 )
-                cells.append(
-                    f"{-100 * (1 - vt['retained_pages'] / na['retained_pages']) + 0.0:+.1f}%"
-                    if na and vt and na["retained_pages"]
-                    else "-"
-                )
+                cells.append("-" if fewer is None else f"{-fewer + 0.0:+.1f}%")
             lines.append(f"| {wl} | {pol} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -190,10 +193,7 @@ def plot(summary: list[dict], img_dir: str, page_size: int = 16) -> list[str]:
     """PNG plots (matplotlib, Agg): retained-page reduction and concurrency per policy."""
     import os
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     os.makedirs(img_dir, exist_ok=True)
     idx = _index(summary)
@@ -213,11 +213,9 @@ def plot(summary: list[dict], img_dir: str, page_size: int = 16) -> list[str]:
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(series))
 
     def red(wl, pol, ratio, ps):
-        na, vt = idx.get((wl, pol, ratio, ps, "naive")), idx.get((wl, pol, ratio, ps, "vtoken"))
         return (
-            100 * (1 - vt["retained_pages"] / na["retained_pages"])
-            if na and vt and na["retained_pages"]
-            else 0
+            _fewer(idx.get((wl, pol, ratio, ps, "naive")), idx.get((wl, pol, ratio, ps, "vtoken")))
+            or 0
         )
 
     figs = [
@@ -250,9 +248,7 @@ def plot(summary: list[dict], img_dir: str, page_size: int = 16) -> list[str]:
         )
         for ax, wl in zip(axes[0], workloads):
             bars(ax, series(wl), policies, f"{wl}: {title}", "")
-        fig.tight_layout()
         path = os.path.join(img_dir, name)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save(fig, path, 110)
         paths.append(path)
     return paths
