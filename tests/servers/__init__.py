@@ -203,8 +203,9 @@ def server_factory(tiny_model, startup_log):
 
 
 def own_server(server_factory, page_size: int, extra: tuple[str, ...], pool: int, model):
-    """For a module's fixture (`yield from own_server(...)`): a server of `model` only that
-    module starts (SGLang's checkers on, one OpenMP thread), stopped when the module ends."""
+    """For a module's own server fixture (`yield from own_server(...)`), a configuration no other
+    module starts: a server of `model` (SGLang's checkers on, one OpenMP thread), stopped at the
+    fixture's teardown."""
     client = server_factory(
         page_size=page_size, extra=extra, env=DEFAULT_ENV, pool=pool, model=model
     )
