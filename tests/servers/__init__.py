@@ -8,6 +8,7 @@ pytest, torch and `sgl_vtoken_tools.forced_shortage` (the standard library only)
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,6 +66,27 @@ def wait_pool_free(client: Client, timeout: float = 30.0) -> dict:
         if time.monotonic() > deadline:
             return st
         time.sleep(0.5)
+
+
+def evict_flags(
+    policy: str,
+    budget: int,
+    *,
+    sink: int | None = None,
+    interval: int | None = None,
+    config: dict | None = None,
+) -> tuple[str, ...]:
+    """A server's eviction flags: `--kv-evict` and `--kv-budget`, then `--kv-sink`,
+    `--kv-evict-interval` and `--kv-evict-config` (as JSON) where given, always in this order (the
+    flags are part of a server's configuration: the same settings name the same server)."""
+    flags = ("--kv-evict", policy, "--kv-budget", str(budget))
+    if sink is not None:
+        flags += ("--kv-sink", str(sink))
+    if interval is not None:
+        flags += ("--kv-evict-interval", str(interval))
+    if config is not None:
+        flags += ("--kv-evict-config", json.dumps(config))
+    return flags
 
 
 def kept_floor(policy: str, budget: int) -> int:
@@ -180,12 +202,28 @@ def server_factory(tiny_model, startup_log):
         server.stop(kill=True)
 
 
-@pytest.fixture(scope="session")
-def hf_eager(tiny_model):
-    """The tiny model in Hugging Face with eager attention (the masked reference reads its
-    probabilities), loaded once per session."""
+def own_server(server_factory, page_size: int, extra: tuple[str, ...], pool: int, model):
+    """For a module's own server fixture (`yield from own_server(...)`), a configuration no other
+    module starts: a server of `model` (SGLang's checkers on, one OpenMP thread), stopped at the
+    fixture's teardown."""
+    client = server_factory(
+        page_size=page_size, extra=extra, env=DEFAULT_ENV, pool=pool, model=model
+    )
+    yield client
+    server_factory.stop(client)
+
+
+def eager_model(path):
+    """The model at `path` in Hugging Face, fp32, with eager attention (the masked reference reads
+    its attention probabilities)."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        tiny_model, dtype=torch.float32, attn_implementation="eager"
+        path, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_eager(tiny_model):
+    """The tiny model in Hugging Face with eager attention, loaded once per session."""
+    return eager_model(tiny_model)

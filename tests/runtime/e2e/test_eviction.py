@@ -15,8 +15,10 @@ from servers import BENCH_FLAGS, MEMORY_CHECKS, kept_floor, wait_pool_free
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken_tools import hf_reference
 
-# The reference chooses victims with the oracles written apart from the runtime (tests/runtime/oracles).
+# The reference chooses victims with the oracles written apart from the runtime
+# (tests/runtime/oracles): every end-to-end test takes its references from these two.
 masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
+masked_turn = partial(hf_reference.masked_turn, policy=oracle_policy, recall=ORACLE_RECALL)
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("stock")]
 
@@ -33,11 +35,25 @@ def random_ids(n, seed):
     return [rng.randrange(10, 2000) for _ in range(n)]
 
 
-def generate(client, prompt, n, rid, kv_evict=None):
+def generate_payload(prompt, n, rid, kv_evict=None) -> dict:
+    """A greedy /generate request for `n` tokens (with `kv_evict` if given)."""
     params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
     if kv_evict is not None:
         params["custom_params"] = {"kv_evict": kv_evict}
-    return client.post("/generate", {"rid": rid, "input_ids": prompt, "sampling_params": params})
+    return {"rid": rid, "input_ids": prompt, "sampling_params": params}
+
+
+def generate(client, prompt, n, rid, kv_evict=None, timeout=120.0):
+    return client.post("/generate", generate_payload(prompt, n, rid, kv_evict), timeout=timeout)
+
+
+def post_generate(client, prompt, n, rid, kv_evict=None, timeout=120.0) -> requests.Response:
+    """`generate` for a request that may be refused: the response, whatever its status."""
+    return requests.post(
+        client.base_url + "/generate",
+        json=generate_payload(prompt, n, rid, kv_evict),
+        timeout=timeout,
+    )
 
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]

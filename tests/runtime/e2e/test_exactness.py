@@ -5,18 +5,14 @@ independent oracles (`tests/runtime/oracles`); plus chunked prefill under the
 attention policies and forced retractions. One server per page size (the interval comes with
 each request), SGLang's memory checkers on."""
 
-import json
 import threading
 import time
 
 import pytest
-import requests
-from oracles import ORACLE_RECALL, oracle_policy
-from servers import MEMORY_CHECKS, SHORTAGE, kept_floor, shortages_met
-from test_eviction import generate, random_ids, wait_pool_free
+from servers import MEMORY_CHECKS, SHORTAGE, evict_flags, kept_floor, shortages_met
+from test_eviction import generate, masked_greedy, post_generate, random_ids, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken_tools.hf_reference import masked_greedy
 
 pytestmark = pytest.mark.server
 
@@ -32,15 +28,7 @@ def evict_server(server_factory, page_size, *extra, env=MEMORY_CHECKS, host_toke
     """A server whose own policy is streamingllm (interval 1) with a host store of `host_tokens`
     (recalls fill holes of up to `recall.GAP` candidates); the policy of each request, its interval, offload
     and recall come with the request."""
-    flags = (
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(BUDGET),
-        "--kv-evict-config",
-        json.dumps({"host_tokens": host_tokens}),
-        *extra,
-    )
+    flags = (*evict_flags("streamingllm", BUDGET, config={"host_tokens": host_tokens}), *extra)
     return server_factory(page_size=page_size, extra=flags, env=env)
 
 
@@ -53,9 +41,7 @@ def expected_output(hf_eager, prompt, n, policy, page_size, interval, rid):
         interval=interval,
         page_size=page_size,
     )
-    return masked_greedy(
-        hf_eager, prompt, n, cfg, rid=rid, policy=oracle_policy, recall=ORACLE_RECALL
-    )[0]
+    return masked_greedy(hf_eager, prompt, n, cfg, rid=rid)[0]
 
 
 def per_request(policy, interval=1):
@@ -147,20 +133,7 @@ def test_a_retracted_row_with_no_page_to_come_back_to_waits_then_ends_with_503(
     thread.start()
     while not client.vtoken_state()["running_evicting_requests"]:
         time.sleep(0.05)
-    r = requests.post(
-        client.base_url + "/generate",
-        timeout=300,
-        json={
-            "rid": SHORTAGE + "resume-0",
-            "input_ids": prompts[1],
-            "sampling_params": {
-                "temperature": 0,
-                "max_new_tokens": 120,
-                "ignore_eos": True,
-                "custom_params": {"kv_evict": kv},
-            },
-        },
-    )
+    r = post_generate(client, prompts[1], 120, SHORTAGE + "resume-0", kv, timeout=300)
     thread.join(300)
     assert r.status_code == 503, r.text[:500]
     assert "no free KV page for a retracted row written back" in r.text

@@ -5,21 +5,13 @@ and the pool stays whole under SGLang's checkers."""
 
 import random
 import threading
-from functools import partial
 
 import pytest
-import requests
-from oracles import ORACLE_RECALL, oracle_policy
-from servers import SHORTAGE, shortages_met
-from test_eviction import generate, random_ids, wait_pool_free
+from servers import SHORTAGE, shortages_met, wait_pool_free
+from test_eviction import generate, masked_greedy, masked_turn, post_generate, random_ids
 from test_exactness import evict_server
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken_tools import hf_reference
-
-# The reference chooses victims with the oracles written apart from the runtime (tests/runtime/oracles).
-masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
-masked_turn = partial(hf_reference.masked_turn, policy=oracle_policy, recall=ORACLE_RECALL)
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", page_size=1)]
 
@@ -32,21 +24,39 @@ def client(server_factory):
     return evict_server(server_factory, 1)
 
 
-def run_session(client, first, messages, n, policy, rid, interval=1):
-    """Turns of one conversation: each prompt is the previous prompt + reply + a new message."""
+def session_kv(policy, interval=1):
+    """The `kv_evict` of the page-1 sessions: `policy` at BUDGET."""
+    return {"policy": policy, "budget": BUDGET, "interval": interval}
+
+
+def run_session(client, first, messages, n, kv, rid):
+    """Turns of one conversation asking for `kv`: each prompt is the previous prompt + reply + a
+    new message."""
     prompt, turns = list(first), []
     for k, message in enumerate([[]] + messages):
         if k:
             prompt = prompt + turns[-1]["output_ids"] + message
-        out = generate(
-            client,
-            prompt,
-            n,
-            f"{rid}-{k}",
-            {"policy": policy, "budget": BUDGET, "interval": interval},
-        )
+        out = generate(client, prompt, n, f"{rid}-{k}", kv)
         turns.append({"prompt": prompt, **out})
     return turns
+
+
+def check_turns(hf_eager, turns, n, cfg, rid):
+    """Every turn of `run_session` equals the reference continuing the previous turn's history,
+    and each later turn continued from all of it: the stored history and view, the logical
+    tokens not prefilled (`cached_tokens`)."""
+    history = None
+    for k, turn in enumerate(turns):
+        expected, _, new_history = masked_turn(
+            hf_eager, turn["prompt"], n, cfg, rid=f"{rid}-{k}", history=history
+        )
+        assert turn["output_ids"] == expected, f"turn {k}"
+        report = turn["meta_info"]["kv_evict"][0]  # every turn evicted
+        if k:
+            assert report["history_tokens"] == len(history[0]), f"turn {k}"
+            assert report["history_view_tokens"] == len(history[1]), f"turn {k}"
+            assert turn["meta_info"]["cached_tokens"] == len(history[0]), f"turn {k}"
+        history = new_history
 
 
 @pytest.mark.parametrize("policy", ["streamingllm", "random"])
@@ -59,20 +69,11 @@ def test_six_turns_continue_from_compacted_history_exactly(client, hf_eager, pol
     first = random_ids(30, seed=70)
     messages = [[rng.randrange(10, 2000) for _ in range(rng.randrange(5, 12))] for _ in range(5)]
     n = 24
-    turns = run_session(client, first, messages, n, policy, f"hist-{policy}")
+    turns = run_session(client, first, messages, n, session_kv(policy), f"hist-{policy}")
     cfg = EvictConfig(policy=policy, budget=BUDGET, sink=SINK)
-    history = None
-    for k, turn in enumerate(turns):
-        expected, _, new_history = masked_turn(
-            hf_eager, turn["prompt"], n, cfg, rid=f"hist-{policy}-{k}", history=history
-        )
-        assert turn["output_ids"] == expected, f"turn {k}"
-        meta, report = turn["meta_info"], turn["meta_info"]["kv_evict"][0]
-        if k:
-            view, known = len(history[1]), len(history[0])
-            assert report["history_tokens"] == known and report["history_view_tokens"] == view
-            assert meta["prompt_tokens"] == len(turn["prompt"]) and meta["cached_tokens"] == known
-        history = new_history
+    check_turns(hf_eager, turns, n, cfg, f"hist-{policy}")
+    for k, turn in enumerate(turns[1:], 1):  # the prompt as sent
+        assert turn["meta_info"]["prompt_tokens"] == len(turn["prompt"]), f"turn {k}"
     last = turns[-1]
     full, _ = masked_greedy(hf_eager, last["prompt"], n, cfg, rid=f"hist-{policy}-5")
     assert full != last["output_ids"]  # a re-prefill of the whole history is another semantics
@@ -94,33 +95,12 @@ def test_six_turns_at_page_size_16_continue_from_stored_pages_exactly(
     first = random_ids(70, seed=170 + interval)
     messages = [[rng.randrange(10, 2000) for _ in range(rng.randrange(5, 20))] for _ in range(5)]
     n, rid = 24, f"hist16-{policy}"
-    prompt, turns = list(first), []
-    for k, message in enumerate([[]] + messages):
-        if k:
-            prompt = prompt + turns[-1]["output_ids"] + message
-        out = generate(
-            client,
-            prompt,
-            n,
-            f"{rid}-{k}",
-            {"policy": policy, "window": window, "interval": interval},
-        )
-        turns.append({"prompt": prompt, **out})
+    kv = {"policy": policy, "window": window, "interval": interval}
+    turns = run_session(client, first, messages, n, kv, rid)
     cfg = EvictConfig(
         policy=policy, budget=budget, sink=4, window=window, interval=interval, page_size=16
     )
-    history = None
-    for k, turn in enumerate(turns):
-        expected, _, new_history = masked_turn(
-            hf_eager, turn["prompt"], n, cfg, rid=f"{rid}-{k}", history=history
-        )
-        assert turn["output_ids"] == expected, f"turn {k}"
-        if k:
-            report = turn["meta_info"]["kv_evict"][0]
-            assert report["history_tokens"] == len(history[0]), f"turn {k}"
-            assert report["history_view_tokens"] == len(history[1])
-            assert turn["meta_info"]["cached_tokens"] == len(history[0])
-        history = new_history
+    check_turns(hf_eager, turns, n, cfg, rid)
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
@@ -140,20 +120,7 @@ def test_a_turn_without_a_page_for_its_views_last_page_waits_then_ends_with_503(
         first + generate(client, first, 24, "tail-0", kv)["output_ids"] + random_ids(7, seed=191)
     )
     before = client.vtoken_state()
-    r = requests.post(
-        client.base_url + "/generate",
-        timeout=120,
-        json={
-            "rid": SHORTAGE + "tail-1",
-            "input_ids": prompt,
-            "sampling_params": {
-                "temperature": 0,
-                "max_new_tokens": 8,
-                "ignore_eos": True,
-                "custom_params": {"kv_evict": kv},
-            },
-        },
-    )
+    r = post_generate(client, prompt, 8, SHORTAGE + "tail-1", kv)
     assert r.status_code == 503, r.text[:500]
     assert "no free KV page for the copy of a stored view's last page" in r.text
     st = client.vtoken_state()
@@ -220,7 +187,7 @@ def test_requests_without_eviction_never_see_holed_histories(client, hf_eager):
     """On the same server, an opted-out request whose prompt extends a stored compacted history
     is computed with full attention (bit-identical to HF), and repeats hit the prefix cache."""
     turns = run_session(
-        client, random_ids(30, seed=80), [[5, 6, 7, 8]], 24, "streamingllm", "plain"
+        client, random_ids(30, seed=80), [[5, 6, 7, 8]], 24, session_kv("streamingllm"), "plain"
     )
     assert turns[1]["meta_info"]["cached_tokens"] > 0  # the evicting session reused its history
     prompt = turns[1]["prompt"]
@@ -242,21 +209,14 @@ def test_concurrent_sessions_share_the_system_prompt_without_leaks(
     )
     interval = 1 if page_size == 1 else 16
     system = random_ids(200, seed=90)
-    generate(
-        client,
-        system + [1, 2],
-        24,
-        "warm-system",
-        {"policy": "streamingllm", "budget": BUDGET, "interval": interval},
-    )
+    kv = session_kv("streamingllm", interval)
+    generate(client, system + [1, 2], 24, "warm-system", kv)
     results = [None] * 8
 
     def one(i):
         rng = random.Random(i)
         msgs = [[rng.randrange(10, 2000) for _ in range(8)] for _ in range(3)]
-        results[i] = run_session(
-            client, system + [3 + i], msgs, 20, "streamingllm", f"conc-{i}", interval
-        )
+        results[i] = run_session(client, system + [3 + i], msgs, 20, kv, f"conc-{i}")
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
     for t in threads:

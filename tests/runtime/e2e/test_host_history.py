@@ -5,16 +5,22 @@ history had never left the device; a host store too small drops histories, count
 leaks."""
 
 import pytest
-from oracles import ORACLE_RECALL, oracle_policy
 from servers import MEMORY_CHECKS
-from test_eviction import generate, random_ids, wait_pool_free
+from test_eviction import generate, masked_greedy, masked_turn, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, evict_server
 from test_host_tier import BUDGET, NONE, RECALL, SINK, flush, session, unchunked_server
 
 from sgl_vtoken.config import EvictConfig, HostTier
-from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", page_size=1)]
+
+
+def assert_released_after_flush(client):
+    """A flush leaves no history nor token in host memory, and every KV slot free."""
+    flush(client)
+    st = wait_pool_free(client)
+    assert st["host_histories_held"] == 0 and st["host_tokens_held"] == 0
+    assert st["pool_available_tokens"] == st["pool_total_tokens"]
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -58,10 +64,7 @@ def test_a_history_the_tree_evicts_moves_to_host_and_its_next_turn_restores_it(
     grew = {k: st[k] - base[k] for k in base if k.startswith("host_")}
     assert grew["host_histories_restored"] == 3 and grew["host_histories_stored"] == 4
     assert grew["host_bytes_to_host"] > 0 and grew["host_bytes_to_device"] > 0
-    flush(client)
-    st = wait_pool_free(client)
-    assert st["host_histories_held"] == 0 and st["host_tokens_held"] == 0
-    assert st["pool_available_tokens"] == st["pool_total_tokens"]
+    assert_released_after_flush(client)
 
 
 @pytest.mark.server_group("retract1")
@@ -105,23 +108,13 @@ def test_a_turn_resumed_after_forced_retractions_goes_to_host_and_its_next_turn_
                 assert report["history_source"] == ("host" if retracted[k] else "device"), k
             retracted[k] = outs[k]["meta_info"].get("num_retractions", 0)
             expected, _, histories[k] = masked_turn(
-                hf_eager,
-                prompts[k],
-                60,
-                cfg,
-                rid=rids[k],
-                history=histories[k],
-                policy=oracle_policy,
-                recall=ORACLE_RECALL,
+                hf_eager, prompts[k], 60, cfg, rid=rids[k], history=histories[k]
             )
             assert outs[k]["output_ids"] == expected, (turn, k, retracted[k])
             prompts[k] = prompts[k] + outs[k]["output_ids"] + random_ids(20, seed=950 + k)
         if turn == 0:
             assert sum(retracted) > 0, "no turn was retracted"
-    flush(client)
-    st = wait_pool_free(client)
-    assert st["host_histories_held"] == 0 and st["host_tokens_held"] == 0
-    assert st["pool_available_tokens"] == st["pool_total_tokens"]
+    assert_released_after_flush(client)
 
 
 @pytest.mark.server_group("unchunked1")
@@ -147,14 +140,9 @@ def test_a_history_over_the_host_cap_is_dropped_counted_and_its_next_turn_prefil
         got = generate(client, prompt, 24, f"cap-{k}", kv)
         out = got["output_ids"]
         assert got["meta_info"]["kv_evict"][0]["history_source"] == "none"
-        expected, _, _ = masked_turn(
-            hf_eager, prompt, 24, cfg, rid=f"cap-{k}", policy=oracle_policy, recall=ORACLE_RECALL
-        )
+        expected, _, _ = masked_turn(hf_eager, prompt, 24, cfg, rid=f"cap-{k}")
         assert out == expected, f"turn {k}"
-    flush(client)
-    st = wait_pool_free(client)
-    assert st["host_tokens_held"] == 0 and st["host_histories_held"] == 0
-    assert st["pool_available_tokens"] == st["pool_total_tokens"]
+    assert_released_after_flush(client)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -184,7 +172,7 @@ def test_a_host_history_that_kept_nothing_of_a_shared_opening_is_not_waited_for(
     cfg = EvictConfig(
         policy="streamingllm", budget=32, sink=0, interval=interval, page_size=page_size
     )
-    want = masked_greedy(hf_eager, b, 40, cfg, rid=rid, policy=oracle_policy, recall=ORACLE_RECALL)
+    want = masked_greedy(hf_eager, b, 40, cfg, rid=rid)
     assert out["output_ids"] == want[0]
     flush(client)
     st = wait_pool_free(client)

@@ -9,13 +9,11 @@ import time
 
 import pytest
 import requests
-from oracles import ORACLE_RECALL, oracle_policy
 from servers import SHORTAGE, shortages_met
-from test_eviction import generate, random_ids, wait_pool_free
+from test_eviction import generate, masked_turn, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, evict_server
 
 from sgl_vtoken.config import EvictConfig, HostTier, Scoring
-from sgl_vtoken_tools.hf_reference import masked_turn
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("holed{page_size}", page_size=1)]
 
@@ -97,14 +95,7 @@ def session(
         if k:  # the logical tokens not prefilled: the whole history, the recalled ones included
             assert got["meta_info"]["cached_tokens"] == len(history[0]), f"turn {k}"
         expected, _, history = masked_turn(
-            hf_eager,
-            prompt,
-            n,
-            cfg,
-            rid=f"{rid}-{k}",
-            history=history,
-            policy=oracle_policy,
-            recall=ORACLE_RECALL,
+            hf_eager, prompt, n, cfg, rid=f"{rid}-{k}", history=history
         )
         assert out == expected, f"turn {k}"
         reports.append(got["meta_info"]["kv_evict"][0])
@@ -322,14 +313,7 @@ def test_recall_without_chunked_prefill_answers_unrecalled_and_counts_it(server_
         got = generate(client, prompt, 24, f"unchunked-{k}", kv)
         out = got["output_ids"]
         expected, _, history = masked_turn(
-            hf_eager,
-            prompt,
-            24,
-            cfg,
-            rid=f"unchunked-{k}",
-            history=history,
-            policy=oracle_policy,
-            recall=ORACLE_RECALL,
+            hf_eager, prompt, 24, cfg, rid=f"unchunked-{k}", history=history
         )
         assert out == expected, f"turn {k}"
         report = got["meta_info"]["kv_evict"][0]

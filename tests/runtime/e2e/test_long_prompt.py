@@ -6,19 +6,12 @@ evicts the same chunks decodes, at page sizes 1 and 16. SGLang alone refuses any
 prefill_chunk + page_size` (docs/reference.md, "Prompts longer than the pool").
 """
 
-import json
-from functools import partial
-
 import pytest
 import torch
-from oracles import ORACLE_RECALL, oracle_policy
-from servers import MEMORY_CHECKS
-from test_eviction import wait_pool_free
+from servers import eager_model, evict_flags, own_server
+from test_eviction import generate, masked_greedy, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig, Prefill
-from sgl_vtoken_tools import hf_reference
-
-masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("long")]
 
@@ -48,28 +41,11 @@ def page_size(request):
 
 @pytest.fixture(scope="module")
 def server(page_size, server_factory, smollm2_model):
-    extra = (
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(BUDGET),
-        "--kv-sink",
-        str(SINK),
-        "--kv-evict-interval",
-        str(INTERVAL),
-        "--kv-evict-config",
-        json.dumps({"prefill_chunk": CHUNK}),
-        "--disable-overlap-schedule",
+    flags = evict_flags(
+        "streamingllm", BUDGET, sink=SINK, interval=INTERVAL, config={"prefill_chunk": CHUNK}
     )
-    client = server_factory(
-        page_size=page_size,
-        extra=extra,
-        env={**MEMORY_CHECKS, "OMP_NUM_THREADS": "1"},
-        pool=POOL,
-        model=smollm2_model,
-    )
-    yield client
-    server_factory.stop(client)
+    extra = (*flags, "--disable-overlap-schedule")
+    yield from own_server(server_factory, page_size, extra, POOL, smollm2_model)
 
 
 class PrefixReuse:
@@ -120,11 +96,7 @@ class PrefixReuse:
 def reference(smollm2_model, prompt):
     """The masked reference's tokens, once for both page sizes: with 16 sinks and a budget and
     chunk of whole pages, page size 16 keeps the same positions as page size 1."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(
-        smollm2_model, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    hf = eager_model(smollm2_model)
     cfg = EvictConfig(
         policy="streamingllm",
         budget=BUDGET,
@@ -136,10 +108,7 @@ def reference(smollm2_model, prompt):
 
 
 def test_a_prompt_three_times_the_pool_equals_the_masked_reference(server, prompt, reference):
-    params = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
-    out = server.post(
-        "/generate", {"rid": "long", "input_ids": prompt, "sampling_params": params}, timeout=600
-    )
+    out = generate(server, prompt, NEW, "long", timeout=600)
     meta = out["meta_info"]
     assert meta["prompt_tokens"] == len(prompt) == 3 * POOL
     assert meta["kv_evict"][0]["prefill_evicted_tokens"] > 2 * POOL

@@ -6,31 +6,15 @@ prompt's last chunk brings back what the prefill evicted, exactly as the referen
 the same rule; SGLang's memory checkers on. The reference's victims and recalled tokens are
 chosen by the independent oracles (`tests/runtime/oracles`)."""
 
-import json
 import random
 import threading
 
 import pytest
 import requests
-from oracles import ORACLE_RECALL, oracle_policy
-from servers import MEMORY_CHECKS, SHORTAGE, shortages_met
-from test_eviction import generate, random_ids, wait_pool_free
+from servers import MEMORY_CHECKS, SHORTAGE, evict_flags, shortages_met, wait_pool_free
+from test_eviction import generate, masked_greedy, masked_turn, post_generate, random_ids
 
 from sgl_vtoken.config import EvictConfig, HostTier, Prefill, Scoring
-from sgl_vtoken_tools import hf_reference
-
-ORACLES = {"policy": oracle_policy, "recall": ORACLE_RECALL}
-
-
-def masked_greedy(*args, **kw):
-    """`hf_reference.masked_greedy` with the independent oracles choosing."""
-    return hf_reference.masked_greedy(*args, **kw, **ORACLES)
-
-
-def masked_turn(*args, **kw):
-    """`hf_reference.masked_turn` with the independent oracles choosing."""
-    return hf_reference.masked_turn(*args, **kw, **ORACLES)
-
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("prefill{page_size}", page_size=16)]
 
@@ -40,15 +24,9 @@ HOST_TOKENS, RECALL = 100_000, 16
 
 def prefill_server(server_factory, page_size, pool=4096):
     """A host store too: requests may ask for offload and recall (`kv_evict`)."""
+    settings = {"prefill_chunk": CHUNK, "host_tokens": HOST_TOKENS}
     flags = (
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(BUDGET),
-        "--kv-sink",
-        str(SINK),
-        "--kv-evict-config",
-        json.dumps({"prefill_chunk": CHUNK, "host_tokens": HOST_TOKENS}),
+        *evict_flags("streamingllm", BUDGET, sink=SINK, config=settings),
         "--disable-overlap-schedule",
         "--chunked-prefill-size",
         "512",
@@ -255,20 +233,7 @@ def test_a_page_shortage_ends_or_defers_one_request_and_the_server_goes_on(serve
     prompt, kv = random_ids(300, seed=950), {"policy": "random"}
     first = generate(client, prompt, 8, "neighbour", kv)
     before = client.vtoken_state()
-    r = requests.post(
-        client.base_url + "/generate",
-        timeout=120,
-        json={
-            "rid": SHORTAGE + "prefill",
-            "input_ids": prompt,
-            "sampling_params": {
-                "temperature": 0,
-                "max_new_tokens": 8,
-                "ignore_eos": True,
-                "custom_params": {"kv_evict": kv},
-            },
-        },
-    )
+    r = post_generate(client, prompt, 8, SHORTAGE + "prefill", kv)
     assert r.status_code == 503, r.text[:500]
     assert "no free KV page" in r.text and "prefill_chunk" in r.text
     short = random_ids(40, seed=951)

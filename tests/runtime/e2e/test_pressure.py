@@ -6,17 +6,12 @@ three at once outgrow the pool, and the rows the shortage compacts (each request
 by the independent oracles; the pool is whole afterwards under SGLang's checkers."""
 
 import threading
-from functools import partial
 
 import pytest
-from oracles import ORACLE_RECALL, oracle_policy
 from servers import MEMORY_CHECKS
-from test_eviction import generate, random_ids, wait_pool_free
+from test_eviction import generate, masked_greedy, random_ids, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken_tools import hf_reference
-
-masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
 
 pytestmark = [pytest.mark.server]
 

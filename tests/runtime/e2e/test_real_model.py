@@ -7,20 +7,11 @@ both servers. Prompts are Python documentation prose (`pydoc_data.topics`), a di
 policy, longer than the budget, so the first decode step already evicts and every later one too.
 """
 
-import json
-import time
-from functools import partial
-
 import pytest
-import torch
-from oracles import ORACLE_RECALL, oracle_policy
-from servers import MEMORY_CHECKS, kept_floor
+from servers import eager_model, evict_flags, kept_floor, own_server
+from test_eviction import generate, masked_greedy, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig, Scoring
-from sgl_vtoken_tools import hf_reference
-
-# The reference chooses victims with the oracles written apart from the runtime (tests/runtime/oracles).
-masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("real")]
 
@@ -38,11 +29,7 @@ POOL = 2048
 
 @pytest.fixture(scope="module")
 def hf_model(smollm2_model):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        smollm2_model, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    return eager_model(smollm2_model)
 
 
 @pytest.fixture(scope="module")
@@ -67,28 +54,11 @@ def page_size(request):
 
 @pytest.fixture(scope="module")
 def server(page_size, server_factory, smollm2_model):
-    """One SmolLM2 server per page size, stopped before the next starts."""
-    extra = (
-        "--kv-evict",
-        "streamingllm",
-        "--kv-budget",
-        str(BUDGET),
-        "--kv-sink",
-        str(SINK),
-        "--kv-evict-config",
-        json.dumps({"host_tokens": 1 << 16}),
-    )
-    # One OpenMP thread: on a busy machine two spin-wait on each other and a decode step of this
-    # model takes seconds instead of tens of milliseconds.
-    client = server_factory(
-        page_size=page_size,
-        extra=extra,
-        env={**MEMORY_CHECKS, "OMP_NUM_THREADS": "1"},
-        pool=POOL,
-        model=smollm2_model,
-    )
-    yield client
-    server_factory.stop(client)
+    """One SmolLM2 server per page size, stopped before the next starts (one OpenMP thread: on a
+    busy machine two spin-wait on each other and a decode step of this model takes seconds
+    instead of tens of milliseconds)."""
+    flags = evict_flags("streamingllm", BUDGET, sink=SINK, config={"host_tokens": 1 << 16})
+    yield from own_server(server_factory, page_size, flags, POOL, smollm2_model)
 
 
 @pytest.fixture(scope="module")
@@ -111,15 +81,6 @@ def references(hf_model):
     return get
 
 
-def generate(client, prompt, rid, kv_evict=None):
-    params = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
-    if kv_evict is not None:
-        params["custom_params"] = {"kv_evict": kv_evict}
-    return client.post(
-        "/generate", {"rid": rid, "input_ids": prompt, "sampling_params": params}, timeout=300
-    )
-
-
 @pytest.mark.parametrize("policy", POLICIES)
 def test_greedy_equals_masked_reference(server, references, prompts, policy):
     """fp32, interval 1, a 128-token prompt cut to a 64-token budget at the first decode step and
@@ -131,7 +92,7 @@ def test_greedy_equals_masked_reference(server, references, prompts, policy):
     kv = {"policy": policy, "window": WINDOW.get(policy, 0)}
     if policy in SPAN:
         kv["span"] = SPAN[policy]
-    out = generate(server, prompt, rid, kv)
+    out = generate(server, prompt, NEW, rid, kv, timeout=300)
     report = out["meta_info"]["kv_evict"][0]
     assert report["policy"] == policy and report["budget"] == BUDGET
     # every step evicts one token; a policy keeping words whole keeps up to 7 fewer, then waits
@@ -139,7 +100,7 @@ def test_greedy_equals_masked_reference(server, references, prompts, policy):
     assert report["evictions"] >= (NEW - 1 if every else 1)
     assert report["evicted_tokens"] >= PROMPT + NEW - 2 - BUDGET
     assert out["output_ids"] == references(policy, prompt, rid)
-    full = generate(server, prompt, rid + "-full", {"policy": "none"})
+    full = generate(server, prompt, NEW, rid + "-full", {"policy": "none"}, timeout=300)
     assert out["output_ids"] != full["output_ids"]
 
 
@@ -180,11 +141,7 @@ def test_chat_recall_brings_back_a_fact_stated_turns_earlier(server, smollm2_mod
 def test_pool_whole_and_checkers_quiet(server):
     """After the cases above, every KV slot is free or reclaimable cache, and SGLang's memory
     checkers (strict busy check, pool debug, page invariants) raised nothing."""
-    deadline = time.monotonic() + 30
-    while (st := server.vtoken_state())["pool_available_tokens"] + st[
-        "pool_evictable_tokens"
-    ] != st["pool_total_tokens"] and time.monotonic() < deadline:
-        time.sleep(0.5)
+    st = wait_pool_free(server)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     every = [p for p in POLICIES if kept_floor(p, BUDGET) == BUDGET]  # the others: span 8
     assert st["evictions"] >= len(every) * (NEW - 1) + len(POLICIES) - len(every)

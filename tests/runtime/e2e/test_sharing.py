@@ -4,18 +4,12 @@ the rest copied into its own pages, shared pages never written) and drops the re
 view; the prompt is held once however many requests use it."""
 
 import threading
-from functools import partial
 
 import pytest
-from oracles import ORACLE_RECALL, oracle_policy
 from servers import MEMORY_CHECKS
-from test_eviction import generate, random_ids, wait_pool_free
+from test_eviction import generate, masked_greedy, random_ids, wait_pool_free
 
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken_tools import hf_reference
-
-# The reference chooses victims with the oracles written apart from the runtime (tests/runtime/oracles).
-masked_greedy = partial(hf_reference.masked_greedy, policy=oracle_policy, recall=ORACLE_RECALL)
 
 pytestmark = [pytest.mark.server, pytest.mark.server_group("sharing16")]
 

@@ -7,27 +7,17 @@ eviction during prefill and with recall; the pool whole afterwards (SGLang's che
 from dataclasses import replace
 
 import pytest
-from oracles import ORACLE_RECALL, oracle_policy
-from test_eviction import generate, random_ids, wait_pool_free
+from test_eviction import generate, masked_turn, random_ids, wait_pool_free
 from test_exactness import BUDGET, evict_server
 from test_host_tier import flush, session
 from test_prefill import config, prefill_server
 
 from sgl_vtoken.config import EvictConfig, Scoring
-from sgl_vtoken_tools import hf_reference
 
 pytestmark = pytest.mark.server
 
 SPAN = 4
 WINDOW = {"h2o": 16, "scissorhands": 16}
-
-
-def reference(hf_eager, prompt, n, cfg, rid, **kw):
-    """The masked reference's (tokens, row, history) of one turn, the oracles choosing (with a
-    span, from the texts of the tiny tokenizer's tokens)."""
-    return hf_reference.masked_turn(
-        hf_eager, prompt, n, cfg, rid=rid, policy=oracle_policy, recall=ORACLE_RECALL, **kw
-    )
 
 
 @pytest.mark.server_group("holed{page_size}")
@@ -50,10 +40,12 @@ def test_words_are_kept_whole_exactly(server_factory, hf_eager, page_size, inter
         page_size=page_size,
         scoring=Scoring(span=SPAN),
     )
-    expected, _, (masks, _) = reference(hf_eager, prompt, n, cfg, rid)
+    # the reference's (tokens, row, history), the oracles choosing (with a span, from the
+    # texts of the tiny tokenizer's tokens)
+    expected, _, (masks, _) = masked_turn(hf_eager, prompt, n, cfg, rid=rid)
     assert out["output_ids"] == expected
     plain = replace(cfg, scoring=Scoring(span=0))
-    plain_masks = reference(hf_eager, prompt, n, plain, rid)[2][0]
+    plain_masks = masked_turn(hf_eager, prompt, n, plain, rid=rid)[2][0]
     assert plain_masks != masks, "span changed no token's visible keys"
     report = out["meta_info"]["kv_evict"][0]
     assert report["live_tokens"] < BUDGET + interval
@@ -84,7 +76,7 @@ def test_words_are_kept_whole_during_prefill(server_factory, hf_eager, page_size
     prompt, n, rid = random_ids(300, seed=2300 + page_size), 40, f"span-prefill-{page_size}"
     out = generate(client, prompt, n, rid, {"policy": policy, "window": window, "span": SPAN})
     cfg = config(policy, page_size, scoring=Scoring(span=SPAN))
-    assert out["output_ids"] == reference(hf_eager, prompt, n, cfg, rid)[0]
+    assert out["output_ids"] == masked_turn(hf_eager, prompt, n, cfg, rid=rid)[0]
     assert out["meta_info"]["kv_evict"][0]["prefill_evicted_tokens"] > 0
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]

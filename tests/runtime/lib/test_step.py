@@ -72,6 +72,13 @@ def batches(draw):
     return ps, seed, specs
 
 
+def _spec(cpl, priv, budget, policy, **kw):
+    """One row of `_build` written out: no sinks, window, gaps or step, nor a prefix shared with
+    the row before, unless given."""
+    defaults = dict(sink=0, window=0, shared=False, share_tree=False, gap=0, step=0)
+    return dict(cpl=cpl, priv=priv, budget=budget, policy=policy, **{**defaults, **kw})
+
+
 def _build(ps, seed, specs):
     gen = torch.Generator().manual_seed(seed)
     pool = FakePool(num_pages=400, ps=ps, rows=len(specs) + 1, gen=gen)
@@ -146,24 +153,7 @@ def test_batched_step_equals_the_per_row_path(batch):
 
 
 def test_a_budget_below_the_must_keep_set_is_refused_before_anything_changes():
-    pool, rows = _build(
-        4,
-        0,
-        [
-            dict(
-                cpl=8,
-                priv=20,
-                budget=5,
-                policy="streamingllm",
-                sink=0,
-                window=0,
-                shared=True,
-                share_tree=False,
-                gap=0,
-                step=0,
-            )
-        ],
-    )
+    pool, rows = _build(4, 0, [_spec(8, 20, 5, "streamingllm", shared=True)])
     rows[0].budget = 5  # the 8 shared tree tokens must stay
     before = pool.view.req_to_token.clone()
     with pytest.raises(ValueError, match="budget 5 is smaller than the 8 tokens"):
@@ -172,24 +162,7 @@ def test_a_budget_below_the_must_keep_set_is_refused_before_anything_changes():
 
 
 def test_an_attention_policy_without_statistics_is_refused():
-    pool, rows = _build(
-        1,
-        0,
-        [
-            dict(
-                cpl=0,
-                priv=20,
-                budget=5,
-                policy="h2o",
-                sink=0,
-                window=0,
-                shared=False,
-                share_tree=False,
-                gap=0,
-                step=0,
-            )
-        ],
-    )
+    pool, rows = _build(1, 0, [_spec(0, 20, 5, "h2o")])
     rows[0].attn = None
     with pytest.raises(ValueError, match="needs TokenView.attn"):
         decide(rows, pool.view)
@@ -356,12 +329,9 @@ def test_span_adds_no_sync_no_copy_and_a_fixed_number_of_launches(ps):
 
     def count(rows: int, span: int) -> dict:
         specs = [
-            dict(
-                cpl=0, priv=40, budget=24, policy="random", sink=2, window=2, shared=False,
-                share_tree=False, gap=1, step=0, own_from=None, span=span,
-            )
+            _spec(0, 40, 24, "random", sink=2, window=2, gap=1, own_from=None, span=span)
             for _ in range(rows)
-        ]  # fmt: skip
+        ]
         pool, evict_rows = _build(ps, 3, specs)
         with DeviceCounter() as c:
             c.mark(pool.view.req_to_token)

@@ -13,45 +13,40 @@ from collections import deque
 import torch
 
 
-class AccumulatedAttention:
+class _PerToken:
+    """One tensor per cached token (by position): zeros for a token no query has seen yet, gone
+    with the token."""
+
+    def __init__(self) -> None:
+        self.value: dict[int, torch.Tensor] = {}
+
+    def stat(self, row: list[int]) -> torch.Tensor:
+        return torch.stack([self.value.get(p, torch.zeros(self.shape)) for p in row])
+
+    def forget(self, gone: set[int]) -> None:
+        for p in gone:
+            self.value.pop(p, None)
+
+
+class AccumulatedAttention(_PerToken):
     """Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large
     Language Models", NeurIPS 2023, arXiv:2306.14048: a token's importance is the attention it
     received from every query so far (float32, per layer and head)."""
-
-    def __init__(self) -> None:
-        self.total: dict[int, torch.Tensor] = {}
 
     def observe(self, row: list[int], probs: torch.Tensor, lengths: torch.Tensor) -> None:
         self.shape = probs.shape[2:]
         block = probs.sum(0).float()
         for j, p in enumerate(row):
-            self.total[p] = self.total[p] + block[j] if p in self.total else block[j]
-
-    def stat(self, row: list[int]) -> torch.Tensor:
-        return torch.stack([self.total.get(p, torch.zeros(self.shape)) for p in row])
-
-    def forget(self, gone: set[int]) -> None:
-        for p in gone:
-            self.total.pop(p, None)
+            self.value[p] = self.value[p] + block[j] if p in self.value else block[j]
 
 
-class LastQueryAttention:
+class LastQueryAttention(_PerToken):
     """Oren et al., "Transformers are Multi-State RNNs", EMNLP 2024, arXiv:2401.06104 (TOVA):
     a token's importance is the attention the newest query gave it."""
 
-    def __init__(self) -> None:
-        self.last: dict[int, torch.Tensor] = {}
-
     def observe(self, row: list[int], probs: torch.Tensor, lengths: torch.Tensor) -> None:
         self.shape = probs.shape[2:]
-        self.last = {p: probs[-1, j].float() for j, p in enumerate(row)}
-
-    def stat(self, row: list[int]) -> torch.Tensor:
-        return torch.stack([self.last.get(p, torch.zeros(self.shape)) for p in row])
-
-    def forget(self, gone: set[int]) -> None:
-        for p in gone:
-            self.last.pop(p, None)
+        self.value = {p: probs[-1, j].float() for j, p in enumerate(row)}
 
 
 class PersistentImportance:

@@ -19,3 +19,17 @@ def parse(monkeypatch, tiny_model):
         return prepare_server_args(["--model-path", str(tiny_model), *flags])
 
     return run
+
+
+@pytest.fixture
+def refused(parse, capsys):
+    """`refused(*flags)`: what SGLang's parser writes to stderr when it refuses the flags, after
+    checking it exits with status 2 (an argument error)."""
+
+    def run(*flags):
+        with pytest.raises(SystemExit) as e:
+            parse(*flags)
+        assert e.value.code == 2
+        return capsys.readouterr().err
+
+    return run

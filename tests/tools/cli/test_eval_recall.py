@@ -78,13 +78,6 @@ def test_render_refuses_overlapping_trial_ranges(eval_recall, tmp_path, capsys):
     )
 
 
-@pytest.fixture(scope="module")
-def tiny_tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
-
-
 def test_split_plays_the_split_sessions_and_defaults_send_no_rule(
     eval_recall, tiny_tok, fake_essays
 ):

@@ -11,31 +11,24 @@ from sgl_vtoken_tools.cli.common import REPO
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
-
-
-@pytest.fixture(scope="module")
 def bench(command):
     return command("joint")
 
 
-def test_conversations_are_the_split_trials_as_chat_messages(tok, fake_essays):
+def test_conversations_are_the_split_trials_as_chat_messages(tiny_tok, fake_essays):
     from sgl_vtoken_tools.quality import splits
 
     spec = joint.JointSpec(
         split="tuning", sessions=3, turns=3, passage_tokens=40, docqa=3, docqa_lengths=(120,)
     )
-    convs = joint.conversations(tok, spec, fake_essays)
-    sessions = splits.session_trials(tok, "tuning", 3, 3, 40, 0, fake_essays)
-    docs = splits.docqa_trials(tok, "tuning", [120], 0, fake_essays)
+    convs = joint.conversations(tiny_tok, spec, fake_essays)
+    sessions = splits.session_trials(tiny_tok, "tuning", 3, 3, 40, 0, fake_essays)
+    docs = splits.docqa_trials(tiny_tok, "tuning", [120], 0, fake_essays)
     assert [c.id for c in convs] == [t.id for t in sessions] + [
         docs[i].id for i in (0, 2, 5)
     ]  # 8 spread over 3
     for c, t in zip(convs, sessions + [docs[0], docs[2], docs[5]]):
-        ids = tok.apply_chat_template(
+        ids = tiny_tok.apply_chat_template(
             [{"role": "user", "content": c.messages[0]}], add_generation_prompt=True
         )
         assert list(ids if isinstance(ids, list) else ids["input_ids"]) == list(
@@ -45,7 +38,7 @@ def test_conversations_are_the_split_trials_as_chat_messages(tok, fake_essays):
     assert [len(c.messages) for c in convs] == [3, 3, 3, 1, 1, 1]
     with pytest.raises(ValueError, match="has 8 document questions"):
         joint.conversations(
-            tok,
+            tiny_tok,
             joint.JointSpec(split="tuning", sessions=0, docqa=9, docqa_lengths=(120,)),
             fake_essays,
         )

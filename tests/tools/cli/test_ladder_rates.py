@@ -15,13 +15,6 @@ from sgl_vtoken_tools.bench.quantiles import quantile
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
-
-
-@pytest.fixture(scope="module")
 def bench(command):
     return command("ladder")
 
@@ -74,18 +67,18 @@ def test_mix_counts_and_arrival_order():
     ]
 
 
-def test_sessions_peak_kv_is_the_longest_prompt_and_reply(bench, tok, fake_essays):
+def test_sessions_peak_kv_is_the_longest_prompt_and_reply(bench, tiny_tok, fake_essays):
     args = bench.build_parser().parse_args(
         ["--sessions", "3", "--wheel-dir", str(fake_essays), "--passages", "1"]
         + ["--agent-turns", "3", "3", "--tool-tokens", "40", "60"]
     )
-    sessions = bench.sessions_of(args, tok)
+    sessions = bench.sessions_of(args, tiny_tok)
     assert sorted(s.kind for s in sessions) == ["agent", "chat", "chat"]
-    assert sessions == bench.sessions_of(args, tok)
+    assert sessions == bench.sessions_of(args, tiny_tok)
     for s in sessions:
         msgs = s.messages()
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        prompt = len(tok(text, add_special_tokens=False)["input_ids"])
+        text = tiny_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        prompt = len(tiny_tok(text, add_special_tokens=False)["input_ids"])
         n = len(s.turns)
         assert s.peak_tokens == prompt + n * (s.max_tokens + 2)
         assert s.max_tokens == (48 if s.kind == "chat" else 64)
@@ -158,13 +151,16 @@ def test_cell_line_quantiles_and_answers_vs_full():
     assert ladder.cell_line(answers, reqs, 10.0)["answers_vs_full"] is None
 
 
-def test_score_each_kind_by_its_rules_and_leaks_across_kinds(fake_essays, tok):
+def test_score_each_kind_by_its_rules_and_leaks_across_kinds(fake_essays, tiny_tok):
     from sgl_vtoken_tools.bench.chat_rounds import conversations
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec, agent_sessions
 
     (conv,) = conversations("heldout", 1, "first", 1, wheel_dir=fake_essays)
-    (agent,) = agent_sessions(tok, AgentSpec("heldout", 1, (3, 3), (40, 60)), fake_essays)
-    chat_s, agent_s = ladder.chat_session(conv, tok, 8), ladder.agent_session(agent, tok, 8)
+    (agent,) = agent_sessions(tiny_tok, AgentSpec("heldout", 1, (3, 3), (40, 60)), fake_essays)
+    chat_s, agent_s = (
+        ladder.chat_session(conv, tiny_tok, 8),
+        ladder.agent_session(agent, tiny_tok, 8),
+    )
     reqs = [request(conv.id, t, 0.1, 0.2, 3, reply="ok") for t in (1, 2)]
     reqs.append(request(conv.id, 3, 0.1, 0.2, 3, reply=f"It is {conv.key}."))
     reqs += [request(agent.id, t, 0.1, 0.2, 3, reply=f"see {conv.key}") for t in (1, 2)]
@@ -178,7 +174,7 @@ def test_score_each_kind_by_its_rules_and_leaks_across_kinds(fake_essays, tok):
 
 
 def test_run_plays_one_schedule_in_every_cell(
-    bench, tok, tiny_model, fake_essays, tmp_path, monkeypatch
+    bench, tiny_tok, tiny_model, fake_essays, tmp_path, monkeypatch
 ):
     """The command's run with fake servers and a fake player: every (cell, repeat) plays every
     load in order on one server, the cache flushed before each, the same sessions at the same
@@ -223,7 +219,7 @@ def test_run_plays_one_schedule_in_every_cell(
     assert config["kind"] == "config" and rates["kind"] == "rates"
     assert [n for n, _ in servers] == ["full", "stock", "pressure"] * 2  # full first, per repeat
     assert len(played) == len(flushed) == 6 * 2
-    sessions = bench.sessions_of(bench.build_parser().parse_args(argv), tok)
+    sessions = bench.sessions_of(bench.build_parser().parse_args(argv), tiny_tok)
     unit = ladder.unit_arrivals(3, 0)
     for load in (0.5, 2.0):
         rate = ladder.rate_for_load(load, 2048, sessions, 0.02)

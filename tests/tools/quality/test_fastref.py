@@ -44,12 +44,12 @@ def config(policy, page_size, interval, **kw):
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
-def test_greedy_equals_masked_greedy(tiny_eager, tiny_fast, words, policy, page_size, interval):
+def test_greedy_equals_masked_greedy(hf_eager, tiny_fast, words, policy, page_size, interval):
     """60 tokens after an 80-token prompt, budget 48: equal token for token, and not the full
     cache's output (the eviction changed something)."""
     prompt = ids(80, seed=POLICIES.index(policy) * 7 + page_size)
     cfg = config(policy, page_size, interval)
-    expected, _ = masked_greedy(tiny_eager, prompt, 60, cfg, rid="q", **RUNTIME)
+    expected, _ = masked_greedy(hf_eager, prompt, 60, cfg, rid="q", **RUNTIME)
     got, _ = fast_greedy(tiny_fast, prompt, 60, cfg, rid="q", words=words)
     assert got == expected
     assert got != fast_greedy(tiny_fast, prompt, 60, EvictConfig())[0]
@@ -78,19 +78,19 @@ def play_turns(eager, fast, words, cfg, prompt, turns, n, rid, seed):
 
 
 @pytest.mark.parametrize("policy", ["streamingllm", "h2o", "random"])
-def test_turns_continue_from_history_like_masked_turn(tiny_eager, tiny_fast, words, policy):
+def test_turns_continue_from_history_like_masked_turn(hf_eager, tiny_fast, words, policy):
     """Three turns, each continuing from the previous turn's kept row: equal to masked_turn."""
-    play_turns(tiny_eager, tiny_fast, words, config(policy, 1, 1), ids(40, seed=3), 3, 20, "t", 10)
+    play_turns(hf_eager, tiny_fast, words, config(policy, 1, 1), ids(40, seed=3), 3, 20, "t", 10)
 
 
 @pytest.mark.parametrize("page_size,interval", [(1, 1), (16, 16)])
 def test_span_aware_keeping_equals_masked_greedy_across_turns(
-    tiny_eager, tiny_fast, words, page_size, interval
+    hf_eager, tiny_fast, words, page_size, interval
 ):
     """`span` 4 (units from the tiny tokenizer): each of two turns equal to masked_turn, the
     second continuing from the first's row with its token ids."""
     cfg = config("h2o", page_size, interval, scoring=Scoring(span=4))
-    play_turns(tiny_eager, tiny_fast, words, cfg, ids(80, seed=21), 2, 30, "s", 30)
+    play_turns(hf_eager, tiny_fast, words, cfg, ids(80, seed=21), 2, 30, "s", 30)
     with pytest.raises(ValueError, match="needs the tokenizer's Words"):
         Request(tiny_fast, cfg, "s")
 
@@ -113,11 +113,11 @@ def test_teacher_forced_chunks_equal_one_by_one(tiny_fast, words, policy):
     assert torch.equal(a.row.positions, b.row.positions)
 
 
-def test_load_model_is_required_for_attention_statistics(tiny_eager, words):
+def test_load_model_is_required_for_attention_statistics(hf_eager, words):
     """A model without the probing attention cannot feed attention policies: a clear error."""
     cfg = EvictConfig(policy="tova", budget=48, sink=4)
     with pytest.raises(RuntimeError, match="load_model"):
-        Request(tiny_eager, cfg, words=words).start(prefill(tiny_eager, ids(60, 1), 16))
+        Request(hf_eager, cfg, words=words).start(prefill(hf_eager, ids(60, 1), 16))
 
 
 def test_eviction_during_prefill_is_refused_not_ignored(tiny_fast):

@@ -9,7 +9,7 @@ from sgl_vtoken_tools.quality.settings import Setting, Sweep
 from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
 
-def test_recall_turns_equal_masked_turn(tiny_eager, tiny_fast, tiny_tok, wheel_dir):
+def test_recall_turns_equal_masked_turn(hf_eager, tiny_fast, tiny_tok, wheel_dir):
     sweep = Sweep(sink=4, interval=1, page_size=1)
     cells = make_cells([Setting.parse("h2o:window=8")], [48], sweep)
     (trial,) = tasks.recall_trials(tiny_tok, 1, fillers=1, filler_tokens=40, wheel_dir=wheel_dir)
@@ -25,7 +25,7 @@ def test_recall_turns_equal_masked_turn(tiny_eager, tiny_fast, tiny_tok, wheel_d
                 prompt += prev + tasks.next_turn_ids(tiny_tok, trial.messages[turn - 1], prev)
             stop = got.index(eos) + 1 if eos in got else 12
             expected, _, history = masked_turn(
-                tiny_eager,
+                hf_eager,
                 prompt,
                 stop,
                 cell.cfg,
