@@ -26,8 +26,8 @@ HOST_TOKENS = 100_000
 
 def evict_server(server_factory, page_size, *extra, env=MEMORY_CHECKS, host_tokens=HOST_TOKENS):
     """A server whose own policy is streamingllm (interval 1) with a host store of `host_tokens`
-    (recalls fill holes of up to `recall.GAP` candidates); the policy of each request, its interval, offload
-    and recall come with the request."""
+    (recalls fill holes of up to `recall.GAP` candidates); the policy of each request, its
+    interval, offload and recall come with the request."""
     flags = (*evict_flags("streamingllm", BUDGET, config={"host_tokens": host_tokens}), *extra)
     return server_factory(page_size=page_size, extra=flags, env=env)
 
