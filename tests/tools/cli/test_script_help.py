@@ -18,7 +18,6 @@ FLAGS = {  # a flag each command's help must name
     "chat-clients": "--stuck-after",
     "quality": "--settings",
     "kvpress": "--modes",  # without kvpress installed: it is imported only to run
-    "mutation-check": "--only",
     "evict-step": "--policies",
 }
 

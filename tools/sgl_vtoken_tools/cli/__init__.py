@@ -27,10 +27,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kernels": ("kernels", "the Triton kernels against the device's copy bandwidth"),
     "evict-step": ("evict_step", "the batched eviction step against the per-row path"),
     "graph-scores": ("graph_scores", "decode scoring captured in a CUDA graph against eager"),
-    "mutation-check": (
-        "mutation_check",
-        "mutate one policy detail at a time, see which tests fail",
-    ),
 }
 
 
