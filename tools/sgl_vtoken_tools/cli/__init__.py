@@ -20,7 +20,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "decode-batch": ("decode_batch", "how a decode step's cost grows with the batch (stock)"),
     "eviction": ("eviction", "capacity under a small pool, and the plugin's cost when off"),
     "stress": ("stress", "mixed traffic against one server, then crash and leak checks"),
-    "chat-clients": ("chat_clients", "concurrent multi-turn chat clients on a running server"),
     "quality": ("quality", "answer quality under eviction: fast masked reference, then servers"),
     "recall": ("recall", "multi-turn recall through the host tier on a live server"),
     "kvpress": ("kvpress", "NVIDIA kvpress on our token ids and budgets (its own environment)"),
