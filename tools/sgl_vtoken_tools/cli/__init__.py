@@ -15,7 +15,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ladder": ("ladder", "chat and agent sessions arriving at Poisson rates, load by load"),
     "matrix": ("matrix", "No-Evict vs Naive-Evict vs vToken on the synthetic agent workload"),
     "multiturn": ("multiturn", "SGLang's multi-turn chat benchmark, stock vs streamingllm"),
-    "history": ("history", "multi-turn sessions with and without compacted-history reuse"),
     "gateway": ("gateway", "SGLang's multi-turn benchmark through smg to evicting replicas"),
     "decode-batch": ("decode_batch", "how a decode step's cost grows with the batch (stock)"),
     "eviction": ("eviction", "capacity under a small pool, and the plugin's cost when off"),
