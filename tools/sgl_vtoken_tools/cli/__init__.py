@@ -1,7 +1,7 @@
 """The repository's benchmarks and evaluations as subcommands of one command line:
 ``python -m sgl_vtoken_tools <command> [args]`` (``--help`` after a command: its flags and what it
 measures). One module per command, each with ``main(argv) -> int``; `COMMANDS` names them. The
-modules import their heavy dependencies (torch, transformers, SGLang, kvpress) inside functions,
+modules import their heavy dependencies (torch, transformers, SGLang) inside functions,
 so the list and every ``--help`` answer without them.
 """
 
@@ -21,7 +21,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stress": ("stress", "mixed traffic against one server, then crash and leak checks"),
     "quality": ("quality", "answer quality under eviction: fast masked reference, then servers"),
     "recall": ("recall", "multi-turn recall through the host tier on a live server"),
-    "kvpress": ("kvpress", "NVIDIA kvpress on our token ids and budgets (its own environment)"),
     "kernels": ("kernels", "the Triton kernels against the device's copy bandwidth"),
     "evict-step": ("evict_step", "the batched eviction step against the per-row path"),
     "graph-scores": ("graph_scores", "decode scoring captured in a CUDA graph against eager"),
