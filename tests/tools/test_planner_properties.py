@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from sgl_vtoken.kernels.reference import repack_kv_ref_
 from sgl_vtoken.pages import PageAllocator, num_pages
-from sgl_vtoken_tools.reference import attention_ref, row_attention_ref
-from sgl_vtoken_tools.row import RequestRow, is_dense_row
+from helpers.reference import attention_ref, row_attention_ref
+from helpers.row import RequestRow, is_dense_row
 
 H, D = 2, 4
 

@@ -11,9 +11,7 @@ repository's pyproject.toml) and this one, `sgl-vtoken-tools` (tools/pyproject.t
     tiny_model         the embedded tiny Llama (`python -m sgl_vtoken_tools.tiny_model DIR`)
     models             real models built offline (`python -m sgl_vtoken_tools.models smollm2 DIR`)
     hf_reference       Hugging Face oracle: greedy decoding with the server's evictions as a mask
-    reference          pure-torch oracles of what the server does around the kernels
     step_ref           the per-row eviction path, oracle of `sgl_vtoken.step`
-    row                RequestRow, the CPU model of one request's row
     kernel_bench       timers, move patterns and floors of `python -m sgl_vtoken_tools kernels`
     kernel_bench_runs  that script's workloads, one function per part
 """
