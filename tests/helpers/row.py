@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from sgl_vtoken.pages import PageAllocator, is_dense, num_pages, row_pages
 from helpers.reference import apply_plan_ref
+from sgl_vtoken.pages import PageAllocator, is_dense, num_pages, row_pages
 from sgl_vtoken_tools.step_ref import RepackPlan, plan_eviction
 
 
