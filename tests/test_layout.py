@@ -162,7 +162,7 @@ def test_the_runtime_wheel_holds_the_runtime_only(wheels):
 
 def test_the_tools_wheel_holds_the_tooling_only(wheels):
     packages = _packages(wheels["tools"])
-    assert {TOOLS, f"{TOOLS}.bench", f"{TOOLS}.quality", f"{TOOLS}.sim"} <= packages
+    assert {TOOLS, f"{TOOLS}.bench", f"{TOOLS}.quality", f"{TOOLS}.cli"} <= packages
     assert all(p == TOOLS or p.startswith(TOOLS + ".") for p in packages), packages
 
 
