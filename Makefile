@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sgl-vtoken-installed
 
-.PHONY: install demo lint typecheck test bench bench-joint stress quality docqa-tuning kvpress kvpress-venv retrieval-tuning retrieval-heldout kvpress-tuning final clean
+.PHONY: install demo lint typecheck test bench bench-joint stress quality docqa-tuning docqa-heldout retrieval-tuning retrieval-heldout final clean
 
 install: $(STAMP)
 
@@ -158,82 +158,23 @@ quality: $(STAMP)
 
 # Document questions of the split tasks (tools/sgl_vtoken_tools/quality/splits.py) for our
 # settings through the fast masked reference: `make docqa-tuning` on the tuning split (where
-# settings are chosen; about 6 minutes); `make kvpress` on the held-out split (the one results
-# quote) with NVIDIA kvpress's presses on the same token ids and budgets, in their own environment
-# (kvpress 0.5.5 pins transformers<5.3, SGLang 0.5.23 needs a newer one); rewrites
-# docs/results/{docqa_tuning_smollm2,docqa_heldout_smollm2,kvpress_smollm2}.jsonl and
-# kvpress_smollm2.md (about 40 minutes on two cores: the presses run in two halves at once).
+# settings are chosen; about 6 minutes), `make docqa-heldout` on the held-out split (the one
+# results quote); rewrites docs/results/docqa_{tuning,heldout}_smollm2.jsonl.
 # The settings: the defaults of each policy, then h2o with each of its scoring defaults turned
 # off (the last one: the defaults before they were chosen, docs/RESULTS.md "Defaults that keep answers").
+# NVIDIA kvpress ran beside them on the same token ids until issue 62 retired the `kvpress`
+# command (the code lived at 5d5aab8; docs/results/kvpress-heldout.md).
 SPLIT_SETTINGS := streamingllm knorm h2o tova scissorhands h2o:window=32 scissorhands:window=32 \
 	h2o:aggregation=sum h2o:pool=1 h2o:score_layers=all h2o:pool=1,aggregation=sum,score_layers=all
 SPLIT_RUN := OMP_NUM_THREADS=1 $(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --threads 1 \
 	--tasks docqa --server-trials 0 --budgets 128 256 --settings $(SPLIT_SETTINGS)
 SMOLLM2 := $(PY) -c "from sgl_vtoken_tools.models import ensure_model; print(ensure_model('smollm2', '.cache/smollm2'))"
-KVPRESS_VENV := .venv-kvpress
-KVPRESS_STAMP := $(KVPRESS_VENV)/.kvpress-installed
-KVPRESS_TASKS := .cache/docqa_heldout.jsonl
-KVPRESS_RUN := OMP_NUM_THREADS=1 PYTHONPATH=tools $(KVPRESS_VENV)/bin/python -m sgl_vtoken_tools kvpress --model .cache/smollm2 \
-	--tasks $(KVPRESS_TASKS) --budgets 128 256
-# The torch SGLang 0.5.23 pins, then kvpress with the transformers it accepts.
-$(KVPRESS_STAMP):
-	$(PYTHON) -m venv $(KVPRESS_VENV)
-	$(KVPRESS_VENV)/bin/pip install --upgrade pip
-	$(KVPRESS_VENV)/bin/pip install torch==2.14.1
-	$(KVPRESS_VENV)/bin/pip install kvpress==0.5.5 'transformers<5.3'
-	touch $@
-kvpress-venv: $(KVPRESS_STAMP)
 docqa-tuning: $(STAMP)
 	$(SMOLLM2)
 	$(SPLIT_RUN) --split tuning --out docs/results/docqa_tuning_smollm2.jsonl
-kvpress: $(STAMP) $(KVPRESS_STAMP)
+docqa-heldout: $(STAMP)
 	$(SMOLLM2)
-	$(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
-	$(KVPRESS_RUN) --presses streamingllm snapkv tova --out .cache/kvpress_a.jsonl & a=$$!; \
-	$(KVPRESS_RUN) --presses knorm observed_attention expected_attention --out .cache/kvpress_b.jsonl & b=$$!; \
-	$(SPLIT_RUN) --split heldout --out docs/results/docqa_heldout_smollm2.jsonl; c=$$?; \
-	wait $$a && wait $$b && test $$c = 0
-	cat .cache/kvpress_a.jsonl .cache/kvpress_b.jsonl > docs/results/kvpress_smollm2.jsonl
-	$(PY) -m sgl_vtoken_tools kvpress --report docs/results/kvpress_smollm2.jsonl \
-		--ours docs/results/docqa_heldout_smollm2.jsonl --markdown docs/results/kvpress_smollm2.md
-
-# kvpress's options chosen as ours were: every press that has options searched on the tuning
-# split's document questions (budgets 128 and 256; window and pooling for SnapKV, sinks for
-# StreamingLLM, sinks, horizon and value norms for ExpectedAttention; the defaults run first), the
-# spec with the most hits kept per press (`--choose`; ties: the one run first), then the chosen
-# presses on the held-out split; `make final` runs them on the final split. Rewrites
-# docs/results/kvpress_{tuning,choice,heldout_tuned}_smollm2.jsonl (about 40 minutes on two
-# cores: the grid runs in two halves at once).
-KVPRESS_GRID_AWARE := streamingllm streamingllm:n_sink=4 streamingllm:n_sink=32 snapkv \
-	snapkv:kernel_size=1 snapkv:kernel_size=7 snapkv:window_size=16 \
-	snapkv:window_size=16,kernel_size=1 snapkv:window_size=16,kernel_size=7 snapkv:window_size=32 \
-	snapkv:window_size=32,kernel_size=1 snapkv:window_size=32,kernel_size=7
-KVPRESS_GRID_AGNOSTIC := expected_attention expected_attention:n_sink=16 \
-	expected_attention:n_future_positions=128 expected_attention:use_vnorm=false \
-	expected_attention:n_sink=16,n_future_positions=128 expected_attention:n_sink=16,use_vnorm=false \
-	expected_attention:n_future_positions=128,use_vnorm=false \
-	expected_attention:n_sink=16,n_future_positions=128,use_vnorm=false
-KVPRESS_CHOICE := docs/results/kvpress_choice_smollm2.jsonl
-KVPRESS_TUNE := OMP_NUM_THREADS=1 PYTHONPATH=tools $(KVPRESS_VENV)/bin/python -m sgl_vtoken_tools kvpress \
-	--model .cache/smollm2 --tasks .cache/docqa_tuning.jsonl --budgets 128 256
-# The choice is a file: `make final` searches first where it is missing; delete it to search again.
-$(KVPRESS_CHOICE): | $(STAMP) $(KVPRESS_STAMP)
-	$(SMOLLM2)
-	$(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --split tuning \
-		--write-tasks .cache/docqa_tuning.jsonl
-	$(KVPRESS_TUNE) --modes aware --presses $(KVPRESS_GRID_AWARE) \
-		--out .cache/kvpress_tune_a.jsonl & a=$$!; \
-	$(KVPRESS_TUNE) --modes agnostic --presses $(KVPRESS_GRID_AGNOSTIC) \
-		--out .cache/kvpress_tune_b.jsonl; b=$$?; \
-	wait $$a && test $$b = 0
-	cat .cache/kvpress_tune_a.jsonl .cache/kvpress_tune_b.jsonl \
-		> docs/results/kvpress_tuning_smollm2.jsonl
-	$(PY) -m sgl_vtoken_tools kvpress --choose docs/results/kvpress_tuning_smollm2.jsonl > $@
-KVPRESS_HELDOUT_TUNED := docs/results/kvpress_heldout_tuned_smollm2.jsonl
-$(KVPRESS_HELDOUT_TUNED): $(KVPRESS_CHOICE)
-	$(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --split heldout --write-tasks $(KVPRESS_TASKS)
-	$(KVPRESS_RUN) --presses-from $(KVPRESS_CHOICE) --out $@
-kvpress-tuning: $(KVPRESS_HELDOUT_TUNED)
+	$(SPLIT_RUN) --split heldout --out docs/results/docqa_heldout_smollm2.jsonl
 
 # The final split (tools/sgl_vtoken_tools/quality/splits.py: news reports, phrasings, depths and
 # seeds no other run uses): run once per release, after every choice, and never to choose one
@@ -241,14 +182,12 @@ kvpress-tuning: $(KVPRESS_HELDOUT_TUNED)
 # benchmark (stock, h2o b256, the chat command; 3 repeats), the chat conversations (full cache,
 # h2o b256, h2o b256 + offload + recall 192, per request on the chat command's server), and
 # document questions and dense retrieval through the fast masked reference (streamingllm and h2o
-# at budgets 128 and 256, sinks 4, interval 16: the server's defaults), with kvpress's presses
-# beside them on the same token ids (their defaults and the options `make kvpress-tuning` chose,
-# whose held-out run it needs: the table of both splits is docs/results/kvpress_tuned_smollm2.md);
-# rewrites docs/results/final_*.jsonl (about 80 minutes on two quiet cores).
+# at budgets 128 and 256, sinks 4, interval 16: the server's defaults); rewrites
+# docs/results/final_*.jsonl (about 80 minutes on two quiet cores with kvpress, 2026-12-05).
+# kvpress's presses ran beside them until the `kvpress` command was retired
+# (docs/results/final_kvpress_smollm2.jsonl).
 FINAL_CHAT := "h2o b256 s16 w32 + host + recall 192"
-FINAL_KVPRESS = OMP_NUM_THREADS=1 PYTHONPATH=tools $(KVPRESS_VENV)/bin/python -m sgl_vtoken_tools kvpress \
-	--model .cache/smollm2 --tasks .cache/docqa_final.jsonl --budgets 128 256
-final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_HELDOUT_TUNED)
+final: $(STAMP)
 	$(SMOLLM2)
 	$(PY) -m sgl_vtoken_tools joint --split final --cells stock "h2o b256" $(FINAL_CHAT) \
 		--out docs/results/final_joint_smollm2.jsonl --markdown docs/results/final_joint_smollm2.md
@@ -258,18 +197,6 @@ final: $(STAMP) $(KVPRESS_STAMP) $(KVPRESS_HELDOUT_TUNED)
 		--split final --tasks docqa kv needle --retrieval-lengths 1000 --server-trials 0 \
 		--sink 4 --interval 16 --budgets 128 256 --settings streamingllm h2o \
 		--out docs/results/final_quality_smollm2.jsonl
-	$(PY) -m sgl_vtoken_tools quality --model .cache/smollm2 --split final \
-		--write-tasks .cache/docqa_final.jsonl
-	$(FINAL_KVPRESS) --presses streamingllm snapkv tova --presses-from $(KVPRESS_CHOICE) \
-		--out .cache/kvpress_final_a.jsonl & a=$$!; \
-	$(FINAL_KVPRESS) --presses knorm observed_attention expected_attention \
-		--out .cache/kvpress_final_b.jsonl; b=$$?; \
-	wait $$a && test $$b = 0
-	cat .cache/kvpress_final_a.jsonl .cache/kvpress_final_b.jsonl \
-		> docs/results/final_kvpress_smollm2.jsonl
-	$(PY) -m sgl_vtoken_tools kvpress --choices $(KVPRESS_CHOICE) --tuned-table \
-		held-out=docs/results/kvpress_smollm2.jsonl,$(KVPRESS_HELDOUT_TUNED) \
-		final=docs/results/final_kvpress_smollm2.jsonl --markdown docs/results/kvpress_tuned_smollm2.md
 
 # Dense retrieval (tools/sgl_vtoken_tools/quality/retrieval.py) through the fast masked reference,
 # with and without span-aware keeping: `make retrieval-tuning` chooses on the tuning split (1K-token
@@ -310,4 +237,4 @@ retrieval-heldout: $(STAMP)
 		.cache/retrieval_heldout_needle_2k.jsonl --out docs/results/retrieval_heldout_2k_smollm2.jsonl
 
 clean:
-	rm -rf $(VENV) $(KVPRESS_VENV) .cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .cache .pytest_cache .hypothesis

@@ -4,7 +4,7 @@ The library (this package, no sglang import): eviction settings, policies, selec
 (`selection`), the batched eviction step and its repack planner (`step`, `step_plan`), page
 accounting (`pages`). The SGLang plugin lives in `sgl_vtoken.patches`, the kernels in
 `sgl_vtoken.kernels`. This is the runtime; the tooling around it (benchmarks, quality harness,
-simulator, models, launcher, references) is the package `sgl_vtoken_tools`.
+models, launcher, references) is the package `sgl_vtoken_tools`.
 """
 
 from sgl_vtoken.config import EvictConfig, History, HostTier, Prefill, Scoring, policy_from_config

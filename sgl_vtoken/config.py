@@ -87,7 +87,7 @@ class EvictConfig:
         reclaim: ``"vtoken"`` (compact survivors, free pages) or ``"naive"`` (same victims; a page
             is freed only when all its tokens are dead).
         page_size: KV pool page size in tokens (SGLang ``--page-size``).
-        seed: seed of seeded policies (``random``) and of the simulator.
+        seed: seed of seeded policies (``random``).
         params: policy hyperparameters (``--kv-evict-config`` JSON), passed to the policy class;
             validated against the policy where a config enters the system
             (:func:`policy_from_config`), not here.

@@ -86,13 +86,13 @@ def f():
 class C:
     def g(self):
         import importlib
-        return importlib.import_module("sgl_vtoken_tools.sim"), __import__("sgl_vtoken_tools")
+        return importlib.import_module("sgl_vtoken_tools.models"), __import__("sgl_vtoken_tools")
 '''
     assert sorted(tools_imports(planted)) == [
         (3, "sgl_vtoken_tools.bench"),
         (9, "sgl_vtoken_tools.launcher"),
         (14, "sgl_vtoken_tools"),
-        (14, "sgl_vtoken_tools.sim"),
+        (14, "sgl_vtoken_tools.models"),
     ]
     assert tools_imports("import sgl_vtoken\nfrom sgl_vtoken.patches import register\n") == []
 
@@ -162,7 +162,7 @@ def test_the_runtime_wheel_holds_the_runtime_only(wheels):
 
 def test_the_tools_wheel_holds_the_tooling_only(wheels):
     packages = _packages(wheels["tools"])
-    assert {TOOLS, f"{TOOLS}.bench", f"{TOOLS}.quality", f"{TOOLS}.sim"} <= packages
+    assert {TOOLS, f"{TOOLS}.bench", f"{TOOLS}.quality", f"{TOOLS}.cli"} <= packages
     assert all(p == TOOLS or p.startswith(TOOLS + ".") for p in packages), packages
 
 

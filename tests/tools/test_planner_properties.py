@@ -10,13 +10,13 @@ prefix, run in a fake pool whose K/V rows carry each token's identity. After eve
 """
 
 import torch
+from helpers.reference import attention_ref, row_attention_ref
+from helpers.row import RequestRow, is_dense_row
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sgl_vtoken.kernels.reference import repack_kv_ref_
 from sgl_vtoken.pages import PageAllocator, num_pages
-from sgl_vtoken_tools.reference import attention_ref, row_attention_ref
-from sgl_vtoken_tools.row import RequestRow, is_dense_row
 
 H, D = 2, 4
 

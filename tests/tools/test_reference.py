@@ -5,9 +5,9 @@ The kernels' oracles (KV move, page indices, scores) are tested beside the kerne
 """
 
 import torch
+from helpers.reference import attention_ref, paged_decode_attention_ref, row_attention_ref
 
 from sgl_vtoken.kernels.reference import page_indices_ref, repack_kv_ref_
-from sgl_vtoken_tools.reference import attention_ref, paged_decode_attention_ref, row_attention_ref
 
 
 def test_paged_attention_equals_attention_over_gathered_tokens():

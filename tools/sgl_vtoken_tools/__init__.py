@@ -7,14 +7,11 @@ repository's pyproject.toml) and this one, `sgl-vtoken-tools` (tools/pyproject.t
     cli/               the benchmarks and evaluations: `python -m sgl_vtoken_tools <command>`
     bench/             benchmark and stress machinery the commands are built on
     quality/           answer quality under eviction: tasks, fast masked reference, server check
-    sim/               `python -m sgl_vtoken_tools.sim`: seeded traces through policies and allocator
     launcher           start and stop an SGLang server in a child process
     tiny_model         the embedded tiny Llama (`python -m sgl_vtoken_tools.tiny_model DIR`)
     models             real models built offline (`python -m sgl_vtoken_tools.models smollm2 DIR`)
     hf_reference       Hugging Face oracle: greedy decoding with the server's evictions as a mask
-    reference          pure-torch oracles of what the server does around the kernels
     step_ref           the per-row eviction path, oracle of `sgl_vtoken.step`
-    row                RequestRow, the CPU model of one request's row
     kernel_bench       timers, move patterns and floors of `python -m sgl_vtoken_tools kernels`
     kernel_bench_runs  that script's workloads, one function per part
 """

@@ -4,8 +4,8 @@
 One row at a time: the policy's `keep` (a batch of one of the step's selection), then the
 per-row repack planner: `drop_tree_rows` / `split_tree_pages` for tree-owned victims,
 `plan_eviction` for the private part (docs/design/library.md "The repack planner"), one `repack_kv_`
-and one row write per row (`evict_row_ref`). The simulator and the planner's property tests
-drive `plan_eviction` through `sgl_vtoken_tools.row.RequestRow`, naive reclaim included.
+and one row write per row (`evict_row_ref`). The planner's property tests drive `plan_eviction`
+through `RequestRow` (tests/helpers/row.py), naive reclaim included.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from sgl_vtoken_tools.bench.results_md import markers, write_section
-from sgl_vtoken_tools.sim import __main__ as sim_main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -38,18 +37,16 @@ def test_appends_under_a_heading_or_refuses(tmp_path):
 
 
 def test_the_writers_default_to_the_pages_that_hold_their_sections():
-    """`make bench`'s matrix and multi-turn steps and the simulator's command rewrite sections of
-    the results pages; each names the page whose markers it rewrites (a missing one would be
-    appended to the wrong file, or refused)."""
+    """`make bench`'s matrix and multi-turn steps rewrite sections of the results pages; each
+    names the page whose markers it rewrites (a missing one would be appended to the wrong file,
+    or refused)."""
     from sgl_vtoken_tools.cli import matrix as bench_matrix
 
     makefile = (REPO / "Makefile").read_text()
     multiturn = re.search(r"sgl_vtoken_tools multiturn [^\n]*\\?\n?\s*--results-md (\S+)", makefile)
-    sim = re.search(r"--results-md (\S+)", sim_main.COMMAND)
     for path, name in [
         (bench_matrix.build_parser().parse_args([]).results_md, "bench"),
         (REPO / multiturn.group(1), "multiturn"),
-        (REPO / sim.group(1), "sim"),
     ]:
         text = Path(path).read_text()
         assert all(m in text for m in markers(name)), (path, name)

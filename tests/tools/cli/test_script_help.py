@@ -15,10 +15,7 @@ FLAGS = {  # a flag each command's help must name
     "chat": "--one-at-a-time",
     "joint": "--cells",
     "ladder": "--loads",
-    "chat-clients": "--stuck-after",
     "quality": "--settings",
-    "kvpress": "--modes",  # without kvpress installed: it is imported only to run
-    "mutation-check": "--only",
     "evict-step": "--policies",
 }
 

@@ -1,5 +1,5 @@
-"""Requests to an SGLang server, as timed records: `/generate` (plain and streamed) and streamed
-OpenAI chat completions. Errors become the record's `error` field, never an exception, except
+"""Requests to an SGLang server, as timed records: `/generate` and streamed OpenAI chat
+completions. Errors become the record's `error` field, never an exception, except
 in `generate` (raises on HTTP errors)."""
 
 from __future__ import annotations
@@ -24,26 +24,6 @@ def generate(
     r = requests.post(base_url + "/generate", json=payload, timeout=timeout)
     r.raise_for_status()
     return r.json()
-
-
-def stream_generate(base_url: str, ids: list[int], n: int, rid: str, timeout: float = 1800) -> dict:
-    """One streamed greedy `/generate`: output ids, TTFT (first chunk) and the final meta_info."""
-    t0 = time.perf_counter()
-    ttft, last = None, None
-    body = {
-        "rid": rid,
-        "input_ids": ids,
-        "stream": True,
-        "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True},
-    }
-    with requests.post(base_url + "/generate", json=body, stream=True, timeout=timeout) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            ttft = ttft if ttft is not None else time.perf_counter() - t0
-            last = json.loads(line[5:])
-    return {"ttft": ttft, "output_ids": last["output_ids"], "meta": last["meta_info"]}
 
 
 def chat_payload(

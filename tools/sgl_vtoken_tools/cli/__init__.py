@@ -1,7 +1,7 @@
 """The repository's benchmarks and evaluations as subcommands of one command line:
 ``python -m sgl_vtoken_tools <command> [args]`` (``--help`` after a command: its flags and what it
 measures). One module per command, each with ``main(argv) -> int``; `COMMANDS` names them. The
-modules import their heavy dependencies (torch, transformers, SGLang, kvpress) inside functions,
+modules import their heavy dependencies (torch, transformers, SGLang) inside functions,
 so the list and every ``--help`` answer without them.
 """
 
@@ -15,22 +15,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ladder": ("ladder", "chat and agent sessions arriving at Poisson rates, load by load"),
     "matrix": ("matrix", "No-Evict vs Naive-Evict vs vToken on the synthetic agent workload"),
     "multiturn": ("multiturn", "SGLang's multi-turn chat benchmark, stock vs streamingllm"),
-    "history": ("history", "multi-turn sessions with and without compacted-history reuse"),
     "gateway": ("gateway", "SGLang's multi-turn benchmark through smg to evicting replicas"),
     "decode-batch": ("decode_batch", "how a decode step's cost grows with the batch (stock)"),
     "eviction": ("eviction", "capacity under a small pool, and the plugin's cost when off"),
     "stress": ("stress", "mixed traffic against one server, then crash and leak checks"),
-    "chat-clients": ("chat_clients", "concurrent multi-turn chat clients on a running server"),
     "quality": ("quality", "answer quality under eviction: fast masked reference, then servers"),
     "recall": ("recall", "multi-turn recall through the host tier on a live server"),
-    "kvpress": ("kvpress", "NVIDIA kvpress on our token ids and budgets (its own environment)"),
     "kernels": ("kernels", "the Triton kernels against the device's copy bandwidth"),
     "evict-step": ("evict_step", "the batched eviction step against the per-row path"),
     "graph-scores": ("graph_scores", "decode scoring captured in a CUDA graph against eager"),
-    "mutation-check": (
-        "mutation_check",
-        "mutate one policy detail at a time, see which tests fail",
-    ),
 }
 
 

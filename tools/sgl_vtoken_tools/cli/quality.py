@@ -26,7 +26,6 @@ stderr (`--markdown FILE` writes them too), the plot with `--plot`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import sys
 import time
@@ -113,12 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-turns", type=int, default=4, help="user turns per session, the question last"
     )
     p.add_argument(
-        "--write-tasks",
-        metavar="JSONL",
-        help="write the docqa, kv or needle trials of --tasks (token ids, answer, question_at) "
-        "to this file and exit: the input of tools/sgl_vtoken_tools/cli/kvpress.py",
-    )
-    p.add_argument(
         "--passkey-lengths",
         type=int,
         nargs="+",
@@ -198,33 +191,6 @@ def merge_runs(paths: list[str]) -> list[dict]:
     return out
 
 
-def write_tasks(plan: Plan, path: str) -> int:
-    """One JSON line per trial of the plan's one-prompt split tasks (docqa, kv, needle; docqa
-    when --tasks names none of them): what another implementation needs."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(plan.model)
-    names = tuple(t for t in plan.tasks if t in ("docqa", "kv", "needle")) or ("docqa",)
-    built = build_tasks(dataclasses.replace(plan, tasks=names), tok)
-    trials = [t for name in names for t in built[name]]
-    log = RunLog(path)
-    for t in trials:
-        log.emit(
-            {
-                "kind": "task",
-                "task": t.task,
-                "trial": t.id,
-                "prompt": list(t.prompt),
-                "answer": t.answer,
-                "span": list(t.span),
-                **t.meta,
-            }
-        )
-    log.close()
-    print(f"{len(trials)} {'/'.join(names)} trials ({plan.split}) -> {path}", file=sys.stderr)
-    return 0
-
-
 def plan_from_args(args) -> Plan:
     import shlex
 
@@ -273,8 +239,6 @@ def main(argv: list[str] | None = None) -> int:
         print(md)
         return 0
     plan = plan_from_args(args)
-    if args.write_tasks:
-        return write_tasks(plan, args.write_tasks)
     t0 = time.monotonic()
     with json_lines(args.out) as emit:
         import torch

@@ -1,7 +1,7 @@
 """RequestRow: one request's token table (row slots, positions, ownership, allocation cursor).
 
 The CPU twin of a ``req_to_token`` row plus the per-request state the server keeps beside it;
-the simulator and the property tests drive it through appends and evictions::
+the planner's property tests drive it through appends and evictions::
 
     slots      | tree-owned [0, cpl) | private [cpl, len)             |
     positions  | 0 .. cpl-1          | ascending, with gaps where evicted |
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from helpers.reference import apply_plan_ref
 from sgl_vtoken.pages import PageAllocator, is_dense, num_pages, row_pages
-from sgl_vtoken_tools.reference import apply_plan_ref
 from sgl_vtoken_tools.step_ref import RepackPlan, plan_eviction
 
 
