@@ -43,6 +43,22 @@ class Client:
         assert r.status_code == 200, f"{path} -> {r.status_code}: {r.text[:500]}"
         return r.json()
 
+    def openai(self):
+        """An OpenAI client of the server's `/v1` API."""
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="none")
+
+    def chat(self, messages: list[dict], max_tokens: int, kv_evict: dict | None = None, **more):
+        """A greedy `/v1/chat/completions` of `messages` through the OpenAI client; `kv_evict`
+        rides in ``extra_body`` as ``custom_params.kv_evict`` (None: none sent); `more` e.g.
+        ``stream=True``."""
+        if kv_evict is not None:
+            more["extra_body"] = {"custom_params": {"kv_evict": kv_evict}}
+        return self.openai().chat.completions.create(
+            model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, **more
+        )
+
     def vtoken_state(self) -> dict:
         return self.get("/get_server_info")["internal_states"][0]["vtoken"]
 

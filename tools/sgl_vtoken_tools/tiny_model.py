@@ -15,6 +15,8 @@ import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sgl_vtoken_tools.bench.workload import at_least_one
+
 # Standard-library sources the tokenizer is trained on, in a fixed order.
 CORPUS_MODULES = (
     "argparse.py",
@@ -61,16 +63,15 @@ class TinyModelSpec:
     seed: int = 0
 
     def __post_init__(self):
-        for name in (
+        at_least_one(
+            self,
             "vocab_size",
             "hidden_size",
             "num_hidden_layers",
             "num_attention_heads",
             "num_key_value_heads",
             "max_position_embeddings",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TinyModelSpec.{name} must be >= 1, got {getattr(self, name)}")
+        )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("TinyModelSpec.hidden_size must be a multiple of num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -155,22 +155,11 @@ def test_openai_extra_body_carries_kv_evict(server_factory):
     """Per-request eviction through the OpenAI client; the eviction figures ride in `usage`
     (an extra field standard clients keep aside), streamed ones with the usage chunk and with the
     final chunk of a /generate stream, never the stale figures of the first token."""
-    import openai
-
     client = server_factory(page_size=1)
-    oai = openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
     messages = [{"role": "user", "content": "Tell me everything about paged attention. " * 12}]
     kv = {"policy": "streamingllm", "budget": 32}
-    evicted = oai.chat.completions.create(
-        model="tiny",
-        messages=messages,
-        max_tokens=40,
-        temperature=0,
-        extra_body={"custom_params": {"kv_evict": kv}},
-    )
-    stock = oai.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=40, temperature=0
-    )
+    evicted = client.chat(messages, 40, kv)
+    stock = client.chat(messages, 40)
     assert evicted.usage.completion_tokens > 0
     assert evicted.choices[0].message.content != stock.choices[0].message.content
     figures = evicted.usage.model_extra["kv_evict"]
@@ -180,14 +169,12 @@ def test_openai_extra_body_carries_kv_evict(server_factory):
     assert figures["evicted_tokens"] == total - 2 - 32 and figures["evictions"] > 1
     assert "kv_evict" not in (stock.usage.model_extra or {})
     chunks = list(
-        oai.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": "Now stream it. " * 20}],
-            max_tokens=40,
-            temperature=0,
+        client.chat(
+            [{"role": "user", "content": "Now stream it. " * 20}],
+            40,
+            kv,
             stream=True,
             stream_options={"include_usage": True},
-            extra_body={"custom_params": {"kv_evict": kv}},
         )
     )
     usage = chunks[-1].usage

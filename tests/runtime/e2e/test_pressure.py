@@ -148,11 +148,9 @@ def test_an_idle_pool_chat_through_the_chat_api_equals_the_full_cache(server_fac
     alone on a 4,096-token pool: every turn's reply is the full cache's (`{"policy": "none"}`),
     nothing is evicted, and each later turn continues its history from the radix cache. The
     same chat under the budget trigger evicts (the rows do pass the budget)."""
-    import openai
     from test_exactness import evict_server
 
     client = evict_server(server_factory, 1)
-    oai = openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
     chat = {"policy": "h2o", "budget": 64, "sink": 16, "window": 32, "interval": 16}
     chat |= {"offload": True, "recall": 8}
     settings = {
@@ -168,13 +166,7 @@ def test_an_idle_pool_chat_through_the_chat_api_equals_the_full_cache(server_fac
         text = " ".join(words[(turn * 7 + k * 5) % len(words)] for k in range(60))
         for name, kv in settings.items():
             messages[name].append({"role": "user", "content": f"Turn {turn}: {text}"})
-            r = oai.chat.completions.create(
-                model="tiny",
-                messages=messages[name],
-                max_tokens=40,
-                temperature=0,
-                extra_body={"custom_params": {"kv_evict": kv}},
-            )
+            r = client.chat(messages[name], 40, kv)
             reply = r.choices[0].message.content
             messages[name].append({"role": "assistant", "content": reply})
             replies[name].append(reply)
@@ -230,24 +222,16 @@ def test_a_chat_that_outgrows_the_pool_is_answered_every_turn(server_factory):
     times the pool and every turn is answered (HTTP 200), its later turns continuing what the
     server stored, evicted during prefill only once a prompt could not be held whole; the pool
     is whole afterwards."""
-    import openai
     from test_prefill import SMALL_POOL, prefill_server
 
     client = prefill_server(server_factory, 16, pool=SMALL_POOL)
-    oai = openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
     kv = {"policy": "streamingllm", "trigger": "pressure"}
     words = "pool page slot row budget window sink token cache tree history reply".split()
     messages, prompts, prefill_evicted = [], [], 0
     for turn in range(12):
         text = " ".join(words[(turn * 5 + k * 7) % len(words)] for k in range(50))
         messages.append({"role": "user", "content": f"Turn {turn}: {text}"})
-        r = oai.chat.completions.create(
-            model="tiny",
-            messages=messages,
-            max_tokens=24,
-            temperature=0,
-            extra_body={"custom_params": {"kv_evict": kv}},
-        )
+        r = client.chat(messages, 24, kv)
         messages.append({"role": "assistant", "content": r.choices[0].message.content})
         prompts.append(r.usage.prompt_tokens)
         prefill_evicted += r.usage.model_extra["kv_evict"].get("prefill_evicted_tokens", 0)

@@ -3,7 +3,6 @@ greedy output equal to Hugging Face transformers on the same fp32 weights."""
 
 import random
 
-import openai
 import pytest
 import torch
 
@@ -31,10 +30,6 @@ def hf_greedy(model, input_ids: list[int], max_new_tokens: int) -> list[int]:
 def random_ids(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(10, 2000) for _ in range(n)]
-
-
-def openai_client(client) -> openai.OpenAI:
-    return openai.OpenAI(base_url=client.base_url + "/v1", api_key="none")
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -66,17 +61,13 @@ def test_prefix_cache_hits(server_factory, page_size, expected_cached):
 
 
 def test_chat_completions_with_cache_report(server_factory):
-    oai = openai_client(server_factory(page_size=1))
+    client = server_factory(page_size=1)
     messages = [
         {"role": "system", "content": "You are a terse assistant. " * 20},
         {"role": "user", "content": "Name three colours."},
     ]
-    first = oai.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=12, temperature=0
-    )
-    second = oai.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=12, temperature=0
-    )
+    first = client.chat(messages, 12)
+    second = client.chat(messages, 12)
     assert first.choices[0].message.role == "assistant"
     assert first.usage.completion_tokens <= 12 and first.usage.prompt_tokens > 100
     assert second.choices[0].message.content == first.choices[0].message.content
@@ -92,7 +83,7 @@ def test_completions(server_factory, hf_model, tiny_model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    oai = openai_client(server_factory(page_size=1))
+    oai = server_factory(page_size=1).openai()
     prompt, n = "def main():", 10
 
     def complete(kv_evict=None):
@@ -123,14 +114,10 @@ def test_completions(server_factory, hf_model, tiny_model):
 
 
 def test_chat_streaming_equals_non_streaming(server_factory):
-    oai = openai_client(server_factory(page_size=1))
+    client = server_factory(page_size=1)
     messages = [{"role": "user", "content": "Tell me a story."}]
-    whole = oai.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=16, temperature=0
-    )
-    stream = oai.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=16, temperature=0, stream=True
-    )
+    whole = client.chat(messages, 16)
+    stream = client.chat(messages, 16, stream=True)
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert len(pieces) > 1
     assert "".join(pieces) == whole.choices[0].message.content

@@ -343,6 +343,7 @@ def test_agent_replies_must_cover_every_turn_before_the_last():
     """bench_agent --replies: a run's replies of one cell feed the others' histories; a turn they
     lack is refused before any request, not silently answered with the server's own reply."""
     from sgl_vtoken_tools.bench.agent_chat import load_replies, play
+    from sgl_vtoken_tools.bench.joint import Send
     from sgl_vtoken_tools.quality.agent_sessions import AgentSession
 
     lines = [
@@ -354,4 +355,4 @@ def test_agent_replies_must_cover_every_turn_before_the_last():
         load_replies(lines, "evict")
     sess = AgentSession("s", (("user", "x"),) * 4, "12345")  # turns 1-3 are fed back
     with pytest.raises(ValueError, match=r"replies lack 1 turns .* \('s', 3\)"):
-        play("http://127.0.0.1:9", "m", [sess], replies=load_replies(lines, "full"))
+        play("http://127.0.0.1:9", "m", [sess], Send(), replies=load_replies(lines, "full"))

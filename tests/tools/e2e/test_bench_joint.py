@@ -51,7 +51,7 @@ def test_conversations_play_and_score(client, tiny_model, fake_essays):
         ("evict", None),
     ):  # None: the server's streamingllm b64
         flush_cache(client.base_url)
-        runs[name] = joint.play(client.base_url, model, convs, kv, rid_prefix=name, reply_tokens=8)
+        runs[name] = joint.play(client.base_url, model, convs, joint.Send(kv, name, 8))
     full_reqs, full_answers, _ = runs["full"]
     for name, (reqs, answers, wall) in runs.items():
         assert len(reqs) == 3 * 3 + 2 and all(r["error"] is None for r in reqs)

@@ -1,6 +1,6 @@
 """Plays scored agent sessions (`sgl_vtoken_tools.quality.agent_sessions`) as a chat client does:
 the shared system prompt, then each turn appended to the history with the model's own reply
-(greedy, at most `reply_tokens` tokens, stops at EOS) fed back, or another run's reply to that
+(greedy, at most `Send.max_tokens` tokens, stops at EOS) fed back, or another run's reply to that
 turn (`load_replies`); one streamed chat completion per turn (`http_client.stream_chat`).
 
     play(...)            every session at once (or `concurrency` at a time): request records in
@@ -17,7 +17,7 @@ user and assistant turns only) or "tool".
 
 from __future__ import annotations
 
-from sgl_vtoken_tools.bench.joint import play_all, play_turns
+from sgl_vtoken_tools.bench.joint import Send, play_all, play_turns
 from sgl_vtoken_tools.quality.agent_sessions import SYSTEM, AgentSession
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
 
@@ -60,13 +60,11 @@ def load_replies(lines: list[dict], cell: str) -> dict[tuple[str, int], str]:
 
 
 def _session(
-    base_url: str, model: str, sess: AgentSession, opts: dict, t0: float
+    base_url: str, model: str, sess: AgentSession, send: Send, t0: float, tool_role: str, replies
 ) -> tuple[list[dict], dict]:
-    turns = [(opts["tool_role"] if role == "tool" else role, text) for role, text in sess.turns]
+    turns = [(tool_role if role == "tool" else role, text) for role, text in sess.turns]
     system = [{"role": "system", "content": SYSTEM}]
-    recs, reply, failed, kv = play_turns(
-        base_url, model, sess.id, turns, opts, t0, system, opts["replies"]
-    )
+    recs, reply, failed, kv = play_turns(base_url, model, sess.id, turns, send, t0, system, replies)
     return recs, answer_record(sess, reply, failed, kv)
 
 
@@ -74,16 +72,13 @@ def play(
     base_url: str,
     model: str,
     sessions: list[AgentSession],
-    kv_evict: dict | None = None,
-    rid_prefix: str = "agent",
-    reply_tokens: int = 64,
+    send: Send,
     tool_role: str = "user",
     concurrency: int = 0,
-    timeout: float = 1800.0,
     replies: dict[tuple[str, int], str] | None = None,
 ) -> tuple[list[dict], list[dict], float]:
-    """Play every session (at most `concurrency` at once; 0: all); `kv_evict`: the per-request
-    ``custom_params.kv_evict`` (None: the server's flags); `replies`: ``(session id, turn) ->
+    """Play every session (each turn as `send` says; at most `concurrency` at once; 0: all);
+    `replies`: ``(session id, turn) ->
     text`` fed back in the history instead of the server's own reply to that turn (another
     run's, `load_replies`), so two servers answer the same conversation. Returns the request
     records (time order, each with its `reply`), the answer records (session order) and the
@@ -102,14 +97,8 @@ def play(
                 f"replies lack {len(missing)} turns before a session's last, e.g. {missing[0]} "
                 "(another split, seed or turn count, or a session that failed there)"
             )
-    opts = {
-        "kv_evict": kv_evict,
-        "rid_prefix": rid_prefix,
-        "reply_tokens": reply_tokens,
-        "tool_role": tool_role,
-        "timeout": timeout,
-        "replies": replies or {},
-    }
     return play_all(
-        sessions, lambda sess, t0: _session(base_url, model, sess, opts, t0), concurrency
+        sessions,
+        lambda sess, t0: _session(base_url, model, sess, send, t0, tool_role, replies or {}),
+        concurrency,
     )

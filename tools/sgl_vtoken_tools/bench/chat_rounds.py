@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from sgl_vtoken_tools.bench.http_client import chat_payload, stream_chat
-from sgl_vtoken_tools.bench.joint import history_fields, history_turns
+from sgl_vtoken_tools.bench.joint import Send, history_fields, history_turns
 from sgl_vtoken_tools.bench.quantiles import median_text
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
 from sgl_vtoken_tools.quality import data
@@ -251,23 +250,25 @@ def new_state(messages: list[dict] | tuple = ()) -> dict:
 
 
 def send_turn(
-    base_url: str, model: str, conv_id: str, content: str, state: dict, turn: int, opts: dict
+    base_url: str,
+    model: str,
+    conv_id: str,
+    content: str,
+    state: dict,
+    turn: int,
+    send: Send,
+    t0: float,
 ) -> dict:
-    """Send user turn `turn` (`content`) of conversation `conv_id`, its history in `state`
-    (`new_state`), streamed; returns its request record and appends the reply to the history.
-    `opts`: ``kv_evict`` (per-request ``custom_params.kv_evict``, None: the server's flags),
-    ``rid_prefix`` (request id ``{rid_prefix}-{conv_id}-t{turn}``), ``max_tokens``,
-    ``timeout`` and ``t0`` (monotonic; the record's `t_start` and `t_end` count from it)."""
+    """Send user turn `turn` (`content`) of conversation `conv_id` as `send` says, its history in
+    `state` (`new_state`), streamed; returns its request record and appends the reply to the
+    history. `t0`: monotonic; the record's `t_start` and `t_end` count from it."""
     state["messages"].append({"role": "user", "content": content})
-    rid = f"{opts['rid_prefix']}-{conv_id}-t{turn}"
     messages = list(state["messages"])
-    payload = chat_payload(model, messages, opts["max_tokens"], rid, opts["kv_evict"])
-    rec = stream_chat(state["http"], base_url, payload, opts["timeout"], kv_evict=True)
+    rec, payload = send.stream(state["http"], base_url, model, messages, conv_id, turn)
     report = rec.pop("kv_evict")
     reply = rec.pop("text")
     state["messages"].append({"role": "assistant", "content": reply})
     state["alive"] = rec["error"] is None
-    t0 = opts["t0"]
     return {
         "kind": "request",
         "conversation": conv_id,
@@ -298,25 +299,15 @@ def play(
     base_url: str,
     model: str,
     convs: list[Conversation],
-    kv_evict: dict | None = None,
-    rid_prefix: str = "chat",
-    max_tokens: int = 48,
+    send: Send,
     one_at_a_time: bool = False,
-    timeout: float = 1800.0,
 ) -> tuple[list[dict], float, list[float]]:
     """Play `convs` in rounds (turn k of every conversation at once, one thread each, the next
-    turn once all answered) or `one_at_a_time` (each conversation alone, turn by turn). Greedy
-    replies of at most `max_tokens`; `kv_evict`: the per-request ``custom_params.kv_evict``
-    (None: the server's flags). A conversation stops at a failed turn. Returns the request
-    records (time order, each with its `reply`), the wall seconds and the wall seconds of each
-    round (one per turn; one-at-a-time: one per conversation)."""
-    opts = {
-        "kv_evict": kv_evict,
-        "rid_prefix": rid_prefix,
-        "max_tokens": max_tokens,
-        "timeout": timeout,
-        "t0": time.monotonic(),
-    }
+    turn once all answered) or `one_at_a_time` (each conversation alone, turn by turn), each
+    turn as `send` says. A conversation stops at a failed turn. Returns the request records
+    (time order, each with its `reply`), the wall seconds and the wall seconds of each round
+    (one per turn; one-at-a-time: one per conversation)."""
+    t0 = time.monotonic()
     states = {c.id: new_state() for c in convs}
     reqs, rounds = [], []
     if one_at_a_time:
@@ -324,7 +315,7 @@ def play(
             t = time.monotonic()
             for turn in range(1, len(c.messages) + 1):
                 msg = c.messages[turn - 1]
-                reqs.append(send_turn(base_url, model, c.id, msg, states[c.id], turn, opts))
+                reqs.append(send_turn(base_url, model, c.id, msg, states[c.id], turn, send, t0))
                 if not states[c.id]["alive"]:
                     break
             rounds.append(round(time.monotonic() - t, 3))
@@ -335,12 +326,12 @@ def play(
                 t = time.monotonic()
                 reqs += pool.map(
                     lambda c, turn=turn: send_turn(
-                        base_url, model, c.id, c.messages[turn - 1], states[c.id], turn, opts
+                        base_url, model, c.id, c.messages[turn - 1], states[c.id], turn, send, t0
                     ),
                     live,
                 )
                 rounds.append(round(time.monotonic() - t, 3))
-    wall = time.monotonic() - opts["t0"]
+    wall = time.monotonic() - t0
     for s in states.values():
         s["http"].close()
     return sorted(reqs, key=lambda r: r["t_start"]), wall, rounds

@@ -124,23 +124,46 @@ def conversations(tok, spec: JointSpec, wheel_dir=None) -> list[Conversation]:
     return out
 
 
+@dataclass(frozen=True)
+class Send:
+    """How a play sends every turn: `kv_evict` the per-request ``custom_params.kv_evict`` (None:
+    the server's flags), request ids ``{rid_prefix}-{conversation}-t{turn}``, greedy replies of
+    at most `max_tokens`, `timeout` seconds a request."""
+
+    kv_evict: dict | None = None
+    rid_prefix: str = "chat"
+    max_tokens: int = 48
+    timeout: float = 1800.0
+
+    def stream(
+        self,
+        http: requests.Session,
+        base_url: str,
+        model: str,
+        messages: list[dict],
+        conversation: str,
+        turn: int,
+    ) -> tuple[dict, dict]:
+        """Turn `turn` of `conversation` (`messages`, the history with it) as one streamed chat
+        completion: its `http_client.stream_chat` record (with `kv_evict`) and its payload."""
+        rid = f"{self.rid_prefix}-{conversation}-t{turn}"
+        payload = chat_payload(model, messages, self.max_tokens, rid, self.kv_evict)
+        return stream_chat(http, base_url, payload, self.timeout, kv_evict=True), payload
+
+
 def chat_turn(
     http: requests.Session,
     base_url: str,
     model: str,
     messages: list[dict],
-    opts: dict,
+    send: Send,
     conversation: str,
     turn: int,
     t0: float,
 ) -> dict:
-    """One streamed turn of `conversation` re-sending `messages`: its request record, with its
-    `reply` and history figures (`history_fields`); `opts`: ``reply_tokens``, ``kv_evict`` (the
-    per-request ``custom_params.kv_evict``, None: the server's flags), ``rid_prefix`` and
-    ``timeout``. Times are seconds since `t0`."""
-    rid = f"{opts['rid_prefix']}-{conversation}-t{turn}"
-    payload = chat_payload(model, messages, opts["reply_tokens"], rid, opts["kv_evict"])
-    rec = stream_chat(http, base_url, payload, opts["timeout"], kv_evict=True)
+    """One streamed turn of `conversation` re-sending `messages` (`send`): its request record,
+    with its `reply` and history figures (`history_fields`). Times are seconds since `t0`."""
+    rec, payload = send.stream(http, base_url, model, messages, conversation, turn)
     rec.update(history_fields(rec.pop("kv_evict")))
     rec["reply"] = rec.pop("text")
     rec.update(
@@ -175,7 +198,7 @@ def play_all(items: list, play_one, concurrency: int = 0) -> tuple[list[dict], l
 
 
 def play_turns(
-    base_url: str, model: str, conv_id: str, turns, opts: dict, t0: float, messages=(), replies=None
+    base_url: str, model: str, conv_id: str, turns, send: Send, t0: float, messages=(), replies=None
 ) -> tuple[list[dict], str, bool, int]:
     """Conversation `conv_id`'s `turns` ((role, text)) after `messages` (e.g. a system prompt),
     one `chat_turn` each in one HTTP session, each reply fed back (``replies[(conv_id, turn)]``
@@ -185,7 +208,7 @@ def play_turns(
     messages, recs, reply, kv = list(messages), [], "", 0
     for turn, (role, text) in enumerate(turns, start=1):
         messages.append({"role": role, "content": text})
-        rec = chat_turn(http, base_url, model, messages, opts, conv_id, turn, t0)
+        rec = chat_turn(http, base_url, model, messages, send, conv_id, turn, t0)
         reply = rec["reply"]
         recs.append(rec)
         if rec["error"] is not None:
@@ -197,10 +220,10 @@ def play_turns(
 
 
 def _conversation(
-    base_url: str, model: str, conv: Conversation, opts: dict, t0: float
+    base_url: str, model: str, conv: Conversation, send: Send, t0: float
 ) -> tuple[list[dict], dict]:
     turns = [("user", text) for text in conv.messages]
-    recs, reply, failed, kv = play_turns(base_url, model, conv.id, turns, opts, t0)
+    recs, reply, failed, kv = play_turns(base_url, model, conv.id, turns, send, t0)
     for r in recs:
         del r["reply"]
     return recs, answer_record(conv, reply, failed, kv)
@@ -271,25 +294,13 @@ def answer_record(conv: Conversation, reply: str, failed: bool, kv_tokens: int) 
 
 
 def play(
-    base_url: str,
-    model: str,
-    convs: list[Conversation],
-    kv_evict: dict | None = None,
-    rid_prefix: str = "joint",
-    reply_tokens: int = 128,
-    concurrency: int = 0,
-    timeout: float = 1800.0,
+    base_url: str, model: str, convs: list[Conversation], send: Send, concurrency: int = 0
 ) -> tuple[list[dict], list[dict], float]:
-    """Play every conversation (at most `concurrency` at once; 0: all); returns the request
-    records (time order), the answer records (conversation order) and the wall seconds."""
-    opts = {
-        "kv_evict": kv_evict,
-        "rid_prefix": rid_prefix,
-        "reply_tokens": reply_tokens,
-        "timeout": timeout,
-    }
+    """Play every conversation (each turn as `send` says; at most `concurrency` at once; 0: all);
+    returns the request records (time order), the answer records (conversation order) and the
+    wall seconds."""
     return play_all(
-        convs, lambda conv, t0: _conversation(base_url, model, conv, opts, t0), concurrency
+        convs, lambda conv, t0: _conversation(base_url, model, conv, send, t0), concurrency
     )
 
 

@@ -37,7 +37,7 @@ from sgl_vtoken_tools.bench import chat_rounds
 from sgl_vtoken_tools.bench.agent_chat import answer_record
 from sgl_vtoken_tools.bench.chat_rounds import new_state, peak_tokens, send_turn
 from sgl_vtoken_tools.bench.http_client import stream_chat
-from sgl_vtoken_tools.bench.joint import held_tokens
+from sgl_vtoken_tools.bench.joint import Send, held_tokens
 from sgl_vtoken_tools.bench.plots import pyplot, save
 from sgl_vtoken_tools.bench.quantiles import median_text, percentiles, spread
 from sgl_vtoken_tools.quality.agent_sessions import SYSTEM
@@ -178,17 +178,11 @@ def play_load(
     def one(i: int) -> list[dict]:
         s = sessions[i]
         time.sleep(max(0.0, t0 + times[i] - time.monotonic()))
-        opts = {
-            "kv_evict": kv_evict,
-            "rid_prefix": rid_prefix,
-            "max_tokens": s.max_tokens,
-            "timeout": timeout,
-            "t0": t0,
-        }
+        send = Send(kv_evict, rid_prefix, s.max_tokens, timeout)
         state = new_state([{"role": "system", "content": s.system}] if s.system else [])
         recs = []
         for turn, content in enumerate(s.turns, start=1):
-            rec = send_turn(base_url, model, s.id, content, state, turn, opts)
+            rec = send_turn(base_url, model, s.id, content, state, turn, send, t0)
             recs.append({**rec, "session_kind": s.kind, "arrival_s": round(times[i], 4)})
             if not state["alive"]:
                 break

@@ -29,7 +29,7 @@ import io
 import json
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sgl_vtoken_tools.bench.agent import AgentConfig, run_benchmark
@@ -38,6 +38,7 @@ from sgl_vtoken_tools.bench.cells import MODE_NAMES, Cell, meets
 from sgl_vtoken_tools.bench.probe import flush_cache
 from sgl_vtoken_tools.bench.raw import RawLog
 from sgl_vtoken_tools.bench.workload import WorkloadSpec
+from sgl_vtoken_tools.cli.common import from_args
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args
 
 
@@ -147,19 +148,9 @@ class MatrixRun:
 
     def agent_config(self, server: ServerProcess, cell: Cell, name: str, **workload) -> AgentConfig:
         c = self.cfg
-        spec = WorkloadSpec(
-            sessions=c.sessions,
-            turns=c.turns,
-            seed=c.seed,
-            system_tokens=c.system_tokens,
-            user_tokens=c.user_tokens,
-            tool_tokens=c.tool_tokens,
-            tool_min=c.tool_min,
-            tool_max=c.tool_max,
-        )
         return AgentConfig(
             base_url=server.base_url,
-            workload=replace(spec, **workload),
+            workload=from_args(WorkloadSpec, c, **workload),
             reply_tokens=c.reply_tokens,
             kv_evict=request_kv_evict(cell, c),
             rid_prefix=name,

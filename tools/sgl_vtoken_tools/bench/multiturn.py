@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sgl_vtoken_tools.bench.probe import scrape_metrics
 from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
+from sgl_vtoken_tools.bench.workload import at_least_one
 from sgl_vtoken_tools.launcher import ServerProcess, cpu_server_args, evict_args
 
 
@@ -40,16 +41,9 @@ class Workload:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        for name in (
-            "groups",
-            "prompts_per_group",
-            "system_len",
-            "question_len",
-            "output_len",
-            "turns",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Workload.{name} must be >= 1 (got {getattr(self, name)})")
+        at_least_one(
+            self, "groups", "prompts_per_group", "system_len", "question_len", "output_len", "turns"
+        )
 
     def args(self) -> list[str]:
         return [

@@ -71,6 +71,17 @@ TOOLS = [
         },
     },
 ]
+
+
+def at_least_one(spec: object, *names: str) -> None:
+    """ValueError naming the first field of `names` of the dataclass `spec` that is < 1."""
+    for name in names:
+        if getattr(spec, name) < 1:
+            raise ValueError(
+                f"{type(spec).__name__}.{name} must be >= 1 (got {getattr(spec, name)})"
+            )
+
+
 SYSTEM_HEAD = (
     "You are a coding agent working in a software repository. Think step by step, call "
     "one tool per turn, read its output, and continue until the task is done. Tools:\n"
@@ -93,16 +104,9 @@ class WorkloadSpec:
     tool_max: int = 1024
 
     def __post_init__(self):
-        for name in (
-            "sessions",
-            "turns",
-            "system_tokens",
-            "user_tokens",
-            "tool_tokens",
-            "tool_min",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        at_least_one(
+            self, "sessions", "turns", "system_tokens", "user_tokens", "tool_tokens", "tool_min"
+        )
         if self.tool_max < self.tool_min:
             raise ValueError(
                 f"tool_max must be >= tool_min (got {self.tool_max} < {self.tool_min})"

@@ -72,6 +72,7 @@ def run(args) -> list[dict]:
 
     from sgl_vtoken_tools.bench.agent_chat import load_replies, play
     from sgl_vtoken_tools.bench.agent_score import cell_lines, summarize
+    from sgl_vtoken_tools.bench.joint import Send
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec, agent_sessions
 
     model = resolve_model(args.model)
@@ -109,9 +110,7 @@ def run(args) -> list[dict]:
             url,
             model_id,
             sessions,
-            kv_evict,
-            rid_prefix=f"agent-r{rep}",
-            reply_tokens=args.reply_tokens,
+            Send(kv_evict, f"agent-r{rep}", args.reply_tokens),
             tool_role=args.tool_role,
             replies=replies,
             concurrency=args.concurrency,

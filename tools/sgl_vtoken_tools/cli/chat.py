@@ -85,6 +85,7 @@ def run(args) -> list[dict]:
 
     from sgl_vtoken_tools.bench.cell_server import resolve_model
     from sgl_vtoken_tools.bench.chat_rounds import cell_line, conversations, play, score
+    from sgl_vtoken_tools.bench.joint import Send
 
     model = resolve_model(args.model)
     convs = conversations(
@@ -129,9 +130,7 @@ def run(args) -> list[dict]:
                         url,
                         served_model(url),
                         convs,
-                        kv_evict,
-                        rid_prefix=f"chat-r{rep}",
-                        max_tokens=args.max_tokens,
+                        Send(kv_evict, f"chat-r{rep}", args.max_tokens),
                         one_at_a_time=args.one_at_a_time,
                     )
             answers = score(convs, reqs)

@@ -54,6 +54,7 @@ def run(args) -> list[dict]:
 
     from sgl_vtoken_tools.bench.joint import (
         JointSpec,
+        Send,
         conversations,
         play,
         summarize,
@@ -73,8 +74,7 @@ def run(args) -> list[dict]:
             url,
             model_id,
             convs,
-            rid_prefix=f"joint-r{rep}",
-            reply_tokens=spec.reply_tokens,
+            Send(rid_prefix=f"joint-r{rep}", max_tokens=spec.reply_tokens),
             concurrency=args.concurrency,
         ),
         summarize,

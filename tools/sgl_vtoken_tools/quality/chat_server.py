@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from sgl_vtoken_tools.launcher import ServerProcess
-    from sgl_vtoken_tools.quality.cli import json_lines, server_tokenizer
+    from sgl_vtoken_tools.quality.cli import server_tokenizer, write_run
     from sgl_vtoken_tools.quality.server_check import Client
 
     tok = server_tokenizer(args.model)
@@ -129,15 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     server = None if args.base_url else ServerProcess(server_flags(args)).start()
     try:
         client = Client(args.base_url or server.base_url)
-        records = []
-        with json_lines(args.out) as emit:
-            emit({"kind": "config", **vars(args), "server_args": server_flags(args)})
-            for trial in trials:
-                for label, kv in chosen:
-                    records.append(play(client, tok, trial, label, kv, args.max_new))
-                    emit(records[-1])
-            for line in summary(records):
-                emit(line)
+        played = (
+            play(client, tok, trial, label, kv, args.max_new)
+            for trial in trials
+            for label, kv in chosen
+        )
+        config = {**vars(args), "server_args": server_flags(args)}
+        write_run(args.out, config, played, summary)
     finally:
         if server is not None:
             server.stop()

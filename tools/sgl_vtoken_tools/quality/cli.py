@@ -8,6 +8,7 @@
     server_flags(args, pool, evict=...)  a fp32 CPU server of args.model, args.page_size; with
                                          `evict`, its --kv-* flags from args (budget, sink, ...)
     with served(flags) as client:        that server started, and stopped on the way out
+    write_run(path, config, records, f)  the config line, the records as they come, f's summary
     hits_by(records, *keys)              summary lines: hits and trials per group of trials
     server_script_parser(doc, ...)       the flags the long_doc and long_chat scripts share
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from sgl_vtoken_tools.cli.common import numbers
@@ -72,6 +73,20 @@ def server_script_parser(doc: str, pool_help: str, sink: int) -> argparse.Argume
     numbers(ap, interval=16, prefill_chunk=64, max_new=24, seed=0)
     ap.add_argument("--out", default=None)
     return ap
+
+
+def write_run(path: str | None, config: dict, records: Iterable[dict], summary) -> None:
+    """The server scripts' output (`json_lines` on `path`): a `config` line with `config`, each
+    of `records` as it comes (a lazy iterable plays as it is written), then the lines of
+    ``summary(records)``."""
+    done: list[dict] = []
+    with json_lines(path) as emit:
+        emit({"kind": "config", **config})
+        for r in records:
+            done.append(r)
+            emit(r)
+        for line in summary(done):
+            emit(line)
 
 
 @contextmanager

@@ -31,11 +31,11 @@ import time
 
 from sgl_vtoken_tools.cli.common import numbers
 from sgl_vtoken_tools.quality.cli import (
-    json_lines,
     served,
     server_flags,
     server_script_parser,
     server_tokenizer,
+    write_run,
 )
 from sgl_vtoken_tools.quality.splits import PHRASINGS, _check, split_sentences
 from sgl_vtoken_tools.quality.tasks import _excerpt, chat_ids, exact_number, next_turn_ids
@@ -156,17 +156,16 @@ def main(argv: list[str] | None = None) -> None:
         args.split, args.conversations, args.turns, args.passage_tokens, tok, args.seed
     )
     plan = servers(args)
-    records: list[dict] = []
-    with json_lines(args.out) as emit:
-        emit({"kind": "config", **vars(args), "servers": dict(plan)})
+
+    def played():
         for label, flags in plan:
             with served(flags) as client:
                 for i, conv in enumerate(convs):
                     name = f"long-chat-{args.split}-{args.seed}-{i}"
-                    records.append(play(client, tok, conv, label, name, args.max_new))
-                    emit(records[-1])
-        for line in summary(records, args.turns):
-            emit(line)
+                    yield play(client, tok, conv, label, name, args.max_new)
+
+    config = {**vars(args), "servers": dict(plan)}
+    write_run(args.out, config, played(), lambda records: summary(records, args.turns))
 
 
 if __name__ == "__main__":

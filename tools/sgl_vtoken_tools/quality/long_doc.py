@@ -27,11 +27,11 @@ import time
 from sgl_vtoken_tools.cli.common import numbers
 from sgl_vtoken_tools.quality.cli import (
     hits_by,
-    json_lines,
     served,
     server_flags,
     server_script_parser,
     server_tokenizer,
+    write_run,
 )
 from sgl_vtoken_tools.quality.splits import docqa_trials
 from sgl_vtoken_tools.quality.tasks import Trial, exact_number
@@ -109,17 +109,16 @@ def main(argv: list[str] | None = None) -> None:
     tok = server_tokenizer(args.model)
     docs = trials(tok, args.split, args.pool, args.times, args.seed)
     plan = servers(args, docs)
-    records: list[dict] = []
-    with json_lines(args.out) as emit:
-        emit({"kind": "config", **vars(args), "servers": {n: f for n, f, _ in plan}})
+
+    def asked():
         for _, flags, cells in plan:
             with served(flags) as client:
                 for trial in docs:
                     for label, kv in cells:
-                        records.append(ask(client, tok, trial, label, kv, args.max_new))
-                        emit(records[-1])
-        for line in summary(records):
-            emit(line)
+                        yield ask(client, tok, trial, label, kv, args.max_new)
+
+    config = {**vars(args), "servers": {n: f for n, f, _ in plan}}
+    write_run(args.out, config, asked(), summary)
 
 
 if __name__ == "__main__":
