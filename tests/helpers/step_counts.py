@@ -65,9 +65,7 @@ class Scenario:
         return EvictConfig.from_dict(keys)
 
 
-def build(
-    sc: Scenario, shape: Shape = Shape(), init_tokens: int = 1 << 16
-) -> tuple[FakeServer, list]:
+def build(sc: Scenario, shape: Shape = Shape()) -> tuple[FakeServer, list]:
     """The server and its batch, every row one decode short of its trigger."""
     server = FakeServer(
         shape,
@@ -75,7 +73,6 @@ def build(
         page_size=sc.page_size,
         max_reqs=sc.batch + 8,
         host_tokens=1 << 20 if sc.offload else 0,
-        init_tokens=init_tokens,
     )
     g = torch.Generator().manual_seed(0)
     system = [
