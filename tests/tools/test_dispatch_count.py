@@ -2,8 +2,7 @@
 the device, what it launches and what it allocates."""
 
 import torch
-
-from sgl_vtoken_tools import dispatch_count as dc
+from helpers import dispatch_count as dc
 
 
 def test_host_reads_of_device_values_are_syncs_and_host_work_is_not():

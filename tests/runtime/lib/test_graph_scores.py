@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+from helpers import dispatch_count as dc
 
 import sgl_vtoken.graph_scores as gs
 from sgl_vtoken.decode_scores import DecodeScoring
 from sgl_vtoken.graph_scores import GraphScoring
-from sgl_vtoken_tools import dispatch_count as dc
 
 LAYERS, HQ, HKV, DIM, SLOTS, BOUND = 3, 4, 2, 8, 64, 16
 SCALE = 1 / math.sqrt(DIM)

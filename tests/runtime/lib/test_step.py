@@ -325,7 +325,7 @@ def test_span_adds_no_sync_no_copy_and_a_fixed_number_of_launches(ps):
     """`decide` with units: still one host copy, one host-to-device copy of the rows' metadata
     and of their positions (the units ride with them), and the span's own launches (unit ids,
     scatter-max, two scatter-adds) do not grow with the batch."""
-    from sgl_vtoken_tools.dispatch_count import DeviceCounter
+    from helpers.dispatch_count import DeviceCounter
 
     def count(rows: int, span: int) -> dict:
         specs = [

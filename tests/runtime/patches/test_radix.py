@@ -5,12 +5,12 @@ from array import array
 
 import pytest
 import torch
+from helpers.fake_pool import Allocator, PagedAllocator, Req, ReqToToken
+from helpers.fake_server import FakeTokenizer
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.patches.core import process as process_module
 from sgl_vtoken_tools import forced_shortage
-from sgl_vtoken_tools.fake_pool import Allocator, PagedAllocator, Req, ReqToToken
-from sgl_vtoken_tools.fake_server import FakeTokenizer
 
 
 def holed_cache(alloc, ps: int = 1):

@@ -1,16 +1,15 @@
 """What one decode step of 64 evicting requests asks of the device, counted on CPU
-(`sgl_vtoken_tools.dispatch_count`) through the real `patches/` code on a server-shaped fake
-(`fake_server`: the holed radix cache, shared prompts, stored histories, the host tier): the
-scored forward reads no device value, launches one score kernel per scored layer and makes
+(`helpers.dispatch_count`) through the real `patches/` code on a server-shaped fake
+(`helpers.fake_server`: the holed radix cache, shared prompts, stored histories, the host tier):
+the scored forward reads no device value, launches one score kernel per scored layer and makes
 exactly the tensors its shapes give (one score buffer sized by the batch's rows: the 17 device
 ops and 0.50 MB docs/RESULTS.md quotes); the eviction reads the device once (`decide`'s copy),
 scores nothing and repacks once when survivors move; nothing the step allocates on the device
 depends on the pool's size; and the pool stays whole (`FakeServer.check`)."""
 
 import pytest
-
-from sgl_vtoken_tools.fake_server import Shape
-from sgl_vtoken_tools.step_counts import Scenario, count_step, scenarios, with_pool
+from helpers.fake_server import Shape
+from helpers.step_counts import Scenario, count_step, scenarios, with_pool
 
 SHAPE = Shape()
 LAYERS = SHAPE.layers  # 4; 2 KV heads, 4 query heads, head dim 16, float32

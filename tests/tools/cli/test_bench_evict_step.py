@@ -38,22 +38,3 @@ def test_both_paths_evict_the_same_tokens_and_the_batched_one_launches_once(tmp_
 def test_an_unknown_policy_is_refused_naming_the_flag():
     proc = evict_step("--device", "cpu", "--policies", "lru", timeout=120)
     assert proc.returncode == 2 and "--policies" in proc.stderr and "streamingllm" in proc.stderr
-
-
-def test_full_step_lines_count_one_sync_and_one_score_launch_per_layer(tmp_path):
-    """--full: the whole step through the real hooks on a server-shaped fake (tiny shapes)."""
-    out = tmp_path / "full.jsonl"
-    proc = evict_step(
-        *("--full", "--device", "cpu", "--shapes", "tiny", "--policies", "h2o,streamingllm"),
-        *("--batches", "2", "--pools", "4096", "--repeats", "1", "--out", str(out)),
-        timeout=600,
-    )
-    lines = lines_of(proc, out)
-    assert [(x["policy"], x["history"], x["offload"]) for x in lines] == [
-        ("h2o", True, True),
-        ("streamingllm", True, True),
-    ]
-    assert [x["score_launches"] for x in lines] == [4, 0] and all(
-        x["host_syncs"] == 1 for x in lines
-    )
-    assert all(x["step_ms"]["median"] > 0 for x in lines)

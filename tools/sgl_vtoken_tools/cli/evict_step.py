@@ -3,19 +3,12 @@
     python -m sgl_vtoken_tools evict-step                        # CUDA: 8B and SmolLM2 shapes, bf16
     python -m sgl_vtoken_tools evict-step --device cpu           # CPU: SmolLM2 shapes, small rows
     python -m sgl_vtoken_tools evict-step --summarize run.jsonl  # the table of an earlier run
-    python -m sgl_vtoken_tools evict-step --full --device cpu    # the whole step (needs SGLang)
 
 For every shape x policy x interval x batch, both paths evict the same rows of `budget +
 interval` tokens down to `budget` (`sgl_vtoken_tools.bench.evict_step`): one JSON line per path with
 the median, min and max step time over `--repeats`, host synchronizations (CUDA's sync debug
 mode; null on CPU), repack launches, moved tokens and bytes; the batched line adds
 `speedup_vs_per_row`. A failing case is recorded as an `error` line and the run goes on.
-
-With `--full`, the whole step a server adds at the trigger instead, through the real `patches/`
-code on a server-shaped fake (`sgl_vtoken_tools.bench.full_step`: decode scoring of every layer,
-then the eviction hook with tree work, history release and offload), per shape x policy x case
-(`plain`, `history`, `history+offload`) x pool size x batch: one `evict_step_full` line each,
-with the device work of one step counted on the way (`host_syncs`, `score_launches`, ...).
 """
 
 from __future__ import annotations
@@ -53,26 +46,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default="-", help="JSONL path ('-' = stdout only)")
     p.add_argument("--summarize", metavar="JSONL", help="only print the table of an earlier run")
-    p.add_argument(
-        "--full", action="store_true", help="the whole step on a server-shaped fake (needs SGLang)"
-    )
-    p.add_argument("--pools", default="4096,1048576", help="--full: pool sizes in tokens")
-    p.add_argument(
-        "--cases",
-        default="history+offload",
-        help="--full: comma list of plain, history, history+offload",
-    )
     args = p.parse_args(argv)
-    if args.full:
-        from sgl_vtoken_tools.bench.full_step import SHAPES as FULL_SHAPES
-
-        args.shapes = args.shapes if args.shapes != p.get_default("shapes") else "llama8b"
-        for name in args.shapes.split(","):
-            if name not in FULL_SHAPES:
-                p.error(
-                    f"--shapes: unknown shape {name!r} for --full; choose from {sorted(FULL_SHAPES)}"
-                )
-        return args
     for name in args.shapes.split(","):
         if name not in SHAPES:
             p.error(f"--shapes: unknown shape {name!r}; choose from {sorted(SHAPES)}")
@@ -105,40 +79,6 @@ def summarize(lines: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def full(args) -> list[dict]:
-    """`--full`: one `evict_step_full` line per case (printed, and written to `--out`)."""
-    from sgl_vtoken_tools.bench.full_step import measure_full
-    from sgl_vtoken_tools.step_counts import Scenario
-
-    log = _log(args.out)
-    grid = product(_words(args.shapes), _words(args.policies), _words(args.cases))
-    for (shape, policy, case), pool, batch in product(grid, _ints(args.pools), _ints(args.batches)):
-        sc = Scenario(
-            policy,
-            args.page_size,
-            history="history" in case,
-            offload="offload" in case,
-            batch=batch,
-            pool_tokens=pool,
-            budget=64,
-            interval=16,
-        )
-        try:
-            line = measure_full(sc, shape, args.repeats)
-        except Exception as e:  # one case failing must not lose the others
-            line = dict(
-                bench="evict_step_full",
-                shape=shape,
-                policy=policy,
-                case=case,
-                pool_tokens=pool,
-                batch=batch,
-                error=f"{type(e).__name__}: {e}",
-            )
-        log.emit(line)
-    return log.records
-
-
 def _words(text: str) -> list[str]:
     return text.split(",")
 
@@ -154,9 +94,6 @@ def _log(path: str) -> RunLog:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.full:
-        full(args)
-        return 0
     if args.summarize:
         print(summarize(common.read_lines(args.summarize)))
         return 0

@@ -5,8 +5,6 @@ eviction hook.
     counts = count_step(Scenario("h2o", page_size=16, history=True, offload=True))
     counts["forward"], counts["evict"]        # DeviceCounter.summary() of each
 
-    python -m sgl_vtoken_tools.step_counts --pools 65536,1048576 --code REV > counts.jsonl
-
 How the batch gets there (uncounted): requests come in groups of `group` sharing a two-page
 system prompt; the first of each group is admitted and evicts first (its prompt enters the
 radix tree), then the others match it, and evict. Every row then sits at `budget`; it decodes
@@ -25,9 +23,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from helpers.dispatch_count import DeviceCounter, count_calls
+from helpers.fake_server import FakeServer, Shape
 from sgl_vtoken.config import EvictConfig
-from sgl_vtoken_tools.dispatch_count import DeviceCounter, count_calls
-from sgl_vtoken_tools.fake_server import FakeServer, Shape
 
 WINDOW = {"h2o": 16, "scissorhands": 16}
 
@@ -67,9 +65,7 @@ class Scenario:
         return EvictConfig.from_dict(keys)
 
 
-def build(
-    sc: Scenario, shape: Shape = Shape(), init_tokens: int = 1 << 16
-) -> tuple[FakeServer, list]:
+def build(sc: Scenario, shape: Shape = Shape()) -> tuple[FakeServer, list]:
     """The server and its batch, every row one decode short of its trigger."""
     server = FakeServer(
         shape,
@@ -77,7 +73,6 @@ def build(
         page_size=sc.page_size,
         max_reqs=sc.batch + 8,
         host_tokens=1 << 20 if sc.offload else 0,
-        init_tokens=init_tokens,
     )
     g = torch.Generator().manual_seed(0)
     system = [
@@ -182,48 +177,3 @@ def scenarios(**kw) -> list[Scenario]:
 
 def with_pool(sc: Scenario, pool_tokens: int) -> Scenario:
     return replace(sc, pool_tokens=pool_tokens)
-
-
-def main(argv=None) -> None:
-    """One JSON line per scenario (`scenarios()`) and pool size: the counts of its step."""
-    import argparse
-    import json
-
-    p = argparse.ArgumentParser(
-        description="count the device work of one decode step at the trigger"
-    )
-    p.add_argument("--pools", default="65536,1048576", help="pool sizes in tokens")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--code", default="", help="a label for the code measured (its commit)")
-    args = p.parse_args(argv)
-    for sc in scenarios(batch=args.batch):
-        for pool in map(int, args.pools.split(",")):
-            o = count_step(with_pool(sc, pool))
-            keep = ("host_syncs", "launches", "allocs", "alloc_bytes", "max_alloc_bytes", "h2d")
-            fwd = {k: o["forward"][k] for k in keep} | {
-                "score_launches": o["forward"]["calls"].get("attn_scores_", 0)
-            }
-            ev = {k: o["evict"][k] for k in (*keep, "d2h_async", "sync_sites")}
-            print(
-                json.dumps(
-                    dict(
-                        code=args.code,
-                        policy=sc.policy,
-                        page_size=sc.page_size,
-                        history=sc.history,
-                        offload=sc.offload,
-                        batch=sc.batch,
-                        pool_tokens=pool,
-                        layers=Shape().layers,
-                        forward=fwd,
-                        evict=ev,
-                        history_freed=o["history_freed"],
-                        evicted_rows=o["evicted_rows"],
-                    )
-                ),
-                flush=True,
-            )
-
-
-if __name__ == "__main__":
-    main()

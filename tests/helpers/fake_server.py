@@ -23,8 +23,8 @@ from types import SimpleNamespace
 
 import torch
 
-from sgl_vtoken_tools.dispatch_count import mark, quiet
-from sgl_vtoken_tools.fake_pool import Batch, Req
+from helpers.dispatch_count import mark, quiet
+from helpers.fake_pool import Batch, Req
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ def _site() -> str:
     while f is not None:
         path = f.f_code.co_filename.replace("\\", "/")
         hit = next((p for p in _RUNTIME if f"/{p}" in path), None)
-        if hit and "/sgl_vtoken_tools/" not in path and "/torch/" not in path:
+        if hit and "/tests/helpers/" not in path and "/torch/" not in path:
             return path[path.index(f"/{hit}") + 1 :] + f":{f.f_lineno}"
         f = f.f_back
     return "?"
