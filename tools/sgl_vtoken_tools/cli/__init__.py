@@ -22,7 +22,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quality": ("quality", "answer quality under eviction: fast masked reference, then servers"),
     "recall": ("recall", "multi-turn recall through the host tier on a live server"),
     "kernels": ("kernels", "the Triton kernels against the device's copy bandwidth"),
-    "evict-step": ("evict_step", "the batched eviction step against the per-row path"),
     "graph-scores": ("graph_scores", "decode scoring captured in a CUDA graph against eager"),
 }
 
