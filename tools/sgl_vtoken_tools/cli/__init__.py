@@ -16,7 +16,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "matrix": ("matrix", "No-Evict vs Naive-Evict vs vToken on the synthetic agent workload"),
     "multiturn": ("multiturn", "SGLang's multi-turn chat benchmark, stock vs streamingllm"),
     "gateway": ("gateway", "SGLang's multi-turn benchmark through smg to evicting replicas"),
-    "decode-batch": ("decode_batch", "how a decode step's cost grows with the batch (stock)"),
     "eviction": ("eviction", "capacity under a small pool, and the plugin's cost when off"),
     "stress": ("stress", "mixed traffic against one server, then crash and leak checks"),
     "quality": ("quality", "answer quality under eviction: fast masked reference, then servers"),
