@@ -14,9 +14,7 @@
 #      x 2K/4K, with and without LSE)                    -> bench_kernels.jsonl, bench.log
 #   3. every other kernel test, compiled on the GPU      -> pytest-compiled.log
 #   4. launch-parameter sweeps (repacker, score kernel)  -> bench_kernels.jsonl, bench.log
-#   5. `sgl_vtoken_tools evict-step`: the batched eviction step against the per-row path, 8B shapes,
-#      batch 1/64/256, budget 2048 (time, host syncs, repack launches) -> bench_evict_step.jsonl
-#   6. `sgl_vtoken_tools graph-scores`: decode scoring captured in a CUDA graph at batch 1/8/64/256
+#   5. `sgl_vtoken_tools graph-scores`: decode scoring captured in a CUDA graph at batch 1/8/64/256
 #      (8B shapes, rows of budget 256 + interval 16 + page 16), replays equal to eager and timed
 #      against it                                         -> bench_graph_scores.jsonl
 #   then summary.txt: device, each step's status and time, the benchmark's tables
@@ -130,20 +128,12 @@ cat "$OUT_DIR/bench.log.1" "$OUT_DIR/bench.log" > "$OUT_DIR/bench.log.all" 2>/de
 mv "$OUT_DIR/bench.log.all" "$OUT_DIR/bench.log"; rm -f "$OUT_DIR/bench.log.1"
 
 if [ "$DRY" = 1 ]; then
-    STEP_ARGS=(--device cpu --shapes smollm2 --dtype fp32 --batches 1,4 --budget 64 --repeats 1 --policies streamingllm,h2o)
-else
-    STEP_ARGS=(--shapes llama8b --batches 1,64,256 --intervals 16 --repeats 3 --policies streamingllm,random,knorm,h2o)
-fi
-step "5 bench_evict_step" "$OUT_DIR/bench_evict_step.log" 120 "$PY" -P -m sgl_vtoken_tools evict-step \
-    --out "$OUT_DIR/bench_evict_step.jsonl" --deadline-s $(( $(left) > 140 ? 90 : $(left) - 50 )) "${STEP_ARGS[@]}"
-
-if [ "$DRY" = 1 ]; then
     GRAPH_ARGS=(--device cpu)
 else
     GRAPH_ARGS=()
 fi
 rm -f "$OUT_DIR/bench_graph_scores.jsonl"
-step "6 bench_graph_scores" "$OUT_DIR/bench_graph_scores.log" 60 "$PY" -P -m sgl_vtoken_tools graph-scores \
+step "5 bench_graph_scores" "$OUT_DIR/bench_graph_scores.log" 60 "$PY" -P -m sgl_vtoken_tools graph-scores \
     --out "$OUT_DIR/bench_graph_scores.jsonl" ${GRAPH_ARGS[@]+"${GRAPH_ARGS[@]}"}
 [ -s "$OUT_DIR/bench_graph_scores.jsonl" ] && cat "$OUT_DIR/bench_graph_scores.jsonl" >> "$SUMMARY"
 

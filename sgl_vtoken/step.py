@@ -2,7 +2,7 @@
 
 No SGLang here: the step reads an SGLang-shaped pool (:class:`KVPoolView`) and rows described by
 the caller (:class:`EvictRow`), so the same code runs in the server (`patches/step/eviction.py`)
-and in `python -m sgl_vtoken_tools evict-step` on a fake pool. Two calls, with the caller's tree
+and in the tests on fake pools (`tests/runtime/lib/test_step.py`). Two calls, with the caller's tree
 work between::
 
     decide(rows, pool)       scores -> keep (`selection.select`) -> index plan (`step_plan`), on
@@ -13,7 +13,7 @@ work between::
     apply(decision, copies)  slot plan, ONE repack launch for all rows, ONE row write
                              -> Applied (`step_apply.py`; the caller frees its pages in one call)
 
-Its oracle is the per-row path in `tools/sgl_vtoken_tools/step_ref.py`
+Its oracle is the per-row path in `tests/helpers/step_ref.py`
 (`tests/runtime/lib/test_step.py`).
 """
 

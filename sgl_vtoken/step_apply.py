@@ -7,7 +7,7 @@ carried out once the caller has given each row's copies their slots::
 
 Rows whose own prompt part left the tree take their copies onto that part (`pack_onto_own`).
 The interval arithmetic: docs/design/library.md, "The batched step"; the per-row reference:
-`tools/sgl_vtoken_tools/step_ref.py` (`tests/runtime/lib/test_step.py`).
+`tests/helpers/step_ref.py` (`tests/runtime/lib/test_step.py`).
 """
 
 from __future__ import annotations

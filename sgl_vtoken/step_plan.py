@@ -4,7 +4,7 @@ synchronization. :func:`index_plan` needs only the keep masks (whole versus copi
 entries, which kept private tokens move, the per-row counts the host reads once);
 :func:`step_apply.slot_plan` adds the slots once the host has allocated the copies' pages (the
 new rows, the KV moves, the freed pages). The interval arithmetic: docs/design/library.md, "The
-batched step"; its per-row reference: `tools/sgl_vtoken_tools/step_ref.py`.
+batched step"; its per-row reference: `tests/helpers/step_ref.py`.
 """
 
 from __future__ import annotations

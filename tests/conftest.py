@@ -61,7 +61,6 @@ GROUPS = (
 # modules, so neither worker starts one of them last while the other is idle.
 SLOW_MODULES = (
     "tests/tools/cli/test_gpu_check.py",
-    "tests/tools/cli/test_bench_evict_step.py",
     "tests/runtime/patches/test_server_args.py",
     "tests/tools/test_models.py",
     "tests/tools/bench/test_baseline.py",

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
+from helpers.step_ref import RepackPlan
 from sgl_vtoken.kernels.reference import repack_kv_ref_
 from sgl_vtoken.pages import PageAllocator
-from sgl_vtoken_tools.step_ref import RepackPlan
 
 
 def apply_plan_ref(

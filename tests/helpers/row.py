@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from helpers.reference import apply_plan_ref
+from helpers.step_ref import RepackPlan, plan_eviction
 from sgl_vtoken.pages import PageAllocator, is_dense, num_pages, row_pages
-from sgl_vtoken_tools.step_ref import RepackPlan, plan_eviction
 
 
 class RequestRow:

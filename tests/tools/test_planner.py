@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-
-from sgl_vtoken_tools.step_ref import plan_eviction
+from helpers.step_ref import plan_eviction
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 
@@ -86,7 +85,7 @@ def test_keep_everything_is_a_no_op():
 def test_tree_owned_victims_leave_the_view_only():
     """drop_tree_rows: kept tree-owned slots stay a row prefix; tree victims are neither freed
     nor moved; the private plan frees exactly the private victims."""
-    from sgl_vtoken_tools.step_ref import drop_tree_rows
+    from helpers.step_ref import drop_tree_rows
 
     row = torch.tensor([10, 11, 12, 13, 20, 21, 22])
     keep = torch.tensor([0, 2, 4, 6])  # cpl = 4: t0 t2 kept, t1 t3 dropped
@@ -101,7 +100,7 @@ def test_tree_owned_victims_leave_the_view_only():
 def test_split_tree_pages_keeps_whole_pages_and_copies_the_rest():
     """The docstring's example: T0 kept whole, T1 dropped, T2 partial, so T2's and T3's kept
     tokens are copied; nothing of a shared page is referenced partially."""
-    from sgl_vtoken_tools.step_ref import split_tree_pages
+    from helpers.step_ref import split_tree_pages
 
     keep = torch.tensor([0, 1, 2, 3, 9, 10, 12, 13, 14, 15, 16, 18])  # page 4; 16+ private
     split = split_tree_pages(keep, cpl=16, page_size=4)

@@ -11,7 +11,6 @@ repository's pyproject.toml) and this one, `sgl-vtoken-tools` (tools/pyproject.t
     tiny_model         the embedded tiny Llama (`python -m sgl_vtoken_tools.tiny_model DIR`)
     models             real models built offline (`python -m sgl_vtoken_tools.models smollm2 DIR`)
     hf_reference       Hugging Face oracle: greedy decoding with the server's evictions as a mask
-    step_ref           the per-row eviction path, oracle of `sgl_vtoken.step`
     kernel_bench       timers, move patterns and floors of `python -m sgl_vtoken_tools kernels`
     kernel_bench_runs  that script's workloads, one function per part
 """

@@ -1,11 +1,12 @@
 """The batched eviction step equals the per-row path on random batches: same victims, rows,
 KV bytes, freed pages and moves (sgl_vtoken/step.py and step_apply.py against its oracle
-tools/sgl_vtoken_tools/step_ref.py), for the policies' choices (`decide`) and for explicit keep masks (`plan_keep`)."""
+tests/helpers/step_ref.py), for the policies' choices (`decide`) and for explicit keep masks (`plan_keep`)."""
 
 import copy
 
 import pytest
 import torch
+from helpers.step_ref import evict_row_ref, plan_eviction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,6 @@ from sgl_vtoken.policies import make_policy
 from sgl_vtoken.policies.sharing_aware import SharingAware
 from sgl_vtoken.step import EvictRow, KVPoolView, decide, plan_keep
 from sgl_vtoken.step_apply import apply, pack_onto_own
-from sgl_vtoken_tools.step_ref import evict_row_ref, plan_eviction
 
 LAYERS, H, D = 2, 2, 4
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]

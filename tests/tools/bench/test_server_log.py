@@ -31,21 +31,6 @@ def test_peak_running_is_the_largest_decode_batch():
     assert server_log.peak_running_from_log("Decode batch, #running-req: 1, #token: 5,\n") == 1
 
 
-def test_decode_throughput_pairs_each_batch_with_its_rate():
-    assert server_log.decode_throughput(SAMPLE_LOG) == [
-        (3, 310.22),
-        (12, 990.10),
-        (10, 805.0),
-        (9, 700.0),
-    ]
-    assert (
-        server_log.decode_throughput(
-            "Prefill batch, #running-req: 4, gen throughput (token/s): 1.0,\n"
-        )
-        == []
-    )
-
-
 def test_retractions_count_only_the_pool_full_lines():
     assert server_log.count_retractions(SAMPLE_LOG) == 2  # "Testing retraction." is not one
     assert server_log.retracted_requests(SAMPLE_LOG) == 3

@@ -16,7 +16,6 @@ FLAGS = {  # a flag each command's help must name
     "joint": "--cells",
     "ladder": "--loads",
     "quality": "--settings",
-    "evict-step": "--policies",
 }
 
 

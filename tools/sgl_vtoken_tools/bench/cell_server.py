@@ -1,6 +1,6 @@
 """A benchmark cell's server, shared by the server benchmarks (`python -m sgl_vtoken_tools chat`,
-`agent`, `ladder`, `joint`, `decode-batch`): one CPU server per cell, started on a free 127.0.0.1
-port and always stopped, or a running server whose cells are per-request settings.
+`agent`, `ladder`, `joint`): one CPU server per cell, started on a free 127.0.0.1 port and always
+stopped, or a running server whose cells are per-request settings.
 
     resolve_model(name)          smollm2 (built into .cache/smollm2 when missing), tiny or a folder
     cell_spec(spec, remote)      a `--cells` entry: a cell name or ``name=flags`` of a launched

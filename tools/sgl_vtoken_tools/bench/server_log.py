@@ -9,9 +9,6 @@ import re
 
 # sglang/srt/managers/scheduler_components/metrics_reporter.py: "Decode batch[ [iter]], #running-req: N, ..."
 DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+)")
-THROUGHPUT_RE = re.compile(
-    r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)"
-)
 RETRACT_LINE = "KV cache pool is full. Retract requests."
 RETRACTED_RE = re.compile(r"#retracted_reqs: (\d+)")
 ERROR_KEYS = ("Traceback", " ERROR ", "Error:", "Exception")
@@ -21,12 +18,6 @@ def peak_running_from_log(text: str) -> int | None:
     """Largest N over "Decode batch, #running-req: N" lines; None if there is no such line."""
     values = [int(m.group(1)) for m in DECODE_RE.finditer(text)]
     return max(values) if values else None
-
-
-def decode_throughput(text: str) -> list[tuple[int, float]]:
-    """``(running requests, gen throughput tok/s)`` of every decode batch record, in log order
-    (SGLang averages the throughput over the steps since the previous record)."""
-    return [(int(m.group(1)), float(m.group(2))) for m in THROUGHPUT_RE.finditer(text)]
 
 
 def count_retractions(text: str) -> int:

@@ -16,13 +16,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "matrix": ("matrix", "No-Evict vs Naive-Evict vs vToken on the synthetic agent workload"),
     "multiturn": ("multiturn", "SGLang's multi-turn chat benchmark, stock vs streamingllm"),
     "gateway": ("gateway", "SGLang's multi-turn benchmark through smg to evicting replicas"),
-    "decode-batch": ("decode_batch", "how a decode step's cost grows with the batch (stock)"),
     "eviction": ("eviction", "capacity under a small pool, and the plugin's cost when off"),
     "stress": ("stress", "mixed traffic against one server, then crash and leak checks"),
     "quality": ("quality", "answer quality under eviction: fast masked reference, then servers"),
     "recall": ("recall", "multi-turn recall through the host tier on a live server"),
     "kernels": ("kernels", "the Triton kernels against the device's copy bandwidth"),
-    "evict-step": ("evict_step", "the batched eviction step against the per-row path"),
     "graph-scores": ("graph_scores", "decode scoring captured in a CUDA graph against eager"),
 }
 

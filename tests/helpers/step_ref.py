@@ -1,11 +1,11 @@
 """The per-row eviction path: the reference of the batched step (`sgl_vtoken/step.py`,
-`sgl_vtoken/step_plan.py`) and its baseline in `python -m sgl_vtoken_tools evict-step`.
+`sgl_vtoken/step_plan.py`), which `tests/runtime/lib/test_step.py` holds equal to it.
 
 One row at a time: the policy's `keep` (a batch of one of the step's selection), then the
 per-row repack planner: `drop_tree_rows` / `split_tree_pages` for tree-owned victims,
 `plan_eviction` for the private part (docs/design/library.md "The repack planner"), one `repack_kv_`
 and one row write per row (`evict_row_ref`). The planner's property tests drive `plan_eviction`
-through `RequestRow` (tests/helpers/row.py), naive reclaim included.
+through `RequestRow` (`helpers.row`), naive reclaim included.
 """
 
 from __future__ import annotations
