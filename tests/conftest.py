@@ -51,6 +51,7 @@ GROUPS = (
     "retract1",
     "prefill16",
     "unchunked1",
+    "busy1",
     "edge1",
     "edge16",
 )

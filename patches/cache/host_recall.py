@@ -134,6 +134,12 @@ class Recall:
         if unpin:
             self.pinned = None
 
+    def rematch(self) -> None:
+        """A waiting request's match is undone (SGLang matches it again each round until it is
+        admitted): its plan goes, and its next admission plans again from the new match. Without
+        this a turn not admitted at its first try never recalled."""
+        self.plan, self.planned = None, False
+
 
 def begin_turn(req: Req, st: ReqEvictState) -> None:
     """Before each prefill chunk of a turn (admission, then its forward): it takes its view's store

@@ -202,6 +202,8 @@ class RecallPart(Protocol):
 
     def reset(self, unpin: bool = False) -> None: ...
 
+    def rematch(self) -> None: ...
+
 
 @dataclass
 class ReqEvictState:
@@ -230,7 +232,7 @@ class ReqEvictState:
         if not self.prompt.restore(req):
             return False
         self.prefix.clear()
-        self.recall.reset()
+        self.recall.rematch()
         self.row.clear(forget=False)
         return True
 

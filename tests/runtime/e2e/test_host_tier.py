@@ -9,7 +9,7 @@ import time
 
 import pytest
 import requests
-from servers import SHORTAGE, shortages_met
+from servers import MEMORY_CHECKS, SHORTAGE, evict_flags, shortages_met
 from test_eviction import generate, masked_turn, random_ids, wait_pool_free
 from test_exactness import HOST_TOKENS, evict_server
 
@@ -160,6 +160,61 @@ def test_recall_in_rounds_equals_the_reference(server_factory, hf_eager, page_si
         )
         assert 3 <= r["recomputed_tokens"] <= 3 * 16
     wait_pool_free(client)
+    flush(client)
+    st = wait_pool_free(client)
+    assert st["pool_available_tokens"] == st["pool_total_tokens"]
+
+
+@pytest.mark.server_group("busy1")
+def test_turns_that_wait_for_admission_still_recall(server_factory, hf_eager):
+    """Four conversations' recalling turns sent at once on a 256-token pool: not all fit, so
+    some are refused a place after their recall was planned and wait, and SGLang matches each
+    waiting request again every round. Each plans its recall again from its new match: all four
+    recall and equal the reference. (A turn not admitted at its first try went on unrecalled: on
+    a busy pool the question turns of most chats recalled nothing.)"""
+    flags = evict_flags("streamingllm", 64, config={"host_tokens": HOST_TOKENS})
+    client = server_factory(page_size=1, extra=flags, env=MEMORY_CHECKS, pool=256)
+    flush(client)
+    n, conversations = 24, 4
+    kv = {
+        "policy": "streamingllm",
+        "budget": BUDGET,
+        "interval": 1,
+        "offload": True,
+        "recall": RECALL,
+        "recall_rounds": 1,
+    }
+    cfg = EvictConfig(
+        policy="streamingllm",
+        budget=BUDGET,
+        sink=SINK,
+        interval=1,
+        host=HostTier(offload=True, tokens=HOST_TOKENS, recall=RECALL, rounds=1),
+    )
+    turns = []
+    for i in range(conversations):
+        prompt = random_ids(30, seed=400 + i)
+        out = generate(client, prompt, n, f"wait-{i}-0", kv)["output_ids"]
+        expected, _, history = masked_turn(hf_eager, prompt, n, cfg, rid=f"wait-{i}-0")
+        assert out == expected, f"conversation {i}, turn 0"
+        turns.append((prompt + out + random_ids(20, seed=500 + i), history))
+    got: dict[int, dict] = {}
+
+    def question(i: int) -> None:
+        got[i] = generate(client, turns[i][0], n, f"wait-{i}-1", kv)
+
+    threads = [threading.Thread(target=question, args=(i,)) for i in range(conversations)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for i, (prompt, history) in enumerate(turns):
+        report = got[i]["meta_info"]["kv_evict"][0]
+        assert report.get("recalled_tokens", 0) == min(RECALL, report["recall_candidates"]) > 0, (
+            report
+        )
+        expected, _, _ = masked_turn(hf_eager, prompt, n, cfg, rid=f"wait-{i}-1", history=history)
+        assert got[i]["output_ids"] == expected, f"conversation {i}, turn 1"
     flush(client)
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] == st["pool_total_tokens"]
