@@ -14,7 +14,7 @@ import torch
 from sgl_vtoken.config import EvictConfig, policy_from_config
 from sgl_vtoken.rng import stable_id
 
-from .cache import host_recall, host_tier, radix
+from .cache import host_recall, host_tier, prefix, radix
 from .cache.host_tier import HostTier
 from .core.model_support import kv_bytes_per_token, peak_problem, unsupported_pool_reason
 from .core.process import process, start
@@ -53,7 +53,7 @@ def new_state(cfg: EvictConfig, rid: str, holed: bool) -> ReqEvictState:
         report=Report(),
         row=Row(),
         stats=scores.Stats(policy.new_accumulator()),
-        prefix=radix.Prefix(),
+        prefix=prefix.Prefix(),
         naive=held.NaiveHold(),
         retract=retraction.Retraction(),
         prompt=prefill.Prompt(),

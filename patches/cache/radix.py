@@ -5,18 +5,17 @@ leave their compacted history in the tree for a next turn to continue from.
 
 Keys stay the full logical ids; holed nodes live under a namespace per eviction setting, so
 every other request is served exactly as by `RadixCache`. Sizes count live slots, so SGLang's
-pool checkers hold. A request's match is its `Prefix` (`st.prefix`); histories are stored by
-`history.py` (page size 1) and `history_pages.py` (page size > 1). Design: docs/design/cache.md,
-"Prefix sharing under eviction".
+pool checkers hold. A request's match is `prefix.py`'s (its result, `st.prefix`); histories are
+stored by `history.py` (page size 1) and `history_pages.py` (page size > 1); the step's lock moves
+on a request's hole-free prompt path are here (`detach_own`, `relock_shallower`). Design:
+docs/design/cache.md, "Prefix sharing under eviction".
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from array import array
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
@@ -30,7 +29,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from ..core.process import process
 from ..core.state import state_of
-from . import history, history_pages, host_history
+from . import history, history_pages, host_history, prefix
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
@@ -49,53 +48,6 @@ def tree_mode(cfg: EvictConfig) -> bool:
     tree-owned tokens may leave its row, and (`reuse_history`) its history is stored.
     Naive-Evict takes them too (same caching, same victims; only its footprint differs)."""
     return process().holed and cfg.enabled
-
-
-class ViewHit(NamedTuple):
-    """The stored view a request's row starts as: its radix `node`, its KV ``slots [m] int64``,
-    and whether they end in the request's own copy of the view's partial last page (`copied`,
-    page size > 1)."""
-
-    node: TreeNode
-    slots: torch.Tensor
-    copied: bool = False
-
-
-@dataclass
-class Prefix:
-    """What a request's row starts from (`st.prefix`): a stored view (`hit`, None: a plain
-    prefill) and `attach`, the logical prefix whose KV is hole-free (full attention)."""
-
-    hit: ViewHit | None = None
-    attach: int = 0
-    # A plain prefill's prompt tokens the tree held when its first chunk was matched: the rest
-    # is the request's own, which its eviction copies out of the tree (`step/eviction.py`);
-    # None: not a plain prefill's match.
-    matched: int | None = None
-    restored: TreeNode | None = None  # the leaf a host history was restored to for it
-    restore_blocked: bool = False  # a host history it continues does not fit the pool yet
-
-    def continue_from(
-        self, node: TreeNode | None, slots: torch.Tensor | None, attach: int, copied: bool = False
-    ) -> None:
-        """The row starts as the stored view at radix `node`, whose KV is at `slots` (`node`
-        None: no view); `attach`: the logical prefix whose KV is hole-free; `copied`: `slots` end
-        in the request's own copy of the view's partial last page (page size > 1)."""
-        if node is None:
-            self.hit = None
-        else:
-            assert slots is not None, "a stored view's row has slots"
-            self.hit = ViewHit(node, slots, copied)
-        self.attach = attach
-
-    def cap_attach(self, done: int) -> None:
-        """The KV past logical position `done` saw a compacted row (an eviction during the
-        prefill): the hole-free prefix ends there at the latest."""
-        self.attach = min(self.attach, done)
-
-    def clear(self) -> None:
-        """The row no longer continues a view (it is gone, or back to the logical ids)."""
-        self.hit = None
 
 
 def _whole_view(req: Req, st: ReqEvictState) -> bool:
@@ -201,138 +153,12 @@ class HoledRadixCache(RadixCache):
                 stack.append(child)
         return torch.cat(values)
 
-    # --- matching -------------------------------------------------------------------------------
+    # --- matching (`prefix.py`) -----------------------------------------------------------------
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
-        req = params.req
-        st = state_of(req) if req is not None else None
-        if st is None or not st.holed:
-            return self._observed(super().match_prefix(params), params.key, st)
-        logical = history.restore(req, st)
-        limit = req._compute_max_prefix_len(len(logical))
-        key = RadixKey(logical, req.extra_key, cache_salt=req.cache_salt, limit=limit)
-        result = super().match_prefix(MatchPrefixParams(key=key))
-        st.prefix.continue_from(None, None, len(logical))  # no view yet: a plain prefill
-        if not req.kv.holds_kv:
-            st.prefix.matched = None
-        st.prefix.restore_blocked = False
-        if st.retract.stash is not None:  # retracted after evicting: resume from its row
-            return st.retract.resume(self, req, st, logical, limit, result)
-        if (
-            not st.cfg.history.reuse
-            or req.output_ids
-            or (req.return_logprob and req.logprob_start_len >= 0)
-        ):
-            return self._plain(req, st, result, key)  # retracted (re-prefilled whole) or logprobs
-        found = history.find_view(
-            self, result.last_device_node, logical, limit, history.namespace(req, st)
-        )
-        floor = max(result.device_prefix_len, found[1] if found is not None else 0)
-        restored = self._from_host(req, st, logical, limit, floor)
-        if st.prefix.restore_blocked:  # the pool may have evicted nodes of `result` meanwhile
-            result = super().match_prefix(MatchPrefixParams(key=key))
-        if restored is not None:
-            found = restored
-        if found is None or found[1] <= result.device_prefix_len:
-            st.report.history_from("none")
-            return self._plain(req, st, result, key)
-        node, depth = found
-        positions, slots = history.cut_view(node, depth)
-        history.adopt(req, st, logical, positions, depth)
-        st.prefix.continue_from(node, slots, node.vt.view.attach)
-        st.report.history_from("host" if restored else "device", len(positions) if restored else 0)
-        # At page size > 1 the view's partial last page becomes the request's own (own_tail).
-        return MatchResult(
-            device_prefix_len=len(positions),
-            last_device_node=node,
-            last_host_node=node,
-            best_match_node=node,
-            cache_protected_len=len(positions) // self.page_size * self.page_size,
-        )
-
-    def _from_host(
-        self, req: Req, st: ReqEvictState, logical: array, limit: int, floor: int
-    ) -> tuple[TreeNode, int] | None:
-        """The host history `logical[:limit]` continues past depth `floor`, restored to the
-        device (`host_history.py`; once: a later round of its admission finds it restored):
-        ``(node, depth)``, or None. `st.prefix.restore_blocked`: one was found and does not fit
-        yet."""
-        tier, st.prefix.restore_blocked = process().tier, False
-        if tier is None or not st.cfg.host.offload:
-            return None
-        node = st.prefix.restored
-        if (
-            node is not None
-            and node.parent is not None
-            and history.view_of(node) is not None
-            and node.parent.children.get(node.key.child_key(self.page_size)) is node
-        ):
-            depth = len(node.key) + len(node.vt.view.tail)
-            if floor < depth <= limit:
-                return node, depth
-        st.prefix.restored = None
-        ns = host_history.host_key(history.namespace(req, st), req.cache_salt)
-        hit = host_history.find(tier, ns, logical, limit, floor)
-        if hit is None or not host_history.restorable(hit[0].row.positions, hit[1], self.page_size):
-            return None  # none, or cut where it kept nothing: never "does not fit yet"
-        node = host_history.restore(self, req, st, *hit)
-        st.prefix.restored, st.prefix.restore_blocked = node, node is None
-        return None if node is None else (node, hit[1])
-
-    def _plain(
-        self, req: Req, st: ReqEvictState, result: MatchResult, key: RadixKey
-    ) -> MatchResult:
-        """A plain prefill's match (`_observed`); matched for its first chunk, it sets where the
-        request's own prompt begins (`Prefix.matched`)."""
-        result = self._observed(result, key, st)
-        if not req.kv.holds_kv:
-            st.prefix.matched = result.device_prefix_len
-        return result
-
-    def _observed(
-        self, result: MatchResult, key: RadixKey, st: ReqEvictState | None
-    ) -> MatchResult:
-        """A plain prefix hit leaves the last `obs_window` prompt tokens to be prefilled again
-        when the policy reads attention: their queries seed its statistics, so a request's
-        victims (and output) do not depend on whether its prompt was cached. Under eviction
-        during prefill a hit stops short of the prefill peak (by `obs_window` for attention
-        policies, a page otherwise), so the first chunk runs and is evicted like an uncached one;
-        under the pressure trigger it does not (a whole history is matched whole; a prompt that
-        must still be evicted during prefill evicts after its first page, `prefill.chunk_limit`)."""
-        if st is None:
-            return result
-        cap = len(key)
-        attn = "attn" in st.policy.needs
-        if attn:
-            cap = min(cap, len(key.token_ids) - st.cfg.scoring.obs_window)
-        if st.cfg.prefill_peak is not None and not st.cfg.on_pressure:
-            cap = min(
-                cap, st.cfg.prefill_peak - (st.cfg.scoring.obs_window if attn else st.cfg.page_size)
-            )
-        cap = max(0, cap)
-        if result.device_prefix_len <= cap:
-            return result
-        return super().match_prefix(
-            MatchPrefixParams(
-                key=RadixKey(
-                    key.token_ids,
-                    key.extra_key,
-                    is_bigram=key.is_bigram,
-                    limit=cap,
-                    cache_salt=key.cache_salt,
-                )
-            )
-        )
+        return prefix.match_prefix(self, params)
 
     def prefix_device_indices(self, req: Req) -> torch.Tensor:
-        st = state_of(req)
-        hit = st.prefix.hit if st is not None else None
-        if st is not None and hit is not None and req.last_node is hit.node:
-            if not history_pages.own_tail(self, req, st):  # admission copied it (admission.py)
-                raise RuntimeError("no free page for the copy of a stored view's last page")
-            own = st.prefix.hit  # the view with the request's own last page (own_tail)
-            assert own is not None
-            return own.slots
-        return super().prefix_device_indices(req)
+        return prefix.prefix_device_indices(self, req)
 
     # --- inserting ------------------------------------------------------------------------------
     def checkpoint(self, req: Req, *, up_to: int) -> None:

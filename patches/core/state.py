@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 PARTS = {
     "reclaim": "Reclaim",  # step/reclaim.py
     "stats": "Stats",  # step/scores.py
-    "prefix": "Prefix",  # cache/radix.py
+    "prefix": "Prefix",  # cache/prefix.py
     "naive": "NaiveHold",  # step/held.py
     "retract": "Retraction",  # step/retraction.py
     "prompt": "Prompt",  # step/prefill.py
@@ -77,7 +77,7 @@ class StatsPart(Protocol):
 
 
 class ViewHitPart(Protocol):
-    """`st.prefix.hit`, a `cache/radix.ViewHit`."""
+    """`st.prefix.hit`, a `cache/prefix.ViewHit`."""
 
     @property
     def node(self) -> TreeNode: ...
@@ -90,7 +90,7 @@ class ViewHitPart(Protocol):
 
 
 class PrefixPart(Protocol):
-    """`st.prefix`, a `cache/radix.Prefix`."""
+    """`st.prefix`, a `cache/prefix.Prefix`."""
 
     attach: int
     matched: int | None

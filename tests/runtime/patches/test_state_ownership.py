@@ -159,7 +159,7 @@ def test_the_lint_catches_planted_writes_and_spares_the_owner():
     assert [f.split(": ", 1)[1] for f in found] == [
         "st.row.offset (owned by row.py)",
         "st.naive.held (owned by held.py)",
-        "st.prefix.hit (owned by radix.py)",
+        "st.prefix.hit (owned by prefix.py)",
         "node.vt.live (owned by history.py)",
         "plan.scores (owned by host_recall.py)",
         "node.vt (owned by history.py)",
@@ -190,7 +190,7 @@ def test_every_part_has_its_owner():
         "row": "state",
         "kept_pos": "row",
         "accumulator": "scores",
-        "hit": "radix",
+        "hit": "prefix",
         "held": "held",
         "stash": "retraction",
         "logical": "prefill",
