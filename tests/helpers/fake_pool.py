@@ -1,7 +1,8 @@
 """A fake of the SGLang objects the holed radix cache and the eviction step touch: a slot
 allocator (page size 1, or whole pages with a one-layer K/V pool), the request-to-token table,
-a request, and a decode batch. Tests drive the real `patches/` code on them without a
-server."""
+a request, a decode batch, and the scheduler's part the step reads; with the real holed cache
+over them (`holed_cache`) and SGLang's match around it (`match`). Tests drive the real
+`patches/` code on them without a server."""
 
 from __future__ import annotations
 
@@ -127,3 +128,46 @@ class Batch:
 
     def batch_size(self) -> int:
         return len(self.reqs)
+
+
+def holed_cache(alloc, ps: int = 1):
+    """A holed radix cache over the fake allocator `alloc` at page size `ps`."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from sgl_vtoken.patches.cache import radix
+
+    return radix.HoledRadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToToken(),
+            token_to_kv_pool_allocator=alloc,
+            page_size=ps,
+        )
+    )
+
+
+def fake_scheduler(cache, **more):
+    """What the eviction step reads of a scheduler (`step/context.context_of`) over `cache`."""
+    return type(
+        "Scheduler",
+        (),
+        {
+            "tree_cache": cache,
+            "req_to_token_pool": cache.req_to_token_pool,
+            "token_to_kv_pool_allocator": cache.token_to_kv_pool_allocator,
+            **more,
+        },
+    )()
+
+
+def match(cache, req):
+    """What SGLang's `match_kv_cache` does around `match_prefix`."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    req.refresh_fill_ids()
+    result = cache.match_prefix(
+        MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids, None), req=req)
+    )
+    req.last_node = result.last_device_node
+    return result
