@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from sgl_vtoken_tools.bench import chat_conversations as cc
 from sgl_vtoken_tools.bench import chat_rounds as cr
 from sgl_vtoken_tools.bench.server_cells import CELLS, CHAT
 from sgl_vtoken_tools.quality import chats, splits
@@ -16,30 +17,30 @@ def sentences(text: str) -> list[str]:
     return [s.strip().lower() for s in re.split(r"(?<=[.!?:])\s+|\n+", text) if s.strip()]
 
 
-@pytest.mark.parametrize("split", cr.SPLITS)
+@pytest.mark.parametrize("split", cc.SPLITS)
 def test_key_in_turn_one(fake_essays, split):
-    convs = cr.conversations(split, 4, "first", 3, seed=1, wheel_dir=fake_essays)
+    convs = cc.conversations(split, 4, "first", 3, seed=1, wheel_dir=fake_essays)
     assert len({c.key for c in convs}) == 4
     for c in convs:
         assert re.fullmatch(r"\d{5}", c.key) and c.key_turn == 1 and len(c.messages) == 5
-        assert c.messages[0] in {s.format(key=c.key) for s in cr.STATEMENTS}
+        assert c.messages[0] in {s.format(key=c.key) for s in cc.STATEMENTS}
         assert [c.key in m for m in c.messages] == [True, False, False, False, False]
-        assert c.messages[-1] in cr.QUESTIONS
+        assert c.messages[-1] in cc.QUESTIONS
         for m in c.messages[1:4]:
             ask, text = m.split("\n\n", 1)
-            assert ask + "\n\n{text}" in cr.SUMMARIZE
-            assert cr.PASSAGE_WORDS[0] <= len(text.split()) <= cr.PASSAGE_WORDS[1]
+            assert ask + "\n\n{text}" in cc.SUMMARIZE
+            assert cc.PASSAGE_WORDS[0] <= len(text.split()) <= cc.PASSAGE_WORDS[1]
 
 
-@pytest.mark.parametrize("split", cr.SPLITS)
+@pytest.mark.parametrize("split", cc.SPLITS)
 def test_key_mid_passage_in_turn_two(fake_essays, split):
-    convs = cr.conversations(split, 3, "passage", 3, seed=0, wheel_dir=fake_essays)
+    convs = cc.conversations(split, 3, "passage", 3, seed=0, wheel_dir=fake_essays)
     for c in convs:
         assert c.key_turn == 2 and len(c.messages) == 5
         assert [c.key in m for m in c.messages] == [False, True, False, False, False]
-        assert all(m.split("\n\n", 1)[0] + "\n\n{text}" in cr.SUMMARIZE for m in c.messages[:4])
+        assert all(m.split("\n\n", 1)[0] + "\n\n{text}" in cc.SUMMARIZE for m in c.messages[:4])
         text = c.messages[1].split("\n\n", 1)[1]
-        fact = cr.STATEMENTS[c.meta["statement"]].format(key=c.key)
+        fact = cc.STATEMENTS[c.meta["statement"]].format(key=c.key)
         at = text.index(fact)
         # between the middle sentences: passage text on both sides, about as much
         before, after = len(text[:at].split()), len(text[at + len(fact) :].split())
@@ -47,40 +48,40 @@ def test_key_mid_passage_in_turn_two(fake_essays, split):
 
 
 def test_splits_share_no_passage_seed_or_conversation(fake_essays):
-    texts = {s: set(cr.passages(s, fake_essays)) for s in cr.SPLITS}
+    texts = {s: set(cc.passages(s, fake_essays)) for s in cc.SPLITS}
     assert all(texts.values())
-    for a in cr.SPLITS:
-        for b in cr.SPLITS:
+    for a in cc.SPLITS:
+        for b in cc.SPLITS:
             if a < b:
                 assert not texts[a] & texts[b], (a, b)
-    ranges = sorted((cr.SEED_BASE[s], cr.SEED_BASE[s] + cr.SEEDS_PER_SPLIT) for s in cr.SPLITS)
+    ranges = sorted((cc.SEED_BASE[s], cc.SEED_BASE[s] + cc.SEEDS_PER_SPLIT) for s in cc.SPLITS)
     assert all(hi <= lo for (_, hi), (lo, _) in zip(ranges, ranges[1:]))
     # a conversation's passages are its split's, and no two conversations share one
-    for s in cr.SPLITS:
-        convs = cr.conversations(s, 5, "passage", 3, wheel_dir=fake_essays)
+    for s in cc.SPLITS:
+        convs = cc.conversations(s, 5, "passage", 3, wheel_dir=fake_essays)
         used = [j for c in convs for j in c.meta["passages"]]
         assert len(used) == len(set(used)) == 20
-        pool = cr.passages(s, fake_essays)
+        pool = cc.passages(s, fake_essays)
         for c in convs:
             for j, m in zip(c.meta["passages"], c.messages):
                 assert " ".join(pool[j][:2]) in m
 
 
 def test_conversation_i_does_not_depend_on_the_count(fake_essays):
-    few = cr.conversations("heldout", 2, "first", 3, seed=7, wheel_dir=fake_essays)
-    many = cr.conversations("heldout", 6, "first", 3, seed=7, wheel_dir=fake_essays)
+    few = cc.conversations("heldout", 2, "first", 3, seed=7, wheel_dir=fake_essays)
+    many = cc.conversations("heldout", 6, "first", 3, seed=7, wheel_dir=fake_essays)
     assert few == many[:2]
-    other = cr.conversations("heldout", 2, "first", 3, seed=8, wheel_dir=fake_essays)
+    other = cc.conversations("heldout", 2, "first", 3, seed=8, wheel_dir=fake_essays)
     assert [c.key for c in other] != [c.key for c in few]
 
 
 def test_bad_arguments(fake_essays):
     with pytest.raises(ValueError, match="key_at"):
-        cr.conversations("heldout", 1, "middle", wheel_dir=fake_essays)
+        cc.conversations("heldout", 1, "middle", wheel_dir=fake_essays)
     with pytest.raises(ValueError, match="seed"):
-        cr.conversations("heldout", 1, seed=cr.SEEDS_PER_SPLIT, wheel_dir=fake_essays)
+        cc.conversations("heldout", 1, seed=cc.SEEDS_PER_SPLIT, wheel_dir=fake_essays)
     with pytest.raises(ValueError, match="passages; the final split has"):
-        cr.conversations("final", 500, wheel_dir=fake_essays)
+        cc.conversations("final", 500, wheel_dir=fake_essays)
 
 
 def test_phrasings_are_not_those_of_the_chat_harness():
@@ -91,7 +92,7 @@ def test_phrasings_are_not_those_of_the_chat_harness():
     key, text = "48213", "TEXT"
     their_sents = {s for t in theirs for s in sentences(t.format(key=key, fact="", text=text))}
     their_sents -= {text.lower()}
-    for slot in (cr.STATEMENTS, cr.SUMMARIZE, cr.QUESTIONS):
+    for slot in (cc.STATEMENTS, cc.SUMMARIZE, cc.QUESTIONS):
         assert len(set(slot)) == len(slot) >= 4
         for mine in slot:
             filled = mine.format(key=key, text=text).lower()
@@ -126,9 +127,9 @@ def request(conv: str, turn: int, reply: str, error=None, **kw) -> dict:
     return {**rec, **kw}
 
 
-def convs3() -> list[cr.Conversation]:
+def convs3() -> list[cc.Conversation]:
     return [
-        cr.Conversation(f"c{i}", key, "first", 1, ("a", "b", "q"))
+        cc.Conversation(f"c{i}", key, "first", 1, ("a", "b", "q"))
         for i, key in enumerate(("11111", "22222", "33333"))
     ]
 

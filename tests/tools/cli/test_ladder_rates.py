@@ -152,7 +152,7 @@ def test_cell_line_quantiles_and_answers_vs_full():
 
 
 def test_score_each_kind_by_its_rules_and_leaks_across_kinds(fake_essays, tiny_tok):
-    from sgl_vtoken_tools.bench.chat_rounds import conversations
+    from sgl_vtoken_tools.bench.chat_conversations import conversations
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec, agent_sessions
 
     (conv,) = conversations("heldout", 1, "first", 1, wheel_dir=fake_essays)

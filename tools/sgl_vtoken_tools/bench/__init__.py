@@ -10,6 +10,7 @@ import: servers are reached over HTTP and started through `sgl_vtoken_tools.laun
     agent_summary  the summary line of such a run (latency, concurrency, memory, counters)
     agent_chat     scored agent sessions (quality/agent_sessions.py) played as a chat client
     agent_score    their summaries: throughput, accuracy, agreement with the full cache
+    chat_conversations  the pass-key chats: seeded conversations per split, their peak KV
     chat_rounds    pass-key chats through the chat API, in rounds or one at a time, scored
     cell_server    a benchmark cell's server: launched (stock or with the plugin) or running
     quantiles      percentiles and the spread over repeats

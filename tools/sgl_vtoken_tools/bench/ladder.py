@@ -5,8 +5,9 @@ turn, the server's own reply fed back, streamed: TTFT and TPOT per request).
 
     Session                       one scored session of either kind: its system prompt (agents),
                                   user turns, key, max_tokens and peak KV
-    chat_session / agent_session  a `chat_rounds.Conversation` / `agent_sessions.AgentSession`
-                                  as a Session, its peak KV counted with the model's tokenizer
+    chat_session / agent_session  a `chat_conversations.Conversation` or
+                                  `agent_sessions.AgentSession` as a Session, its peak KV
+                                  counted with the model's tokenizer
     mix_counts(n, chat, agent)    how many of `n` sessions are chats at a chat:agent ratio
     arrival_order(sessions, seed) the sessions in a seeded arrival order
     unit_arrivals(n, seed)        seeded Poisson arrival times at rate 1 (first at 0, mean gap
@@ -35,7 +36,8 @@ import requests
 
 from sgl_vtoken_tools.bench import chat_rounds
 from sgl_vtoken_tools.bench.agent_chat import answer_record
-from sgl_vtoken_tools.bench.chat_rounds import new_state, peak_tokens, send_turn
+from sgl_vtoken_tools.bench.chat_conversations import Conversation, peak_tokens
+from sgl_vtoken_tools.bench.chat_rounds import new_state, send_turn
 from sgl_vtoken_tools.bench.http_client import stream_chat
 from sgl_vtoken_tools.bench.joint import Send, held_tokens
 from sgl_vtoken_tools.bench.plots import pyplot, save
@@ -50,8 +52,8 @@ PROBE_PROMPT = "Count from one to two hundred in words, separated by commas."
 class Session:
     """`turns`: the user messages in order (an agent's tool outputs go as user messages, as
     `python -m sgl_vtoken_tools agent` sends them by default); `system`: the agents' shared system prompt
-    (None for chats); `peak_tokens`: its longest prompt + `max_tokens` (`chat_rounds.peak_tokens`);
-    `source`: the Conversation or AgentSession it was made from (scored by its kind's rules)."""
+    (None for chats); `peak_tokens`: its longest prompt + `max_tokens`
+    (`chat_conversations.peak_tokens`); `source`: the Conversation or AgentSession it was made from (scored by its kind's rules)."""
 
     id: str
     kind: str
@@ -68,7 +70,7 @@ class Session:
         return head + [{"role": "user", "content": t} for t in self.turns]
 
 
-def chat_session(conv: chat_rounds.Conversation, tok, max_tokens: int) -> Session:
+def chat_session(conv: Conversation, tok, max_tokens: int) -> Session:
     turns = tuple(conv.messages)
     msgs = [{"role": "user", "content": t} for t in turns]
     return Session(

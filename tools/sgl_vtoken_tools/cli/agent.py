@@ -56,7 +56,7 @@ CELLS = {name: JOINT_CELLS[name] for name in ("stock", "full", "h2o b256", CHAT)
 
 def longest_session(tok, sessions, reply_tokens: int) -> int:
     """Tokens of the longest session's last turn if every reply took `reply_tokens` (+ its end)."""
-    from sgl_vtoken_tools.bench.chat_rounds import peak_tokens
+    from sgl_vtoken_tools.bench.chat_conversations import peak_tokens
     from sgl_vtoken_tools.quality.agent_sessions import SYSTEM
 
     def messages(sess) -> list[dict]:

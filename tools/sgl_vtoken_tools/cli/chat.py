@@ -13,7 +13,7 @@ them (the whole conversation re-sent as text every turn), answers and speed per 
         --cells full='{"policy": "none"}' server                       # a running server
     python -m sgl_vtoken_tools chat --report chat.jsonl                   # the table again
 
-Conversations (`tools/sgl_vtoken_tools/bench/chat_rounds.py`; SmolLM2-135M-Instruct by default,
+Conversations (`tools/sgl_vtoken_tools/bench/chat_conversations.py`; SmolLM2-135M-Instruct by default,
 greedy): `--key-at first`: turn 1 states a 5-digit pass key ("Remember this pass key: 48213.
 ..."), turns 2 to `--passages` + 1 ask for a summary of an essay passage of 160-180 words,
 the last turn asks for the key; `--key-at passage`: turn 1 is a passage to summarise too and the
@@ -72,7 +72,7 @@ DEFAULT_CELLS = ("stock", "full", CHAT, "pressure")
 
 def longest(tok, convs, max_tokens: int) -> int:
     """Tokens of the longest conversation's last turn if every reply took `max_tokens` (+ its end)."""
-    from sgl_vtoken_tools.bench.chat_rounds import peak_tokens
+    from sgl_vtoken_tools.bench.chat_conversations import peak_tokens
 
     return max(
         peak_tokens(tok, [{"role": "user", "content": m} for m in c.messages], max_tokens)
@@ -84,7 +84,8 @@ def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
     from sgl_vtoken_tools.bench.cell_server import resolve_model
-    from sgl_vtoken_tools.bench.chat_rounds import cell_line, conversations, play, score
+    from sgl_vtoken_tools.bench.chat_conversations import conversations
+    from sgl_vtoken_tools.bench.chat_rounds import cell_line, play, score
     from sgl_vtoken_tools.bench.joint import Send
 
     model = resolve_model(args.model)

@@ -67,7 +67,7 @@ def server_flags(
 
 
 def chat_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
-    """The pass-key chats' shape (`bench/chat_rounds.py`): where the key is told, the passages
+    """The pass-key chats' shape (`bench/chat_conversations.py`): where the key is told, the passages
     after it and every turn's max_tokens; `scope` starts each help text (e.g. ``"chats: "``)."""
     p.add_argument(
         "--key-at",
@@ -111,7 +111,7 @@ def at_least_one(p: argparse.ArgumentParser, **values: int) -> None:
 
 def check_split(p: argparse.ArgumentParser, split: str, seed: int) -> None:
     """Status 2 for a split that does not exist or a seed outside the split's range."""
-    from sgl_vtoken_tools.bench.chat_rounds import SEEDS_PER_SPLIT
+    from sgl_vtoken_tools.bench.chat_conversations import SEEDS_PER_SPLIT
     from sgl_vtoken_tools.quality.splits import SPLITS
 
     if split not in SPLITS:

@@ -10,7 +10,7 @@ what the KV pool holds, answers and speed per server cell and offered load.
 
 Sessions (`tools/sgl_vtoken_tools/bench/ladder.py`): `--sessions N` of them, chats and agents at
 `--mix CHAT:AGENT` (default 1:1, chats rounded half up). Chats are the `chat` command's pass-key
-conversations (`chat_rounds.conversations`: the key, `--passages` passages to summarise, the
+conversations (`chat_conversations.conversations`: the key, `--passages` passages to summarise, the
 question; replies of at most `--max-tokens`); agents are the `agent` command's sessions
 (`quality/agent_sessions.py`: the shared system prompt with tool definitions, the task, tool
 outputs of `--tool-tokens` tokens sent as user messages, `--agent-turns` turns in all, the
@@ -26,7 +26,7 @@ scaled. A session plays its turns back to back from its arrival. The rate of a l
     load = rate x D x K / pool        so        rate = load x pool / (D x K)
 
     K = the mean over sessions of the peak KV: its longest prompt + max_tokens, tokenized with
-        the model's tokenizer and chat template (`chat_rounds.peak_tokens`; every reply taken
+        the model's tokenizer and chat template (`chat_conversations.peak_tokens`; every reply taken
         at max_tokens, + 2 for its end); every session's must fit `--pool`, checked first
     D = the mean over sessions of the duration estimate: turns x max_tokens x t, t the decode
         seconds per token measured on the first server (the least TPOT of three greedy requests
@@ -76,7 +76,7 @@ DEFAULT_LOADS = "0.1,0.25,0.5,1,2"
 def sessions_of(args, tok) -> list:
     """The run's sessions in arrival order (`ladder.arrival_order` of the chats then agents)."""
     from sgl_vtoken_tools.bench import ladder
-    from sgl_vtoken_tools.bench.chat_rounds import conversations
+    from sgl_vtoken_tools.bench.chat_conversations import conversations
     from sgl_vtoken_tools.quality.agent_sessions import AgentSpec, agent_sessions
 
     n_chat, n_agent = ladder.mix_counts(args.sessions, *args.mix)
