@@ -97,43 +97,42 @@ def around_can_run_graph(
     return ok
 
 
-def _replayed(runner: DecodeGraphRunner) -> tuple[DecodeScoring, GraphScoring] | None:
-    """(plan, buffers) of the scored decode batch the runner replays now, or None."""
-    decode = _decode()
-    if decode is None:
-        return None
-    graph = _graph(runner)
-    assert graph is not None, "can_run_graph lets no scored batch in without buffers"
-    return decode, graph
+def _after_replay(
+    stage: Callable[[DecodeGraphRunner, DecodeScoring, GraphScoring], None],
+) -> Callable[..., object]:
+    """The AROUND hook of a replay stage (`load_batch`, `execute`): SGLang's stage, then, when the
+    batch replayed is a scored decode batch, ``stage(runner, plan, buffers)``."""
+
+    def around(
+        original: Callable[..., object],
+        runner: DecodeGraphRunner,
+        forward_batch: ForwardBatch,
+        *args: object,
+        **kwargs: object,
+    ) -> object:
+        out = original(runner, forward_batch, *args, **kwargs)
+        decode = _decode()
+        if decode is not None:
+            graph = _graph(runner)
+            assert graph is not None, "can_run_graph lets no scored batch in without buffers"
+            stage(runner, decode, graph)
+        return out
+
+    around.__doc__ = stage.__doc__
+    return around
 
 
-def around_load_batch(
-    original: Callable[..., object],
-    runner: DecodeGraphRunner,
-    forward_batch: ForwardBatch,
-    *args: object,
-    **kwargs: object,
-) -> object:
+def _load(runner: DecodeGraphRunner, decode: DecodeScoring, graph: GraphScoring) -> None:
     """AROUND `load_batch`: the scored rows' CSR into the static buffers, for the padded batch."""
-    out = original(runner, forward_batch, *args, **kwargs)
-    if (replayed := _replayed(runner)) is not None:
-        decode, graph = replayed
-        scored = process().scoring
-        assert scored is not None, "a replayed scored batch has its plan"
-        graph.load(decode, runner.bs, scored.req_to_token)
-    return out
+    scored = process().scoring
+    assert scored is not None, "a replayed scored batch has its plan"
+    graph.load(decode, runner.bs, scored.req_to_token)
 
 
-def around_execute(
-    original: Callable[..., object],
-    runner: DecodeGraphRunner,
-    forward_batch: ForwardBatch,
-    *args: object,
-    **kwargs: object,
-) -> object:
+def _unload(runner: DecodeGraphRunner, decode: DecodeScoring, graph: GraphScoring) -> None:
     """AROUND `execute` (the replay): the scores into the staged blocks."""
-    out = original(runner, forward_batch, *args, **kwargs)
-    if (replayed := _replayed(runner)) is not None:
-        decode, graph = replayed
-        graph.unload(decode)
-    return out
+    graph.unload(decode)
+
+
+around_load_batch = _after_replay(_load)
+around_execute = _after_replay(_unload)
