@@ -74,20 +74,11 @@ def _mask(allowed: list[list[int]], n: int, first: int = 0, dtype=torch.float32)
 
 @torch.no_grad()
 def masked_greedy(
-    model,
-    prompt: list[int],
-    max_new_tokens: int,
-    cfg: EvictConfig,
-    rid: str = "",
-    tree_owned: int = 0,
-    cached: int = 0,
-    *,
-    policy: PolicyFactory | None = None,
-    recall: RecallRule | None = None,
-    evicted_at: Collection[int] | None = None,
-    prefill_whole: bool = False,
+    model, prompt: list[int], max_new_tokens: int, cfg: EvictConfig, **options
 ) -> tuple[list[int], list[int]]:
-    """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions).
+    """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions):
+    :func:`masked_turn` of a prompt with no history, its keyword `options` passed on (`rid`,
+    `tree_owned`, `cached`, `policy`, `recall`, `evicted_at`, `prefill_whole`).
 
     Mirrors the server's convention: before decoding the token at position t the row (positions
     < t) is evicted down to `cfg.budget` when it holds `budget + interval` or more, then the query
@@ -99,19 +90,7 @@ def masked_greedy(
     when the pool was short: `evicted_at` (its `usage` report's list), the logical lengths at
     which the decode row was evicted to the budget, replaces the budget + interval trigger.
     """
-    out, row, _ = masked_turn(
-        model,
-        prompt,
-        max_new_tokens,
-        cfg,
-        rid,
-        tree_owned,
-        cached=cached,
-        policy=policy,
-        recall=recall,
-        evicted_at=evicted_at,
-        prefill_whole=prefill_whole,
-    )
+    out, row, _ = masked_turn(model, prompt, max_new_tokens, cfg, **options)
     return out, row
 
 
