@@ -8,6 +8,7 @@ is imported in every SGLang process and on machines without SGLang (`scripts/gpu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -178,6 +179,17 @@ class PagedPrefillUpdater(fb.FlashInferIndicesUpdaterPrefill):
         )
 
 
+def _paged(create: str) -> Callable[..., list[Any]]:
+    """The override of SGLang's wrapper factory `create` (``_create_*_wrappers``): the wrappers
+    it makes, each reading the KV as pages of the backend's page size (`read_kv_as_pages`)."""
+
+    def created(self: VTokenFlashInferAttnBackend, *args: Any, **kwargs: Any) -> list[Any]:
+        made = getattr(super(VTokenFlashInferAttnBackend, self), create)(*args, **kwargs)
+        return [read_kv_as_pages(w, self.page_size) for w in made]
+
+    return created
+
+
 class VTokenFlashInferAttnBackend(fb.FlashInferAttnBackend):
     """FlashInfer planned at SGLang's page size over page-dense rows."""
 
@@ -219,26 +231,7 @@ class VTokenFlashInferAttnBackend(fb.FlashInferAttnBackend):
         with lse_to(wrapper, lambda lse: scores.offer_lse(layer.layer_id, lse, "log2")):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
 
-    def _create_decode_wrappers(
-        self, *args: Any, **kwargs: Any
-    ) -> list[BatchDecodeWithPagedKVCacheWrapper]:
-        return [
-            read_kv_as_pages(w, self.page_size)
-            for w in super()._create_decode_wrappers(*args, **kwargs)
-        ]
-
-    def _create_prefill_wrappers(
-        self, *args: Any, **kwargs: Any
-    ) -> list[BatchPrefillWithPagedKVCacheWrapper]:
-        return [
-            read_kv_as_pages(w, self.page_size)
-            for w in super()._create_prefill_wrappers(*args, **kwargs)
-        ]
-
-    def _create_full_cg_prefill_wrappers(
-        self, *args: Any, **kwargs: Any
-    ) -> list[BatchPrefillWithPagedKVCacheWrapper]:
-        return [
-            read_kv_as_pages(w, self.page_size)
-            for w in super()._create_full_cg_prefill_wrappers(*args, **kwargs)
-        ]
+    # The wrappers SGLang makes for CUDA graphs, paged like those of __init__.
+    _create_decode_wrappers = _paged("_create_decode_wrappers")
+    _create_prefill_wrappers = _paged("_create_prefill_wrappers")
+    _create_full_cg_prefill_wrappers = _paged("_create_full_cg_prefill_wrappers")
