@@ -7,6 +7,7 @@ over them (`holed_cache`) and SGLang's match around it (`match`). Tests drive th
 from __future__ import annotations
 
 from array import array
+from types import SimpleNamespace
 
 import torch
 
@@ -130,8 +131,9 @@ class Batch:
         return len(self.reqs)
 
 
-def holed_cache(alloc, ps: int = 1):
-    """A holed radix cache over the fake allocator `alloc` at page size `ps`."""
+def holed_cache(alloc, ps: int = 1, req_to_token_pool=None):
+    """A holed radix cache over the fake allocator `alloc` at page size `ps`, with the slot table
+    `req_to_token_pool` (default a small `ReqToToken`)."""
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sgl_vtoken.patches.cache import radix
@@ -139,7 +141,7 @@ def holed_cache(alloc, ps: int = 1):
     return radix.HoledRadixCache(
         CacheInitParams(
             disable=False,
-            req_to_token_pool=ReqToToken(),
+            req_to_token_pool=req_to_token_pool or ReqToToken(),
             token_to_kv_pool_allocator=alloc,
             page_size=ps,
         )
@@ -147,17 +149,14 @@ def holed_cache(alloc, ps: int = 1):
 
 
 def fake_scheduler(cache, **more):
-    """What the eviction step reads of a scheduler (`step/context.context_of`) over `cache`."""
-    return type(
-        "Scheduler",
-        (),
-        {
-            "tree_cache": cache,
-            "req_to_token_pool": cache.req_to_token_pool,
-            "token_to_kv_pool_allocator": cache.token_to_kv_pool_allocator,
-            **more,
-        },
-    )()
+    """What the eviction step reads of a scheduler (`step/context.context_of`) over `cache`, with
+    the attributes `more`."""
+    return SimpleNamespace(
+        tree_cache=cache,
+        req_to_token_pool=cache.req_to_token_pool,
+        token_to_kv_pool_allocator=cache.token_to_kv_pool_allocator,
+        **more,
+    )
 
 
 def match(cache, req):

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from helpers.dispatch_count import mark, quiet
-from helpers.fake_pool import Batch, Req
+from helpers.fake_pool import Batch, Req, fake_scheduler, holed_cache
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,6 @@ class FakeServer:
         host_tokens: int = 0,
         init_tokens: int = 1 << 16,
     ):
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-
-        from sgl_vtoken.patches.cache import radix
         from sgl_vtoken.patches.cache.host_tier import HostTier
         from sgl_vtoken.patches.core.process import start
 
@@ -139,19 +136,10 @@ class FakeServer:
         self.shape, self.page_size = shape, page_size
         self.alloc = Allocator(pool_tokens, page_size, shape, init_tokens)
         rtt = ReqToTokenPool(max_reqs, max_ctx)
-        self.cache = radix.HoledRadixCache(
-            CacheInitParams(
-                disable=False,
-                req_to_token_pool=rtt,
-                token_to_kv_pool_allocator=self.alloc,
-                page_size=page_size,
-            )
-        )
-        self.scheduler = SimpleNamespace(
-            tree_cache=self.cache,
-            req_to_token_pool=rtt,
+        self.cache = holed_cache(self.alloc, page_size, rtt)
+        self.scheduler = fake_scheduler(
+            self.cache,
             page_size=page_size,
-            token_to_kv_pool_allocator=self.alloc,
             max_total_num_tokens=pool_tokens,
             _reqs_finishing_inflight=lambda batch: [],
             waiting_queue=[],
