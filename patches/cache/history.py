@@ -8,7 +8,7 @@ size > 1); matching and adopting a view are shared. A holed node carries a `Node
 tier (`host_tier.HostTier.store_of`).
 
 The functions take the `radix.HoledRadixCache` (`tree`) whose nodes and sizes they change; its
-`match_prefix`, `checkpoint` and `release_dropped` call them.
+match (`prefix.match_prefix`), `checkpoint` and `release_dropped` call them.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """What a request's row starts from in the holed radix cache: its match (`match_prefix`, called
 by `radix.HoledRadixCache.match_prefix`) and the result it keeps, `Prefix` (`st.prefix`).
 
-A request that does not evict is matched as by `RadixCache`, a plain hit stopping short where
-its first prefill chunk must still run (`_observed`). An evicting one is matched on its logical
-ids: a retracted row resumes from its stash; a turn that extends a stored history continues from
+A request outside the holed paths is matched as by `RadixCache`; an evicting one on its logical
+ids: a retracted row resumes from its stash, a turn that extends a stored history continues from
 its view, found on the device tree (`history.find_view`) or restored from host memory
-(`host_history.py`); any other is a plain prefill. Design: docs/design/cache.md, "Prefix sharing
-under eviction".
+(`host_history.py`), any other is a plain prefill. A plain hit of a request with eviction settings
+stops short where its prompt must still be computed (`_observed`). Design: docs/design/cache.md,
+"Prefix sharing under eviction".
 """
 
 from __future__ import annotations
