@@ -41,11 +41,14 @@ def test_retractions_count_only_the_pool_full_lines():
 def test_parse_log_sums_up_a_run():
     assert server_log.parse_log(SAMPLE_LOG) == {
         "peak_running_requests": 12,
+        "mean_running_requests": 8.5,  # (3 + 12 + 10 + 9) / 4 decode steps
         "decode_steps": 4,
         "retraction_events": 2,
         "retracted_requests": 3,
     }
     assert server_log.parse_log("")["peak_running_requests"] == 0
+    assert server_log.parse_log("")["mean_running_requests"] == 0
+    assert server_log.mean_running_from_log("") is None
 
 
 def test_error_lines_and_tracebacks():

@@ -6,8 +6,8 @@ per cell (each figure's spread over repeats), and their markdown table.
         the first tool output), agreement with the full cache's answers of the same repeat (the
         same first number), later turns by how their history came back (`joint.history_turns`:
         device, host, radix prefix, prefilled again), host bytes moved per turn (`host`:
-        `joint.host_moved` over the run), device KV per session, retractions and peak running
-        from the log
+        `joint.host_moved` over the run), device KV per session, retractions, peak running and
+        mean running (rows per decode step) from the log
     cell_lines(summaries)   the spreads and the throughput ratio to stock of the same repeat
 """
 
@@ -35,6 +35,7 @@ CELL_KEYS = (
     "kv_tokens_mean",
     "retractions",
     "peak_running",
+    "mean_running",
     "wall_s",
     "failed",
 )
@@ -62,8 +63,8 @@ def table(cells: list[dict]) -> str:
     lines = [
         "| cell | output tok/s | x stock | prompt tokens computed | mean TTFT ms | accuracy % "
         "| fact in task % | fact in tool output % | agree w/ full % | KV tokens / session "
-        "| retractions | peak running | later turns from host | prefilled again |",
-        "|---|" + "---:|" * 13,
+        "| retractions | peak running | mean running | later turns from host | prefilled again |",
+        "|---|" + "---:|" * 14,
     ]
     for c in cells:
         lines.append(
@@ -72,7 +73,8 @@ def table(cells: list[dict]) -> str:
             f"| {_fmt(c['accuracy'], pct=True)} | {_fmt(c['accuracy_task'], pct=True)} "
             f"| {_fmt(c['accuracy_tool'], pct=True)} | {_fmt(c['agreement'], pct=True)} "
             f"| {_fmt(c['kv_tokens_mean'], 0)} | {_fmt(c['retractions'], 0)} "
-            f"| {_fmt(c['peak_running'], 0)} | {_fmt(c.get('turns_from_host'), 0)} "
+            f"| {_fmt(c['peak_running'], 0)} | {_fmt(c.get('mean_running'), 1)} "
+            f"| {_fmt(c.get('turns_from_host'), 0)} "
             f"| {_fmt(c.get('turns_prefilled_again'), 0)} |"
         )
     return "\n".join(lines) + "\n"

@@ -26,7 +26,11 @@ import requests
 from sgl_vtoken_tools.bench.chat_conversations import Conversation
 from sgl_vtoken_tools.bench.joint import Send, history_fields, history_turns
 from sgl_vtoken_tools.bench.quantiles import median_text
-from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
+from sgl_vtoken_tools.bench.server_log import (
+    mean_running_from_log,
+    peak_running_from_log,
+    retracted_requests,
+)
 
 KEY_RE = re.compile(r"(?<!\d)\d{5}(?!\d)")
 
@@ -178,7 +182,8 @@ def cell_line(
     conversation's key (`leaks`), output tokens/s over the play's wall seconds, prompt tokens
     sent and computed (sent less SGLang's `cached_tokens`), evicted tokens (the requests'
     reports; None when none carried one; `server_evicted_tokens`: the server's counter over the
-    play), retractions and peak running from the `log` written during the play, later turns by
+    play), retractions, peak running and mean running (rows a decode step carried) from the `log`
+    written during the play, later turns by
     how their history came back (`joint.history_turns`), latency per request and per round."""
     ok = [r for r in reqs if r["error"] is None]
     out_tokens = sum(r["completion_tokens"] for r in ok)
@@ -203,6 +208,7 @@ def cell_line(
         "evictions": sum(r["evictions"] or 0 for r in reqs) if reported else None,
         "retractions": retracted_requests(log) if log is not None else None,
         "peak_running": peak_running_from_log(log) if log is not None else None,
+        "mean_running": mean_running_from_log(log) if log is not None else None,
         **history_turns(reqs),
         "mean_latency_s": round(statistics.mean(lat), 3) if lat else None,
         "round_s": rounds,
@@ -211,15 +217,15 @@ def cell_line(
 
 def table(cells: list[dict]) -> str:
     """Markdown, one row per (cell, key_at, mode) in first-seen order: answers over all repeats
-    (with the range per repeat), leaks, output tok/s, prompt tokens computed and retractions as
-    medians over repeats with (min-max)."""
+    (with the range per repeat), leaks, output tok/s, prompt tokens computed, retractions and
+    mean running rows as medians over repeats with (min-max)."""
     groups: dict[tuple, list[dict]] = {}
     for c in cells:
         groups.setdefault((c["cell"], c.get("key_at"), c.get("mode")), []).append(c)
     lines = [
         "| cell | key at | play | repeats | answers | leaks | output tok/s "
-        "| prompt tokens computed | retractions |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| prompt tokens computed | retractions | mean running |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (cell, key_at, mode), rows in groups.items():
         hits = [r["answers"] for r in rows]
@@ -230,6 +236,7 @@ def table(cells: list[dict]) -> str:
             f"| {sum(r['leaks'] for r in rows)} "
             f"| {median_text([r['output_tokens_per_s'] for r in rows])} "
             f"| {median_text([r['prompt_tokens_computed'] for r in rows], 0)} "
-            f"| {median_text([r['retractions'] for r in rows], 0)} |"
+            f"| {median_text([r['retractions'] for r in rows], 0)} "
+            f"| {median_text([r.get('mean_running') for r in rows], 1)} |"
         )
     return "\n".join(lines) + "\n"

@@ -35,7 +35,11 @@ from dataclasses import dataclass, field
 import requests
 
 from sgl_vtoken_tools.bench.http_client import chat_payload, stream_chat
-from sgl_vtoken_tools.bench.server_log import peak_running_from_log, retracted_requests
+from sgl_vtoken_tools.bench.server_log import (
+    mean_running_from_log,
+    peak_running_from_log,
+    retracted_requests,
+)
 from sgl_vtoken_tools.quality.splits import SPLITS, docqa_trials, session_trials
 from sgl_vtoken_tools.quality.tasks import exact_number, first_number
 
@@ -390,4 +394,6 @@ def summarize(
         "kv_tokens_max": max(kv) if kv else None,
         "retractions": retracted_requests(log) if log is not None else None,
         "peak_running": peak_running_from_log(log) if log is not None else None,
+        # the rows a decode step carried, on average: what the pool let run at once
+        "mean_running": mean_running_from_log(log) if log is not None else None,
     }

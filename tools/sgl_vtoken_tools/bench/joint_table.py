@@ -35,6 +35,7 @@ KEYS = (
     "kv_tokens_mean",
     "retractions",
     "peak_running",
+    "mean_running",
     "wall_s",
     "failed",
 )

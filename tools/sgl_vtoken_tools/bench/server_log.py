@@ -20,6 +20,13 @@ def peak_running_from_log(text: str) -> int | None:
     return max(values) if values else None
 
 
+def mean_running_from_log(text: str) -> float | None:
+    """Mean N over "Decode batch, #running-req: N" lines (the rows one decode step carries, on
+    average over the steps); None if there is no such line."""
+    values = [int(m.group(1)) for m in DECODE_RE.finditer(text)]
+    return round(sum(values) / len(values), 2) if values else None
+
+
 def count_retractions(text: str) -> int:
     """Lines that contain "KV cache pool is full. Retract requests." (one per retraction event)."""
     return sum(RETRACT_LINE in line for line in text.splitlines())
@@ -56,11 +63,12 @@ def tracebacks(text: str) -> list[str]:
 
 
 def parse_log(text: str) -> dict:
-    """Peak running requests (0 without decode lines), decode steps, retraction events and requests."""
-    running = [int(m.group(1)) for m in DECODE_RE.finditer(text)]
+    """Peak and mean running requests (0 without decode lines), decode steps, retraction events
+    and requests."""
     return {
-        "peak_running_requests": max(running, default=0),
-        "decode_steps": len(running),
+        "peak_running_requests": peak_running_from_log(text) or 0,
+        "mean_running_requests": mean_running_from_log(text) or 0,
+        "decode_steps": len(DECODE_RE.findall(text)),
         "retraction_events": count_retractions(text),
         "retracted_requests": retracted_requests(text),
     }

@@ -24,9 +24,14 @@ once `--repeats` times, the tree flushed between repeats, request ids
     full                      the plugin loaded, `--kv-evict none`: the full cache
     h2o b256                  h2o, budget 256, every 16 steps (the README's documents row)
     h2o b256 s16 w32 + host + recall 192
-                              the README's chat command: 16 sinks, a recent window of 32,
-                              histories the radix cache evicts move to host memory and come
+                              the budget trigger's chat command: 16 sinks, a recent window of
+                              32, histories the radix cache evicts move to host memory and come
                               back on the next turn instead of a prefill, recall 192 in rounds
+    pressure                  the README's chat command: the same under `--kv-evict-trigger
+                              pressure` with `prefill_chunk` 64 (rows whole until the pool is
+                              short, then compacted to their budget); not a default cell: its
+                              `prefill_chunk` needs `--server-args --disable-overlap-schedule`,
+                              which then holds for every cell of the run
 
 With `--base-url` every cell plays on that running server, a cell being ``name=JSON`` (the
 per-request ``custom_params.kv_evict``) or a bare name (the server's own flags); its runs wait
@@ -37,8 +42,9 @@ cells answer the same conversations (a server's reply to the last turn is still 
 JSON lines: `config`, one `request` per request, one `answer` per session, one `summary` per
 (cell, repeat) (`tools/sgl_vtoken_tools/bench/agent_score.py`: output tokens/s, prompt tokens
 computed, mean TTFT, accuracy, agreement with the full cache's answers of the same repeat, later turns by
-how their history came back, host bytes moved, device KV per session, retractions, peak running), then one `cell` line per cell (spreads over repeats,
-throughput ratio to stock) and the markdown table.
+how their history came back, host bytes moved, device KV per session, retractions, peak running and mean running: rows a
+decode step carried), then one `cell` line per cell (spreads over repeats, throughput ratio to
+stock) and the markdown table.
 """
 
 from __future__ import annotations
@@ -50,8 +56,9 @@ from sgl_vtoken_tools.bench.server_cells import CELLS as JOINT_CELLS
 from sgl_vtoken_tools.bench.server_cells import CHAT
 from sgl_vtoken_tools.cli import common
 
-# The README's rows, flag for flag as the joint benchmark runs them.
-CELLS = {name: JOINT_CELLS[name] for name in ("stock", "full", "h2o b256", CHAT)}
+# The README's rows, flag for flag as the joint benchmark runs them (the first four the default).
+CELLS = {name: JOINT_CELLS[name] for name in ("stock", "full", "h2o b256", CHAT, "pressure")}
+DEFAULT_CELLS = ("stock", "full", "h2o b256", CHAT)
 
 
 def longest_session(tok, sessions, reply_tokens: int) -> int:
@@ -129,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = common.play_parser(
         __doc__,
         __name__,
-        CELLS,
+        DEFAULT_CELLS,
         6144,
         "--max-total-tokens of every server: small enough that stock holds one or two "
         "sessions, at least the longest session (checked before any server starts)",
@@ -164,6 +171,13 @@ def check(parser: argparse.ArgumentParser, args) -> None:
         field = str(e).split(" ", 1)[0].split(".")[-1].rstrip(":").replace("num", "sessions")
         parser.error(f"--{field.replace('_', '-')}: {e}")
     common.check_cells(parser, args, CELLS)
+    cells = [] if args.base_url else common.cells_in_order(args, CELLS)
+    chunked = [name for name, flags in cells if "prefill_chunk" in str(flags)]
+    if chunked and "--disable-overlap-schedule" not in args.server_args.split():
+        parser.error(
+            f"--cells {chunked[0]!r}: its prefill_chunk needs the overlap scheduler off; add "
+            "--server-args --disable-overlap-schedule (every cell of the run then runs without it)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
