@@ -246,3 +246,30 @@ def test_report_renders_a_run(command, tmp_path, capsys):
     assert command("chat").main(["--report", str(path), "--markdown", str(md)]) == 0
     assert "| stock | passage | one-at-a-time | 1 | 1/2 | 0 | 12.5 | 300 | - |" in md.read_text()
     assert md.read_text() in capsys.readouterr().out
+
+
+def test_report_of_several_runs_takes_a_later_runs_cell_line(command, tmp_path, capsys):
+    """`--report A B`: B's line of a cell (same name, key position and play) replaces A's, the
+    others stay, in A's order."""
+    import json
+
+    def line(cell, answers):
+        return {
+            "kind": "cell",
+            "cell": cell,
+            "key_at": "first",
+            "mode": "rounds",
+            "conversations": 12,
+            "answers": answers,
+            "leaks": 0,
+            "output_tokens_per_s": 10.0,
+            "prompt_tokens_computed": 100,
+            "retractions": 0,
+        }
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in (line("stock", 1), line("pressure", 2))))
+    b.write_text(json.dumps(line("stock", 5)) + "\n")
+    assert command("chat").main(["--report", str(a), str(b)]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| stock")]
+    assert rows == ["| stock | first | rounds | 1 | 5/12 | 0 | 10.0 | 100 | 0 | - |"]

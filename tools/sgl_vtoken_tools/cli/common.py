@@ -92,14 +92,15 @@ def output_flags(
     p: argparse.ArgumentParser,
     out_help: str = "JSON lines file",
     plot_help: str | None = None,
-    report_help: str = "only render the table of a run's lines",
+    report_help: str = "only render the table of runs' lines (a later file's cell line "
+    "replaces an earlier one's of the same cell)",
 ) -> None:
-    """`--out`, `--markdown`, `--plot` (when `plot_help` is given) and `--report JSONL`."""
+    """`--out`, `--markdown`, `--plot` (when `plot_help` is given) and `--report JSONL...`."""
     p.add_argument("--out", help=out_help)
     p.add_argument("--markdown", help="also write the table here")
     if plot_help:
         p.add_argument("--plot", metavar="PNG", help=plot_help)
-    p.add_argument("--report", metavar="JSONL", help=report_help)
+    p.add_argument("--report", nargs="+", metavar="JSONL", help=report_help)
 
 
 def at_least_one(p: argparse.ArgumentParser, **values: int) -> None:
@@ -157,14 +158,22 @@ def read_lines(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+# What names a cell line: a later `--report` file's line replaces an earlier one's with these.
+CELL_KEY = ("cell", "load", "key_at", "mode")
+
+
 def cells_of(args, run, spread=None) -> list[dict]:
-    """The `cell` lines of `--report`'s file (or, when it has none, `spread` of its `summary`
-    lines), else of `run(args)`; a ValueError of the run stops the command with its message."""
+    """The `cell` lines of `--report`'s files (or, when they have none, `spread` of their
+    `summary` lines), a later file's line in place of an earlier one's of the same `CELL_KEY`;
+    else of `run(args)`. A ValueError of the run stops the command with its message."""
     if args.report:
-        lines = read_lines(args.report)
-        cells = [r for r in lines if r["kind"] == "cell"]
+        lines = [r for path in args.report for r in read_lines(path)]
+        cells: dict[tuple, dict] = {}
+        for r in lines:
+            if r["kind"] == "cell":
+                cells[tuple(r.get(k) for k in CELL_KEY)] = r
         if cells or spread is None:
-            return cells
+            return list(cells.values())
         return spread([r for r in lines if r["kind"] == "summary"])
     try:
         return [r for r in run(args) if r["kind"] == "cell"]
