@@ -10,13 +10,21 @@ import torch
 from sgl_vtoken.config import EvictConfig, Prefill, Scoring
 from sgl_vtoken.units import Words
 from sgl_vtoken_tools.hf_reference import masked_greedy, masked_turn
-from sgl_vtoken_tools.quality.fastref import Request, fast_greedy, prefill
+from sgl_vtoken_tools.quality.fastref import Request, prefill
 from sgl_vtoken_tools.runtime_choice import RUNTIME_RECALL, runtime_policy
 
 RUNTIME = {"policy": runtime_policy, "recall": RUNTIME_RECALL}  # the fast reference's own choice
 
 POLICIES = ["streamingllm", "random", "knorm", "h2o", "tova", "scissorhands"]
 WINDOW = {"h2o": 8, "scissorhands": 8}
+
+
+def fast_greedy(model, prompt, max_new_tokens, cfg, rid="", words=None):
+    """`masked_greedy` computed incrementally: (tokens, the logical positions the last forward
+    attended to)."""
+    req = Request(model, cfg, rid, words=words)
+    req.start(prefill(model, prompt, cfg.scoring.obs_window))
+    return req.generate(max_new_tokens), req.row.positions.tolist()
 
 
 def ids(n, seed):

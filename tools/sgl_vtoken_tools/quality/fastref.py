@@ -267,20 +267,3 @@ class Request:
         if self.first_kept is None:
             self.first_kept = self.row.positions
         self.steps += 1
-
-
-def fast_greedy(
-    model,
-    prompt: list[int],
-    max_new_tokens: int,
-    cfg: EvictConfig,
-    rid: str = "",
-    words: Words | None = None,
-) -> tuple[list[int], list[int]]:
-    """:func:`sgl_vtoken_tools.hf_reference.masked_greedy` computed incrementally: (tokens, row), the
-    row being the logical positions the last forward attended to (itself included). `words`: the
-    tokenizer's (`Words.from_tokenizer`), needed when `cfg` has a span."""
-    req = Request(model, cfg, rid, words=words)
-    req.start(prefill(model, prompt, cfg.scoring.obs_window))
-    out = req.generate(max_new_tokens)
-    return out, req.row.positions.tolist()
