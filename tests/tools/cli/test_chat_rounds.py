@@ -249,14 +249,15 @@ def test_report_renders_a_run(command, tmp_path, capsys):
 
 
 def test_report_of_several_runs_takes_a_later_runs_cell_line(command, tmp_path, capsys):
-    """`--report A B`: B's line of a cell (same name, key position and play) replaces A's, the
-    others stay, in A's order."""
+    """`--report A B`: B's line of a (cell, repeat) replaces A's; A's other lines stay, every
+    repeat of a file counted."""
     import json
 
-    def line(cell, answers):
+    def line(cell, repeat, answers):
         return {
             "kind": "cell",
             "cell": cell,
+            "repeat": repeat,
             "key_at": "first",
             "mode": "rounds",
             "conversations": 12,
@@ -268,8 +269,15 @@ def test_report_of_several_runs_takes_a_later_runs_cell_line(command, tmp_path, 
         }
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a.write_text("\n".join(json.dumps(r) for r in (line("stock", 1), line("pressure", 2))))
-    b.write_text(json.dumps(line("stock", 5)) + "\n")
-    assert command("chat").main(["--report", str(a), str(b)]) == 0
+    first = (line("stock", 0, 1), line("stock", 1, 2), line("pressure", 0, 3))
+    a.write_text("\n".join(json.dumps(r) for r in first))
+    b.write_text(json.dumps(line("stock", 0, 5)) + "\n")
+    assert command("chat").main(["--report", str(a)]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| stock")]
-    assert rows == ["| stock | first | rounds | 1 | 5/12 | 0 | 10.0 | 100 | 0 | - |"]
+    assert rows == ["| stock | first | rounds | 2 | 3/24 (1-2) | 0 | 10.0 | 100 | 0 | - |"]
+    assert command("chat").main(["--report", str(a), str(b)]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(("| stock", "| pr"))]
+    assert rows == [
+        "| stock | first | rounds | 2 | 7/24 (2-5) | 0 | 10.0 | 100 | 0 | - |",
+        "| pressure | first | rounds | 1 | 3/12 | 0 | 10.0 | 100 | 0 | - |",
+    ]

@@ -51,9 +51,10 @@ PROBE_PROMPT = "Count from one to two hundred in words, separated by commas."
 @dataclass(frozen=True)
 class Session:
     """`turns`: the user messages in order (an agent's tool outputs go as user messages, as
-    `python -m sgl_vtoken_tools agent` sends them by default); `system`: the agents' shared system prompt
-    (None for chats); `peak_tokens`: its longest prompt + `max_tokens`
-    (`chat_conversations.peak_tokens`); `source`: the Conversation or AgentSession it was made from (scored by its kind's rules)."""
+    `python -m sgl_vtoken_tools agent` sends them by default); `system`: the agents' shared
+    system prompt (None for chats); `peak_tokens`: its longest prompt + `max_tokens`
+    (`chat_conversations.peak_tokens`); `source`: the Conversation or AgentSession it was made
+    from (scored by its kind's rules)."""
 
     id: str
     kind: str

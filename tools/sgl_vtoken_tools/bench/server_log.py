@@ -21,8 +21,7 @@ def peak_running_from_log(text: str) -> int | None:
 
 
 def mean_running_from_log(text: str) -> float | None:
-    """Mean N over "Decode batch, #running-req: N" lines (the rows one decode step carries, on
-    average over the steps); None if there is no such line."""
+    """Mean N over "Decode batch, #running-req: N" lines (rows per decode step); None without."""
     values = [int(m.group(1)) for m in DECODE_RE.finditer(text)]
     return round(sum(values) / len(values), 2) if values else None
 

@@ -27,11 +27,9 @@ once `--repeats` times, the tree flushed between repeats, request ids
                               the budget trigger's chat command: 16 sinks, a recent window of
                               32, histories the radix cache evicts move to host memory and come
                               back on the next turn instead of a prefill, recall 192 in rounds
-    pressure                  the README's chat command: the same under `--kv-evict-trigger
-                              pressure` with `prefill_chunk` 64 (rows whole until the pool is
-                              short, then compacted to their budget); not a default cell: its
-                              `prefill_chunk` needs `--server-args --disable-overlap-schedule`,
-                              which then holds for every cell of the run
+    pressure                  the README's chat command: the same under the pressure trigger,
+                              with `prefill_chunk` 64; not a default cell: it needs
+                              `--server-args=--disable-overlap-schedule` (then every cell's)
 
 With `--base-url` every cell plays on that running server, a cell being ``name=JSON`` (the
 per-request ``custom_params.kv_evict``) or a bare name (the server's own flags); its runs wait
@@ -41,10 +39,10 @@ cells answer the same conversations (a server's reply to the last turn is still 
 
 JSON lines: `config`, one `request` per request, one `answer` per session, one `summary` per
 (cell, repeat) (`tools/sgl_vtoken_tools/bench/agent_score.py`: output tokens/s, prompt tokens
-computed, mean TTFT, accuracy, agreement with the full cache's answers of the same repeat, later turns by
-how their history came back, host bytes moved, device KV per session, retractions, peak running and mean running: rows a
-decode step carried), then one `cell` line per cell (spreads over repeats, throughput ratio to
-stock) and the markdown table.
+computed, mean TTFT, accuracy, agreement with the full cache's answers of the same repeat, later
+turns by how their history came back, host bytes moved, device KV per session, retractions, peak
+running and mean running: rows a decode step carried), then one `cell` line per cell (spreads
+over repeats, throughput ratio to stock) and the markdown table.
 """
 
 from __future__ import annotations

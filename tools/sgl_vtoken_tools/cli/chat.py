@@ -13,9 +13,9 @@ them (the whole conversation re-sent as text every turn), answers and speed per 
         --cells full='{"policy": "none"}' server                       # a running server
     python -m sgl_vtoken_tools chat --report chat.jsonl                   # the table again
 
-Conversations (`tools/sgl_vtoken_tools/bench/chat_conversations.py`; SmolLM2-135M-Instruct by default,
-greedy): `--key-at first`: turn 1 states a 5-digit pass key ("Remember this pass key: 48213.
-..."), turns 2 to `--passages` + 1 ask for a summary of an essay passage of 160-180 words,
+Conversations (`tools/sgl_vtoken_tools/bench/chat_conversations.py`; SmolLM2-135M-Instruct by
+default, greedy): `--key-at first`: turn 1 states a 5-digit pass key ("Remember this pass key:
+48213. ..."), turns 2 to `--passages` + 1 ask for a summary of an essay passage of 160-180 words,
 the last turn asks for the key; `--key-at passage`: turn 1 is a passage to summarise too and the
 key statement sits between the middle sentences of turn 2's passage. Every reply (at most
 `--max-tokens`, stops at EOS) goes back into the history as the assistant's message. Phrasings

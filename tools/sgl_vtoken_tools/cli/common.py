@@ -67,8 +67,9 @@ def server_flags(
 
 
 def chat_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
-    """The pass-key chats' shape (`bench/chat_conversations.py`): where the key is told, the passages
-    after it and every turn's max_tokens; `scope` starts each help text (e.g. ``"chats: "``)."""
+    """The pass-key chats' shape (`bench/chat_conversations.py`): where the key is told, the
+    passages after it and every turn's max_tokens; `scope` starts each help text (e.g.
+    ``"chats: "``)."""
     p.add_argument(
         "--key-at",
         choices=("first", "passage"),
@@ -158,23 +159,25 @@ def read_lines(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-# What names a cell line: a later `--report` file's line replaces an earlier one's with these.
-CELL_KEY = ("cell", "load", "key_at", "mode")
+# What names a cell line: a later `--report` file's lines replace an earlier file's with these.
+CELL_KEY = ("cell", "repeat", "load", "key_at", "mode")
 
 
 def cells_of(args, run, spread=None) -> list[dict]:
-    """The `cell` lines of `--report`'s files (or, when they have none, `spread` of their
-    `summary` lines), a later file's line in place of an earlier one's of the same `CELL_KEY`;
-    else of `run(args)`. A ValueError of the run stops the command with its message."""
+    """The `cell` lines of `--report`'s files, a later file's in place of an earlier file's of
+    the same `CELL_KEY` (or, without any, `spread` of their `summary` lines); else of
+    `run(args)`. A ValueError of the run stops the command with its message."""
     if args.report:
-        lines = [r for path in args.report for r in read_lines(path)]
-        cells: dict[tuple, dict] = {}
-        for r in lines:
-            if r["kind"] == "cell":
-                cells[tuple(r.get(k) for k in CELL_KEY)] = r
+        files = [read_lines(path) for path in args.report]
+        cells: list[dict] = []
+        later: set[tuple] = set()
+        for f in reversed(files):
+            own = [(tuple(r.get(k) for k in CELL_KEY), r) for r in f if r["kind"] == "cell"]
+            cells = [r for key, r in own if key not in later] + cells
+            later |= {key for key, _ in own}
         if cells or spread is None:
-            return list(cells.values())
-        return spread([r for r in lines if r["kind"] == "summary"])
+            return cells
+        return spread([r for f in files for r in f if r["kind"] == "summary"])
     try:
         return [r for r in run(args) if r["kind"] == "cell"]
     except ValueError as e:
