@@ -30,8 +30,9 @@ class Report:
             recalled_positions, recall_rounds, recall_ms, recomputed_tokens: its turn's recall
             (rounds summed).
         retracted_reprefill: retracted, then prefilled again with full attention.
-        evicted_at: under the pressure trigger, the logical length of the row (tokens with KV)
-            at each of its decode evictions, when the pool was short.
+        evicted_at, evicted_to: under the pressure trigger, the logical length of the row
+            (tokens with KV) at each of its decode evictions, when the pool was short, and the
+            tokens it kept.
     """
 
     evicted_tokens: int = 0
@@ -57,6 +58,7 @@ class Report:
     recomputed_tokens: int | None = None
     retracted_reprefill: bool | None = None
     evicted_at: list[int] | None = None
+    evicted_to: list[int] | None = None
 
     def as_dict(self, policy: str, budget: int | None) -> dict:
         """The JSON object users read: the request's `policy` and `budget`, the figures of
@@ -70,9 +72,11 @@ class Report:
         self.evicted_tokens += evicted
         self.live_tokens, self.pages_freed, self.evictions = live, pages_freed, evictions
 
-    def record_pressure(self, length: int) -> None:
-        """A decode eviction ran because the pool was short, at a row of logical `length`."""
+    def record_pressure(self, length: int, kept: int) -> None:
+        """A decode eviction ran because the pool was short, at a row of logical `length`,
+        keeping `kept` tokens."""
         self.evicted_at = [*(self.evicted_at or []), length]
+        self.evicted_to = [*(self.evicted_to or []), kept]
 
     def defer_eviction(self) -> None:
         """A decode eviction was put off a step (no free page for its copies)."""

@@ -48,13 +48,14 @@ def evict_batch(
     rows = [(i, DueRow(req, st, lens[i])) for i, req, st in evicting if req not in skip]
     due = [(i, row) for i, row in rows if not row.st.cfg.on_pressure and _reached(row)]
     pressed = [(i, row) for i, row in rows if row.st.cfg.on_pressure]
-    if pressed:
-        pressed = pressure.due_rows(ctx, batch, pressed, waiting, places)
-        due = sorted(due + pressed, key=lambda x: x[0])
+    # under pressure: the length each compacted row goes down to (the others: their budget)
+    to = {i: t for i, _, t in pressure.due_rows(ctx, batch, pressed, waiting, places)}
+    if to:
+        due = sorted(due + [(i, row) for i, row in pressed if i in to], key=lambda x: x[0])
     # the logical length of each row compacted under pressure, for its report (`evicted_at`)
-    at = {i: int(row.st.row.positions(row.length)[-1]) + 1 for i, row in pressed}
+    at = {i: int(row.st.row.positions(row.length)[-1]) + 1 for i, row in due if i in to}
     freed_before = ctx.counters.pages_freed
-    outcomes = evict_rows(ctx, [row for _, row in due]) if due else []
+    outcomes = evict_rows(ctx, [row for _, row in due], [to.get(i) for i, _ in due]) if due else []
     delta = torch.zeros_like(seq_lens_cpu)
     for (i, row), n in zip(due, outcomes):
         if n is None:  # no free page for its copies: evicted at a later step (shortage.py)
@@ -64,7 +65,7 @@ def evict_batch(
         else:
             delta[i] = n
             if i in at:
-                row.st.report.record_pressure(at[i])
+                row.st.report.record_pressure(at[i], to[i])
     if ctx.counters.pages_freed > freed_before:
         # SGLang stops admitting after a failed admission until the batch shrinks; memory
         # freed by eviction must reopen admission the same way.

@@ -1,6 +1,7 @@
-"""The eviction step: the due rows (`DueRow`) of one pass evicted down to their budgets, in
-phases that each hand the next what they return. `evict_rows` is its one entry: the decode step
-(`decode.py`) and the eviction between two prefill chunks (`prefill.py`) call it::
+"""The eviction step: the due rows (`DueRow`) of one pass evicted down to their budgets (or a
+shortage's level, `pressure.py`), in phases that each hand the next what they return.
+`evict_rows` is its one entry: the decode step (`decode.py`) and the eviction between two
+prefill chunks (`prefill.py`) call it::
 
     prepare   a holed row's prompt shared before its first eviction; the planner's rows (EvictRow)
     decide    scores, keep masks, index plan, one device-to-host copy (sgl_vtoken.step) -> Decision
@@ -19,6 +20,7 @@ The order is the order of their side effects (docs/design/library.md, "The repac
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 import torch
 
@@ -31,10 +33,13 @@ from .context import DueRow, RowOutcome, StepContext
 from .retraction import keep_victims
 
 
-def evict_rows(ctx: StepContext, due: list[DueRow]) -> list[int | None]:
-    """Evict the rows of `due` down to their budgets in one pass (the phases above). Returns the
-    tokens each row evicted (`RowOutcome.evicted`; None: left as it is, no page for its copies)."""
-    rows = _prepare(ctx, due)
+def evict_rows(
+    ctx: StepContext, due: list[DueRow], keep: Sequence[int | None] = ()
+) -> list[int | None]:
+    """Evict the rows of `due` in one pass (the phases above), each down to `keep[i]` tokens (a
+    shortage's level, `pressure.py`) or, where None or not given, its budget. Returns the tokens
+    each row evicted (`RowOutcome.evicted`; None: left as it is, no page for its copies)."""
+    rows = _prepare(ctx, due, keep)
     d = decide(rows, ctx.view)
     host_tier.offload_victims(ctx.tier, d, [row.st for row in due], ctx.view, ctx.stream)
     tree = reclaim.tree_part(ctx, due, d)
@@ -76,7 +81,7 @@ def free(ctx: StepContext, outcomes: list[RowOutcome], out: Applied) -> int:
     return int(freed.numel())
 
 
-def _prepare(ctx: StepContext, due: list[DueRow]) -> list[EvictRow]:
+def _prepare(ctx: StepContext, due: list[DueRow], keep: Sequence[int | None]) -> list[EvictRow]:
     """What `step.decide` reads of each due row (`EvictRow`). A holed row evicting for the first
     time shares its prompt first (a checkpoint into the tree)."""
     for req, st, length in due:
@@ -90,12 +95,13 @@ def _prepare(ctx: StepContext, due: list[DueRow]) -> list[EvictRow]:
         assert kv.kv_committed_len == length == kv.kv_allocated_len, (
             f"row {length} != committed {kv.kv_committed_len} / allocated {kv.kv_allocated_len}"
         )
-    return [_evict_row(ctx, row) for row in due]
+    keep = list(keep) + [None] * (len(due) - len(keep))
+    return [_evict_row(ctx, row, n) for row, n in zip(due, keep)]
 
 
-def _evict_row(ctx: StepContext, due: DueRow) -> EvictRow:
-    """What `step.decide` reads of a due row: its positions, policy, budget, statistics, and its
-    entries' units when the policy keeps words whole (a `span`)."""
+def _evict_row(ctx: StepContext, due: DueRow, keep: int | None) -> EvictRow:
+    """What `step.decide` reads of a due row: its positions, policy, budget (`keep` when given),
+    statistics, and its entries' units when the policy keeps words whole (a `span`)."""
     req, st, length = due
     accumulator, pinned = st.stats.accumulator, st.recall.pinned
     attn = accumulator.stats if accumulator is not None else None
@@ -115,7 +121,7 @@ def _evict_row(ctx: StepContext, due: DueRow) -> EvictRow:
         length=length,
         positions=positions,
         policy=st.policy,
-        budget=st.cfg.row_budget,
+        budget=st.cfg.row_budget if keep is None else keep,
         cpl=cpl,
         shared=not st.holed,
         rid=st.rid,

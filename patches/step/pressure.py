@@ -1,9 +1,7 @@
 """Eviction under memory pressure (`trigger` "pressure"): a row keeps every token while the pool
 holds what the running rows and the requests waiting for a place in the batch need; when it
-cannot, rows are compacted to their budget, the furthest above it first, until it can. The
-budget is the floor: a row is never evicted below it, and a row within `interval` of it is not
-evicted at all (the hysteresis of the budget trigger, so a row compacted now is not chosen again
-for `interval` steps).
+cannot, the longest rows are compacted to one level, no further than the pool needs, never below
+their budget. The budget is the floor, and a row within `interval` of it is not evicted at all.
 
 At each decode step, before SGLang's decode memory check (`decode.evict_batch`)::
 
@@ -14,11 +12,14 @@ At each decode step, before SGLang's decode memory check (`decode.evict_batch`):
               + the prefill and reservation of the waiting requests the batch has places for,
                 in queue order, as many as would fit with every row at its budget
     shortfall = need - free
-    compact   rows with row_len >= budget + interval, the largest surplus (row_len - budget)
-              first, until the surplus chosen covers the shortfall (`choose`)
+    compact   rows with row_len >= budget + interval down to one level L, the highest whose
+              surplus covers the shortfall plus `interval` tokens for every row under the
+              pressure trigger (`levels`); each compacted row gives at least `interval`
 
-With no shortfall nothing is evicted and a row's output is the full cache's. Rows under the
-budget trigger are evicted at their own trigger as before, whatever the pool holds.
+With no shortfall nothing is evicted and a row's output is the full cache's. The margin of
+`interval` tokens a row lets the rows grow that many steps before the next shortage, as the
+budget trigger evicts a row once every `interval` steps. Rows under the budget trigger are
+evicted at their own trigger as before, whatever the pool holds.
 docs/design/step.md, "Eviction under memory pressure".
 """
 
@@ -50,20 +51,43 @@ def own_tokens(req: Req, st: ReqEvictState) -> int:
     return req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
 
 
-def choose(surplus: Sequence[int], shortfall: int) -> list[int]:
-    """Indices into `surplus` (tokens each candidate row gives back when compacted to its budget)
-    of the rows to compact: the largest surplus first (ties: the lower index), until their sum
-    covers `shortfall`; none when `shortfall` <= 0, all when even all do not cover it."""
-    if shortfall <= 0:
+def levels(
+    lengths: Sequence[int],
+    floors: Sequence[int],
+    intervals: Sequence[int],
+    shortfall: int,
+    page_size: int,
+) -> list[int | None]:
+    """The length each candidate row is compacted to (None: it keeps every token), given its
+    length, its floor (its budget) and its interval (``length >= floor + interval``): every row
+    above one level L goes down to L, the highest page-aligned L whose surplus covers
+    `shortfall`, and by at least its interval, never below its floor; none when `shortfall` <= 0,
+    every row to its floor when even that does not cover it::
+
+        A  |######################################|  900  ->  L
+        B  |#########################|               600  ->  L
+        C  |##############|                          340     (under L: kept whole)
+        L  ------------------------------| 500: A gives 400, B 100, = 500 >= shortfall
+    """
+    if shortfall <= 0 or not lengths:
         return []
-    order = sorted(range(len(surplus)), key=lambda i: (-surplus[i], i))
-    chosen, covered = [], 0
-    for i in order:
-        if covered >= shortfall:
-            break
-        chosen.append(i)
-        covered += surplus[i]
-    return sorted(chosen)
+
+    def gives(level: int) -> int:
+        return sum(max(0, n - max(level, f)) for n, f in zip(lengths, floors))
+
+    lo, hi = min(floors), max(lengths)
+    if gives(lo) < shortfall:
+        level = lo
+    else:  # the highest level that still covers: gives() falls as the level rises
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if gives(mid) >= shortfall else (lo, mid - 1)
+        level = lo
+    level -= level % page_size
+    return [
+        None if n <= level else max(f, min(level, n - iv) // page_size * page_size)
+        for n, f, iv in zip(lengths, floors, intervals)
+    ]
 
 
 def demand(req: Req, page_size: int) -> int:
@@ -94,10 +118,11 @@ def due_rows(
     rows: Sequence[tuple[int, DueRow]],
     waiting: Sequence[Req] = (),
     places: int = 1 << 30,
-) -> list[tuple[int, DueRow]]:
+) -> list[tuple[int, DueRow, int]]:
     """The rows of `rows` (``(batch index, row)``: the pressure-triggered requests of `batch`
-    not finishing in flight) to compact at this step. `waiting`: SGLang's waiting queue;
-    `places`: how many more requests the batch could take (the running limit less its size)."""
+    not finishing in flight) to compact at this step, each with the length it is compacted to.
+    `waiting`: SGLang's waiting queue; `places`: how many more requests the batch could take
+    (the running limit less its size)."""
     ps = ctx.page_size
     candidates = [
         (i, row) for i, row in rows if row.length >= row.st.cfg.row_budget + row.st.cfg.interval
@@ -110,8 +135,19 @@ def due_rows(
         if st is not None and req.kv.holds_kv:
             need += reserve(st, own_tokens(req, st))
     free = ctx.allocator.available_size() + ctx.tree.evictable_size()
-    surplus = [row.length - row.st.cfg.row_budget for _, row in candidates]
+    floors = [row.st.cfg.row_budget for _, row in candidates]
+    surplus = sum(row.length for _, row in candidates) - sum(floors)
     # lazily: the run stops at the first request that cannot fit, and the queue is not copied
     queue = (demand(req, ps) for req in islice(waiting, max(0, places)))
-    need += admissible(queue, free + sum(surplus) - need)
-    return [candidates[k] for k in choose(surplus, need - free)]
+    need += admissible(queue, free + surplus - need)
+    if need <= free:
+        return []
+    margin = sum(row.st.cfg.interval for _, row in rows)
+    targets = levels(
+        [row.length for _, row in candidates],
+        floors,
+        [row.st.cfg.interval for _, row in candidates],
+        need - free + margin,
+        ps,
+    )
+    return [(i, row, t) for (i, row), t in zip(candidates, targets) if t is not None]

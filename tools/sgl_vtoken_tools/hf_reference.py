@@ -78,7 +78,7 @@ def masked_greedy(
 ) -> tuple[list[int], list[int]]:
     """Greedy tokens under `cfg`'s eviction, and the final kept row (logical positions):
     :func:`masked_turn` of a prompt with no history, its keyword `options` passed on (`rid`,
-    `tree_owned`, `cached`, `policy`, `recall`, `evicted_at`, `prefill_whole`).
+    `tree_owned`, `cached`, `policy`, `recall`, `evicted_at`, `evicted_to`, `prefill_whole`).
 
     Mirrors the server's convention: before decoding the token at position t the row (positions
     < t) is evicted down to `cfg.budget` when it holds `budget + interval` or more, then the query
@@ -88,7 +88,8 @@ def masked_greedy(
     `policy(cfg, rid)` makes the request's chooser and `recall` is the recall rule (None: the
     runtime's, `sgl_vtoken_tools.runtime_choice`). Under the pressure trigger the server reports
     when the pool was short: `evicted_at` (its `usage` report's list), the logical lengths at
-    which the decode row was evicted to the budget, replaces the budget + interval trigger.
+    which the decode row was evicted, replaces the budget + interval trigger, and `evicted_to`
+    (the report's list beside it; None: the budget each time) the tokens each of them kept.
     """
     out, row, _ = masked_turn(model, prompt, max_new_tokens, cfg, **options)
     return out, row
@@ -109,6 +110,7 @@ def masked_turn(
     recall: RecallRule | None = None,
     stop: int | None = None,
     evicted_at: Collection[int] | None = None,
+    evicted_to: Collection[int] | None = None,
     prefill_whole: bool = False,
 ):
     """:func:`masked_greedy` for one turn of a conversation; returns (tokens, row, history).
@@ -129,7 +131,8 @@ def masked_turn(
     Victims and recalled tokens are chosen by `policy` and `recall` (:func:`masked_greedy`).
     With `stop`, the turn ends after that token (included), as a server's stop token ends it.
     With `evicted_at` (the pressure trigger: :func:`masked_greedy`) a decode eviction runs
-    exactly when the row holds that many logical tokens, not at ``budget + interval``, and with
+    exactly when the row holds that many logical tokens, not at ``budget + interval``, down to
+    `evicted_to`'s tokens (the budget without it), and with
     `prefill_whole` (a prompt the server's pool held whole: no `prefill_evicted_tokens` in its
     report) the prompt is prefilled without eviction whatever `prefill_chunk` says.
     """
@@ -138,7 +141,11 @@ def masked_turn(
             "trigger 'pressure' evicts when the server's pool was short: pass the server's "
             "evicted_at"
         )
-    pressed = None if evicted_at is None else set(evicted_at)
+    pressed = (
+        None
+        if evicted_at is None
+        else dict(zip(evicted_at, evicted_to or [cfg.budget] * len(evicted_at), strict=True))
+    )
     make, rule = _choice(policy, recall)
     chooser = make(cfg, rid) if cfg.enabled else None
     attn = chooser is not None and "attn" in chooser.needs
@@ -150,8 +157,9 @@ def masked_turn(
     # them are recall candidates (a host store large enough never drops one).
     pinned: list[int] = []
 
-    def evict(res, row: list[int]) -> list[int]:
-        """`row` evicted to the budget by the chooser, given the forward `res` over its tokens."""
+    def evict(res, row: list[int], budget: int | None = None) -> list[int]:
+        """`row` evicted to `budget` (None: the config's) by the chooser, given the forward `res`
+        over its tokens."""
         keys = None
         cache = res.past_key_values
         if "keys" in chooser.needs:
@@ -160,7 +168,7 @@ def masked_turn(
             keys = k[:, :, row].permute(2, 0, 1, 3)
         shared = [p < tree_owned or p in set(pinned) for p in row]
         texts = token_texts(model, ids) if cfg.span else []
-        keep = chooser.keep(list(row), shared, keys, cfg.budget, texts)
+        keep = chooser.keep(list(row), shared, keys, budget or cfg.budget, texts)
         return [row[i] for i in keep]
 
     def observe(res, first: int, end: int) -> None:
@@ -266,7 +274,7 @@ def masked_turn(
             break
         due = cfg.should_evict(len(row)) if pressed is None else t in pressed
         if chooser is not None and due:
-            row = evict(res, row)
+            row = evict(res, row, None if pressed is None else pressed[t])
         row.append(t)
         allowed.append(list(row))
     view = [p for p in allowed[-2] if p not in set(pinned)]  # recalled tokens serve this turn only

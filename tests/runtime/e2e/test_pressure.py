@@ -2,8 +2,9 @@
 `test_pool_edge.py`, their StreamingLLM budget-64 policy overridden per request with
 `"trigger": "pressure"`): alone, a request keeps every token and its output is full attention's;
 three at once outgrow the pool, and the rows the shortage compacts (each request's
-`evicted_at`) give outputs equal to the masked reference evicting exactly there, victims chosen
-by the independent oracles; the pool is whole afterwards under SGLang's checkers."""
+`evicted_at` and `evicted_to`) give outputs equal to the masked reference evicting exactly there
+to as many tokens, victims chosen by the independent oracles; the pool is whole afterwards under
+SGLang's checkers."""
 
 import threading
 
@@ -70,10 +71,11 @@ def test_rows_compacted_when_the_pool_is_short_equal_the_reference_evicting_ther
     server_factory, hf_eager, page_size, policy
 ):
     """Three requests of 60 prompt tokens and 120 generated would hold 540 tokens in a 256-token
-    pool: the shortage compacts the longest rows to the budget, never below it and never a row
-    within the interval of it, and admits the third request when the others can give back its
-    room; no request is retracted or refused. Each output equals the masked reference evicting
-    at the logical lengths the server reports (`evicted_at`); the pool is whole afterwards."""
+    pool: the shortage compacts the longest rows, never below the budget and never a row within
+    the interval of it, by at least the interval, and admits the third request when the others
+    can give back its room; no request is retracted or refused. Each output equals the masked
+    reference evicting at the logical lengths the server reports (`evicted_at`) to the tokens it
+    kept (`evicted_to`); the pool is whole afterwards."""
     client = edge_server(server_factory, page_size)
     n = 120
     prompts = {
@@ -91,18 +93,20 @@ def test_rows_compacted_when_the_pool_is_short_equal_the_reference_evicting_ther
     for t in threads:
         t.join()
     cfg = config(policy, page_size)
-    compacted = 0
+    compacted = above = 0
     for rid, prompt in prompts.items():
         out = results[rid]
         report = out["meta_info"]["kv_evict"][0]
-        at = report.get("evicted_at", [])
-        assert report["evictions"] == len(at), report
-        assert all(t >= BUDGET + INTERVAL for t in at), report
+        at, to = report.get("evicted_at", []), report.get("evicted_to", [])
+        assert report["evictions"] == len(at) == len(to), report
+        assert all(BUDGET <= k <= t - INTERVAL for t, k in zip(at, to)), report
         assert not report.get("retracted_reprefill"), report
         compacted += len(at)
-        expected = masked_greedy(hf_eager, prompt, n, cfg, rid=rid, evicted_at=at)[0]
+        above += sum(k > BUDGET for k in to)
+        expected = masked_greedy(hf_eager, prompt, n, cfg, rid=rid, evicted_at=at, evicted_to=to)[0]
         assert out["output_ids"] == expected, (rid, at)
     assert compacted, "the pool never ran short: the test no longer exercises the trigger"
+    assert above, "every compaction went down to the budget: a shortage takes only what it needs"
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
@@ -134,8 +138,9 @@ def test_prefill_is_evicted_only_when_the_prompt_cannot_fit_the_pool(
     report = out["meta_info"]["kv_evict"][0]
     assert report["prefill_evicted_tokens"] > 2 * SMALL_POOL, report
     cfg = config("streamingllm", page_size, trigger="pressure")
-    at = report.get("evicted_at", [])
-    assert out["output_ids"] == masked_greedy(hf_eager, prompt, 24, cfg, rid=rid, evicted_at=at)[0]
+    at, to = report.get("evicted_at", []), report.get("evicted_to", [])
+    expected = masked_greedy(hf_eager, prompt, 24, cfg, rid=rid, evicted_at=at, evicted_to=to)
+    assert out["output_ids"] == expected[0]
     for c in (client, small):
         st = wait_pool_free(c)
         assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
