@@ -80,10 +80,10 @@ class EvictConfig:
         window: the most recent tokens of the row that are always kept.
         interval: hysteresis; evict when the row reaches ``budget + interval`` (1 = every step).
         trigger: ``"budget"``: a row is evicted whenever it reaches ``budget + interval``;
-            ``"pressure"``: only when the pool cannot hold what the running rows and the next
-            waiting request need, the rows furthest above their budget first, each down to its
-            budget (the floor); with room to spare a row keeps every token
-            (`patches/step/pressure.py`).
+            ``"pressure"``: only when the pool cannot hold what the running rows and the
+            waiting requests need, the longest rows down to one level, no further than the
+            shortage needs and never below the budget (the floor); with room to spare a row
+            keeps every token (`patches/step/pressure.py`).
         reclaim: ``"vtoken"`` (compact survivors, free pages) or ``"naive"`` (same victims; a page
             is freed only when all its tokens are dead).
         page_size: KV pool page size in tokens (SGLang ``--page-size``).

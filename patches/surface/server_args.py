@@ -127,8 +127,9 @@ def add_cli_args(result: None, parser: argparse.ArgumentParser) -> None:
         choices=TRIGGERS,
         help="'budget': evict a row whenever it reaches budget + interval tokens; 'pressure': "
         "only when the KV pool cannot hold what the running requests and the requests waiting "
-        "for a place in the batch need, the rows furthest above their budget first (each down "
-        "to its budget); with room to spare every row keeps all its tokens. Default budget.",
+        "for a place in the batch need, the longest rows down to one level, no further than "
+        "the shortage needs and never below the budget; with room to spare every row keeps "
+        "all its tokens. Default budget.",
     )
     g.add_argument(
         "--kv-reclaim",

@@ -60,8 +60,8 @@ CELLS = {
 # short (the README's chat command until 2026-12-06; `pressure` below is the README's now).
 CHAT = "h2o b256 s16 w32 + host + recall 192"
 # The chat command under the pressure trigger: a row keeps every token while the pool has room
-# and is compacted to its budget only when the pool runs short (docs/design/step.md, "Eviction under
-# memory pressure").
+# and is compacted, no further than the shortage needs and never below its budget, only when the
+# pool runs short (docs/design/step.md, "Eviction under memory pressure").
 # With `prefill_chunk` a prompt that could never fit the pool whole is evicted during its
 # prefill (a conversation longer than the pool is served); one that fits is prefilled whole.
 CELLS["pressure"] = [
