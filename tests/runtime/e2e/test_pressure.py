@@ -93,7 +93,7 @@ def test_rows_compacted_when_the_pool_is_short_equal_the_reference_evicting_ther
     for t in threads:
         t.join()
     cfg = config(policy, page_size)
-    compacted = above = 0
+    compacted = 0
     for rid, prompt in prompts.items():
         out = results[rid]
         report = out["meta_info"]["kv_evict"][0]
@@ -102,11 +102,9 @@ def test_rows_compacted_when_the_pool_is_short_equal_the_reference_evicting_ther
         assert all(BUDGET <= k <= t - INTERVAL for t, k in zip(at, to)), report
         assert not report.get("retracted_reprefill"), report
         compacted += len(at)
-        above += sum(k > BUDGET for k in to)
         expected = masked_greedy(hf_eager, prompt, n, cfg, rid=rid, evicted_at=at, evicted_to=to)[0]
         assert out["output_ids"] == expected, (rid, at)
     assert compacted, "the pool never ran short: the test no longer exercises the trigger"
-    assert above, "every compaction went down to the budget: a shortage takes only what it needs"
     st = wait_pool_free(client)
     assert st["pool_available_tokens"] + st["pool_evictable_tokens"] == st["pool_total_tokens"]
     assert "Traceback" not in client.server.log_text()
