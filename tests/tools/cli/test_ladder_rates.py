@@ -148,7 +148,34 @@ def test_cell_line_quantiles_and_answers_vs_full():
     # TPOT of request t+1: 0.09 (t+1) s over 9 tokens = 10 (t+1) ms
     assert c["tpot_p50_ms"] == 30.0 and c["tpot_p95_ms"] == pytest.approx(48.0)
     assert c["answers_vs_full"] == {"full": 3, "same_number": 1, "sessions": 3}
-    assert ladder.cell_line(answers, reqs, 10.0)["answers_vs_full"] is None
+    bare = ladder.cell_line(answers, reqs, 10.0)
+    assert bare["answers_vs_full"] is None and bare["replies_vs_full"] is None
+
+
+def test_replies_vs_full_compares_each_turn_both_answered():
+    mine = [
+        request("a", 1, 0.1, 1.0, 3, reply="same"),
+        request("a", 2, 0.1, 1.0, 3, reply="mine"),
+        request("b", 1, 0.1, 1.0, 3, reply="same"),  # the full cell failed this turn
+        request("c", 1, None, 1.0, 0, error="HTTP 500"),  # this cell failed it
+        request("d", 1, 0.1, 1.0, 3, reply="same"),  # a session the full cell did not play
+    ]
+    full = [
+        request("a", 1, 0.1, 1.0, 3, reply="same"),
+        request("a", 2, 0.1, 1.0, 3, reply="full"),
+        request("b", 1, None, 1.0, 0, reply="same", error="HTTP 500"),
+        request("c", 1, 0.1, 1.0, 3, reply=""),
+    ]
+    assert ladder.replies_vs_full(mine, full) == {"same": 1, "turns": 2}
+    assert ladder.replies_vs_full(mine, None) is None
+    figures = ("output_tokens_per_s", "retractions", "evicted_tokens", "prompt_tokens_computed")
+    figures += ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms")
+    line = {"load": 1.0, "rate": 0.1, "answers": 0, "sessions": 0} | dict.fromkeys(figures, 0)
+    same = ladder.replies_vs_full(mine, full)
+    md = ladder.table([line | {"cell": "x", "replies_vs_full": same}, line | {"cell": "old"}])
+    assert "replies = full's" in md.splitlines()[0]
+    assert "| x | 1 | 0.1 | 1 | 0/0 | - | 1/2 |" in md
+    assert "| old | 1 | 0.1 | 1 | 0/0 | - | - |" in md  # lines written before the column
 
 
 def test_score_each_kind_by_its_rules_and_leaks_across_kinds(fake_essays, tiny_tok):
@@ -247,6 +274,7 @@ def test_run_plays_one_schedule_in_every_cell(
         assert c["retractions"] == 1  # this load's log only
         assert c["answers"] == 3 and c["leaks"] == 0  # every reply says its own key
         assert c["answers_vs_full"] == {"full": 3, "same_number": 3, "sessions": 3}
+        assert c["replies_vs_full"] == {"same": len(reqs), "turns": len(reqs)}
         assert all(r["rid"].startswith(f"ladder-r{c['repeat']}-l") for r in reqs)
     assert (tmp_path / "ladder.png").stat().st_size > 0
     assert "| pressure | 2 |" in (tmp_path / "t.md").read_text()

@@ -91,8 +91,11 @@ def test_two_sessions_two_loads_add_up(client, tiny_model, fake_essays, command,
         assert c["retractions"] == 0 and c["peak_running"] >= 1
         vs = c["answers_vs_full"]
         assert vs["full"] == full[c["load"]]["answers"] and vs["sessions"] == 2
+        same = c["replies_vs_full"]
+        assert same["turns"] == len(reqs) and 0 <= same["same"] <= same["turns"]
         if c["cell"] == "full":
             assert c["evicted_tokens"] is None and vs["same_number"] == 2
+            assert same["same"] == len(reqs)
         else:  # the agent's prompts pass budget + interval: its turns evicted, and report it
             assert c["evicted_tokens"] == sum(r["evicted_tokens"] or 0 for r in reqs) > 0
             assert c["server_evicted_tokens"] >= c["evicted_tokens"]

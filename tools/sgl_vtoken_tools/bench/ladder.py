@@ -259,6 +259,18 @@ def versus_full(answers: list[dict], full: list[dict] | None) -> dict | None:
     return {"full": sum(f["hit"] for f in mine), "same_number": len(same), "sessions": len(mine)}
 
 
+def replies_vs_full(reqs: list[dict], full: list[dict] | None) -> dict | None:
+    """The turns whose reply text is the full cache's for the same session and turn (same load
+    and repeat): `same` of `turns`, the turns both answered without error; None when the full
+    cell did not run."""
+    if full is None:
+        return None
+    ref = {(r["conversation"], r["turn"]): r["reply"] for r in full if r["error"] is None}
+    both = [r for r in reqs if r["error"] is None and (r["conversation"], r["turn"]) in ref]
+    same = sum(r["reply"] == ref[(r["conversation"], r["turn"])] for r in both)
+    return {"same": same, "turns": len(both)}
+
+
 def cell_line(
     answers: list[dict],
     reqs: list[dict],
@@ -266,14 +278,16 @@ def cell_line(
     log: str | None = None,
     server_evicted: int | None = None,
     full: list[dict] | None = None,
+    full_reqs: list[dict] | None = None,
 ) -> dict:
     """One (cell, load, repeat)'s figures: `chat_rounds.cell_line`'s (answers, leaks, requests,
     failed, output tokens/s over the wall seconds from the first arrival to the last reply,
     prompt tokens sent and computed, evicted tokens from the requests' ``usage.kv_evict``,
     retractions and peak running from the server `log` of this load, later turns by how their
     history came back, mean latency) with `sessions` for its `conversations`, the answers per
-    session kind, TTFT and TPOT p50/p95 in ms over the answered requests, and
-    `answers_vs_full` (`versus_full`)."""
+    session kind, TTFT and TPOT p50/p95 in ms over the answered requests,
+    `answers_vs_full` (`versus_full`) and `replies_vs_full` (`replies_vs_full`, of the full
+    cache's requests `full_reqs`)."""
     out = chat_rounds.cell_line(answers, reqs, wall, [], log, server_evicted)
     out.pop("round_s")
     out = {"sessions": out.pop("conversations"), **out}
@@ -287,6 +301,7 @@ def cell_line(
     for name, q in (("ttft", ttft), ("tpot", per_token)):
         out[f"{name}_p50_ms"], out[f"{name}_p95_ms"] = q["p50"], q["p95"]
     out["answers_vs_full"] = versus_full(answers, full)
+    out["replies_vs_full"] = replies_vs_full(reqs, full_reqs)
     return out
 
 
@@ -301,14 +316,16 @@ def _rows(cells: list[dict]) -> dict[tuple[str, float], list[dict]]:
 
 def table(cells: list[dict]) -> str:
     """Markdown, one row per (cell, load): the arrival rate, answers over all repeats (with the
-    range per repeat), the full cache's on the same sessions, output tok/s, TTFT and TPOT p50 /
-    p95, retractions, evicted tokens and prompt tokens computed (medians over repeats with
-    min-max)."""
+    range per repeat), the full cache's on the same sessions, the replies equal to the full
+    cache's (all repeats; "-" in lines written without them), output tok/s,
+    TTFT and TPOT p50 / p95, retractions, evicted tokens and prompt tokens computed (medians over
+    repeats with min-max)."""
     lines = [
-        "| cell | load | sessions/s | repeats | answers | full's answers | output tok/s "
+        "| cell | load | sessions/s | repeats | answers | full's answers "
+        "| replies = full's | output tok/s "
         "| TTFT p50 / p95 (ms) | TPOT p50 / p95 (ms) | retractions | evicted tokens "
         "| prompt tokens computed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (cell, load), rows in _rows(cells).items():
         hits = [r["answers"] for r in rows]
@@ -318,13 +335,17 @@ def table(cells: list[dict]) -> str:
         full_text = (
             f"{sum(f['full'] for f in full)}/{sum(f['sessions'] for f in full)}" if full else "-"
         )
+        same = [r["replies_vs_full"] for r in rows if r.get("replies_vs_full")]
+        same_text = (
+            f"{sum(s['same'] for s in same)}/{sum(s['turns'] for s in same)}" if same else "-"
+        )
 
         def med(key: str, digits: int = 1, rows=rows) -> str:
             return median_text([r[key] for r in rows], digits)
 
         lines.append(
             f"| {cell} | {load:g} | {rows[0]['rate']:.4g} | {len(rows)} | {sum(hits)}/{total}{per} "
-            f"| {full_text} | {med('output_tokens_per_s')} "
+            f"| {full_text} | {same_text} | {med('output_tokens_per_s')} "
             f"| {med('ttft_p50_ms', 0)} / {med('ttft_p95_ms', 0)} "
             f"| {med('tpot_p50_ms')} / {med('tpot_p95_ms')} | {med('retractions', 0)} "
             f"| {med('evicted_tokens', 0)} | {med('prompt_tokens_computed', 0)} |"

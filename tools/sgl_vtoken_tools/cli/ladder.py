@@ -52,7 +52,8 @@ every cell plays on that running server, a cell being ``name=JSON`` (per-request
 JSON lines (appended to `--out`): `config`; `rates`; per (cell, load, repeat) a `request` per
 request as the `chat` command writes them (with `session_kind`, `arrival_s`, `load`, `rate`), an
 `answer` per session and a `cell` line: answers (k of the sessions, per kind), `answers_vs_full`
-(the full cache's answers on the same sessions and how many answered the same number), leaks,
+(the full cache's answers on the same sessions and how many answered the same number),
+`replies_vs_full` (the turns whose reply text is the full cache's), leaks,
 output tok/s over the load's wall time (first arrival to last reply), TTFT and TPOT p50 / p95
 (ms), retractions (the server's log, as the `chat` command counts them), evicted tokens
 (``usage.kv_evict``), prompt tokens sent and computed. `--markdown`: one row per (cell, load),
@@ -146,7 +147,7 @@ def run(args) -> list[dict]:
     )
     emit = run.emit
     rates: dict[float, float] | None = None
-    full: dict[tuple[int, int], list[dict]] = {}
+    full: dict[tuple[int, int], tuple[list[dict], list[dict]]] = {}  # answers, requests
     plays = Plays(bool(args.base_url))
     for rep in range(args.repeats):
         for name, flags in cells:
@@ -169,9 +170,10 @@ def run(args) -> list[dict]:
                     for r in reqs + answers:
                         emit({**r, **tag})
                     if name == "full":
-                        full[(rep, li)] = answers
+                        full[(rep, li)] = answers, reqs
+                    ref_answers, ref_reqs = full.get((rep, li), (None, None))
                     c = ladder.cell_line(
-                        answers, reqs, wall, window.log, window.evicted(), full.get((rep, li))
+                        answers, reqs, wall, window.log, window.evicted(), ref_answers, ref_reqs
                     )
                     emit({"kind": "cell", **tag, **c})
                     print(
