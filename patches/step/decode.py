@@ -56,6 +56,19 @@ def evict_batch(
     at = {i: int(row.st.row.positions(row.length)[-1]) + 1 for i, row in due if i in to}
     freed_before = ctx.counters.pages_freed
     outcomes = evict_rows(ctx, [row for _, row in due], [to.get(i) for i, _ in due]) if due else []
+    # A row short of pages for its copies at its level goes to its budget, which copies less
+    # (`pressure.copy_room` keeps that much free); a row deferred even then waits a step.
+    again = [
+        k
+        for k, ((i, row), n) in enumerate(zip(due, outcomes))
+        if n is None and i in to and to[i] > row.st.cfg.row_budget
+    ]
+    if again:
+        for k in again:
+            to[due[k][0]] = due[k][1].st.cfg.row_budget
+        retried = evict_rows(ctx, [due[k][1] for k in again], [to[due[k][0]] for k in again])
+        for k, n in zip(again, retried):
+            outcomes[k] = n
     delta = torch.zeros_like(seq_lens_cpu)
     for (i, row), n in zip(due, outcomes):
         if n is None:  # no free page for its copies: evicted at a later step (shortage.py)

@@ -9,12 +9,20 @@ At each decode step, before SGLang's decode memory check (`decode.evict_batch`):
     need      = a page for every running row's next token
               + each evicting row's growth to its decode peak (what admission reserved for it,
                 `reserve`)
+              + the pages one row's compaction to its budget may copy (`copy_room`)
               + the prefill and reservation of the waiting requests the batch has places for,
                 in queue order, as many as would fit with every row at its budget
     shortfall = need - free
     compact   rows with row_len >= budget + interval down to one level L, the highest whose
               surplus covers the shortfall plus `interval` tokens for every row under the
               pressure trigger (`levels`); each compacted row gives at least `interval`
+
+At page size > 1 a compaction first copies the kept tokens of tree-owned pages it keeps only in
+part into fresh pages (`reclaim.tree_part`): the pool must still hold those pages when the
+shortage is met, or the compaction is put off while the rows grow into the last page and SGLang
+aborts a request. `copy_room` keeps that much free, and a row whose compaction to its level
+finds no page for its copies goes to its budget in the same step (`decode.evict_batch`), which
+copies at most its budget.
 
 With no shortfall nothing is evicted and a row's output is the full cache's. The margin of
 `interval` tokens a row lets the rows grow that many steps before the next shortage, as the
@@ -49,6 +57,18 @@ def own_tokens(req: Req, st: ReqEvictState) -> int:
     """The running request's KV tokens not owned by the radix tree (under the holed cache the
     tree-owned ones leave the row as it evicts; the whole row otherwise)."""
     return req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
+
+
+def copy_room(rows: Iterable[DueRow], page_size: int) -> int:
+    """Slots a compaction of one of `rows` to its budget may take for copies at `page_size` > 1:
+    the most any of them keeps of its tree-owned tokens (at most its budget), in whole pages,
+    plus a page; 0 at page size 1 (nothing is copied)."""
+    if page_size == 1:
+        return 0
+    most = max(
+        (min(row.st.cfg.row_budget, row.req.kv.cache_protected_len) for row in rows), default=0
+    )
+    return (-(-most // page_size) + 1) * page_size if most else 0
 
 
 def levels(
@@ -129,7 +149,7 @@ def due_rows(
     ]
     if not candidates:
         return []
-    need = ps * len(batch.reqs)
+    need = ps * len(batch.reqs) + copy_room((row for _, row in candidates), ps)
     for req in batch.reqs:
         st = state_of(req)
         if st is not None and req.kv.holds_kv:

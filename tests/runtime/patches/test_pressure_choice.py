@@ -7,11 +7,12 @@ growth of every row, by at least an interval, never below the budget, never a ro
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from sgl_vtoken.config import EvictConfig
 from sgl_vtoken.patches.runtime import new_state
 from sgl_vtoken.patches.step.context import DueRow
-from sgl_vtoken.patches.step.pressure import due_rows, levels
+from sgl_vtoken.patches.step.pressure import copy_room, due_rows, levels
 
 BUDGET, INTERVAL = 64, 16
 CFG = EvictConfig(
@@ -42,13 +43,17 @@ def test_levels_are_whole_pages():
     assert levels([900, 520], [64, 64], [16, 16], 380, 16) == [512, 496]
 
 
+class _Req(SimpleNamespace):
+    __hash__ = object.__hash__  # a batch's requests go in sets (the ones finishing in flight)
+
+
 def _req(length: int, cfg: EvictConfig = CFG, rid: str = "r"):
-    req = SimpleNamespace(
+    req = _Req(
         kv=SimpleNamespace(kv_committed_len=length, cache_protected_len=0, holds_kv=True),
         origin_input_ids=[0] * length,
         prefix_len=0,
     )
-    req.vtoken = new_state(cfg, rid, holed=False)
+    req.rid, req.vtoken = rid, new_state(cfg, rid, holed=False)
     return req
 
 
@@ -135,3 +140,79 @@ def test_the_trigger_is_a_setting_with_a_checked_value(trigger):
     assert EvictConfig(policy="h2o", budget=BUDGET, trigger=trigger).trigger == trigger
     with pytest.raises(ValueError, match="trigger"):
         EvictConfig(policy="h2o", budget=BUDGET, trigger="sometimes")
+
+
+CFG16 = EvictConfig(
+    policy="streamingllm", budget=BUDGET, interval=INTERVAL, page_size=16, trigger="pressure"
+)
+
+
+def _ctx16(free: int):
+    return SimpleNamespace(**{**vars(_ctx(free)), "page_size": 16})
+
+
+def _rows16(lengths, protected):
+    reqs = [_req(n, CFG16, f"r{i}") for i, n in enumerate(lengths)]
+    for req, cpl in zip(reqs, protected):
+        req.kv.cache_protected_len = cpl
+    rows = [(i, DueRow(r, r.vtoken, n)) for i, (r, n) in enumerate(zip(reqs, lengths))]
+    return SimpleNamespace(reqs=reqs), rows
+
+
+def test_at_page_size_16_the_pool_keeps_room_for_one_rows_copies():
+    """A compaction copies the kept part of tree-owned pages into fresh pages before it frees
+    any: the shortage is met while the pool still holds what one row's compaction to its budget
+    copies (its budget's pages of tree-owned tokens and a page), not at the last free page."""
+    batch, rows = _rows16([900, 700], [600, 32])
+    room = copy_room((row for _, row in rows), 16)
+    assert room == (BUDGET // 16 + 1) * 16  # the first row keeps up to its budget of its 600
+    need = 2 * 16 + room  # a page for each row's next token, and the copies
+    assert due_rows(_ctx16(need), batch, rows) == []
+    assert [i for i, _, _ in due_rows(_ctx16(need - 1), batch, rows)] == [0]
+    # Rows that own every token copy nothing: the last page is enough, as at page size 1.
+    batch, rows = _rows16([900, 700], [0, 0])
+    assert copy_room((row for _, row in rows), 16) == 0
+    assert due_rows(_ctx16(32), batch, rows) == []
+    assert copy_room((row for _, row in _rows16([900], [600])[1]), 1) == 0
+
+
+def test_a_row_without_pages_for_its_copies_at_its_level_goes_to_its_budget(monkeypatch):
+    """`decode.evict_batch`: a row under pressure whose compaction to its level finds no page for
+    its copies is compacted to its budget in the same step (fewer copies); a row refused even
+    then is put off a step, counted."""
+    from sgl_vtoken.patches.core import process as process_module
+    from sgl_vtoken.patches.step import decode
+
+    monkeypatch.setattr(process_module, "_current", process_module.VTokenProcess(holed=False))
+    batch, rows = _rows16([900, 700, 600], [600, 600, 600])
+    lens = torch.tensor([900, 700, 600])
+    batch = SimpleNamespace(
+        reqs=batch.reqs, seq_lens_cpu=lens, seq_lens=lens, orig_seq_lens=lens, seq_lens_sum=0
+    )
+    levels_of = {0: 512, 1: 512, 2: 512}
+    monkeypatch.setattr(
+        decode.pressure,
+        "due_rows",
+        lambda ctx, b, pressed, w, p: [(i, row, levels_of[i]) for i, row in pressed],
+    )
+    calls = []
+
+    def fake_evict_rows(ctx, due, keep):
+        calls.append([(row.length, k) for row, k in zip(due, keep)])
+        # row 0 has pages for its copies at any length, row 1 only at its budget, row 2 never
+        return [
+            row.length - k if row.length == 900 or (row.length == 700 and k == BUDGET) else None
+            for row, k in zip(due, keep)
+        ]
+
+    monkeypatch.setattr(decode, "evict_rows", fake_evict_rows)
+    counters = SimpleNamespace(pages_freed=0, deferred_evictions=0)
+    ctx = SimpleNamespace(
+        **{**vars(_ctx16(0)), "counters": counters, "tp_group": None},
+        sample_held=lambda: None,
+        sample_batch=lambda b: None,
+    )
+    decode.evict_batch(ctx, batch, set())
+    assert calls == [[(900, 512), (700, 512), (600, 512)], [(700, BUDGET), (600, BUDGET)]]
+    assert batch.seq_lens_cpu.tolist() == [512, BUDGET, 600]
+    assert counters.deferred_evictions == 1  # row 2, refused at its budget too
