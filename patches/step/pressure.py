@@ -62,7 +62,8 @@ def own_tokens(req: Req, st: ReqEvictState) -> int:
 def copy_room(rows: Iterable[DueRow], page_size: int) -> int:
     """Slots a compaction of one of `rows` to its budget may take for copies at `page_size` > 1:
     the most any of them keeps of its tree-owned tokens (at most its budget), in whole pages,
-    plus a page; 0 at page size 1 (nothing is copied)."""
+    plus a page. 0 at page size 1: no page is kept in part there, and a row's own prompt part,
+    the one thing copied, leaves the tree instead when no page is free (`reclaim.tree_part`)."""
     if page_size == 1:
         return 0
     most = max(
