@@ -99,7 +99,8 @@ bench-joint: $(STAMP)
 # SGLang's memory checkers on. A few requests are refused pages on purpose (--forced-shortages: the
 # page kinds that configuration asks for), so every shortage path is met; the summaries count real
 # and forced ones apart. Fails unless every server ends healthy and leak-free (docs/RESULTS.md
-# quotes docs/results/stress_*.jsonl). STRESS_JOBS runs that many at once (each server ~4.5 GB).
+# quotes docs/results/stress_*.jsonl). STRESS_JOBS runs that many at once (each server ~4.5 GB;
+# on two cores two at once serve about a tenth of the requests each, and can fail the stall check).
 STRESS_S ?= 600
 STRESS_POOL ?= 2048
 STRESS_JOBS ?= 1
