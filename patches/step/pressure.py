@@ -20,7 +20,8 @@ At each decode step, before SGLang's decode memory check (`decode.evict_batch`):
 At page size > 1 a compaction first copies the kept tokens of tree-owned pages it keeps only in
 part into fresh pages (`reclaim.tree_part`): the pool must still hold those pages when the
 shortage is met, or the compaction is put off while the rows grow into the last page and SGLang
-aborts a request. `copy_room` keeps that much free, and a row whose compaction to its level
+aborts a request. `copy_room` keeps that much free once the rows' remaining tokens no longer
+fit the pool (a request the pool holds to its end keeps every token), and a row whose compaction to its level
 finds no page for its copies goes to its budget in the same step (`decode.evict_batch`), which
 copies at most its budget.
 
@@ -57,6 +58,12 @@ def own_tokens(req: Req, st: ReqEvictState) -> int:
     """The running request's KV tokens not owned by the radix tree (under the holed cache the
     tree-owned ones leave the row as it evicts; the whole row otherwise)."""
     return req.kv.kv_committed_len - (req.kv.cache_protected_len if st.holed else 0)
+
+
+def growth(req: Req) -> int:
+    """Tokens running request `req` may still add (its max_new_tokens less its outputs)."""
+    cap = req.sampling_params.max_new_tokens
+    return 1 << 30 if cap is None else max(0, cap - len(req.output_ids))
 
 
 def copy_room(rows: Iterable[DueRow], page_size: int) -> int:
@@ -150,12 +157,14 @@ def due_rows(
     ]
     if not candidates:
         return []
-    need = ps * len(batch.reqs) + copy_room((row for _, row in candidates), ps)
+    need = ps * len(batch.reqs)
+    free = ctx.allocator.available_size() + ctx.tree.evictable_size()
+    if need + sum(growth(req) for req in batch.reqs) > free:  # else no row ever compacts
+        need += copy_room((row for _, row in candidates), ps)
     for req in batch.reqs:
         st = state_of(req)
         if st is not None and req.kv.holds_kv:
             need += reserve(st, own_tokens(req, st))
-    free = ctx.allocator.available_size() + ctx.tree.evictable_size()
     floors = [row.st.cfg.row_budget for _, row in candidates]
     surplus = sum(row.length for _, row in candidates) - sum(floors)
     # lazily: the run stops at the first request that cannot fit, and the queue is not copied

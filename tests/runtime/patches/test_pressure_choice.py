@@ -52,6 +52,8 @@ def _req(length: int, cfg: EvictConfig = CFG, rid: str = "r"):
         kv=SimpleNamespace(kv_committed_len=length, cache_protected_len=0, holds_kv=True),
         origin_input_ids=[0] * length,
         prefix_len=0,
+        sampling_params=SimpleNamespace(max_new_tokens=None),
+        output_ids=[],
     )
     req.rid, req.vtoken = rid, new_state(cfg, rid, holed=False)
     return req
@@ -169,6 +171,10 @@ def test_at_page_size_16_the_pool_keeps_room_for_one_rows_copies():
     need = 2 * 16 + room  # a page for each row's next token, and the copies
     assert due_rows(_ctx16(need), batch, rows) == []
     assert [i for i, _, _ in due_rows(_ctx16(need - 1), batch, rows)] == [0]
+    # Rows whose remaining tokens the pool holds never compact: no room is kept for them.
+    for req in batch.reqs:
+        req.sampling_params.max_new_tokens = 10
+    assert due_rows(_ctx16(2 * 16 + 20), batch, rows) == []
     # Rows that own every token copy nothing: the last page is enough, as at page size 1.
     batch, rows = _rows16([900, 700], [0, 0])
     assert copy_room((row for _, row in rows), 16) == 0
