@@ -21,9 +21,9 @@ At page size > 1 a compaction first copies the kept tokens of tree-owned pages i
 part into fresh pages (`reclaim.tree_part`): the pool must still hold those pages when the
 shortage is met, or the compaction is put off while the rows grow into the last page and SGLang
 aborts a request. `copy_room` keeps that much free once the rows' remaining tokens no longer
-fit the pool (a request the pool holds to its end keeps every token), and a row whose compaction to its level
-finds no page for its copies goes to its budget in the same step (`decode.evict_batch`), which
-copies at most its budget.
+fit the pool (a request the pool holds to its end keeps every token), and a row whose
+compaction to its level finds no page for its copies goes to its budget in the same step
+(`decode.evict_batch`), which copies at most its budget.
 
 With no shortfall nothing is evicted and a row's output is the full cache's. The margin of
 `interval` tokens a row lets the rows grow that many steps before the next shortage, as the
